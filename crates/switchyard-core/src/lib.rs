@@ -1,0 +1,27 @@
+//! Shared vocabulary of Switchyard.
+//!
+//! Every other crate speaks in these types, so they carry no I/O and no async:
+//!
+//! - [`tokens`]: token ids and the block size that cuts a prompt into blocks.
+//! - [`hash`]: the chained 64-bit [`BlockHash`], Switchyard's own stable name for a prefix.
+//! - [`worker`]: who a worker is ([`WorkerId`], [`WorkerInfo`]) and what it does ([`Role`]).
+//! - [`event`]: the KV event model (`Stored`, `Removed`, `Cleared`) with per-incarnation
+//!   sequence numbers.
+//! - [`load`]: the load figures a worker reports.
+//! - [`error`]: the validation errors of this crate.
+
+pub mod error;
+pub mod event;
+pub mod hash;
+pub mod load;
+pub mod tokens;
+pub mod worker;
+
+pub use error::CoreError;
+pub use event::{
+    EventSeq, Incarnation, KvEvent, KvEventEnvelope, SnapshotBlock, StorageTier, StoredBlock,
+};
+pub use hash::{BlockHash, block_hashes, chain_hash};
+pub use load::LoadStats;
+pub use tokens::{BlockSize, TokenId};
+pub use worker::{EngineKind, Role, WorkerId, WorkerInfo};

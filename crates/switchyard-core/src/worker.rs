@@ -1,0 +1,228 @@
+//! Worker identity, role and description.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{BlockSize, CoreError};
+
+/// A worker's stable name. It appears in etcd keys, metrics labels and logs, so it is limited to
+/// `[A-Za-z0-9._-]`, 1 to 128 characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct WorkerId(String);
+
+impl WorkerId {
+    pub const MAX_LEN: usize = 128;
+
+    pub fn new(id: impl Into<String>) -> Result<Self, CoreError> {
+        let id = id.into();
+        let reason = if id.is_empty() {
+            Some("it is empty")
+        } else if id.len() > Self::MAX_LEN {
+            Some("it is longer than 128 characters")
+        } else if !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            Some("only ASCII letters, digits, '.', '_' and '-' are allowed")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(CoreError::InvalidWorkerId { id, reason }),
+            None => Ok(Self(id)),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for WorkerId {
+    type Error = CoreError;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::new(value)
+    }
+}
+
+impl From<WorkerId> for String {
+    fn from(value: WorkerId) -> Self {
+        value.0
+    }
+}
+
+impl std::fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for WorkerId {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+/// Which phase of inference a worker serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Prefill,
+    Decode,
+    /// Aggregated serving: prefill and decode on the same worker.
+    #[default]
+    Both,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Both => "both",
+        }
+    }
+
+    pub fn serves_prefill(self) -> bool {
+        matches!(self, Role::Prefill | Role::Both)
+    }
+
+    pub fn serves_decode(self) -> bool {
+        matches!(self, Role::Decode | Role::Both)
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "prefill" => Ok(Role::Prefill),
+            "decode" => Ok(Role::Decode),
+            "both" | "aggregated" => Ok(Role::Both),
+            _ => Err(CoreError::UnknownRole(s.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The engine behind a worker agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    #[default]
+    Sim,
+    Vllm,
+    Sglang,
+}
+
+impl EngineKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Sim => "sim",
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+        }
+    }
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a worker is: the value it registers under `workers/<id>` in the registry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerInfo {
+    pub id: WorkerId,
+    /// gRPC address clients dial, `host:port`.
+    pub address: String,
+    /// Model name as clients ask for it.
+    pub model: String,
+    pub role: Role,
+    pub block_size: BlockSize,
+    /// KV cache capacity in blocks (device tier).
+    pub kv_capacity_blocks: u64,
+    /// Longest prompt plus output the engine accepts, in tokens.
+    pub max_context_tokens: u64,
+    pub engine: EngineKind,
+    /// Changes every time the engine restarts; event sequence numbers restart with it.
+    pub incarnation: u64,
+}
+
+impl WorkerInfo {
+    /// Checks the fields a registry or a router relies on.
+    pub fn validate(&self) -> Result<(), CoreError> {
+        if self.address.is_empty() {
+            return Err(CoreError::InvalidWorkerInfo("address is empty".into()));
+        }
+        if self.model.is_empty() {
+            return Err(CoreError::InvalidWorkerInfo("model is empty".into()));
+        }
+        if self.kv_capacity_blocks == 0 {
+            return Err(CoreError::InvalidWorkerInfo(
+                "kv capacity must be at least one block".into(),
+            ));
+        }
+        if self.max_context_tokens == 0 {
+            return Err(CoreError::InvalidWorkerInfo(
+                "max context must be at least one token".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_ids_are_validated() {
+        assert!(WorkerId::new("worker-1.a_b").is_ok());
+        assert!(WorkerId::new("").is_err());
+        assert!(WorkerId::new("a/b").is_err());
+        assert!(WorkerId::new("x".repeat(129)).is_err());
+        assert!(serde_json::from_str::<WorkerId>("\"bad id\"").is_err());
+    }
+
+    #[test]
+    fn roles_parse_and_print() {
+        for role in [Role::Prefill, Role::Decode, Role::Both] {
+            assert_eq!(role.as_str().parse::<Role>().unwrap(), role);
+        }
+        assert!("prefil".parse::<Role>().is_err());
+        assert!(Role::Both.serves_prefill() && Role::Both.serves_decode());
+        assert!(!Role::Prefill.serves_decode());
+    }
+
+    #[test]
+    fn worker_info_round_trips_through_json() {
+        let info = WorkerInfo {
+            id: WorkerId::new("w1").unwrap(),
+            address: "127.0.0.1:5000".into(),
+            model: "sim-8b".into(),
+            role: Role::Decode,
+            block_size: BlockSize::new(16).unwrap(),
+            kv_capacity_blocks: 1000,
+            max_context_tokens: 32768,
+            engine: EngineKind::Sim,
+            incarnation: 7,
+        };
+        let json = serde_json::to_string(&info).unwrap();
+        assert_eq!(serde_json::from_str::<WorkerInfo>(&json).unwrap(), info);
+        assert!(info.validate().is_ok());
+        let bad = WorkerInfo {
+            kv_capacity_blocks: 0,
+            ..info
+        };
+        assert!(bad.validate().is_err());
+    }
+}

@@ -1,0 +1,12 @@
+// Generates the tonic/prost code for proto/switchyard/v1 with the system `protoc`
+// (Debian's protobuf-compiler; PROTOC overrides the path).
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let worker = root.join("switchyard/v1/worker.proto");
+    println!("cargo:rerun-if-changed={}", worker.display());
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_protos(&[worker], &[root])?;
+    Ok(())
+}

@@ -1,0 +1,297 @@
+//! Conversions between protocol messages and core types.
+
+use switchyard_core::{
+    BlockHash, BlockSize, CoreError, EngineKind, KvEvent, LoadStats, Role, SnapshotBlock,
+    StorageTier, StoredBlock, WorkerId, WorkerInfo,
+};
+
+use crate::v1;
+
+/// A protocol message that cannot become a core value. Always the sender's fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("missing field {0}")]
+    MissingField(&'static str),
+    #[error("unknown engine {0:?}")]
+    UnknownEngine(String),
+    #[error(transparent)]
+    Invalid(#[from] CoreError),
+}
+
+impl From<ProtoError> for tonic::Status {
+    fn from(err: ProtoError) -> Self {
+        tonic::Status::invalid_argument(err.to_string())
+    }
+}
+
+impl From<Role> for v1::Role {
+    fn from(role: Role) -> Self {
+        match role {
+            Role::Prefill => v1::Role::Prefill,
+            Role::Decode => v1::Role::Decode,
+            Role::Both => v1::Role::Both,
+        }
+    }
+}
+
+/// Maps a wire role; `ROLE_UNSPECIFIED` (and unknown future values) are refused.
+pub fn role_from_wire(value: i32) -> Result<Role, ProtoError> {
+    match v1::Role::try_from(value) {
+        Ok(v1::Role::Prefill) => Ok(Role::Prefill),
+        Ok(v1::Role::Decode) => Ok(Role::Decode),
+        Ok(v1::Role::Both) => Ok(Role::Both),
+        Ok(v1::Role::Unspecified) | Err(_) => Err(ProtoError::MissingField("role")),
+    }
+}
+
+impl From<StorageTier> for v1::StorageTier {
+    fn from(tier: StorageTier) -> Self {
+        match tier {
+            StorageTier::Device => v1::StorageTier::Device,
+            StorageTier::Host => v1::StorageTier::Host,
+            StorageTier::Disk => v1::StorageTier::Disk,
+        }
+    }
+}
+
+/// Maps a wire tier; unknown future tiers are refused rather than guessed.
+pub fn tier_from_wire(value: i32) -> Result<StorageTier, ProtoError> {
+    match v1::StorageTier::try_from(value) {
+        Ok(v1::StorageTier::Device) => Ok(StorageTier::Device),
+        Ok(v1::StorageTier::Host) => Ok(StorageTier::Host),
+        Ok(v1::StorageTier::Disk) => Ok(StorageTier::Disk),
+        Err(_) => Err(ProtoError::MissingField("tier")),
+    }
+}
+
+/// Wire form of a worker's description, plus whether it is draining.
+pub fn worker_info_to_wire(info: &WorkerInfo, draining: bool) -> v1::WorkerInfo {
+    v1::WorkerInfo {
+        id: info.id.to_string(),
+        address: info.address.clone(),
+        model: info.model.clone(),
+        role: v1::Role::from(info.role).into(),
+        block_size: info.block_size.get(),
+        kv_capacity_blocks: info.kv_capacity_blocks,
+        max_context_tokens: info.max_context_tokens,
+        engine: info.engine.as_str().to_owned(),
+        incarnation: info.incarnation,
+        draining,
+    }
+}
+
+impl TryFrom<v1::WorkerInfo> for WorkerInfo {
+    type Error = ProtoError;
+    fn try_from(w: v1::WorkerInfo) -> Result<Self, Self::Error> {
+        let engine = match w.engine.as_str() {
+            "sim" => EngineKind::Sim,
+            "vllm" => EngineKind::Vllm,
+            "sglang" => EngineKind::Sglang,
+            other => return Err(ProtoError::UnknownEngine(other.to_owned())),
+        };
+        let info = WorkerInfo {
+            id: WorkerId::new(w.id)?,
+            address: w.address,
+            model: w.model,
+            role: role_from_wire(w.role)?,
+            block_size: BlockSize::new(w.block_size)?,
+            kv_capacity_blocks: w.kv_capacity_blocks,
+            max_context_tokens: w.max_context_tokens,
+            engine,
+            incarnation: w.incarnation,
+        };
+        info.validate()?;
+        Ok(info)
+    }
+}
+
+/// Wire form of one event at sequence number `seq`.
+pub fn kv_event_to_wire(seq: u64, event: &KvEvent) -> v1::KvEvent {
+    let kind = match event {
+        KvEvent::Stored {
+            parent,
+            blocks,
+            tier,
+        } => v1::kv_event::Kind::Stored(v1::Stored {
+            parent: parent.map(BlockHash::get),
+            blocks: blocks
+                .iter()
+                .map(|b| v1::StoredBlock {
+                    hash: b.hash.get(),
+                    token_ids: b.tokens.clone(),
+                })
+                .collect(),
+            tier: v1::StorageTier::from(*tier).into(),
+        }),
+        KvEvent::Removed { blocks, tier } => v1::kv_event::Kind::Removed(v1::Removed {
+            blocks: blocks.iter().map(|b| b.get()).collect(),
+            tier: v1::StorageTier::from(*tier).into(),
+        }),
+        KvEvent::Cleared => v1::kv_event::Kind::Cleared(v1::Cleared {}),
+    };
+    v1::KvEvent {
+        seq,
+        kind: Some(kind),
+    }
+}
+
+/// Core form of a wire event: its sequence number and the event.
+pub fn kv_event_from_wire(event: v1::KvEvent) -> Result<(u64, KvEvent), ProtoError> {
+    let kind = event
+        .kind
+        .ok_or(ProtoError::MissingField("kv_event.kind"))?;
+    let core = match kind {
+        v1::kv_event::Kind::Stored(s) => KvEvent::Stored {
+            parent: s.parent.map(BlockHash),
+            blocks: s
+                .blocks
+                .into_iter()
+                .map(|b| StoredBlock {
+                    hash: BlockHash(b.hash),
+                    tokens: b.token_ids,
+                })
+                .collect(),
+            tier: tier_from_wire(s.tier)?,
+        },
+        v1::kv_event::Kind::Removed(r) => KvEvent::Removed {
+            blocks: r.blocks.into_iter().map(BlockHash).collect(),
+            tier: tier_from_wire(r.tier)?,
+        },
+        v1::kv_event::Kind::Cleared(_) => KvEvent::Cleared,
+    };
+    Ok((event.seq, core))
+}
+
+pub fn snapshot_block_to_wire(block: &SnapshotBlock) -> v1::SnapshotBlock {
+    v1::SnapshotBlock {
+        hash: block.hash.get(),
+        parent: block.parent.map(BlockHash::get),
+        tier: v1::StorageTier::from(block.tier).into(),
+    }
+}
+
+pub fn snapshot_block_from_wire(block: &v1::SnapshotBlock) -> Result<SnapshotBlock, ProtoError> {
+    Ok(SnapshotBlock {
+        hash: BlockHash(block.hash),
+        parent: block.parent.map(BlockHash),
+        tier: tier_from_wire(block.tier)?,
+    })
+}
+
+/// Wire form of a load report.
+pub fn load_to_wire(
+    worker: &WorkerId,
+    load: &LoadStats,
+    role: Role,
+    draining: bool,
+    timestamp_unix_ms: u64,
+) -> v1::LoadReport {
+    v1::LoadReport {
+        worker_id: worker.to_string(),
+        queued_prefill_tokens: load.queued_prefill_tokens,
+        waiting_requests: load.waiting_requests,
+        running_requests: load.running_requests,
+        active_decode_sequences: load.active_decode_sequences,
+        active_blocks: load.active_blocks,
+        used_blocks: load.used_blocks,
+        capacity_blocks: load.capacity_blocks,
+        preemptions_total: load.preemptions_total,
+        cached_prompt_tokens_total: load.cached_prompt_tokens_total,
+        prompt_tokens_total: load.prompt_tokens_total,
+        role: v1::Role::from(role).into(),
+        draining,
+        timestamp_unix_ms,
+    }
+}
+
+impl From<&v1::LoadReport> for LoadStats {
+    fn from(r: &v1::LoadReport) -> Self {
+        LoadStats {
+            queued_prefill_tokens: r.queued_prefill_tokens,
+            waiting_requests: r.waiting_requests,
+            running_requests: r.running_requests,
+            active_decode_sequences: r.active_decode_sequences,
+            active_blocks: r.active_blocks,
+            used_blocks: r.used_blocks,
+            capacity_blocks: r.capacity_blocks,
+            preemptions_total: r.preemptions_total,
+            cached_prompt_tokens_total: r.cached_prompt_tokens_total,
+            prompt_tokens_total: r.prompt_tokens_total,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_core::block_hashes;
+
+    #[test]
+    fn events_round_trip() {
+        let bs = BlockSize::new(2).unwrap();
+        let tokens = vec![1, 2, 3, 4];
+        let hashes = block_hashes(&tokens, bs);
+        let events = vec![
+            KvEvent::Stored {
+                parent: None,
+                blocks: vec![
+                    StoredBlock {
+                        hash: hashes[0],
+                        tokens: vec![1, 2],
+                    },
+                    StoredBlock {
+                        hash: hashes[1],
+                        tokens: vec![3, 4],
+                    },
+                ],
+                tier: StorageTier::Device,
+            },
+            KvEvent::Stored {
+                parent: Some(hashes[1]),
+                blocks: vec![],
+                tier: StorageTier::Host,
+            },
+            KvEvent::Removed {
+                blocks: hashes.clone(),
+                tier: StorageTier::Disk,
+            },
+            KvEvent::Cleared,
+        ];
+        for (seq, event) in events.into_iter().enumerate() {
+            let wire = kv_event_to_wire(seq as u64, &event);
+            let (back_seq, back) = kv_event_from_wire(wire).unwrap();
+            assert_eq!(back_seq, seq as u64);
+            assert_eq!(back, event);
+        }
+    }
+
+    #[test]
+    fn an_event_without_kind_is_refused() {
+        let err = kv_event_from_wire(v1::KvEvent { seq: 1, kind: None }).unwrap_err();
+        assert!(err.to_string().contains("kind"));
+    }
+
+    #[test]
+    fn worker_info_round_trips_and_refuses_bad_values() {
+        let info = WorkerInfo {
+            id: WorkerId::new("w-1").unwrap(),
+            address: "127.0.0.1:1".into(),
+            model: "m".into(),
+            role: Role::Prefill,
+            block_size: BlockSize::new(16).unwrap(),
+            kv_capacity_blocks: 10,
+            max_context_tokens: 100,
+            engine: EngineKind::Sim,
+            incarnation: 3,
+        };
+        let wire = worker_info_to_wire(&info, false);
+        assert_eq!(WorkerInfo::try_from(wire.clone()).unwrap(), info);
+        let zero_block = v1::WorkerInfo {
+            block_size: 0,
+            ..wire.clone()
+        };
+        assert!(WorkerInfo::try_from(zero_block).is_err());
+        let no_role = v1::WorkerInfo { role: 0, ..wire };
+        assert!(WorkerInfo::try_from(no_role).is_err());
+    }
+}

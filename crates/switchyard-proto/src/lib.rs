@@ -1,0 +1,20 @@
+//! Switchyard's gRPC protocol.
+//!
+//! [`v1`] is the code tonic/prost generate from `proto/switchyard/v1/worker.proto`;
+//! [`convert`] maps its messages to and from `switchyard-core` types, refusing messages that
+//! would break a core invariant (an invalid worker id, a zero block size, a missing oneof).
+
+pub mod convert;
+
+/// Generated protocol types, package `switchyard.v1`.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    missing_debug_implementations,
+    unreachable_pub
+)]
+pub mod v1 {
+    tonic::include_proto!("switchyard.v1");
+}
+
+pub use convert::ProtoError;

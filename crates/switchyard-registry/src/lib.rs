@@ -1,0 +1,1 @@
+//! Worker registry (being written).

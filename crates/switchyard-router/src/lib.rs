@@ -1,0 +1,1 @@
+//! KV-aware router (being written).
