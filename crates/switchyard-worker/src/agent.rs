@@ -1,0 +1,210 @@
+//! The worker agent's lifecycle: bind, serve, register, follow role changes, and shut down in
+//! phases (stop accepting, let in-flight requests finish, deregister, stop serving).
+
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use switchyard_core::{WorkerId, WorkerInfo};
+use switchyard_registry::{Registration, Registry, RegistryError};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::WorkerConfig;
+use crate::engine::Engine;
+use crate::engine::sim::SimEngine;
+use crate::service::{ServiceLimits, WorkerService};
+use crate::state::WorkerState;
+
+/// Why the agent could not start or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("invalid worker description: {0}")]
+    Describe(String),
+    #[error("cannot start the simulated engine: {0}")]
+    Engine(String),
+    #[error("cannot register in the registry: {0}")]
+    Register(#[from] RegistryError),
+    #[error("grpc server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// A started worker: what it is and where it listens.
+#[derive(Debug)]
+pub struct RunningWorker {
+    pub info: WorkerInfo,
+    pub local_addr: SocketAddr,
+}
+
+/// A random 64-bit value from the standard library's per-process hasher keys.
+fn random_u64() -> u64 {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    hasher.finish()
+}
+
+/// Runs a worker until `shutdown` is cancelled, then drains and deregisters.
+///
+/// `on_ready` is called once the server listens and the worker is registered.
+pub async fn run(
+    config: WorkerConfig,
+    registry: Option<Arc<dyn Registry>>,
+    shutdown: CancellationToken,
+    on_ready: impl FnOnce(&RunningWorker),
+) -> Result<(), AgentError> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| AgentError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| AgentError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let address = config
+        .advertise_address
+        .clone()
+        .unwrap_or_else(|| local_addr.to_string());
+    let incarnation = random_u64();
+    let id = match &config.id {
+        Some(id) => WorkerId::new(id.clone()),
+        None => WorkerId::new(format!(
+            "worker-{}-{:04x}",
+            local_addr.port(),
+            incarnation & 0xffff
+        )),
+    }
+    .map_err(|e| AgentError::Describe(e.to_string()))?;
+
+    let engine: Arc<dyn Engine> = Arc::new(
+        SimEngine::start(
+            id.clone(),
+            incarnation,
+            config.sim.clone(),
+            config.speedup,
+            config.kv_bytes_per_token,
+            config.event_buffer,
+        )
+        .map_err(|e| AgentError::Engine(e.to_string()))?,
+    );
+    let spec = engine.spec().clone();
+    let info = WorkerInfo {
+        id: id.clone(),
+        address,
+        model: config.model.clone(),
+        role: config.role,
+        block_size: spec.block_size,
+        kv_capacity_blocks: spec.kv_capacity_blocks,
+        max_context_tokens: spec.max_context_tokens,
+        engine: spec.kind,
+        incarnation,
+    };
+    info.validate()
+        .map_err(|e| AgentError::Describe(e.to_string()))?;
+
+    let state = WorkerState::new(config.role);
+    let service = WorkerService::new(
+        info.clone(),
+        Arc::clone(&engine),
+        state.clone(),
+        ServiceLimits::default(),
+    );
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<switchyard_proto::v1::worker_server::WorkerServer<WorkerService>>()
+        .await;
+
+    let server_stop = CancellationToken::new();
+    let server = tokio::spawn({
+        let stop = server_stop.clone();
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(service.into_server())
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned())
+    });
+
+    let registration = match &registry {
+        Some(registry) => Some(registry.register(info.clone(), config.lease_ttl()).await?),
+        None => None,
+    };
+    let role_follower = registration
+        .as_ref()
+        .map(|_| state.watch_role())
+        .map(|rx| (rx, info.clone()));
+
+    tracing::info!(worker = %id, address = %info.address, role = %info.role, model = %info.model, "worker ready");
+    on_ready(&RunningWorker {
+        info: info.clone(),
+        local_addr,
+    });
+
+    let registration = follow_until_shutdown(registration, role_follower, &shutdown).await;
+
+    // Phase 1: stop taking work; tell health checkers and the router.
+    tracing::info!(worker = %id, in_flight = state.in_flight(), "shutting down: draining");
+    state.set_draining(true);
+    health_reporter
+        .set_not_serving::<switchyard_proto::v1::worker_server::WorkerServer<WorkerService>>()
+        .await;
+    // Phase 2: let in-flight requests finish within the grace period.
+    if !state.wait_idle(config.drain_timeout()).await {
+        tracing::warn!(worker = %id, in_flight = state.in_flight(), "drain timeout; aborting the rest");
+    }
+    // Phase 3: leave the registry so no gateway picks this worker again.
+    if let Some(registration) = registration
+        && let Err(err) = registration.deregister().await
+    {
+        tracing::warn!(worker = %id, error = %err, "deregistration failed; the lease will expire");
+    }
+    // Phase 4: stop serving and the engine.
+    engine.shutdown();
+    server_stop.cancel();
+    match server.await {
+        Ok(result) => result?,
+        Err(join) => tracing::error!(error = %join, "grpc server task failed"),
+    }
+    tracing::info!(worker = %id, "worker stopped");
+    Ok(())
+}
+
+/// Keeps the registry entry's role in step with the worker's until shutdown.
+async fn follow_until_shutdown(
+    registration: Option<Registration>,
+    follower: Option<(
+        tokio::sync::watch::Receiver<switchyard_core::Role>,
+        WorkerInfo,
+    )>,
+    shutdown: &CancellationToken,
+) -> Option<Registration> {
+    let (Some(registration), Some((mut role_rx, mut info))) = (registration, follower) else {
+        shutdown.cancelled().await;
+        return None;
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Some(registration),
+            changed = role_rx.changed() => {
+                if changed.is_err() {
+                    shutdown.cancelled().await;
+                    return Some(registration);
+                }
+                info.role = *role_rx.borrow_and_update();
+                if let Err(err) = registration.update(info.clone()).await {
+                    tracing::warn!(worker = %info.id, error = %err, "could not record the new role in the registry");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The worker's one configuration struct, and the command-line/environment layer over it.
+//!
+//! Precedence: built-in defaults < config file (`--config`, TOML) < environment variables
+//! (`SWITCHYARD_*`) < flags. Everything is validated once, at start; a bad value is a
+//! [`ConfigError`] whose message is one sentence (the binary exits with code 64).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use switchyard_core::{BlockSize, Role, WorkerId};
+use switchyard_engine_sim::SimConfig;
+
+/// A configuration problem, always the operator's to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is invalid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Everything a worker agent needs to run.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// Stable worker name; generated from the host and process when absent.
+    pub id: Option<String>,
+    /// Address the gRPC server binds (`host:port`; port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// Address others dial, when it differs from `listen` (required with a wildcard listen).
+    pub advertise_address: Option<String>,
+    /// Model name clients ask for.
+    pub model: String,
+    pub role: Role,
+    /// Cluster name: the registry namespace (`/switchyard/v1/<cluster>/`).
+    pub cluster: String,
+    /// etcd endpoints; empty runs the worker without a registry.
+    pub etcd_endpoints: Vec<String>,
+    /// Lease time-to-live in seconds: how long a dead worker stays listed.
+    pub lease_ttl_secs: u64,
+    /// How long a shutdown waits for in-flight requests.
+    pub drain_timeout_secs: u64,
+    /// KV events kept for consumers that resume.
+    pub event_buffer: usize,
+    /// Simulated time runs this many times faster than real time.
+    pub speedup: f64,
+    /// KV cache bytes per token (all layers, K and V); 8B-class model in fp16 by default.
+    pub kv_bytes_per_token: u64,
+    /// The simulated engine.
+    pub sim: SimConfig,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            id: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise_address: None,
+            model: "sim-8b".to_owned(),
+            role: Role::Both,
+            cluster: "default".to_owned(),
+            etcd_endpoints: Vec::new(),
+            lease_ttl_secs: 10,
+            drain_timeout_secs: 30,
+            event_buffer: 4096,
+            speedup: 1.0,
+            // 32 layers × 8 KV heads × 128 dims × 2 (K and V) × 2 bytes.
+            kv_bytes_per_token: 131_072,
+            sim: SimConfig::default(),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Reads a TOML config file.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.message().to_owned(),
+        })
+    }
+
+    /// Checks every value once, before anything starts.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if let Some(id) = &self.id {
+            WorkerId::new(id.clone()).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        if self.model.trim().is_empty() {
+            return invalid("model must not be empty".into());
+        }
+        if self.cluster.is_empty()
+            || !self
+                .cluster
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return invalid(format!(
+                "cluster {:?} must be non-empty ASCII letters, digits, '.', '_' or '-'",
+                self.cluster
+            ));
+        }
+        if self.lease_ttl_secs < 2 {
+            return invalid("lease_ttl_secs must be at least 2 (etcd's minimum lease)".into());
+        }
+        if !(self.speedup.is_finite() && self.speedup > 0.0) {
+            return invalid(format!("speedup must be > 0, got {}", self.speedup));
+        }
+        if self.event_buffer == 0 {
+            return invalid("event_buffer must be at least 1".into());
+        }
+        if self.kv_bytes_per_token == 0 {
+            return invalid("kv_bytes_per_token must be at least 1".into());
+        }
+        if self.listen.ip().is_unspecified() && self.advertise_address.is_none() {
+            return invalid(format!(
+                "listening on {} needs --advertise-address (the address others dial)",
+                self.listen
+            ));
+        }
+        self.sim
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("sim: {e}")))?;
+        Ok(())
+    }
+
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(self.lease_ttl_secs)
+    }
+
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.drain_timeout_secs)
+    }
+}
+
+/// Command-line flags and `SWITCHYARD_*` environment variables of `switchyard worker`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct WorkerArgs {
+    /// TOML config file; flags and environment variables override it.
+    #[arg(long, env = "SWITCHYARD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Worker id (default: generated).
+    #[arg(long, env = "SWITCHYARD_WORKER_ID")]
+    pub id: Option<String>,
+    /// gRPC listen address, host:port (port 0 = any free port).
+    #[arg(long, env = "SWITCHYARD_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Address other processes dial, when it differs from --listen.
+    #[arg(long, env = "SWITCHYARD_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
+    /// Model name served.
+    #[arg(long, env = "SWITCHYARD_MODEL")]
+    pub model: Option<String>,
+    /// prefill, decode or both.
+    #[arg(long, env = "SWITCHYARD_ROLE")]
+    pub role: Option<Role>,
+    /// Cluster name (registry namespace).
+    #[arg(long, env = "SWITCHYARD_CLUSTER")]
+    pub cluster: Option<String>,
+    /// etcd endpoints, comma-separated (none = run without a registry).
+    #[arg(long, env = "SWITCHYARD_ETCD", value_delimiter = ',')]
+    pub etcd: Option<Vec<String>>,
+    /// Registry lease TTL in seconds.
+    #[arg(long, env = "SWITCHYARD_LEASE_TTL_SECS")]
+    pub lease_ttl_secs: Option<u64>,
+    /// Seconds a shutdown waits for in-flight requests.
+    #[arg(long, env = "SWITCHYARD_DRAIN_TIMEOUT_SECS")]
+    pub drain_timeout_secs: Option<u64>,
+    /// KV events kept for consumers that resume.
+    #[arg(long, env = "SWITCHYARD_EVENT_BUFFER")]
+    pub event_buffer: Option<usize>,
+    /// Simulated-time speed-up factor.
+    #[arg(long, env = "SWITCHYARD_SPEEDUP")]
+    pub speedup: Option<f64>,
+    /// Simulator: tokens per KV block.
+    #[arg(long, env = "SWITCHYARD_BLOCK_SIZE")]
+    pub block_size: Option<u32>,
+    /// Simulator: device KV cache size in blocks.
+    #[arg(long, env = "SWITCHYARD_KV_BLOCKS")]
+    pub kv_blocks: Option<u64>,
+    /// Simulator: host-tier KV cache size in blocks (0 = none).
+    #[arg(long, env = "SWITCHYARD_HOST_KV_BLOCKS")]
+    pub host_kv_blocks: Option<u64>,
+    /// Simulator: longest prompt + output in tokens.
+    #[arg(long, env = "SWITCHYARD_MAX_CONTEXT")]
+    pub max_context: Option<u64>,
+    /// Simulator: random seed.
+    #[arg(long, env = "SWITCHYARD_SEED")]
+    pub seed: Option<u64>,
+}
+
+impl WorkerArgs {
+    /// Merges defaults, the config file, environment and flags, and validates the result.
+    pub fn resolve(&self) -> Result<WorkerConfig, ConfigError> {
+        let mut config = match &self.config {
+            Some(path) => WorkerConfig::from_file(path)?,
+            None => WorkerConfig::default(),
+        };
+        macro_rules! set {
+            ($field:ident => $target:expr) => {
+                if let Some(value) = &self.$field {
+                    $target = value.clone();
+                }
+            };
+        }
+        if let Some(id) = &self.id {
+            config.id = Some(id.clone());
+        }
+        set!(listen => config.listen);
+        if let Some(addr) = &self.advertise_address {
+            config.advertise_address = Some(addr.clone());
+        }
+        set!(model => config.model);
+        set!(role => config.role);
+        set!(cluster => config.cluster);
+        set!(etcd => config.etcd_endpoints);
+        set!(lease_ttl_secs => config.lease_ttl_secs);
+        set!(drain_timeout_secs => config.drain_timeout_secs);
+        set!(event_buffer => config.event_buffer);
+        set!(speedup => config.speedup);
+        if let Some(size) = self.block_size {
+            config.sim.block_size =
+                BlockSize::new(size).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        set!(kv_blocks => config.sim.num_device_blocks);
+        set!(host_kv_blocks => config.sim.num_host_blocks);
+        set!(max_context => config.sim.max_context_tokens);
+        set!(seed => config.sim.seed);
+        config.etcd_endpoints.retain(|e| !e.trim().is_empty());
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        WorkerConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        std::fs::write(
+            &path,
+            "model = \"from-file\"\nrole = \"prefill\"\n[sim]\nblock_size = 32\n",
+        )
+        .unwrap();
+        let args = WorkerArgs {
+            config: Some(path),
+            role: Some(Role::Decode),
+            ..Default::default()
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!(config.model, "from-file");
+        assert_eq!(config.role, Role::Decode);
+        assert_eq!(config.sim.block_size.get(), 32);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused_with_a_sentence() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        std::fs::write(&path, "modle = \"typo\"\n").unwrap();
+        let err = WorkerArgs {
+            config: Some(path),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.to_string().contains("modle"), "{err}");
+
+        let err = WorkerArgs {
+            block_size: Some(0),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.to_string().contains("block size"), "{err}");
+
+        let err = WorkerArgs {
+            listen: Some("0.0.0.0:7000".parse().unwrap()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.to_string().contains("advertise"), "{err}");
+    }
+}

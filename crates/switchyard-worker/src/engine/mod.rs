@@ -1,0 +1,212 @@
+//! The `Engine` trait: what the worker agent needs from an inference engine.
+//!
+//! The agent's gRPC service is written once against this trait; the built-in simulator
+//! ([`sim::SimEngine`]) is the first implementation, real engines (vLLM, SGLang) come as
+//! adapters. An engine publishes its KV cache changes into its [`EventLog`].
+
+pub mod sim;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use futures::Stream;
+use switchyard_core::{BlockHash, BlockSize, EngineKind, LoadStats, TokenId};
+use tokio::sync::mpsc;
+
+use crate::event_log::EventLog;
+
+/// Fixed facts about an engine, announced at registration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineSpec {
+    pub kind: EngineKind,
+    pub block_size: BlockSize,
+    pub kv_capacity_blocks: u64,
+    pub max_context_tokens: u64,
+    /// Bytes of KV cache per token (all layers, keys and values), for transfer sizing.
+    pub kv_bytes_per_token: u64,
+}
+
+/// A generation request as the engine sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateParams {
+    pub request_id: String,
+    pub prompt: Vec<TokenId>,
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub seed: Option<u64>,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<TokenId>,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// `max_tokens` reached.
+    Length,
+    /// End-of-sequence or a stop token.
+    Stop,
+    /// The engine gave up on the request (cancelled or shut down).
+    Aborted,
+}
+
+/// Tokens produced since the previous chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerationChunk {
+    pub tokens: Vec<TokenId>,
+    pub finish: Option<FinishReason>,
+    pub prompt_tokens: u32,
+    pub cached_prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// Runs `on_drop` when dropped unless disarmed: the RAII way to cancel engine work when the
+/// consumer goes away.
+pub struct DropGuard {
+    on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl DropGuard {
+    pub fn new(on_drop: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self {
+            on_drop: Some(Box::new(on_drop)),
+        }
+    }
+
+    pub fn disarm(&mut self) {
+        self.on_drop = None;
+    }
+}
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for DropGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DropGuard")
+            .field("armed", &self.on_drop.is_some())
+            .finish()
+    }
+}
+
+/// The token stream of one request. Dropping it before the end aborts the request.
+#[derive(Debug)]
+pub struct GenerationStream {
+    rx: mpsc::UnboundedReceiver<Result<GenerationChunk, EngineError>>,
+    abort: DropGuard,
+}
+
+impl GenerationStream {
+    pub fn new(
+        rx: mpsc::UnboundedReceiver<Result<GenerationChunk, EngineError>>,
+        abort: DropGuard,
+    ) -> Self {
+        Self { rx, abort }
+    }
+}
+
+impl Stream for GenerationStream {
+    type Item = Result<GenerationChunk, EngineError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let item = self.rx.poll_recv(cx);
+        if let Poll::Ready(Some(Ok(chunk))) = &item
+            && chunk.finish.is_some()
+        {
+            // Finished by itself: nothing left to abort.
+            self.abort.disarm();
+        }
+        if let Poll::Ready(None) = &item {
+            self.abort.disarm();
+        }
+        item
+    }
+}
+
+/// A prefill request whose KV blocks are kept for a decode worker to pull.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefillParams {
+    pub request_id: String,
+    pub prompt: Vec<TokenId>,
+    /// How long the blocks stay held if nobody pulls them.
+    pub hold: Duration,
+}
+
+/// What a finished prefill holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefillOutcome {
+    pub handle: String,
+    pub block_hashes: Vec<BlockHash>,
+    pub prompt_tokens: u32,
+    pub cached_prompt_tokens: u32,
+    pub first_token: TokenId,
+    pub expires_at: SystemTime,
+}
+
+/// One block of a KV pull.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldBlock {
+    pub hash: BlockHash,
+    pub tokens: Vec<TokenId>,
+}
+
+/// The blocks under a handle, claimed by one puller. They are released when this is dropped.
+#[derive(Debug)]
+pub struct KvPull {
+    pub blocks: Vec<HeldBlock>,
+    pub _release: DropGuard,
+}
+
+/// Why an engine refused or failed a request.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    /// The request itself is invalid; retrying it cannot help.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// No KV handle of that name (never issued, already pulled, or expired).
+    #[error("kv handle {0:?} not found (never issued, already pulled, or expired)")]
+    HandleNotFound(String),
+    /// The engine is shutting down; another worker can take the request.
+    #[error("engine is stopped")]
+    Stopped,
+}
+
+impl From<EngineError> for tonic::Status {
+    fn from(err: EngineError) -> Self {
+        match &err {
+            EngineError::InvalidRequest(_) => tonic::Status::invalid_argument(err.to_string()),
+            EngineError::HandleNotFound(_) => tonic::Status::not_found(err.to_string()),
+            EngineError::Stopped => tonic::Status::unavailable(err.to_string()),
+        }
+    }
+}
+
+/// An inference engine behind the worker agent.
+#[async_trait::async_trait]
+pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
+    fn spec(&self) -> &EngineSpec;
+
+    /// Starts a generation; tokens arrive on the returned stream.
+    async fn generate(&self, params: GenerateParams) -> Result<GenerationStream, EngineError>;
+
+    /// Runs a prefill and holds its blocks under a handle until pulled or expired.
+    async fn prefill(&self, params: PrefillParams) -> Result<PrefillOutcome, EngineError>;
+
+    /// Claims the blocks held under `handle`; a second claim of the same handle fails.
+    async fn pull_kv(&self, handle: &str) -> Result<KvPull, EngineError>;
+
+    /// Current load.
+    fn load(&self) -> LoadStats;
+
+    /// The engine's KV event log.
+    fn events(&self) -> &Arc<EventLog>;
+
+    /// Stops background work; pending requests end with `Aborted`.
+    fn shutdown(&self);
+}

@@ -1,0 +1,387 @@
+//! The simulator as an engine: a task that owns a [`Simulator`] and runs it in real time.
+//!
+//! The simulator itself is synchronous and knows nothing of time; this runner executes one step
+//! after another, sleeps each step's simulated duration divided by the speed-up factor, hands
+//! tokens to the request streams and publishes the step's KV events. Commands (add, abort,
+//! release) queue on a channel and take effect at the next step boundary, as in a real engine.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use switchyard_core::{BlockHash, EngineKind, LoadStats, WorkerId, block_hashes};
+use switchyard_engine_sim::{
+    FinishReason as SimFinish, SimConfig, SimError, SimRequest, Simulator, TokenOutput,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{
+    DropGuard, Engine, EngineError, EngineSpec, FinishReason, GenerateParams, GenerationChunk,
+    GenerationStream, HeldBlock, KvPull, PrefillOutcome, PrefillParams,
+};
+use crate::event_log::EventLog;
+
+/// How far the runner may fall behind real time before it stops trying to catch up.
+const MAX_LAG: Duration = Duration::from_millis(200);
+
+type ChunkTx = mpsc::UnboundedSender<Result<GenerationChunk, EngineError>>;
+
+enum Command {
+    Add {
+        request: SimRequest,
+        out: ChunkTx,
+        ack: oneshot::Sender<Result<(), SimError>>,
+    },
+    Abort(u64),
+    Release(u64),
+    Held {
+        id: u64,
+        reply: oneshot::Sender<Option<Vec<(BlockHash, Vec<u32>)>>>,
+    },
+}
+
+#[derive(Debug)]
+struct HeldHandle {
+    request: u64,
+}
+
+/// The simulated engine.
+#[derive(Debug)]
+pub struct SimEngine {
+    spec: EngineSpec,
+    cmd_tx: mpsc::UnboundedSender<Command>,
+    load_rx: watch::Receiver<LoadStats>,
+    events: Arc<EventLog>,
+    next_request: AtomicU64,
+    handles: Arc<Mutex<HashMap<String, HeldHandle>>>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Add { request, .. } => write!(f, "Add({})", request.id),
+            Command::Abort(id) => write!(f, "Abort({id})"),
+            Command::Release(id) => write!(f, "Release({id})"),
+            Command::Held { id, .. } => write!(f, "Held({id})"),
+        }
+    }
+}
+
+impl SimEngine {
+    /// Starts the simulator task. `speedup` > 1 runs simulated time faster than real time.
+    pub fn start(
+        worker: WorkerId,
+        incarnation: u64,
+        config: SimConfig,
+        speedup: f64,
+        kv_bytes_per_token: u64,
+        event_buffer: usize,
+    ) -> Result<Self, SimError> {
+        let spec = EngineSpec {
+            kind: EngineKind::Sim,
+            block_size: config.block_size,
+            kv_capacity_blocks: config.num_device_blocks,
+            max_context_tokens: config.max_context_tokens,
+            kv_bytes_per_token,
+        };
+        let sim = Simulator::new(config)?;
+        let events = Arc::new(EventLog::new(worker, incarnation, event_buffer));
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (load_tx, load_rx) = watch::channel(sim.load());
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let runner = Runner {
+            sim,
+            cmd_rx,
+            load_tx,
+            events: Arc::clone(&events),
+            streams: HashMap::new(),
+            speedup: if speedup.is_finite() && speedup > 0.0 {
+                speedup
+            } else {
+                1.0
+            },
+        };
+        tasks.spawn(runner.run(cancel.clone()));
+        Ok(Self {
+            spec,
+            cmd_tx,
+            load_rx,
+            events,
+            next_request: AtomicU64::new(1),
+            handles: Arc::new(Mutex::new(HashMap::new())),
+            tasks,
+            cancel,
+        })
+    }
+
+    fn send(&self, cmd: Command) -> Result<(), EngineError> {
+        self.cmd_tx.send(cmd).map_err(|_| EngineError::Stopped)
+    }
+
+    async fn add(&self, request: SimRequest) -> Result<ChunkRx, EngineError> {
+        let (out, rx) = mpsc::unbounded_channel();
+        let (ack, ack_rx) = oneshot::channel();
+        self.send(Command::Add { request, out, ack })?;
+        match ack_rx.await {
+            Ok(Ok(())) => Ok(rx),
+            Ok(Err(err)) => Err(EngineError::InvalidRequest(err.to_string())),
+            Err(_) => Err(EngineError::Stopped),
+        }
+    }
+
+    fn abort_guard(&self, id: u64) -> DropGuard {
+        let tx = self.cmd_tx.clone();
+        DropGuard::new(move || {
+            // Releasing too covers a prefill that finished but whose handle was never issued.
+            let _ = tx.send(Command::Abort(id));
+            let _ = tx.send(Command::Release(id));
+        })
+    }
+
+    fn lock_handles(&self) -> std::sync::MutexGuard<'_, HashMap<String, HeldHandle>> {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Number of KV handles currently held (for tests and metrics).
+    pub fn held_handles(&self) -> usize {
+        self.lock_handles().len()
+    }
+}
+
+type ChunkRx = mpsc::UnboundedReceiver<Result<GenerationChunk, EngineError>>;
+
+#[async_trait::async_trait]
+impl Engine for SimEngine {
+    fn spec(&self) -> &EngineSpec {
+        &self.spec
+    }
+
+    async fn generate(&self, params: GenerateParams) -> Result<GenerationStream, EngineError> {
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let request = SimRequest {
+            id,
+            prompt: params.prompt,
+            max_tokens: params.max_tokens,
+            ignore_eos: params.ignore_eos,
+            stop_token_ids: params.stop_token_ids,
+            seed: params.seed,
+            hold_blocks: false,
+        };
+        let rx = self.add(request).await?;
+        Ok(GenerationStream::new(rx, self.abort_guard(id)))
+    }
+
+    async fn prefill(&self, params: PrefillParams) -> Result<PrefillOutcome, EngineError> {
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let request = SimRequest {
+            id,
+            prompt: params.prompt.clone(),
+            max_tokens: 1,
+            ignore_eos: true,
+            stop_token_ids: Vec::new(),
+            seed: None,
+            hold_blocks: true,
+        };
+        let mut rx = self.add(request).await?;
+        let mut guard = self.abort_guard(id);
+        let chunk = loop {
+            match rx.recv().await {
+                Some(Ok(chunk)) if chunk.finish.is_some() => break chunk,
+                Some(Ok(_)) => continue,
+                Some(Err(err)) => return Err(err),
+                None => return Err(EngineError::Stopped),
+            }
+        };
+        let first_token = match (chunk.finish, chunk.tokens.first()) {
+            (Some(FinishReason::Aborted), _) | (_, None) => return Err(EngineError::Stopped),
+            (_, Some(&token)) => token,
+        };
+        let handle = format!("kv-{}-{id}", self.events.incarnation());
+        let expires_at = SystemTime::now() + params.hold;
+        self.lock_handles()
+            .insert(handle.clone(), HeldHandle { request: id });
+        guard.disarm();
+        let handles = Arc::clone(&self.handles);
+        let cmd_tx = self.cmd_tx.clone();
+        let expiring = handle.clone();
+        let cancel = self.cancel.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(params.hold) => {}
+                _ = cancel.cancelled() => return,
+            }
+            let expired = handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&expiring);
+            if let Some(held) = expired {
+                tracing::debug!(handle = %expiring, "kv handle expired unpulled; releasing blocks");
+                let _ = cmd_tx.send(Command::Release(held.request));
+            }
+        });
+        Ok(PrefillOutcome {
+            handle,
+            block_hashes: block_hashes(&params.prompt, self.spec.block_size),
+            prompt_tokens: chunk.prompt_tokens,
+            cached_prompt_tokens: chunk.cached_prompt_tokens,
+            first_token,
+            expires_at,
+        })
+    }
+
+    async fn pull_kv(&self, handle: &str) -> Result<KvPull, EngineError> {
+        let held = self
+            .lock_handles()
+            .remove(handle)
+            .ok_or_else(|| EngineError::HandleNotFound(handle.to_owned()))?;
+        let tx = self.cmd_tx.clone();
+        let id = held.request;
+        let release = DropGuard::new(move || {
+            let _ = tx.send(Command::Release(id));
+        });
+        let (reply, reply_rx) = oneshot::channel();
+        self.send(Command::Held { id, reply })?;
+        let blocks = reply_rx
+            .await
+            .map_err(|_| EngineError::Stopped)?
+            .ok_or_else(|| EngineError::HandleNotFound(handle.to_owned()))?;
+        Ok(KvPull {
+            blocks: blocks
+                .into_iter()
+                .map(|(hash, tokens)| HeldBlock { hash, tokens })
+                .collect(),
+            _release: release,
+        })
+    }
+
+    fn load(&self) -> LoadStats {
+        *self.load_rx.borrow()
+    }
+
+    fn events(&self) -> &Arc<EventLog> {
+        &self.events
+    }
+
+    fn shutdown(&self) {
+        self.cancel.cancel();
+        self.tasks.close();
+    }
+}
+
+struct Runner {
+    sim: Simulator,
+    cmd_rx: mpsc::UnboundedReceiver<Command>,
+    load_tx: watch::Sender<LoadStats>,
+    events: Arc<EventLog>,
+    streams: HashMap<u64, ChunkTx>,
+    speedup: f64,
+}
+
+impl Runner {
+    async fn run(mut self, cancel: CancellationToken) {
+        let mut clock_start = Instant::now();
+        let mut simulated = Duration::ZERO;
+        loop {
+            while let Ok(cmd) = self.cmd_rx.try_recv() {
+                self.handle(cmd);
+            }
+            if !self.sim.has_work() {
+                self.load_tx.send_replace(self.sim.load());
+                tokio::select! {
+                    cmd = self.cmd_rx.recv() => match cmd {
+                        Some(cmd) => self.handle(cmd),
+                        None => break,
+                    },
+                    _ = cancel.cancelled() => break,
+                }
+                // Idle time is not simulated time: restart the clock.
+                clock_start = Instant::now();
+                simulated = Duration::ZERO;
+                continue;
+            }
+            let outcome = self.sim.step();
+            if !outcome.events.is_empty() {
+                self.events.publish(outcome.events);
+            }
+            for output in outcome.outputs {
+                self.deliver(output);
+            }
+            self.load_tx.send_replace(self.sim.load());
+            simulated += outcome.duration.div_f64(self.speedup);
+            let due = clock_start + simulated;
+            let now = Instant::now();
+            if now > due + MAX_LAG {
+                clock_start = now;
+                simulated = Duration::ZERO;
+            } else {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due) => {}
+                    _ = cancel.cancelled() => break,
+                }
+            }
+        }
+        for (_, tx) in self.streams.drain() {
+            let _ = tx.send(Err(EngineError::Stopped));
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Add { request, out, ack } => {
+                let id = request.id;
+                match self.sim.add_request(request) {
+                    Ok(()) => {
+                        self.streams.insert(id, out);
+                        let _ = ack.send(Ok(()));
+                    }
+                    Err(err) => {
+                        let _ = ack.send(Err(err));
+                    }
+                }
+            }
+            Command::Abort(id) => {
+                if self.streams.remove(&id).is_some() {
+                    self.sim.abort(id);
+                }
+            }
+            Command::Release(id) => {
+                self.sim.release_hold(id);
+            }
+            Command::Held { id, reply } => {
+                let _ = reply.send(self.sim.held_blocks(id));
+            }
+        }
+    }
+
+    fn deliver(&mut self, output: TokenOutput) {
+        let finish = output.finish.map(|f| match f {
+            SimFinish::Length => FinishReason::Length,
+            SimFinish::Stop => FinishReason::Stop,
+        });
+        let chunk = GenerationChunk {
+            tokens: vec![output.token],
+            finish,
+            prompt_tokens: output.prompt_tokens,
+            cached_prompt_tokens: output.cached_prompt_tokens,
+            completion_tokens: output.completion_tokens,
+        };
+        let id = output.id;
+        let delivered = self
+            .streams
+            .get(&id)
+            .is_some_and(|tx| tx.send(Ok(chunk)).is_ok());
+        if finish.is_some() {
+            self.streams.remove(&id);
+        } else if !delivered && self.streams.remove(&id).is_some() {
+            // The consumer went away without its guard firing yet: stop computing for nobody.
+            self.sim.abort(id);
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The worker's KV event log: sequence numbers, a bounded replay buffer, snapshots, live fan-out.
+//!
+//! Every engine publishes its cache changes here. The log numbers them from 0 for this
+//! incarnation, keeps the last `capacity` events so a consumer that reconnects can resume where
+//! it stopped, and keeps its own view of the blocks the events describe so it can answer a
+//! consumer that asks for something older with an exact snapshot. The snapshot and the live
+//! subscription are taken under one lock, so a consumer sees neither a gap nor a duplicate.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use switchyard_core::{
+    BlockHash, EventSeq, Incarnation, KvEvent, SnapshotBlock, StorageTier, WorkerId,
+};
+use tokio::sync::broadcast;
+
+/// One published event with its sequence number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequencedEvent {
+    pub seq: EventSeq,
+    pub event: KvEvent,
+}
+
+/// How a subscription starts.
+#[derive(Debug)]
+pub enum SubscriptionStart {
+    /// The buffer still holds everything from the requested sequence number on.
+    Replay(Vec<Arc<SequencedEvent>>),
+    /// Every block held before event `next_seq`; live events continue at `next_seq`.
+    Snapshot {
+        next_seq: EventSeq,
+        blocks: Vec<SnapshotBlock>,
+    },
+}
+
+/// A consumer's view: where to start, then the live events after it.
+#[derive(Debug)]
+pub struct Subscription {
+    pub start: SubscriptionStart,
+    pub live: broadcast::Receiver<Arc<SequencedEvent>>,
+}
+
+#[derive(Debug)]
+struct LogState {
+    next_seq: EventSeq,
+    buffer: VecDeque<Arc<SequencedEvent>>,
+    /// (hash, tier) → parent, exactly the blocks the published events leave in place.
+    blocks: BTreeMap<(BlockHash, StorageTier), Option<BlockHash>>,
+}
+
+/// The event log of one engine incarnation.
+#[derive(Debug)]
+pub struct EventLog {
+    worker: WorkerId,
+    incarnation: Incarnation,
+    capacity: usize,
+    state: Mutex<LogState>,
+    live_tx: broadcast::Sender<Arc<SequencedEvent>>,
+}
+
+impl EventLog {
+    /// A log that keeps the last `capacity` events for replay (at least one).
+    pub fn new(worker: WorkerId, incarnation: Incarnation, capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        let (live_tx, _) = broadcast::channel(capacity);
+        Self {
+            worker,
+            incarnation,
+            capacity,
+            state: Mutex::new(LogState {
+                next_seq: 0,
+                buffer: VecDeque::with_capacity(capacity),
+                blocks: BTreeMap::new(),
+            }),
+            live_tx,
+        }
+    }
+
+    pub fn worker(&self) -> &WorkerId {
+        &self.worker
+    }
+
+    pub fn incarnation(&self) -> Incarnation {
+        self.incarnation
+    }
+
+    /// Sequence number the next event will get.
+    pub fn next_seq(&self) -> EventSeq {
+        self.lock().next_seq
+    }
+
+    /// Number of blocks (per tier) the published events leave in place.
+    pub fn block_count(&self) -> usize {
+        self.lock().blocks.len()
+    }
+
+    /// Publishes events in order and returns the sequence number of the last one.
+    pub fn publish(&self, events: impl IntoIterator<Item = KvEvent>) -> Option<EventSeq> {
+        let mut state = self.lock();
+        let mut last = None;
+        for event in events {
+            apply_to_view(&mut state.blocks, &event);
+            let item = Arc::new(SequencedEvent {
+                seq: state.next_seq,
+                event,
+            });
+            state.next_seq += 1;
+            if state.buffer.len() == self.capacity {
+                state.buffer.pop_front();
+            }
+            state.buffer.push_back(Arc::clone(&item));
+            last = Some(item.seq);
+            // No receiver is not an error: nobody is listening yet.
+            let _ = self.live_tx.send(item);
+        }
+        last
+    }
+
+    /// Subscribes from `from_seq` of `incarnation`: a replay when the buffer still holds it,
+    /// otherwise (absent, too old, from the future, or another incarnation) a snapshot.
+    pub fn subscribe(&self, from_seq: Option<EventSeq>, incarnation: Incarnation) -> Subscription {
+        let state = self.lock();
+        let live = self.live_tx.subscribe();
+        let oldest = state.buffer.front().map_or(state.next_seq, |e| e.seq);
+        let start = match from_seq {
+            Some(from)
+                if incarnation == self.incarnation && from >= oldest && from <= state.next_seq =>
+            {
+                let skip = (from - oldest) as usize;
+                SubscriptionStart::Replay(state.buffer.iter().skip(skip).cloned().collect())
+            }
+            _ => SubscriptionStart::Snapshot {
+                next_seq: state.next_seq,
+                blocks: state
+                    .blocks
+                    .iter()
+                    .map(|(&(hash, tier), &parent)| SnapshotBlock { hash, parent, tier })
+                    .collect(),
+            },
+        };
+        Subscription { start, live }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
+        // A panic while holding this lock can only come from a bug in this module; the state is
+        // still consistent event by event, so keep serving rather than poisoning every stream.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn apply_to_view(
+    blocks: &mut BTreeMap<(BlockHash, StorageTier), Option<BlockHash>>,
+    event: &KvEvent,
+) {
+    match event {
+        KvEvent::Stored {
+            parent,
+            blocks: stored,
+            tier,
+        } => {
+            let mut prev = *parent;
+            for block in stored {
+                blocks.insert((block.hash, *tier), prev);
+                prev = Some(block.hash);
+            }
+        }
+        KvEvent::Removed {
+            blocks: removed,
+            tier,
+        } => {
+            for hash in removed {
+                blocks.remove(&(*hash, *tier));
+            }
+        }
+        KvEvent::Cleared => blocks.clear(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_core::StoredBlock;
+
+    fn stored(hash: u64, parent: Option<u64>) -> KvEvent {
+        KvEvent::Stored {
+            parent: parent.map(BlockHash),
+            blocks: vec![StoredBlock {
+                hash: BlockHash(hash),
+                tokens: vec![1],
+            }],
+            tier: StorageTier::Device,
+        }
+    }
+
+    fn log(capacity: usize) -> EventLog {
+        EventLog::new(WorkerId::new("w").unwrap(), 9, capacity)
+    }
+
+    #[test]
+    fn sequence_numbers_start_at_zero_and_grow_by_one() {
+        let log = log(8);
+        assert_eq!(log.publish([stored(1, None), stored(2, Some(1))]), Some(1));
+        assert_eq!(log.publish([KvEvent::Cleared]), Some(2));
+        assert_eq!(log.next_seq(), 3);
+    }
+
+    #[test]
+    fn resume_inside_the_buffer_replays_exactly_the_missing_events() {
+        let log = log(8);
+        log.publish((0..5).map(|i| stored(i + 1, None)));
+        let sub = log.subscribe(Some(3), 9);
+        match sub.start {
+            SubscriptionStart::Replay(events) => {
+                let seqs: Vec<_> = events.iter().map(|e| e.seq).collect();
+                assert_eq!(seqs, vec![3, 4]);
+            }
+            other => panic!("expected replay, got {other:?}"),
+        }
+        // Resuming at the head replays nothing and continues live.
+        match log.subscribe(Some(5), 9).start {
+            SubscriptionStart::Replay(events) => assert!(events.is_empty()),
+            other => panic!("expected empty replay, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn too_old_future_or_foreign_incarnation_gets_a_snapshot() {
+        let log = log(2);
+        log.publish([stored(1, None), stored(2, Some(1)), stored(3, Some(2))]);
+        log.publish([KvEvent::Removed {
+            blocks: vec![BlockHash(2)],
+            tier: StorageTier::Device,
+        }]);
+        for (from, inc) in [(Some(0), 9), (Some(99), 9), (Some(3), 8), (None, 9)] {
+            match log.subscribe(from, inc).start {
+                SubscriptionStart::Snapshot { next_seq, blocks } => {
+                    assert_eq!(next_seq, 4);
+                    let hashes: Vec<_> = blocks.iter().map(|b| b.hash.get()).collect();
+                    assert_eq!(hashes, vec![1, 3]);
+                    assert_eq!(blocks[1].parent, Some(BlockHash(2)));
+                }
+                other => panic!("expected snapshot for {from:?}/{inc}, got {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn live_events_follow_the_start_without_gap() {
+        let log = log(4);
+        log.publish([stored(1, None)]);
+        let mut sub = log.subscribe(None, 0);
+        log.publish([stored(2, Some(1))]);
+        let next = sub.live.recv().await.unwrap();
+        assert_eq!(next.seq, 1);
+        match sub.start {
+            SubscriptionStart::Snapshot { next_seq, .. } => assert_eq!(next_seq, 1),
+            other => panic!("expected snapshot, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cleared_empties_the_view() {
+        let log = log(4);
+        log.publish([stored(1, None), KvEvent::Cleared]);
+        assert_eq!(log.block_count(), 0);
+    }
+}

@@ -1,0 +1,19 @@
+//! The Switchyard worker agent.
+//!
+//! One agent fronts one inference engine. It serves the gRPC `switchyard.v1.Worker` service
+//! ([`service`]) over a small [`engine::Engine`] trait, whose first implementation is the
+//! built-in simulator ([`engine::sim`]); it publishes the engine's KV cache changes through an
+//! [`event_log::EventLog`] that lets consumers resume or resynchronise; it registers itself in
+//! the registry with a lease and keeps its role there up to date; and on shutdown it drains
+//! before it deregisters ([`agent`]). [`config`] holds the one configuration struct and its
+//! flag/environment layer; [`state`] the role, drain flag and in-flight count shared by all.
+
+pub mod agent;
+pub mod config;
+pub mod engine;
+pub mod event_log;
+pub mod service;
+pub mod state;
+
+pub use agent::{AgentError, RunningWorker, run};
+pub use config::{ConfigError, WorkerArgs, WorkerConfig};

@@ -1,0 +1,440 @@
+//! The gRPC `switchyard.v1.Worker` service over an [`Engine`].
+//!
+//! Validates requests (bad input is `INVALID_ARGUMENT` with a sentence, never a panic), enforces
+//! role and drain state, counts requests in flight, and turns engine streams into gRPC streams.
+//! Dropping a response stream (the caller went away) drops the engine stream, which aborts the
+//! request in the engine.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::{Stream, StreamExt, stream};
+use switchyard_core::WorkerInfo;
+use switchyard_proto::convert::{
+    kv_event_to_wire, load_to_wire, role_from_wire, snapshot_block_to_wire, worker_info_to_wire,
+};
+use switchyard_proto::v1;
+use tokio::sync::broadcast;
+use tonic::{Request, Response, Status};
+
+use crate::engine::{Engine, FinishReason, GenerateParams, PrefillParams};
+use crate::event_log::{SequencedEvent, Subscription, SubscriptionStart};
+use crate::state::WorkerState;
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Tunables of the service.
+#[derive(Debug, Clone)]
+pub struct ServiceLimits {
+    /// How long prefilled blocks are held when the caller does not say.
+    pub default_hold: Duration,
+    /// Longest hold a caller may ask for.
+    pub max_hold: Duration,
+    pub default_blocks_per_chunk: u32,
+    pub default_load_interval: Duration,
+}
+
+impl Default for ServiceLimits {
+    fn default() -> Self {
+        Self {
+            default_hold: Duration::from_secs(30),
+            max_hold: Duration::from_secs(600),
+            default_blocks_per_chunk: 32,
+            default_load_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+/// The Worker service implementation.
+#[derive(Debug, Clone)]
+pub struct WorkerService {
+    info: WorkerInfo,
+    engine: Arc<dyn Engine>,
+    state: WorkerState,
+    limits: ServiceLimits,
+}
+
+impl WorkerService {
+    pub fn new(
+        info: WorkerInfo,
+        engine: Arc<dyn Engine>,
+        state: WorkerState,
+        limits: ServiceLimits,
+    ) -> Self {
+        Self {
+            info,
+            engine,
+            state,
+            limits,
+        }
+    }
+
+    pub fn into_server(self) -> v1::worker_server::WorkerServer<Self> {
+        v1::worker_server::WorkerServer::new(self)
+    }
+
+    fn check_accepting(&self) -> Result<(), Status> {
+        if self.state.is_draining() {
+            return Err(Status::unavailable(format!(
+                "worker {} is draining and takes no new requests",
+                self.info.id
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_prompt(&self, prompt: &[u32], max_tokens: u32) -> Result<(), Status> {
+        if prompt.is_empty() {
+            return Err(Status::invalid_argument("prompt is empty"));
+        }
+        let context = self.engine.spec().max_context_tokens;
+        let needed = prompt.len() as u64 + u64::from(max_tokens);
+        if needed > context {
+            return Err(Status::invalid_argument(format!(
+                "prompt of {} tokens plus max_tokens {max_tokens} exceeds the worker's context of {context} tokens",
+                prompt.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn finish_to_wire(finish: Option<FinishReason>) -> i32 {
+    let reason = match finish {
+        None => v1::FinishReason::Unspecified,
+        Some(FinishReason::Length) => v1::FinishReason::Length,
+        Some(FinishReason::Stop) => v1::FinishReason::Stop,
+        Some(FinishReason::Aborted) => v1::FinishReason::Aborted,
+    };
+    reason.into()
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[tonic::async_trait]
+impl v1::worker_server::Worker for WorkerService {
+    async fn info(&self, _: Request<v1::InfoRequest>) -> Result<Response<v1::WorkerInfo>, Status> {
+        let mut info = self.info.clone();
+        info.role = self.state.role();
+        Ok(Response::new(worker_info_to_wire(
+            &info,
+            self.state.is_draining(),
+        )))
+    }
+
+    type GenerateStream = BoxStream<v1::GenerateResponse>;
+
+    async fn generate(
+        &self,
+        request: Request<v1::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let req = request.into_inner();
+        let sampling = req.sampling.unwrap_or_default();
+        if sampling.max_tokens == 0 {
+            return Err(Status::invalid_argument("max_tokens must be at least 1"));
+        }
+        if !sampling.temperature.is_finite() || sampling.temperature < 0.0 {
+            return Err(Status::invalid_argument(
+                "temperature must be a finite number >= 0",
+            ));
+        }
+        self.check_prompt(&req.prompt_token_ids, sampling.max_tokens)?;
+        if !self.state.role().serves_decode() {
+            return Err(Status::failed_precondition(format!(
+                "worker {} has role prefill and does not generate; send Prefill",
+                self.info.id
+            )));
+        }
+        self.check_accepting()?;
+        let in_flight = self.state.begin_request();
+        let engine_stream = self
+            .engine
+            .generate(GenerateParams {
+                request_id: req.request_id,
+                prompt: req.prompt_token_ids,
+                max_tokens: sampling.max_tokens,
+                temperature: sampling.temperature,
+                seed: sampling.seed,
+                ignore_eos: sampling.ignore_eos,
+                stop_token_ids: sampling.stop_token_ids,
+            })
+            .await?;
+        let stream = engine_stream.map(move |item| {
+            // The guard lives as long as the stream: the request is in flight until then.
+            let _ = &in_flight;
+            item.map(|chunk| v1::GenerateResponse {
+                token_ids: chunk.tokens,
+                finish_reason: finish_to_wire(chunk.finish),
+                cached_prompt_tokens: chunk.cached_prompt_tokens,
+                prompt_tokens: chunk.prompt_tokens,
+                completion_tokens: chunk.completion_tokens,
+            })
+            .map_err(Status::from)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn prefill(
+        &self,
+        request: Request<v1::PrefillRequest>,
+    ) -> Result<Response<v1::PrefillResponse>, Status> {
+        let req = request.into_inner();
+        self.check_prompt(&req.prompt_token_ids, 1)?;
+        if !self.state.role().serves_prefill() {
+            return Err(Status::failed_precondition(format!(
+                "worker {} has role decode and does not prefill",
+                self.info.id
+            )));
+        }
+        self.check_accepting()?;
+        let hold = match req.hold_ms {
+            0 => self.limits.default_hold,
+            ms => Duration::from_millis(u64::from(ms)).min(self.limits.max_hold),
+        };
+        let _in_flight = self.state.begin_request();
+        let outcome = self
+            .engine
+            .prefill(PrefillParams {
+                request_id: req.request_id,
+                prompt: req.prompt_token_ids,
+                hold,
+            })
+            .await?;
+        Ok(Response::new(v1::PrefillResponse {
+            handle: Some(v1::KvHandle { id: outcome.handle }),
+            block_hashes: outcome.block_hashes.iter().map(|h| h.get()).collect(),
+            cached_prompt_tokens: outcome.cached_prompt_tokens,
+            prompt_tokens: outcome.prompt_tokens,
+            first_token_id: outcome.first_token,
+            expires_at_unix_ms: unix_ms(outcome.expires_at),
+        }))
+    }
+
+    type PullKvStream = BoxStream<v1::KvChunk>;
+
+    async fn pull_kv(
+        &self,
+        request: Request<v1::PullKvRequest>,
+    ) -> Result<Response<Self::PullKvStream>, Status> {
+        let req = request.into_inner();
+        let handle = req
+            .handle
+            .map(|h| h.id)
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| Status::invalid_argument("handle is missing"))?;
+        let per_chunk = match req.blocks_per_chunk {
+            0 => self.limits.default_blocks_per_chunk,
+            n => n,
+        } as usize;
+        let in_flight = self.state.begin_request();
+        let pull = self.engine.pull_kv(&handle).await?;
+        let bytes_per_token = self.engine.spec().kv_bytes_per_token;
+        let total = pull.blocks.len();
+        let chunks: Vec<v1::KvChunk> = if total == 0 {
+            vec![v1::KvChunk {
+                first_block: 0,
+                blocks: Vec::new(),
+                bytes: 0,
+                last: true,
+            }]
+        } else {
+            pull.blocks
+                .chunks(per_chunk)
+                .enumerate()
+                .map(|(i, blocks)| {
+                    let first = i * per_chunk;
+                    v1::KvChunk {
+                        first_block: first as u32,
+                        bytes: blocks.iter().map(|b| b.tokens.len() as u64).sum::<u64>()
+                            * bytes_per_token,
+                        blocks: blocks
+                            .iter()
+                            .map(|b| v1::KvBlock {
+                                hash: b.hash.get(),
+                                token_ids: b.tokens.clone(),
+                            })
+                            .collect(),
+                        last: first + blocks.len() == total,
+                    }
+                })
+                .collect()
+        };
+        // The pull (and with it the hold on the blocks) ends when the stream is dropped.
+        let stream = stream::iter(chunks).map(move |chunk| {
+            let _ = (&pull, &in_flight);
+            Ok(chunk)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    type KvEventsStream = BoxStream<v1::KvEventsResponse>;
+
+    async fn kv_events(
+        &self,
+        request: Request<v1::KvEventsRequest>,
+    ) -> Result<Response<Self::KvEventsStream>, Status> {
+        let req = request.into_inner();
+        let log = Arc::clone(self.engine.events());
+        let subscription = log.subscribe(req.from_seq, req.incarnation);
+        let worker_id = self.info.id.to_string();
+        let incarnation = log.incarnation();
+        let next_seq = match &subscription.start {
+            SubscriptionStart::Replay(_) => req.from_seq,
+            SubscriptionStart::Snapshot { next_seq, .. } => Some(*next_seq),
+        };
+        let state = EventStreamState {
+            log,
+            pending: start_messages(subscription.start).into(),
+            live: subscription.live,
+            next_seq,
+        };
+        let stream = stream::unfold(state, |mut st| async move {
+            let payload = st.next_payload().await?;
+            Some((payload, st))
+        })
+        .map(move |payload| {
+            Ok(v1::KvEventsResponse {
+                worker_id: worker_id.clone(),
+                incarnation,
+                payload: Some(payload),
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    type LoadStatsStream = BoxStream<v1::LoadReport>;
+
+    async fn load_stats(
+        &self,
+        request: Request<v1::LoadStatsRequest>,
+    ) -> Result<Response<Self::LoadStatsStream>, Status> {
+        let interval = match request.into_inner().interval_ms {
+            0 => self.limits.default_load_interval,
+            ms => Duration::from_millis(u64::from(ms).max(10)),
+        };
+        let service = self.clone();
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stream = stream::unfold(ticker, move |mut ticker| {
+            let service = service.clone();
+            async move {
+                ticker.tick().await;
+                let report = load_to_wire(
+                    &service.info.id,
+                    &service.engine.load(),
+                    service.state.role(),
+                    service.state.is_draining(),
+                    unix_ms(SystemTime::now()),
+                );
+                Some((Ok(report), ticker))
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn control(
+        &self,
+        request: Request<v1::ControlRequest>,
+    ) -> Result<Response<v1::ControlResponse>, Status> {
+        let command = request
+            .into_inner()
+            .command
+            .ok_or_else(|| Status::invalid_argument("control command is missing"))?;
+        match command {
+            v1::control_request::Command::SetRole(set) => {
+                let role = role_from_wire(set.role)
+                    .map_err(|_| Status::invalid_argument("set_role needs a role"))?;
+                tracing::info!(worker = %self.info.id, %role, "role changed by control request");
+                self.state.set_role(role);
+            }
+            v1::control_request::Command::Drain(drain) => {
+                tracing::info!(worker = %self.info.id, "draining by control request");
+                self.state.set_draining(true);
+                if drain.wait_ms > 0 {
+                    self.state
+                        .wait_idle(Duration::from_millis(u64::from(drain.wait_ms)))
+                        .await;
+                }
+            }
+            v1::control_request::Command::Resume(_) => {
+                tracing::info!(worker = %self.info.id, "resumed by control request");
+                self.state.set_draining(false);
+            }
+        }
+        Ok(Response::new(v1::ControlResponse {
+            role: v1::Role::from(self.state.role()).into(),
+            draining: self.state.is_draining(),
+            in_flight: self.state.in_flight(),
+        }))
+    }
+}
+
+fn start_messages(start: SubscriptionStart) -> Vec<v1::kv_events_response::Payload> {
+    match start {
+        SubscriptionStart::Replay(events) => events
+            .iter()
+            .map(|e| v1::kv_events_response::Payload::Event(kv_event_to_wire(e.seq, &e.event)))
+            .collect(),
+        SubscriptionStart::Snapshot { next_seq, blocks } => {
+            vec![v1::kv_events_response::Payload::Snapshot(v1::Snapshot {
+                next_seq,
+                blocks: blocks.iter().map(snapshot_block_to_wire).collect(),
+            })]
+        }
+    }
+}
+
+/// Drives one KV event stream: the start (replay or snapshot), then live events; when the
+/// consumer lags behind the live channel it resumes from the log itself, so it never skips.
+struct EventStreamState {
+    log: Arc<crate::event_log::EventLog>,
+    pending: std::collections::VecDeque<v1::kv_events_response::Payload>,
+    live: broadcast::Receiver<Arc<SequencedEvent>>,
+    /// Sequence number the consumer expects next, once known.
+    next_seq: Option<u64>,
+}
+
+impl EventStreamState {
+    async fn next_payload(&mut self) -> Option<v1::kv_events_response::Payload> {
+        loop {
+            if let Some(payload) = self.pending.pop_front() {
+                self.note_sent(&payload);
+                return Some(payload);
+            }
+            match self.live.recv().await {
+                Ok(event) => {
+                    // Events already covered by the replay or snapshot are skipped.
+                    if self.next_seq.is_some_and(|next| event.seq < next) {
+                        continue;
+                    }
+                    let payload = v1::kv_events_response::Payload::Event(kv_event_to_wire(
+                        event.seq,
+                        &event.event,
+                    ));
+                    self.note_sent(&payload);
+                    return Some(payload);
+                }
+                Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                    tracing::debug!(skipped, "kv event consumer lagged; resuming from the log");
+                    let Subscription { start, live } =
+                        self.log.subscribe(self.next_seq, self.log.incarnation());
+                    self.live = live;
+                    self.pending = start_messages(start).into();
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+
+    fn note_sent(&mut self, payload: &v1::kv_events_response::Payload) {
+        self.next_seq = Some(match payload {
+            v1::kv_events_response::Payload::Event(e) => e.seq + 1,
+            v1::kv_events_response::Payload::Snapshot(s) => s.next_seq,
+        });
+    }
+}

@@ -1,0 +1,125 @@
+//! The agent's mutable state shared by the gRPC service and the lifecycle: role, draining, and
+//! the count of requests in flight.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use switchyard_core::Role;
+use tokio::sync::{Notify, watch};
+
+/// Shared worker state. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WorkerState {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    role_tx: watch::Sender<Role>,
+    draining: AtomicBool,
+    in_flight: AtomicU64,
+    idle: Notify,
+}
+
+impl WorkerState {
+    pub fn new(role: Role) -> Self {
+        let (role_tx, _) = watch::channel(role);
+        Self {
+            inner: Arc::new(Inner {
+                role_tx,
+                draining: AtomicBool::new(false),
+                in_flight: AtomicU64::new(0),
+                idle: Notify::new(),
+            }),
+        }
+    }
+
+    pub fn role(&self) -> Role {
+        *self.inner.role_tx.borrow()
+    }
+
+    /// Changes the role; watchers (the registry updater) see it.
+    pub fn set_role(&self, role: Role) {
+        self.inner.role_tx.send_replace(role);
+    }
+
+    pub fn watch_role(&self) -> watch::Receiver<Role> {
+        self.inner.role_tx.subscribe()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn set_draining(&self, draining: bool) {
+        self.inner.draining.store(draining, Ordering::SeqCst);
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.inner.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Counts a request as in flight until the returned guard drops.
+    pub fn begin_request(&self) -> InFlightGuard {
+        self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlightGuard {
+            state: self.clone(),
+        }
+    }
+
+    /// Waits until no request is in flight, at most `timeout`. Returns whether it got there.
+    pub async fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.inner.idle.notified();
+            if self.in_flight() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.in_flight() == 0;
+            }
+        }
+    }
+}
+
+/// Marks one request in flight; dropping it ends the request.
+#[derive(Debug)]
+pub struct InFlightGuard {
+    state: WorkerState,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.state.inner.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.state.inner.idle.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_idle_returns_when_the_last_request_ends() {
+        let state = WorkerState::new(Role::Both);
+        let guard = state.begin_request();
+        let waiter = tokio::spawn({
+            let state = state.clone();
+            async move { state.wait_idle(Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiter.is_finished());
+        drop(guard);
+        assert!(waiter.await.unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_idle_gives_up_after_the_timeout() {
+        let state = WorkerState::new(Role::Both);
+        let _guard = state.begin_request();
+        assert!(!state.wait_idle(Duration::from_secs(3)).await);
+        assert_eq!(state.in_flight(), 1);
+    }
+}

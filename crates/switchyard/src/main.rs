@@ -1,0 +1,146 @@
+//! `switchyard`: the one binary. Each subcommand is one role of the system.
+//!
+//! Exit codes: 0 on a clean shutdown, 64 for bad configuration (one sentence on stderr), 1 for
+//! a runtime failure.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use switchyard_registry::{EtcdRegistry, Registry};
+use switchyard_worker::{WorkerArgs, WorkerConfig};
+use tokio_util::sync::CancellationToken;
+
+/// Exit code for configuration errors (EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Prefill/decode orchestration for LLM inference"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a worker agent in front of an engine (the built-in simulator).
+    Worker(WorkerArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match cli.command {
+        Command::Worker(args) => {
+            let config = match args.resolve() {
+                Ok(config) => config,
+                Err(err) => {
+                    eprintln!("switchyard worker: {err}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            run_async(run_worker(config))
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SWITCHYARD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("switchyard: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("switchyard: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Cancels the returned token on SIGTERM or Ctrl-C.
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let trigger = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown signal received");
+        trigger.cancel();
+    });
+    token
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot watch SIGTERM; only Ctrl-C stops the process");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
+    let registry: Option<Arc<dyn Registry>> = if config.etcd_endpoints.is_empty() {
+        None
+    } else {
+        let registry = EtcdRegistry::connect(&config.etcd_endpoints, &config.cluster)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot reach etcd at {}: {e}",
+                    config.etcd_endpoints.join(",")
+                )
+            })?;
+        Some(Arc::new(registry))
+    };
+    let shutdown = shutdown_on_signal();
+    switchyard_worker::run(config, registry, shutdown, |running| {
+        // One JSON line on stdout tells scripts and tests where the worker is.
+        let ready = serde_json::json!({
+            "event": "ready",
+            "id": running.info.id.as_str(),
+            "address": running.info.address,
+            "role": running.info.role.as_str(),
+            "model": running.info.model,
+            "block_size": running.info.block_size.get(),
+            "kv_capacity_blocks": running.info.kv_capacity_blocks,
+            "incarnation": running.info.incarnation,
+        });
+        println!("{ready}");
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! Shared helpers of the cross-process tests: start the real `switchyard` binary and read the
+//! JSON line it prints when ready.
+
+#![allow(dead_code)]
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A `switchyard worker` child process, killed when dropped.
+#[derive(Debug)]
+pub struct WorkerProcess {
+    pub child: Child,
+    pub id: String,
+    pub address: String,
+    pub ready: serde_json::Value,
+}
+
+impl WorkerProcess {
+    /// Starts `switchyard worker <args>` and waits (bounded) for its ready line.
+    pub async fn start(args: &[&str]) -> WorkerProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .arg("worker")
+            .args(args)
+            .env("SWITCHYARD_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn switchyard worker");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("worker ready within 60 s")
+            .expect("read worker stdout")
+            .expect("worker printed a ready line");
+        let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
+        assert_eq!(ready["event"], "ready", "unexpected first line: {line}");
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        WorkerProcess {
+            id: ready["id"].as_str().expect("id").to_owned(),
+            address: ready["address"].as_str().expect("address").to_owned(),
+            ready,
+            child,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// Sends SIGKILL: the process dies without deregistering.
+    pub async fn kill_hard(&mut self) {
+        self.child.kill().await.expect("kill worker");
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("worker still running");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("worker exits within 60 s of SIGTERM")
+            .expect("wait for worker")
+    }
+}
+
+/// Polls `check` until it returns true or `limit` passes.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
