@@ -4,6 +4,8 @@
 //! generation, KV events with increasing sequence numbers, resumption and snapshots, input
 //! validation, drain on SIGTERM, and disappearance of a SIGKILLed worker after its lease TTL.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
 mod support;
 
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! The worker agent over real gRPC on loopback: prefill and KV pull, hold expiry, cancellation,
 //! control (role, drain, resume) and its reflection in the registry, load stats, bad input.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
 use std::sync::Arc;
 use std::time::Duration;
 

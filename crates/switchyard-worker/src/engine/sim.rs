@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use switchyard_core::{BlockHash, EngineKind, LoadStats, WorkerId, block_hashes};
+use switchyard_core::{BlockHash, EngineKind, LoadStats, TokenId, WorkerId, block_hashes};
 use switchyard_engine_sim::{
     FinishReason as SimFinish, SimConfig, SimError, SimRequest, Simulator, TokenOutput,
 };
@@ -28,6 +28,9 @@ use crate::event_log::EventLog;
 /// How far the runner may fall behind real time before it stops trying to catch up.
 const MAX_LAG: Duration = Duration::from_millis(200);
 
+/// The blocks a held prefill keeps, as the simulator reports them.
+type HeldBlocks = Vec<(BlockHash, Vec<TokenId>)>;
+
 type ChunkTx = mpsc::UnboundedSender<Result<GenerationChunk, EngineError>>;
 
 enum Command {
@@ -40,7 +43,7 @@ enum Command {
     Release(u64),
     Held {
         id: u64,
-        reply: oneshot::Sender<Option<Vec<(BlockHash, Vec<u32>)>>>,
+        reply: oneshot::Sender<Option<HeldBlocks>>,
     },
 }
 
@@ -307,6 +310,20 @@ impl Runner {
                 continue;
             }
             let outcome = self.sim.step();
+            if outcome.is_idle() {
+                // Work exists but none can run (held blocks pin the cache): wait for a command
+                // (an abort, a release or a new request) instead of spinning.
+                tokio::select! {
+                    cmd = self.cmd_rx.recv() => match cmd {
+                        Some(cmd) => self.handle(cmd),
+                        None => break,
+                    },
+                    _ = cancel.cancelled() => break,
+                }
+                clock_start = Instant::now();
+                simulated = Duration::ZERO;
+                continue;
+            }
             if !outcome.events.is_empty() {
                 self.events.publish(outcome.events);
             }

@@ -1,0 +1,409 @@
+//! The paged KV cache: a device block pool with prefix caching and an optional host tier.
+//!
+//! Device blocks are reference counted. A full, computed block is *registered* under its chained
+//! [`BlockHash`] so later prompts with the same prefix reuse it. When its last reference goes,
+//! a registered block stays cached on an LRU list; an unregistered one (a partial tail) becomes
+//! truly free. Allocation takes a truly free block first and otherwise evicts the least recently
+//! released cached block, the way vLLM's free-block queue does.
+//!
+//! With a host tier, an evicted device block is demoted to host (its own LRU) instead of being
+//! forgotten. A prefix hit on a host block *copies* it back to a device block: the host copy
+//! stays, so the events are `Stored{Device}` only, and a later device eviction of that block
+//! emits `Removed{Device}` without a second `Stored{Host}`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use switchyard_core::{BlockHash, SnapshotBlock, StorageTier, TokenId};
+
+use crate::events::EventLog;
+
+/// Index of a device block.
+pub(crate) type BlockId = u32;
+
+#[derive(Debug, Clone)]
+struct CachedBlock {
+    hash: BlockHash,
+    parent: Option<BlockHash>,
+    tokens: Vec<TokenId>,
+}
+
+#[derive(Debug, Default)]
+struct DeviceBlock {
+    ref_count: u32,
+    cached: Option<CachedBlock>,
+    /// Position on the LRU list while cached and unreferenced.
+    lru_tick: Option<u64>,
+}
+
+#[derive(Debug)]
+struct HostBlock {
+    parent: Option<BlockHash>,
+    tokens: Vec<TokenId>,
+    /// `None` while pinned by an admission that is copying it back.
+    lru_tick: Option<u64>,
+}
+
+/// Where each leading block of a prompt was found.
+pub(crate) type PrefixHit = Vec<StorageTier>;
+
+#[derive(Debug)]
+pub(crate) struct KvCache {
+    blocks: Vec<DeviceBlock>,
+    /// Truly free blocks, popped from the back so block 0 is used first.
+    free: Vec<BlockId>,
+    /// Cached, unreferenced blocks by release order; the smallest tick is evicted first.
+    lru: BTreeMap<u64, BlockId>,
+    by_hash: HashMap<BlockHash, BlockId>,
+    host_capacity: usize,
+    host: HashMap<BlockHash, HostBlock>,
+    host_lru: BTreeMap<u64, BlockHash>,
+    tick: u64,
+}
+
+impl KvCache {
+    pub(crate) fn new(device_blocks: u32, host_blocks: u64) -> Self {
+        Self {
+            blocks: (0..device_blocks).map(|_| DeviceBlock::default()).collect(),
+            free: (0..device_blocks).rev().collect(),
+            lru: BTreeMap::new(),
+            by_hash: HashMap::new(),
+            host_capacity: usize::try_from(host_blocks).unwrap_or(usize::MAX),
+            host: HashMap::new(),
+            host_lru: BTreeMap::new(),
+            tick: 0,
+        }
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Blocks an allocation could obtain: truly free plus evictable.
+    pub(crate) fn available(&self) -> usize {
+        self.free.len() + self.lru.len()
+    }
+
+    /// Blocks with at least one reference.
+    pub(crate) fn active_blocks(&self) -> usize {
+        self.capacity() - self.available()
+    }
+
+    /// Blocks holding data: referenced or cached.
+    pub(crate) fn used_blocks(&self) -> usize {
+        self.capacity() - self.free.len()
+    }
+
+    /// The longest run of leading `hashes` cached in either tier, at most `max_blocks` long.
+    pub(crate) fn lookup_prefix(&self, hashes: &[BlockHash], max_blocks: usize) -> PrefixHit {
+        hashes
+            .iter()
+            .take(max_blocks)
+            .map_while(|h| {
+                if self.by_hash.contains_key(h) {
+                    Some(StorageTier::Device)
+                } else if self.host.contains_key(h) {
+                    Some(StorageTier::Host)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Whether [`Self::admit`] can take a reference on the hit and allocate `extra` blocks.
+    pub(crate) fn can_admit(&self, hashes: &[BlockHash], hit: &PrefixHit, extra: usize) -> bool {
+        let mut needed = extra;
+        let mut reclaimed_from_lru = 0;
+        for (hash, tier) in hashes.iter().zip(hit) {
+            match tier {
+                StorageTier::Device => {
+                    let idle = self
+                        .by_hash
+                        .get(hash)
+                        .is_some_and(|&b| self.blocks[b as usize].ref_count == 0);
+                    if idle {
+                        reclaimed_from_lru += 1;
+                    }
+                }
+                _ => needed += 1,
+            }
+        }
+        needed <= self.available().saturating_sub(reclaimed_from_lru)
+    }
+
+    /// References the hit's device blocks, copies its host blocks back to the device and
+    /// allocates `extra` fresh blocks, returning the block table in order. Call only after
+    /// [`Self::can_admit`] said yes; returns `None` (having changed nothing) otherwise.
+    pub(crate) fn admit(
+        &mut self,
+        hashes: &[BlockHash],
+        hit: &PrefixHit,
+        extra: usize,
+        events: &mut EventLog,
+    ) -> Option<Vec<BlockId>> {
+        if !self.can_admit(hashes, hit, extra) {
+            return None;
+        }
+        let mut table = Vec::with_capacity(hit.len() + extra);
+        let mut host_hits = Vec::new();
+        for (hash, tier) in hashes.iter().zip(hit) {
+            match self.by_hash.get(hash).copied() {
+                Some(block) if *tier == StorageTier::Device => {
+                    self.take_ref(block);
+                    table.push(block);
+                }
+                _ => {
+                    // Pinned so demotions made room for below cannot evict what we copy.
+                    if let Some(hb) = self.host.get_mut(hash)
+                        && let Some(tick) = hb.lru_tick.take()
+                    {
+                        self.host_lru.remove(&tick);
+                    }
+                    host_hits.push((table.len(), *hash));
+                    table.push(BlockId::MAX);
+                }
+            }
+        }
+        let fresh = self.allocate(host_hits.len() + extra, events)?;
+        let mut fresh = fresh.into_iter();
+        for (slot, hash) in host_hits {
+            let block = fresh.next()?;
+            let tick = self.next_tick();
+            let hb = self.host.get_mut(&hash)?;
+            hb.lru_tick = Some(tick);
+            let (parent, tokens) = (hb.parent, hb.tokens.clone());
+            self.host_lru.insert(tick, hash);
+            events.stored(StorageTier::Device, parent, hash, tokens.clone());
+            self.blocks[block as usize].cached = Some(CachedBlock {
+                hash,
+                parent,
+                tokens,
+            });
+            self.by_hash.insert(hash, block);
+            table[slot] = block;
+        }
+        table.extend(fresh);
+        Some(table)
+    }
+
+    fn take_ref(&mut self, block: BlockId) {
+        let b = &mut self.blocks[block as usize];
+        if let Some(tick) = b.lru_tick.take() {
+            self.lru.remove(&tick);
+        }
+        b.ref_count += 1;
+    }
+
+    /// `n` fresh, referenced, unregistered blocks, evicting cached ones as needed; `None`
+    /// (having changed nothing) when fewer than `n` can be had.
+    pub(crate) fn allocate(&mut self, n: usize, events: &mut EventLog) -> Option<Vec<BlockId>> {
+        if n > self.available() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(n);
+        let mut evicted = Vec::new();
+        for _ in 0..n {
+            let block = match self.free.pop() {
+                Some(b) => b,
+                None => {
+                    let (_, b) = self.lru.pop_first()?;
+                    let slot = &mut self.blocks[b as usize];
+                    slot.lru_tick = None;
+                    if let Some(cached) = slot.cached.take() {
+                        self.by_hash.remove(&cached.hash);
+                        events.removed(StorageTier::Device, cached.hash);
+                        evicted.push(cached);
+                    }
+                    b
+                }
+            };
+            self.blocks[block as usize].ref_count = 1;
+            out.push(block);
+        }
+        // After all the device removals, so a burst of evictions stays one event; parents
+        // first (victims come tail-first off the LRU list) so no host block names a parent
+        // the host tier has not announced yet.
+        for cached in evicted.into_iter().rev() {
+            self.demote(cached, events);
+        }
+        Some(out)
+    }
+
+    fn demote(&mut self, cached: CachedBlock, events: &mut EventLog) {
+        if self.host_capacity == 0 {
+            return;
+        }
+        let tick = self.next_tick();
+        if let Some(hb) = self.host.get_mut(&cached.hash) {
+            // Already on host (it came from there): only refresh its recency.
+            if let Some(old) = hb.lru_tick.replace(tick) {
+                self.host_lru.remove(&old);
+            }
+            self.host_lru.insert(tick, cached.hash);
+            return;
+        }
+        if self.host.len() >= self.host_capacity {
+            let Some((_, victim)) = self.host_lru.pop_first() else {
+                return; // everything on host is pinned: drop the block instead
+            };
+            self.host.remove(&victim);
+            events.removed(StorageTier::Host, victim);
+        }
+        events.stored(
+            StorageTier::Host,
+            cached.parent,
+            cached.hash,
+            cached.tokens.clone(),
+        );
+        self.host.insert(
+            cached.hash,
+            HostBlock {
+                parent: cached.parent,
+                tokens: cached.tokens,
+                lru_tick: Some(tick),
+            },
+        );
+        self.host_lru.insert(tick, cached.hash);
+    }
+
+    /// Registers a just-computed full block under `hash` and returns the block the sequence
+    /// should keep: its own, or the already-cached twin (its own is then freed, as another
+    /// sequence computed the same prefix first). Emits `Stored` only for a new entry.
+    pub(crate) fn register(
+        &mut self,
+        block: BlockId,
+        parent: Option<BlockHash>,
+        hash: BlockHash,
+        tokens: &[TokenId],
+        events: &mut EventLog,
+    ) -> BlockId {
+        if let Some(&twin) = self.by_hash.get(&hash) {
+            if twin != block {
+                self.take_ref(twin);
+                self.release(&[block]);
+            }
+            return twin;
+        }
+        events.stored(StorageTier::Device, parent, hash, tokens.to_vec());
+        self.blocks[block as usize].cached = Some(CachedBlock {
+            hash,
+            parent,
+            tokens: tokens.to_vec(),
+        });
+        self.by_hash.insert(hash, block);
+        block
+    }
+
+    /// Drops one reference on each block. The last block of a sequence goes on the LRU list
+    /// first, so eviction eats prefixes from their tails, keeping the cache a set of prefixes.
+    pub(crate) fn release(&mut self, table: &[BlockId]) {
+        for &block in table.iter().rev() {
+            let b = &mut self.blocks[block as usize];
+            b.ref_count = b.ref_count.saturating_sub(1);
+            if b.ref_count > 0 {
+                continue;
+            }
+            if b.cached.is_some() {
+                let tick = self.next_tick();
+                self.blocks[block as usize].lru_tick = Some(tick);
+                self.lru.insert(tick, block);
+            } else {
+                self.free.push(block);
+            }
+        }
+    }
+
+    /// Hash and tokens of a registered block.
+    pub(crate) fn block_content(&self, block: BlockId) -> Option<(BlockHash, Vec<TokenId>)> {
+        let cached = self.blocks.get(block as usize)?.cached.as_ref()?;
+        Some((cached.hash, cached.tokens.clone()))
+    }
+
+    /// Every cached block of both tiers, device first, each tier ordered by hash.
+    pub(crate) fn snapshot(&self) -> Vec<SnapshotBlock> {
+        let mut out: Vec<SnapshotBlock> = self
+            .blocks
+            .iter()
+            .filter_map(|b| b.cached.as_ref())
+            .map(|c| SnapshotBlock {
+                hash: c.hash,
+                parent: c.parent,
+                tier: StorageTier::Device,
+            })
+            .chain(self.host.iter().map(|(hash, hb)| SnapshotBlock {
+                hash: *hash,
+                parent: hb.parent,
+                tier: StorageTier::Host,
+            }))
+            .collect();
+        out.sort_by_key(|b| (b.tier, b.hash));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_core::chain_hash;
+
+    fn block(parent: Option<BlockHash>, t: u32) -> (BlockHash, Vec<TokenId>) {
+        let tokens = vec![t, t + 1];
+        (chain_hash(parent, &tokens), tokens)
+    }
+
+    /// Allocates and registers one block per token seed as a chain, then releases it.
+    fn cache_chain(kv: &mut KvCache, seeds: &[u32], events: &mut EventLog) -> Vec<BlockHash> {
+        let table = kv.allocate(seeds.len(), events).unwrap();
+        let mut parent = None;
+        let mut hashes = Vec::new();
+        for (&b, &s) in table.iter().zip(seeds) {
+            let (h, t) = block(parent, s);
+            kv.register(b, parent, h, &t, events);
+            hashes.push(h);
+            parent = Some(h);
+        }
+        kv.release(&table);
+        hashes
+    }
+
+    #[test]
+    fn eviction_takes_free_blocks_first_then_lru_tails() {
+        let mut kv = KvCache::new(4, 0);
+        let mut ev = EventLog::default();
+        let hs = cache_chain(&mut kv, &[10, 20, 30], &mut ev);
+        assert_eq!(kv.used_blocks(), 3);
+        assert_eq!(kv.active_blocks(), 0);
+        let mut ev = EventLog::default();
+        let got = kv.allocate(2, &mut ev).unwrap();
+        assert_eq!(got.len(), 2);
+        // One truly free block, then the chain's tail.
+        assert_eq!(
+            ev.into_events(),
+            vec![switchyard_core::KvEvent::Removed {
+                blocks: vec![hs[2]],
+                tier: StorageTier::Device
+            }]
+        );
+        assert!(kv.allocate(3, &mut EventLog::default()).is_none());
+    }
+
+    #[test]
+    fn a_twin_block_is_shared_not_stored_twice() {
+        let mut kv = KvCache::new(4, 0);
+        let mut ev = EventLog::default();
+        let t = kv.allocate(2, &mut ev).unwrap();
+        let (h, tokens) = block(None, 1);
+        assert_eq!(kv.register(t[0], None, h, &tokens, &mut ev), t[0]);
+        assert_eq!(kv.register(t[1], None, h, &tokens, &mut ev), t[0]);
+        assert_eq!(ev.into_events().len(), 1);
+        assert_eq!(kv.active_blocks(), 1);
+        kv.release(&[t[0], t[0]]);
+        assert_eq!(kv.active_blocks(), 0);
+        assert_eq!(kv.snapshot().len(), 1);
+    }
+}

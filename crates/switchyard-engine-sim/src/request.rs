@@ -1,0 +1,92 @@
+//! What goes into the simulator and what comes out of a step.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use switchyard_core::{KvEvent, TokenId};
+
+/// One generation request.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SimRequest {
+    /// The caller's id; unique among requests that are queued, running or holding blocks.
+    pub id: u64,
+    pub prompt: Vec<TokenId>,
+    /// Most tokens to generate (including a final EOS or stop token).
+    pub max_tokens: u32,
+    /// Keep generating past the EOS token (stop tokens still stop).
+    pub ignore_eos: bool,
+    /// Sampling any of these ends the sequence with [`FinishReason::Stop`].
+    pub stop_token_ids: Vec<TokenId>,
+    /// Per-request sampling seed: the same seed and prompt give the same tokens. Without one the
+    /// request id seeds the stream.
+    pub seed: Option<u64>,
+    /// Prefill-only (the prefill side of disaggregated serving): generate exactly one token,
+    /// finish with [`FinishReason::Length`], and keep the prompt's full blocks referenced until
+    /// [`crate::Simulator::release_hold`] so a decode worker can pull them.
+    pub hold_blocks: bool,
+}
+
+impl SimRequest {
+    /// A plain request; set the other fields with struct update syntax.
+    pub fn new(id: u64, prompt: Vec<TokenId>, max_tokens: u32) -> Self {
+        Self {
+            id,
+            prompt,
+            max_tokens,
+            ..Self::default()
+        }
+    }
+}
+
+/// Why a sequence stopped generating. Preemption is not a finish: a preempted sequence resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// `max_tokens` reached (or the one token of a `hold_blocks` prefill).
+    Length,
+    /// The EOS token (unless ignored) or one of the request's stop tokens was sampled.
+    Stop,
+}
+
+/// One token sampled by one sequence in a step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenOutput {
+    pub id: u64,
+    /// The sampled token. Always present: like vLLM, a final EOS or stop token is part of the
+    /// output and counted in `completion_tokens`; dropping it from text is the detokenizer's job.
+    pub token: TokenId,
+    /// Set on the sequence's last token.
+    pub finish: Option<FinishReason>,
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache (either tier) at the request's first
+    /// admission; a recompute after preemption does not change it (as in vLLM).
+    pub cached_prompt_tokens: u32,
+    /// Tokens generated so far, this one included.
+    pub completion_tokens: u32,
+}
+
+/// What one engine iteration did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StepOutcome {
+    /// Simulated model time of the step (before any speed-up); zero when nothing ran.
+    pub duration: Duration,
+    /// At most one token per sequence that sampled in this step, in batch order.
+    pub outputs: Vec<TokenOutput>,
+    /// KV events the step produced, in the order a consumer must apply them.
+    pub events: Vec<KvEvent>,
+    /// Prompt tokens computed in this step (cache misses, including recompute after preemption).
+    pub prefill_tokens: usize,
+    /// Sequences that decoded one token in this step.
+    pub decode_sequences: usize,
+    /// Sequences preempted in this step.
+    pub preempted: usize,
+}
+
+impl StepOutcome {
+    /// Nothing was scheduled: there was no work, or everything waiting is blocked on KV
+    /// blocks that only an abort or [`crate::Simulator::release_hold`] can free. Stepping again
+    /// without such a call changes nothing.
+    pub fn is_idle(&self) -> bool {
+        self.duration.is_zero() && self.outputs.is_empty() && self.preempted == 0
+    }
+}

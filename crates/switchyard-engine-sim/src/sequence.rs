@@ -1,0 +1,140 @@
+//! A request's state inside the engine, and its deterministic token sampler.
+
+use switchyard_core::{BlockHash, BlockSize, TokenId, chain_hash, hash::extend_block_hashes};
+
+use crate::{FinishReason, SimRequest, kv_cache::BlockId};
+
+/// SplitMix64's finaliser: a cheap, well-mixed 64-bit hash.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[derive(Debug)]
+pub(crate) struct Sequence {
+    pub(crate) id: u64,
+    pub(crate) prompt_len: usize,
+    pub(crate) max_tokens: u32,
+    pub(crate) ignore_eos: bool,
+    pub(crate) stop_token_ids: Vec<TokenId>,
+    pub(crate) hold_blocks: bool,
+    /// Seeds every token of this request; fixed at arrival so a recompute resamples nothing.
+    stream: u64,
+    /// Prompt then generated tokens; a preempted sequence recomputes all of them.
+    pub(crate) tokens: Vec<TokenId>,
+    /// Chained hashes of every full block of `tokens`.
+    pub(crate) hashes: Vec<BlockHash>,
+    pub(crate) completion_tokens: u32,
+    /// Tokens whose KV is computed (the last sampled token's is not, until it is decoded).
+    pub(crate) computed: usize,
+    pub(crate) table: Vec<BlockId>,
+    /// Leading blocks of `table` registered in the prefix cache.
+    pub(crate) registered: usize,
+    /// The sequence has sampled since its (re)admission, so it now decodes.
+    pub(crate) prefill_done: bool,
+    /// Set at first admission.
+    pub(crate) cached_prompt_tokens: Option<u32>,
+}
+
+impl Sequence {
+    pub(crate) fn new(req: SimRequest, engine_seed: u64, block_size: BlockSize) -> Self {
+        let hashes = switchyard_core::block_hashes(&req.prompt, block_size);
+        // The prompt takes part so that two requests sharing a seed but not a prompt differ,
+        // as they would with a real model's logits.
+        let prompt_print = chain_hash(None, &req.prompt).get();
+        let stream = mix(engine_seed ^ mix(req.seed.unwrap_or(req.id) ^ mix(prompt_print)));
+        Self {
+            id: req.id,
+            prompt_len: req.prompt.len(),
+            max_tokens: req.max_tokens,
+            ignore_eos: req.ignore_eos,
+            stop_token_ids: req.stop_token_ids,
+            hold_blocks: req.hold_blocks,
+            stream,
+            tokens: req.prompt,
+            hashes,
+            completion_tokens: 0,
+            computed: 0,
+            table: Vec::new(),
+            registered: 0,
+            prefill_done: false,
+            cached_prompt_tokens: None,
+        }
+    }
+
+    /// The token this request samples at position `tokens.len()`.
+    pub(crate) fn sample(&self, vocab_size: u32) -> TokenId {
+        let position = self.tokens.len() as u64;
+        (mix(self.stream ^ mix(position)) % u64::from(vocab_size)) as TokenId
+    }
+
+    /// Whether sampling `token` (already counted in `completion_tokens`) ends the sequence.
+    pub(crate) fn finish_on(&self, token: TokenId, eos: TokenId) -> Option<FinishReason> {
+        if self.hold_blocks {
+            return Some(FinishReason::Length);
+        }
+        if (token == eos && !self.ignore_eos) || self.stop_token_ids.contains(&token) {
+            return Some(FinishReason::Stop);
+        }
+        (self.completion_tokens >= self.max_tokens).then_some(FinishReason::Length)
+    }
+
+    pub(crate) fn push_token(&mut self, token: TokenId, block_size: BlockSize) {
+        self.tokens.push(token);
+        let bs = block_size.as_usize();
+        if self.tokens.len().is_multiple_of(bs) {
+            let start = self.tokens.len() - bs;
+            let parent = self.hashes.last().copied();
+            extend_block_hashes(&mut self.hashes, parent, &self.tokens[start..], block_size);
+        }
+    }
+
+    /// Tokens still to compute before the next sample.
+    pub(crate) fn uncomputed(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    /// Forgets the computed KV (the blocks were released by the caller) so the sequence
+    /// recomputes prompt and output on re-admission.
+    pub(crate) fn reset_for_recompute(&mut self) {
+        self.table.clear();
+        self.computed = 0;
+        self.registered = 0;
+        self.prefill_done = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bs(n: u32) -> BlockSize {
+        BlockSize::new(n).unwrap()
+    }
+
+    #[test]
+    fn incremental_hashes_match_a_full_rehash() {
+        let mut seq = Sequence::new(SimRequest::new(1, (0..5).collect(), 10), 0, bs(4));
+        for t in 100..111 {
+            seq.push_token(t, bs(4));
+        }
+        assert_eq!(
+            seq.hashes,
+            switchyard_core::block_hashes(&seq.tokens, bs(4))
+        );
+    }
+
+    #[test]
+    fn sampling_depends_on_seed_prompt_and_position() {
+        let a = Sequence::new(SimRequest::new(1, vec![1, 2, 3], 4), 0, bs(4));
+        let same = Sequence::new(SimRequest::new(1, vec![1, 2, 3], 4), 0, bs(4));
+        let other_seed = Sequence::new(SimRequest::new(1, vec![1, 2, 3], 4), 1, bs(4));
+        let other_prompt = Sequence::new(SimRequest::new(1, vec![1, 2, 4], 4), 0, bs(4));
+        let v = 1 << 30;
+        assert_eq!(a.sample(v), same.sample(v));
+        assert_ne!(a.sample(v), other_seed.sample(v));
+        assert_ne!(a.sample(v), other_prompt.sample(v));
+    }
+}
