@@ -1,1 +1,294 @@
-//! Test support (being written).
+//! Test support for Switchyard's cross-process tests.
+//!
+//! - [`free_port`] asks the kernel for a free loopback TCP port.
+//! - [`EtcdServer`] runs a real, single-member etcd on free loopback ports with a throwaway data
+//!   directory, and can stop and restart it on the same ports and data so tests can simulate
+//!   "etcd was briefly down".
+//!
+//! Everything here is synchronous (`std::process`, `std::net`), so it works from plain tests and
+//! from any async runtime alike (starting etcd blocks the calling thread for about a second).
+//!
+//! ```no_run
+//! let etcd = switchyard_testkit::EtcdServer::start()?;
+//! let endpoint = etcd.endpoint(); // "http://127.0.0.1:<port>"
+//! # Ok::<(), switchyard_testkit::TestkitError>(())
+//! ```
+
+// Tests may unwrap: a failure there is the test failing.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long [`EtcdServer::start`] and [`EtcdServer::restart`] wait for etcd to report healthy.
+pub const ETCD_START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Why the test support could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum TestkitError {
+    #[error("etcd not found: install Debian's etcd-server (the README test command does)")]
+    EtcdNotFound,
+    #[error("{context}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcd at {endpoint} did not become healthy within {waited:?}; log tail:\n{log_tail}")]
+    Unhealthy {
+        endpoint: String,
+        waited: Duration,
+        log_tail: String,
+    },
+}
+
+fn io_error(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> TestkitError {
+    let context = context.into();
+    move |source| TestkitError::Io { context, source }
+}
+
+/// A loopback TCP port that was free a moment ago (bind `127.0.0.1:0`, read the port, close).
+///
+/// Another process may take it before the caller binds it; callers that start servers on it
+/// should retry on "address in use" (as [`EtcdServer::start`] does).
+pub fn free_port() -> u16 {
+    // Binding to port 0 on loopback only fails when the machine is out of ports or sockets, in
+    // which case no test can run; a port of 0 then makes the caller's own bind fail loudly.
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .unwrap_or(0)
+}
+
+/// The etcd binary: `$SWITCHYARD_ETCD_BIN`, else `etcd` on `PATH`, else `/usr/bin/etcd`.
+pub fn find_etcd() -> Result<PathBuf, TestkitError> {
+    if let Some(bin) = std::env::var_os("SWITCHYARD_ETCD_BIN") {
+        let bin = PathBuf::from(bin);
+        return if bin.is_file() {
+            Ok(bin)
+        } else {
+            Err(TestkitError::EtcdNotFound)
+        };
+    }
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("etcd"))
+        .find(|candidate| candidate.is_file());
+    on_path
+        .or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|p| p.is_file()))
+        .ok_or(TestkitError::EtcdNotFound)
+}
+
+/// A single-member etcd on loopback, killed when dropped.
+///
+/// Its data directory and log (`etcd.log`) live in a temporary directory that is removed on drop.
+#[derive(Debug)]
+pub struct EtcdServer {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+impl EtcdServer {
+    /// Starts etcd on two free loopback ports and waits until it reports healthy.
+    ///
+    /// Retries with fresh ports when another process grabbed one of them first.
+    pub fn start() -> Result<Self, TestkitError> {
+        let bin = find_etcd()?;
+        let dir = tempfile::Builder::new()
+            .prefix("switchyard-etcd-")
+            .tempdir()
+            .map_err(io_error("cannot create a temporary directory for etcd"))?;
+        let mut server = Self {
+            bin,
+            dir,
+            client_port: 0,
+            peer_port: 0,
+            child: None,
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            server.client_port = free_port();
+            server.peer_port = free_port();
+            while server.peer_port == server.client_port {
+                server.peer_port = free_port();
+            }
+            match server.spawn_and_wait() {
+                Ok(()) => return Ok(server),
+                Err(TestkitError::Unhealthy { log_tail, .. })
+                    if attempt < 3 && log_tail.contains("address already in use") =>
+                {
+                    server.stop();
+                    // A half-started member leaves data behind that names the old ports.
+                    let _ = std::fs::remove_dir_all(server.data_dir());
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// The client URL, `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The client port.
+    pub fn client_port(&self) -> u16 {
+        self.client_port
+    }
+
+    /// The file etcd's stdout and stderr go to.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    /// Kills etcd (SIGKILL, as a crash would) and waits for it to exit. Data is kept.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops etcd if it runs, then starts it again on the same ports and data directory.
+    pub fn restart(&mut self) -> Result<(), TestkitError> {
+        self.stop();
+        self.spawn_and_wait()
+    }
+
+    /// Whether the etcd process is running (it may not be healthy yet).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn spawn_and_wait(&mut self) -> Result<(), TestkitError> {
+        let client_url = self.endpoint();
+        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .map_err(io_error("cannot create the etcd log file"))?;
+        let log_err = log
+            .try_clone()
+            .map_err(io_error("cannot duplicate the etcd log file handle"))?;
+        let child = Command::new(&self.bin)
+            .arg("--name=default")
+            .arg(format!("--data-dir={}", self.data_dir().display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=default={peer_url}"))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .map_err(io_error(format!(
+                "cannot start etcd from {}",
+                self.bin.display()
+            )))?;
+        self.child = Some(child);
+        self.wait_healthy()
+    }
+
+    fn wait_healthy(&mut self) -> Result<(), TestkitError> {
+        let started = Instant::now();
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.client_port));
+        while started.elapsed() < ETCD_START_TIMEOUT {
+            if !self.is_running() {
+                break;
+            }
+            if health_check(addr) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(TestkitError::Unhealthy {
+            endpoint: self.endpoint(),
+            waited: started.elapsed(),
+            log_tail: log_tail(&self.log_path(), 30),
+        })
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `GET /health` over a plain TCP connection; true when etcd answers `"health":"true"`.
+fn health_check(addr: SocketAddr) -> bool {
+    let timeout = Duration::from_millis(500);
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, timeout) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(timeout));
+    let _ = stream.set_write_timeout(Some(timeout));
+    let request = format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.starts_with("HTTP/1.") && response.contains(r#""health":"true""#)
+}
+
+/// The last `lines` lines of a log file, or a note saying why there are none.
+fn log_tail(path: &Path, lines: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(error) => format!("(cannot read {}: {error})", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_nonzero_and_bindable() {
+        let port = free_port();
+        assert_ne!(port, 0);
+        assert!(TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+
+    #[test]
+    fn etcd_starts_restarts_and_stops() {
+        let mut etcd = EtcdServer::start().unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], etcd.client_port()));
+        assert!(health_check(addr));
+        etcd.stop();
+        assert!(!health_check(addr));
+        etcd.restart().unwrap();
+        assert!(health_check(addr));
+        assert!(etcd.endpoint().starts_with("http://127.0.0.1:"));
+    }
+
+    #[test]
+    fn log_tail_keeps_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        std::fs::write(&path, "a\nb\nc\n").unwrap();
+        assert_eq!(log_tail(&path, 2), "b\nc");
+        assert!(log_tail(&dir.path().join("missing"), 2).contains("cannot read"));
+    }
+}

@@ -1,0 +1,135 @@
+//! The registry's one error type.
+
+use std::time::Duration;
+
+use switchyard_core::{BlockSize, CoreError, WorkerId};
+
+/// Whose fault an error is, so callers know whether to fix their input, wait for the backend,
+/// or look at what someone else wrote into the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The caller asked for something the registry refuses (bad input, conflicting worker).
+    Caller,
+    /// The backend (etcd) is unreachable or slow.
+    Backend,
+    /// A value stored in the registry is not what Switchyard writes.
+    Data,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("etcd is unavailable while trying to {action}")]
+    Unavailable {
+        action: &'static str,
+        #[source]
+        source: etcd_client::Error,
+    },
+    #[error("etcd did not answer within {after:?} while trying to {action}")]
+    Timeout {
+        action: &'static str,
+        after: Duration,
+    },
+    #[error(
+        "block size mismatch for model {model:?}: worker {worker} announces {requested} tokens \
+         per block but live worker {existing_worker} uses {existing}; workers of one model must \
+         agree on the block size"
+    )]
+    BlockSizeMismatch {
+        model: String,
+        worker: WorkerId,
+        requested: BlockSize,
+        existing_worker: WorkerId,
+        existing: BlockSize,
+    },
+    #[error(
+        "worker {0} is already registered by a live process (if that process just died, its \
+         lease expires after its ttl)"
+    )]
+    AlreadyRegistered(WorkerId),
+    #[error("invalid worker info")]
+    InvalidWorkerInfo(#[source] CoreError),
+    #[error("invalid cluster name {0:?}: use 1 to 128 ASCII letters, digits, '.', '_' or '-'")]
+    InvalidCluster(String),
+    #[error("invalid lease ttl {0:?}: it must be at least one second")]
+    InvalidTtl(Duration),
+    #[error("a registration cannot change its worker id (from {from} to {to}); register anew")]
+    IdChanged { from: WorkerId, to: WorkerId },
+    #[error("the lease of worker {0} is gone; it is being re-registered in the background")]
+    LeaseLost(WorkerId),
+    #[error("malformed value under {key}: {reason}")]
+    Malformed { key: String, reason: String },
+    #[error("cannot encode the value for {key}")]
+    Encode {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl RegistryError {
+    /// Whether trying the same call again later can succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            // etcd may come back; a lost lease is being replaced; a duplicate id may be a
+            // previous incarnation of the same worker whose lease has not expired yet.
+            Self::Unavailable { .. }
+            | Self::Timeout { .. }
+            | Self::LeaseLost(_)
+            | Self::AlreadyRegistered(_) => true,
+            Self::BlockSizeMismatch { .. }
+            | Self::InvalidWorkerInfo(_)
+            | Self::InvalidCluster(_)
+            | Self::InvalidTtl(_)
+            | Self::IdChanged { .. }
+            | Self::Malformed { .. }
+            | Self::Encode { .. } => false,
+        }
+    }
+
+    /// Whose fault the error is.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Self::Unavailable { .. } | Self::Timeout { .. } | Self::LeaseLost(_) => Fault::Backend,
+            Self::Malformed { .. } => Fault::Data,
+            Self::BlockSizeMismatch { .. }
+            | Self::AlreadyRegistered(_)
+            | Self::InvalidWorkerInfo(_)
+            | Self::InvalidCluster(_)
+            | Self::InvalidTtl(_)
+            | Self::IdChanged { .. }
+            | Self::Encode { .. } => Fault::Caller,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mismatch_message_names_both_sizes_and_the_other_worker() {
+        let err = RegistryError::BlockSizeMismatch {
+            model: "m".into(),
+            worker: WorkerId::new("new").unwrap(),
+            requested: BlockSize::new(32).unwrap(),
+            existing_worker: WorkerId::new("old").unwrap(),
+            existing: BlockSize::new(16).unwrap(),
+        };
+        let msg = err.to_string();
+        for part in ["\"m\"", "new", "32", "old", "16"] {
+            assert!(msg.contains(part), "{msg}");
+        }
+        assert!(!err.is_retryable());
+        assert_eq!(err.fault(), Fault::Caller);
+    }
+
+    #[test]
+    fn timeouts_are_retryable_backend_faults() {
+        let err = RegistryError::Timeout {
+            action: "list workers",
+            after: Duration::from_secs(5),
+        };
+        assert!(err.is_retryable());
+        assert_eq!(err.fault(), Fault::Backend);
+    }
+}

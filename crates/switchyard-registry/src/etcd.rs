@@ -1,0 +1,357 @@
+//! The etcd backend.
+//!
+//! - This file: connecting, listing, registering (one transaction that checks the admission
+//!   rules against the exact revision it listed), roles and the plan.
+//! - `lease`: the keep-alive task of a [`Registration`], which rides out etcd outages and
+//!   re-registers under a new lease when the old one expired meanwhile.
+//! - `watch`: the task feeding a [`WorkerWatch`], which resumes after a broken stream by
+//!   listing again and emitting the differences.
+//!
+//! Values under `workers/` that are not a valid [`WorkerInfo`] for their key are skipped with a
+//! warning, so one bad write cannot take the cluster's membership down.
+
+mod lease;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+    WatchOptions,
+};
+use switchyard_core::{Role, WorkerId, WorkerInfo};
+use tokio::sync::mpsc;
+
+use crate::keys::Keys;
+use crate::{
+    OwnedTask, Registration, Registry, RegistryError, WorkerWatch, check_admission, check_ttl,
+};
+
+/// How long [`EtcdRegistry::connect`] waits for etcd before giving up.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long any single etcd request may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a registration retries the compare-and-put when other workers keep registering.
+const REGISTER_ATTEMPTS: usize = 10;
+
+/// A [`Registry`] stored in etcd under `/switchyard/v1/<cluster>/` (see [`crate::keys`]).
+#[derive(Clone)]
+pub struct EtcdRegistry {
+    conn: Conn,
+}
+
+impl std::fmt::Debug for EtcdRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdRegistry")
+            .field("root", &self.conn.keys.root())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdRegistry {
+    /// Connects to etcd and checks that it answers, within [`CONNECT_TIMEOUT`].
+    pub async fn connect(endpoints: &[String], cluster: &str) -> Result<Self, RegistryError> {
+        let keys = Keys::new(cluster)?;
+        let options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        let action = "connect";
+        let client =
+            tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(endpoints, Some(options)))
+                .await
+                .map_err(|_| RegistryError::Timeout {
+                    action,
+                    after: CONNECT_TIMEOUT,
+                })?
+                .map_err(|source| RegistryError::Unavailable { action, source })?;
+        let conn = Conn {
+            client,
+            keys,
+            timeout: REQUEST_TIMEOUT,
+        };
+        // The client connects lazily; make sure someone answers before reporting success.
+        let mut client = conn.client.clone();
+        let root = conn.keys.root().to_owned();
+        conn.call(
+            "reach etcd",
+            client.get(
+                root,
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+        )
+        .await?;
+        Ok(Self { conn })
+    }
+
+    /// The key layout this registry uses.
+    pub fn keys(&self) -> &Keys {
+        &self.conn.keys
+    }
+}
+
+/// What every etcd task needs: a client, the keys and the request timeout.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    client: Client,
+    keys: Keys,
+    timeout: Duration,
+}
+
+impl Conn {
+    /// Runs one etcd request under the request timeout, naming `action` in errors.
+    async fn call<T>(
+        &self,
+        action: &'static str,
+        request: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, RegistryError> {
+        tokio::time::timeout(self.timeout, request)
+            .await
+            .map_err(|_| RegistryError::Timeout {
+                action,
+                after: self.timeout,
+            })?
+            .map_err(|source| RegistryError::Unavailable { action, source })
+    }
+
+    /// The valid workers and the revision they were read at.
+    async fn list_workers(&self) -> Result<(BTreeMap<WorkerId, WorkerInfo>, i64), RegistryError> {
+        let mut client = self.client.clone();
+        let response = self
+            .call(
+                "list workers",
+                client.get(
+                    self.keys.workers_prefix(),
+                    Some(GetOptions::new().with_prefix()),
+                ),
+            )
+            .await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        let mut workers = BTreeMap::new();
+        for kv in response.kvs() {
+            match parse_worker(&self.keys, kv) {
+                Ok(info) => {
+                    workers.insert(info.id.clone(), info);
+                }
+                Err(error) => tracing::warn!(%error, "skipping malformed worker entry"),
+            }
+        }
+        Ok((workers, revision))
+    }
+
+    /// Opens a watch on `workers/` starting at `revision`.
+    async fn watch_workers_from(
+        &self,
+        revision: i64,
+    ) -> Result<etcd_client::WatchStream, RegistryError> {
+        let mut client = self.client.clone();
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision);
+        self.call(
+            "watch workers",
+            client.watch(self.keys.workers_prefix(), Some(options)),
+        )
+        .await
+    }
+
+    async fn get_value(
+        &self,
+        action: &'static str,
+        key: String,
+    ) -> Result<Option<Vec<u8>>, RegistryError> {
+        let mut client = self.client.clone();
+        let response = self.call(action, client.get(key, None)).await?;
+        Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    async fn put_value(
+        &self,
+        action: &'static str,
+        key: String,
+        value: Vec<u8>,
+    ) -> Result<(), RegistryError> {
+        let mut client = self.client.clone();
+        self.call(action, client.put(key, value, None)).await?;
+        Ok(())
+    }
+}
+
+/// Reads a `workers/<id>` entry, insisting that the value describes the worker its key names.
+pub(crate) fn parse_worker(keys: &Keys, kv: &KeyValue) -> Result<WorkerInfo, RegistryError> {
+    let id = keys.worker_id_of(kv.key())?;
+    let malformed = |reason: String| RegistryError::Malformed {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        reason,
+    };
+    let info: WorkerInfo = serde_json::from_slice(kv.value())
+        .map_err(|e| malformed(format!("not worker info: {e}")))?;
+    if info.id != id {
+        return Err(malformed(format!("value names worker {}", info.id)));
+    }
+    info.validate().map_err(|e| malformed(e.to_string()))?;
+    Ok(info)
+}
+
+fn encode_worker(keys: &Keys, info: &WorkerInfo) -> Result<Vec<u8>, RegistryError> {
+    serde_json::to_vec(info).map_err(|source| RegistryError::Encode {
+        key: keys.worker(&info.id),
+        source,
+    })
+}
+
+/// etcd leases count whole seconds; round up so the lease is never shorter than asked.
+fn ttl_seconds(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl Registry for EtcdRegistry {
+    async fn register(
+        &self,
+        info: WorkerInfo,
+        ttl: Duration,
+    ) -> Result<Registration, RegistryError> {
+        info.validate().map_err(RegistryError::InvalidWorkerInfo)?;
+        check_ttl(ttl)?;
+        let conn = &self.conn;
+        let key = conn.keys.worker(&info.id);
+        let value = encode_worker(&conn.keys, &info)?;
+        let ttl_secs = ttl_seconds(ttl);
+        let mut client = conn.client.clone();
+        let lease_id = conn
+            .call("grant a lease", client.lease_grant(ttl_secs, None))
+            .await?
+            .id();
+        let outcome = async {
+            for _ in 0..REGISTER_ATTEMPTS {
+                let (live, revision) = conn.list_workers().await?;
+                check_admission(&info, live.values(), false)?;
+                // Put only if the id is free and nothing under workers/ changed since the list,
+                // so two workers cannot both pass the checks against the same old view.
+                let txn = Txn::new()
+                    .when([
+                        Compare::version(key.clone(), CompareOp::Equal, 0),
+                        Compare::mod_revision(
+                            conn.keys.workers_prefix(),
+                            CompareOp::Less,
+                            revision + 1,
+                        )
+                        .with_prefix(),
+                    ])
+                    .and_then([TxnOp::put(
+                        key.clone(),
+                        value.clone(),
+                        Some(PutOptions::new().with_lease(lease_id)),
+                    )]);
+                let mut client = conn.client.clone();
+                if conn
+                    .call("register a worker", client.txn(txn))
+                    .await?
+                    .succeeded()
+                {
+                    return Ok(());
+                }
+            }
+            Err(RegistryError::Timeout {
+                action: "register a worker while others kept registering",
+                after: conn.timeout,
+            })
+        }
+        .await;
+        if let Err(error) = outcome {
+            let mut client = conn.client.clone();
+            if let Err(revoke_error) = conn
+                .call("revoke a lease", client.lease_revoke(lease_id))
+                .await
+            {
+                tracing::debug!(%revoke_error, "unused lease left to expire");
+            }
+            return Err(error);
+        }
+        tracing::info!(worker = %info.id, lease = lease_id, ttl_secs, "worker registered");
+        Ok(Registration::new(Box::new(lease::EtcdLease::start(
+            conn.clone(),
+            info,
+            lease_id,
+            ttl_secs,
+        ))))
+    }
+
+    async fn list_workers(&self) -> Result<Vec<WorkerInfo>, RegistryError> {
+        Ok(self.conn.list_workers().await?.0.into_values().collect())
+    }
+
+    async fn watch_workers(&self) -> Result<WorkerWatch, RegistryError> {
+        let (known, revision) = self.conn.list_workers().await?;
+        let stream = self.conn.watch_workers_from(revision + 1).await?;
+        let initial = known.values().cloned().collect();
+        let (changes_tx, changes_rx) = mpsc::unbounded_channel();
+        let conn = self.conn.clone();
+        let feeder =
+            OwnedTask::spawn(move |cancel| watch::feed(conn, known, stream, changes_tx, cancel));
+        Ok(WorkerWatch::new(initial, changes_rx, Some(feeder)))
+    }
+
+    async fn set_desired_role(&self, id: &WorkerId, role: Role) -> Result<(), RegistryError> {
+        let key = self.conn.keys.role(id);
+        self.conn
+            .put_value("set a desired role", key, role.as_str().as_bytes().to_vec())
+            .await
+    }
+
+    async fn desired_role(&self, id: &WorkerId) -> Result<Option<Role>, RegistryError> {
+        let key = self.conn.keys.role(id);
+        let Some(value) = self
+            .conn
+            .get_value("read a desired role", key.clone())
+            .await?
+        else {
+            return Ok(None);
+        };
+        String::from_utf8_lossy(&value)
+            .parse::<Role>()
+            .map(Some)
+            .map_err(|e| RegistryError::Malformed {
+                key,
+                reason: e.to_string(),
+            })
+    }
+
+    async fn put_plan(&self, plan: &serde_json::Value) -> Result<(), RegistryError> {
+        let key = self.conn.keys.plan();
+        let value = serde_json::to_vec(plan).map_err(|source| RegistryError::Encode {
+            key: key.clone(),
+            source,
+        })?;
+        self.conn.put_value("write the plan", key, value).await
+    }
+
+    async fn plan(&self) -> Result<Option<serde_json::Value>, RegistryError> {
+        let key = self.conn.keys.plan();
+        let Some(value) = self.conn.get_value("read the plan", key.clone()).await? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&value)
+            .map(Some)
+            .map_err(|e| RegistryError::Malformed {
+                key,
+                reason: format!("not json: {e}"),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(ttl_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(ttl_seconds(Duration::from_millis(2001)), 3);
+    }
+}

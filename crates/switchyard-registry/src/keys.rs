@@ -1,0 +1,111 @@
+//! The etcd key layout (DESIGN.md §3), in one place.
+//!
+//! Everything lives under `/switchyard/v1/<cluster>/`:
+//!
+//! | key | value | written by |
+//! |---|---|---|
+//! | `workers/<id>` | JSON of [`WorkerInfo`](switchyard_core::WorkerInfo), attached to the worker's lease | the worker |
+//! | `roles/<id>` | the desired role as plain text: `prefill`, `decode` or `both` | the planner |
+//! | `plan` | the planner's latest decision, opaque JSON | the planner |
+
+use switchyard_core::WorkerId;
+
+use crate::RegistryError;
+
+/// Longest accepted cluster name.
+pub const MAX_CLUSTER_LEN: usize = 128;
+
+/// Checks a cluster name: 1 to 128 of `[A-Za-z0-9._-]`, so it cannot escape its key prefix.
+pub fn validate_cluster(cluster: &str) -> Result<(), RegistryError> {
+    let ok = !cluster.is_empty()
+        && cluster.len() <= MAX_CLUSTER_LEN
+        && cluster
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(RegistryError::InvalidCluster(cluster.to_owned()))
+    }
+}
+
+/// The keys of one cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    root: String,
+}
+
+impl Keys {
+    pub fn new(cluster: &str) -> Result<Self, RegistryError> {
+        validate_cluster(cluster)?;
+        Ok(Self {
+            root: format!("/switchyard/v1/{cluster}/"),
+        })
+    }
+
+    /// `/switchyard/v1/<cluster>/`
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// `/switchyard/v1/<cluster>/workers/`
+    pub fn workers_prefix(&self) -> String {
+        format!("{}workers/", self.root)
+    }
+
+    /// `/switchyard/v1/<cluster>/workers/<id>`
+    pub fn worker(&self, id: &WorkerId) -> String {
+        format!("{}workers/{id}", self.root)
+    }
+
+    /// `/switchyard/v1/<cluster>/roles/<id>`
+    pub fn role(&self, id: &WorkerId) -> String {
+        format!("{}roles/{id}", self.root)
+    }
+
+    /// `/switchyard/v1/<cluster>/plan`
+    pub fn plan(&self) -> String {
+        format!("{}plan", self.root)
+    }
+
+    /// The worker id named by a `workers/<id>` key.
+    pub fn worker_id_of(&self, key: &[u8]) -> Result<WorkerId, RegistryError> {
+        let key = String::from_utf8_lossy(key);
+        let malformed = |reason: String| RegistryError::Malformed {
+            key: key.to_string(),
+            reason,
+        };
+        let id = key
+            .strip_prefix(&self.workers_prefix())
+            .ok_or_else(|| malformed("not under the workers/ prefix".into()))?;
+        WorkerId::new(id).map_err(|e| malformed(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_matches_the_design() {
+        let keys = Keys::new("prod-1").unwrap();
+        let id = WorkerId::new("w1").unwrap();
+        assert_eq!(keys.worker(&id), "/switchyard/v1/prod-1/workers/w1");
+        assert_eq!(keys.role(&id), "/switchyard/v1/prod-1/roles/w1");
+        assert_eq!(keys.plan(), "/switchyard/v1/prod-1/plan");
+        assert_eq!(keys.worker_id_of(keys.worker(&id).as_bytes()).unwrap(), id);
+        assert!(
+            keys.worker_id_of(b"/switchyard/v1/prod-1/workers/a b")
+                .is_err()
+        );
+        assert!(keys.worker_id_of(b"/elsewhere/w1").is_err());
+    }
+
+    #[test]
+    fn cluster_names_cannot_escape_their_prefix() {
+        for bad in ["", "a/b", "a b", "ü", &"x".repeat(129)] {
+            assert!(Keys::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(Keys::new("A.b_c-9").is_ok());
+    }
+}

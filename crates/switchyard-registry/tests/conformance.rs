@@ -1,0 +1,596 @@
+//! One registry conformance suite, run against every backend.
+//!
+//! `memory::*` runs each case on [`MemoryRegistry`] with tokio's clock paused (lease expiry is
+//! virtual time); `etcd::*` runs the same cases on [`EtcdRegistry`] against a real etcd started
+//! by `switchyard-testkit` on free loopback ports. `etcd_only::*` covers what only a real etcd
+//! can show: garbage written by someone else, an etcd outage, a lease lost behind our back.
+//!
+//! Waits are polls against a generous deadline, never assertions about how long things took.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_core::{BlockSize, EngineKind, Role, WorkerId, WorkerInfo};
+use switchyard_registry::{
+    EtcdRegistry, LeaseState, MemoryRegistry, Registry, RegistryError, WorkerChange, WorkerWatch,
+};
+use switchyard_testkit::EtcdServer;
+
+/// Lease ttl used by the suite: etcd's minimum lease is about 1.5 s.
+const TTL: Duration = Duration::from_secs(2);
+/// Upper bound for anything the suite waits for.
+const DEADLINE: Duration = Duration::from_secs(20);
+const CLUSTER: &str = "conformance";
+
+/// A registry under test, plus whatever keeps its backend running.
+struct Env {
+    registry: Arc<dyn Registry>,
+    etcd: Option<EtcdServer>,
+}
+
+/// Shows the registry's logs for failing tests (`RUST_LOG=switchyard_registry=debug`).
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+}
+
+async fn memory_env() -> Env {
+    init_tracing();
+    Env {
+        registry: Arc::new(MemoryRegistry::new()),
+        etcd: None,
+    }
+}
+
+async fn etcd_env() -> Env {
+    init_tracing();
+    let etcd = EtcdServer::start().unwrap();
+    let registry = EtcdRegistry::connect(&[etcd.endpoint()], CLUSTER)
+        .await
+        .unwrap();
+    Env {
+        registry: Arc::new(registry),
+        etcd: Some(etcd),
+    }
+}
+
+fn worker(id: &str, model: &str, block_size: u32) -> WorkerInfo {
+    WorkerInfo {
+        id: WorkerId::new(id).unwrap(),
+        address: format!("127.0.0.1:{}", 5000 + id.len()),
+        model: model.into(),
+        role: Role::Both,
+        block_size: BlockSize::new(block_size).unwrap(),
+        kv_capacity_blocks: 1024,
+        max_context_tokens: 32768,
+        engine: EngineKind::Sim,
+        incarnation: 1,
+    }
+}
+
+fn id(id: &str) -> WorkerId {
+    WorkerId::new(id).unwrap()
+}
+
+/// Polls `check` until it holds, failing the test after [`DEADLINE`].
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn next_change(watch: &mut WorkerWatch) -> WorkerChange {
+    tokio::time::timeout(DEADLINE, watch.next())
+        .await
+        .expect("timed out waiting for a worker change")
+        .expect("worker watch ended")
+}
+
+async fn listed_ids(registry: &dyn Registry) -> Vec<String> {
+    registry
+        .list_workers()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.id.to_string())
+        .collect()
+}
+
+/// The cases, each written once against `dyn Registry`.
+mod cases {
+    use super::*;
+
+    pub async fn registered_worker_is_listed_exactly(env: Env) {
+        let info = worker("w1", "m", 16);
+        let registration = env.registry.register(info.clone(), TTL).await.unwrap();
+        assert_eq!(registration.info(), info);
+        assert_eq!(*registration.status().borrow(), LeaseState::Live);
+        assert_eq!(env.registry.list_workers().await.unwrap(), vec![info]);
+    }
+
+    pub async fn list_is_sorted_and_watch_starts_from_a_snapshot(env: Env) {
+        let _b = env
+            .registry
+            .register(worker("b", "m", 16), TTL)
+            .await
+            .unwrap();
+        let _a = env
+            .registry
+            .register(worker("a", "m", 16), TTL)
+            .await
+            .unwrap();
+        assert_eq!(listed_ids(&*env.registry).await, ["a", "b"]);
+        let mut watch = env.registry.watch_workers().await.unwrap();
+        assert_eq!(
+            watch.initial,
+            vec![worker("a", "m", 16), worker("b", "m", 16)]
+        );
+        let _c = env
+            .registry
+            .register(worker("c", "m", 16), TTL)
+            .await
+            .unwrap();
+        // The snapshot's workers are not announced again.
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Added(worker("c", "m", 16))
+        );
+    }
+
+    pub async fn watch_sees_changes_in_order(env: Env) {
+        let mut watch = env.registry.watch_workers().await.unwrap();
+        assert!(watch.initial.is_empty());
+        let a = worker("a", "m", 16);
+        let registration = env.registry.register(a.clone(), TTL).await.unwrap();
+        let a_decode = WorkerInfo {
+            role: Role::Decode,
+            ..a.clone()
+        };
+        registration.update(a_decode.clone()).await.unwrap();
+        assert_eq!(registration.info(), a_decode);
+        let b = worker("b", "m", 16);
+        let _b = env.registry.register(b.clone(), TTL).await.unwrap();
+        registration.deregister().await.unwrap();
+        assert_eq!(next_change(&mut watch).await, WorkerChange::Added(a));
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Updated(a_decode)
+        );
+        assert_eq!(next_change(&mut watch).await, WorkerChange::Added(b));
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Removed(id("a"))
+        );
+        assert_eq!(
+            env.registry.list_workers().await.unwrap(),
+            vec![worker("b", "m", 16)]
+        );
+    }
+
+    pub async fn deregister_removes_at_once_and_frees_the_id(env: Env) {
+        let registration = env
+            .registry
+            .register(worker("w1", "m", 16), TTL)
+            .await
+            .unwrap();
+        registration.deregister().await.unwrap();
+        assert!(env.registry.list_workers().await.unwrap().is_empty());
+        let again = env.registry.register(worker("w1", "m", 16), TTL).await;
+        assert!(again.is_ok(), "{again:?}");
+    }
+
+    pub async fn abandoned_worker_vanishes_after_its_ttl(env: Env) {
+        let mut watch = env.registry.watch_workers().await.unwrap();
+        let registration = env
+            .registry
+            .register(worker("w1", "m", 16), TTL)
+            .await
+            .unwrap();
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Added(worker("w1", "m", 16))
+        );
+        registration.abandon();
+        // Nobody deleted it: it is still there until the lease runs out.
+        assert_eq!(listed_ids(&*env.registry).await, ["w1"]);
+        eventually("the abandoned worker's lease expired", || async {
+            env.registry.list_workers().await.unwrap().is_empty()
+        })
+        .await;
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Removed(id("w1"))
+        );
+    }
+
+    pub async fn kept_alive_worker_outlives_its_ttl(env: Env) {
+        let _registration = env
+            .registry
+            .register(worker("w1", "m", 16), TTL)
+            .await
+            .unwrap();
+        tokio::time::sleep(TTL * 3).await;
+        assert_eq!(listed_ids(&*env.registry).await, ["w1"]);
+    }
+
+    pub async fn block_size_mismatch_is_refused_clearly(env: Env) {
+        let _a = env
+            .registry
+            .register(worker("a", "llama", 16), TTL)
+            .await
+            .unwrap();
+        let err = env
+            .registry
+            .register(worker("b", "llama", 32), TTL)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, RegistryError::BlockSizeMismatch { .. }),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        for part in ["llama", "16", "32", "worker b", "worker a"] {
+            assert!(msg.contains(part), "{part:?} missing from {msg:?}");
+        }
+        assert!(!err.is_retryable());
+        assert_eq!(listed_ids(&*env.registry).await, ["a"]);
+    }
+
+    pub async fn update_cannot_break_the_block_size_rule_or_change_the_id(env: Env) {
+        let _a = env
+            .registry
+            .register(worker("a", "m", 16), TTL)
+            .await
+            .unwrap();
+        let b = env
+            .registry
+            .register(worker("b", "m", 16), TTL)
+            .await
+            .unwrap();
+        let err = b.update(worker("b", "m", 32)).await.unwrap_err();
+        assert!(
+            matches!(err, RegistryError::BlockSizeMismatch { .. }),
+            "{err:?}"
+        );
+        let err = b.update(worker("c", "m", 16)).await.unwrap_err();
+        assert!(matches!(err, RegistryError::IdChanged { .. }), "{err:?}");
+        assert_eq!(
+            env.registry.list_workers().await.unwrap(),
+            vec![worker("a", "m", 16), worker("b", "m", 16)]
+        );
+    }
+
+    pub async fn different_models_may_use_different_block_sizes(env: Env) {
+        let _a = env
+            .registry
+            .register(worker("a", "m1", 16), TTL)
+            .await
+            .unwrap();
+        let _b = env
+            .registry
+            .register(worker("b", "m2", 32), TTL)
+            .await
+            .unwrap();
+        assert_eq!(listed_ids(&*env.registry).await, ["a", "b"]);
+    }
+
+    pub async fn duplicate_live_id_is_refused(env: Env) {
+        let _a = env
+            .registry
+            .register(worker("a", "m", 16), TTL)
+            .await
+            .unwrap();
+        let other = WorkerInfo {
+            address: "10.0.0.9:1".into(),
+            ..worker("a", "m", 16)
+        };
+        let err = env.registry.register(other, TTL).await.unwrap_err();
+        assert!(
+            matches!(err, RegistryError::AlreadyRegistered(_)),
+            "{err:?}"
+        );
+        assert_eq!(
+            env.registry.list_workers().await.unwrap(),
+            vec![worker("a", "m", 16)]
+        );
+    }
+
+    pub async fn bad_registrations_are_refused(env: Env) {
+        let err = env
+            .registry
+            .register(worker("a", "m", 16), Duration::from_millis(500))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RegistryError::InvalidTtl(_)), "{err:?}");
+        let empty_model = worker("a", "", 16);
+        let err = env.registry.register(empty_model, TTL).await.unwrap_err();
+        assert!(
+            matches!(err, RegistryError::InvalidWorkerInfo(_)),
+            "{err:?}"
+        );
+        assert!(env.registry.list_workers().await.unwrap().is_empty());
+    }
+
+    pub async fn desired_roles_are_stored(env: Env) {
+        let w = id("w1");
+        assert_eq!(env.registry.desired_role(&w).await.unwrap(), None);
+        env.registry
+            .set_desired_role(&w, Role::Prefill)
+            .await
+            .unwrap();
+        assert_eq!(
+            env.registry.desired_role(&w).await.unwrap(),
+            Some(Role::Prefill)
+        );
+        env.registry
+            .set_desired_role(&w, Role::Decode)
+            .await
+            .unwrap();
+        assert_eq!(
+            env.registry.desired_role(&w).await.unwrap(),
+            Some(Role::Decode)
+        );
+        assert_eq!(env.registry.desired_role(&id("w2")).await.unwrap(), None);
+    }
+
+    pub async fn plan_is_stored(env: Env) {
+        assert_eq!(env.registry.plan().await.unwrap(), None);
+        let plan = serde_json::json!({"prefill": 2, "decode": 3, "why": ["load"]});
+        env.registry.put_plan(&plan).await.unwrap();
+        assert_eq!(env.registry.plan().await.unwrap(), Some(plan));
+        let next = serde_json::json!({"prefill": 1});
+        env.registry.put_plan(&next).await.unwrap();
+        assert_eq!(env.registry.plan().await.unwrap(), Some(next));
+    }
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $case() {
+                    super::cases::$case(super::memory_env().await).await;
+                }
+            )*
+        }
+        mod etcd {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::cases::$case(super::etcd_env().await).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    registered_worker_is_listed_exactly,
+    list_is_sorted_and_watch_starts_from_a_snapshot,
+    watch_sees_changes_in_order,
+    deregister_removes_at_once_and_frees_the_id,
+    abandoned_worker_vanishes_after_its_ttl,
+    kept_alive_worker_outlives_its_ttl,
+    block_size_mismatch_is_refused_clearly,
+    update_cannot_break_the_block_size_rule_or_change_the_id,
+    different_models_may_use_different_block_sizes,
+    duplicate_live_id_is_refused,
+    bad_registrations_are_refused,
+    desired_roles_are_stored,
+    plan_is_stored,
+);
+
+/// What only a real etcd can show.
+mod etcd_only {
+    use super::*;
+    use etcd_client::Client;
+    use switchyard_registry::keys::Keys;
+
+    async fn raw_client(env: &Env) -> Client {
+        let endpoint = env.etcd.as_ref().unwrap().endpoint();
+        Client::connect([endpoint], None).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn garbage_under_workers_is_skipped() {
+        let env = etcd_env().await;
+        let keys = Keys::new(CLUSTER).unwrap();
+        let prefix = keys.workers_prefix();
+        let mut raw = raw_client(&env).await;
+        let _good = env
+            .registry
+            .register(worker("good", "m", 16), TTL)
+            .await
+            .unwrap();
+        let mut impostor = serde_json::to_value(worker("y", "m", 16)).unwrap();
+        impostor["id"] = "someone-else".into();
+        raw.put(format!("{prefix}junk"), "not json", None)
+            .await
+            .unwrap();
+        raw.put(
+            format!("{prefix}bad id"),
+            serde_json::to_vec(&worker("z", "m", 16)).unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+        raw.put(format!("{prefix}y"), impostor.to_string(), None)
+            .await
+            .unwrap();
+        assert_eq!(listed_ids(&*env.registry).await, ["good"]);
+
+        let mut watch = env.registry.watch_workers().await.unwrap();
+        assert_eq!(watch.initial, vec![worker("good", "m", 16)]);
+        raw.put(format!("{prefix}junk2"), "{\"id\":", None)
+            .await
+            .unwrap();
+        // A valid worker overwritten with garbage is reported gone.
+        raw.put(keys.worker(&id("good")), "garbage", None)
+            .await
+            .unwrap();
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Removed(id("good"))
+        );
+        let _next = env
+            .registry
+            .register(worker("next", "m", 16), TTL)
+            .await
+            .unwrap();
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Added(worker("next", "m", 16))
+        );
+        assert_eq!(listed_ids(&*env.registry).await, ["next"]);
+    }
+
+    #[tokio::test]
+    async fn worker_survives_etcd_being_briefly_down() {
+        let mut env = etcd_env().await;
+        let info = worker("w1", "m", 16);
+        let registration = env.registry.register(info.clone(), TTL).await.unwrap();
+        let mut watch = env.registry.watch_workers().await.unwrap();
+        let mut view: BTreeMap<WorkerId, WorkerInfo> = watch
+            .initial
+            .iter()
+            .map(|w| (w.id.clone(), w.clone()))
+            .collect();
+        let mut status = registration.status();
+        assert_eq!(*status.borrow_and_update(), LeaseState::Live);
+
+        env.etcd.as_mut().unwrap().stop();
+        tokio::time::timeout(
+            DEADLINE,
+            status.wait_for(|s| *s == LeaseState::Reconnecting),
+        )
+        .await
+        .expect("status never went Reconnecting")
+        .unwrap();
+        // Longer than the lease, so a clock-based lease would have run out.
+        tokio::time::sleep(TTL + Duration::from_secs(1)).await;
+        env.etcd.as_mut().unwrap().restart().unwrap();
+
+        tokio::time::timeout(DEADLINE, status.wait_for(|s| *s == LeaseState::Live))
+            .await
+            .expect("status never came back to Live")
+            .unwrap();
+        eventually("the worker is listed again", || async {
+            env.registry
+                .list_workers()
+                .await
+                .is_ok_and(|ws| ws == vec![info.clone()])
+        })
+        .await;
+        // The watch resynchronised: applying its changes yields the truth.
+        while let Some(change) = watch.try_next() {
+            apply(&mut view, change);
+        }
+        assert_eq!(view.into_values().collect::<Vec<_>>(), vec![info.clone()]);
+        // And it still delivers changes after the outage.
+        let _w2 = env
+            .registry
+            .register(worker("w2", "m", 16), TTL)
+            .await
+            .unwrap();
+        let change = loop {
+            match next_change(&mut watch).await {
+                WorkerChange::Added(w) if w.id == id("w2") => break WorkerChange::Added(w),
+                other => assert_ne!(other, WorkerChange::Removed(id("w2"))),
+            }
+        };
+        assert_eq!(change, WorkerChange::Added(worker("w2", "m", 16)));
+        registration.deregister().await.unwrap();
+        assert_eq!(listed_ids(&*env.registry).await, ["w2"]);
+    }
+
+    #[tokio::test]
+    async fn lost_lease_is_replaced_and_the_worker_re_registered() {
+        let env = etcd_env().await;
+        let mut raw = raw_client(&env).await;
+        let keys = Keys::new(CLUSTER).unwrap();
+        let info = worker("w1", "m", 16);
+        let registration = env.registry.register(info.clone(), TTL).await.unwrap();
+        let mut watch = env.registry.watch_workers().await.unwrap();
+        let response = raw.get(keys.worker(&info.id), None).await.unwrap();
+        let lease = response.kvs()[0].lease();
+        assert_ne!(lease, 0, "worker key is not attached to a lease");
+        raw.lease_revoke(lease).await.unwrap();
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Removed(info.id.clone())
+        );
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Added(info.clone())
+        );
+        eventually("the worker is listed again", || async {
+            env.registry
+                .list_workers()
+                .await
+                .is_ok_and(|ws| ws == vec![info.clone()])
+        })
+        .await;
+        let response = raw.get(keys.worker(&info.id), None).await.unwrap();
+        assert_ne!(response.kvs()[0].lease(), lease);
+        assert_eq!(*registration.status().borrow(), LeaseState::Live);
+        // The replacement lease is the one deregistration releases.
+        registration.deregister().await.unwrap();
+        assert!(env.registry.list_workers().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn connect_refuses_bad_cluster_names_and_unreachable_etcd() {
+        let endpoint = format!("http://127.0.0.1:{}", switchyard_testkit::free_port());
+        let err = EtcdRegistry::connect(std::slice::from_ref(&endpoint), "a/b")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RegistryError::InvalidCluster(_)), "{err:?}");
+        let err = EtcdRegistry::connect(&[endpoint], CLUSTER)
+            .await
+            .unwrap_err();
+        assert!(err.is_retryable(), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn clusters_do_not_see_each_other() {
+        let env = etcd_env().await;
+        let endpoint = env.etcd.as_ref().unwrap().endpoint();
+        let other = EtcdRegistry::connect(&[endpoint], "other").await.unwrap();
+        let _a = env
+            .registry
+            .register(worker("a", "m", 16), TTL)
+            .await
+            .unwrap();
+        // Same model, different block size: fine, it is another cluster.
+        let _b = other.register(worker("b", "m", 32), TTL).await.unwrap();
+        assert_eq!(listed_ids(&*env.registry).await, ["a"]);
+        assert_eq!(listed_ids(&other).await, ["b"]);
+    }
+
+    fn apply(view: &mut BTreeMap<WorkerId, WorkerInfo>, change: WorkerChange) {
+        match change {
+            WorkerChange::Added(w) | WorkerChange::Updated(w) => {
+                view.insert(w.id.clone(), w);
+            }
+            WorkerChange::Removed(id) => {
+                view.remove(&id);
+            }
+        }
+    }
+}
