@@ -1,1 +1,29 @@
-//! KV-aware router (being written).
+//! KV-aware router: which worker should run a request, and why.
+//!
+//! Synchronous and free of I/O, so the live gateway and offline replay run the same code:
+//!
+//! - [`index`]: the [`PrefixIndex`], built from workers' KV events (sequence tracking, gaps,
+//!   snapshots, bounded memory), and its overlap query.
+//! - [`engine_map`]: maps an engine's own block hashes to Switchyard's chained hashes.
+//! - [`load`]: the [`LoadView`], workers' reported load plus the router's in-flight bookkeeping.
+//! - [`policy`]: the [`Policy`] trait, the routing policies and the [`Explanation`] every
+//!   decision carries.
+//! - [`error`]: [`IndexError`] and [`RouteError`].
+
+pub mod engine_map;
+pub mod error;
+mod hasher;
+pub mod index;
+pub mod load;
+pub mod policy;
+mod rng;
+
+pub use engine_map::EngineHashMap;
+pub use error::{IndexError, RouteError};
+pub use index::{
+    ApplyOutcome, IndexConfig, IndexStats, OverlapScores, PrefixIndex, TierOverlap, WorkerKey,
+};
+pub use load::{LoadConfig, LoadView, RequestId, Tick, WorkerLoad};
+pub use policy::{
+    Candidate, Decision, Explanation, Policy, PolicyConfig, PolicyKind, RouteRequest, WorkerScore,
+};

@@ -1,0 +1,189 @@
+//! The overlap query: for a prompt's blocks, how many leading blocks each worker holds.
+//!
+//! Prefix semantics: a worker's count stops at its first missing block, because an engine can
+//! only reuse a cached prefix. Counts are given at three nested tier levels:
+//! - `device`: leading blocks all held in device memory (free to reuse);
+//! - `device_or_host`: leading blocks each held on the device or in host memory (reusable after
+//!   a host-to-device copy);
+//! - `any_tier`: leading blocks each held in some tier (device, host or disk).
+//!
+//! so `device <= device_or_host <= any_tier`. A block held in several tiers counts at the
+//! fastest one.
+//!
+//! The query walks the prompt's blocks once, intersecting the set of workers still matching
+//! (sorted by slot) with each block's holders (also sorted), and stops as soon as that set is
+//! empty. Its cost is bounded by the blocks walked times the workers still matching, never by
+//! the number of workers in the index.
+
+use serde::Serialize;
+use switchyard_core::BlockHash;
+
+use super::holders::{DEVICE, HOST, Holder};
+use super::{PrefixIndex, WorkerKey};
+
+/// Leading blocks a worker holds, at three nested tier levels (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct TierOverlap {
+    pub device: u32,
+    pub device_or_host: u32,
+    pub any_tier: u32,
+}
+
+/// Per-worker overlap for one prompt. Workers that hold not even the first block are absent
+/// (their overlap is zero).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OverlapScores {
+    /// Sorted by key.
+    scores: Vec<(WorkerKey, TierOverlap)>,
+}
+
+impl OverlapScores {
+    /// The worker's overlap; zero when it holds none of the prompt's leading blocks.
+    pub fn get(&self, key: WorkerKey) -> TierOverlap {
+        match self.scores.binary_search_by_key(&key, |(k, _)| *k) {
+            Ok(i) => self.scores[i].1,
+            Err(_) => TierOverlap::default(),
+        }
+    }
+
+    /// Workers with a non-zero overlap, by key.
+    pub fn iter(&self) -> impl Iterator<Item = (WorkerKey, TierOverlap)> + '_ {
+        self.scores.iter().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.scores.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.scores.is_empty()
+    }
+}
+
+/// A worker still matching the prompt. Counts are not incremented per block: the walk only
+/// records the block index at which a worker leaves a tier level, which keeps the common case
+/// (block held on the device) to one test per worker per block.
+#[derive(Debug, Clone, Copy)]
+struct Active {
+    slot: u32,
+    /// Bit 0: still matching at device level; bit 1: at device-or-host level.
+    alive: u8,
+    device_end: u32,
+    host_end: u32,
+}
+
+impl Active {
+    fn new(slot: u32, tiers: u8) -> Self {
+        let mut a = Active {
+            slot,
+            alive: 0b11,
+            device_end: 0,
+            host_end: 0,
+        };
+        a.step(0, tiers);
+        a
+    }
+
+    /// Block `i` is held in `tiers`.
+    #[inline(always)]
+    fn step(&mut self, i: u32, tiers: u8) {
+        if tiers & DEVICE == 0 {
+            if self.alive & 1 != 0 {
+                self.alive &= !1;
+                self.device_end = i;
+            }
+            if self.alive & 2 != 0 && tiers & HOST == 0 {
+                self.alive &= !2;
+                self.host_end = i;
+            }
+        }
+    }
+
+    /// The worker's overlap when its run ends before block `end`.
+    fn finish(&self, end: u32) -> (WorkerKey, TierOverlap) {
+        let counts = TierOverlap {
+            device: if self.alive & 1 != 0 {
+                end
+            } else {
+                self.device_end
+            },
+            device_or_host: if self.alive & 2 != 0 {
+                end
+            } else {
+                self.host_end
+            },
+            any_tier: end,
+        };
+        (WorkerKey(self.slot), counts)
+    }
+}
+
+impl PrefixIndex {
+    /// Leading blocks of `blocks` held by each worker; see the module docs.
+    pub fn overlap(&self, blocks: &[BlockHash]) -> OverlapScores {
+        let Some((&first, rest)) = blocks.split_first() else {
+            return OverlapScores::default();
+        };
+        let mut active: Vec<Active> = self
+            .holders
+            .get(first)
+            .iter()
+            .map(|h| Active::new(h.slot(), h.tiers()))
+            .collect();
+        let mut done: Vec<(WorkerKey, TierOverlap)> = Vec::with_capacity(active.len());
+        let mut walked = 1u32;
+        for &block in rest {
+            if active.is_empty() {
+                break;
+            }
+            let holders = self.holders.get(block);
+            intersect_step(&mut active, holders, walked, &mut done);
+            walked += 1;
+        }
+        done.extend(active.iter().map(|a| a.finish(walked)));
+        done.sort_unstable_by_key(|(k, _)| *k);
+        OverlapScores { scores: done }
+    }
+}
+
+/// Advances every active worker that holds the block; moves the others to `done`.
+#[inline]
+fn intersect_step(
+    active: &mut Vec<Active>,
+    holders: &[Holder],
+    block: u32,
+    done: &mut Vec<(WorkerKey, TierOverlap)>,
+) {
+    let mut kept = 0;
+    if holders.len() > 8 * active.len() {
+        // Few workers still matching, a widely shared block: binary search each one.
+        for n in 0..active.len() {
+            let mut a = active[n];
+            match holders.binary_search_by_key(&a.slot, |h| h.slot()) {
+                Ok(j) => {
+                    a.step(block, holders[j].tiers());
+                    active[kept] = a;
+                    kept += 1;
+                }
+                Err(_) => done.push(a.finish(block)),
+            }
+        }
+    } else {
+        // Sorted merge.
+        let mut j = 0;
+        for n in 0..active.len() {
+            let mut a = active[n];
+            while j < holders.len() && holders[j].slot() < a.slot {
+                j += 1;
+            }
+            if j < holders.len() && holders[j].slot() == a.slot {
+                a.step(block, holders[j].tiers());
+                active[kept] = a;
+                kept += 1;
+            } else {
+                done.push(a.finish(block));
+            }
+        }
+    }
+    active.truncate(kept);
+}

@@ -1,0 +1,376 @@
+use super::*;
+use switchyard_core::{StoredBlock, block_hashes};
+
+fn bs() -> BlockSize {
+    BlockSize::new(4).unwrap()
+}
+
+fn w(name: &str) -> WorkerId {
+    WorkerId::new(name).unwrap()
+}
+
+/// Tokens of a prompt whose blocks are `0..n` of family `f`.
+fn tokens(f: u32, n: usize) -> Vec<u32> {
+    (0..n as u32 * 4).map(|t| f * 10_000 + t).collect()
+}
+
+fn stored(f: u32, from: usize, to: usize, tier: StorageTier) -> KvEvent {
+    let toks = tokens(f, to);
+    let hashes = block_hashes(&toks, bs());
+    KvEvent::Stored {
+        parent: from.checked_sub(1).map(|i| hashes[i]),
+        blocks: (from..to)
+            .map(|i| StoredBlock {
+                hash: hashes[i],
+                tokens: toks[i * 4..i * 4 + 4].to_vec(),
+            })
+            .collect(),
+        tier,
+    }
+}
+
+fn hashes(f: u32, n: usize) -> Vec<BlockHash> {
+    block_hashes(&tokens(f, n), bs())
+}
+
+fn index() -> PrefixIndex {
+    PrefixIndex::new(IndexConfig::new(bs()))
+}
+
+fn device(idx: &PrefixIndex, worker: &str, prompt: &[BlockHash]) -> u32 {
+    let scores = idx.overlap(prompt);
+    idx.worker_key(&w(worker))
+        .map_or(0, |k| scores.get(k).device)
+}
+
+#[test]
+fn overlap_counts_leading_blocks_only() {
+    let mut idx = index();
+    idx.apply(&w("a"), 1, 0, &stored(1, 0, 6, StorageTier::Device))
+        .unwrap();
+    idx.apply(&w("b"), 1, 0, &stored(1, 0, 3, StorageTier::Device))
+        .unwrap();
+    let h = hashes(1, 6);
+    idx.apply(
+        &w("a"),
+        1,
+        1,
+        &KvEvent::Removed {
+            blocks: vec![h[2]],
+            tier: StorageTier::Device,
+        },
+    )
+    .unwrap();
+    assert_eq!(device(&idx, "a", &h), 2, "stops at the first missing block");
+    assert_eq!(device(&idx, "b", &h), 3);
+    // A prompt from another family shares nothing.
+    assert!(idx.overlap(&hashes(2, 6)).is_empty());
+    assert!(idx.overlap(&[]).is_empty());
+}
+
+#[test]
+fn tier_levels_are_nested() {
+    let mut idx = index();
+    let a = w("a");
+    idx.apply(&a, 1, 0, &stored(1, 0, 2, StorageTier::Device))
+        .unwrap();
+    idx.apply(&a, 1, 1, &stored(1, 2, 4, StorageTier::Host))
+        .unwrap();
+    idx.apply(&a, 1, 2, &stored(1, 4, 5, StorageTier::Disk))
+        .unwrap();
+    idx.apply(&a, 1, 3, &stored(1, 5, 6, StorageTier::Device))
+        .unwrap();
+    let got = idx.overlap(&hashes(1, 6)).get(idx.worker_key(&a).unwrap());
+    assert_eq!(
+        got,
+        TierOverlap {
+            device: 2,
+            device_or_host: 4,
+            any_tier: 6
+        }
+    );
+    // A block in two tiers counts at the faster one.
+    idx.apply(&a, 1, 4, &stored(1, 2, 3, StorageTier::Device))
+        .unwrap();
+    let got = idx.overlap(&hashes(1, 6)).get(idx.worker_key(&a).unwrap());
+    assert_eq!(got.device, 3);
+    assert_eq!(
+        idx.tiers_of(&a, hashes(1, 3)[2]),
+        vec![StorageTier::Device, StorageTier::Host]
+    );
+    assert_eq!(idx.stats().entries, 6, "tiers do not multiply entries");
+}
+
+#[test]
+fn gap_requests_resync_and_does_not_apply() {
+    let mut idx = index();
+    let a = w("a");
+    assert_eq!(
+        idx.apply(&a, 1, 0, &stored(1, 0, 2, StorageTier::Device)),
+        Ok(ApplyOutcome::Applied)
+    );
+    let out = idx
+        .apply(&a, 1, 2, &stored(1, 2, 4, StorageTier::Device))
+        .unwrap();
+    assert_eq!(
+        out,
+        ApplyOutcome::ResyncNeeded {
+            expected: Some(1),
+            got: 2
+        }
+    );
+    assert!(idx.awaiting_snapshot(&a));
+    assert_eq!(
+        device(&idx, "a", &hashes(1, 4)),
+        2,
+        "old blocks kept, gap event not applied"
+    );
+    // Even the missing seq is refused until a snapshot arrives.
+    let out = idx
+        .apply(&a, 1, 1, &stored(1, 2, 3, StorageTier::Device))
+        .unwrap();
+    assert_eq!(
+        out,
+        ApplyOutcome::ResyncNeeded {
+            expected: None,
+            got: 1
+        }
+    );
+    assert_eq!(device(&idx, "a", &hashes(1, 4)), 2);
+
+    let snap: Vec<SnapshotBlock> = hashes(1, 4)
+        .iter()
+        .enumerate()
+        .map(|(i, &hash)| SnapshotBlock {
+            hash,
+            parent: i.checked_sub(1).map(|p| hashes(1, 4)[p]),
+            tier: StorageTier::Device,
+        })
+        .collect();
+    idx.apply_snapshot(&a, 1, 3, &snap).unwrap();
+    assert!(!idx.awaiting_snapshot(&a));
+    assert_eq!(device(&idx, "a", &hashes(1, 4)), 4);
+    assert_eq!(
+        idx.apply(&a, 1, 3, &KvEvent::Cleared),
+        Ok(ApplyOutcome::Applied)
+    );
+    assert_eq!(device(&idx, "a", &hashes(1, 4)), 0);
+    assert_eq!(idx.stats().resyncs_requested, 2);
+}
+
+#[test]
+fn first_event_must_start_at_zero() {
+    let mut idx = index();
+    let out = idx
+        .apply(&w("a"), 1, 5, &stored(1, 0, 2, StorageTier::Device))
+        .unwrap();
+    assert_eq!(
+        out,
+        ApplyOutcome::ResyncNeeded {
+            expected: Some(0),
+            got: 5
+        }
+    );
+    assert_eq!(idx.stats().entries, 0);
+}
+
+#[test]
+fn stale_and_duplicate_events_are_ignored() {
+    let mut idx = index();
+    let a = w("a");
+    idx.apply(&a, 1, 0, &stored(1, 0, 2, StorageTier::Device))
+        .unwrap();
+    idx.apply(&a, 1, 1, &KvEvent::Cleared).unwrap();
+    let out = idx
+        .apply(&a, 1, 0, &stored(1, 0, 2, StorageTier::Device))
+        .unwrap();
+    assert_eq!(
+        out,
+        ApplyOutcome::Stale {
+            expected: 2,
+            got: 0
+        }
+    );
+    assert_eq!(idx.stats().entries, 0);
+    assert_eq!(idx.stats().stale_events, 1);
+}
+
+#[test]
+fn new_incarnation_drops_what_was_known() {
+    let mut idx = index();
+    let a = w("a");
+    idx.apply(&a, 1, 0, &stored(1, 0, 3, StorageTier::Device))
+        .unwrap();
+    idx.apply(&a, 1, 1, &stored(2, 0, 3, StorageTier::Device))
+        .unwrap();
+    // Restarted engine, first event seq 0: old blocks gone, new one applied.
+    assert_eq!(
+        idx.apply(&a, 2, 0, &stored(3, 0, 1, StorageTier::Device)),
+        Ok(ApplyOutcome::Applied)
+    );
+    assert_eq!(device(&idx, "a", &hashes(1, 3)), 0);
+    assert_eq!(device(&idx, "a", &hashes(3, 1)), 1);
+    assert_eq!(idx.stats().entries, 1);
+    // Restarted again but we missed its first events: dropped and resync requested.
+    let out = idx.apply(&a, 3, 4, &KvEvent::Cleared).unwrap();
+    assert!(matches!(out, ApplyOutcome::ResyncNeeded { .. }));
+    assert_eq!(idx.stats().entries, 0);
+}
+
+#[test]
+fn remove_worker_drops_everything_and_reuses_its_slot() {
+    let mut idx = index();
+    idx.apply(&w("a"), 1, 0, &stored(1, 0, 4, StorageTier::Device))
+        .unwrap();
+    idx.apply(&w("b"), 1, 0, &stored(1, 0, 4, StorageTier::Host))
+        .unwrap();
+    assert!(idx.remove_worker(&w("a")));
+    assert!(!idx.remove_worker(&w("a")));
+    assert_eq!(idx.stats().entries, 4);
+    assert_eq!(idx.workers(), vec![&w("b")]);
+    idx.apply(&w("c"), 7, 0, &stored(2, 0, 1, StorageTier::Device))
+        .unwrap();
+    // "c" took "a"'s slot; it must not inherit "a"'s blocks.
+    assert_eq!(device(&idx, "c", &hashes(1, 4)), 0);
+    assert_eq!(device(&idx, "c", &hashes(2, 1)), 1);
+    // Re-adding "a" starts from nothing, at seq 0.
+    idx.apply(&w("a"), 1, 0, &KvEvent::Cleared).unwrap();
+    assert_eq!(idx.worker_entries(&w("a")), 0);
+}
+
+#[test]
+fn invalid_events_are_refused_and_change_nothing() {
+    let mut idx = index();
+    let a = w("a");
+    idx.apply(&a, 1, 0, &stored(1, 0, 2, StorageTier::Device))
+        .unwrap();
+    let before = idx.dump();
+    let KvEvent::Stored {
+        parent,
+        mut blocks,
+        tier,
+    } = stored(1, 2, 4, StorageTier::Device)
+    else {
+        unreachable!()
+    };
+    blocks[1].tokens[0] ^= 1;
+    let forged = KvEvent::Stored {
+        parent,
+        blocks: blocks.clone(),
+        tier,
+    };
+    assert!(matches!(
+        idx.apply(&a, 1, 1, &forged),
+        Err(IndexError::InvalidEvent(_))
+    ));
+    blocks[1].tokens.pop();
+    let partial = KvEvent::Stored {
+        parent,
+        blocks,
+        tier,
+    };
+    assert!(matches!(
+        idx.apply(&a, 1, 1, &partial),
+        Err(IndexError::InvalidEvent(_))
+    ));
+    // A new worker is not even registered by an invalid event.
+    assert!(idx.apply(&w("z"), 1, 0, &partial).is_err());
+    assert_eq!(idx.dump(), before);
+    // Seq 1 is still the one expected.
+    assert_eq!(
+        idx.apply(&a, 1, 1, &KvEvent::Cleared),
+        Ok(ApplyOutcome::Applied)
+    );
+}
+
+#[test]
+fn partial_blocks_are_refused_without_hash_verification() {
+    let mut cfg = IndexConfig::new(bs());
+    cfg.verify_hashes = false;
+    let mut idx = PrefixIndex::new(cfg);
+    let ev = KvEvent::Stored {
+        parent: None,
+        blocks: vec![StoredBlock {
+            hash: BlockHash(9),
+            tokens: vec![1, 2, 3],
+        }],
+        tier: StorageTier::Device,
+    };
+    assert!(idx.apply(&w("a"), 1, 0, &ev).is_err());
+}
+
+#[test]
+fn memory_is_bounded_by_evicting_the_oldest_pairs() {
+    let mut cfg = IndexConfig::new(bs());
+    cfg.max_entries = 10;
+    let mut idx = PrefixIndex::new(cfg);
+    let (a, b) = (w("a"), w("b"));
+    idx.apply(&b, 1, 0, &stored(9, 0, 3, StorageTier::Device))
+        .unwrap();
+    idx.apply(&a, 1, 0, &stored(1, 0, 7, StorageTier::Device))
+        .unwrap();
+    assert_eq!(idx.stats().entries, 10);
+    // "a" holds more than its fair share (5): its own oldest blocks go, "b" keeps its 3.
+    idx.apply(&a, 1, 1, &stored(2, 0, 4, StorageTier::Device))
+        .unwrap();
+    let stats = idx.stats();
+    assert_eq!(stats.entries, 10);
+    assert_eq!(stats.evicted_entries, 4);
+    assert_eq!(idx.worker_entries(&b), 3);
+    assert_eq!(idx.worker_entries(&a), 7);
+    // Oldest first: a's blocks 0..4 of family 1 went, so its prefix of family 1 is gone...
+    assert_eq!(device(&idx, "a", &hashes(1, 7)), 0);
+    // ...while the newest blocks are intact.
+    assert_eq!(device(&idx, "a", &hashes(2, 4)), 4);
+    // "b" storing under its fair share evicts from the largest worker, "a".
+    idx.apply(&b, 1, 1, &stored(8, 0, 2, StorageTier::Device))
+        .unwrap();
+    assert_eq!(idx.worker_entries(&b), 5);
+    assert_eq!(idx.worker_entries(&a), 5);
+    assert_eq!(idx.stats().entries, 10);
+}
+
+#[test]
+fn removal_churn_keeps_the_order_queue_bounded() {
+    let mut idx = index();
+    let a = w("a");
+    let mut seq = 0;
+    for round in 0..200u32 {
+        idx.apply(&a, 1, seq, &stored(round, 0, 8, StorageTier::Device))
+            .unwrap();
+        seq += 1;
+        let blocks = hashes(round, 8);
+        idx.apply(
+            &a,
+            1,
+            seq,
+            &KvEvent::Removed {
+                blocks,
+                tier: StorageTier::Device,
+            },
+        )
+        .unwrap();
+        seq += 1;
+    }
+    let state = idx.workers[0].as_ref().unwrap();
+    assert_eq!(state.live, 0);
+    assert!(
+        state.order.len() <= 64 + 8,
+        "order queue len {}",
+        state.order.len()
+    );
+}
+
+#[test]
+fn dump_is_sorted_and_readable() {
+    let mut idx = index();
+    idx.apply(&w("b"), 1, 0, &stored(1, 0, 1, StorageTier::Host))
+        .unwrap();
+    idx.apply(&w("a"), 2, 0, &stored(1, 0, 1, StorageTier::Device))
+        .unwrap();
+    let h = hashes(1, 1)[0];
+    let expected = format!(
+        "worker a incarnation=2 next_seq=1 blocks=1\n  {h} device\nworker b incarnation=1 next_seq=1 blocks=1\n  {h} host\n"
+    );
+    assert_eq!(idx.dump(), expected);
+}

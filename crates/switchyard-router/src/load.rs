@@ -1,0 +1,282 @@
+//! The load view: what each worker reported plus what the router sent it since.
+//!
+//! Workers report [`LoadStats`] every so often. Between two reports the router has already sent
+//! more requests, and a burst routed on the last report alone would all land on the worker that
+//! looked idle. So the view adds the router's own in-flight bookkeeping on top of the report:
+//!
+//! - [`LoadView::on_routed`] records a request's predicted prefill tokens (its uncached part)
+//!   and the KV blocks it will occupy;
+//! - [`LoadView::on_prefill_done`] moves it from the prefill queue to the decode batch;
+//! - [`LoadView::on_finished`] releases it.
+//!
+//! A new report replaces the reported figures and *absorbs* the in-flight requests it already
+//! reflects: those routed at least [`LoadConfig::report_lag`] before the report arrived (the
+//! lag covers the request's trip to the worker and the report's trip back). Absorbed requests
+//! stop counting and are forgotten; requests routed after that point stay counted on top of the
+//! report. Times are [`Tick`]s on the caller's monotonic clock (microseconds), so offline
+//! replay drives the view with simulated time. Requests never finished (a lost response) are
+//! forgotten after [`LoadConfig::in_flight_ttl`], and at most
+//! [`LoadConfig::max_in_flight_per_worker`] are kept per worker (oldest dropped first).
+
+use serde::Serialize;
+use switchyard_core::{LoadStats, WorkerId};
+
+use crate::hasher::FxHashMap;
+
+/// Microseconds on the caller's monotonic clock.
+pub type Tick = u64;
+
+/// The caller's id for a routed request, unique among requests in flight.
+pub type RequestId = u64;
+
+/// Settings of a [`LoadView`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadConfig {
+    /// How long before a report's arrival a request must have been routed to be reflected in
+    /// it.
+    pub report_lag: Tick,
+    /// In-flight requests older than this are forgotten.
+    pub in_flight_ttl: Tick,
+    pub max_in_flight_per_worker: usize,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        Self {
+            report_lag: 50_000,
+            in_flight_ttl: 600_000_000,
+            max_in_flight_per_worker: 4096,
+        }
+    }
+}
+
+/// A worker's load as the router predicts it now: reported figures plus in-flight requests.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct WorkerLoad {
+    pub queued_prefill_tokens: u64,
+    pub running_requests: u64,
+    pub active_decode_sequences: u64,
+    pub active_blocks: u64,
+    /// Device capacity in blocks as last reported (0 when unknown).
+    pub capacity_blocks: u64,
+    /// Requests routed to the worker and not yet reflected in a report.
+    pub in_flight_requests: u64,
+    /// Whether the worker has reported at least once.
+    pub reported: bool,
+}
+
+impl WorkerLoad {
+    /// Fraction of device blocks referenced by running sequences (0 when capacity is unknown).
+    pub fn kv_utilisation(&self) -> f64 {
+        if self.capacity_blocks == 0 {
+            return 0.0;
+        }
+        self.active_blocks as f64 / self.capacity_blocks as f64
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    routed_at: Tick,
+    prefill_tokens: u64,
+    blocks: u64,
+    prefill_done: bool,
+}
+
+#[derive(Debug, Default)]
+struct WorkerEntry {
+    reported: Option<LoadStats>,
+    in_flight: FxHashMap<RequestId, InFlight>,
+}
+
+/// Per-worker load; see the module docs.
+#[derive(Debug, Default)]
+pub struct LoadView {
+    config: LoadConfig,
+    workers: FxHashMap<WorkerId, WorkerEntry>,
+}
+
+impl LoadView {
+    pub fn new(config: LoadConfig) -> Self {
+        Self {
+            config,
+            workers: FxHashMap::default(),
+        }
+    }
+
+    /// A load report received from `worker` at `now`.
+    pub fn report(&mut self, worker: &WorkerId, stats: LoadStats, now: Tick) {
+        let entry = self.workers.entry(worker.clone()).or_default();
+        entry.reported = Some(stats);
+        let absorbed_before = now.saturating_sub(self.config.report_lag);
+        entry.in_flight.retain(|_, r| r.routed_at > absorbed_before);
+    }
+
+    /// The router sent `request` to `worker` at `now`: `prefill_tokens` still to compute there
+    /// and `blocks` KV blocks it will occupy.
+    pub fn on_routed(
+        &mut self,
+        worker: &WorkerId,
+        request: RequestId,
+        prefill_tokens: u64,
+        blocks: u64,
+        now: Tick,
+    ) {
+        let ttl = self.config.in_flight_ttl;
+        let cap = self.config.max_in_flight_per_worker.max(1);
+        let entry = self.workers.entry(worker.clone()).or_default();
+        if entry.in_flight.len() >= cap {
+            let cutoff = now.saturating_sub(ttl);
+            entry.in_flight.retain(|_, r| r.routed_at > cutoff);
+            while entry.in_flight.len() >= cap {
+                let oldest = entry
+                    .in_flight
+                    .iter()
+                    .min_by_key(|(id, r)| (r.routed_at, **id))
+                    .map(|(id, _)| *id);
+                match oldest {
+                    Some(id) => entry.in_flight.remove(&id),
+                    None => break,
+                };
+            }
+        }
+        entry.in_flight.insert(
+            request,
+            InFlight {
+                routed_at: now,
+                prefill_tokens,
+                blocks,
+                prefill_done: false,
+            },
+        );
+    }
+
+    /// `request`'s prefill finished: it now decodes.
+    pub fn on_prefill_done(&mut self, worker: &WorkerId, request: RequestId) {
+        if let Some(r) = self
+            .workers
+            .get_mut(worker)
+            .and_then(|e| e.in_flight.get_mut(&request))
+        {
+            r.prefill_done = true;
+        }
+    }
+
+    /// `request` finished (or failed, or was cancelled): release it.
+    pub fn on_finished(&mut self, worker: &WorkerId, request: RequestId) {
+        if let Some(e) = self.workers.get_mut(worker) {
+            e.in_flight.remove(&request);
+        }
+    }
+
+    /// Forgets a worker that left.
+    pub fn remove_worker(&mut self, worker: &WorkerId) {
+        self.workers.remove(worker);
+    }
+
+    /// The worker's predicted load (zero for a worker never seen).
+    pub fn get(&self, worker: &WorkerId) -> WorkerLoad {
+        let Some(e) = self.workers.get(worker) else {
+            return WorkerLoad::default();
+        };
+        let base = e.reported.unwrap_or_default();
+        let mut load = WorkerLoad {
+            queued_prefill_tokens: base.queued_prefill_tokens,
+            running_requests: base.running_requests,
+            active_decode_sequences: base.active_decode_sequences,
+            active_blocks: base.active_blocks,
+            capacity_blocks: base.capacity_blocks,
+            in_flight_requests: e.in_flight.len() as u64,
+            reported: e.reported.is_some(),
+        };
+        for r in e.in_flight.values() {
+            load.running_requests += 1;
+            load.active_blocks += r.blocks;
+            if r.prefill_done {
+                load.active_decode_sequences += 1;
+            } else {
+                load.queued_prefill_tokens += r.prefill_tokens;
+            }
+        }
+        load
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(n: &str) -> WorkerId {
+        WorkerId::new(n).unwrap()
+    }
+
+    #[test]
+    fn in_flight_adds_to_the_report_and_is_released() {
+        let mut view = LoadView::new(LoadConfig::default());
+        let a = w("a");
+        let stats = LoadStats {
+            queued_prefill_tokens: 100,
+            active_blocks: 10,
+            capacity_blocks: 100,
+            ..Default::default()
+        };
+        view.report(&a, stats, 1_000_000);
+        view.on_routed(&a, 1, 500, 40, 1_000_100);
+        let l = view.get(&a);
+        assert_eq!(l.queued_prefill_tokens, 600);
+        assert_eq!(l.active_blocks, 50);
+        assert!((l.kv_utilisation() - 0.5).abs() < 1e-9);
+        view.on_prefill_done(&a, 1);
+        let l = view.get(&a);
+        assert_eq!(l.queued_prefill_tokens, 100);
+        assert_eq!(l.active_decode_sequences, 1);
+        view.on_finished(&a, 1);
+        assert_eq!(view.get(&a).active_blocks, 10);
+        assert_eq!(view.get(&w("nobody")), WorkerLoad::default());
+    }
+
+    #[test]
+    fn a_report_absorbs_only_requests_it_can_have_seen() {
+        let cfg = LoadConfig::default();
+        let mut view = LoadView::new(cfg);
+        let a = w("a");
+        view.on_routed(&a, 1, 1000, 1, 0);
+        view.on_routed(&a, 2, 2000, 1, 100_000);
+        // Report at 120ms: request 1 (120ms old) is reflected, request 2 (20ms old) may not be.
+        view.report(
+            &a,
+            LoadStats {
+                queued_prefill_tokens: 1000,
+                ..Default::default()
+            },
+            120_000,
+        );
+        let l = view.get(&a);
+        assert_eq!(l.queued_prefill_tokens, 3000);
+        assert_eq!(l.in_flight_requests, 1);
+        // Finishing an absorbed request is harmless.
+        view.on_finished(&a, 1);
+        assert_eq!(view.get(&a).queued_prefill_tokens, 3000);
+        // A later report absorbs request 2 as well.
+        view.report(&a, LoadStats::default(), 200_000);
+        assert_eq!(view.get(&a).queued_prefill_tokens, 0);
+    }
+
+    #[test]
+    fn in_flight_is_bounded_per_worker() {
+        let cfg = LoadConfig {
+            max_in_flight_per_worker: 3,
+            ..LoadConfig::default()
+        };
+        let mut view = LoadView::new(cfg);
+        let a = w("a");
+        for i in 0..10 {
+            view.on_routed(&a, i, 10, 1, i * 10);
+        }
+        let l = view.get(&a);
+        assert_eq!(l.in_flight_requests, 3);
+        assert_eq!(l.queued_prefill_tokens, 30);
+        view.remove_worker(&a);
+        assert_eq!(view.get(&a).in_flight_requests, 0);
+    }
+}

@@ -1,0 +1,205 @@
+//! The per-worker breakdown every policy fills, the shared choice rule and the explanation.
+
+use std::cmp::Ordering;
+use std::hash::{Hash, Hasher};
+
+use serde::Serialize;
+use switchyard_core::WorkerId;
+
+use super::kv::KvConfig;
+use super::{Candidate, RouteRequest};
+use crate::hasher::FxHasher;
+use crate::index::TierOverlap;
+use crate::load::LoadView;
+use crate::rng::{SplitMix64, mix64};
+
+/// Why a request went where it went: the admin API returns this as JSON.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explanation {
+    /// Policy that decided.
+    pub policy: &'static str,
+    pub chosen: WorkerId,
+    /// One sentence on why the winner won.
+    pub why: String,
+    pub prompt_tokens: u64,
+    pub prompt_blocks: usize,
+    /// Whether the winner was sampled (random, kv with a temperature) rather than the best.
+    pub sampled: bool,
+    /// Every candidate, in the order the caller gave them.
+    pub workers: Vec<WorkerScore>,
+}
+
+/// One candidate's figures. `score` is the deciding policy's own figure, lower is better; the
+/// other fields are the same for every policy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerScore {
+    pub worker: WorkerId,
+    /// Leading prompt blocks the worker holds, per tier level.
+    pub overlap: TierOverlap,
+    /// Prompt tokens the worker would have to compute, after crediting cached blocks (host and
+    /// disk hits count partially, see [`KvConfig`]).
+    pub uncached_prompt_tokens: u64,
+    /// Prefill tokens already queued there (reported plus routed since).
+    pub queued_prefill_tokens: u64,
+    pub running_requests: u64,
+    pub active_decode_sequences: u64,
+    pub active_blocks: u64,
+    pub kv_utilisation: f64,
+    /// `prefill_weight × (uncached + queued)`.
+    pub prefill_term: f64,
+    /// `decode_weight × active_blocks × block_size`.
+    pub decode_term: f64,
+    pub score: f64,
+    /// Probability of being picked, when the policy sampled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probability: Option<f64>,
+}
+
+/// Fills the breakdown of every candidate; `score` is set to the kv cost
+/// (`prefill_term + decode_term`), which policies may overwrite.
+pub(crate) fn breakdown(
+    request: &RouteRequest,
+    candidates: &[Candidate],
+    load: &LoadView,
+    cfg: &KvConfig,
+    overlap_of: impl Fn(&WorkerId) -> TierOverlap,
+) -> Vec<WorkerScore> {
+    let bs = f64::from(request.block_size.get());
+    let prompt = request.prompt_tokens as f64;
+    candidates
+        .iter()
+        .map(|c| {
+            let overlap = overlap_of(&c.worker);
+            let device = f64::from(overlap.device);
+            let host_only = f64::from(overlap.device_or_host - overlap.device);
+            let disk_only = f64::from(overlap.any_tier - overlap.device_or_host);
+            let cached =
+                bs * (device + cfg.host_hit_factor * host_only + cfg.disk_hit_factor * disk_only);
+            let uncached = (prompt - cached).max(0.0).round() as u64;
+            let l = load.get(&c.worker);
+            let prefill_term = cfg.prefill_weight * (uncached + l.queued_prefill_tokens) as f64;
+            let decode_term = cfg.decode_weight * l.active_blocks as f64 * bs;
+            WorkerScore {
+                worker: c.worker.clone(),
+                overlap,
+                uncached_prompt_tokens: uncached,
+                queued_prefill_tokens: l.queued_prefill_tokens,
+                running_requests: l.running_requests,
+                active_decode_sequences: l.active_decode_sequences,
+                active_blocks: l.active_blocks,
+                kv_utilisation: l.kv_utilisation(),
+                prefill_term,
+                decode_term,
+                score: prefill_term + decode_term,
+                probability: None,
+            }
+        })
+        .collect()
+}
+
+/// A stable per-request key for rendezvous tie-breaking: the session id if any, else the
+/// prompt's first block, so the same cold prompt keeps landing on the same worker.
+fn request_key(request: &RouteRequest) -> u64 {
+    let mut h = FxHasher::default();
+    match (&request.session, request.block_hashes.first()) {
+        (Some(s), _) => s.hash(&mut h),
+        (None, Some(b)) => b.hash(&mut h),
+        (None, None) => request.prompt_tokens.hash(&mut h),
+    }
+    h.finish()
+}
+
+fn rendezvous(key: u64, worker: &WorkerId) -> u64 {
+    let mut h = FxHasher::default();
+    worker.hash(&mut h);
+    mix64(key ^ h.finish())
+}
+
+/// Deterministic order: lower score, then fewer running requests, then the higher rendezvous
+/// hash of (request key, worker id), then the worker id.
+pub(crate) fn compare(request: &RouteRequest, a: &WorkerScore, b: &WorkerScore) -> Ordering {
+    let key = request_key(request);
+    a.score
+        .total_cmp(&b.score)
+        .then(a.running_requests.cmp(&b.running_requests))
+        .then_with(|| rendezvous(key, &b.worker).cmp(&rendezvous(key, &a.worker)))
+        .then_with(|| a.worker.cmp(&b.worker))
+}
+
+/// Index of the best candidate under [`compare`]; `scores` must not be empty.
+pub(crate) fn best(request: &RouteRequest, scores: &[WorkerScore]) -> usize {
+    let mut best = 0;
+    for i in 1..scores.len() {
+        if compare(request, &scores[i], &scores[best]) == Ordering::Less {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Softmax sampling over normalised scores: `p_i ∝ exp(-(s_i - min) / (max - min) / t)`.
+/// Fills `probability` on every candidate and returns the sampled index.
+pub(crate) fn sample(scores: &mut [WorkerScore], temperature: f64, rng: &mut SplitMix64) -> usize {
+    let min = scores.iter().map(|s| s.score).fold(f64::INFINITY, f64::min);
+    let max = scores
+        .iter()
+        .map(|s| s.score)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let range = if max > min { max - min } else { 1.0 };
+    let weights: Vec<f64> = scores
+        .iter()
+        .map(|s| (-(s.score - min) / range / temperature).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    for (s, w) in scores.iter_mut().zip(&weights) {
+        s.probability = Some(w / total);
+    }
+    let mut x = rng.next_f64() * total;
+    for (i, w) in weights.iter().enumerate() {
+        if x < *w {
+            return i;
+        }
+        x -= w;
+    }
+    weights.len() - 1
+}
+
+/// `1234567` → `"1,234,567"`.
+pub(crate) fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The runner-up (best other than `chosen`) under [`compare`].
+pub(crate) fn runner_up<'a>(
+    request: &RouteRequest,
+    scores: &'a [WorkerScore],
+    chosen: usize,
+) -> Option<&'a WorkerScore> {
+    scores
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != chosen)
+        .map(|(_, s)| s)
+        .min_by(|a, b| compare(request, a, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thousands;
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1024), "1,024");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+}

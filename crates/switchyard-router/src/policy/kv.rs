@@ -1,0 +1,245 @@
+//! The default policy: send the request where it will cost least.
+//!
+//! For each candidate:
+//!
+//! ```text
+//! cost = prefill_weight × (uncached_prompt_tokens + queued_prefill_tokens)
+//!      + decode_weight  × active_blocks × block_size
+//! ```
+//!
+//! The first term is the prefill work standing between the request and its first token on that
+//! worker: what it must compute itself (the prompt minus its cached leading blocks, host-tier
+//! hits credited at `host_hit_factor` and disk-tier hits at `disk_hit_factor` of a device hit)
+//! plus what is already queued there. The second is decode pressure: KV tokens of the sequences
+//! running there, each of which slows every decode step. Both are in tokens, so the weights say
+//! how many queued prefill tokens one resident decode token is worth (default 0.1).
+//!
+//! With `temperature == 0` the lowest cost wins; ties go to fewer running requests, then to the
+//! highest rendezvous hash of (session id or first block hash, worker id), so equal cold
+//! requests spread over workers while the same prompt keeps picking the same one, then to the
+//! worker id. With `temperature > 0` the winner is sampled with probability
+//! `∝ exp(-(cost - min) / (max - min) / temperature)` from a generator seeded by the policy
+//! seed, so a run is reproducible.
+
+use serde::{Deserialize, Serialize};
+use switchyard_core::WorkerId;
+
+use super::explain::{self, Explanation, WorkerScore, thousands};
+use super::{Candidate, Decision, Policy, RouteRequest};
+use crate::error::RouteError;
+use crate::index::{PrefixIndex, TierOverlap};
+use crate::load::LoadView;
+use crate::rng::SplitMix64;
+
+/// Settings of the `kv` policy (also the load terms of the other policies).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvConfig {
+    pub prefill_weight: f64,
+    pub decode_weight: f64,
+    /// Fraction of a device hit's saving a host-tier hit is worth, in `[0, 1]`.
+    pub host_hit_factor: f64,
+    /// Fraction of a device hit's saving a disk-tier hit is worth, in `[0, 1]`.
+    pub disk_hit_factor: f64,
+    /// 0 picks the lowest cost; above 0 samples (softmax over normalised costs).
+    pub temperature: f64,
+}
+
+impl Default for KvConfig {
+    fn default() -> Self {
+        Self {
+            prefill_weight: 1.0,
+            decode_weight: 0.1,
+            host_hit_factor: 0.75,
+            disk_hit_factor: 0.25,
+            temperature: 0.0,
+        }
+    }
+}
+
+impl KvConfig {
+    pub fn validate(&self) -> Result<(), RouteError> {
+        let finite_non_neg = |v: f64| v.is_finite() && v >= 0.0;
+        if !finite_non_neg(self.prefill_weight) || !finite_non_neg(self.decode_weight) {
+            return Err(RouteError::InvalidConfig(
+                "kv weights must be finite and non-negative".into(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.host_hit_factor)
+            || !(0.0..=1.0).contains(&self.disk_hit_factor)
+        {
+            return Err(RouteError::InvalidConfig(
+                "host and disk hit factors must be between 0 and 1".into(),
+            ));
+        }
+        if !finite_non_neg(self.temperature) {
+            return Err(RouteError::InvalidConfig(
+                "temperature must be finite and non-negative".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The `kv` policy; see the module docs.
+#[derive(Debug, Clone)]
+pub struct KvPolicy {
+    config: KvConfig,
+    rng: SplitMix64,
+}
+
+impl KvPolicy {
+    pub fn new(config: KvConfig, seed: u64) -> Result<Self, RouteError> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            rng: SplitMix64::new(seed),
+        })
+    }
+
+    pub fn config(&self) -> &KvConfig {
+        &self.config
+    }
+
+    /// Scores with the given overlap source (the prefix index, or a prediction) and decides.
+    pub fn decide(
+        &mut self,
+        policy: &'static str,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        load: &LoadView,
+        overlap_of: impl Fn(&WorkerId) -> TierOverlap,
+    ) -> Result<Decision, RouteError> {
+        if candidates.is_empty() {
+            return Err(RouteError::NoCandidates);
+        }
+        let mut scores = explain::breakdown(request, candidates, load, &self.config, overlap_of);
+        let sampled = self.config.temperature > 0.0 && scores.len() > 1;
+        let chosen = if sampled {
+            explain::sample(&mut scores, self.config.temperature, &mut self.rng)
+        } else {
+            explain::best(request, &scores)
+        };
+        let why = kv_why(request, &scores, chosen, sampled);
+        Ok(finish(policy, request, scores, chosen, sampled, why))
+    }
+}
+
+/// Builds the decision for `scores[chosen]`.
+pub(crate) fn finish(
+    policy: &'static str,
+    request: &RouteRequest,
+    workers: Vec<WorkerScore>,
+    chosen: usize,
+    sampled: bool,
+    why: String,
+) -> Decision {
+    let worker = workers[chosen].worker.clone();
+    Decision {
+        worker: worker.clone(),
+        explanation: Explanation {
+            policy,
+            chosen: worker,
+            why,
+            prompt_tokens: request.prompt_tokens,
+            prompt_blocks: request.block_hashes.len(),
+            sampled,
+            workers,
+        },
+    }
+}
+
+pub(crate) fn kv_why(
+    request: &RouteRequest,
+    scores: &[WorkerScore],
+    chosen: usize,
+    sampled: bool,
+) -> String {
+    let w = &scores[chosen];
+    let how = if sampled {
+        format!(
+            "sampled with probability {:.2} for its predicted cost",
+            w.probability.unwrap_or(0.0)
+        )
+    } else {
+        "lowest predicted cost".to_owned()
+    };
+    let mut why = format!(
+        "{}: {how} {:.0}: prefill {} uncached + {} queued tokens ({} of {} prompt blocks cached on device), decode load {} active blocks",
+        w.worker,
+        w.score,
+        thousands(w.uncached_prompt_tokens),
+        thousands(w.queued_prefill_tokens),
+        w.overlap.device,
+        request.block_hashes.len(),
+        thousands(w.active_blocks),
+    );
+    if let Some(r) = explain::runner_up(request, scores, chosen) {
+        let tie = if r.score == w.score {
+            " (tie broken by running requests, then request hash)"
+        } else {
+            ""
+        };
+        why.push_str(&format!(
+            "; runner-up {} cost {:.0} ({} uncached + {} queued){tie}",
+            r.worker,
+            r.score,
+            thousands(r.uncached_prompt_tokens),
+            thousands(r.queued_prefill_tokens),
+        ));
+    }
+    why
+}
+
+/// Checks the request was hashed like the index.
+pub(crate) fn check_block_size(
+    request: &RouteRequest,
+    index: &PrefixIndex,
+) -> Result<(), RouteError> {
+    if request.block_size != index.block_size() {
+        return Err(RouteError::BlockSizeMismatch {
+            request: request.block_size,
+            index: index.block_size(),
+        });
+    }
+    Ok(())
+}
+
+/// Overlap of every worker for the request, from the index.
+pub(crate) fn index_overlap<'a>(
+    request: &RouteRequest,
+    index: &'a PrefixIndex,
+) -> impl Fn(&WorkerId) -> TierOverlap + 'a {
+    let scores = index.overlap(&request.block_hashes);
+    move |w: &WorkerId| {
+        index
+            .worker_key(w)
+            .map_or_else(TierOverlap::default, |k| scores.get(k))
+    }
+}
+
+impl Policy for KvPolicy {
+    fn name(&self) -> &'static str {
+        "kv"
+    }
+
+    fn choose(
+        &mut self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        index: &PrefixIndex,
+        load: &LoadView,
+    ) -> Result<Decision, RouteError> {
+        check_block_size(request, index)?;
+        if candidates.is_empty() {
+            return Err(RouteError::NoCandidates);
+        }
+        self.decide(
+            "kv",
+            request,
+            candidates,
+            load,
+            index_overlap(request, index),
+        )
+    }
+}

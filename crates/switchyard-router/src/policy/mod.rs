@@ -1,0 +1,178 @@
+//! Routing policies behind one small trait, and the explanation every decision carries.
+//!
+//! | name | chooses |
+//! |---|---|
+//! | `kv` (default) | the lowest predicted cost: prefill work the request adds (uncached tokens plus the queue already there) plus decode pressure; see [`kv`] |
+//! | `round-robin` | the next candidate in turn |
+//! | `random` | a uniformly random candidate (seeded) |
+//! | `least-loaded` | the lowest queued prefill plus decode pressure, ignoring caches |
+//! | `session` | the worker a session id is pinned to, falling back to `kv`; see [`session`] |
+//! | `approx-kv` | `kv` scoring with overlap predicted from its own past decisions, for engines that publish no KV events; see [`approx`] |
+//!
+//! Every policy fills the same per-worker breakdown ([`WorkerScore`]) so explanations can be
+//! compared across policies; `score` is the policy's own figure (lower is better).
+
+pub mod approx;
+mod explain;
+pub mod kv;
+pub mod session;
+mod simple;
+
+use serde::{Deserialize, Serialize};
+use switchyard_core::{BlockHash, BlockSize, WorkerId};
+
+use crate::error::RouteError;
+use crate::index::PrefixIndex;
+use crate::load::{LoadView, Tick};
+
+pub use approx::{ApproxConfig, ApproxKvPolicy};
+pub use explain::{Explanation, WorkerScore};
+pub use kv::{KvConfig, KvPolicy};
+pub use session::{SessionConfig, SessionPolicy};
+pub use simple::{LeastLoadedPolicy, RandomPolicy, RoundRobinPolicy};
+
+/// What the router knows about a request when it routes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRequest {
+    /// Chained hashes of the prompt's full blocks, in order.
+    pub block_hashes: Vec<BlockHash>,
+    /// Prompt length in tokens (including the partial last block).
+    pub prompt_tokens: u64,
+    /// Block size the hashes were computed with.
+    pub block_size: BlockSize,
+    /// Session (conversation, agent run) the request belongs to, if the client said.
+    pub session: Option<String>,
+    /// When the request is routed, on the caller's clock.
+    pub now: Tick,
+}
+
+/// A worker the request may go to (healthy, right role, not draining).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub worker: WorkerId,
+}
+
+impl From<WorkerId> for Candidate {
+    fn from(worker: WorkerId) -> Self {
+        Self { worker }
+    }
+}
+
+/// The chosen worker and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    pub worker: WorkerId,
+    pub explanation: Explanation,
+}
+
+impl Decision {
+    /// The chosen worker's breakdown (its uncached tokens feed [`LoadView::on_routed`]).
+    pub fn chosen(&self) -> Option<&WorkerScore> {
+        self.explanation
+            .workers
+            .iter()
+            .find(|w| w.worker == self.worker)
+    }
+}
+
+/// A routing policy. `choose` takes `&mut self` because some policies keep state (a turn
+/// counter, an RNG, session pins, predicted caches); the caller records the decision in the
+/// [`LoadView`] itself.
+pub trait Policy: Send + Sync + std::fmt::Debug {
+    fn name(&self) -> &'static str;
+
+    fn choose(
+        &mut self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        index: &PrefixIndex,
+        load: &LoadView,
+    ) -> Result<Decision, RouteError>;
+
+    /// A worker left; policies that remember workers forget it.
+    fn worker_removed(&mut self, _worker: &WorkerId) {}
+}
+
+/// Settings of every policy, so one configuration section can switch between them.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Seed of the policies that sample (random, kv with a temperature).
+    pub seed: u64,
+    pub kv: KvConfig,
+    pub session: SessionConfig,
+    pub approx: ApproxConfig,
+}
+
+/// The policies by name, for the CLI and the admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    #[default]
+    Kv,
+    RoundRobin,
+    Random,
+    LeastLoaded,
+    Session,
+    ApproxKv,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 6] = [
+        PolicyKind::Kv,
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+        PolicyKind::LeastLoaded,
+        PolicyKind::Session,
+        PolicyKind::ApproxKv,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Kv => "kv",
+            PolicyKind::RoundRobin => "round-robin",
+            PolicyKind::Random => "random",
+            PolicyKind::LeastLoaded => "least-loaded",
+            PolicyKind::Session => "session",
+            PolicyKind::ApproxKv => "approx-kv",
+        }
+    }
+
+    /// Builds the policy, checking the settings it uses.
+    pub fn build(self, config: &PolicyConfig) -> Result<Box<dyn Policy>, RouteError> {
+        Ok(match self {
+            PolicyKind::Kv => Box::new(KvPolicy::new(config.kv.clone(), config.seed)?),
+            PolicyKind::RoundRobin => Box::new(RoundRobinPolicy::new(config.kv.clone())?),
+            PolicyKind::Random => Box::new(RandomPolicy::new(config.kv.clone(), config.seed)?),
+            PolicyKind::LeastLoaded => Box::new(LeastLoadedPolicy::new(config.kv.clone())?),
+            PolicyKind::Session => Box::new(SessionPolicy::new(
+                config.session.clone(),
+                KvPolicy::new(config.kv.clone(), config.seed)?,
+            )?),
+            PolicyKind::ApproxKv => Box::new(ApproxKvPolicy::new(
+                config.approx.clone(),
+                KvPolicy::new(config.kv.clone(), config.seed)?,
+            )?),
+        })
+    }
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = RouteError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let norm = s.trim().to_ascii_lowercase().replace('_', "-");
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == norm)
+            .ok_or_else(|| RouteError::UnknownPolicy(s.to_owned()))
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,173 @@
+//! Policies that ignore the caches: round robin, random, least loaded. They exist for
+//! comparison and still fill the full breakdown (overlap included) so their explanations show
+//! what a cache-aware choice would have seen.
+
+use super::explain::{self, thousands};
+use super::kv::{KvConfig, check_block_size, finish, index_overlap};
+use super::{Candidate, Decision, Policy, RouteRequest};
+use crate::error::RouteError;
+use crate::index::PrefixIndex;
+use crate::load::LoadView;
+use crate::rng::SplitMix64;
+
+/// Candidates in turn, in the order the caller gives them. `score` is each candidate's distance
+/// (in turns) from the one whose turn it is.
+#[derive(Debug, Clone)]
+pub struct RoundRobinPolicy {
+    config: KvConfig,
+    next: u64,
+}
+
+impl RoundRobinPolicy {
+    pub fn new(config: KvConfig) -> Result<Self, RouteError> {
+        config.validate()?;
+        Ok(Self { config, next: 0 })
+    }
+}
+
+impl Policy for RoundRobinPolicy {
+    fn name(&self) -> &'static str {
+        "round-robin"
+    }
+
+    fn choose(
+        &mut self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        index: &PrefixIndex,
+        load: &LoadView,
+    ) -> Result<Decision, RouteError> {
+        check_block_size(request, index)?;
+        if candidates.is_empty() {
+            return Err(RouteError::NoCandidates);
+        }
+        let n = candidates.len() as u64;
+        let chosen = (self.next % n) as usize;
+        self.next = self.next.wrapping_add(1);
+        let mut scores = explain::breakdown(
+            request,
+            candidates,
+            load,
+            &self.config,
+            index_overlap(request, index),
+        );
+        for (i, s) in scores.iter_mut().enumerate() {
+            s.score = ((i as u64 + n - chosen as u64) % n) as f64;
+        }
+        let why = format!(
+            "{}: its turn in round-robin order ({} of {} candidates)",
+            scores[chosen].worker,
+            chosen + 1,
+            n
+        );
+        Ok(finish(self.name(), request, scores, chosen, false, why))
+    }
+}
+
+/// A uniformly random candidate from a seeded generator. `score` is 0 for every candidate.
+#[derive(Debug, Clone)]
+pub struct RandomPolicy {
+    config: KvConfig,
+    rng: SplitMix64,
+}
+
+impl RandomPolicy {
+    pub fn new(config: KvConfig, seed: u64) -> Result<Self, RouteError> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            rng: SplitMix64::new(seed),
+        })
+    }
+}
+
+impl Policy for RandomPolicy {
+    fn name(&self) -> &'static str {
+        "random"
+    }
+
+    fn choose(
+        &mut self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        index: &PrefixIndex,
+        load: &LoadView,
+    ) -> Result<Decision, RouteError> {
+        check_block_size(request, index)?;
+        if candidates.is_empty() {
+            return Err(RouteError::NoCandidates);
+        }
+        let chosen = self.rng.below(candidates.len());
+        let mut scores = explain::breakdown(
+            request,
+            candidates,
+            load,
+            &self.config,
+            index_overlap(request, index),
+        );
+        let p = 1.0 / candidates.len() as f64;
+        for s in &mut scores {
+            s.score = 0.0;
+            s.probability = Some(p);
+        }
+        let why = format!(
+            "{}: drawn uniformly at random from {} candidates",
+            scores[chosen].worker,
+            candidates.len()
+        );
+        Ok(finish(self.name(), request, scores, chosen, true, why))
+    }
+}
+
+/// The lowest `prefill_weight × queued_prefill_tokens + decode_weight × active KV tokens`,
+/// that is the kv cost without the cache term; ties as in `kv`.
+#[derive(Debug, Clone)]
+pub struct LeastLoadedPolicy {
+    config: KvConfig,
+}
+
+impl LeastLoadedPolicy {
+    pub fn new(config: KvConfig) -> Result<Self, RouteError> {
+        config.validate()?;
+        Ok(Self { config })
+    }
+}
+
+impl Policy for LeastLoadedPolicy {
+    fn name(&self) -> &'static str {
+        "least-loaded"
+    }
+
+    fn choose(
+        &mut self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        index: &PrefixIndex,
+        load: &LoadView,
+    ) -> Result<Decision, RouteError> {
+        check_block_size(request, index)?;
+        if candidates.is_empty() {
+            return Err(RouteError::NoCandidates);
+        }
+        let mut scores = explain::breakdown(
+            request,
+            candidates,
+            load,
+            &self.config,
+            index_overlap(request, index),
+        );
+        for s in &mut scores {
+            s.score = self.config.prefill_weight * s.queued_prefill_tokens as f64 + s.decode_term;
+        }
+        let chosen = explain::best(request, &scores);
+        let w = &scores[chosen];
+        let why = format!(
+            "{}: least loaded ({} queued prefill tokens, {} active blocks, {} running requests)",
+            w.worker,
+            thousands(w.queued_prefill_tokens),
+            thousands(w.active_blocks),
+            w.running_requests
+        );
+        Ok(finish(self.name(), request, scores, chosen, false, why))
+    }
+}
