@@ -1,0 +1,300 @@
+//! OpenAI-style chat messages and their rendering through a model's Jinja chat template.
+//!
+//! Templates are rendered the way Hugging Face `transformers` renders them
+//! (`trim_blocks`, `lstrip_blocks`, loop controls, `raise_exception`, Python string methods,
+//! Python's `tojson`) and messages are normalised the way vLLM does before rendering (text
+//! parts joined with newlines, tool-call arguments given as a JSON string parsed into an
+//! object), so the prompt matches what a Python engine would build from the same request.
+
+use minijinja::value::{Serde, Value};
+use minijinja::{Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as Json};
+
+use crate::error::TokenizeError;
+
+/// One chat message as the OpenAI API sends it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<MessageContent>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Json>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// Earlier reasoning of an assistant turn (DeepSeek/Qwen style), passed to the template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message with plain text content.
+    pub fn text(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: Some(MessageContent::Text(content.into())),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+            reasoning_content: None,
+        }
+    }
+}
+
+/// Message content: a string or a list of typed parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One content part. Only `{"type": "text", "text": ...}` is supported; others are refused
+/// at render time with a clear error rather than silently dropped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// What to render: the conversation, the tools offered, and template switches.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Json>>,
+    /// End with the assistant's turn opener; `true` for a chat completion.
+    #[serde(default = "default_true")]
+    pub add_generation_prompt: bool,
+    /// Extra template variables (`chat_template_kwargs`, e.g. `enable_thinking: false`).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub template_kwargs: Map<String, Json>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl ChatRequest {
+    /// A request for `messages` with the generation prompt and no tools.
+    pub fn new(messages: Vec<ChatMessage>) -> Self {
+        Self {
+            messages,
+            tools: None,
+            add_generation_prompt: true,
+            template_kwargs: Map::new(),
+        }
+    }
+
+    /// Total bytes of text, to decide whether rendering is worth moving off the reactor.
+    pub(crate) fn approx_len(&self) -> usize {
+        let content: usize = self
+            .messages
+            .iter()
+            .map(|m| match &m.content {
+                Some(MessageContent::Text(t)) => t.len(),
+                Some(MessageContent::Parts(parts)) => parts
+                    .iter()
+                    .map(|p| p.text.as_deref().map_or(0, str::len))
+                    .sum(),
+                None => 0,
+            })
+            .sum();
+        // Tools and tool calls are small next to long prompts; count them roughly.
+        let extra = self.tools.as_ref().map_or(0, |t| t.len() * 256);
+        content + extra
+    }
+}
+
+const DEFAULT_NAME: &str = "default";
+const TOOL_USE_NAME: &str = "tool_use";
+
+/// A compiled chat template (or the named set a `tokenizer_config.json` may hold), with the
+/// `bos_token`/`eos_token` strings it may refer to.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    has_tool_use: bool,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl ChatTemplate {
+    /// Compiles a single template.
+    pub fn new(
+        source: impl Into<String>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self, TokenizeError> {
+        Self::named(
+            vec![(DEFAULT_NAME.to_owned(), source.into())],
+            bos_token,
+            eos_token,
+        )
+    }
+
+    /// Compiles named templates as `tokenizer_config.json` lists them. `default` is used,
+    /// and `tool_use` when the request offers tools; a list without `default` uses its first.
+    pub fn named(
+        templates: Vec<(String, String)>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self, TokenizeError> {
+        let mut env = hf_environment()?;
+        let Some((first_name, first_source)) = templates.first().cloned() else {
+            return Err(TokenizeError::TemplateSyntax {
+                name: DEFAULT_NAME.to_owned(),
+                source: Error::new(ErrorKind::TemplateNotFound, "the template list is empty"),
+            });
+        };
+        let has_default = templates.iter().any(|(name, _)| name == DEFAULT_NAME);
+        let has_tool_use = templates.iter().any(|(name, _)| name == TOOL_USE_NAME);
+        let fallback = (!has_default).then(|| (DEFAULT_NAME.to_owned(), first_source));
+        for (name, source) in templates.into_iter().chain(fallback) {
+            // Name the template as the config does, also for the `default` copy of the first.
+            let shown = if has_default || name != DEFAULT_NAME {
+                name.clone()
+            } else {
+                first_name.clone()
+            };
+            env.add_template_owned(name, source).map_err(|source| {
+                TokenizeError::TemplateSyntax {
+                    name: shown,
+                    source,
+                }
+            })?;
+        }
+        Ok(Self {
+            env,
+            has_tool_use,
+            bos_token,
+            eos_token,
+        })
+    }
+
+    /// Renders the prompt text for `request`.
+    pub fn render(&self, request: &ChatRequest) -> Result<String, TokenizeError> {
+        let messages = request
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(index, message)| normalize_message(index, message))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tools = request.tools.as_ref().filter(|tools| !tools.is_empty());
+        let name = if tools.is_some() && self.has_tool_use {
+            TOOL_USE_NAME
+        } else {
+            DEFAULT_NAME
+        };
+        let mut context = request.template_kwargs.clone();
+        context.insert("messages".into(), Json::Array(messages));
+        context.insert(
+            "tools".into(),
+            tools.map_or(Json::Null, |t| Json::Array(t.clone())),
+        );
+        context.insert(
+            "add_generation_prompt".into(),
+            Json::Bool(request.add_generation_prompt),
+        );
+        context.insert(
+            "bos_token".into(),
+            self.bos_token.clone().map_or(Json::Null, Json::String),
+        );
+        context.insert(
+            "eos_token".into(),
+            self.eos_token.clone().map_or(Json::Null, Json::String),
+        );
+        let render = |source| TokenizeError::TemplateRender { source };
+        let template = self.env.get_template(name).map_err(render)?;
+        template
+            .render(Value::from(Serde(&context)))
+            .map_err(render)
+    }
+}
+
+/// A minijinja environment configured as `transformers` configures Jinja for chat templates.
+fn hf_environment() -> Result<Environment<'static>, TokenizeError> {
+    let mut env = Environment::new();
+    let syntax = minijinja::syntax::SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+        .map_err(|source| TokenizeError::TemplateSyntax {
+            name: "syntax".into(),
+            source,
+        })?;
+    env.set_syntax(syntax);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_filter("tojson", crate::pyjson::tojson_filter);
+    env.add_function("raise_exception", raise_exception);
+    Ok(env)
+}
+
+/// `raise_exception(msg)`: templates call it to refuse a conversation (e.g. roles that do not
+/// alternate). It becomes a render error whose message is the template's.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// The message as the template sees it: content flattened to a string, absent fields left
+/// out (so `is defined` works as in Python), tool-call arguments parsed from JSON text.
+fn normalize_message(index: usize, message: &ChatMessage) -> Result<Json, TokenizeError> {
+    let content = match &message.content {
+        None => String::new(),
+        Some(MessageContent::Text(text)) => text.clone(),
+        Some(MessageContent::Parts(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for part in parts {
+                if part.kind != "text" {
+                    return Err(TokenizeError::UnsupportedContentPart {
+                        index,
+                        kind: part.kind.clone(),
+                    });
+                }
+                let text = part
+                    .text
+                    .as_deref()
+                    .ok_or(TokenizeError::MissingPartText { index })?;
+                texts.push(text);
+            }
+            texts.join("\n")
+        }
+    };
+    let mut out = Map::new();
+    out.insert("role".into(), Json::String(message.role.clone()));
+    out.insert("content".into(), Json::String(content));
+    if let Some(name) = &message.name {
+        out.insert("name".into(), Json::String(name.clone()));
+    }
+    if let Some(calls) = &message.tool_calls {
+        out.insert(
+            "tool_calls".into(),
+            Json::Array(calls.iter().map(parse_arguments).collect()),
+        );
+    }
+    if let Some(id) = &message.tool_call_id {
+        out.insert("tool_call_id".into(), Json::String(id.clone()));
+    }
+    if let Some(reasoning) = &message.reasoning_content {
+        out.insert("reasoning_content".into(), Json::String(reasoning.clone()));
+    }
+    Ok(Json::Object(out))
+}
+
+/// OpenAI sends `function.arguments` as JSON text; templates (and vLLM before rendering)
+/// treat it as an object. Text that is not a JSON object is left as it is.
+fn parse_arguments(call: &Json) -> Json {
+    let mut call = call.clone();
+    if let Some(arguments) = call.pointer_mut("/function/arguments")
+        && let Some(Ok(parsed @ Json::Object(_))) =
+            arguments.as_str().map(serde_json::from_str::<Json>)
+    {
+        *arguments = parsed;
+    }
+    call
+}

@@ -1,0 +1,32 @@
+//! Preprocessing for Switchyard: from an OpenAI request to token ids, and from generated
+//! token ids back to text. No network code, so the gateway and offline replay share it.
+//!
+//! - [`tokenizer`]: [`Tokenizer`], one type over a Hugging Face `tokenizer.json` and the
+//!   built-in BPE ([`builtin`]: `cl100k_base` with ChatML tokens, the offline default).
+//! - [`chat`]: OpenAI-style messages ([`ChatMessage`], [`ChatRequest`]) and
+//!   [`ChatTemplate`], Jinja chat templates rendered with minijinja as `transformers` does;
+//!   `pyjson` supplies Python's `tojson`.
+//! - [`model_dir`]: [`ModelDir`], a model loaded from a Hugging Face directory (tokenizer,
+//!   template, eos ids, context length) or built in.
+//! - [`decode`]: [`IncrementalDecoder`], streaming detokenization that never splits a
+//!   character.
+//! - [`preprocess`]: [`Preprocessor`], the async API the gateway calls; heavy work runs on
+//!   tokio's blocking pool under a concurrency limit.
+//! - [`error`]: [`TokenizeError`] and whose [`Fault`] it is.
+
+pub mod builtin;
+pub mod chat;
+pub mod decode;
+pub mod error;
+pub mod model_dir;
+pub mod preprocess;
+mod pyjson;
+pub mod tokenizer;
+
+pub use chat::{ChatMessage, ChatRequest, ChatTemplate, ContentPart, MessageContent};
+pub use decode::IncrementalDecoder;
+pub use error::{Fault, TokenizeError};
+pub use model_dir::ModelDir;
+pub use preprocess::{EncodedPrompt, Preprocessor};
+pub use switchyard_core::TokenId;
+pub use tokenizer::Tokenizer;

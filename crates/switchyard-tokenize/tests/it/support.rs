@@ -1,0 +1,40 @@
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use switchyard_tokenize::ModelDir;
+
+/// The directory holding Qwen3's tokenizer files; panics with the fix when it is missing.
+pub fn qwen3_dir() -> PathBuf {
+    let root = std::env::var_os("SWITCHYARD_TEST_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/switchyard/test-models"))
+        })
+        .unwrap_or_else(|| PathBuf::from(".cache/switchyard/test-models"));
+    let dir = root.join("qwen3");
+    assert!(
+        dir.join("tokenizer.json").is_file() && dir.join("tokenizer_config.json").is_file(),
+        "Qwen3 test tokenizer missing in {}: run crates/switchyard-tokenize/fetch-test-models.sh \
+         (or set SWITCHYARD_TEST_MODELS to a directory holding qwen3/)",
+        dir.display()
+    );
+    dir
+}
+
+/// Qwen3 loaded once per test binary (the tokenizer.json is 11 MB).
+pub fn qwen3() -> Arc<ModelDir> {
+    static MODEL: OnceLock<Arc<ModelDir>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| Arc::new(ModelDir::load(&qwen3_dir()).unwrap_or_else(|e| panic!("{e}"))))
+        .clone()
+}
+
+pub fn builtin() -> Arc<ModelDir> {
+    static MODEL: OnceLock<Arc<ModelDir>> = OnceLock::new();
+    MODEL.get_or_init(|| Arc::new(ModelDir::builtin())).clone()
+}
+
+pub fn fixtures() -> serde_json::Value {
+    let text = include_str!("../fixtures/qwen3.json");
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("qwen3.json: {e}"))
+}
