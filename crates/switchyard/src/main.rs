@@ -6,7 +6,10 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod up;
+
 use clap::{Parser, Subcommand};
+use switchyard_gateway::{GatewayArgs, GatewayConfig};
 use switchyard_registry::{EtcdRegistry, Registry};
 use switchyard_worker::{WorkerArgs, WorkerConfig};
 use tokio_util::sync::CancellationToken;
@@ -27,14 +30,55 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Gateway + registry + simulated workers in one process, ready for an OpenAI client.
+    Up(up::UpArgs),
+    /// Run the gateway alone, finding workers through etcd.
+    Gateway(GatewayCommand),
     /// Run a worker agent in front of an engine (the built-in simulator).
     Worker(WorkerArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct GatewayCommand {
+    /// etcd endpoints, comma-separated.
+    #[arg(long, value_delimiter = ',', env = "SWITCHYARD_ETCD", required = true)]
+    etcd: Vec<String>,
+    /// Registry namespace.
+    #[arg(long, default_value = "default", env = "SWITCHYARD_CLUSTER")]
+    cluster: String,
+    #[command(flatten)]
+    gateway: GatewayArgs,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
     match cli.command {
+        Command::Up(args) => {
+            let (gateway, workers) = match up::resolve(&args) {
+                Ok(configs) => configs,
+                Err(err) => {
+                    eprintln!("switchyard up: {err}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            run_async(async move { up::run(gateway, workers, shutdown_on_signal()).await })
+        }
+        Command::Gateway(args) => {
+            let base = GatewayConfig {
+                etcd_endpoints: args.etcd.clone(),
+                cluster: args.cluster.clone(),
+                ..GatewayConfig::default()
+            };
+            let config = match args.gateway.resolve_onto(base) {
+                Ok(config) => config,
+                Err(err) => {
+                    eprintln!("switchyard gateway: {err}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            run_async(run_gateway(config))
+        }
         Command::Worker(args) => {
             let config = match args.resolve() {
                 Ok(config) => config,
@@ -138,6 +182,28 @@ async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
             "block_size": running.info.block_size.get(),
             "kv_capacity_blocks": running.info.kv_capacity_blocks,
             "incarnation": running.info.incarnation,
+        });
+        println!("{ready}");
+    })
+    .await?;
+    Ok(())
+}
+
+async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
+    let registry = EtcdRegistry::connect(&config.etcd_endpoints, &config.cluster)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach etcd at {}: {e}",
+                config.etcd_endpoints.join(",")
+            )
+        })?;
+    let shutdown = shutdown_on_signal();
+    switchyard_gateway::run(config, Arc::new(registry), shutdown, |addr| {
+        let ready = serde_json::json!({
+            "event": "ready",
+            "url": format!("http://{addr}/v1"),
+            "address": addr.to_string(),
         });
         println!("{ready}");
     })

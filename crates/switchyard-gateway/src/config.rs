@@ -1,0 +1,243 @@
+//! The gateway's one configuration struct and its flag/environment layer.
+//!
+//! Precedence: defaults < config file (`--config`, TOML) < `SWITCHYARD_*` environment < flags.
+//! Validated once at start; a bad value is a one-sentence [`ConfigError`] (exit code 64).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use switchyard_router::{PolicyConfig, PolicyKind};
+
+/// A configuration problem, always the operator's to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is invalid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Everything the gateway needs to run.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// HTTP listen address.
+    pub listen: SocketAddr,
+    /// etcd endpoints; empty means the caller provides a registry (`switchyard up`).
+    pub etcd_endpoints: Vec<String>,
+    pub cluster: String,
+    /// Bearer token the admin API requires; none leaves it open (bind to loopback then).
+    pub admin_token: Option<String>,
+    /// Tokenizer for every model without its own entry in `models`: `builtin:cl100k`, or a
+    /// Hugging Face model directory.
+    pub tokenizer: String,
+    /// Per-model tokenizer (model name → `builtin:…` or a model directory).
+    pub models: BTreeMap<String, String>,
+    /// Routing policy at start (switchable at runtime through the admin API).
+    pub policy: PolicyKind,
+    pub policy_settings: PolicyConfig,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Whole-request deadline in seconds (streaming included).
+    pub request_timeout_secs: u64,
+    /// `max_tokens` when a request does not say.
+    pub default_max_tokens: u32,
+    /// Requests served at once; more wait in the queue.
+    pub max_concurrent_requests: usize,
+    /// Requests waiting for a slot; more get 429.
+    pub max_queued_requests: usize,
+    /// Other workers tried when a worker fails before the first token.
+    pub max_retries: u32,
+    /// Times a stream moves to another worker after its worker fails mid-stream.
+    pub max_migrations: u32,
+    /// Routing decisions kept for the admin decision log.
+    pub decision_log_size: usize,
+    /// Load-report interval asked of workers, in milliseconds.
+    pub load_interval_ms: u32,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            etcd_endpoints: Vec::new(),
+            cluster: "default".to_owned(),
+            admin_token: None,
+            tokenizer: "builtin:cl100k".to_owned(),
+            models: BTreeMap::new(),
+            policy: PolicyKind::Kv,
+            policy_settings: PolicyConfig::default(),
+            max_body_bytes: 32 << 20,
+            request_timeout_secs: 600,
+            default_max_tokens: 256,
+            max_concurrent_requests: 1024,
+            max_queued_requests: 4096,
+            max_retries: 2,
+            max_migrations: 2,
+            decision_log_size: 256,
+            load_interval_ms: 100,
+        }
+    }
+}
+
+impl GatewayConfig {
+    pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.message().to_owned(),
+        })
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        if self.max_body_bytes < 1024 {
+            return invalid("max_body_bytes must be at least 1024");
+        }
+        if self.request_timeout_secs == 0 {
+            return invalid("request_timeout_secs must be at least 1");
+        }
+        if self.default_max_tokens == 0 {
+            return invalid("default_max_tokens must be at least 1");
+        }
+        if self.max_concurrent_requests == 0 {
+            return invalid("max_concurrent_requests must be at least 1");
+        }
+        if self.decision_log_size == 0 {
+            return invalid("decision_log_size must be at least 1");
+        }
+        if self.admin_token.as_deref().is_some_and(str::is_empty) {
+            return invalid("admin_token must not be empty when set");
+        }
+        self.policy
+            .build(&self.policy_settings)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        Ok(())
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_secs)
+    }
+}
+
+/// Flags and `SWITCHYARD_*` environment variables of the gateway.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct GatewayArgs {
+    /// TOML config file; environment variables and flags override it.
+    #[arg(long = "gateway-config", env = "SWITCHYARD_GATEWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// HTTP listen address.
+    #[arg(long = "http", env = "SWITCHYARD_HTTP")]
+    pub listen: Option<SocketAddr>,
+    /// Bearer token for /admin.
+    #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
+    /// Default tokenizer: builtin:cl100k or a Hugging Face model directory.
+    #[arg(long, env = "SWITCHYARD_TOKENIZER")]
+    pub tokenizer: Option<String>,
+    /// Per-model tokenizer, MODEL=builtin:cl100k or MODEL=/path/to/model-dir (repeatable).
+    #[arg(long = "model-tokenizer", value_parser = parse_model_tokenizer)]
+    pub model_tokenizers: Vec<(String, String)>,
+    /// Routing policy: kv, round-robin, random, least-loaded, session, approx-kv.
+    #[arg(long, env = "SWITCHYARD_POLICY")]
+    pub policy: Option<PolicyKind>,
+    /// Whole-request deadline in seconds.
+    #[arg(long, env = "SWITCHYARD_REQUEST_TIMEOUT_SECS")]
+    pub request_timeout_secs: Option<u64>,
+    /// max_tokens when a request does not say.
+    #[arg(long, env = "SWITCHYARD_DEFAULT_MAX_TOKENS")]
+    pub default_max_tokens: Option<u32>,
+    /// Requests served at once.
+    #[arg(long, env = "SWITCHYARD_MAX_CONCURRENT_REQUESTS")]
+    pub max_concurrent_requests: Option<usize>,
+    /// Requests waiting for a slot before 429.
+    #[arg(long, env = "SWITCHYARD_MAX_QUEUED_REQUESTS")]
+    pub max_queued_requests: Option<usize>,
+}
+
+fn parse_model_tokenizer(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((model, tok)) if !model.is_empty() && !tok.is_empty() => {
+            Ok((model.to_owned(), tok.to_owned()))
+        }
+        _ => Err(format!("expected MODEL=TOKENIZER, got {s:?}")),
+    }
+}
+
+impl GatewayArgs {
+    /// Merges the layers over `base` (the defaults, or what a caller prepared).
+    pub fn resolve_onto(&self, base: GatewayConfig) -> Result<GatewayConfig, ConfigError> {
+        let mut config = match &self.config {
+            Some(path) => GatewayConfig::from_file(path)?,
+            None => base,
+        };
+        if let Some(v) = self.listen {
+            config.listen = v;
+        }
+        if let Some(v) = &self.admin_token {
+            config.admin_token = Some(v.clone());
+        }
+        if let Some(v) = &self.tokenizer {
+            config.tokenizer = v.clone();
+        }
+        for (model, tok) in &self.model_tokenizers {
+            config.models.insert(model.clone(), tok.clone());
+        }
+        if let Some(v) = self.policy {
+            config.policy = v;
+        }
+        if let Some(v) = self.request_timeout_secs {
+            config.request_timeout_secs = v;
+        }
+        if let Some(v) = self.default_max_tokens {
+            config.default_max_tokens = v;
+        }
+        if let Some(v) = self.max_concurrent_requests {
+            config.max_concurrent_requests = v;
+        }
+        if let Some(v) = self.max_queued_requests {
+            config.max_queued_requests = v;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_flags_override() {
+        GatewayConfig::default().validate().unwrap();
+        let args = GatewayArgs {
+            policy: Some(PolicyKind::RoundRobin),
+            model_tokenizers: vec![("m".into(), "builtin:cl100k".into())],
+            ..Default::default()
+        };
+        let config = args.resolve_onto(GatewayConfig::default()).unwrap();
+        assert_eq!(config.policy, PolicyKind::RoundRobin);
+        assert_eq!(config.models["m"], "builtin:cl100k");
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let args = GatewayArgs {
+            default_max_tokens: Some(0),
+            ..Default::default()
+        };
+        assert!(args.resolve_onto(GatewayConfig::default()).is_err());
+        assert!(parse_model_tokenizer("nomodel").is_err());
+    }
+}

@@ -1,0 +1,257 @@
+//! Dispatch: run a generation on a worker and stream its tokens back, hiding worker failures.
+//!
+//! A worker that fails before the first token is replaced by another (up to `max_retries`); a
+//! worker that fails mid-stream is replaced by another that continues from the prompt plus the
+//! tokens generated so far (up to `max_migrations`). When the consumer drops its receiver (the
+//! client went away, or a stop string matched) the task ends, which drops the worker stream,
+//! which aborts the request on the worker. Every generation ends with `Finished` or `Failed`
+//! before the deadline: none hangs.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use switchyard_core::{TokenId, WorkerId};
+use switchyard_proto::v1::{self, GenerateRequest, SamplingParams};
+use switchyard_router::RouteError;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tonic::Code;
+
+use crate::error::ApiError;
+use crate::pool::{ModelRoutes, WorkerPool};
+use crate::routing::route;
+
+/// One generation to run.
+#[derive(Debug, Clone)]
+pub struct GenerateJob {
+    pub request_id: String,
+    pub routes: Arc<ModelRoutes>,
+    pub prompt: Vec<TokenId>,
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub seed: Option<u64>,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<TokenId>,
+    pub session: Option<String>,
+    pub deadline: Instant,
+    pub max_retries: u32,
+    pub max_migrations: u32,
+}
+
+/// Why generation ended by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Length,
+    Stop,
+}
+
+/// What the consumer receives, in order: `Started`, any number of `Tokens`, then `Finished`;
+/// or `Failed` at any point.
+#[derive(Debug, Clone)]
+pub enum DispatchEvent {
+    Started {
+        worker: WorkerId,
+        prompt_tokens: u32,
+        cached_prompt_tokens: u32,
+    },
+    Tokens(Vec<TokenId>),
+    Finished(Finish),
+    Failed(ApiError),
+}
+
+/// Starts `job` on the pool's task tracker; events arrive on the returned receiver.
+pub fn start(pool: &Arc<WorkerPool>, job: GenerateJob) -> mpsc::Receiver<DispatchEvent> {
+    let (tx, rx) = mpsc::channel(64);
+    let pool = Arc::clone(pool);
+    pool.clone().tasks.spawn(async move {
+        let deadline = job.deadline;
+        let timeout = deadline.saturating_duration_since(Instant::now()).as_secs();
+        tokio::select! {
+            _ = run(&pool, job, &tx) => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                let _ = tx.send(DispatchEvent::Failed(ApiError::Timeout(timeout.max(1)))).await;
+            }
+            _ = tx.closed() => {}
+        }
+    });
+    rx
+}
+
+/// How an attempt ended, when it did not finish the generation.
+enum AttemptEnd {
+    /// The consumer is gone; stop quietly.
+    ConsumerGone,
+    /// The worker failed; another may succeed.
+    WorkerFailed(String),
+    /// The request itself is bad; no worker will take it.
+    Refused(ApiError),
+    Done,
+}
+
+async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<DispatchEvent>) {
+    let mut generated: Vec<TokenId> = Vec::new();
+    let mut excluded: Vec<WorkerId> = Vec::new();
+    let mut retries = 0u32;
+    let mut migrations = 0u32;
+    let mut started = false;
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let mut context = job.prompt.clone();
+        context.extend_from_slice(&generated);
+        let remaining = job.max_tokens.saturating_sub(generated.len() as u32);
+        let routed = match route(
+            pool,
+            &job.routes,
+            &context,
+            remaining,
+            job.session.clone(),
+            &excluded,
+            &job.request_id,
+            attempt,
+        ) {
+            Ok(routed) => routed,
+            Err(RouteError::NoCandidates) => {
+                let message = if excluded.is_empty() {
+                    format!("no worker is available for model `{}`", job.routes.model)
+                } else {
+                    format!(
+                        "no other worker is available for model `{}` after {} failed",
+                        job.routes.model,
+                        excluded.len()
+                    )
+                };
+                let _ = tx
+                    .send(DispatchEvent::Failed(ApiError::Unavailable(message)))
+                    .await;
+                return;
+            }
+            Err(err) => {
+                let _ = tx
+                    .send(DispatchEvent::Failed(ApiError::Internal(err.to_string())))
+                    .await;
+                return;
+            }
+        };
+        let mut routed = routed;
+        let worker_id = routed.worker_id.clone();
+        tracing::debug!(request = %job.request_id, worker = %worker_id, attempt, "dispatching");
+        let request = GenerateRequest {
+            request_id: job.request_id.clone(),
+            prompt_token_ids: context,
+            sampling: Some(SamplingParams {
+                max_tokens: remaining,
+                temperature: job.temperature,
+                seed: job.seed,
+                ignore_eos: job.ignore_eos,
+                stop_token_ids: job.stop_token_ids.clone(),
+            }),
+        };
+        let mut client = routed.worker.client.clone();
+        let end = match client.generate(request).await {
+            Err(status) => classify(status),
+            Ok(response) => {
+                let mut stream = response.into_inner();
+                let mut end = AttemptEnd::WorkerFailed("worker closed the stream early".into());
+                while let Some(message) = stream.next().await {
+                    let message = match message {
+                        Ok(message) => message,
+                        Err(status) => {
+                            end = classify(status);
+                            break;
+                        }
+                    };
+                    if !started {
+                        started = true;
+                        routed.prefill_done();
+                        let event = DispatchEvent::Started {
+                            worker: worker_id.clone(),
+                            prompt_tokens: job.prompt.len() as u32,
+                            cached_prompt_tokens: message.cached_prompt_tokens,
+                        };
+                        if tx.send(event).await.is_err() {
+                            end = AttemptEnd::ConsumerGone;
+                            break;
+                        }
+                    } else {
+                        routed.prefill_done();
+                    }
+                    if !message.token_ids.is_empty() {
+                        generated.extend_from_slice(&message.token_ids);
+                        if tx
+                            .send(DispatchEvent::Tokens(message.token_ids))
+                            .await
+                            .is_err()
+                        {
+                            end = AttemptEnd::ConsumerGone;
+                            break;
+                        }
+                    }
+                    let finish = match v1::FinishReason::try_from(message.finish_reason) {
+                        Ok(v1::FinishReason::Length) => Some(Finish::Length),
+                        Ok(v1::FinishReason::Stop) => Some(Finish::Stop),
+                        Ok(v1::FinishReason::Aborted) => {
+                            end = AttemptEnd::WorkerFailed("worker aborted the request".into());
+                            break;
+                        }
+                        _ => None,
+                    };
+                    if let Some(finish) = finish {
+                        let _ = tx.send(DispatchEvent::Finished(finish)).await;
+                        end = AttemptEnd::Done;
+                        break;
+                    }
+                }
+                end
+            }
+        };
+        drop(routed);
+        match end {
+            AttemptEnd::Done | AttemptEnd::ConsumerGone => return,
+            AttemptEnd::Refused(err) => {
+                let _ = tx.send(DispatchEvent::Failed(err)).await;
+                return;
+            }
+            AttemptEnd::WorkerFailed(reason) => {
+                excluded.push(worker_id.clone());
+                if generated.is_empty() {
+                    retries += 1;
+                    if retries > job.max_retries {
+                        let err = ApiError::Upstream(format!(
+                            "{} workers failed before the first token; last: {reason}",
+                            retries
+                        ));
+                        let _ = tx.send(DispatchEvent::Failed(err)).await;
+                        return;
+                    }
+                    pool.metrics.retries.inc();
+                    tracing::warn!(request = %job.request_id, worker = %worker_id, %reason, "worker failed before the first token; retrying elsewhere");
+                } else {
+                    migrations += 1;
+                    if migrations > job.max_migrations {
+                        let err = ApiError::Upstream(format!(
+                            "the stream failed {migrations} times; last: {reason}"
+                        ));
+                        let _ = tx.send(DispatchEvent::Failed(err)).await;
+                        return;
+                    }
+                    pool.metrics.migrations.inc();
+                    tracing::warn!(request = %job.request_id, worker = %worker_id, generated = generated.len(), %reason, "worker failed mid-stream; migrating");
+                }
+                if generated.len() as u32 >= job.max_tokens {
+                    let _ = tx.send(DispatchEvent::Finished(Finish::Length)).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn classify(status: tonic::Status) -> AttemptEnd {
+    match status.code() {
+        Code::InvalidArgument | Code::OutOfRange => {
+            AttemptEnd::Refused(ApiError::bad_request(status.message().to_owned()))
+        }
+        _ => AttemptEnd::WorkerFailed(format!("{:?}: {}", status.code(), status.message())),
+    }
+}

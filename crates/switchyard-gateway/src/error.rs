@@ -1,0 +1,182 @@
+//! The gateway's errors and their one mapping to HTTP statuses and OpenAI error objects.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// Why a request failed. Each variant maps to exactly one HTTP status (see [`ApiError::status`]).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    /// The client sent something the API does not accept. Retrying it unchanged cannot help.
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        param: Option<&'static str>,
+    },
+    #[error("the model `{0}` does not exist")]
+    ModelNotFound(String),
+    #[error("request body is larger than the limit of {0} bytes")]
+    PayloadTooLarge(usize),
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    #[error("{0}")]
+    NotFound(String),
+    /// Too much work queued; the client should retry after the given number of seconds.
+    #[error("the server is saturated; retry after {retry_after_secs} s")]
+    Saturated { retry_after_secs: u64 },
+    /// No worker can serve the model now (none registered, all draining or failing).
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("request timed out after {0} s")]
+    Timeout(u64),
+    /// A worker failed in a way retries could not hide.
+    #[error("{0}")]
+    Upstream(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+#[derive(Debug, Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorObject<'a>,
+}
+
+/// The OpenAI error object.
+#[derive(Debug, Serialize)]
+pub struct ErrorObject<'a> {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    pub param: Option<&'a str>,
+    pub code: Option<&'a str>,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    pub fn bad_param(param: &'static str, message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: Some(param),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Saturated { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn kind_and_code(&self) -> (&'static str, Option<&'static str>) {
+        match self {
+            ApiError::BadRequest { .. } => ("invalid_request_error", None),
+            ApiError::PayloadTooLarge(_) => ("invalid_request_error", Some("payload_too_large")),
+            ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
+            ApiError::NotFound(_) => ("invalid_request_error", Some("not_found")),
+            ApiError::Unauthorized => ("authentication_error", Some("invalid_api_key")),
+            ApiError::Saturated { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
+            ApiError::Unavailable(_) => ("service_unavailable_error", Some("no_worker_available")),
+            ApiError::Timeout(_) => ("timeout_error", Some("timeout")),
+            ApiError::Upstream(_) => ("server_error", Some("upstream_error")),
+            ApiError::Internal(_) => ("server_error", None),
+        }
+    }
+
+    /// The OpenAI error object, for JSON bodies and for error events inside a stream.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (kind, code) = self.kind_and_code();
+        let param = match self {
+            ApiError::BadRequest { param, .. } => *param,
+            ApiError::ModelNotFound(_) => Some("model"),
+            _ => None,
+        };
+        serde_json::json!(ErrorBody {
+            error: ErrorObject {
+                message: self.to_string(),
+                kind,
+                param,
+                code,
+            }
+        })
+    }
+
+    /// Whether another attempt (on another worker, or later) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            ApiError::Saturated { .. } | ApiError::Unavailable(_) | ApiError::Upstream(_)
+        )
+    }
+
+    /// Label for the requests-by-status metric.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "bad_request",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::Saturated { .. } => "saturated",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Timeout(_) => "timeout",
+            ApiError::Upstream(_) => "upstream_error",
+            ApiError::Internal(_) => "internal_error",
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), axum::Json(self.to_json())).into_response();
+        if let ApiError::Saturated { retry_after_secs } = self
+            && let Ok(value) = HeaderValue::from_str(&retry_after_secs.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        if matches!(self, ApiError::Unauthorized) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_render_as_openai_error_objects() {
+        let err = ApiError::ModelNotFound("gpt-x".into());
+        assert_eq!(err.status(), StatusCode::NOT_FOUND);
+        let json = err.to_json();
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+        assert_eq!(json["error"]["code"], "model_not_found");
+        assert_eq!(json["error"]["param"], "model");
+        assert!(json["error"]["message"].as_str().unwrap().contains("gpt-x"));
+    }
+
+    #[test]
+    fn saturation_carries_retry_after() {
+        let response = ApiError::Saturated {
+            retry_after_secs: 2,
+        }
+        .into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+    }
+}

@@ -1,0 +1,148 @@
+//! The HTTP surface: OpenAI API ([`completions`]), admin API ([`admin`]), health, readiness,
+//! metrics and model list.
+
+pub mod admin;
+pub mod completions;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::GatewayConfig;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::openai::{ModelCard, ModelList};
+use crate::pool::WorkerPool;
+use crate::preprocess::Tokenizers;
+
+/// Everything a handler needs.
+#[derive(Debug)]
+pub struct AppState {
+    pub config: GatewayConfig,
+    pub pool: Arc<WorkerPool>,
+    pub tokenizers: Tokenizers,
+    pub metrics: Arc<Metrics>,
+    pub admission: Admission,
+}
+
+/// Bounded admission: `max_concurrent_requests` run, `max_queued_requests` wait, the rest get
+/// 429 with `Retry-After`.
+#[derive(Debug)]
+pub struct Admission {
+    permits: Arc<Semaphore>,
+    queued: AtomicUsize,
+    max_queued: usize,
+}
+
+impl Admission {
+    pub fn new(max_concurrent: usize, max_queued: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(max_concurrent)),
+            queued: AtomicUsize::new(0),
+            max_queued,
+        }
+    }
+
+    /// A slot to run in, waiting in line when all are taken and the line is not full.
+    pub async fn admit(&self, metrics: &Metrics) -> Result<OwnedSemaphorePermit, ApiError> {
+        if let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() {
+            return Ok(permit);
+        }
+        if self.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queued {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::Saturated {
+                retry_after_secs: 1,
+            });
+        }
+        metrics.queued.inc();
+        let permit = Arc::clone(&self.permits).acquire_owned().await;
+        self.queued.fetch_sub(1, Ordering::SeqCst);
+        metrics.queued.dec();
+        permit.map_err(|_| ApiError::Unavailable("the gateway is shutting down".into()))
+    }
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The gateway's HTTP application.
+pub fn router(state: Arc<AppState>) -> Router {
+    let body_limit = state.config.max_body_bytes;
+    let api = Router::new()
+        .route("/v1/chat/completions", post(completions::chat))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(models))
+        .layer(DefaultBodyLimit::max(body_limit));
+    Router::new()
+        .merge(api)
+        .nest("/admin", admin::router(Arc::clone(&state)))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such endpoint".into())
+}
+
+async fn health() -> &'static str {
+    "ok"
+}
+
+/// Ready when at least one worker can take a generation.
+async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    let serving = state
+        .pool
+        .workers()
+        .iter()
+        .any(|w| w.info().role.serves_decode() && !w.is_draining());
+    if serving {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no worker available").into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// Models with at least one worker.
+async fn models(State(state): State<Arc<AppState>>) -> axum::Json<ModelList> {
+    let mut data = Vec::new();
+    for (name, routes) in state.pool.models() {
+        if !state.pool.workers_of(&name).is_empty() {
+            data.push(ModelCard {
+                id: name,
+                object: "model",
+                created: unix_now(),
+                owned_by: "switchyard",
+                max_model_len: routes.max_context_tokens,
+            });
+        }
+    }
+    axum::Json(ModelList {
+        object: "list",
+        data,
+    })
+}

@@ -1,0 +1,160 @@
+//! The Switchyard gateway: the OpenAI API in front of the workers.
+//!
+//! A request goes through [`http`] (parse, validate, admit), [`preprocess`] (chat template and
+//! tokenizer, off the reactor), [`routing`] (the model's prefix index and load view, fed by
+//! [`subscriber`], choose a worker through `switchyard-router`), [`dispatch`] (gRPC to the
+//! worker, retries before the first token, migration mid-stream), and back through [`http`]
+//! as JSON or server-sent events (detokenized incrementally, [`stop`] strings applied).
+//! [`pool`] holds the workers the registry watch reports and each model's routing state;
+//! [`metrics`] the Prometheus metrics; [`config`] the one configuration struct.
+
+pub mod config;
+pub mod dispatch;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod openai;
+pub mod pool;
+pub mod preprocess;
+pub mod routing;
+pub mod stop;
+pub mod subscriber;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+use switchyard_registry::{Registry, WorkerChange};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{ConfigError, GatewayArgs, GatewayConfig};
+
+use crate::http::{Admission, AppState};
+use crate::metrics::Metrics;
+use crate::pool::WorkerPool;
+use crate::preprocess::Tokenizers;
+
+/// Why the gateway could not start or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("cannot load tokenizers: {0}")]
+    Tokenizers(String),
+    #[error("invalid routing configuration: {0}")]
+    Routing(String),
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("http server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Runs the gateway until `shutdown` is cancelled. `on_ready` gets the bound address once the
+/// listener is open.
+pub async fn run(
+    config: GatewayConfig,
+    registry: Arc<dyn Registry>,
+    shutdown: CancellationToken,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), GatewayError> {
+    let tokenizer_spec = config.tokenizer.clone();
+    let per_model = config.models.clone();
+    let tokenizers =
+        tokio::task::spawn_blocking(move || Tokenizers::load(&tokenizer_spec, &per_model))
+            .await
+            .map_err(|e| GatewayError::Tokenizers(e.to_string()))?
+            .map_err(GatewayError::Tokenizers)?;
+    let metrics = Arc::new(Metrics::new());
+    let pool = Arc::new(
+        WorkerPool::new(
+            config.policy,
+            config.policy_settings.clone(),
+            config.decision_log_size,
+            config.load_interval_ms,
+            Arc::clone(&metrics),
+        )
+        .map_err(|e| GatewayError::Routing(e.to_string()))?,
+    );
+    pool.tasks
+        .spawn(follow_registry(Arc::clone(&pool), registry));
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| GatewayError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| GatewayError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let state = Arc::new(AppState {
+        admission: Admission::new(config.max_concurrent_requests, config.max_queued_requests),
+        config,
+        pool: Arc::clone(&pool),
+        tokenizers,
+        metrics,
+    });
+    let app = http::router(state);
+    tracing::info!(address = %local_addr, "gateway listening");
+    on_ready(local_addr);
+    // The first streamed chunk must leave at once: no Nagle delay on client sockets.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
+        }
+    });
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await;
+    pool.shutdown().await;
+    result.map_err(GatewayError::Serve)
+}
+
+/// Mirrors the registry into the pool for as long as the gateway runs.
+async fn follow_registry(pool: Arc<WorkerPool>, registry: Arc<dyn Registry>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        tokio::select! {
+            _ = pool.cancel.cancelled() => return,
+            watch = registry.watch_workers() => match watch {
+                Ok(mut watch) => {
+                    backoff = Duration::from_millis(100);
+                    let known: Vec<_> = watch.initial.iter().map(|w| w.id.clone()).collect();
+                    for info in std::mem::take(&mut watch.initial) {
+                        pool.upsert_worker(info);
+                    }
+                    // Workers that left while the watch was down.
+                    for worker in pool.workers() {
+                        let id = worker.id();
+                        if !known.contains(&id) {
+                            pool.remove_worker(&id);
+                        }
+                    }
+                    loop {
+                        let change = tokio::select! {
+                            _ = pool.cancel.cancelled() => return,
+                            change = watch.next() => change,
+                        };
+                        match change {
+                            Some(WorkerChange::Added(info)) | Some(WorkerChange::Updated(info)) => {
+                                pool.upsert_worker(info);
+                            }
+                            Some(WorkerChange::Removed(id)) => pool.remove_worker(&id),
+                            None => break,
+                        }
+                    }
+                    tracing::warn!("registry watch ended; watching again");
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot watch the registry; retrying");
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,245 @@
+//! Prometheus metrics of the gateway (text exposition at `/metrics`).
+//!
+//! Names follow Prometheus conventions: `switchyard_` prefix, base units (seconds), `_total` on
+//! counters (added by the client library).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: &'static str,
+    pub status: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabels {
+    pub worker: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    pub policy: &'static str,
+}
+
+/// Every metric the gateway exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+    pub routing_overhead: Histogram,
+    pub tokenize: Histogram,
+    pub prompt_blocks_requested: Counter,
+    pub prompt_blocks_cached: Counter,
+    pub prompt_tokens: Counter,
+    pub completion_tokens: Counter,
+    pub decisions: Family<PolicyLabels, Counter>,
+    pub kv_events_applied: Counter,
+    pub kv_events_invalid: Counter,
+    pub resyncs: Counter,
+    pub retries: Counter,
+    pub migrations: Counter,
+    pub in_flight: Gauge,
+    pub queued: Gauge,
+    pub workers: Gauge,
+    pub worker_queued_prefill_tokens: Family<WorkerLabels, Gauge>,
+    pub worker_running_requests: Family<WorkerLabels, Gauge>,
+    pub worker_active_blocks: Family<WorkerLabels, Gauge>,
+    pub worker_indexed_blocks: Family<WorkerLabels, Gauge>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs to ~100 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 21))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("switchyard");
+        let m = Self {
+            requests: Family::default(),
+            ttft: latency_histogram(),
+            inter_token: latency_histogram(),
+            routing_overhead: Histogram::new(exponential_buckets(0.000_001, 2.0, 20)),
+            tokenize: latency_histogram(),
+            prompt_blocks_requested: Counter::default(),
+            prompt_blocks_cached: Counter::default(),
+            prompt_tokens: Counter::default(),
+            completion_tokens: Counter::default(),
+            decisions: Family::default(),
+            kv_events_applied: Counter::default(),
+            kv_events_invalid: Counter::default(),
+            resyncs: Counter::default(),
+            retries: Counter::default(),
+            migrations: Counter::default(),
+            in_flight: Gauge::default(),
+            queued: Gauge::default(),
+            workers: Gauge::default(),
+            worker_queued_prefill_tokens: Family::default(),
+            worker_running_requests: Family::default(),
+            worker_active_blocks: Family::default(),
+            worker_indexed_blocks: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "requests",
+            "HTTP requests by endpoint and outcome",
+            m.requests.clone(),
+        );
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from request arrival to the first generated token",
+            m.ttft.clone(),
+        );
+        registry.register(
+            "inter_token_latency_seconds",
+            "Time between consecutive streamed tokens",
+            m.inter_token.clone(),
+        );
+        registry.register(
+            "routing_overhead_seconds",
+            "Time spent choosing a worker (tokenization excluded)",
+            m.routing_overhead.clone(),
+        );
+        registry.register(
+            "tokenize_seconds",
+            "Chat-template rendering plus tokenization time per request",
+            m.tokenize.clone(),
+        );
+        registry.register(
+            "prompt_blocks_requested",
+            "Full prompt blocks routed",
+            m.prompt_blocks_requested.clone(),
+        );
+        registry.register(
+            "prompt_blocks_cached",
+            "Full prompt blocks the chosen worker already held (device tier)",
+            m.prompt_blocks_cached.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens served",
+            m.prompt_tokens.clone(),
+        );
+        registry.register(
+            "completion_tokens",
+            "Tokens generated",
+            m.completion_tokens.clone(),
+        );
+        registry.register(
+            "routing_decisions",
+            "Routing decisions by policy",
+            m.decisions.clone(),
+        );
+        registry.register(
+            "kv_events_applied",
+            "KV events applied to the prefix index",
+            m.kv_events_applied.clone(),
+        );
+        registry.register(
+            "kv_events_invalid",
+            "KV events refused as invalid",
+            m.kv_events_invalid.clone(),
+        );
+        registry.register(
+            "kv_resyncs",
+            "Worker snapshots applied to resynchronise the index",
+            m.resyncs.clone(),
+        );
+        registry.register(
+            "dispatch_retries",
+            "Requests retried on another worker before their first token",
+            m.retries.clone(),
+        );
+        registry.register(
+            "dispatch_migrations",
+            "Streams moved to another worker mid-generation",
+            m.migrations.clone(),
+        );
+        registry.register(
+            "requests_in_flight",
+            "Requests being served",
+            m.in_flight.clone(),
+        );
+        registry.register(
+            "requests_queued",
+            "Requests waiting for admission",
+            m.queued.clone(),
+        );
+        registry.register("workers", "Workers known to the gateway", m.workers.clone());
+        registry.register(
+            "worker_queued_prefill_tokens",
+            "Prefill tokens queued on a worker (last report)",
+            m.worker_queued_prefill_tokens.clone(),
+        );
+        registry.register(
+            "worker_running_requests",
+            "Requests running on a worker (last report)",
+            m.worker_running_requests.clone(),
+        );
+        registry.register(
+            "worker_active_blocks",
+            "KV blocks referenced on a worker (last report)",
+            m.worker_active_blocks.clone(),
+        );
+        registry.register(
+            "worker_indexed_blocks",
+            "Blocks the prefix index holds for a worker",
+            m.worker_indexed_blocks.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(err) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %err, "cannot encode metrics");
+        }
+        out
+    }
+
+    /// Forgets a departed worker's labelled series.
+    pub fn remove_worker(&self, worker: &str) {
+        let labels = WorkerLabels {
+            worker: worker.to_owned(),
+        };
+        self.worker_queued_prefill_tokens.remove(&labels);
+        self.worker_running_requests.remove(&labels);
+        self.worker_active_blocks.remove(&labels);
+        self.worker_indexed_blocks.remove(&labels);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_conventional_names() {
+        let m = Metrics::new();
+        m.requests
+            .get_or_create(&RequestLabels {
+                endpoint: "chat",
+                status: "ok",
+            })
+            .inc();
+        m.ttft.observe(0.01);
+        let text = m.encode();
+        assert!(text.contains("switchyard_requests_total{endpoint=\"chat\",status=\"ok\"} 1"));
+        assert!(text.contains("switchyard_time_to_first_token_seconds_bucket"));
+        assert!(text.contains("switchyard_kv_events_applied_total"));
+    }
+}

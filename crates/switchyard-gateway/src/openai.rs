@@ -1,0 +1,225 @@
+//! OpenAI API bodies: what clients send and what the gateway answers.
+//!
+//! Requests ignore fields they do not know (OpenAI clients send many), but refuse values the
+//! gateway cannot honour (several choices, several prompts) with a clear error instead of
+//! silently doing something else.
+
+use serde::{Deserialize, Serialize};
+
+/// `stop`: one string or a list of up to four.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields shared by chat and text completions.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct SamplingFields {
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub stop: Option<StopSpec>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub user: Option<String>,
+    pub n: Option<u32>,
+    /// vLLM extension: keep generating past end-of-sequence.
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub tools: Option<Vec<serde_json::Value>>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// `prompt` of a text completion: text or token ids.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+    TextBatch(Vec<String>),
+    TokenBatch(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: PromptInput,
+    #[serde(default)]
+    pub echo: bool,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u32,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: u32, completion_tokens: u32, cached_tokens: u32) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatMessageOut {
+    pub role: &'static str,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: ChatMessageOut,
+    pub finish_reason: &'static str,
+    pub logprobs: Option<()>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: ChatDelta,
+    pub finish_reason: Option<&'static str>,
+    pub logprobs: Option<()>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub finish_reason: Option<&'static str>,
+    pub logprobs: Option<()>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Completion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    /// Longest prompt plus output, in tokens (vLLM reports the same field).
+    pub max_model_len: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_request_accepts_unknown_fields_and_both_stop_forms() {
+        let req: ChatCompletionRequest = serde_json::from_str(
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],
+                "stop":"x","frequency_penalty":0.5,"stream":true,
+                "stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(req.sampling.stop, Some(StopSpec::One("x".into())));
+        assert!(req.sampling.stream);
+        assert!(req.sampling.stream_options.unwrap().include_usage);
+        let req: ChatCompletionRequest =
+            serde_json::from_str(r#"{"model":"m","messages":[],"stop":["a","b"]}"#).unwrap();
+        assert_eq!(req.sampling.stop.unwrap().into_vec(), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn completion_prompt_is_text_or_tokens() {
+        let r: CompletionRequest =
+            serde_json::from_str(r#"{"model":"m","prompt":"hello"}"#).unwrap();
+        assert_eq!(r.prompt, PromptInput::Text("hello".into()));
+        let r: CompletionRequest =
+            serde_json::from_str(r#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
+        assert_eq!(r.prompt, PromptInput::Tokens(vec![1, 2, 3]));
+        let r: CompletionRequest =
+            serde_json::from_str(r#"{"model":"m","prompt":[[1],[2]]}"#).unwrap();
+        assert!(matches!(r.prompt, PromptInput::TokenBatch(_)));
+    }
+}

@@ -1,0 +1,316 @@
+//! The workers the gateway knows, and the routing state of each model.
+//!
+//! The registry watch adds, updates and removes workers here. Each worker gets a lazily
+//! connected gRPC client and two subscriber tasks ([`crate::subscriber`]): its KV events feed
+//! the model's [`PrefixIndex`], its load reports feed the model's [`LoadView`]. A worker that
+//! leaves is dropped from both at once. Routing ([`crate::routing`]) locks a model's
+//! [`RouterCore`] for the few microseconds a decision takes; nothing awaits under that lock.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use switchyard_core::{BlockSize, WorkerId, WorkerInfo};
+use switchyard_proto::v1::worker_client::WorkerClient;
+use switchyard_router::{
+    Explanation, IndexConfig, LoadConfig, LoadView, Policy, PolicyConfig, PolicyKind, PrefixIndex,
+    RouteError, Tick,
+};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::metrics::Metrics;
+
+/// One routing decision as the decision log keeps it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    pub request_id: String,
+    pub model: String,
+    pub at_unix_ms: u64,
+    pub attempt: u32,
+    pub explanation: Explanation,
+}
+
+/// The routing state of one model: its index, load view, policy and decision log.
+#[derive(Debug)]
+pub struct RouterCore {
+    pub index: PrefixIndex,
+    pub load: LoadView,
+    pub policy: Box<dyn Policy>,
+    pub policy_kind: PolicyKind,
+    pub log: VecDeque<DecisionRecord>,
+    log_size: usize,
+}
+
+impl RouterCore {
+    pub fn record(&mut self, record: DecisionRecord) {
+        if self.log.len() == self.log_size {
+            self.log.pop_front();
+        }
+        self.log.push_back(record);
+    }
+}
+
+/// A model's routing state, shared by its workers' subscribers and the request path.
+#[derive(Debug)]
+pub struct ModelRoutes {
+    pub model: String,
+    pub block_size: BlockSize,
+    pub max_context_tokens: u64,
+    pub core: Mutex<RouterCore>,
+}
+
+impl ModelRoutes {
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, RouterCore> {
+        // The core is left consistent between calls; a panic elsewhere must not stop routing.
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A worker as the gateway sees it.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    pub info: RwLock<WorkerInfo>,
+    pub client: WorkerClient<Channel>,
+    /// Set from the worker's load reports; a draining worker gets no new requests.
+    pub draining: AtomicBool,
+    /// Cancels this worker's subscriber tasks.
+    pub cancel: CancellationToken,
+}
+
+impl WorkerHandle {
+    pub fn info(&self) -> WorkerInfo {
+        self.info.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn id(&self) -> WorkerId {
+        self.info
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .id
+            .clone()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// Every known worker and every model's routing state.
+#[derive(Debug)]
+pub struct WorkerPool {
+    workers: RwLock<BTreeMap<WorkerId, Arc<WorkerHandle>>>,
+    models: RwLock<BTreeMap<String, Arc<ModelRoutes>>>,
+    policy_settings: PolicyConfig,
+    policy_kind: RwLock<PolicyKind>,
+    decision_log_size: usize,
+    pub(crate) load_interval_ms: u32,
+    pub metrics: Arc<Metrics>,
+    epoch: Instant,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) tasks: TaskTracker,
+}
+
+impl WorkerPool {
+    pub fn new(
+        policy_kind: PolicyKind,
+        policy_settings: PolicyConfig,
+        decision_log_size: usize,
+        load_interval_ms: u32,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, RouteError> {
+        // Fail now, not at the first worker, when the settings are bad.
+        policy_kind.build(&policy_settings)?;
+        Ok(Self {
+            workers: RwLock::new(BTreeMap::new()),
+            models: RwLock::new(BTreeMap::new()),
+            policy_settings,
+            policy_kind: RwLock::new(policy_kind),
+            decision_log_size: decision_log_size.max(1),
+            load_interval_ms,
+            metrics,
+            epoch: Instant::now(),
+            cancel: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    /// Microseconds since the pool started: the router's clock.
+    pub fn now_tick(&self) -> Tick {
+        self.epoch.elapsed().as_micros() as Tick
+    }
+
+    pub fn policy_kind(&self) -> PolicyKind {
+        *self.policy_kind.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Switches every model to `kind`. Policies start fresh (session pins and predicted caches
+    /// belong to the policy that made them).
+    pub fn set_policy(&self, kind: PolicyKind) -> Result<(), RouteError> {
+        let models: Vec<Arc<ModelRoutes>> = self.models().into_values().collect();
+        let mut built = Vec::with_capacity(models.len());
+        for _ in &models {
+            built.push(kind.build(&self.policy_settings)?);
+        }
+        for (routes, policy) in models.iter().zip(built) {
+            let mut core = routes.lock();
+            core.policy = policy;
+            core.policy_kind = kind;
+        }
+        *self.policy_kind.write().unwrap_or_else(|p| p.into_inner()) = kind;
+        tracing::info!(policy = %kind, "routing policy switched");
+        Ok(())
+    }
+
+    pub fn models(&self) -> BTreeMap<String, Arc<ModelRoutes>> {
+        self.models
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn model(&self, name: &str) -> Option<Arc<ModelRoutes>> {
+        self.models
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub fn workers(&self) -> Vec<Arc<WorkerHandle>> {
+        self.workers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn worker(&self, id: &WorkerId) -> Option<Arc<WorkerHandle>> {
+        self.workers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// Workers of `model`.
+    pub fn workers_of(&self, model: &str) -> Vec<Arc<WorkerHandle>> {
+        self.workers()
+            .into_iter()
+            .filter(|w| w.info().model == model)
+            .collect()
+    }
+
+    fn routes_for(&self, info: &WorkerInfo) -> Result<Arc<ModelRoutes>, String> {
+        let mut models = self.models.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(routes) = models.get(&info.model) {
+            if routes.block_size != info.block_size {
+                return Err(format!(
+                    "worker {} announces block size {} for model {} but the gateway routes it with {}",
+                    info.id, info.block_size, info.model, routes.block_size
+                ));
+            }
+            return Ok(Arc::clone(routes));
+        }
+        let kind = self.policy_kind();
+        let policy = kind
+            .build(&self.policy_settings)
+            .map_err(|e| e.to_string())?;
+        let routes = Arc::new(ModelRoutes {
+            model: info.model.clone(),
+            block_size: info.block_size,
+            max_context_tokens: info.max_context_tokens,
+            core: Mutex::new(RouterCore {
+                index: PrefixIndex::new(IndexConfig::new(info.block_size)),
+                load: LoadView::new(LoadConfig::default()),
+                policy,
+                policy_kind: kind,
+                log: VecDeque::new(),
+                log_size: self.decision_log_size,
+            }),
+        });
+        models.insert(info.model.clone(), Arc::clone(&routes));
+        Ok(routes)
+    }
+
+    /// A worker joined (or changed): start following it.
+    pub fn upsert_worker(self: &Arc<Self>, info: WorkerInfo) {
+        if let Some(existing) = self.worker(&info.id) {
+            let old = existing.info();
+            if old.incarnation == info.incarnation && old.address == info.address {
+                *existing.info.write().unwrap_or_else(|p| p.into_inner()) = info;
+                return;
+            }
+            // Restarted or moved: follow the new incarnation from scratch.
+            self.remove_worker(&info.id);
+        }
+        let routes = match self.routes_for(&info) {
+            Ok(routes) => routes,
+            Err(message) => {
+                tracing::warn!(worker = %info.id, "{message}; ignoring the worker");
+                return;
+            }
+        };
+        let channel = match Endpoint::from_shared(format!("http://{}", info.address)) {
+            Ok(endpoint) => endpoint
+                .connect_timeout(Duration::from_secs(2))
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(5))
+                .keep_alive_timeout(Duration::from_secs(5))
+                .connect_lazy(),
+            Err(err) => {
+                tracing::warn!(worker = %info.id, address = %info.address, error = %err, "invalid worker address; ignoring the worker");
+                return;
+            }
+        };
+        let handle = Arc::new(WorkerHandle {
+            client: WorkerClient::new(channel),
+            draining: AtomicBool::new(false),
+            cancel: self.cancel.child_token(),
+            info: RwLock::new(info.clone()),
+        });
+        self.workers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(info.id.clone(), Arc::clone(&handle));
+        self.metrics
+            .workers
+            .set(self.workers.read().map(|w| w.len()).unwrap_or(0) as i64);
+        tracing::info!(worker = %info.id, address = %info.address, model = %info.model, role = %info.role, "worker joined");
+        crate::subscriber::spawn(self, handle, routes);
+    }
+
+    /// A worker left: stop following it and forget its blocks and load at once.
+    pub fn remove_worker(&self, id: &WorkerId) {
+        let removed = self
+            .workers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        let Some(handle) = removed else { return };
+        handle.cancel.cancel();
+        let model = handle.info().model;
+        if let Some(routes) = self.model(&model) {
+            let mut core = routes.lock();
+            core.index.remove_worker(id);
+            core.load.remove_worker(id);
+            core.policy.worker_removed(id);
+        }
+        self.metrics.remove_worker(id.as_str());
+        self.metrics
+            .workers
+            .set(self.workers.read().map(|w| w.len()).unwrap_or(0) as i64);
+        tracing::info!(worker = %id, "worker left; its blocks are dropped from the index");
+    }
+
+    /// Stops every subscriber task.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}

@@ -1,0 +1,178 @@
+//! Routing glue: candidates for a model, the policy's decision, in-flight bookkeeping, the
+//! decision log and the routing metrics.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use switchyard_core::{BlockHash, TokenId, WorkerId, block_hashes};
+use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
+
+use crate::metrics::PolicyLabels;
+use crate::pool::{DecisionRecord, ModelRoutes, WorkerHandle, WorkerPool};
+
+static NEXT_ROUTE: AtomicU64 = AtomicU64::new(1);
+
+/// A routed request. While it lives, the model's load view counts it on the chosen worker;
+/// dropping it releases that count.
+#[derive(Debug)]
+pub struct RoutedRequest {
+    pub worker: Arc<WorkerHandle>,
+    pub worker_id: WorkerId,
+    pub decision: Decision,
+    /// Leading prompt blocks the chosen worker holds in its device tier.
+    pub cached_blocks: u32,
+    routes: Arc<ModelRoutes>,
+    key: u64,
+    prefill_done: bool,
+}
+
+impl RoutedRequest {
+    /// The first token arrived: the request moves from the prefill queue to decoding.
+    pub fn prefill_done(&mut self) {
+        if !self.prefill_done {
+            self.prefill_done = true;
+            self.routes
+                .lock()
+                .load
+                .on_prefill_done(&self.worker_id, self.key);
+        }
+    }
+}
+
+impl Drop for RoutedRequest {
+    fn drop(&mut self) {
+        self.routes
+            .lock()
+            .load
+            .on_finished(&self.worker_id, self.key);
+    }
+}
+
+/// Workers of the model that can take a generation now.
+pub fn candidates(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    exclude: &[WorkerId],
+) -> Vec<(Candidate, Arc<WorkerHandle>)> {
+    pool.workers_of(&routes.model)
+        .into_iter()
+        .filter(|w| {
+            let info = w.info();
+            info.role.serves_decode() && !w.is_draining() && !exclude.contains(&info.id)
+        })
+        .map(|w| (Candidate::from(w.id()), w))
+        .collect()
+}
+
+/// The route request for `tokens` (hashing happens here, outside any lock).
+pub fn route_request(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    tokens: &[TokenId],
+    session: Option<String>,
+) -> RouteRequest {
+    let hashes: Vec<BlockHash> = block_hashes(tokens, routes.block_size);
+    RouteRequest {
+        block_hashes: hashes,
+        prompt_tokens: tokens.len() as u64,
+        block_size: routes.block_size,
+        session,
+        now: pool.now_tick(),
+    }
+}
+
+/// Chooses a worker for `tokens` and records the decision.
+#[allow(clippy::too_many_arguments)]
+pub fn route(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    tokens: &[TokenId],
+    max_tokens: u32,
+    session: Option<String>,
+    exclude: &[WorkerId],
+    request_id: &str,
+    attempt: u32,
+) -> Result<RoutedRequest, RouteError> {
+    let started = Instant::now();
+    let request = route_request(pool, routes, tokens, session);
+    let candidates = candidates(pool, routes, exclude);
+    if candidates.is_empty() {
+        return Err(RouteError::NoCandidates);
+    }
+    let only: Vec<Candidate> = candidates.iter().map(|(c, _)| c.clone()).collect();
+    let block_size = u64::from(routes.block_size.get());
+    let (decision, cached_blocks, key) = {
+        let mut core = routes.lock();
+        let core = &mut *core;
+        let decision = core
+            .policy
+            .choose(&request, &only, &core.index, &core.load)?;
+        let chosen = decision.chosen();
+        let uncached = chosen.map_or(request.prompt_tokens, |c| c.uncached_prompt_tokens);
+        let cached_blocks = chosen.map_or(0, |c| c.overlap.device);
+        let key = NEXT_ROUTE.fetch_add(1, Ordering::Relaxed);
+        let blocks = (request.prompt_tokens + u64::from(max_tokens)).div_ceil(block_size);
+        core.load
+            .on_routed(&decision.worker, key, uncached, blocks, request.now);
+        core.record(DecisionRecord {
+            request_id: request_id.to_owned(),
+            model: routes.model.clone(),
+            at_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            attempt,
+            explanation: decision.explanation.clone(),
+        });
+        (decision, cached_blocks, key)
+    };
+    let m = &pool.metrics;
+    m.routing_overhead.observe(started.elapsed().as_secs_f64());
+    m.decisions
+        .get_or_create(&PolicyLabels {
+            policy: decision.explanation.policy,
+        })
+        .inc();
+    m.prompt_blocks_requested
+        .inc_by(request.block_hashes.len() as u64);
+    m.prompt_blocks_cached.inc_by(u64::from(cached_blocks));
+    let worker = candidates
+        .into_iter()
+        .find(|(c, _)| c.worker == decision.worker)
+        .map(|(_, w)| w)
+        .ok_or(RouteError::NoCandidates)?;
+    Ok(RoutedRequest {
+        worker_id: decision.worker.clone(),
+        worker,
+        decision,
+        cached_blocks,
+        routes: Arc::clone(routes),
+        key,
+        prefill_done: false,
+    })
+}
+
+/// What the current policy would decide for `tokens`, without sending or recording anything.
+///
+/// Evaluated with a fresh instance of the current policy so the live one's state (turn
+/// counters, session pins, sampling position) is not disturbed.
+pub fn explain(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    tokens: &[TokenId],
+    session: Option<String>,
+    settings: &switchyard_router::PolicyConfig,
+) -> Result<Decision, RouteError> {
+    let request = route_request(pool, routes, tokens, session);
+    let only: Vec<Candidate> = candidates(pool, routes, &[])
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    if only.is_empty() {
+        return Err(RouteError::NoCandidates);
+    }
+    let core = routes.lock();
+    let mut policy = core.policy_kind.build(settings)?;
+    policy.choose(&request, &only, &core.index, &core.load)
+}

@@ -1,0 +1,604 @@
+//! End to end through the real binary: the OpenAI API (Rust HTTP client, the official `openai`
+//! Python SDK), bad input, the admin API, KV-aware routing against round-robin, migration of a
+//! stream whose worker is SIGKILLed, and cancellation when a client goes away.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{SwitchyardProcess, eventually};
+use switchyard_testkit::EtcdServer;
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    fn new(process: &SwitchyardProcess) -> Self {
+        Self {
+            base: format!("http://{}", process.address),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Streams and returns every `data:` payload, `[DONE]` included.
+    async fn stream(&self, path: &str, body: &Value) -> Vec<String> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 200);
+        let text = response.text().await.expect("sse body");
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+fn chat(content: &str, max_tokens: u32) -> Value {
+    json!({
+        "model": "sim-8b",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+    })
+}
+
+fn tokens(seed: u32, len: u32) -> Vec<u32> {
+    (0..len)
+        .map(|i| 1000 + (seed * 7919 + i * 13) % 20000)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_api_serves_requests_and_refuses_bad_input() {
+    let up = SwitchyardProcess::spawn(
+        "up",
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--workers",
+            "2",
+            "--speedup",
+            "50",
+            "--max-context",
+            "4096",
+        ],
+    )
+    .await;
+    let api = Api::new(&up);
+
+    let (status, models) = api.get("/v1/models").await;
+    assert_eq!(status, 200);
+    assert_eq!(models["data"][0]["id"], "sim-8b");
+
+    // Non-streaming chat.
+    let (status, body) = api
+        .post("/v1/chat/completions", &chat("Hello there", 12))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(body["usage"]["completion_tokens"], 12);
+    assert!(body["usage"]["prompt_tokens"].as_u64().unwrap() > 3);
+
+    // Streaming chat with usage in the last chunk.
+    let mut req = chat("Stream to me", 6);
+    req["stream"] = json!(true);
+    req["stream_options"] = json!({"include_usage": true});
+    let events = api.stream("/v1/chat/completions", &req).await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 6);
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .map(|c| &c["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish, vec![&json!("length")]);
+
+    // Text completions, prompt as text and as token ids, streamed and not.
+    let (status, body) = api
+        .post(
+            "/v1/completions",
+            &json!({"model": "sim-8b", "prompt": "Once upon a time", "max_tokens": 5, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(body["usage"]["completion_tokens"], 5);
+    let events = api
+        .stream(
+            "/v1/completions",
+            &json!({"model": "sim-8b", "prompt": tokens(1, 40), "max_tokens": 4, "ignore_eos": true, "stream": true}),
+        )
+        .await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+
+    // Stop strings: the same request (same prompt, same seed) lands on the worker holding its
+    // prefix and generates the same text; cutting at a word of it ends the answer there.
+    let base = json!({"model": "sim-8b", "prompt": tokens(2, 48), "max_tokens": 30, "seed": 7, "ignore_eos": true});
+    let (_, full) = api.post("/v1/completions", &base).await;
+    let full_text = full["choices"][0]["text"].as_str().unwrap().to_owned();
+    let (_, again) = api.post("/v1/completions", &base).await;
+    assert_eq!(
+        again["choices"][0]["text"], full_text,
+        "same seed, same worker, same text"
+    );
+    let cut = full_text
+        .char_indices()
+        .nth(full_text.chars().count() / 2)
+        .unwrap()
+        .0;
+    let stop: String = full_text[cut..].chars().take(3).collect();
+    let mut with_stop = base.clone();
+    with_stop["stop"] = json!(stop);
+    let (status, stopped) = api.post("/v1/completions", &with_stop).await;
+    assert_eq!(status, 200);
+    let stopped_text = stopped["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+    assert!(full_text.starts_with(stopped_text));
+    assert!(
+        !stopped_text.contains(&stop),
+        "{stopped_text:?} contains {stop:?}"
+    );
+
+    // Bad input: the right status and an OpenAI error object, every time.
+    let long_prompt = "word ".repeat(5000);
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("malformed json", b"{\"model\": ".to_vec(), 400, "invalid request body"),
+        ("invalid utf-8", vec![b'{', 0xff, 0xfe, b'}'], 400, "UTF-8"),
+        ("unknown model", serde_json::to_vec(&json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]})).unwrap(), 404, "nope"),
+        ("missing messages", serde_json::to_vec(&json!({"model": "sim-8b"})).unwrap(), 400, "messages"),
+        ("empty messages", serde_json::to_vec(&json!({"model": "sim-8b", "messages": []})).unwrap(), 400, "messages"),
+        ("bad message", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"content": "no role"}]})).unwrap(), 400, "messages[0]"),
+        ("prompt over context", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": long_prompt}]})).unwrap(), 400, "maximum context length"),
+        ("max_tokens over context", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000})).unwrap(), 400, "maximum context length"),
+        ("max_tokens zero", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0})).unwrap(), 400, "max_tokens"),
+        ("n > 1", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "n": 2})).unwrap(), 400, "n = 1"),
+        ("temperature out of range", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "temperature": 9})).unwrap(), 400, "temperature"),
+        ("body too large", vec![b' '; 40 << 20], 413, "larger than"),
+    ];
+    for (name, body, want, needle) in cases {
+        let (status, err) = api.post_raw("/v1/chat/completions", body).await;
+        assert_eq!(status, want, "{name}: {err}");
+        let message = err["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(needle),
+            "{name}: {message:?} lacks {needle:?}"
+        );
+        assert!(err["error"]["type"].is_string(), "{name}: {err}");
+    }
+    let (status, err) = api
+        .post(
+            "/v1/completions",
+            &json!({"model": "sim-8b", "prompt": ["a", "b"]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{err}");
+    let (status, _) = api.get("/v1/nothing-here").await;
+    assert_eq!(status, 404);
+    // Still healthy and serving.
+    let (status, _) = api.get("/health").await;
+    assert_eq!(status, 200);
+    let (status, _) = api.get("/ready").await;
+    assert_eq!(status, 200);
+    let (status, body) = api
+        .post("/v1/chat/completions", &chat("still there?", 3))
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    // Admin API.
+    let (status, workers) = api.get("/admin/workers").await;
+    assert_eq!(status, 200);
+    assert_eq!(workers.as_array().unwrap().len(), 2);
+    let (status, decisions) = api.get("/admin/decisions?limit=3").await;
+    assert_eq!(status, 200);
+    assert_eq!(decisions.as_array().unwrap().len(), 3);
+    assert!(decisions[0]["explanation"]["why"].is_string());
+    let (status, index) = api.get("/admin/index").await;
+    assert_eq!(status, 200);
+    assert!(
+        index[0]["stats"]["entries"].as_u64().unwrap() > 0,
+        "{index}"
+    );
+    let (status, body) = api
+        .post("/admin/policy", &json!({"policy": "least-loaded"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, policy) = api.get("/admin/policy").await;
+    assert_eq!(policy["policy"], "least-loaded");
+    let (status, _) = api.post("/admin/policy", &json!({"policy": "bogus"})).await;
+    assert_eq!(status, 400);
+
+    // The official OpenAI Python SDK.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/python/openai_client.py"
+    );
+    let output = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(format!("{}/v1", api.base))
+        .output()
+        .await
+        .expect("run python3");
+    assert!(
+        output.status.success(),
+        "openai SDK client failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("openai sdk: all checks passed"));
+
+    // Metrics are exported under conventional names.
+    assert!(api.metric("switchyard_requests_total").await >= 10.0);
+    assert!(
+        api.metric("switchyard_time_to_first_token_seconds_count")
+            .await
+            >= 5.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_routing_follows_prefixes_and_beats_round_robin() {
+    let up = SwitchyardProcess::spawn(
+        "up",
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--workers",
+            "4",
+            "--speedup",
+            "50",
+            "--admin-token",
+            "s3cret",
+        ],
+    )
+    .await;
+    let api = Api::new(&up);
+    let admin = |path: &str| {
+        api.http
+            .get(format!("{}{path}", api.base))
+            .bearer_auth("s3cret")
+    };
+    // The admin API wants the token.
+    let (status, err) = api.get("/admin/workers").await;
+    assert_eq!(status, 401);
+    assert_eq!(err["error"]["type"], "authentication_error");
+
+    // A long prefix, then the same prefix with a new suffix: the second goes where the first
+    // left its blocks, and explain says why.
+    let prefix = tokens(3, 1024);
+    let first = json!({"model": "sim-8b", "prompt": prefix, "max_tokens": 2, "ignore_eos": true});
+    let (status, body) = api.post("/v1/completions", &first).await;
+    assert_eq!(status, 200, "{body}");
+    let decisions: Value = admin("/admin/decisions?limit=1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let holder = decisions[0]["explanation"]["chosen"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Wait until the holder's KV events reached the index.
+    let indexed =
+        eventually(Duration::from_secs(10), || async {
+            let workers: Value = admin("/admin/workers")
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            workers.as_array().unwrap().iter().any(|w| {
+                w["id"] == holder.as_str() && w["indexed_blocks"].as_u64().unwrap_or(0) >= 64
+            })
+        })
+        .await;
+    assert!(indexed, "the prompt's blocks reached the index");
+    let mut second_prompt = prefix.clone();
+    second_prompt.extend(tokens(4, 100));
+    let explain: Value = api
+        .http
+        .post(format!("{}/admin/explain", api.base))
+        .bearer_auth("s3cret")
+        .json(&json!({"model": "sim-8b", "prompt": second_prompt}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let decision = &explain["decision"];
+    assert_eq!(decision["worker"], holder.as_str(), "{explain}");
+    let holder_score = decision["explanation"]["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["worker"] == holder.as_str())
+        .unwrap();
+    assert_eq!(holder_score["overlap"]["device"], 64, "{holder_score}");
+    assert!(
+        decision["explanation"]["why"]
+            .as_str()
+            .unwrap()
+            .contains(&holder)
+    );
+    let (status, body) = api
+        .post(
+            "/v1/completions",
+            &json!({"model": "sim-8b", "prompt": second_prompt, "max_tokens": 2, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert!(
+        body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 1008,
+        "{body}"
+    );
+
+    // Shared-prefix workload: 5 groups of 4 requests sharing a 512-token prefix, interleaved.
+    // (5 groups over 4 workers: round-robin never sends a group back to the same worker.)
+    async fn workload(api: &Api, seed: u32) -> f64 {
+        let mut cached = 0u64;
+        let mut total = 0u64;
+        for round in 0..4 {
+            for group in 0..5 {
+                let mut prompt = tokens(seed + group, 512);
+                prompt.extend(tokens(seed * 100 + round * 10 + group, 64));
+                let (status, body) = api
+                    .post(
+                        "/v1/completions",
+                        &json!({"model": "sim-8b", "prompt": prompt, "max_tokens": 2, "ignore_eos": true}),
+                    )
+                    .await;
+                assert_eq!(status, 200, "{body}");
+                cached += body["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap();
+                total += body["usage"]["prompt_tokens"].as_u64().unwrap();
+                // Let the KV events of this request reach the gateway.
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        }
+        cached as f64 / total as f64
+    }
+    let kv_hit = workload(&api, 10).await;
+    let status = api
+        .http
+        .put(format!("{}/admin/policy", api.base))
+        .bearer_auth("s3cret")
+        .json(&json!({"policy": "round-robin"}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+    let rr_hit = workload(&api, 20).await;
+    eprintln!("cache hit rate: kv {kv_hit:.3}, round-robin {rr_hit:.3}");
+    assert!(
+        kv_hit > 0.5 && kv_hit > rr_hit + 0.3,
+        "kv {kv_hit:.3} should clearly beat round-robin {rr_hit:.3}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_is_migrated_away_and_a_dropped_client_cancels() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("gw-{}", std::process::id());
+    let worker_args = |id: &'static str| {
+        vec![
+            "--etcd".to_owned(),
+            endpoint.clone(),
+            "--cluster".to_owned(),
+            cluster.clone(),
+            "--lease-ttl-secs".to_owned(),
+            "2".to_owned(),
+            "--speedup".to_owned(),
+            "0.5".to_owned(),
+            "--max-context".to_owned(),
+            "8192".to_owned(),
+            "--id".to_owned(),
+            id.to_owned(),
+        ]
+    };
+    let a_args = worker_args("worker-a");
+    let b_args = worker_args("worker-b");
+    let mut a =
+        SwitchyardProcess::start(&a_args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let mut b =
+        SwitchyardProcess::start(&b_args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let gateway = SwitchyardProcess::spawn(
+        "gateway",
+        &[
+            "--etcd",
+            &endpoint,
+            "--cluster",
+            &cluster,
+            "--http",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
+    let api = Api::new(&gateway);
+    let both = eventually(Duration::from_secs(10), || async {
+        let (_, workers) = api.get("/admin/workers").await;
+        workers.as_array().map_or(0, Vec::len) == 2
+    })
+    .await;
+    assert!(both, "gateway sees both workers");
+
+    // Stream a long answer; kill its worker after the first tokens.
+    let body = json!({
+        "model": "sim-8b",
+        "prompt": tokens(5, 200),
+        "max_tokens": 120,
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let mut response = api
+        .http
+        .post(format!("{}/v1/completions", api.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut text = String::new();
+    while !text.contains("\"text\"") {
+        let chunk = response.chunk().await.unwrap().expect("first chunk");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let (_, decisions) = api.get("/admin/decisions?limit=1").await;
+    let serving = decisions[0]["explanation"]["chosen"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (victim, survivor) = if serving == "worker-a" {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    victim.kill_hard().await;
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let payloads: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(payloads.last(), Some(&"[DONE]"), "{text}");
+    assert!(
+        !text.contains("\"error\""),
+        "the client saw an error: {text}"
+    );
+    let usage: Value = serde_json::from_str(payloads[payloads.len() - 2]).unwrap();
+    assert_eq!(
+        usage["usage"]["completion_tokens"], 120,
+        "complete answer: {usage}"
+    );
+    assert!(api.metric("switchyard_dispatch_migrations_total").await >= 1.0);
+
+    // The dead worker leaves the gateway, and its blocks leave the index.
+    let gone = eventually(Duration::from_secs(15), || async {
+        let (_, workers) = api.get("/admin/workers").await;
+        let (_, index) = api.get("/admin/index").await;
+        workers.as_array().map_or(0, Vec::len) == 1 && index[0]["stats"]["workers"] == 1
+    })
+    .await;
+    assert!(gone, "killed worker still known to the gateway");
+
+    // A client that goes away stops its generation on the worker.
+    let body = json!({"model": "sim-8b", "prompt": tokens(6, 64), "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let mut response = api
+        .http
+        .post(format!("{}/v1/completions", api.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    response.chunk().await.unwrap().expect("first chunk");
+    let running = |n: u64| {
+        let api = &api;
+        async move {
+            let (_, workers) = api.get("/admin/workers").await;
+            workers[0]["load"]["running_requests"].as_u64() == Some(n)
+        }
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || running(1)).await,
+        "request is running"
+    );
+    drop(response);
+    assert!(
+        eventually(Duration::from_secs(5), || running(0)).await,
+        "the worker still runs a request whose client left"
+    );
+    let _ = survivor;
+}
