@@ -513,6 +513,61 @@ async fn a_killed_worker_is_migrated_away_and_a_dropped_client_cancels() {
     .await;
     assert!(both, "gateway sees both workers");
 
+    // A registered worker that does not answer (its process is gone, its lease not yet expired)
+    // costs a retry, not a failed request. Round-robin makes sure it gets picked.
+    let registry =
+        switchyard_registry::EtcdRegistry::connect(std::slice::from_ref(&endpoint), &cluster)
+            .await
+            .unwrap();
+    let dead_port = switchyard_testkit::free_port();
+    let ghost = switchyard_core::WorkerInfo {
+        id: switchyard_core::WorkerId::new("worker-ghost").unwrap(),
+        address: format!("127.0.0.1:{dead_port}"),
+        model: "sim-8b".into(),
+        role: switchyard_core::Role::Both,
+        block_size: switchyard_core::BlockSize::new(16).unwrap(),
+        kv_capacity_blocks: 8192,
+        max_context_tokens: 8192,
+        engine: switchyard_core::EngineKind::Sim,
+        incarnation: 1,
+    };
+    use switchyard_registry::Registry as _;
+    let ghost_registration = registry
+        .register(ghost, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let (_, workers) = api.get("/admin/workers").await;
+            workers.as_array().map_or(0, Vec::len) == 3
+        })
+        .await
+    );
+    let (status, _) = api
+        .post("/admin/policy", &json!({"policy": "round-robin"}))
+        .await;
+    assert_eq!(status, 200);
+    for i in 0..3 {
+        let (status, body) = api
+            .post(
+                "/v1/completions",
+                &json!({"model": "sim-8b", "prompt": tokens(40 + i, 32), "max_tokens": 2, "ignore_eos": true}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert!(api.metric("switchyard_dispatch_retries_total").await >= 1.0);
+    ghost_registration.deregister().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let (_, workers) = api.get("/admin/workers").await;
+            workers.as_array().map_or(0, Vec::len) == 2
+        })
+        .await
+    );
+    let (status, _) = api.post("/admin/policy", &json!({"policy": "kv"})).await;
+    assert_eq!(status, 200);
+
     // Stream a long answer; kill its worker after the first tokens.
     let body = json!({
         "model": "sim-8b",
@@ -601,4 +656,55 @@ async fn a_killed_worker_is_migrated_away_and_a_dropped_client_cancels() {
         "the worker still runs a request whose client left"
     );
     let _ = survivor;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hugging_face_tokenizer_and_chat_template_serve_the_api() {
+    let dir = std::env::var("SWITCHYARD_TEST_MODELS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(std::env::var("HOME").expect("HOME"))
+                .join(".cache/switchyard/test-models")
+        })
+        .join("qwen3");
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "Qwen3 tokenizer missing in {}: run crates/switchyard-tokenize/fetch-test-models.sh (the README test command does)",
+        dir.display()
+    );
+    let dir = dir.to_string_lossy().into_owned();
+    let up = SwitchyardProcess::spawn(
+        "up",
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--speedup",
+            "50",
+            "--tokenizer",
+            &dir,
+        ],
+    )
+    .await;
+    let api = Api::new(&up);
+    // Rendered with Qwen3's chat template and tokenized with its tokenizer, this conversation is
+    // 26 tokens (the same ids as Python transformers; see switchyard-tokenize's fixtures).
+    let (status, body) = api
+        .post(
+            "/v1/chat/completions",
+            &json!({
+                "model": "sim-8b",
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": "What is the capital of France?"}
+                ],
+                "max_tokens": 8,
+                "ignore_eos": true
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["prompt_tokens"], 26, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 8);
 }

@@ -205,7 +205,7 @@ impl WorkerPool {
             .collect()
     }
 
-    fn routes_for(&self, info: &WorkerInfo) -> Result<Arc<ModelRoutes>, String> {
+    pub(crate) fn routes_for(&self, info: &WorkerInfo) -> Result<Arc<ModelRoutes>, String> {
         let mut models = self.models.write().unwrap_or_else(|p| p.into_inner());
         if let Some(routes) = models.get(&info.model) {
             if routes.block_size != info.block_size {

@@ -218,3 +218,192 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_core::{
+        BlockHash, BlockSize, EngineKind, KvEvent, Role, StorageTier, StoredBlock, WorkerInfo,
+        block_hashes,
+    };
+    use switchyard_proto::convert::kv_event_to_wire;
+    use switchyard_router::{PolicyConfig, PolicyKind};
+
+    use crate::metrics::Metrics;
+
+    fn setup() -> (Arc<WorkerPool>, Arc<ModelRoutes>, WorkerId) {
+        let pool = Arc::new(
+            WorkerPool::new(
+                PolicyKind::Kv,
+                PolicyConfig::default(),
+                8,
+                100,
+                Arc::new(Metrics::new()),
+            )
+            .unwrap(),
+        );
+        let id = WorkerId::new("w").unwrap();
+        let info = WorkerInfo {
+            id: id.clone(),
+            address: "127.0.0.1:1".into(),
+            model: "m".into(),
+            role: Role::Both,
+            block_size: BlockSize::new(4).unwrap(),
+            kv_capacity_blocks: 100,
+            max_context_tokens: 1000,
+            engine: EngineKind::Sim,
+            incarnation: 1,
+        };
+        let routes = pool.routes_for(&info).unwrap();
+        (pool, routes, id)
+    }
+
+    fn stored(tokens: &[u32]) -> KvEvent {
+        let hashes = block_hashes(tokens, BlockSize::new(4).unwrap());
+        KvEvent::Stored {
+            parent: None,
+            blocks: hashes
+                .iter()
+                .zip(tokens.chunks(4))
+                .map(|(&hash, t)| StoredBlock {
+                    hash,
+                    tokens: t.to_vec(),
+                })
+                .collect(),
+            tier: StorageTier::Device,
+        }
+    }
+
+    fn event(incarnation: u64, seq: u64, e: &KvEvent) -> v1::KvEventsResponse {
+        v1::KvEventsResponse {
+            worker_id: "w".into(),
+            incarnation,
+            payload: Some(Payload::Event(kv_event_to_wire(seq, e))),
+        }
+    }
+
+    fn snapshot(incarnation: u64, next_seq: u64, hashes: &[BlockHash]) -> v1::KvEventsResponse {
+        v1::KvEventsResponse {
+            worker_id: "w".into(),
+            incarnation,
+            payload: Some(Payload::Snapshot(v1::Snapshot {
+                next_seq,
+                blocks: hashes
+                    .iter()
+                    .map(|h| v1::SnapshotBlock {
+                        hash: h.get(),
+                        parent: None,
+                        tier: 0,
+                    })
+                    .collect(),
+            })),
+        }
+    }
+
+    #[test]
+    fn snapshot_then_events_then_gap_asks_for_a_resync() {
+        let (pool, routes, id) = setup();
+        let mut cursor = Cursor::default();
+        let first = block_hashes(&[1, 2, 3, 4], BlockSize::new(4).unwrap());
+        assert!(apply(
+            &pool,
+            &routes,
+            &id,
+            &mut cursor,
+            snapshot(1, 5, &first)
+        ));
+        assert_eq!(cursor.next_seq, Some(5));
+        assert_eq!(routes.lock().index.worker_entries(&id), 1);
+
+        assert!(apply(
+            &pool,
+            &routes,
+            &id,
+            &mut cursor,
+            event(1, 5, &stored(&[9, 9, 9, 9, 8, 8, 8, 8]))
+        ));
+        assert_eq!(cursor.next_seq, Some(6));
+        assert_eq!(routes.lock().index.worker_entries(&id), 3);
+
+        // A stale duplicate changes nothing and needs nothing.
+        assert!(apply(
+            &pool,
+            &routes,
+            &id,
+            &mut cursor,
+            event(1, 4, &stored(&[7, 7, 7, 7]))
+        ));
+        assert_eq!(routes.lock().index.worker_entries(&id), 3);
+
+        // A gap: the subscriber must resync, and the event is not applied.
+        assert!(!apply(
+            &pool,
+            &routes,
+            &id,
+            &mut cursor,
+            event(1, 7, &stored(&[6, 6, 6, 6]))
+        ));
+        assert_eq!(routes.lock().index.worker_entries(&id), 3);
+
+        // The resync snapshot replaces what was known.
+        assert!(apply(
+            &pool,
+            &routes,
+            &id,
+            &mut cursor,
+            snapshot(1, 9, &first)
+        ));
+        assert_eq!(routes.lock().index.worker_entries(&id), 1);
+        assert_eq!(cursor.next_seq, Some(9));
+    }
+
+    #[test]
+    fn forged_events_are_refused_and_counted() {
+        let (pool, routes, id) = setup();
+        let mut cursor = Cursor::default();
+        assert!(apply(&pool, &routes, &id, &mut cursor, snapshot(1, 0, &[])));
+        let forged = KvEvent::Stored {
+            parent: None,
+            blocks: vec![StoredBlock {
+                hash: BlockHash(42),
+                tokens: vec![1, 2, 3, 4],
+            }],
+            tier: StorageTier::Device,
+        };
+        assert!(!apply(
+            &pool,
+            &routes,
+            &id,
+            &mut cursor,
+            event(1, 0, &forged)
+        ));
+        assert_eq!(pool.metrics.kv_events_invalid.get(), 1);
+        assert_eq!(routes.lock().index.worker_entries(&id), 0);
+        // An event without a payload kind is undecodable: resync, counted.
+        let empty = v1::KvEventsResponse {
+            worker_id: "w".into(),
+            incarnation: 1,
+            payload: Some(Payload::Event(v1::KvEvent { seq: 0, kind: None })),
+        };
+        assert!(!apply(&pool, &routes, &id, &mut cursor, empty));
+        assert_eq!(pool.metrics.kv_events_invalid.get(), 2);
+    }
+
+    #[test]
+    fn a_restarted_worker_is_rebuilt_from_its_new_snapshot() {
+        let (pool, routes, id) = setup();
+        let mut cursor = Cursor::default();
+        assert!(apply(&pool, &routes, &id, &mut cursor, snapshot(1, 0, &[])));
+        assert!(apply(
+            &pool,
+            &routes,
+            &id,
+            &mut cursor,
+            event(1, 0, &stored(&[1, 1, 1, 1]))
+        ));
+        assert_eq!(routes.lock().index.worker_entries(&id), 1);
+        assert!(apply(&pool, &routes, &id, &mut cursor, snapshot(2, 0, &[])));
+        assert_eq!(cursor.incarnation, 2);
+        assert_eq!(routes.lock().index.worker_entries(&id), 0);
+    }
+}
