@@ -25,52 +25,34 @@ impl Api {
         }
     }
 
-    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(body)
-            .send()
-            .await
-            .expect("send");
+    /// Sends a request and returns the status and the body (JSON, or the text as a string).
+    async fn send(&self, request: reqwest::RequestBuilder) -> (u16, Value) {
+        let response = request.send().await.expect("send");
         let status = response.status().as_u16();
         let text = response.text().await.expect("body");
         (
             status,
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+            .await
     }
 
     async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
-        let response = self
+        let request = self
             .http
             .post(format!("{}{path}", self.base))
             .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("send");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+            .body(body);
+        self.send(request).await
     }
 
     async fn get(&self, path: &str) -> (u16, Value) {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
+        self.send(self.http.get(format!("{}{path}", self.base)))
             .await
-            .expect("send");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
     }
 
     /// Streams and returns every `data:` payload, `[DONE]` included.
