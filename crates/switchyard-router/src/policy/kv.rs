@@ -192,10 +192,16 @@ pub(crate) fn kv_why(
 }
 
 /// Checks the request was hashed like the index.
-pub(crate) fn check_block_size(
+/// What every policy checks first: the request was hashed with the index's block size and
+/// there is someone to choose from.
+pub(crate) fn check_inputs(
     request: &RouteRequest,
+    candidates: &[Candidate],
     index: &PrefixIndex,
 ) -> Result<(), RouteError> {
+    if candidates.is_empty() {
+        return Err(RouteError::NoCandidates);
+    }
     if request.block_size != index.block_size() {
         return Err(RouteError::BlockSizeMismatch {
             request: request.block_size,
@@ -230,10 +236,7 @@ impl Policy for KvPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
-        check_block_size(request, index)?;
-        if candidates.is_empty() {
-            return Err(RouteError::NoCandidates);
-        }
+        check_inputs(request, candidates, index)?;
         self.decide(
             "kv",
             request,

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use switchyard_core::WorkerId;
 
-use super::kv::{KvPolicy, check_block_size, index_overlap, kv_why};
+use super::kv::{KvPolicy, check_inputs, index_overlap, kv_why};
 use super::{Candidate, Decision, Policy, RouteRequest};
 use crate::error::RouteError;
 use crate::hasher::FxHashMap;
@@ -109,10 +109,7 @@ impl Policy for SessionPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
-        check_block_size(request, index)?;
-        if candidates.is_empty() {
-            return Err(RouteError::NoCandidates);
-        }
+        check_inputs(request, candidates, index)?;
         let Some(session) = request.session.as_deref() else {
             let mut d = self.kv.decide(
                 "session",

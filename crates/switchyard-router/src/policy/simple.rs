@@ -3,7 +3,7 @@
 //! what a cache-aware choice would have seen.
 
 use super::explain::{self, thousands};
-use super::kv::{KvConfig, check_block_size, finish, index_overlap};
+use super::kv::{KvConfig, check_inputs, finish, index_overlap};
 use super::{Candidate, Decision, Policy, RouteRequest};
 use crate::error::RouteError;
 use crate::index::PrefixIndex;
@@ -37,10 +37,7 @@ impl Policy for RoundRobinPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
-        check_block_size(request, index)?;
-        if candidates.is_empty() {
-            return Err(RouteError::NoCandidates);
-        }
+        check_inputs(request, candidates, index)?;
         let n = candidates.len() as u64;
         let chosen = (self.next % n) as usize;
         self.next = self.next.wrapping_add(1);
@@ -93,10 +90,7 @@ impl Policy for RandomPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
-        check_block_size(request, index)?;
-        if candidates.is_empty() {
-            return Err(RouteError::NoCandidates);
-        }
+        check_inputs(request, candidates, index)?;
         let chosen = self.rng.below(candidates.len());
         let mut scores = explain::breakdown(
             request,
@@ -145,10 +139,7 @@ impl Policy for LeastLoadedPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
-        check_block_size(request, index)?;
-        if candidates.is_empty() {
-            return Err(RouteError::NoCandidates);
-        }
+        check_inputs(request, candidates, index)?;
         let mut scores = explain::breakdown(
             request,
             candidates,
