@@ -155,14 +155,13 @@ pub fn route(
 
 /// What the current policy would decide for `tokens`, without sending or recording anything.
 ///
-/// Evaluated with a fresh instance of the current policy so the live one's state (turn
-/// counters, session pins, sampling position) is not disturbed.
+/// Evaluated on a copy of the live policy, so the preview sees its state (turn, session pins,
+/// predicted caches) without changing it.
 pub fn explain(
     pool: &WorkerPool,
     routes: &ModelRoutes,
     tokens: &[TokenId],
     session: Option<String>,
-    settings: &switchyard_router::PolicyConfig,
 ) -> Result<Decision, RouteError> {
     let request = route_request(pool, routes, tokens, session);
     let only: Vec<Candidate> = candidates(pool, routes, &[])
@@ -173,6 +172,6 @@ pub fn explain(
         return Err(RouteError::NoCandidates);
     }
     let core = routes.lock();
-    let mut policy = core.policy_kind.build(settings)?;
-    policy.choose(&request, &only, &core.index, &core.load)
+    let mut preview = core.policy.clone_box();
+    preview.choose(&request, &only, &core.index, &core.load)
 }

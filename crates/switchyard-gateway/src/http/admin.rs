@@ -154,14 +154,8 @@ async fn explain(
             ));
         }
     };
-    let decision = routing::explain(
-        &state.pool,
-        &routes,
-        &tokens,
-        request.session_id,
-        &state.config.policy_settings,
-    )
-    .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let decision = routing::explain(&state.pool, &routes, &tokens, request.session_id)
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
     Ok(axum::Json(ExplainResponse {
         model: request.model,
         prompt_tokens: tokens.len(),

@@ -39,7 +39,7 @@ impl Default for ApproxConfig {
 }
 
 /// Predicted (block, worker) pairs with the time each was last recorded.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct PredictedCache {
     blocks: FxHashMap<BlockHash, Vec<(u32, Tick)>>,
     /// Recordings in time order; a recording superseded by a later one is skipped when popped.
@@ -159,7 +159,7 @@ impl PredictedCache {
 }
 
 /// The `approx-kv` policy; see the module docs.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApproxKvPolicy {
     config: ApproxConfig,
     kv: KvPolicy,
@@ -188,6 +188,10 @@ impl ApproxKvPolicy {
 impl Policy for ApproxKvPolicy {
     fn name(&self) -> &'static str {
         "approx-kv"
+    }
+
+    fn clone_box(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
     }
 
     fn choose(

@@ -229,6 +229,10 @@ impl Policy for KvPolicy {
         "kv"
     }
 
+    fn clone_box(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
+
     fn choose(
         &mut self,
         request: &RouteRequest,

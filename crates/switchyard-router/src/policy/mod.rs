@@ -91,6 +91,10 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
 
     /// A worker left; policies that remember workers forget it.
     fn worker_removed(&mut self, _worker: &WorkerId) {}
+
+    /// A copy with the same state, so a decision can be previewed (the admin API's explain)
+    /// without moving the live policy's turn, pins or predictions.
+    fn clone_box(&self) -> Box<dyn Policy>;
 }
 
 /// Settings of every policy, so one configuration section can switch between them.

@@ -45,7 +45,7 @@ struct Pin {
 }
 
 /// The `session` policy; see the module docs.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SessionPolicy {
     config: SessionConfig,
     kv: KvPolicy,
@@ -100,6 +100,10 @@ impl SessionPolicy {
 impl Policy for SessionPolicy {
     fn name(&self) -> &'static str {
         "session"
+    }
+
+    fn clone_box(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
     }
 
     fn choose(

@@ -30,6 +30,10 @@ impl Policy for RoundRobinPolicy {
         "round-robin"
     }
 
+    fn clone_box(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
+
     fn choose(
         &mut self,
         request: &RouteRequest,
@@ -83,6 +87,10 @@ impl Policy for RandomPolicy {
         "random"
     }
 
+    fn clone_box(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
+
     fn choose(
         &mut self,
         request: &RouteRequest,
@@ -130,6 +138,10 @@ impl LeastLoadedPolicy {
 impl Policy for LeastLoadedPolicy {
     fn name(&self) -> &'static str {
         "least-loaded"
+    }
+
+    fn clone_box(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
     }
 
     fn choose(

@@ -557,3 +557,47 @@ fn approx_kv_is_bounded() {
     cache.remove_worker(&w("a"));
     assert_eq!(cache.entries(), 0);
 }
+
+#[test]
+fn a_cloned_policy_previews_without_moving_the_live_one() {
+    let (index, load) = setup();
+    let cands = candidates(&["a", "b", "c"]);
+    let tokens = prompt(9, 2);
+    let mut live = PolicyKind::RoundRobin
+        .build(&PolicyConfig::default())
+        .unwrap();
+    let first = live
+        .choose(&request(&tokens, None, 0), &cands, &index, &load)
+        .unwrap();
+    // Previewing twice on clones sees the same next turn and leaves it in place.
+    let preview = live
+        .clone_box()
+        .choose(&request(&tokens, None, 1), &cands, &index, &load)
+        .unwrap();
+    let again = live
+        .clone_box()
+        .choose(&request(&tokens, None, 1), &cands, &index, &load)
+        .unwrap();
+    assert_eq!(preview.worker, again.worker);
+    assert_ne!(preview.worker, first.worker);
+    let next = live
+        .choose(&request(&tokens, None, 2), &cands, &index, &load)
+        .unwrap();
+    assert_eq!(next.worker, preview.worker);
+
+    // A session pin made by the live policy shows in a preview, and previews pin nothing.
+    let mut session = PolicyKind::Session.build(&PolicyConfig::default()).unwrap();
+    let pinned = session
+        .choose(&request(&tokens, Some("s1"), 0), &cands, &index, &load)
+        .unwrap();
+    let seen = session
+        .clone_box()
+        .choose(
+            &request(&prompt(10, 2), Some("s1"), 1),
+            &cands,
+            &index,
+            &load,
+        )
+        .unwrap();
+    assert_eq!(seen.worker, pinned.worker);
+}
