@@ -218,6 +218,12 @@ async fn openai_api_serves_requests_and_refuses_bad_input() {
         ("max_tokens zero", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0})).unwrap(), 400, "max_tokens"),
         ("n > 1", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "n": 2})).unwrap(), 400, "n = 1"),
         ("temperature out of range", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "temperature": 9})).unwrap(), 400, "temperature"),
+        (
+            "unsupported content part",
+            serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})).unwrap(),
+            400,
+            "image_url",
+        ),
         ("body too large", vec![b' '; 40 << 20], 413, "larger than"),
     ];
     for (name, body, want, needle) in cases {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use switchyard_core::TokenId;
-use switchyard_tokenize::{ChatMessage, ChatRequest, ModelDir, TokenizeError};
+use switchyard_tokenize::{ChatMessage, ChatRequest, Fault, ModelDir, TokenizeError};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -58,8 +58,13 @@ impl Tokenizers {
     }
 }
 
+/// A request the template or tokenizer refuses is the client's fault (400); broken model files
+/// or a failed tokenizer task are ours (500).
 fn tokenize_error(err: TokenizeError) -> ApiError {
-    ApiError::bad_request(err.to_string())
+    match err.fault() {
+        Fault::Request => ApiError::bad_request(err.to_string()),
+        Fault::ModelFiles | Fault::Internal => ApiError::Internal(err.to_string()),
+    }
 }
 
 async fn off_reactor<T: Send + 'static>(
