@@ -278,6 +278,42 @@ async fn openai_api_serves_requests_and_refuses_bad_input() {
     let (status, _) = api.post("/admin/policy", &json!({"policy": "bogus"})).await;
     assert_eq!(status, 400);
 
+    // Draining every worker leaves nobody to serve: 503 with an error object; resume heals it.
+    let (_, workers) = api.get("/admin/workers").await;
+    let ids: Vec<String> = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["id"].as_str().unwrap().to_owned())
+        .collect();
+    for id in &ids {
+        let (status, body) = api
+            .post(&format!("/admin/workers/{id}/drain"), &json!({}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["draining"], true);
+    }
+    let (status, err) = api.post("/v1/chat/completions", &chat("anyone?", 2)).await;
+    assert_eq!(status, 503, "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no worker")
+    );
+    let (status, _) = api.get("/ready").await;
+    assert_eq!(status, 503);
+    for id in &ids {
+        let (status, _) = api
+            .post(&format!("/admin/workers/{id}/resume"), &json!({}))
+            .await;
+        assert_eq!(status, 200);
+    }
+    let (status, body) = api.post("/v1/chat/completions", &chat("back?", 2)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = api.post("/admin/workers/nobody/drain", &json!({})).await;
+    assert_eq!(status, 404);
+
     // The official OpenAI Python SDK.
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -644,6 +680,38 @@ async fn a_killed_worker_is_migrated_away_and_a_dropped_client_cancels() {
         "the worker still runs a request whose client left"
     );
     let _ = survivor;
+
+    // `switchyard up --etcd` uses etcd instead of the in-memory registry.
+    let other = format!("{cluster}-up");
+    let up = SwitchyardProcess::spawn(
+        "up",
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--speedup",
+            "50",
+            "--etcd",
+            &endpoint,
+            "--cluster",
+            &other,
+        ],
+    )
+    .await;
+    let up_api = Api::new(&up);
+    let (status, body) = up_api
+        .post("/v1/chat/completions", &chat("via etcd", 3))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let listed =
+        switchyard_registry::EtcdRegistry::connect(std::slice::from_ref(&endpoint), &other)
+            .await
+            .unwrap()
+            .list_workers()
+            .await
+            .unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -695,4 +763,55 @@ async fn a_hugging_face_tokenizer_and_chat_template_serve_the_api() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["prompt_tokens"], 26, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_gateway_answers_429_with_retry_after() {
+    let up = SwitchyardProcess::spawn(
+        "up",
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--speedup",
+            "1",
+            "--max-concurrent-requests",
+            "1",
+            "--max-queued-requests",
+            "0",
+        ],
+    )
+    .await;
+    let api = Api::new(&up);
+    // One long streamed request holds the only slot (about 200 decode steps in real time).
+    let mut long = chat("hold the slot", 200);
+    long["stream"] = json!(true);
+    let mut holder = api
+        .http
+        .post(format!("{}/v1/chat/completions", api.base))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(holder.status(), 200);
+    holder.chunk().await.unwrap().expect("first chunk");
+    let response = api
+        .http
+        .post(format!("{}/v1/chat/completions", api.base))
+        .json(&chat("me too", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let err: Value = response.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "rate_limit_error");
+    // When the slot frees, requests are served again.
+    drop(holder);
+    let served = eventually(Duration::from_secs(10), || async {
+        api.post("/v1/chat/completions", &chat("now?", 2)).await.0 == 200
+    })
+    .await;
+    assert!(served, "the gateway recovers once the slot is free");
 }

@@ -25,7 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
-use switchyard_registry::{Registry, WorkerChange};
+use std::ops::ControlFlow;
+
+use switchyard_registry::{Registry, WorkerChange, WorkerWatch};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -48,6 +50,8 @@ pub enum GatewayError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot watch the registry: {0}")]
+    Registry(String),
     #[error("http server failed: {0}")]
     Serve(std::io::Error),
 }
@@ -78,8 +82,13 @@ pub async fn run(
         )
         .map_err(|e| GatewayError::Routing(e.to_string()))?,
     );
+    // Know the registered workers before announcing readiness, so the first request finds them.
+    let watch = registry
+        .watch_workers()
+        .await
+        .map_err(|e| GatewayError::Registry(e.to_string()))?;
     pool.tasks
-        .spawn(follow_registry(Arc::clone(&pool), registry));
+        .spawn(follow_registry(Arc::clone(&pool), registry, Some(watch)));
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -114,47 +123,61 @@ pub async fn run(
     result.map_err(GatewayError::Serve)
 }
 
-/// Mirrors the registry into the pool for as long as the gateway runs.
-async fn follow_registry(pool: Arc<WorkerPool>, registry: Arc<dyn Registry>) {
+/// Mirrors the registry into the pool for as long as the gateway runs, starting from `first`
+/// (a watch already opened) and watching again whenever a watch ends or cannot be opened.
+async fn follow_registry(
+    pool: Arc<WorkerPool>,
+    registry: Arc<dyn Registry>,
+    mut first: Option<WorkerWatch>,
+) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        tokio::select! {
-            _ = pool.cancel.cancelled() => return,
-            watch = registry.watch_workers() => match watch {
-                Ok(mut watch) => {
-                    backoff = Duration::from_millis(100);
-                    let known: Vec<_> = watch.initial.iter().map(|w| w.id.clone()).collect();
-                    for info in std::mem::take(&mut watch.initial) {
-                        pool.upsert_worker(info);
-                    }
-                    // Workers that left while the watch was down.
-                    for worker in pool.workers() {
-                        let id = worker.id();
-                        if !known.contains(&id) {
-                            pool.remove_worker(&id);
-                        }
-                    }
-                    loop {
-                        let change = tokio::select! {
-                            _ = pool.cancel.cancelled() => return,
-                            change = watch.next() => change,
-                        };
-                        match change {
-                            Some(WorkerChange::Added(info)) | Some(WorkerChange::Updated(info)) => {
-                                pool.upsert_worker(info);
-                            }
-                            Some(WorkerChange::Removed(id)) => pool.remove_worker(&id),
-                            None => break,
-                        }
-                    }
-                    tracing::warn!("registry watch ended; watching again");
+        let watch = match first.take() {
+            Some(watch) => Ok(watch),
+            None => tokio::select! {
+                _ = pool.cancel.cancelled() => return,
+                watch = registry.watch_workers() => watch,
+            },
+        };
+        match watch {
+            Ok(watch) => {
+                backoff = Duration::from_millis(100);
+                if follow_watch(&pool, watch).await.is_break() {
+                    return;
                 }
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot watch the registry; retrying");
-                }
+                tracing::warn!("registry watch ended; watching again");
             }
+            Err(err) => tracing::warn!(error = %err, "cannot watch the registry; retrying"),
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Applies one watch: its initial list (dropping workers that left meanwhile), then its changes
+/// until it ends (`Continue`) or the gateway stops (`Break`).
+async fn follow_watch(pool: &Arc<WorkerPool>, mut watch: WorkerWatch) -> ControlFlow<()> {
+    let known: Vec<_> = watch.initial.iter().map(|w| w.id.clone()).collect();
+    for info in std::mem::take(&mut watch.initial) {
+        pool.upsert_worker(info);
+    }
+    for worker in pool.workers() {
+        let id = worker.id();
+        if !known.contains(&id) {
+            pool.remove_worker(&id);
+        }
+    }
+    loop {
+        let change = tokio::select! {
+            _ = pool.cancel.cancelled() => return ControlFlow::Break(()),
+            change = watch.next() => change,
+        };
+        match change {
+            Some(WorkerChange::Added(info)) | Some(WorkerChange::Updated(info)) => {
+                pool.upsert_worker(info);
+            }
+            Some(WorkerChange::Removed(id)) => pool.remove_worker(&id),
+            None => return ControlFlow::Continue(()),
+        }
     }
 }
