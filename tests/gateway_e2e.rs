@@ -465,8 +465,28 @@ async fn kv_routing_follows_prefixes_and_beats_round_robin() {
                     .as_u64()
                     .unwrap();
                 total += body["usage"]["prompt_tokens"].as_u64().unwrap();
-                // Let the KV events of this request reach the gateway.
-                tokio::time::sleep(Duration::from_millis(30)).await;
+                // Wait until this request's KV events reached the gateway: some worker's
+                // indexed prefix covers the whole prompt (36 blocks of 16).
+                let indexed = eventually(Duration::from_secs(10), || async {
+                    let explain: Value = api
+                        .http
+                        .post(format!("{}/admin/explain", api.base))
+                        .bearer_auth("s3cret")
+                        .json(&json!({"model": "sim-8b", "prompt": prompt}))
+                        .send()
+                        .await
+                        .unwrap()
+                        .json()
+                        .await
+                        .unwrap();
+                    explain["decision"]["explanation"]["workers"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|w| w["overlap"]["device"] == 36)
+                })
+                .await;
+                assert!(indexed, "the request's blocks reached the index");
             }
         }
         cached as f64 / total as f64
