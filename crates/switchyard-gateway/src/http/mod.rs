@@ -2,6 +2,7 @@
 //! metrics and model list.
 
 pub mod admin;
+mod answer;
 pub mod completions;
 
 use std::sync::Arc;
