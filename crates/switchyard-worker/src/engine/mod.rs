@@ -1,10 +1,21 @@
 //! The `Engine` trait: what the worker agent needs from an inference engine.
 //!
 //! The agent's gRPC service is written once against this trait; the built-in simulator
-//! ([`sim::SimEngine`]) is the first implementation, real engines (vLLM, SGLang) come as
-//! adapters. An engine publishes its KV cache changes into its [`EventLog`].
+//! ([`sim::SimEngine`]) is the first implementation, real engines (vLLM, SGLang) are fronted by
+//! [`vllm::VllmEngine`] (HTTP generation in [`openai_http`], ZMQ KV events in [`zmq_events`],
+//! decoded by [`kv_decode`] and rehashed by [`kv_relay`], load from [`engine_metrics`]). An
+//! engine publishes its KV cache changes into its [`EventLog`].
 
+pub mod engine_metrics;
+pub mod kv_decode;
+pub mod kv_relay;
+pub mod openai_http;
+#[cfg(test)]
+mod proptests;
 pub mod sim;
+pub mod stats;
+pub mod vllm;
+pub mod zmq_events;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -175,6 +186,13 @@ pub enum EngineError {
     /// The engine is shutting down; another worker can take the request.
     #[error("engine is stopped")]
     Stopped,
+    /// The engine could not be reached or failed (connection refused, 5xx, broken stream); the
+    /// engine's fault, and another worker or a later retry can help.
+    #[error("engine unavailable: {0}")]
+    Unavailable(String),
+    /// This engine cannot do what was asked; retrying on it cannot help.
+    #[error("{0}")]
+    Unsupported(&'static str),
 }
 
 impl From<EngineError> for tonic::Status {
@@ -182,7 +200,10 @@ impl From<EngineError> for tonic::Status {
         match &err {
             EngineError::InvalidRequest(_) => tonic::Status::invalid_argument(err.to_string()),
             EngineError::HandleNotFound(_) => tonic::Status::not_found(err.to_string()),
-            EngineError::Stopped => tonic::Status::unavailable(err.to_string()),
+            EngineError::Stopped | EngineError::Unavailable(_) => {
+                tonic::Status::unavailable(err.to_string())
+            }
+            EngineError::Unsupported(_) => tonic::Status::unimplemented(err.to_string()),
         }
     }
 }

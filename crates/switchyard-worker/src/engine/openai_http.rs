@@ -1,0 +1,476 @@
+//! Generation over the engine's HTTP API, streamed back as [`GenerationChunk`]s.
+//!
+//! * vLLM: `POST /v1/completions` with the prompt as token ids and `stream: true`. Token ids come
+//!   back per chunk in `choices[].token_ids` when asked with `return_token_ids` (vLLM ≥ 0.10.2),
+//!   or, with [`TokenIdSource::Logprobs`] for older builds, as `logprobs.tokens` strings
+//!   `"token_id:<id>"` (`logprobs: 0` + `return_tokens_as_token_ids`). The final usage chunk
+//!   (`stream_options.include_usage`) gives the cached prompt tokens.
+//! * SGLang: its native `POST /generate` with `input_ids`, which returns `output_ids` and the
+//!   cached token count in `meta_info` in every version; whether `output_ids` is cumulative or
+//!   incremental depends on a server flag, so it is read against `meta_info.completion_tokens`.
+//!
+//! The response body is read by a task whose abort handle is the stream's drop guard: dropping
+//! the stream drops the HTTP response, which closes the connection, and the engine aborts the
+//! request.
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::{EngineError, FinishReason, GenerateParams, GenerationChunk};
+
+/// How token ids are requested from vLLM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenIdSource {
+    /// `return_token_ids: true` → `choices[].token_ids` (vLLM ≥ 0.10.2).
+    #[default]
+    ReturnTokenIds,
+    /// `logprobs: 0` + `return_tokens_as_token_ids: true` → `logprobs.tokens` (older vLLM).
+    Logprobs,
+}
+
+impl std::str::FromStr for TokenIdSource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "return_token_ids" => Ok(Self::ReturnTokenIds),
+            "logprobs" => Ok(Self::Logprobs),
+            _ => Err(format!(
+                "unknown token id source {s:?} (return_token_ids or logprobs)"
+            )),
+        }
+    }
+}
+
+/// Which HTTP dialect the engine speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Vllm(TokenIdSource),
+    Sglang,
+}
+
+/// The request body for one generation.
+pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'static str, Value) {
+    match dialect {
+        Dialect::Vllm(source) => {
+            let mut body = json!({
+                "model": model,
+                "prompt": p.prompt,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "max_tokens": p.max_tokens,
+                "temperature": p.temperature,
+                "ignore_eos": p.ignore_eos,
+                "stop_token_ids": p.stop_token_ids,
+                "skip_special_tokens": false,
+                "request_id": p.request_id,
+            });
+            match source {
+                TokenIdSource::ReturnTokenIds => body["return_token_ids"] = json!(true),
+                TokenIdSource::Logprobs => {
+                    body["logprobs"] = json!(0);
+                    body["return_tokens_as_token_ids"] = json!(true);
+                }
+            }
+            if let Some(seed) = p.seed {
+                body["seed"] = json!(seed);
+            }
+            ("/v1/completions", body)
+        }
+        Dialect::Sglang => {
+            let mut sampling = json!({
+                "max_new_tokens": p.max_tokens,
+                "temperature": p.temperature,
+                "ignore_eos": p.ignore_eos,
+                "stop_token_ids": p.stop_token_ids,
+                "skip_special_tokens": false,
+            });
+            if let Some(seed) = p.seed {
+                sampling["sampling_seed"] = json!(seed);
+            }
+            let body = json!({
+                "input_ids": p.prompt,
+                "sampling_params": sampling,
+                "stream": true,
+                "rid": p.request_id,
+            });
+            ("/generate", body)
+        }
+    }
+}
+
+/// Maps a refused HTTP request to our error: the request's fault or the engine's (retryable).
+pub fn http_error(status: reqwest::StatusCode, body: &str) -> EngineError {
+    let message = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("message"))
+                .or_else(|| v.get("detail"))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| body.chars().take(300).collect());
+    if status.is_client_error() && status.as_u16() != 429 && status.as_u16() != 408 {
+        EngineError::InvalidRequest(format!("engine refused the request ({status}): {message}"))
+    } else {
+        EngineError::Unavailable(format!("engine answered {status}: {message}"))
+    }
+}
+
+/// Turns the engine's SSE stream into chunks on `tx` until it ends or `tx` closes.
+pub async fn pump(
+    mut response: reqwest::Response,
+    dialect: Dialect,
+    prompt_tokens: u32,
+    tx: mpsc::UnboundedSender<Result<GenerationChunk, EngineError>>,
+) {
+    let mut state = StreamState::new(dialect, prompt_tokens);
+    let mut buffer: Vec<u8> = Vec::new();
+    loop {
+        let bytes = match response.chunk().await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => break,
+            Err(err) => {
+                let _ = tx.send(Err(EngineError::Unavailable(format!(
+                    "engine stream broke: {err}"
+                ))));
+                return;
+            }
+        };
+        buffer.extend_from_slice(&bytes);
+        while let Some((end, sep)) = find_event_end(&buffer) {
+            let event: Vec<u8> = buffer.drain(..end + sep).take(end).collect();
+            for item in state.on_event(&event) {
+                let done = matches!(&item, Ok(c) if c.finish.is_some()) || item.is_err();
+                if tx.send(item).is_err() || done {
+                    return;
+                }
+            }
+        }
+    }
+    if let Some(item) = state.finish() {
+        let _ = tx.send(item);
+    }
+}
+
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Per-request parse state.
+#[derive(Debug)]
+pub struct StreamState {
+    dialect: Dialect,
+    prompt_tokens: u32,
+    cached_prompt_tokens: u32,
+    completion_tokens: u32,
+    /// The finishing chunk, held until vLLM's usage chunk (or the end) arrives.
+    pending_finish: Option<(Vec<u32>, FinishReason)>,
+    done: bool,
+}
+
+impl StreamState {
+    pub fn new(dialect: Dialect, prompt_tokens: u32) -> Self {
+        Self {
+            dialect,
+            prompt_tokens,
+            cached_prompt_tokens: 0,
+            completion_tokens: 0,
+            pending_finish: None,
+            done: false,
+        }
+    }
+
+    fn chunk(&self, tokens: Vec<u32>, finish: Option<FinishReason>) -> GenerationChunk {
+        GenerationChunk {
+            tokens,
+            finish,
+            prompt_tokens: self.prompt_tokens,
+            cached_prompt_tokens: self.cached_prompt_tokens,
+            completion_tokens: self.completion_tokens,
+        }
+    }
+
+    /// Handles one SSE event (the bytes between blank lines).
+    pub fn on_event(&mut self, event: &[u8]) -> Vec<Result<GenerationChunk, EngineError>> {
+        let text = String::from_utf8_lossy(event);
+        let data: String = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim_start)
+            .collect::<Vec<_>>()
+            .join("\n");
+        if data.is_empty() || self.done {
+            return Vec::new();
+        }
+        if data.trim() == "[DONE]" {
+            return self.finish().into_iter().collect();
+        }
+        let value: Value = match serde_json::from_str(&data) {
+            Ok(v) => v,
+            Err(err) => {
+                self.done = true;
+                return vec![Err(EngineError::Unavailable(format!(
+                    "engine sent an unreadable stream event: {err}"
+                )))];
+            }
+        };
+        if let Some(error) = value.get("error") {
+            self.done = true;
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| error.to_string(), str::to_owned);
+            return vec![Err(EngineError::Unavailable(format!(
+                "engine failed the request: {message}"
+            )))];
+        }
+        match self.dialect {
+            Dialect::Vllm(_) => self.on_vllm(&value),
+            Dialect::Sglang => self.on_sglang(&value),
+        }
+    }
+
+    fn on_vllm(&mut self, value: &Value) -> Vec<Result<GenerationChunk, EngineError>> {
+        let mut out = Vec::new();
+        if let Some(choice) = value
+            .get("choices")
+            .and_then(Value::as_array)
+            .and_then(|c| c.first())
+        {
+            let tokens = match vllm_tokens(choice) {
+                Ok(tokens) => tokens,
+                Err(err) => {
+                    self.done = true;
+                    return vec![Err(err)];
+                }
+            };
+            self.completion_tokens += tokens.len() as u32;
+            match choice.get("finish_reason").and_then(Value::as_str) {
+                Some(reason) => self.pending_finish = Some((tokens, finish_reason(reason))),
+                None if !tokens.is_empty() => out.push(Ok(self.chunk(tokens, None))),
+                None => {}
+            }
+        }
+        if let Some(usage) = value.get("usage").filter(|u| !u.is_null()) {
+            let num = |p: &str| {
+                usage
+                    .pointer(p)
+                    .and_then(Value::as_u64)
+                    .and_then(|n| u32::try_from(n).ok())
+            };
+            if let Some(n) = num("/prompt_tokens") {
+                self.prompt_tokens = n;
+            }
+            if let Some(n) = num("/prompt_tokens_details/cached_tokens") {
+                self.cached_prompt_tokens = n;
+            }
+            if let Some(n) = num("/completion_tokens") {
+                self.completion_tokens = n;
+            }
+            out.extend(self.finish());
+        }
+        out
+    }
+
+    fn on_sglang(&mut self, value: &Value) -> Vec<Result<GenerationChunk, EngineError>> {
+        let meta = value.get("meta_info");
+        let num = |k: &str| {
+            meta.and_then(|m| m.get(k))
+                .and_then(Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+        };
+        if let Some(n) = num("prompt_tokens") {
+            self.prompt_tokens = n;
+        }
+        if let Some(n) = num("cached_tokens") {
+            self.cached_prompt_tokens = n;
+        }
+        let ids: Vec<u32> = value
+            .get("output_ids")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let total = num("completion_tokens");
+        // Cumulative when the list is as long as the count so far; incremental otherwise.
+        let tokens = match total {
+            Some(total) if ids.len() as u32 == total && total >= self.completion_tokens => {
+                ids[self.completion_tokens as usize..].to_vec()
+            }
+            _ => ids,
+        };
+        self.completion_tokens = total.unwrap_or(self.completion_tokens + tokens.len() as u32);
+        let finish = meta
+            .and_then(|m| m.get("finish_reason"))
+            .filter(|f| !f.is_null())
+            .map(|f| {
+                f.get("type")
+                    .and_then(Value::as_str)
+                    .or_else(|| f.as_str())
+                    .map_or(FinishReason::Stop, finish_reason)
+            });
+        match finish {
+            Some(reason) => {
+                self.done = true;
+                vec![Ok(self.chunk(tokens, Some(reason)))]
+            }
+            None if tokens.is_empty() => Vec::new(),
+            None => vec![Ok(self.chunk(tokens, None))],
+        }
+    }
+
+    /// Ends the stream: the held finishing chunk, or an error if the engine never finished.
+    pub fn finish(&mut self) -> Option<Result<GenerationChunk, EngineError>> {
+        if self.done {
+            return None;
+        }
+        self.done = true;
+        Some(match self.pending_finish.take() {
+            Some((tokens, reason)) => Ok(self.chunk(tokens, Some(reason))),
+            None => Err(EngineError::Unavailable(
+                "engine stream ended without a finish reason".into(),
+            )),
+        })
+    }
+}
+
+fn finish_reason(reason: &str) -> FinishReason {
+    match reason {
+        "length" => FinishReason::Length,
+        "abort" | "aborted" | "cancelled" => FinishReason::Aborted,
+        _ => FinishReason::Stop,
+    }
+}
+
+fn vllm_tokens(choice: &Value) -> Result<Vec<u32>, EngineError> {
+    let bad = |what: &str| EngineError::Unavailable(format!("engine sent {what}"));
+    if let Some(ids) = choice.get("token_ids").filter(|v| !v.is_null()) {
+        return ids
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .ok_or_else(|| bad("token_ids that are not token ids"));
+    }
+    if let Some(tokens) = choice.pointer("/logprobs/tokens").and_then(Value::as_array) {
+        return tokens
+            .iter()
+            .map(|t| {
+                t.as_str()
+                    .and_then(|s| s.strip_prefix("token_id:"))
+                    .and_then(|n| n.parse().ok())
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                bad("logprob tokens without token_id: (needs return_tokens_as_token_ids)")
+            });
+    }
+    match choice.get("text").and_then(Value::as_str) {
+        Some(text) if !text.is_empty() => Err(bad(
+            "text without token ids (vLLM older than 0.10.2? try --vllm-token-ids logprobs)",
+        )),
+        _ => Ok(Vec::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sse(state: &mut StreamState, data: &str) -> Vec<Result<GenerationChunk, EngineError>> {
+        state.on_event(format!("data: {data}").as_bytes())
+    }
+
+    #[test]
+    fn vllm_chunks_hold_the_finish_until_usage() {
+        let mut s = StreamState::new(Dialect::Vllm(TokenIdSource::ReturnTokenIds), 8);
+        let a = sse(
+            &mut s,
+            r#"{"choices":[{"text":"a","token_ids":[5,6],"finish_reason":null}]}"#,
+        );
+        assert_eq!(a[0].as_ref().unwrap().tokens, vec![5, 6]);
+        let b = sse(
+            &mut s,
+            r#"{"choices":[{"text":"b","token_ids":[7],"finish_reason":"length"}]}"#,
+        );
+        assert!(b.is_empty());
+        let c = sse(
+            &mut s,
+            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}"#,
+        );
+        let last = c[0].as_ref().unwrap();
+        assert_eq!(last.tokens, vec![7]);
+        assert_eq!(last.finish, Some(FinishReason::Length));
+        assert_eq!((last.cached_prompt_tokens, last.completion_tokens), (4, 3));
+        assert!(sse(&mut s, "[DONE]").is_empty());
+    }
+
+    #[test]
+    fn vllm_logprob_tokens_and_missing_ids() {
+        let mut s = StreamState::new(Dialect::Vllm(TokenIdSource::Logprobs), 1);
+        let a = sse(
+            &mut s,
+            r#"{"choices":[{"text":"x","logprobs":{"tokens":["token_id:42"]},"finish_reason":"stop"}]}"#,
+        );
+        assert!(a.is_empty());
+        let done = sse(&mut s, "[DONE]");
+        assert_eq!(done[0].as_ref().unwrap().tokens, vec![42]);
+        let mut s = StreamState::new(Dialect::Vllm(TokenIdSource::ReturnTokenIds), 1);
+        let err = sse(&mut s, r#"{"choices":[{"text":"x","finish_reason":null}]}"#);
+        assert!(matches!(err[0], Err(EngineError::Unavailable(_))));
+    }
+
+    #[test]
+    fn sglang_cumulative_and_incremental_output_ids() {
+        let mut s = StreamState::new(Dialect::Sglang, 4);
+        let a = sse(
+            &mut s,
+            r#"{"output_ids":[1,2],"meta_info":{"completion_tokens":2,"cached_tokens":2,"finish_reason":null}}"#,
+        );
+        assert_eq!(a[0].as_ref().unwrap().tokens, vec![1, 2]);
+        let b = sse(
+            &mut s,
+            r#"{"output_ids":[1,2,3],"meta_info":{"completion_tokens":3,"finish_reason":{"type":"length","length":3}}}"#,
+        );
+        let last = b[0].as_ref().unwrap();
+        assert_eq!(last.tokens, vec![3]);
+        assert_eq!(last.finish, Some(FinishReason::Length));
+        assert_eq!(last.cached_prompt_tokens, 2);
+        let mut s = StreamState::new(Dialect::Sglang, 4);
+        sse(
+            &mut s,
+            r#"{"output_ids":[1],"meta_info":{"completion_tokens":1}}"#,
+        );
+        let b = sse(
+            &mut s,
+            r#"{"output_ids":[9],"meta_info":{"completion_tokens":2}}"#,
+        );
+        assert_eq!(b[0].as_ref().unwrap().tokens, vec![9]);
+    }
+
+    #[test]
+    fn http_errors_say_whose_fault() {
+        let e = http_error(
+            reqwest::StatusCode::BAD_REQUEST,
+            r#"{"error":{"message":"too long"}}"#,
+        );
+        assert!(matches!(e, EngineError::InvalidRequest(m) if m.contains("too long")));
+        let e = http_error(reqwest::StatusCode::SERVICE_UNAVAILABLE, "busy");
+        assert!(matches!(e, EngineError::Unavailable(_)));
+    }
+}

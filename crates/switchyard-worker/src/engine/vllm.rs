@@ -1,0 +1,414 @@
+//! The real-engine adapter: an [`Engine`] in front of a vLLM or SGLang server.
+//!
+//! Generation goes over the engine's HTTP API ([`openai_http`](super::openai_http)); the
+//! engine's KV events come over ZMQ ([`zmq_events`](super::zmq_events)), are rehashed into our
+//! chained block hashes ([`kv_relay`](super::kv_relay)) and published into the worker's
+//! [`EventLog`]; load comes from the engine's Prometheus `/metrics`
+//! ([`engine_metrics`](super::engine_metrics)), scraped periodically. At start the adapter
+//! waits for the engine to answer and reads its block size, device blocks and context length
+//! (each can be overridden by configuration).
+//!
+//! Disaggregated prefill (KV transfer between engines) is not driven through this adapter yet:
+//! [`Engine::prefill`] and [`Engine::pull_kv`] answer [`EngineError::Unsupported`].
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use switchyard_core::{BlockSize, EngineKind, LoadStats, WorkerId};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::engine_metrics::Scrape;
+use super::kv_relay::KvRelay;
+use super::openai_http::{self, Dialect};
+use super::stats::{AdapterCounters, AdapterStats};
+use super::zmq_events::{RankEndpoints, RelayShared, follow_rank, rank_endpoint};
+use super::{
+    DropGuard, Engine, EngineError, EngineSpec, GenerateParams, GenerationStream, KvPull,
+    PrefillOutcome, PrefillParams,
+};
+use crate::config::EngineConfig;
+use crate::event_log::EventLog;
+
+/// How often the relay counters are logged when they changed.
+const STATS_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Why the adapter could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    #[error(
+        "the {kind} engine at {url} did not tell its {what} within {secs}s (last problem: {last}); set it with a flag"
+    )]
+    Unknown {
+        kind: EngineKind,
+        url: String,
+        what: &'static str,
+        secs: u64,
+        last: String,
+    },
+}
+
+/// The cache facts the registration needs.
+#[derive(Debug, Clone, Copy, Default)]
+struct Facts {
+    block_size: Option<u32>,
+    kv_blocks: Option<u64>,
+    max_context: Option<u64>,
+}
+
+/// A vLLM or SGLang engine behind the worker.
+#[derive(Debug)]
+pub struct VllmEngine {
+    spec: EngineSpec,
+    dialect: Dialect,
+    http: reqwest::Client,
+    base_url: String,
+    model: String,
+    load_rx: watch::Receiver<LoadStats>,
+    events: Arc<EventLog>,
+    counters: Arc<AdapterCounters>,
+    shared: Option<Arc<RelayShared>>,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl VllmEngine {
+    /// Waits for the engine, reads its cache facts and starts following its events and load.
+    pub async fn start(
+        worker: WorkerId,
+        incarnation: u64,
+        model: &str,
+        config: &EngineConfig,
+        kv_bytes_per_token: u64,
+        event_buffer: usize,
+    ) -> Result<Self, AdapterError> {
+        let kind = config.kind;
+        let base_url = config
+            .url
+            .clone()
+            .ok_or_else(|| AdapterError::Config("no engine url".into()))?
+            .trim_end_matches('/')
+            .to_owned();
+        let dialect = match kind {
+            EngineKind::Sglang => Dialect::Sglang,
+            _ => Dialect::Vllm(config.vllm_token_ids),
+        };
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| AdapterError::Config(e.to_string()))?;
+        let facts = discover(&http, kind, &base_url, config).await?;
+        let block_size = facts.block_size.unwrap_or(16);
+        let block_size =
+            BlockSize::new(block_size).map_err(|e| AdapterError::Config(e.to_string()))?;
+        let kv_blocks = facts.kv_blocks.unwrap_or(1);
+        let spec = EngineSpec {
+            kind,
+            block_size,
+            kv_capacity_blocks: kv_blocks,
+            max_context_tokens: facts.max_context.unwrap_or(1),
+            kv_bytes_per_token,
+        };
+        tracing::info!(%kind, url = %base_url, block_size = block_size.get(), kv_blocks, max_context = spec.max_context_tokens, "engine found");
+
+        let events = Arc::new(EventLog::new(worker, incarnation, event_buffer));
+        let counters = Arc::new(AdapterCounters::default());
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let shared = match &config.kv_events {
+            Some(endpoint) => {
+                // Above the engine's device capacity (per rank) with room for offload tiers.
+                let capacity = usize::try_from(kv_blocks.saturating_mul(4))
+                    .unwrap_or(usize::MAX)
+                    .max(1 << 16);
+                let shared = Arc::new(RelayShared {
+                    relay: Mutex::new(KvRelay::new(block_size, config.dp_ranks, capacity)),
+                    log: Arc::clone(&events),
+                    counters: Arc::clone(&counters),
+                });
+                for rank in 0..config.dp_ranks.max(1) {
+                    let endpoints = RankEndpoints {
+                        rank,
+                        events: rank_endpoint(endpoint, rank)
+                            .map_err(|e| AdapterError::Config(e.to_string()))?,
+                        replay: match &config.kv_replay {
+                            Some(r) => Some(
+                                rank_endpoint(r, rank)
+                                    .map_err(|e| AdapterError::Config(e.to_string()))?,
+                            ),
+                            None => None,
+                        },
+                    };
+                    tasks.spawn(follow_rank(
+                        endpoints,
+                        config.kv_events_topic.clone(),
+                        Arc::clone(&shared),
+                        cancel.clone(),
+                    ));
+                }
+                Some(shared)
+            }
+            None => {
+                tracing::warn!("no --kv-events: the router will not see this engine's cache");
+                None
+            }
+        };
+        let (load_tx, load_rx) = watch::channel(LoadStats {
+            capacity_blocks: kv_blocks,
+            ..LoadStats::default()
+        });
+        tasks.spawn(scrape_load(
+            http.clone(),
+            format!("{base_url}/metrics"),
+            kind,
+            kv_blocks,
+            Duration::from_millis(config.metrics_interval_ms),
+            load_tx,
+            cancel.clone(),
+        ));
+        tasks.spawn(log_stats(Arc::clone(&counters), cancel.clone()));
+        Ok(Self {
+            spec,
+            dialect,
+            http,
+            base_url,
+            model: config
+                .served_model_name
+                .clone()
+                .unwrap_or_else(|| model.to_owned()),
+            load_rx,
+            events,
+            counters,
+            shared,
+            tasks,
+            cancel,
+        })
+    }
+
+    /// The KV event relay's counters.
+    pub fn stats(&self) -> AdapterStats {
+        self.counters.snapshot()
+    }
+
+    /// Blocks (per tier) the relay believes the engine holds, over all ranks.
+    pub fn relayed_blocks(&self) -> usize {
+        self.shared.as_ref().map_or(0, |s| {
+            s.relay
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .block_count()
+        })
+    }
+}
+
+/// Polls the engine until it tells every fact not set by configuration, or the timeout.
+async fn discover(
+    http: &reqwest::Client,
+    kind: EngineKind,
+    base: &str,
+    config: &EngineConfig,
+) -> Result<Facts, AdapterError> {
+    let mut facts = Facts {
+        block_size: config.block_size,
+        kv_blocks: config.kv_blocks,
+        max_context: config.max_context,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(config.startup_timeout_secs);
+    let mut last = String::from("no answer yet");
+    loop {
+        let complete =
+            |f: &Facts| f.block_size.is_some() && f.kv_blocks.is_some() && f.max_context.is_some();
+        if complete(&facts) {
+            return Ok(facts);
+        }
+        match get_text(http, &format!("{base}/metrics")).await {
+            Ok(text) => {
+                let (bs, blocks) = Scrape::from_text(&text).cache_facts(kind);
+                facts.block_size = facts.block_size.or(bs);
+                facts.kv_blocks = facts.kv_blocks.or(blocks);
+            }
+            Err(err) => last = err,
+        }
+        if kind == EngineKind::Sglang
+            && (facts.block_size.is_none() || facts.kv_blocks.is_none())
+            && let Ok(info) = get_json(http, &format!("{base}/get_server_info")).await
+        {
+            let page = info.get("page_size").and_then(Value::as_u64);
+            let tokens = info.get("max_total_num_tokens").and_then(Value::as_u64);
+            facts.block_size = facts
+                .block_size
+                .or(page.and_then(|p| u32::try_from(p).ok()));
+            if let (None, Some(p), Some(t)) = (facts.kv_blocks, page, tokens) {
+                facts.kv_blocks = Some(t / p.max(1));
+            }
+        }
+        if facts.max_context.is_none() {
+            match get_json(http, &format!("{base}/v1/models")).await {
+                Ok(models) => {
+                    facts.max_context = models
+                        .pointer("/data/0/max_model_len")
+                        .and_then(Value::as_u64);
+                }
+                Err(err) => last = err,
+            }
+        }
+        if complete(&facts) {
+            return Ok(facts);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let what = if facts.block_size.is_none() {
+                "block size"
+            } else if facts.kv_blocks.is_none() {
+                "KV cache size in blocks"
+            } else {
+                "maximum context length"
+            };
+            return Err(AdapterError::Unknown {
+                kind,
+                url: base.to_owned(),
+                what,
+                secs: config.startup_timeout_secs,
+                last,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, String> {
+    let response = http
+        .get(url)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("{url} answered {}", response.status()));
+    }
+    response.text().await.map_err(|e| e.to_string())
+}
+
+async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, String> {
+    let text = get_text(http, url).await?;
+    serde_json::from_str(&text).map_err(|e| format!("{url}: {e}"))
+}
+
+async fn scrape_load(
+    http: reqwest::Client,
+    url: String,
+    kind: EngineKind,
+    capacity: u64,
+    every: Duration,
+    load_tx: watch::Sender<LoadStats>,
+    cancel: CancellationToken,
+) {
+    let mut failing = false;
+    loop {
+        match get_text(&http, &url).await {
+            Ok(text) => {
+                load_tx.send_replace(Scrape::from_text(&text).load(kind, capacity));
+                failing = false;
+            }
+            Err(err) if !failing => {
+                tracing::warn!(%url, error = %err, "engine metrics scrape failed; keeping the last load");
+                failing = true;
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+async fn log_stats(counters: Arc<AdapterCounters>, cancel: CancellationToken) {
+    let mut logged = AdapterStats::default();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(STATS_LOG_INTERVAL) => {}
+        }
+        let now = counters.snapshot();
+        if now != logged {
+            tracing::info!(stats = ?now, "engine kv event relay");
+            logged = now;
+        }
+    }
+    tracing::info!(stats = ?counters.snapshot(), "engine kv event relay (final)");
+}
+
+#[async_trait::async_trait]
+impl Engine for VllmEngine {
+    fn spec(&self) -> &EngineSpec {
+        &self.spec
+    }
+
+    async fn generate(&self, params: GenerateParams) -> Result<GenerationStream, EngineError> {
+        if self.cancel.is_cancelled() {
+            return Err(EngineError::Stopped);
+        }
+        let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
+        let (path, body) = openai_http::request_body(self.dialect, &self.model, &params);
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base_url))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("engine unreachable: {e}")))?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            return Err(openai_http::http_error(status, &text));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let dialect = self.dialect;
+        let cancel = self.cancel.clone();
+        let pump = self.tasks.spawn(async move {
+            tokio::select! {
+                _ = openai_http::pump(response, dialect, prompt_tokens, tx.clone()) => {}
+                _ = cancel.cancelled() => {
+                    let _ = tx.send(Err(EngineError::Stopped));
+                }
+            }
+        });
+        let abort = pump.abort_handle();
+        // Dropping the stream aborts the reader, which drops the response: the engine sees the
+        // connection close and aborts the request.
+        Ok(GenerationStream::new(
+            rx,
+            DropGuard::new(move || abort.abort()),
+        ))
+    }
+
+    async fn prefill(&self, _: PrefillParams) -> Result<PrefillOutcome, EngineError> {
+        Err(EngineError::Unsupported(
+            "disaggregated prefill is not supported by the vllm/sglang adapter yet",
+        ))
+    }
+
+    async fn pull_kv(&self, _: &str) -> Result<KvPull, EngineError> {
+        Err(EngineError::Unsupported(
+            "kv pulls are not supported by the vllm/sglang adapter yet",
+        ))
+    }
+
+    fn load(&self) -> LoadStats {
+        *self.load_rx.borrow()
+    }
+
+    fn events(&self) -> &Arc<EventLog> {
+        &self.events
+    }
+
+    fn shutdown(&self) {
+        tracing::info!(stats = ?self.stats(), "engine adapter stopping");
+        self.cancel.cancel();
+        self.tasks.close();
+    }
+}

@@ -1,0 +1,323 @@
+//! Following an engine's ZMQ KV event publisher: one SUB socket per data-parallel rank,
+//! sequence tracking, gap repair through the replay (ROUTER) socket, restart detection.
+//!
+//! Every message is three frames: topic, an 8-byte big-endian sequence number, a MessagePack
+//! batch. Sequence numbers grow by one per batch from 0 at engine start. A jump forward is a gap:
+//! a DEALER asks the replay socket for everything from the first missing number and applies what
+//! comes back up to the live message; a jump back is a restart. When a gap cannot be repaired,
+//! or after a restart, the rank's blocks are removed from the worker's view and rebuilt from the
+//! events that follow, so the router never keeps blocks the engine may no longer hold.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use super::kv_decode::decode_batch;
+use super::kv_relay::KvRelay;
+use super::stats::AdapterCounters;
+use crate::event_log::EventLog;
+
+/// How long one replay may take before the gap is treated as unrepairable.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
+/// The replay socket's end-of-replay sequence number (−1 as signed).
+const END_MARKER: u64 = u64::MAX;
+
+/// Where one rank publishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankEndpoints {
+    pub rank: u32,
+    pub events: String,
+    pub replay: Option<String>,
+}
+
+/// Why an endpoint cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("endpoint {endpoint:?} must be tcp://host:port ({why})")]
+pub struct EndpointError {
+    pub endpoint: String,
+    pub why: &'static str,
+}
+
+/// The endpoint of `rank`: engines offset the TCP port by the data-parallel rank.
+pub fn rank_endpoint(endpoint: &str, rank: u32) -> Result<String, EndpointError> {
+    let err = |why| EndpointError {
+        endpoint: endpoint.to_owned(),
+        why,
+    };
+    let rest = endpoint
+        .strip_prefix("tcp://")
+        .ok_or_else(|| err("only tcp:// is supported"))?;
+    let (host, port) = rest.rsplit_once(':').ok_or_else(|| err("no port"))?;
+    if host.is_empty() || host == "*" {
+        return Err(err("connect to the engine's host, not a wildcard"));
+    }
+    let port: u16 = port.parse().map_err(|_| err("the port is not a number"))?;
+    let port = u16::try_from(u32::from(port) + rank).map_err(|_| err("rank port past 65535"))?;
+    Ok(format!("tcp://{host}:{port}"))
+}
+
+/// What the rank followers share: the relay, the worker's log, the counters.
+#[derive(Debug)]
+pub struct RelayShared {
+    pub relay: Mutex<KvRelay>,
+    pub log: Arc<EventLog>,
+    pub counters: Arc<AdapterCounters>,
+}
+
+impl RelayShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KvRelay> {
+        self.relay.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Decodes and applies one batch; a malformed one is counted and skipped.
+    pub fn apply(&self, rank: u32, seq: u64, payload: &[u8]) {
+        match decode_batch(payload) {
+            Ok(batch) => {
+                self.counters.add(&self.counters.batches, 1);
+                self.lock().apply(rank, &batch, &self.log, &self.counters);
+            }
+            Err(err) => {
+                self.counters.add(&self.counters.malformed, 1);
+                tracing::warn!(rank, seq, error = %err, "malformed kv event batch skipped");
+            }
+        }
+    }
+
+    fn reset(&self, rank: u32) {
+        self.lock().reset_and_publish(rank, &self.log);
+    }
+}
+
+/// What a sequence number means given the last one applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqStep {
+    /// The first message seen from this publisher.
+    First,
+    InOrder,
+    /// Batches `missing_from..seq` were lost.
+    Gap {
+        missing_from: u64,
+    },
+    /// The publisher started again (sequence went back).
+    Restart,
+}
+
+pub fn classify(last: Option<u64>, seq: u64) -> SeqStep {
+    match last {
+        None => SeqStep::First,
+        Some(last) if seq == last.wrapping_add(1) => SeqStep::InOrder,
+        Some(last) if seq > last => SeqStep::Gap {
+            missing_from: last + 1,
+        },
+        Some(_) => SeqStep::Restart,
+    }
+}
+
+/// Follows one rank until `cancel`.
+pub async fn follow_rank(
+    endpoints: RankEndpoints,
+    topic: String,
+    shared: Arc<RelayShared>,
+    cancel: CancellationToken,
+) {
+    let rank = endpoints.rank;
+    let mut sub = zeromq::SubSocket::new();
+    // The engine may not be up yet: keep trying; the socket reconnects by itself afterwards.
+    loop {
+        let connected = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = sub.connect(&endpoints.events) => r,
+        };
+        match connected {
+            Ok(()) => break,
+            Err(err) => {
+                tracing::debug!(rank, endpoint = %endpoints.events, error = %err, "kv event publisher not reachable yet");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
+        }
+    }
+    if let Err(err) = sub.subscribe(&topic).await {
+        tracing::error!(rank, error = %err, "cannot subscribe to kv events");
+        return;
+    }
+    tracing::info!(rank, endpoint = %endpoints.events, "following engine kv events");
+    let mut last: Option<u64> = None;
+    loop {
+        let message = tokio::select! {
+            _ = cancel.cancelled() => return,
+            m = sub.recv() => m,
+        };
+        let message = match message {
+            Ok(m) => m,
+            Err(err) => {
+                tracing::warn!(rank, error = %err, "kv event socket error");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                }
+            }
+        };
+        let Some((seq, payload)) = split_message(message) else {
+            shared.counters.add(&shared.counters.malformed, 1);
+            tracing::warn!(
+                rank,
+                "kv event message without 3 frames and an 8-byte sequence"
+            );
+            continue;
+        };
+        let c = &shared.counters;
+        match classify(last, seq) {
+            SeqStep::InOrder => {}
+            SeqStep::First => {
+                // Joining a running engine: fetch what it published before we listened.
+                if seq > 0 && endpoints.replay.is_some() {
+                    catch_up(&endpoints, &shared, 0, seq, false).await;
+                }
+            }
+            SeqStep::Gap { missing_from } => {
+                c.add(&c.gaps, 1);
+                tracing::warn!(rank, missing_from, seq, "kv event gap; replaying");
+                catch_up(&endpoints, &shared, missing_from, seq, true).await;
+            }
+            SeqStep::Restart => {
+                c.add(&c.restarts, 1);
+                tracing::warn!(rank, last = ?last, seq, "engine restarted; clearing its blocks");
+                shared.reset(rank);
+                if seq > 0 && endpoints.replay.is_some() {
+                    catch_up(&endpoints, &shared, 0, seq, false).await;
+                }
+            }
+        }
+        shared.apply(rank, seq, &payload);
+        last = Some(seq);
+    }
+}
+
+/// Applies batches `from..until` from the replay socket; when that is impossible and
+/// `reset_on_failure`, clears the rank instead.
+async fn catch_up(
+    endpoints: &RankEndpoints,
+    shared: &RelayShared,
+    from: u64,
+    until: u64,
+    reset_on_failure: bool,
+) {
+    let rank = endpoints.rank;
+    let c = &shared.counters;
+    let replayed = match &endpoints.replay {
+        Some(replay) => {
+            match tokio::time::timeout(REPLAY_TIMEOUT, fetch(replay, from, until)).await {
+                Ok(Ok(batches)) => Some(batches),
+                Ok(Err(err)) => {
+                    tracing::warn!(rank, error = %err, "kv event replay failed");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!(rank, "kv event replay timed out");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    // Usable only when it covers the whole gap, contiguously.
+    let complete = replayed.as_ref().is_some_and(|batches| {
+        batches.len() as u64 == until - from
+            && batches
+                .iter()
+                .zip(from..)
+                .all(|((seq, _), want)| *seq == want)
+    });
+    match replayed {
+        Some(batches) if complete => {
+            c.add(&c.replays, 1);
+            c.add(&c.replayed_batches, batches.len() as u64);
+            for (seq, payload) in batches {
+                shared.apply(rank, seq, &payload);
+            }
+        }
+        _ if reset_on_failure => {
+            c.add(&c.resyncs, 1);
+            tracing::warn!(
+                rank,
+                from,
+                until,
+                "kv event gap not replayable; clearing the rank's blocks and rebuilding"
+            );
+            shared.reset(rank);
+        }
+        _ => {
+            tracing::info!(
+                rank,
+                from,
+                until,
+                "earlier kv events not replayable; starting from the live stream"
+            );
+        }
+    }
+}
+
+/// Asks the replay ROUTER for batches from `from` and collects those before `until`.
+async fn fetch(
+    endpoint: &str,
+    from: u64,
+    until: u64,
+) -> Result<Vec<(u64, Vec<u8>)>, zeromq::ZmqError> {
+    let mut dealer = zeromq::DealerSocket::new();
+    dealer.connect(endpoint).await?;
+    // A DEALER adds no delimiter; the ROUTER expects [identity, empty, start].
+    let mut request = ZmqMessage::from(Vec::<u8>::new());
+    request.push_back(from.to_be_bytes().to_vec().into());
+    dealer.send(request).await?;
+    let mut batches = Vec::new();
+    loop {
+        let reply = dealer.recv().await?;
+        let Some((seq, payload)) = split_message(reply) else {
+            continue;
+        };
+        if seq == END_MARKER || seq >= until {
+            return Ok(batches);
+        }
+        batches.push((seq, payload));
+    }
+}
+
+/// The sequence number and payload of a `[topic|empty, seq, payload]` message.
+fn split_message(message: ZmqMessage) -> Option<(u64, Vec<u8>)> {
+    let frames = message.into_vec();
+    if frames.len() != 3 {
+        return None;
+    }
+    let seq: [u8; 8] = frames[1].as_ref().try_into().ok()?;
+    Some((u64::from_be_bytes(seq), frames[2].to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_endpoints_offset_the_port() {
+        assert_eq!(
+            rank_endpoint("tcp://10.0.0.1:5557", 2).unwrap(),
+            "tcp://10.0.0.1:5559"
+        );
+        assert!(rank_endpoint("tcp://*:5557", 0).is_err());
+        assert!(rank_endpoint("ipc:///tmp/x", 0).is_err());
+        assert!(rank_endpoint("tcp://h:65535", 1).is_err());
+    }
+
+    #[test]
+    fn sequence_steps() {
+        assert_eq!(classify(None, 5), SeqStep::First);
+        assert_eq!(classify(Some(4), 5), SeqStep::InOrder);
+        assert_eq!(classify(Some(4), 9), SeqStep::Gap { missing_from: 5 });
+        assert_eq!(classify(Some(4), 0), SeqStep::Restart);
+        assert_eq!(classify(Some(4), 4), SeqStep::Restart);
+    }
+}

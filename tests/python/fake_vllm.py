@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""A protocol-faithful stand-in for a vLLM (or SGLang) server, for tests without a GPU.
+
+It answers like the real engines on the wire:
+  * HTTP: vLLM's OpenAI `POST /v1/completions` (token-id prompts, SSE streaming with
+    `token_ids` per chunk when `return_token_ids` is set, `logprobs.tokens` as "token_id:N" with
+    `return_tokens_as_token_ids`, a final usage chunk), SGLang's `POST /generate` (`input_ids`,
+    cumulative `output_ids`, `meta_info`), `GET /v1/models`, `GET /metrics`,
+    `GET /get_server_info` (SGLang).
+  * ZMQ: one PUB socket per data-parallel rank on port+rank, 3-frame messages (topic, 8-byte
+    big-endian sequence, msgpack `[ts, events, rank]`), events positional or map-encoded
+    (`--encoding`), hashes as uint64 or 32 raw bytes (`--hash-bytes`); one ROUTER replay socket
+    per rank with a bounded buffer (`--buffer-steps`), ending each replay with seq -1.
+  * Its own block hash (SHA-256 over parent digest + tokens, seeded randomly per incarnation, as
+    vLLM without PYTHONHASHSEED): the consumer has to rehash token ids, as with a real engine.
+
+Test control (POST, JSON body, answers JSON):
+  /admin/state             blocks held per rank, each as the full token prefix ending with it
+  /admin/store             {"tokens": [...], "rank": r}: cache a sequence as a request would
+  /admin/drop_next         {"count": n, "forget": bool}: publish the next n batches to the replay
+                           buffer only (a gap replay can repair), or nowhere with forget
+  /admin/restart           new incarnation: empty cache, new hash seed, sequences from 0
+  /admin/clear             prefix-cache reset: AllBlocksCleared on every rank
+  /admin/malformed         {"rank": r}: send malformed messages (frame count, seq size, payload)
+
+Prints one line `READY {"http": port, "zmq": port, "replay": port}` when serving.
+"""
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import random
+import struct
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import msgpack
+import zmq
+
+
+class Rank:
+    """One data-parallel rank: its prefix cache, its publisher and its replay buffer."""
+
+    def __init__(self, engine, rank, pub, buffer_steps):
+        self.engine = engine
+        self.rank = rank
+        self.pub = pub
+        self.seq = 0
+        self.buffer = collections.deque(maxlen=buffer_steps)
+        self.blocks = collections.OrderedDict()  # engine digest -> (prefix tokens, parent digest)
+        self.drop = 0
+        self.forget = False
+        self.seed = os.urandom(32)
+
+    def digest(self, parent, tokens):
+        h = hashlib.sha256(parent or self.seed)
+        h.update(struct.pack("<%dI" % len(tokens), *tokens))
+        return h.digest()
+
+    def wire_hash(self, digest):
+        if self.engine.args.hash_bytes:
+            return digest
+        return int.from_bytes(digest[-8:], "big")
+
+    def cache(self, tokens):
+        """Caches the full blocks of `tokens`; returns how many prompt tokens were hits."""
+        bs = self.engine.args.block_size
+        parent, hits, events, pinned = None, 0, [], set()
+        new_hashes, new_tokens, new_parent = [], [], None
+        for i in range(len(tokens) // bs):
+            block = tokens[i * bs:(i + 1) * bs]
+            d = self.digest(parent, block)
+            pinned.add(d)
+            if d in self.blocks:
+                self.blocks.move_to_end(d)
+                hits += bs
+                if new_hashes:  # a hole in the middle: flush what was new so far
+                    events.append(self.stored(new_hashes, new_parent, new_tokens))
+                    new_hashes, new_tokens = [], []
+            else:
+                if not new_hashes:
+                    new_parent = parent
+                evicted = self.make_room(pinned)
+                if evicted:
+                    if new_hashes:
+                        events.append(self.stored(new_hashes, new_parent, new_tokens))
+                        new_hashes, new_tokens, new_parent = [], [], parent
+                    events.append(self.removed(evicted))
+                self.blocks[d] = (tokens[:(i + 1) * bs], parent)
+                new_hashes.append(d)
+                new_tokens.extend(block)
+            parent = d
+        if new_hashes:
+            events.append(self.stored(new_hashes, new_parent, new_tokens))
+        if events:
+            self.publish(events)
+        return hits
+
+    def make_room(self, pinned):
+        """Evicts least recently used blocks, never those of the sequence being cached."""
+        evicted = []
+        while len(self.blocks) >= self.engine.args.num_blocks:
+            victim = next((d for d in self.blocks if d not in pinned), None)
+            if victim is None:
+                break
+            del self.blocks[victim]
+            evicted.append(victim)
+        return evicted
+
+    def event(self, tag, fields):
+        """One event in the configured encoding; `fields` in vLLM's declaration order."""
+        if self.engine.args.encoding == "map":
+            out = {"type": tag}
+            out.update({k: v for k, v in fields if v is not None or k in ("parent_block_hash", "lora_id", "medium", "lora_name")})
+            out["future_field"] = {"ignored": True}
+            return out
+        return [tag] + [v for _, v in fields]
+
+    def stored(self, hashes, parent, tokens):
+        return self.event("BlockStored", [
+            ("block_hashes", [self.wire_hash(d) for d in hashes]),
+            ("parent_block_hash", None if parent is None else self.wire_hash(parent)),
+            ("token_ids", tokens),
+            ("block_size", self.engine.args.block_size),
+            ("lora_id", None),
+            ("medium", "GPU"),
+            ("lora_name", None),
+        ])
+
+    def removed(self, hashes):
+        return self.event("BlockRemoved", [
+            ("block_hashes", [self.wire_hash(d) for d in hashes]),
+            ("medium", "GPU"),
+        ])
+
+    def clear(self):
+        self.blocks.clear()
+        self.publish([self.event("AllBlocksCleared", [])])
+
+    def publish(self, events):
+        payload = msgpack.packb([time.time(), events, self.rank], use_bin_type=True)
+        self.send_payload(payload)
+
+    def send_payload(self, payload):
+        seq = self.seq
+        self.seq += 1
+        frames = [self.engine.args.topic.encode(), struct.pack(">q", seq), payload]
+        if self.drop > 0:
+            self.drop -= 1
+            if not self.forget:
+                self.buffer.append((seq, payload))
+            return
+        self.buffer.append((seq, payload))
+        self.pub.send_multipart(frames)
+
+    def restart(self):
+        self.seq = 0
+        self.buffer.clear()
+        self.blocks.clear()
+        self.seed = os.urandom(32)
+
+    def malformed(self):
+        self.pub.send_multipart([b"", struct.pack(">q", self.seq)])  # 2 frames
+        self.pub.send_multipart([b"", b"\x00\x01\x02", b"\x90"])  # short seq frame
+        self.send_payload(b"\xc1not msgpack")  # a real seq, a payload nobody can read
+
+    def state(self):
+        return [list(prefix) for prefix, _ in self.blocks.values()]
+
+
+class Engine:
+    def __init__(self, args):
+        self.args = args
+        self.lock = threading.Lock()
+        self.ctx = zmq.Context()
+        self.next_rank = 0
+        self.stats = {"prompt": 0, "cached": 0, "running": 0}
+        self.zmq_port = self.bind_range("zmq_port", zmq.PUB)
+        self.replay_port = self.bind_range("replay_port", zmq.ROUTER)
+        self.ranks = [Rank(self, r, self.pubs[r], args.buffer_steps) for r in range(args.dp_ranks)]
+        for r in range(args.dp_ranks):
+            threading.Thread(target=self.serve_replay, args=(r,), daemon=True).start()
+
+    def bind_range(self, which, kind):
+        base = getattr(self.args, which)
+        for _ in range(50):
+            port = base or random.randint(20000, 60000)
+            socks = []
+            try:
+                for r in range(self.args.dp_ranks):
+                    s = self.ctx.socket(kind)
+                    s.setsockopt(zmq.LINGER, 0)
+                    socks.append(s)
+                    s.bind("tcp://127.0.0.1:%d" % (port + r))
+            except zmq.ZMQError:
+                for s in socks:
+                    s.close()
+                if base:
+                    raise
+                continue
+            if kind == zmq.PUB:
+                self.pubs = socks
+            else:
+                self.routers = socks
+            return port
+        raise RuntimeError("no free port range")
+
+    def serve_replay(self, r):
+        router = self.routers[r]
+        while True:
+            frames = router.recv_multipart()
+            if len(frames) != 3 or len(frames[2]) != 8:
+                continue
+            ident, start = frames[0], struct.unpack(">Q", frames[2])[0]
+            with self.lock:
+                batches = [(s, p) for s, p in self.ranks[r].buffer if s >= start]
+            for s, p in batches:
+                router.send_multipart([ident, b"", struct.pack(">q", s), p])
+            router.send_multipart([ident, b"", struct.pack(">q", -1), b""])
+
+    def pick_rank(self):
+        r = self.next_rank % len(self.ranks)
+        self.next_rank += 1
+        return self.ranks[r]
+
+    def metrics(self):
+        a, m = self.args, self.args.model
+        used = sum(len(r.blocks) for r in self.ranks) / max(1, a.num_blocks * len(self.ranks))
+        if a.flavor == "sglang":
+            return "".join([
+                '# TYPE sglang:num_running_reqs gauge\n',
+                'sglang:num_running_reqs{model_name="%s"} %d\n' % (m, self.stats["running"]),
+                'sglang:num_queue_reqs{model_name="%s"} 0\n' % m,
+                'sglang:token_usage{model_name="%s"} %f\n' % (m, used),
+                'sglang:max_total_num_tokens{model_name="%s"} %d\n' % (m, a.num_blocks * a.block_size),
+                'sglang:prompt_tokens_total{model_name="%s"} %d\n' % (m, self.stats["prompt"]),
+                'sglang:cached_tokens_total{model_name="%s"} %d\n' % (m, self.stats["cached"]),
+            ])
+        return "".join([
+            '# HELP vllm:num_requests_running Number of requests in model execution batches.\n',
+            '# TYPE vllm:num_requests_running gauge\n',
+            'vllm:num_requests_running{engine="0",model_name="%s"} %d.0\n' % (m, self.stats["running"]),
+            'vllm:num_requests_waiting{engine="0",model_name="%s"} 0.0\n' % m,
+            'vllm:kv_cache_usage_perc{engine="0",model_name="%s"} %f\n' % (m, used),
+            'vllm:cache_config_info{block_size="%d",cache_dtype="auto",enable_prefix_caching="True",'
+            'num_gpu_blocks="%d",prefix_caching_hash_algo="sha256"} 1.0\n' % (a.block_size, a.num_blocks),
+            'vllm:prompt_tokens_total{engine="0",model_name="%s"} %d.0\n' % (m, self.stats["prompt"]),
+            'vllm:prefix_cache_hits_total{engine="0",model_name="%s"} %d.0\n' % (m, self.stats["cached"]),
+        ])
+
+
+def make_handler(engine):
+    args = engine.args
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def reply(self, code, obj, ctype="application/json"):
+            body = obj.encode() if isinstance(obj, str) else json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def body(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(n) or b"{}")
+
+        def do_GET(self):
+            if self.path == "/metrics":
+                with engine.lock:
+                    return self.reply(200, engine.metrics(), "text/plain; version=0.0.4")
+            if self.path == "/v1/models":
+                return self.reply(200, {"object": "list", "data": [
+                    {"id": args.model, "object": "model", "max_model_len": args.max_model_len}]})
+            if self.path == "/get_server_info" and args.flavor == "sglang":
+                return self.reply(200, {"page_size": args.block_size,
+                                        "max_total_num_tokens": args.num_blocks * args.block_size})
+            self.reply(404, {"error": {"message": "not found"}})
+
+        def do_POST(self):
+            try:
+                body = self.body()
+            except ValueError:
+                return self.reply(400, {"error": {"message": "bad json"}})
+            if self.path.startswith("/admin/"):
+                return self.admin(self.path[len("/admin/"):], body)
+            if self.path == "/v1/completions":
+                return self.completions(body, sglang=False)
+            if self.path == "/generate" and args.flavor == "sglang":
+                return self.completions(body, sglang=True)
+            self.reply(404, {"error": {"message": "not found"}})
+
+        def admin(self, what, body):
+            with engine.lock:
+                if what == "state":
+                    return self.reply(200, {"ranks": [r.state() for r in engine.ranks]})
+                if what == "store":
+                    hits = engine.ranks[body.get("rank", 0)].cache(body["tokens"])
+                    return self.reply(200, {"cached_tokens": hits})
+                if what == "drop_next":
+                    for r in engine.ranks:
+                        r.drop, r.forget = body.get("count", 1), body.get("forget", False)
+                    return self.reply(200, {})
+                if what == "restart":
+                    for r in engine.ranks:
+                        r.restart()
+                    return self.reply(200, {})
+                if what == "clear":
+                    for r in engine.ranks:
+                        r.clear()
+                    return self.reply(200, {})
+                if what == "malformed":
+                    engine.ranks[body.get("rank", 0)].malformed()
+                    return self.reply(200, {})
+            self.reply(404, {"error": {"message": "unknown admin action"}})
+
+        def completions(self, body, sglang):
+            prompt = body.get("input_ids") if sglang else body.get("prompt")
+            sp = body.get("sampling_params", {}) if sglang else body
+            max_tokens = sp.get("max_new_tokens" if sglang else "max_tokens") or 16
+            if (not isinstance(prompt, list) or not prompt
+                    or not all(isinstance(t, int) and t >= 0 for t in prompt)):
+                return self.reply(400, {"error": {"message": "prompt must be a non-empty list of token ids",
+                                                  "type": "BadRequestError", "code": 400}})
+            if len(prompt) + max_tokens > args.max_model_len:
+                return self.reply(400, {"error": {"message": "This model's maximum context length is %d tokens" % args.max_model_len,
+                                                  "type": "BadRequestError", "code": 400}})
+            stops = set(sp.get("stop_token_ids") or [])
+            with engine.lock:
+                rank = engine.pick_rank()
+                cached = rank.cache(prompt)
+                engine.stats["prompt"] += len(prompt)
+                engine.stats["cached"] += cached
+                engine.stats["running"] += 1
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            out, finish = [], None
+            try:
+                seed = body.get("seed") or sp.get("sampling_seed") or 0
+                for i in range(max_tokens):
+                    tok = (prompt[-1] * 31 + i * 7 + seed) % 50000 + 1
+                    out.append(tok)
+                    if tok in stops and not sp.get("ignore_eos"):
+                        finish = "stop"
+                    elif i + 1 == max_tokens:
+                        finish = "length"
+                    if sglang:
+                        meta = {"id": body.get("rid"), "prompt_tokens": len(prompt), "cached_tokens": cached,
+                                "completion_tokens": len(out),
+                                "finish_reason": {"type": finish} if finish else None}
+                        self.event({"text": "t" * len(out), "output_ids": list(out), "meta_info": meta})
+                    else:
+                        choice = {"index": 0, "text": " t%d" % tok, "finish_reason": finish, "stop_reason": None}
+                        if body.get("return_token_ids"):
+                            choice["token_ids"] = [tok]
+                        elif body.get("return_tokens_as_token_ids") and body.get("logprobs") is not None:
+                            choice["logprobs"] = {"tokens": ["token_id:%d" % tok], "token_logprobs": [-0.1]}
+                        self.event({"id": "cmpl-1", "object": "text_completion", "model": args.model,
+                                    "choices": [choice], "usage": None})
+                    if finish:
+                        break
+                    time.sleep(args.token_delay_ms / 1000.0)
+                if not sglang:
+                    self.event({"id": "cmpl-1", "object": "text_completion", "model": args.model, "choices": [],
+                                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out),
+                                          "total_tokens": len(prompt) + len(out),
+                                          "prompt_tokens_details": {"cached_tokens": cached}}})
+                self.chunk(b"data: [DONE]\n\n")
+                self.chunk(b"")
+                with engine.lock:
+                    rank.cache(prompt + out)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away: the request is aborted
+            finally:
+                with engine.lock:
+                    engine.stats["running"] -= 1
+
+        def event(self, obj):
+            self.chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+        def chunk(self, data):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+    return Handler
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--http-port", type=int, default=0)
+    p.add_argument("--zmq-port", type=int, default=0)
+    p.add_argument("--replay-port", type=int, default=0)
+    p.add_argument("--dp-ranks", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=4)
+    p.add_argument("--num-blocks", type=int, default=256)
+    p.add_argument("--buffer-steps", type=int, default=64)
+    p.add_argument("--encoding", choices=["positional", "map"], default="positional")
+    p.add_argument("--hash-bytes", action="store_true")
+    p.add_argument("--flavor", choices=["vllm", "sglang"], default="vllm")
+    p.add_argument("--topic", default="")
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--token-delay-ms", type=float, default=2.0)
+    args = p.parse_args()
+    engine = Engine(args)
+    server = ThreadingHTTPServer(("127.0.0.1", args.http_port), make_handler(engine))
+    server.daemon_threads = True
+    print("READY " + json.dumps({"http": server.server_address[1], "zmq": engine.zmq_port,
+                                 "replay": engine.replay_port}), flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+//! End to end with the real binary in front of two vLLM stand-ins (`tests/python/fake_vllm.py`):
+//! a gateway and two `switchyard worker --engine vllm` processes. Requests stream through, and the
+//! gateway's index mirrors what each stand-in holds, across a forced gap that replay repairs and
+//! across an engine restart.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+mod support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{SwitchyardProcess, eventually};
+use switchyard_testkit::EtcdServer;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/python/fake_vllm.py"
+);
+const BLOCK: usize = 4;
+
+struct Fake {
+    _child: Child,
+    http: String,
+    zmq: u64,
+    replay: u64,
+    client: reqwest::Client,
+}
+
+impl Fake {
+    async fn start(extra: &[&str]) -> Fake {
+        let mut child = Command::new("python3")
+            .arg(SCRIPT)
+            .args(["--block-size", "4", "--num-blocks", "128"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 runs the stand-in");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let ports: Value = serde_json::from_str(line.strip_prefix("READY ").unwrap()).unwrap();
+        Fake {
+            _child: child,
+            http: format!("http://127.0.0.1:{}", ports["http"]),
+            zmq: ports["zmq"].as_u64().unwrap(),
+            replay: ports["replay"].as_u64().unwrap(),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    async fn admin(&self, what: &str, body: Value) -> Value {
+        let url = format!("{}/admin/{what}", self.http);
+        let response = self.client.post(url).json(&body).send().await.unwrap();
+        response.json().await.unwrap()
+    }
+
+    /// Blocks the stand-in holds.
+    async fn held(&self) -> u64 {
+        let state = self.admin("state", json!({})).await;
+        state["ranks"][0].as_array().unwrap().len() as u64
+    }
+}
+
+async fn indexed(api: &str, worker: &str) -> Option<u64> {
+    let workers: Value = reqwest::get(format!("{api}/admin/workers"))
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    workers
+        .as_array()?
+        .iter()
+        .find(|w| w["id"] == worker)
+        .and_then(|w| w["indexed_blocks"].as_u64())
+}
+
+/// Waits until the gateway indexes exactly as many blocks for `worker` as `fake` holds.
+async fn assert_mirrored(api: &str, worker: &str, fake: &Fake) {
+    let ok = eventually(Duration::from_secs(15), || async {
+        indexed(api, worker).await == Some(fake.held().await)
+    })
+    .await;
+    let (want, got) = (fake.held().await, indexed(api, worker).await);
+    assert!(
+        ok,
+        "{worker}: engine holds {want} blocks, index has {got:?}"
+    );
+}
+
+/// The prompt's overlap (device blocks) on `worker`, per the gateway's explain.
+async fn overlap(api: &str, worker: &str, prompt: &[u32]) -> u64 {
+    let explain: Value = reqwest::Client::new()
+        .post(format!("{api}/admin/explain"))
+        .json(&json!({"model": "fake-model", "prompt": prompt}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    explain["decision"]["explanation"]["workers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("explain answered {explain}"))
+        .iter()
+        .find(|w| w["worker"] == worker)
+        .map_or(0, |w| w["overlap"]["device"].as_u64().unwrap_or(0))
+}
+
+fn tokens(seed: u32, len: u32) -> Vec<u32> {
+    (0..len)
+        .map(|i| 1 + (seed * 7919 + i * 13) % 20000)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_and_vllm_workers_stream_and_mirror_the_engines_through_gap_and_restart() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("vllm-{}", std::process::id());
+    let fake_a = Fake::start(&[]).await;
+    let fake_b = Fake::start(&["--encoding", "map", "--hash-bytes"]).await;
+    let worker = |id: &str, fake: &Fake| {
+        vec![
+            "--engine".to_owned(),
+            "vllm".to_owned(),
+            "--engine-url".to_owned(),
+            fake.http.clone(),
+            "--kv-events".to_owned(),
+            format!("tcp://127.0.0.1:{}", fake.zmq),
+            "--kv-replay".to_owned(),
+            format!("tcp://127.0.0.1:{}", fake.replay),
+            "--model".to_owned(),
+            "fake-model".to_owned(),
+            "--etcd".to_owned(),
+            endpoint.clone(),
+            "--cluster".to_owned(),
+            cluster.clone(),
+            "--id".to_owned(),
+            id.to_owned(),
+        ]
+    };
+    let (args_a, args_b) = (worker("vllm-a", &fake_a), worker("vllm-b", &fake_b));
+    let _a = SwitchyardProcess::start(&args_a.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let _b = SwitchyardProcess::start(&args_b.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let gateway = SwitchyardProcess::spawn(
+        "gateway",
+        &[
+            "--etcd",
+            &endpoint,
+            "--cluster",
+            &cluster,
+            "--http",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
+    let api = format!("http://{}", gateway.address);
+    let both = eventually(Duration::from_secs(15), || async {
+        indexed(&api, "vllm-a").await.is_some() && indexed(&api, "vllm-b").await.is_some()
+    })
+    .await;
+    assert!(both, "the gateway sees both vllm workers");
+    // The SUB sockets and the gateway's event streams settle before the engines publish.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Requests stream through the gateway to the engines and back.
+    let http = reqwest::Client::new();
+    for seed in 0..4 {
+        let body = json!({"model": "fake-model", "prompt": tokens(seed, 40), "max_tokens": 6,
+                          "ignore_eos": true, "stream": true});
+        let response = http
+            .post(format!("{api}/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let text = response.text().await.unwrap();
+        let data: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+        let finish = data
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .find_map(|v| v["choices"][0]["finish_reason"].as_str().map(str::to_owned));
+        assert_eq!(finish.as_deref(), Some("length"), "{text}");
+    }
+    let body = json!({"model": "fake-model", "prompt": tokens(9, 40), "max_tokens": 5, "ignore_eos": true});
+    let done: Value = http
+        .post(format!("{api}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(done["usage"]["completion_tokens"], 5, "{done}");
+    assert_mirrored(&api, "vllm-a", &fake_a).await;
+    assert_mirrored(&api, "vllm-b", &fake_b).await;
+
+    // A known prefix on A only: explain sees the overlap there.
+    let prompt = tokens(42, 64);
+    fake_a.admin("store", json!({"tokens": prompt})).await;
+    assert_mirrored(&api, "vllm-a", &fake_a).await;
+    assert_eq!(overlap(&api, "vllm-a", &prompt).await, (64 / BLOCK) as u64);
+    assert_eq!(overlap(&api, "vllm-b", &prompt).await, 0);
+
+    // A gap on A that the replay socket repairs: the index still mirrors A.
+    fake_a.admin("drop_next", json!({"count": 2})).await;
+    let gap_prompt = tokens(43, 32);
+    fake_a.admin("store", json!({"tokens": gap_prompt})).await;
+    fake_a
+        .admin("store", json!({"tokens": tokens(44, 32)}))
+        .await;
+    fake_a
+        .admin("store", json!({"tokens": tokens(45, 32)}))
+        .await;
+    assert_mirrored(&api, "vllm-a", &fake_a).await;
+    assert_eq!(
+        overlap(&api, "vllm-a", &gap_prompt).await,
+        (32 / BLOCK) as u64
+    );
+
+    // B restarts (new incarnation: empty cache, new hashes, sequence from 0).
+    fake_b.admin("store", json!({"tokens": prompt})).await;
+    assert_mirrored(&api, "vllm-b", &fake_b).await;
+    assert_eq!(overlap(&api, "vllm-b", &prompt).await, (64 / BLOCK) as u64);
+    fake_b.admin("restart", json!({})).await;
+    let after = tokens(46, 24);
+    fake_b.admin("store", json!({"tokens": after})).await;
+    assert_mirrored(&api, "vllm-b", &fake_b).await;
+    assert_eq!(overlap(&api, "vllm-b", &prompt).await, 0);
+    assert_eq!(overlap(&api, "vllm-b", &after).await, (24 / BLOCK) as u64);
+}
