@@ -7,9 +7,14 @@
 //! where `o200k_base` has no published ChatML ids.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use switchyard_core::TokenId;
 use tiktoken_rs::CoreBPE;
+
+use crate::error::TokenizeError;
+use crate::session::seam::{SeamPolicy, SeamRules};
+use crate::tokenizer::offset_u32;
 
 /// Name of the built-in tokenizer.
 pub const BUILTIN_TOKENIZER_NAME: &str = "builtin:cl100k";
@@ -90,6 +95,51 @@ impl BuiltinBpe {
         }
         ids.extend(self.bpe.encode_ordinary(rest));
         ids
+    }
+
+    /// [`encode`](Self::encode) plus each token's start byte, from the tokens' byte lengths
+    /// (BPE tokens are exact byte strings of the text, so lengths add up to offsets).
+    pub(crate) fn encode_with_starts(
+        &self,
+        text: &str,
+    ) -> Result<(Vec<TokenId>, Vec<u32>), TokenizeError> {
+        let ids = self.encode(text);
+        let lengths = self.token_lengths();
+        let mut starts = Vec::with_capacity(ids.len());
+        let mut at = 0usize;
+        for &id in &ids {
+            starts.push(offset_u32(at)?);
+            at += match self.special_by_id.get(&id) {
+                Some(special) => special.len(),
+                None => lengths.get(id as usize).map_or(0, |&len| usize::from(len)),
+            };
+        }
+        Ok((ids, starts))
+    }
+
+    /// Byte length of every ordinary token, read once from the rank table.
+    fn token_lengths(&self) -> &'static [u16] {
+        static LENGTHS: OnceLock<Vec<u16>> = OnceLock::new();
+        LENGTHS.get_or_init(|| {
+            (0..self.vocab_size())
+                .map(|id| {
+                    let id = id as TokenId;
+                    self.bpe
+                        .decode_bytes(std::slice::from_ref(&id))
+                        .map_or(0, |bytes| u16::try_from(bytes.len()).unwrap_or(u16::MAX))
+                })
+                .collect()
+        })
+    }
+
+    /// cl100k's regex is the GPT-4 one (digits in runs of three); no normaliser.
+    pub(crate) fn seam_rules(&self) -> SeamRules {
+        SeamRules::new(
+            SeamPolicy::Words { digit_runs: true },
+            SPECIAL_TOKENS
+                .iter()
+                .map(|&(text, id)| (text.to_owned(), id)),
+        )
     }
 
     pub(crate) fn decode(&self, ids: &[TokenId], skip_special_tokens: bool) -> String {

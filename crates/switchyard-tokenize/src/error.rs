@@ -92,6 +92,9 @@ pub enum TokenizeError {
 
     #[error("tokenization pool is closed")]
     PoolClosed,
+
+    #[error("text of {bytes} bytes is too long to tokenize")]
+    TextTooLong { bytes: usize },
 }
 
 impl TokenizeError {
@@ -101,7 +104,8 @@ impl TokenizeError {
             Self::TemplateRender { .. }
             | Self::NoChatTemplate { .. }
             | Self::UnsupportedContentPart { .. }
-            | Self::MissingPartText { .. } => Fault::Request,
+            | Self::MissingPartText { .. }
+            | Self::TextTooLong { .. } => Fault::Request,
             Self::MissingFile { .. }
             | Self::Io { .. }
             | Self::InvalidJson { .. }

@@ -12,6 +12,9 @@
 //!   character.
 //! - [`preprocess`]: [`Preprocessor`], the async API the gateway calls; heavy work runs on
 //!   tokio's blocking pool under a concurrency limit.
+//! - [`session`]: [`SessionTokenizer`], incremental tokenization of a session's growing
+//!   history: only the text after (a little before) the seam with the previous turn is
+//!   tokenized, and the result always equals a full tokenization.
 //! - [`error`]: [`TokenizeError`] and whose [`Fault`] it is.
 
 pub mod builtin;
@@ -21,6 +24,7 @@ pub mod error;
 pub mod model_dir;
 pub mod preprocess;
 mod pyjson;
+pub mod session;
 pub mod tokenizer;
 
 pub use chat::{ChatMessage, ChatRequest, ChatTemplate, ContentPart, MessageContent};
@@ -28,5 +32,6 @@ pub use decode::IncrementalDecoder;
 pub use error::{Fault, TokenizeError};
 pub use model_dir::ModelDir;
 pub use preprocess::{EncodedPrompt, Preprocessor};
+pub use session::{SessionConfig, SessionEncoding, SessionStats, SessionTokenizer};
 pub use switchyard_core::TokenId;
 pub use tokenizer::Tokenizer;

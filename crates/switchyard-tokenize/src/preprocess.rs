@@ -9,6 +9,7 @@ use crate::chat::ChatRequest;
 use crate::decode::IncrementalDecoder;
 use crate::error::TokenizeError;
 use crate::model_dir::ModelDir;
+use crate::session::{SessionConfig, SessionStats, SessionTokenizer};
 
 /// Inputs up to this many bytes are handled on the calling task: a few hundred bytes take
 /// microseconds, less than the hand-off to a blocking thread costs.
@@ -31,16 +32,40 @@ pub struct Preprocessor {
     model: Arc<ModelDir>,
     permits: Arc<Semaphore>,
     inline_max_bytes: usize,
+    sessions: Arc<SessionTokenizer>,
 }
 
 impl Preprocessor {
     /// `max_parallel` is clamped to at least 1; the number of cores is a good value.
     pub fn new(model: Arc<ModelDir>, max_parallel: usize) -> Self {
+        let sessions =
+            SessionTokenizer::new(Arc::clone(model.tokenizer()), SessionConfig::default());
         Self {
             model,
             permits: Arc::new(Semaphore::new(max_parallel.max(1))),
             inline_max_bytes: DEFAULT_INLINE_MAX_BYTES,
+            sessions: Arc::new(sessions),
         }
+    }
+
+    /// Replaces the session tokenizer's bounds and verification rate (dropping the
+    /// sessions held so far); clones made before keep the old one.
+    pub fn with_session_config(mut self, config: SessionConfig) -> Self {
+        self.sessions = Arc::new(SessionTokenizer::new(
+            Arc::clone(self.model.tokenizer()),
+            config,
+        ));
+        self
+    }
+
+    /// The incremental session tokenizer shared by this preprocessor's clones.
+    pub fn sessions(&self) -> &Arc<SessionTokenizer> {
+        &self.sessions
+    }
+
+    /// Session state held and hit counts, for metrics.
+    pub fn session_stats(&self) -> SessionStats {
+        self.sessions.stats()
     }
 
     /// Changes the size under which work stays on the calling task (0: never).
@@ -82,6 +107,26 @@ impl Preprocessor {
         self.run(size, move |model| {
             let text = model.render_chat(&request)?;
             let token_ids = model.tokenizer().encode(&text)?;
+            Ok(EncodedPrompt { text, token_ids })
+        })
+        .await
+    }
+
+    /// Renders the chat prompt and tokenizes it incrementally against the session's previous
+    /// turn (`session_id`, e.g. the `x-session-id` header; when `None`, the known session
+    /// whose text this one extends), in one trip to the blocking pool. The ids always equal
+    /// [`encode_chat`](Self::encode_chat)'s.
+    pub async fn encode_chat_session(
+        &self,
+        session_id: Option<&str>,
+        request: ChatRequest,
+    ) -> Result<EncodedPrompt, TokenizeError> {
+        let size = request.approx_len();
+        let sessions = Arc::clone(&self.sessions);
+        let session_id = session_id.map(str::to_owned);
+        self.run(size, move |model| {
+            let text = model.render_chat(&request)?;
+            let token_ids = sessions.encode(session_id.as_deref(), &text)?;
             Ok(EncodedPrompt { text, token_ids })
         })
         .await

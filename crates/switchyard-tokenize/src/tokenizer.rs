@@ -8,12 +8,15 @@ use switchyard_core::TokenId;
 
 use crate::builtin::BuiltinBpe;
 use crate::error::TokenizeError;
+use crate::session::seam::{SeamPolicy, SeamRules};
 
 /// A loaded tokenizer. Cheap to share behind an `Arc`; every method takes `&self`.
 #[derive(Debug)]
 pub struct Tokenizer {
     name: String,
     backend: Backend,
+    /// Where incremental (session) tokenization may restart; see `session::seam`.
+    seam_rules: SeamRules,
 }
 
 #[derive(Debug)]
@@ -30,9 +33,12 @@ enum Backend {
 impl Tokenizer {
     /// The built-in `cl100k_base` BPE with ChatML special tokens; needs no files.
     pub fn builtin_cl100k() -> Self {
+        let bpe = BuiltinBpe::cl100k();
+        let seam_rules = bpe.seam_rules();
         Self {
             name: crate::builtin::BUILTIN_TOKENIZER_NAME.to_owned(),
-            backend: Backend::Builtin(BuiltinBpe::cl100k()),
+            backend: Backend::Builtin(bpe),
+            seam_rules,
         }
     }
 
@@ -54,8 +60,10 @@ impl Tokenizer {
             .filter(|(_, token)| token.special)
             .map(|(id, _)| id)
             .collect();
+        let seam_rules = crate::session::hf_rules::seam_rules(&inner);
         Ok(Self {
             name: path.display().to_string(),
+            seam_rules,
             backend: Backend::HuggingFace {
                 inner: Box::new(inner),
                 special_ids,
@@ -79,6 +87,37 @@ impl Tokenizer {
                 .map_err(|source| TokenizeError::Encode { source }),
             Backend::Builtin(bpe) => Ok(bpe.encode(text)),
         }
+    }
+
+    /// Tokenizes as [`encode`](Self::encode) and also returns the byte offset in `text` at
+    /// which each token starts (tokens inside one multi-byte character share its start).
+    pub(crate) fn encode_with_starts(
+        &self,
+        text: &str,
+    ) -> Result<(Vec<TokenId>, Vec<u32>), TokenizeError> {
+        match &self.backend {
+            Backend::HuggingFace { inner: tok, .. } => {
+                let enc = tok
+                    .encode(text, false)
+                    .map_err(|source| TokenizeError::Encode { source })?;
+                let starts = enc
+                    .get_offsets()
+                    .iter()
+                    .map(|&(start, _)| offset_u32(start))
+                    .collect::<Result<_, _>>()?;
+                Ok((enc.get_ids().to_vec(), starts))
+            }
+            Backend::Builtin(bpe) => bpe.encode_with_starts(text),
+        }
+    }
+
+    pub(crate) fn seam_rules(&self) -> &SeamRules {
+        &self.seam_rules
+    }
+
+    /// How far incremental tokenization can narrow a seam with this tokenizer.
+    pub(crate) fn seam_policy(&self) -> SeamPolicy {
+        self.seam_rules.policy()
     }
 
     /// Turns ids back into text. Bytes that are not valid UTF-8 become U+FFFD; ids the
@@ -119,4 +158,9 @@ impl Tokenizer {
             Backend::Builtin(bpe) => bpe.special_text(id).is_some(),
         }
     }
+}
+
+/// Offsets are kept as `u32`: a prompt of 4 GiB is refused long before it gets here.
+pub(crate) fn offset_u32(offset: usize) -> Result<u32, TokenizeError> {
+    u32::try_from(offset).map_err(|_| TokenizeError::TextTooLong { bytes: offset })
 }

@@ -10,4 +10,7 @@ mod builtin;
 mod decode;
 mod errors;
 mod qwen3;
+mod session;
+mod session_replay;
 mod support;
+mod synth;

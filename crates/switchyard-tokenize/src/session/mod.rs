@@ -1,0 +1,357 @@
+//! Incremental tokenization by session: a coding agent resends its whole, growing history
+//! every turn, so each turn is tokenized only from a little before where it stops agreeing
+//! with the session's previous turn, and the old tokens before that are reused.
+//!
+//! - [`seam`]: where a seam can be cut so that the splice equals a full tokenization, and why.
+//! - `hf_rules`: which seams a Hugging Face `tokenizer.json` allows.
+//! - `store`: the bounded session set (LRU by count and bytes) and the prefix index that
+//!   finds a session when the request names none.
+
+pub(crate) mod hf_rules;
+pub(crate) mod seam;
+mod store;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use switchyard_core::TokenId;
+
+use crate::error::TokenizeError;
+use crate::tokenizer::Tokenizer;
+use seam::{SeamPolicy, common_prefix};
+use store::{SessionState, SessionStore};
+
+/// Bounds and checking of a [`SessionTokenizer`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionConfig {
+    /// Sessions kept; the least recently used is dropped beyond this.
+    pub max_sessions: usize,
+    /// Bytes kept over all sessions (text, ids and offsets); LRU sessions are dropped beyond.
+    pub max_bytes: usize,
+    /// Fraction of incremental turns (0..=1) also tokenized in full and compared; on a
+    /// mismatch the full result is used and the mismatch counted.
+    pub verify_sample_rate: f64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            max_sessions: 1024,
+            max_bytes: 512 << 20,
+            verify_sample_rate: 0.01,
+        }
+    }
+}
+
+/// Counters of a [`SessionTokenizer`], for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Sessions held now.
+    pub sessions: usize,
+    /// Bytes held now (text, ids, offsets and bookkeeping).
+    pub bytes: usize,
+    /// Turns that reused tokens of an earlier turn.
+    pub hits: u64,
+    /// Turns tokenized in full (new session, nothing in common, or policy off).
+    pub misses: u64,
+    /// Incremental turns also tokenized in full to check them.
+    pub verified: u64,
+    /// Checks that found a difference (always 0 unless there is a bug).
+    pub verify_mismatches: u64,
+    /// Sessions dropped to honour the bounds.
+    pub evictions: u64,
+    /// Tokens reused over all turns, and bytes actually tokenized.
+    pub reused_tokens: u64,
+    pub tokenized_bytes: u64,
+}
+
+/// The result of one turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionEncoding {
+    pub token_ids: Vec<TokenId>,
+    /// Tokens taken over from the session's previous turn (0 on a miss).
+    pub reused_tokens: usize,
+    /// The session the turn was stored under (the given id, or one found or made).
+    pub session: String,
+}
+
+/// Tokenizes turns of sessions incrementally. Blocking and CPU-bound like
+/// [`Tokenizer::encode`]: call it from a blocking thread (as `Preprocessor` does). Shared
+/// by reference across threads; the lock is held only to look up and store sessions.
+#[derive(Debug)]
+pub struct SessionTokenizer {
+    tokenizer: Arc<Tokenizer>,
+    config: SessionConfig,
+    store: Mutex<SessionStore>,
+    turns: AtomicU64,
+    anonymous: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    verified: AtomicU64,
+    verify_mismatches: AtomicU64,
+    reused_tokens: AtomicU64,
+    tokenized_bytes: AtomicU64,
+}
+
+impl SessionTokenizer {
+    pub fn new(tokenizer: Arc<Tokenizer>, mut config: SessionConfig) -> Self {
+        config.verify_sample_rate = if config.verify_sample_rate.is_nan() {
+            0.0
+        } else {
+            config.verify_sample_rate.clamp(0.0, 1.0)
+        };
+        let store = SessionStore::new(config.max_sessions, config.max_bytes);
+        Self {
+            tokenizer,
+            config,
+            store: Mutex::new(store),
+            turns: AtomicU64::new(0),
+            anonymous: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            verified: AtomicU64::new(0),
+            verify_mismatches: AtomicU64::new(0),
+            reused_tokens: AtomicU64::new(0),
+            tokenized_bytes: AtomicU64::new(0),
+        }
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// Whether this tokenizer allows incremental tokenization at all.
+    pub fn is_incremental(&self) -> bool {
+        self.tokenizer.seam_policy() != SeamPolicy::Disabled
+    }
+
+    /// Tokenizes `text`, a turn of `session_id` (or, when `None`, of the known session whose
+    /// text it extends). Always equal to `tokenizer.encode(text)`.
+    pub fn encode(
+        &self,
+        session_id: Option<&str>,
+        text: &str,
+    ) -> Result<Vec<TokenId>, TokenizeError> {
+        Ok(self.encode_turn(session_id, text)?.token_ids)
+    }
+
+    /// [`encode`](Self::encode) with what was reused and where the turn was stored.
+    pub fn encode_turn(
+        &self,
+        session_id: Option<&str>,
+        text: &str,
+    ) -> Result<SessionEncoding, TokenizeError> {
+        if !self.is_incremental() {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            self.count_tokenized(text.len());
+            return Ok(SessionEncoding {
+                token_ids: self.tokenizer.encode(text)?,
+                reused_tokens: 0,
+                session: session_id.unwrap_or_default().to_owned(),
+            });
+        }
+        let (base, found_key) = self.pick_base(session_id, text);
+        let (ids, starts, reused) = match &base {
+            Some(base) => self.splice(base, text)?,
+            None => {
+                let (ids, starts) = self.tokenizer.encode_with_starts(text)?;
+                self.count_tokenized(text.len());
+                (ids, starts, 0)
+            }
+        };
+        let (ids, starts, reused) = if reused > 0 && self.sample_for_verification() {
+            self.verify(session_id, ids, starts, reused, text)?
+        } else {
+            (ids, starts, reused)
+        };
+        if reused > 0 {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            self.reused_tokens
+                .fetch_add(reused as u64, Ordering::Relaxed);
+        } else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        let key = match (session_id, found_key) {
+            (Some(id), _) => id.to_owned(),
+            (None, Some(key)) => key,
+            (None, None) => format!(
+                "anonymous-{}",
+                self.anonymous.fetch_add(1, Ordering::Relaxed)
+            ),
+        };
+        let state = Arc::new(SessionState {
+            text: text.to_owned(),
+            ids,
+            starts,
+        });
+        let token_ids = state.ids.clone();
+        self.lock().insert(key.clone(), state);
+        Ok(SessionEncoding {
+            token_ids,
+            reused_tokens: reused,
+            session: key,
+        })
+    }
+
+    /// Forgets a session (e.g. when the client says it ended). Whether it was known.
+    pub fn forget(&self, session_id: &str) -> bool {
+        self.lock().remove(session_id)
+    }
+
+    pub fn stats(&self) -> SessionStats {
+        let (sessions, bytes, evictions) = {
+            let store = self.lock();
+            (store.len(), store.bytes(), store.evictions)
+        };
+        SessionStats {
+            sessions,
+            bytes,
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            verified: self.verified.load(Ordering::Relaxed),
+            verify_mismatches: self.verify_mismatches.load(Ordering::Relaxed),
+            evictions,
+            reused_tokens: self.reused_tokens.load(Ordering::Relaxed),
+            tokenized_bytes: self.tokenized_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The state to start from: the named session's, unless it shares less than half of
+    /// `text` and a session found by prefix shares more (a sub-agent reusing its parent's
+    /// id, say). Also returns, for an unnamed turn, the found session it continues.
+    fn pick_base(
+        &self,
+        session_id: Option<&str>,
+        text: &str,
+    ) -> (Option<Arc<SessionState>>, Option<String>) {
+        let (named, candidates) = {
+            let mut store = self.lock();
+            let named = session_id.and_then(|id| store.get(id));
+            let named_common = named
+                .as_ref()
+                .map_or(0, |s| common_prefix(s.text.as_bytes(), text.as_bytes()));
+            if named_common * 2 >= text.len() && named.is_some() {
+                return (named, None);
+            }
+            (named.map(|s| (named_common, s)), store.candidates(text))
+        };
+        // Prefix comparisons run without the lock.
+        let best = candidates
+            .into_iter()
+            .map(|(key, state)| {
+                let common = common_prefix(state.text.as_bytes(), text.as_bytes());
+                (common, key, state)
+            })
+            .max_by_key(|(common, _, _)| *common);
+        match (named, best) {
+            (Some((named_common, named)), Some((common, _, state))) => (
+                Some(if common > named_common { state } else { named }),
+                None,
+            ),
+            (Some((_, named)), None) => (Some(named), None),
+            (None, Some((common, key, state))) => {
+                // An unnamed turn continues the found session when it keeps most of it;
+                // otherwise it starts a session of its own (that may branch off the found).
+                let continues = session_id.is_none() && common * 2 >= state.text.len();
+                (Some(state), continues.then_some(key))
+            }
+            (None, None) => (None, None),
+        }
+    }
+
+    /// Re-tokenizes `text` from the restart point found against `base` and splices.
+    fn splice(
+        &self,
+        base: &SessionState,
+        text: &str,
+    ) -> Result<(Vec<TokenId>, Vec<u32>, usize), TokenizeError> {
+        if base.text == text {
+            return Ok((base.ids.clone(), base.starts.clone(), base.ids.len()));
+        }
+        let restart = self.tokenizer.seam_rules().find_restart(
+            base.text.as_bytes(),
+            &base.starts,
+            &base.ids,
+            text.as_bytes(),
+        );
+        let Some(tail) = text.get(restart.byte..) else {
+            return Err(TokenizeError::TextTooLong { bytes: text.len() });
+        };
+        let (tail_ids, tail_starts) = self.tokenizer.encode_with_starts(tail)?;
+        self.count_tokenized(tail.len());
+        let keep = restart.token;
+        let shift = crate::tokenizer::offset_u32(restart.byte)?;
+        let mut ids = Vec::with_capacity(keep + tail_ids.len());
+        ids.extend_from_slice(&base.ids[..keep]);
+        ids.extend_from_slice(&tail_ids);
+        let mut starts = Vec::with_capacity(keep + tail_starts.len());
+        starts.extend_from_slice(&base.starts[..keep]);
+        for start in tail_starts {
+            starts.push(
+                start
+                    .checked_add(shift)
+                    .ok_or(TokenizeError::TextTooLong { bytes: text.len() })?,
+            );
+        }
+        Ok((ids, starts, keep))
+    }
+
+    /// Tokenizes in full and compares; on a difference counts it, logs it and returns the
+    /// full result.
+    fn verify(
+        &self,
+        session_id: Option<&str>,
+        ids: Vec<TokenId>,
+        starts: Vec<u32>,
+        reused: usize,
+        text: &str,
+    ) -> Result<(Vec<TokenId>, Vec<u32>, usize), TokenizeError> {
+        self.verified.fetch_add(1, Ordering::Relaxed);
+        let (full_ids, full_starts) = self.tokenizer.encode_with_starts(text)?;
+        self.count_tokenized(text.len());
+        if full_ids == ids {
+            return Ok((ids, starts, reused));
+        }
+        self.verify_mismatches.fetch_add(1, Ordering::Relaxed);
+        let first_difference = ids
+            .iter()
+            .zip(&full_ids)
+            .position(|(a, b)| a != b)
+            .unwrap_or(ids.len().min(full_ids.len()));
+        tracing::warn!(
+            session = session_id.unwrap_or("-"),
+            tokenizer = self.tokenizer.name(),
+            reused,
+            first_difference,
+            incremental_len = ids.len(),
+            full_len = full_ids.len(),
+            "incremental tokenization differs from full; using the full result"
+        );
+        Ok((full_ids, full_starts, 0))
+    }
+
+    /// Deterministic sampling: turn n is checked when n·rate crosses an integer.
+    fn sample_for_verification(&self) -> bool {
+        let rate = self.config.verify_sample_rate;
+        if rate <= 0.0 {
+            return false;
+        }
+        let n = self.turns.fetch_add(1, Ordering::Relaxed) as f64;
+        ((n + 1.0) * rate).floor() > (n * rate).floor()
+    }
+
+    fn count_tokenized(&self, bytes: usize) {
+        self.tokenized_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SessionStore> {
+        // The store stays consistent across a panic elsewhere: every update is a few
+        // statements without user code, so a poisoned lock is still usable.
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
