@@ -6,6 +6,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod replay_cmd;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +37,10 @@ enum Command {
     Gateway(GatewayCommand),
     /// Run a worker agent in front of an engine (the built-in simulator).
     Worker(WorkerArgs),
+    /// Replay a trace offline (simulated cluster, several policies) or against an endpoint.
+    Replay(replay_cmd::ReplayArgs),
+    /// Measure the offline replayer's own speed on a trace.
+    Bench(replay_cmd::ReplayArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -89,6 +94,8 @@ fn main() -> ExitCode {
             };
             run_async(run_worker(config))
         }
+        Command::Replay(args) => replay_cmd::run(args, false),
+        Command::Bench(args) => replay_cmd::run(args, true),
     }
 }
 

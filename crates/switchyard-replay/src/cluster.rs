@@ -1,0 +1,368 @@
+//! The offline simulated cluster, in virtual time.
+//!
+//! N [`Simulator`]s behind the real router: a [`PrefixIndex`] fed by the simulators' KV events
+//! (applied when the step that produced them ends, plus an optional propagation delay), a
+//! [`LoadView`] fed by their [`Simulator::load`] reports, and a routing [`Policy`]. A
+//! discrete-event loop pops `(time, seq)`-ordered events from a binary heap: request arrivals,
+//! worker step completions and delayed KV-event deliveries. A worker steps only while it has
+//! work, each step lasting its simulated duration; a step's outputs and events become visible
+//! when it ends. Nothing iterates a hash map, and ties break on the insertion sequence, so a
+//! run is a pure function of its inputs and seed.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use indicatif::ProgressBar;
+use switchyard_core::{BlockSize, KvEvent, WorkerId, block_hashes};
+use switchyard_engine_sim::{SimConfig, SimRequest, Simulator, StepOutcome};
+use switchyard_router::{
+    Candidate, IndexConfig, LoadConfig, LoadView, Policy, PolicyConfig, PolicyKind, PrefixIndex,
+    RouteRequest,
+};
+
+use crate::error::ReplayError;
+use crate::metrics::RequestRecord;
+use crate::workload::{Micros, Outbox, RequestSpec, Workload};
+
+/// Shape of the simulated cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterConfig {
+    pub workers: usize,
+    /// Every worker's simulator; worker *i* gets `seed + i`.
+    pub sim: SimConfig,
+    pub policy: PolicyKind,
+    pub policy_config: PolicyConfig,
+    /// Extra virtual time between a step's end and its KV events reaching the index.
+    pub event_delay_us: Micros,
+    /// Workers report their load at most this often (0: a fresh report before every routing
+    /// decision); between reports the load view adds the router's in-flight bookkeeping.
+    pub load_report_interval_us: Micros,
+}
+
+/// What a replay produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterRun {
+    /// One record per request, ordered by request id.
+    pub records: Vec<RequestRecord>,
+    pub steps: u64,
+    pub kv_events: u64,
+    /// Virtual time of the last event.
+    pub end: Micros,
+}
+
+#[derive(Debug)]
+enum Event {
+    Arrival(Box<RequestSpec>),
+    StepDone(usize),
+    KvEvents(usize, Vec<KvEvent>),
+}
+
+#[derive(Debug)]
+struct Scheduled {
+    at: Micros,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    /// Reversed, so the max-heap pops the earliest `(at, seq)` first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+#[derive(Debug)]
+struct Worker {
+    id: WorkerId,
+    sim: Simulator,
+    /// The step in progress; its effects land when its `StepDone` pops.
+    pending: Option<StepOutcome>,
+    next_event_seq: u64,
+    last_report: Option<Micros>,
+}
+
+/// The simulated cluster; see the module docs.
+#[derive(Debug)]
+pub struct Cluster {
+    config: ClusterConfig,
+    block_size: BlockSize,
+    workers: Vec<Worker>,
+    candidates: Vec<Candidate>,
+    index: PrefixIndex,
+    load: LoadView,
+    policy: Box<dyn Policy>,
+    heap: BinaryHeap<Scheduled>,
+    seq: u64,
+    records: Vec<RequestRecord>,
+    /// Request id → index in `records`, for requests in flight.
+    live: HashMap<u64, usize>,
+    steps: u64,
+    kv_events: u64,
+    now: Micros,
+}
+
+impl Cluster {
+    pub fn new(config: ClusterConfig) -> Result<Self, ReplayError> {
+        if config.workers == 0 {
+            return Err(ReplayError::InvalidConfig(
+                "at least one worker is needed".into(),
+            ));
+        }
+        let mut workers = Vec::with_capacity(config.workers);
+        for i in 0..config.workers {
+            let sim = Simulator::new(SimConfig {
+                seed: config.sim.seed.wrapping_add(i as u64),
+                ..config.sim.clone()
+            })
+            .map_err(|e| ReplayError::Cluster(e.to_string()))?;
+            let id = WorkerId::new(format!("sim-{i}"))
+                .map_err(|e| ReplayError::Cluster(e.to_string()))?;
+            workers.push(Worker {
+                id,
+                sim,
+                pending: None,
+                next_event_seq: 0,
+                last_report: None,
+            });
+        }
+        let policy = config
+            .policy
+            .build(&config.policy_config)
+            .map_err(|e| ReplayError::Cluster(e.to_string()))?;
+        let block_size = config.sim.block_size;
+        let index = PrefixIndex::new(IndexConfig {
+            // Events come from the in-process simulators: known good.
+            verify_hashes: false,
+            ..IndexConfig::new(block_size)
+        });
+        // Requests reach a simulator the instant they are routed, so a report reflects every
+        // request routed before it.
+        let load = LoadView::new(LoadConfig {
+            report_lag: 0,
+            ..LoadConfig::default()
+        });
+        Ok(Self {
+            candidates: workers
+                .iter()
+                .map(|w| Candidate::from(w.id.clone()))
+                .collect(),
+            config,
+            block_size,
+            workers,
+            index,
+            load,
+            policy,
+            heap: BinaryHeap::new(),
+            seq: 0,
+            records: Vec::new(),
+            live: HashMap::new(),
+            steps: 0,
+            kv_events: 0,
+            now: 0,
+        })
+    }
+
+    fn schedule(&mut self, at: Micros, event: Event) {
+        self.seq += 1;
+        self.heap.push(Scheduled {
+            at,
+            seq: self.seq,
+            event,
+        });
+    }
+
+    fn flush(&mut self, out: &mut Outbox) {
+        let sends: Vec<_> = out.drain().collect();
+        for (at, spec) in sends {
+            let at = at.max(self.now);
+            self.schedule(at, Event::Arrival(Box::new(spec)));
+        }
+    }
+
+    /// Runs `workload` to completion.
+    pub fn run(
+        mut self,
+        workload: &mut dyn Workload,
+        progress: &ProgressBar,
+    ) -> Result<ClusterRun, ReplayError> {
+        let mut out = Outbox::default();
+        workload.start(&mut out);
+        self.flush(&mut out);
+        while let Some(Scheduled { at, event, .. }) = self.heap.pop() {
+            self.now = at;
+            match event {
+                Event::Arrival(spec) => self.arrive(*spec, workload, &mut out, progress)?,
+                Event::StepDone(w) => self.complete_step(w, workload, &mut out, progress),
+                Event::KvEvents(w, events) => self.apply_events(w, &events)?,
+            }
+            self.flush(&mut out);
+        }
+        let mut records = self.records;
+        records.sort_by_key(|r| r.id);
+        Ok(ClusterRun {
+            records,
+            steps: self.steps,
+            kv_events: self.kv_events,
+            end: self.now,
+        })
+    }
+
+    fn refresh_loads(&mut self) {
+        let now = self.now;
+        let interval = self.config.load_report_interval_us;
+        for w in &mut self.workers {
+            let due = match w.last_report {
+                None => true,
+                Some(last) => interval == 0 || now.saturating_sub(last) >= interval,
+            };
+            if due {
+                self.load.report(&w.id, w.sim.load(), now);
+                w.last_report = Some(now);
+            }
+        }
+    }
+
+    fn arrive(
+        &mut self,
+        spec: RequestSpec,
+        workload: &mut dyn Workload,
+        out: &mut Outbox,
+        progress: &ProgressBar,
+    ) -> Result<(), ReplayError> {
+        let tokens = spec.prompt.tokens();
+        let request = RouteRequest {
+            block_hashes: block_hashes(&tokens, self.block_size),
+            prompt_tokens: tokens.len() as u64,
+            block_size: self.block_size,
+            session: spec.session.clone(),
+            now: self.now,
+        };
+        self.refresh_loads();
+        let decision = self
+            .policy
+            .choose(&request, &self.candidates, &self.index, &self.load)
+            .map_err(|e| ReplayError::Cluster(e.to_string()))?;
+        let w = self
+            .workers
+            .iter()
+            .position(|w| w.id == decision.worker)
+            .ok_or_else(|| ReplayError::Cluster("policy chose an unknown worker".into()))?;
+        let uncached = decision
+            .chosen()
+            .map_or(request.prompt_tokens, |s| s.uncached_prompt_tokens);
+        let blocks = request
+            .prompt_tokens
+            .div_ceil(u64::from(self.block_size.get()));
+        let prompt_tokens = tokens.len() as u64;
+        let sim_request = SimRequest {
+            ignore_eos: true,
+            ..SimRequest::new(spec.id, tokens, spec.max_tokens)
+        };
+        self.records.push(RequestRecord {
+            id: spec.id,
+            worker: w as u32,
+            arrival: self.now,
+            first_token: None,
+            finished: None,
+            prompt_tokens,
+            cached_tokens: 0,
+            output_tokens: 0,
+            ok: false,
+        });
+        let slot = self.records.len() - 1;
+        let worker = &mut self.workers[w];
+        if worker.sim.add_request(sim_request).is_err() {
+            // Refused by the engine (too long for its context or cache): a failed request.
+            progress.inc(1);
+            workload.on_finished(spec.id, false, self.now, out);
+            return Ok(());
+        }
+        self.load
+            .on_routed(&worker.id, spec.id, uncached, blocks, self.now);
+        self.live.insert(spec.id, slot);
+        if worker.pending.is_none() {
+            self.start_step(w);
+        }
+        Ok(())
+    }
+
+    fn start_step(&mut self, w: usize) {
+        let outcome = self.workers[w].sim.step();
+        if outcome.is_idle() {
+            return;
+        }
+        let at = self.now + outcome.duration.as_micros() as Micros;
+        self.workers[w].pending = Some(outcome);
+        self.schedule(at, Event::StepDone(w));
+    }
+
+    fn complete_step(
+        &mut self,
+        w: usize,
+        workload: &mut dyn Workload,
+        out: &mut Outbox,
+        progress: &ProgressBar,
+    ) {
+        let Some(outcome) = self.workers[w].pending.take() else {
+            return;
+        };
+        self.steps += 1;
+        if !outcome.events.is_empty() {
+            if self.config.event_delay_us == 0 {
+                // In-process events are well formed; an error here would be a simulator bug,
+                // and the index leaves itself unchanged on one.
+                let _ = self.apply_events(w, &outcome.events);
+            } else {
+                let at = self.now + self.config.event_delay_us;
+                self.schedule(at, Event::KvEvents(w, outcome.events));
+            }
+        }
+        for token in &outcome.outputs {
+            let Some(&slot) = self.live.get(&token.id) else {
+                continue;
+            };
+            let record = &mut self.records[slot];
+            if record.first_token.is_none() {
+                record.first_token = Some(self.now);
+                record.cached_tokens = u64::from(token.cached_prompt_tokens);
+                self.load.on_prefill_done(&self.workers[w].id, token.id);
+            }
+            record.output_tokens = u64::from(token.completion_tokens);
+            if token.finish.is_some() {
+                record.finished = Some(self.now);
+                record.ok = true;
+                self.live.remove(&token.id);
+                self.load.on_finished(&self.workers[w].id, token.id);
+                progress.inc(1);
+                workload.on_finished(token.id, true, self.now, out);
+            }
+        }
+        if self.workers[w].sim.has_work() {
+            self.start_step(w);
+        }
+    }
+
+    fn apply_events(&mut self, w: usize, events: &[KvEvent]) -> Result<(), ReplayError> {
+        let worker = &mut self.workers[w];
+        for event in events {
+            let seq = worker.next_event_seq;
+            worker.next_event_seq += 1;
+            self.kv_events += 1;
+            self.index
+                .apply(&worker.id, 0, seq, event)
+                .map_err(|e| ReplayError::Cluster(e.to_string()))?;
+        }
+        Ok(())
+    }
+}

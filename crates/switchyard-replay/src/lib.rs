@@ -1,0 +1,77 @@
+//! Replay and policy lab: drive recorded workloads through a simulated cluster or a live
+//! endpoint, and report how routing policies compare.
+//!
+//! - [`synth`]: deterministic synthetic prompts from trace hash ids (same id, same tokens).
+//! - [`workload`]: what to send when — [`workload::mooncake`] (open loop at recorded
+//!   timestamps) and [`workload::weka`] (closed-loop agent session trees with subagents and
+//!   think times) — behind the completion-driven [`Workload`] trait.
+//! - [`cluster`]: the offline [`Cluster`]: N engine simulators behind the real prefix index,
+//!   load view and policy, in deterministic virtual time.
+//! - [`live`]: the same workloads against an OpenAI-compatible endpoint over HTTP (the only
+//!   network code here).
+//! - [`metrics`], [`report`], [`plot`]: per-request records, per-run [`Summary`] figures,
+//!   tables, JSON/CSV files and the interactivity-vs-throughput Pareto plot (SVG).
+//! - [`error`] holds [`ReplayError`].
+
+pub mod cluster;
+pub mod error;
+pub mod live;
+pub mod metrics;
+pub mod plot;
+pub mod report;
+pub mod synth;
+pub mod workload;
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+pub use cluster::{Cluster, ClusterConfig, ClusterRun};
+pub use error::ReplayError;
+pub use metrics::{Percentiles, RequestRecord, Summary};
+pub use report::Report;
+pub use workload::{Micros, Outbox, RequestSpec, Workload};
+
+/// One offline run: its summary and the raw run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OfflineRun {
+    pub summary: Summary,
+    pub run: ClusterRun,
+}
+
+/// Replays `workload` on a simulated cluster; `level` labels the load level in the summary.
+pub fn replay_offline(
+    workload: &mut dyn Workload,
+    config: &ClusterConfig,
+    level: f64,
+    progress: &ProgressBar,
+) -> Result<OfflineRun, ReplayError> {
+    let run = Cluster::new(config.clone())?.run(workload, progress)?;
+    let summary = Summary::from_records(
+        config.policy.as_str(),
+        level,
+        config.workers,
+        workload.sessions_completed(),
+        &run.records,
+    );
+    Ok(OfflineRun { summary, run })
+}
+
+/// A progress bar over `len` requests, drawn on stderr only when stdout is a terminal.
+pub fn progress_bar(len: Option<u64>, message: String) -> ProgressBar {
+    let bar = match len {
+        Some(n) => ProgressBar::new(n),
+        None => ProgressBar::no_length(),
+    };
+    if std::io::stdout().is_terminal() {
+        if let Ok(style) =
+            ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} req {elapsed}")
+        {
+            bar.set_style(style.progress_chars("=> "));
+        }
+    } else {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_message(message);
+    bar
+}

@@ -1,0 +1,467 @@
+//! `switchyard replay` and `switchyard bench`: the replay lab's command line.
+//!
+//! `replay` runs a workload (Mooncake open loop, or AgentX/Weka closed-loop sessions) offline
+//! on a simulated cluster under several policies and load levels, or live against an
+//! OpenAI-compatible endpoint, and prints/writes the comparison. `bench` runs the same offline
+//! replays and reports how fast the replayer itself is (wall-clock time, steps per second).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use switchyard_core::BlockSize;
+use switchyard_engine_sim::SimConfig;
+use switchyard_replay::live::{LiveConfig, replay_live};
+use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
+use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
+use switchyard_replay::{
+    ClusterConfig, ReplayError, Report, Summary, Workload, progress_bar, replay_offline,
+};
+use switchyard_router::{PolicyConfig, PolicyKind};
+
+use crate::EXIT_CONFIG;
+
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    #[command(subcommand)]
+    workload: WorkloadCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum WorkloadCommand {
+    /// Mooncake trace, open loop at the recorded timestamps (block size 512).
+    Mooncake(MooncakeArgs),
+    /// AgentX/Weka agent sessions, closed loop (concurrency = live session trees).
+    Agentx(AgentxArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct MooncakeArgs {
+    /// Mooncake JSONL trace.
+    #[arg(
+        long,
+        default_value = "../shared/data/traces/mooncake/conversation_trace.jsonl"
+    )]
+    trace: PathBuf,
+    /// Arrival-rate multipliers to sweep (1 = recorded timestamps).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    speed: Vec<f64>,
+    /// Replay only the first N requests.
+    #[arg(long)]
+    limit: Option<usize>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct AgentxArgs {
+    /// Weka-format traces, one per line (`.jsonl` or `.jsonl.gz`).
+    #[arg(
+        long,
+        default_value = "../shared/data/agentx/weka_kv_cache_tester/dev_120.jsonl.gz"
+    )]
+    trace: PathBuf,
+    /// Concurrency levels (live session trees) to sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    concurrency: Vec<usize>,
+    /// Multiplies recorded think times and gaps (0 = back to back).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Longest gap after scaling, in seconds.
+    #[arg(long, default_value_t = 300.0)]
+    max_gap_s: f64,
+    /// Sessions per run (default: every trace once).
+    #[arg(long)]
+    sessions: Option<usize>,
+    /// Read only the first N traces.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Draw traces in a seeded shuffled order instead of file order.
+    #[arg(long)]
+    shuffle: bool,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct CommonArgs {
+    /// Routing policies to compare (offline).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kv,round-robin,random,approx-kv"
+    )]
+    policies: Vec<PolicyKind>,
+    /// Simulated workers (offline).
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Seed of the simulators and the sampling policies.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// KV cache per worker, in blocks (default: 4096 for mooncake, 16384 for agentx).
+    #[arg(long)]
+    kv_blocks: Option<u64>,
+    /// Simulator block size (default: the trace's, 512 for mooncake, 64 for agentx).
+    #[arg(long)]
+    sim_block_size: Option<u32>,
+    /// Longest prompt plus output a worker accepts, in tokens.
+    #[arg(long)]
+    max_context: Option<u64>,
+    /// Delay before a step's KV events reach the router's index, in ms (offline).
+    #[arg(long, default_value_t = 0.0)]
+    event_delay_ms: f64,
+    /// Workers report load at most this often, in ms (0 = before every decision).
+    #[arg(long, default_value_t = 0.0)]
+    load_report_ms: f64,
+    /// Live mode: an OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1.
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// Live mode: the model name (default: the endpoint's first model).
+    #[arg(long)]
+    model: Option<String>,
+    /// Live mode: per-request timeout in seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout_s: u64,
+    /// Write <name>.json, <name>.csv and <name>.svg here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// File stem of the written reports (default: the workload name).
+    #[arg(long)]
+    name: Option<String>,
+}
+
+/// A loaded workload source that can build fresh workloads for each run.
+enum Source {
+    Mooncake {
+        records: Vec<mooncake::MooncakeRecord>,
+        speeds: Vec<f64>,
+    },
+    Agentx {
+        traces: Vec<weka::WekaTrace>,
+        config: WekaConfig,
+        levels: Vec<usize>,
+    },
+}
+
+impl Source {
+    fn levels(&self) -> Vec<f64> {
+        match self {
+            Source::Mooncake { speeds, .. } => speeds.clone(),
+            Source::Agentx { levels, .. } => levels.iter().map(|&c| c as f64).collect(),
+        }
+    }
+
+    fn build(&self, level: f64, seed: u64) -> Result<Box<dyn Workload>, ReplayError> {
+        Ok(match self {
+            Source::Mooncake { records, .. } => {
+                Box::new(MooncakeWorkload::new(records.clone(), level)?)
+            }
+            Source::Agentx { traces, config, .. } => Box::new(WekaWorkload::new(
+                traces.clone(),
+                WekaConfig {
+                    concurrency: level as usize,
+                    shuffle_seed: config.shuffle_seed.map(|_| seed),
+                    ..config.clone()
+                },
+            )?),
+        })
+    }
+}
+
+struct Plan {
+    name: &'static str,
+    trace: PathBuf,
+    level_kind: &'static str,
+    source: Source,
+    cluster: ClusterConfig,
+    common: CommonArgs,
+    extra: serde_json::Value,
+}
+
+fn ms_to_us(ms: f64) -> Result<u64, ReplayError> {
+    if ms.is_finite() && ms >= 0.0 {
+        Ok((ms * 1000.0).round() as u64)
+    } else {
+        Err(ReplayError::InvalidConfig(format!(
+            "{ms} ms is not a valid delay"
+        )))
+    }
+}
+
+fn cluster_config(
+    common: &CommonArgs,
+    block_size: u32,
+    kv_blocks: u64,
+    max_context: u64,
+) -> Result<ClusterConfig, ReplayError> {
+    let block_size = BlockSize::new(common.sim_block_size.unwrap_or(block_size))
+        .map_err(|e| ReplayError::InvalidConfig(e.to_string()))?;
+    let sim = SimConfig {
+        block_size,
+        num_device_blocks: common.kv_blocks.unwrap_or(kv_blocks),
+        max_context_tokens: common.max_context.unwrap_or(max_context),
+        seed: common.seed,
+        ..SimConfig::default()
+    };
+    sim.validate()
+        .map_err(|e| ReplayError::InvalidConfig(e.to_string()))?;
+    if common.policies.is_empty() {
+        return Err(ReplayError::InvalidConfig("--policies is empty".into()));
+    }
+    Ok(ClusterConfig {
+        workers: common.workers,
+        sim,
+        policy: common.policies[0],
+        policy_config: PolicyConfig {
+            seed: common.seed,
+            ..PolicyConfig::default()
+        },
+        event_delay_us: ms_to_us(common.event_delay_ms)?,
+        load_report_interval_us: ms_to_us(common.load_report_ms)?,
+    })
+}
+
+fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
+    match args.workload {
+        WorkloadCommand::Mooncake(a) => {
+            if a.speed.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+                return Err(ReplayError::InvalidConfig(
+                    "--speed must be positive".into(),
+                ));
+            }
+            let cluster = cluster_config(&a.common, mooncake::MOONCAKE_BLOCK_SIZE, 4096, 262_144)?;
+            let records = mooncake::load(&a.trace, a.limit)?;
+            Ok(Plan {
+                name: "mooncake",
+                trace: a.trace,
+                level_kind: "speed",
+                extra: json!({ "limit": a.limit, "requests": records.len() }),
+                source: Source::Mooncake {
+                    records,
+                    speeds: a.speed,
+                },
+                cluster,
+                common: a.common,
+            })
+        }
+        WorkloadCommand::Agentx(a) => {
+            if a.concurrency.contains(&0) {
+                return Err(ReplayError::InvalidConfig(
+                    "--concurrency levels must be at least 1".into(),
+                ));
+            }
+            let cluster = cluster_config(&a.common, 64, 16_384, 1_048_576)?;
+            let traces = weka::load(&a.trace, a.limit)?;
+            let config = WekaConfig {
+                concurrency: 1,
+                time_scale: a.time_scale,
+                max_gap_s: a.max_gap_s,
+                sessions: a.sessions,
+                shuffle_seed: a.shuffle.then_some(a.common.seed),
+            };
+            Ok(Plan {
+                name: "agentx",
+                trace: a.trace,
+                level_kind: "concurrency",
+                extra: json!({
+                    "traces": traces.len(),
+                    "time_scale": a.time_scale,
+                    "max_gap_s": a.max_gap_s,
+                    "sessions": a.sessions,
+                    "shuffle": a.shuffle,
+                }),
+                source: Source::Agentx {
+                    traces,
+                    config,
+                    levels: a.concurrency,
+                },
+                cluster,
+                common: a.common,
+            })
+        }
+    }
+}
+
+fn settings(plan: &Plan, live: bool) -> serde_json::Value {
+    let c = &plan.cluster;
+    let mut s = json!({
+        "workload": plan.extra,
+        "levels": plan.source.levels(),
+    });
+    if live {
+        s["endpoint"] = json!(plan.common.endpoint);
+        s["model"] = json!(plan.common.model);
+    } else {
+        s["workers"] = json!(c.workers);
+        s["policies"] = json!(
+            plan.common
+                .policies
+                .iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>()
+        );
+        s["sim"] = serde_json::to_value(&c.sim).unwrap_or_default();
+        s["event_delay_us"] = json!(c.event_delay_us);
+        s["load_report_interval_us"] = json!(c.load_report_interval_us);
+    }
+    s
+}
+
+/// Runs `switchyard replay` (or `bench` when `bench` is set).
+pub fn run(args: ReplayArgs, bench: bool) -> ExitCode {
+    let command = if bench { "bench" } else { "replay" };
+    let plan = match plan(args) {
+        Ok(plan) => plan,
+        Err(err @ (ReplayError::InvalidConfig(_) | ReplayError::Cluster(_))) => {
+            eprintln!("switchyard {command}: {err}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+        Err(err) => {
+            eprintln!("switchyard {command}: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match (&plan.common.endpoint, bench) {
+        (Some(_), true) => Err(ReplayError::InvalidConfig(
+            "bench measures the offline replayer; drop --endpoint".into(),
+        )),
+        (Some(endpoint), false) => run_live(&plan, endpoint),
+        (None, _) => run_offline(&plan, bench),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err @ ReplayError::InvalidConfig(_)) => {
+            eprintln!("switchyard {command}: {err}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(err) => {
+            eprintln!("switchyard {command}: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn finish(plan: &Plan, report: &Report) -> Result<(), ReplayError> {
+    print!("{}", report.table());
+    if let Some(dir) = &plan.common.out {
+        let stem = plan
+            .common
+            .name
+            .clone()
+            .unwrap_or_else(|| plan.name.to_owned());
+        for path in report.write_files(dir, &stem)? {
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn report(plan: &Plan, mode: &str, runs: Vec<Summary>, live: bool) -> Report {
+    Report {
+        workload: plan.name.to_owned(),
+        trace: plan.trace.display().to_string(),
+        mode: mode.to_owned(),
+        level_kind: plan.level_kind.to_owned(),
+        seed: plan.common.seed,
+        settings: settings(plan, live),
+        runs,
+    }
+}
+
+fn run_offline(plan: &Plan, bench: bool) -> Result<(), ReplayError> {
+    let mut runs = Vec::new();
+    let mut timings = Vec::new();
+    for level in plan.source.levels() {
+        for &policy in &plan.common.policies {
+            let mut workload = plan.source.build(level, plan.common.seed)?;
+            let config = ClusterConfig {
+                policy,
+                ..plan.cluster.clone()
+            };
+            let bar = progress_bar(
+                workload.expected_requests(),
+                format!("{policy} @ {}={level}", plan.level_kind),
+            );
+            let started = Instant::now();
+            let run = replay_offline(workload.as_mut(), &config, level, &bar)?;
+            let wall = started.elapsed();
+            bar.finish_and_clear();
+            timings.push((
+                policy,
+                level,
+                wall,
+                run.run.steps,
+                run.run.kv_events,
+                run.run.records.len(),
+            ));
+            runs.push(run.summary);
+        }
+    }
+    let report = report(plan, "offline", runs, false);
+    if bench {
+        print_bench(plan, &timings);
+        if plan.common.out.is_some() {
+            finish(plan, &report)?;
+        }
+        return Ok(());
+    }
+    finish(plan, &report)
+}
+
+fn print_bench(plan: &Plan, timings: &[(PolicyKind, f64, Duration, u64, u64, usize)]) {
+    println!(
+        "{} offline replay speed ({} workers, trace {})",
+        plan.name,
+        plan.cluster.workers,
+        Path::new(&plan.trace).display()
+    );
+    println!(
+        "{:>12} {:>7} {:>9} {:>9} {:>10} {:>10} {:>12}",
+        "policy", "level", "requests", "wall s", "steps", "kv events", "steps/s"
+    );
+    for (policy, level, wall, steps, events, requests) in timings {
+        let secs = wall.as_secs_f64();
+        println!(
+            "{:>12} {:>7} {:>9} {:>9.3} {:>10} {:>10} {:>12.0}",
+            policy.as_str(),
+            level,
+            requests,
+            secs,
+            steps,
+            events,
+            *steps as f64 / secs.max(1e-9)
+        );
+    }
+}
+
+fn run_live(plan: &Plan, endpoint: &str) -> Result<(), ReplayError> {
+    let config = LiveConfig {
+        endpoint: endpoint.to_owned(),
+        model: plan.common.model.clone(),
+        request_timeout: Duration::from_secs(plan.common.timeout_s),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ReplayError::Http(format!("cannot start the async runtime: {e}")))?;
+    let mut runs = Vec::new();
+    for level in plan.source.levels() {
+        let mut workload = plan.source.build(level, plan.common.seed)?;
+        let bar = progress_bar(
+            workload.expected_requests(),
+            format!("live @ {}={level}", plan.level_kind),
+        );
+        let records = runtime.block_on(replay_live(workload.as_mut(), &config, &bar))?;
+        bar.finish_and_clear();
+        runs.push(Summary::from_records(
+            "live",
+            level,
+            1,
+            workload.sessions_completed(),
+            &records,
+        ));
+    }
+    let report = report(plan, "live", runs, true);
+    finish(plan, &report)
+}
