@@ -1,7 +1,8 @@
 //! Preprocessing glue: which tokenizer serves which model, and running it off the reactor.
 //!
 //! Rendering a chat template and tokenizing a long prompt are CPU work; they run on tokio's
-//! blocking pool so a 100k-token prompt cannot stall every other request on the reactor.
+//! blocking pool so a 100k-token prompt cannot stall every other request on the reactor. Tiny
+//! inputs (a few hundred bytes) are encoded inline: the hop would cost more than the work.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,7 +10,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use switchyard_core::TokenId;
-use switchyard_tokenize::{ChatMessage, ChatRequest, Fault, ModelDir, TokenizeError};
+use switchyard_tokenize::{
+    ChatMessage, ChatRequest, Fault, MessageContent, ModelDir, TokenizeError,
+};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -67,16 +70,44 @@ fn tokenize_error(err: TokenizeError) -> ApiError {
     }
 }
 
+/// Inputs up to this many bytes are tokenized on the reactor: a trip to the blocking pool (a
+/// thread wake-up and two context switches) costs more than encoding them, as in
+/// `switchyard_tokenize::Preprocessor`.
+const INLINE_MAX_BYTES: usize = 512;
+
 async fn off_reactor<T: Send + 'static>(
     metrics: &Metrics,
+    size: usize,
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let started = Instant::now();
-    let result = tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))?;
+    let result = if size <= INLINE_MAX_BYTES {
+        work()
+    } else {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))?
+    };
     metrics.tokenize.observe(started.elapsed().as_secs_f64());
     result
+}
+
+/// Text bytes of the messages; a request with tools always goes to the blocking pool.
+fn chat_size(messages: &[ChatMessage], tools: &Option<Vec<serde_json::Value>>) -> usize {
+    if tools.is_some() {
+        return usize::MAX;
+    }
+    messages
+        .iter()
+        .map(|m| match &m.content {
+            Some(MessageContent::Text(t)) => t.len(),
+            Some(MessageContent::Parts(parts)) => parts
+                .iter()
+                .map(|p| p.text.as_deref().map_or(0, str::len))
+                .sum(),
+            None => 0,
+        } + m.role.len())
+        .sum()
 }
 
 /// Turns OpenAI message objects into chat messages, naming the first bad one.
@@ -105,7 +136,8 @@ pub async fn encode_chat(
     messages: Vec<ChatMessage>,
     tools: Option<Vec<serde_json::Value>>,
 ) -> Result<Vec<TokenId>, ApiError> {
-    off_reactor(metrics, move || {
+    let size = chat_size(&messages, &tools);
+    off_reactor(metrics, size, move || {
         let mut request = ChatRequest::new(messages);
         request.tools = tools;
         model.encode_chat(&request).map_err(tokenize_error)
@@ -119,7 +151,7 @@ pub async fn encode_text(
     model: Arc<ModelDir>,
     text: String,
 ) -> Result<Vec<TokenId>, ApiError> {
-    off_reactor(metrics, move || {
+    off_reactor(metrics, text.len(), move || {
         model.tokenizer().encode(&text).map_err(tokenize_error)
     })
     .await

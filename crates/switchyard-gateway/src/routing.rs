@@ -55,13 +55,20 @@ pub fn candidates(
     routes: &ModelRoutes,
     exclude: &[WorkerId],
 ) -> Vec<(Candidate, Arc<WorkerHandle>)> {
-    pool.workers_of(&routes.model)
+    // Read each worker's info in place: cloning it (three strings) per worker per request was
+    // the larger part of routing with many workers.
+    pool.workers()
         .into_iter()
-        .filter(|w| {
-            let info = w.info();
-            info.role.serves_decode() && !w.is_draining() && !exclude.contains(&info.id)
+        .filter_map(|w| {
+            let id = {
+                let info = w.info.read().unwrap_or_else(|p| p.into_inner());
+                let eligible = info.model == routes.model
+                    && info.role.serves_decode()
+                    && !exclude.contains(&info.id);
+                eligible.then(|| info.id.clone())
+            }?;
+            (!w.is_draining()).then(|| (Candidate::from(id), w))
         })
-        .map(|w| (Candidate::from(w.id()), w))
         .collect()
 }
 

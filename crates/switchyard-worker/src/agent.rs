@@ -8,7 +8,6 @@ use std::sync::Arc;
 use switchyard_core::{EngineKind, WorkerId, WorkerInfo};
 use switchyard_registry::{Registration, Registry, RegistryError};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::WorkerConfig;
@@ -149,7 +148,12 @@ pub async fn run(
         tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(service.into_server())
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned())
+            .serve_with_incoming_shutdown(
+                // Tonic sets TCP_NODELAY only on sockets it binds itself: without it a reply
+                // split into small frames waits ~40 ms for the gateway's delayed ACK.
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                stop.cancelled_owned(),
+            )
     });
 
     let registration = match &registry {

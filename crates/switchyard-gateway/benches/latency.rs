@@ -1,0 +1,138 @@
+//! Per-call percentiles of the two CPU steps before dispatch: routing (`routing::route`, the
+//! gateway's own path: block hashing, candidates, the KV policy over a ~100k-block index, load
+//! bookkeeping, decision log, metrics; tokenization excluded) and tokenization (builtin cl100k,
+//! and Qwen3 when its tokenizer is in `${SWITCHYARD_TEST_MODELS:-~/.cache/switchyard/test-models}`).
+//! Criterion reports means; the targets are about p99, so each call is timed on its own.
+//!
+//! `cargo bench -p switchyard-gateway --bench latency`
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use switchyard_gateway::routing;
+use switchyard_tokenize::ModelDir;
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Times this thread has been scheduled in (`/proc/thread-self/schedstat`, third field): a
+/// change across a timed call means the call was preempted, which on a shared machine says more
+/// about the neighbours than about the code.
+fn slices() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn qwen3_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("SWITCHYARD_TEST_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/switchyard/test-models"))
+        })?;
+    let dir = base.join("qwen3");
+    dir.join("tokenizer.json").exists().then_some(dir)
+}
+
+fn main() {
+    // The pool's subscriber tasks are spawned on this runtime, which is never driven: the index
+    // holds exactly the synthetic blocks.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+
+    println!(
+        "## routing overhead (`routing::route`, KV policy, {} blocks in the index, half the workers hold prefixes of the prompt)",
+        support::INDEX_BLOCKS
+    );
+    println!(
+        "| workers | prompt tokens | p50 µs | p99 µs | max µs | preempted calls | p99 µs, calls not preempted |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for workers in [4usize, 16, 64] {
+        for tokens in [1024usize, 8192, 32768] {
+            let prompt = support::prompt_tokens(tokens, 7);
+            let (pool, routes) = support::pool(workers, &prompt);
+            let iters = match tokens {
+                1024 => 20_000,
+                8192 => 5_000,
+                _ => 2_000,
+            };
+            let mut samples = Vec::with_capacity(iters);
+            let mut clean = Vec::with_capacity(iters);
+            for i in 0..iters + iters / 10 {
+                let before = slices();
+                let t = Instant::now();
+                let routed =
+                    routing::route(&pool, &routes, black_box(&prompt), 4, None, &[], "b", 1)
+                        .unwrap();
+                let elapsed = t.elapsed();
+                let preempted = slices() != before;
+                // Releasing the load count is the request's end, not part of its routing.
+                drop(black_box(routed));
+                if i >= iters / 10 {
+                    samples.push(elapsed);
+                    if !preempted {
+                        clean.push(elapsed);
+                    }
+                }
+            }
+            samples.sort_unstable();
+            clean.sort_unstable();
+            println!(
+                "| {workers} | {tokens} | {:.1} | {:.1} | {:.1} | {:.2}% | {:.1} |",
+                us(percentile(&samples, 0.5)),
+                us(percentile(&samples, 0.99)),
+                us(*samples.last().unwrap()),
+                100.0 * (samples.len() - clean.len()) as f64 / samples.len() as f64,
+                us(percentile(&clean, 0.99)),
+            );
+        }
+    }
+
+    println!();
+    println!("## tokenization (`Tokenizer::encode`, English-like text)");
+    println!("| tokenizer | prompt tokens | p50 ms | p99 ms |");
+    println!("|---|---|---|---|");
+    let mut models = vec![("builtin cl100k", ModelDir::builtin())];
+    match qwen3_dir() {
+        Some(dir) => models.push(("qwen3 (HF tokenizer.json)", ModelDir::load(&dir).unwrap())),
+        None => eprintln!("qwen3 tokenizer not found; skipping it"),
+    }
+    for (name, model) in &models {
+        for tokens in [1024usize, 8192, 32768] {
+            let text = support::text_of(tokens, 11);
+            let actual = model.tokenizer().encode(&text).unwrap().len();
+            let iters = match tokens {
+                1024 => 300,
+                8192 => 60,
+                _ => 20,
+            };
+            let mut samples = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let t = Instant::now();
+                black_box(model.tokenizer().encode(black_box(&text)).unwrap());
+                samples.push(t.elapsed());
+            }
+            samples.sort_unstable();
+            println!(
+                "| {name} | {actual} | {:.3} | {:.3} |",
+                us(percentile(&samples, 0.5)) / 1e3,
+                us(percentile(&samples, 0.99)) / 1e3
+            );
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Synthetic gateway state shared by the benches: a `WorkerPool` whose model index holds
+//! ~100k blocks, and prompts of a given token length.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use switchyard_core::{
+    BlockHash, BlockSize, EngineKind, Role, SnapshotBlock, StorageTier, TokenId, WorkerId,
+    WorkerInfo, block_hashes,
+};
+use switchyard_gateway::metrics::Metrics;
+use switchyard_gateway::pool::{ModelRoutes, WorkerPool};
+use switchyard_router::{PolicyConfig, PolicyKind};
+
+pub const BLOCK_SIZE: u32 = 16;
+pub const MODEL: &str = "sim-8b";
+pub const INDEX_BLOCKS: usize = 100_000;
+
+/// SplitMix64: deterministic data without a dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+pub fn prompt_tokens(len: usize, seed: u64) -> Vec<TokenId> {
+    let mut rng = Rng(seed);
+    (0..len)
+        .map(|_| (rng.next() % 100_000) as TokenId)
+        .collect()
+}
+
+/// A pool with `workers` workers of one model, without a network: it must be built inside an
+/// entered tokio runtime that is never driven, so the per-worker subscriber tasks never run and
+/// the index holds exactly what is put here. Half the workers hold prefixes of `prompt` (one of
+/// them all of it); every worker holds filler blocks up to `INDEX_BLOCKS` in total.
+pub fn pool(workers: usize, prompt: &[TokenId]) -> (Arc<WorkerPool>, Arc<ModelRoutes>) {
+    let block_size = BlockSize::new(BLOCK_SIZE).unwrap();
+    let pool = Arc::new(
+        WorkerPool::new(
+            PolicyKind::Kv,
+            PolicyConfig::default(),
+            1024,
+            1000,
+            Arc::new(Metrics::new()),
+        )
+        .unwrap(),
+    );
+    let ids: Vec<WorkerId> = (0..workers)
+        .map(|i| WorkerId::new(format!("sim-{i}")).unwrap())
+        .collect();
+    for id in &ids {
+        pool.upsert_worker(WorkerInfo {
+            id: id.clone(),
+            // Never dialled: the runtime that would run the subscribers is not driven.
+            address: "127.0.0.1:9".to_owned(),
+            model: MODEL.to_owned(),
+            role: Role::Both,
+            block_size,
+            kv_capacity_blocks: 1 << 20,
+            max_context_tokens: 1 << 20,
+            engine: EngineKind::Sim,
+            incarnation: 1,
+        });
+    }
+    let routes = pool.model(MODEL).unwrap();
+    let hashes = block_hashes(prompt, block_size);
+    let holders = (workers / 2).max(1);
+    let per_worker = INDEX_BLOCKS / workers;
+    let mut rng = Rng(0x5eed ^ workers as u64);
+    {
+        let mut core = routes.lock();
+        for (i, id) in ids.iter().enumerate() {
+            let mut blocks: Vec<SnapshotBlock> = Vec::with_capacity(per_worker);
+            if i < holders {
+                let len = hashes.len() * (i + 1) / holders;
+                blocks.extend(hashes[..len].iter().map(|&hash| SnapshotBlock {
+                    hash,
+                    parent: None,
+                    tier: StorageTier::Device,
+                }));
+            }
+            while blocks.len() < per_worker {
+                blocks.push(SnapshotBlock {
+                    hash: BlockHash(rng.next()),
+                    parent: None,
+                    tier: StorageTier::Device,
+                });
+            }
+            core.index.apply_snapshot(id, 1, 0, &blocks).unwrap();
+        }
+    }
+    (pool, routes)
+}
+
+/// English-like text of about `tokens` cl100k tokens (words from a fixed list, punctuation,
+/// numbers), deterministic.
+pub fn text_of(tokens: usize, seed: u64) -> String {
+    const WORDS: &[&str] = &[
+        "the",
+        "gateway",
+        "routes",
+        "requests",
+        "to",
+        "workers",
+        "that",
+        "hold",
+        "cached",
+        "prefix",
+        "blocks",
+        "of",
+        "a",
+        "prompt",
+        "and",
+        "streams",
+        "tokens",
+        "back",
+        "while",
+        "tokenizer",
+        "turns",
+        "text",
+        "into",
+        "ids",
+        "latency",
+        "throughput",
+        "scheduler",
+        "kubernetes",
+        "inference",
+        "model",
+        "attention",
+        "decode",
+        "prefill",
+        "memory",
+        "bandwidth",
+        "is",
+        "limited",
+        "by",
+        "when",
+        "under",
+        "load",
+        "with",
+        "many",
+        "users",
+        "sharing",
+        "system",
+        "prompts",
+        "across",
+        "sessions",
+    ];
+    let mut rng = Rng(seed);
+    let mut out = String::with_capacity(tokens * 6);
+    // ~1.15 cl100k tokens per word with this list and punctuation.
+    let words = tokens * 87 / 100;
+    for i in 0..words {
+        if i > 0 {
+            out.push(' ');
+        }
+        let r = rng.next();
+        out.push_str(WORDS[(r % WORDS.len() as u64) as usize]);
+        match (r >> 32) % 29 {
+            0 => out.push('.'),
+            1 => out.push(','),
+            2 => {
+                out.push(' ');
+                out.push_str(&((r >> 40) % 10_000).to_string());
+            }
+            _ => {}
+        }
+    }
+    out
+}
