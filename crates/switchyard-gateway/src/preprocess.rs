@@ -3,6 +3,12 @@
 //! Rendering a chat template and tokenizing a long prompt are CPU work; they run on tokio's
 //! blocking pool so a 100k-token prompt cannot stall every other request on the reactor. Tiny
 //! inputs (a few hundred bytes) are encoded inline: the hop would cost more than the work.
+//!
+//! Agent sessions resend their whole growing history every turn, so requests are tokenized
+//! through each model's [`SessionTokenizer`]: by session id (`x-session-id`) or, without one, by
+//! finding the session whose previous text the new one extends, only the new suffix (from a safe
+//! point before the seam) is tokenized. The result always equals a full tokenization; a sample
+//! of turns is checked against one.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,17 +17,42 @@ use std::time::Instant;
 
 use switchyard_core::TokenId;
 use switchyard_tokenize::{
-    ChatMessage, ChatRequest, Fault, MessageContent, ModelDir, TokenizeError,
+    ChatMessage, ChatRequest, Fault, MessageContent, ModelDir, SessionConfig, SessionStats,
+    SessionTokenizer, TokenizeError,
 };
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
+/// A model's tokenizer, chat template and session cache.
+#[derive(Debug)]
+pub struct ModelTokenizer {
+    pub dir: Arc<ModelDir>,
+    pub sessions: SessionTokenizer,
+}
+
+impl ModelTokenizer {
+    fn new(dir: ModelDir) -> Self {
+        let dir = Arc::new(dir);
+        let sessions = SessionTokenizer::new(Arc::clone(dir.tokenizer()), SessionConfig::default());
+        Self { dir, sessions }
+    }
+}
+
 /// Tokenizers by model name, with a default for models not named.
 #[derive(Debug, Clone)]
 pub struct Tokenizers {
-    default: Arc<ModelDir>,
-    per_model: BTreeMap<String, Arc<ModelDir>>,
+    default: Arc<ModelTokenizer>,
+    per_model: BTreeMap<String, Arc<ModelTokenizer>>,
+}
+
+/// Whether a tokenization goes through the session cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sessions {
+    /// A turn of a session: the id the client gave, or `None` to find it by prefix.
+    Track(Option<String>),
+    /// A one-off (the admin API's explain): leaves the session cache alone.
+    Bypass,
 }
 
 fn load_spec(spec: &str) -> Result<ModelDir, String> {
@@ -34,13 +65,14 @@ fn load_spec(spec: &str) -> Result<ModelDir, String> {
 impl Tokenizers {
     /// Loads the default and the per-model tokenizers; an error names the one that failed.
     pub fn load(default: &str, per_model: &BTreeMap<String, String>) -> Result<Self, String> {
-        let default =
-            Arc::new(load_spec(default).map_err(|e| format!("tokenizer {default}: {e}"))?);
+        let default = Arc::new(ModelTokenizer::new(
+            load_spec(default).map_err(|e| format!("tokenizer {default}: {e}"))?,
+        ));
         let mut models = BTreeMap::new();
         for (model, spec) in per_model {
             let dir = load_spec(spec)
                 .map_err(|e| format!("tokenizer for model {model} ({spec}): {e}"))?;
-            models.insert(model.clone(), Arc::new(dir));
+            models.insert(model.clone(), Arc::new(ModelTokenizer::new(dir)));
         }
         Ok(Self {
             default,
@@ -48,7 +80,7 @@ impl Tokenizers {
         })
     }
 
-    pub fn for_model(&self, model: &str) -> Arc<ModelDir> {
+    pub fn for_model(&self, model: &str) -> Arc<ModelTokenizer> {
         self.per_model
             .get(model)
             .cloned()
@@ -58,6 +90,24 @@ impl Tokenizers {
     /// Models configured explicitly.
     pub fn configured_models(&self) -> impl Iterator<Item = &String> {
         self.per_model.keys()
+    }
+
+    /// Session-cache counters summed over every tokenizer.
+    pub fn session_stats(&self) -> SessionStats {
+        let mut total = SessionStats::default();
+        for t in std::iter::once(&self.default).chain(self.per_model.values()) {
+            let s = t.sessions.stats();
+            total.sessions += s.sessions;
+            total.bytes += s.bytes;
+            total.hits += s.hits;
+            total.misses += s.misses;
+            total.verified += s.verified;
+            total.verify_mismatches += s.verify_mismatches;
+            total.evictions += s.evictions;
+            total.reused_tokens += s.reused_tokens;
+            total.tokenized_bytes += s.tokenized_bytes;
+        }
+        total
     }
 }
 
@@ -129,18 +179,33 @@ pub fn parse_messages(messages: Vec<serde_json::Value>) -> Result<Vec<ChatMessag
         .collect()
 }
 
+/// Tokenizes `text`, through the session cache unless bypassed.
+fn encode_with(
+    model: &ModelTokenizer,
+    text: &str,
+    sessions: &Sessions,
+) -> Result<Vec<TokenId>, ApiError> {
+    match sessions {
+        Sessions::Track(id) => model.sessions.encode(id.as_deref(), text),
+        Sessions::Bypass => model.dir.tokenizer().encode(text),
+    }
+    .map_err(tokenize_error)
+}
+
 /// Renders the chat template and tokenizes the result.
 pub async fn encode_chat(
     metrics: &Metrics,
-    model: Arc<ModelDir>,
+    model: Arc<ModelTokenizer>,
     messages: Vec<ChatMessage>,
     tools: Option<Vec<serde_json::Value>>,
+    sessions: Sessions,
 ) -> Result<Vec<TokenId>, ApiError> {
     let size = chat_size(&messages, &tools);
     off_reactor(metrics, size, move || {
         let mut request = ChatRequest::new(messages);
         request.tools = tools;
-        model.encode_chat(&request).map_err(tokenize_error)
+        let text = model.dir.render_chat(&request).map_err(tokenize_error)?;
+        encode_with(&model, &text, &sessions)
     })
     .await
 }
@@ -148,11 +213,12 @@ pub async fn encode_chat(
 /// Tokenizes plain text (a completion prompt).
 pub async fn encode_text(
     metrics: &Metrics,
-    model: Arc<ModelDir>,
+    model: Arc<ModelTokenizer>,
     text: String,
+    sessions: Sessions,
 ) -> Result<Vec<TokenId>, ApiError> {
     off_reactor(metrics, text.len(), move || {
-        model.tokenizer().encode(&text).map_err(tokenize_error)
+        encode_with(&model, &text, &sessions)
     })
     .await
 }

@@ -29,7 +29,7 @@ use super::AppState;
 use crate::error::ApiError;
 use crate::openai::PromptInput;
 use crate::pool::DecisionRecord;
-use crate::preprocess;
+use crate::preprocess::{self, Sessions};
 use crate::routing;
 
 pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
@@ -141,12 +141,13 @@ async fn explain(
     let model_dir = state.tokenizers.for_model(&request.model);
     let tokens = match (request.prompt, request.messages) {
         (Some(PromptInput::Text(text)), None) => {
-            preprocess::encode_text(&state.metrics, model_dir, text).await?
+            preprocess::encode_text(&state.metrics, model_dir, text, Sessions::Bypass).await?
         }
         (Some(PromptInput::Tokens(tokens)), None) => tokens,
         (None, Some(messages)) => {
             let messages = preprocess::parse_messages(messages)?;
-            preprocess::encode_chat(&state.metrics, model_dir, messages, None).await?
+            preprocess::encode_chat(&state.metrics, model_dir, messages, None, Sessions::Bypass)
+                .await?
         }
         _ => {
             return Err(ApiError::bad_request(

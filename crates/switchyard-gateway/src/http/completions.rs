@@ -22,7 +22,7 @@ use crate::error::ApiError;
 use crate::metrics::RequestLabels;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, SamplingFields};
 use crate::pool::ModelRoutes;
-use crate::preprocess;
+use crate::preprocess::{self, Sessions};
 
 use super::answer::respond;
 
@@ -229,18 +229,21 @@ async fn handle<T: DeserializeOwned>(
         validate_sampling(&sampling)?;
         let routes = model_routes(&state, &model)?;
         let permit = state.admission.admit(&state.metrics).await?;
-        let model_dir = state.tokenizers.for_model(&model);
+        let tokenizer = state.tokenizers.for_model(&model);
+        let session = session_of(&headers);
+        let track = Sessions::Track(session.clone());
         let prompt = match source {
             PromptSource::Chat { messages, tools } => {
-                preprocess::encode_chat(&state.metrics, Arc::clone(&model_dir), messages, tools)
-                    .await?
+                let tokenizer = Arc::clone(&tokenizer);
+                preprocess::encode_chat(&state.metrics, tokenizer, messages, tools, track).await?
             }
             PromptSource::Text(text) => {
-                preprocess::encode_text(&state.metrics, Arc::clone(&model_dir), text).await?
+                let tokenizer = Arc::clone(&tokenizer);
+                preprocess::encode_text(&state.metrics, tokenizer, text, track).await?
             }
             PromptSource::Tokens(tokens) => tokens,
         };
-        let session = session_of(&headers);
+        let model_dir = Arc::clone(&tokenizer.dir);
         let prepared = prepare(
             &state, kind, model, model_dir, routes, prompt, sampling, session, arrived,
         )?;
