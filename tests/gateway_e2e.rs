@@ -314,6 +314,37 @@ async fn openai_api_serves_requests_and_refuses_bad_input() {
     let (status, _) = api.post("/admin/workers/nobody/drain", &json!({})).await;
     assert_eq!(status, 404);
 
+    // curl, as the README shows it: JSON and a streamed answer.
+    let curl = |body: Value| {
+        let url = format!("{}/v1/chat/completions", api.base);
+        async move {
+            let output = tokio::process::Command::new("curl")
+                .args([
+                    "-sS",
+                    "-N",
+                    "--max-time",
+                    "30",
+                    "-H",
+                    "content-type: application/json",
+                    "-d",
+                ])
+                .arg(body.to_string())
+                .arg(url)
+                .output()
+                .await
+                .expect("run curl");
+            assert!(output.status.success(), "curl failed: {output:?}");
+            String::from_utf8(output.stdout).expect("utf-8 answer")
+        }
+    };
+    let answer: Value = serde_json::from_str(&curl(chat("Hello from curl", 4)).await).unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], 4, "{answer}");
+    let mut streamed = chat("Stream to curl", 3);
+    streamed["stream"] = json!(true);
+    let text = curl(streamed).await;
+    assert!(text.contains("\"role\":\"assistant\""), "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+
     // The official OpenAI Python SDK.
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),

