@@ -866,3 +866,80 @@ async fn a_saturated_gateway_answers_429_with_retry_after() {
     .await;
     assert!(served, "the gateway recovers once the slot is free");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_fanning_out_does_not_starve_other_sessions() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let up = SwitchyardProcess::spawn(
+        "up",
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--speedup",
+            "1",
+            "--max-concurrent-requests",
+            "2",
+        ],
+    )
+    .await;
+    let api = Arc::new(Api::new(&up));
+    // Each request decodes 40 tokens in real time (about a third of a second), two at a time.
+    let send = |session: String, content: String| {
+        let api = Arc::clone(&api);
+        async move {
+            let response = api
+                .http
+                .post(format!("{}/v1/chat/completions", api.base))
+                .header("x-session-id", session)
+                .json(&chat(&content, 40))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            response.bytes().await.unwrap();
+        }
+    };
+    let fan_done = Arc::new(AtomicUsize::new(0));
+    let mut fan = Vec::new();
+    for i in 0..32 {
+        let request = send("fan".into(), format!("sub-agent {i}"));
+        let fan_done = Arc::clone(&fan_done);
+        fan.push(tokio::spawn(async move {
+            request.await;
+            fan_done.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    // Two of the fan-out run, the other 30 wait; only then do the other sessions arrive.
+    let queued = eventually(Duration::from_secs(10), || async {
+        api.metric("switchyard_requests_queued").await >= 30.0
+    })
+    .await;
+    assert!(queued, "the fan-out fills the slots and waits");
+    let mut singles = Vec::new();
+    for i in 0..4 {
+        let request = send(format!("single-{i}"), format!("main agent {i}"));
+        let fan_done = Arc::clone(&fan_done);
+        singles.push(tokio::spawn(async move {
+            request.await;
+            fan_done.load(Ordering::SeqCst)
+        }));
+    }
+    // Served in turn with the fan-out, not behind it: each single session finishes while at
+    // most a handful of the 32 have (first come, first served would make it 32).
+    for single in singles {
+        let fan_finished_before = single.await.unwrap();
+        assert!(
+            fan_finished_before < 8,
+            "a single session waited for {fan_finished_before} of the fan-out's 32 requests"
+        );
+    }
+    for request in fan {
+        request.await.unwrap();
+    }
+    assert_eq!(api.metric("switchyard_requests_queued").await, 0.0);
+    assert!(api.metric("switchyard_admission_wait_seconds_count").await >= 36.0);
+}

@@ -54,6 +54,9 @@ pub struct GatewayConfig {
     pub max_concurrent_requests: usize,
     /// Requests waiting for a slot; more get 429.
     pub max_queued_requests: usize,
+    /// Requests one flow (a session, or a tenant's requests without a session) may have
+    /// waiting; more get 429, so one flow cannot fill the whole queue.
+    pub max_queued_per_session: usize,
     /// Other workers tried when a worker fails before the first token.
     pub max_retries: u32,
     /// Times a stream moves to another worker after its worker fails mid-stream.
@@ -62,6 +65,9 @@ pub struct GatewayConfig {
     pub decision_log_size: usize,
     /// Load-report interval asked of workers, in milliseconds.
     pub load_interval_ms: u32,
+    /// Directory KV recordings (admin API) are confined to; unset, any absolute path the admin
+    /// names is accepted (the file must not exist yet). See `docs/kv-recording.md`.
+    pub recording_dir: Option<PathBuf>,
 }
 
 impl Default for GatewayConfig {
@@ -80,10 +86,12 @@ impl Default for GatewayConfig {
             default_max_tokens: 256,
             max_concurrent_requests: 1024,
             max_queued_requests: 4096,
+            max_queued_per_session: 256,
             max_retries: 2,
             max_migrations: 2,
             decision_log_size: 256,
             load_interval_ms: 100,
+            recording_dir: None,
         }
     }
 }
@@ -113,6 +121,9 @@ impl GatewayConfig {
         }
         if self.max_concurrent_requests == 0 {
             return invalid("max_concurrent_requests must be at least 1");
+        }
+        if self.max_queued_per_session == 0 {
+            return invalid("max_queued_per_session must be at least 1");
         }
         if self.decision_log_size == 0 {
             return invalid("decision_log_size must be at least 1");
@@ -164,6 +175,12 @@ pub struct GatewayArgs {
     /// Requests waiting for a slot before 429.
     #[arg(long, env = "SWITCHYARD_MAX_QUEUED_REQUESTS")]
     pub max_queued_requests: Option<usize>,
+    /// Requests one session (or one tenant's requests without a session) may have waiting.
+    #[arg(long, env = "SWITCHYARD_MAX_QUEUED_PER_SESSION")]
+    pub max_queued_per_session: Option<usize>,
+    /// Directory KV recordings started through the admin API are confined to.
+    #[arg(long, env = "SWITCHYARD_RECORDING_DIR")]
+    pub recording_dir: Option<PathBuf>,
 }
 
 fn parse_model_tokenizer(s: &str) -> Result<(String, String), String> {
@@ -209,6 +226,12 @@ impl GatewayArgs {
         if let Some(v) = self.max_queued_requests {
             config.max_queued_requests = v;
         }
+        if let Some(v) = self.max_queued_per_session {
+            config.max_queued_per_session = v;
+        }
+        if let Some(v) = &self.recording_dir {
+            config.recording_dir = Some(v.clone());
+        }
         config.validate()?;
         Ok(config)
     }
@@ -235,6 +258,11 @@ mod tests {
     fn bad_values_are_refused() {
         let args = GatewayArgs {
             default_max_tokens: Some(0),
+            ..Default::default()
+        };
+        assert!(args.resolve_onto(GatewayConfig::default()).is_err());
+        let args = GatewayArgs {
+            max_queued_per_session: Some(0),
             ..Default::default()
         };
         assert!(args.resolve_onto(GatewayConfig::default()).is_err());

@@ -1,13 +1,15 @@
 //! The Switchyard gateway: the OpenAI API in front of the workers.
 //!
-//! A request goes through [`http`] (parse, validate, admit), [`preprocess`] (chat template and
-//! tokenizer, off the reactor), [`routing`] (the model's prefix index and load view, fed by
-//! [`subscriber`], choose a worker through `switchyard-router`), [`dispatch`] (gRPC to the
-//! worker, retries before the first token, migration mid-stream), and back through [`http`]
-//! as JSON or server-sent events (detokenized incrementally, [`stop`] strings applied).
+//! A request goes through [`http`] (parse, validate, admit: [`admission`] shares the slots
+//! fairly), [`preprocess`] (chat template and tokenizer, off the reactor), [`routing`] (the
+//! model's prefix index and load view, fed by [`subscriber`], choose a worker through
+//! `switchyard-router`), [`dispatch`] (gRPC to the worker, retries before the first token,
+//! migration mid-stream), and back through [`http`] as JSON or server-sent events
+//! (detokenized incrementally, [`stop`] strings applied).
 //! [`pool`] holds the workers the registry watch reports and each model's routing state;
 //! [`metrics`] the Prometheus metrics; [`config`] the one configuration struct.
 
+pub mod admission;
 pub mod config;
 pub mod dispatch;
 pub mod error;
@@ -33,7 +35,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{ConfigError, GatewayArgs, GatewayConfig};
 
-use crate::http::{Admission, AppState};
+use crate::admission::Admission;
+use crate::http::AppState;
 use crate::metrics::Metrics;
 use crate::pool::WorkerPool;
 use crate::preprocess::Tokenizers;
@@ -101,7 +104,11 @@ pub async fn run(
         source,
     })?;
     let state = Arc::new(AppState {
-        admission: Admission::new(config.max_concurrent_requests, config.max_queued_requests),
+        admission: Admission::new(
+            config.max_concurrent_requests,
+            config.max_queued_requests,
+            config.max_queued_per_session,
+        ),
         config,
         pool: Arc::clone(&pool),
         tokenizers,
@@ -116,6 +123,8 @@ pub async fn run(
             tracing::debug!(error = %err, "cannot set TCP_NODELAY");
         }
     });
+    // The client's address is the fair-admission tenant of requests that name no other.
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await;

@@ -35,6 +35,7 @@ pub struct Metrics {
     pub inter_token: Histogram,
     pub routing_overhead: Histogram,
     pub tokenize: Histogram,
+    pub admission_wait: Histogram,
     pub prompt_blocks_requested: Counter,
     pub prompt_blocks_cached: Counter,
     pub prompt_tokens: Counter,
@@ -74,6 +75,7 @@ impl Metrics {
             inter_token: latency_histogram(),
             routing_overhead: Histogram::new(exponential_buckets(0.000_001, 2.0, 20)),
             tokenize: latency_histogram(),
+            admission_wait: latency_histogram(),
             prompt_blocks_requested: Counter::default(),
             prompt_blocks_cached: Counter::default(),
             prompt_tokens: Counter::default(),
@@ -117,6 +119,11 @@ impl Metrics {
             "tokenize_seconds",
             "Chat-template rendering plus tokenization time per request",
             m.tokenize.clone(),
+        );
+        registry.register(
+            "admission_wait_seconds",
+            "Time admitted requests waited for a slot (0 when one was free)",
+            m.admission_wait.clone(),
         );
         registry.register(
             "prompt_blocks_requested",
@@ -241,5 +248,6 @@ mod tests {
         assert!(text.contains("switchyard_requests_total{endpoint=\"chat\",status=\"ok\"} 1"));
         assert!(text.contains("switchyard_time_to_first_token_seconds_bucket"));
         assert!(text.contains("switchyard_kv_events_applied_total"));
+        assert!(text.contains("switchyard_admission_wait_seconds_bucket"));
     }
 }

@@ -5,12 +5,14 @@
 //! by the first dispatch event, so a request no worker could start gets a real error status,
 //! not a 200 with an error inside.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::Extension;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{ConnectInfo, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
@@ -18,6 +20,7 @@ use switchyard_core::TokenId;
 use switchyard_tokenize::{ChatMessage, ModelDir};
 
 use super::AppState;
+use crate::admission::FlowKey;
 use crate::error::ApiError;
 use crate::metrics::RequestLabels;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, SamplingFields};
@@ -159,15 +162,20 @@ enum PromptSource {
     Tokens(Vec<TokenId>),
 }
 
+/// The client's address, when the server was started with connection info.
+type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+
 /// POST /v1/chat/completions
 pub async fn chat(
     State(state): State<Arc<AppState>>,
+    peer: Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     handle(
         state,
         Kind::Chat,
+        peer,
         headers,
         body,
         |request: ChatCompletionRequest| {
@@ -185,12 +193,14 @@ pub async fn chat(
 /// POST /v1/completions
 pub async fn completions(
     State(state): State<Arc<AppState>>,
+    peer: Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     handle(
         state,
         Kind::Text,
+        peer,
         headers,
         body,
         |request: CompletionRequest| {
@@ -218,6 +228,7 @@ pub async fn completions(
 async fn handle<T: DeserializeOwned>(
     state: Arc<AppState>,
     kind: Kind,
+    peer: Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
     split: impl FnOnce(T) -> Result<(String, SamplingFields, PromptSource), ApiError>,
@@ -228,9 +239,15 @@ async fn handle<T: DeserializeOwned>(
         let (model, sampling, source) = split(request)?;
         validate_sampling(&sampling)?;
         let routes = model_routes(&state, &model)?;
-        let permit = state.admission.admit(&state.metrics).await?;
-        let tokenizer = state.tokenizers.for_model(&model);
         let session = session_of(&headers);
+        let flow = FlowKey::of_request(
+            session.clone(),
+            sampling.user.as_deref(),
+            &headers,
+            peer.map(|Extension(ConnectInfo(addr))| addr.ip()),
+        );
+        let permit = state.admission.admit(flow, &state.metrics).await?;
+        let tokenizer = state.tokenizers.for_model(&model);
         let track = Sessions::Track(session.clone());
         let prompt = match source {
             PromptSource::Chat { messages, tools } => {

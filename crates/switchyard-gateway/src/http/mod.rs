@@ -6,7 +6,6 @@ mod answer;
 pub mod completions;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -14,8 +13,8 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::admission::Admission;
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -31,43 +30,6 @@ pub struct AppState {
     pub tokenizers: Tokenizers,
     pub metrics: Arc<Metrics>,
     pub admission: Admission,
-}
-
-/// Bounded admission: `max_concurrent_requests` run, `max_queued_requests` wait, the rest get
-/// 429 with `Retry-After`.
-#[derive(Debug)]
-pub struct Admission {
-    permits: Arc<Semaphore>,
-    queued: AtomicUsize,
-    max_queued: usize,
-}
-
-impl Admission {
-    pub fn new(max_concurrent: usize, max_queued: usize) -> Self {
-        Self {
-            permits: Arc::new(Semaphore::new(max_concurrent)),
-            queued: AtomicUsize::new(0),
-            max_queued,
-        }
-    }
-
-    /// A slot to run in, waiting in line when all are taken and the line is not full.
-    pub async fn admit(&self, metrics: &Metrics) -> Result<OwnedSemaphorePermit, ApiError> {
-        if let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() {
-            return Ok(permit);
-        }
-        if self.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queued {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::Saturated {
-                retry_after_secs: 1,
-            });
-        }
-        metrics.queued.inc();
-        let permit = Arc::clone(&self.permits).acquire_owned().await;
-        self.queued.fetch_sub(1, Ordering::SeqCst);
-        metrics.queued.dec();
-        permit.map_err(|_| ApiError::Unavailable("the gateway is shutting down".into()))
-    }
 }
 
 pub(crate) fn unix_now() -> u64 {
