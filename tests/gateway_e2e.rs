@@ -255,6 +255,53 @@ async fn openai_api_serves_requests_and_refuses_bad_input() {
         .await;
     assert_eq!(status, 200, "{body}");
 
+    // An agent session: each turn resends the growing history. The gateway tokenizes only the
+    // new part, and the prompt it counts equals a full tokenization (explain bypasses the cache).
+    let mut history = vec![
+        json!({"role": "system", "content": "You are a coding agent. Tools: read_file, run_tests."}),
+        json!({"role": "user", "content": "Fix the failing test in src/lib.rs, please."}),
+    ];
+    for turn in 0..3 {
+        let body =
+            json!({"model": "sim-8b", "messages": history, "max_tokens": 5, "ignore_eos": true});
+        let response = api
+            .http
+            .post(format!("{}/v1/chat/completions", api.base))
+            .header("x-session-id", "agent-7")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let answer: Value = response.json().await.unwrap();
+        let (_, full) = api
+            .post(
+                "/admin/explain",
+                &json!({"model": "sim-8b", "messages": history}),
+            )
+            .await;
+        assert_eq!(
+            answer["usage"]["prompt_tokens"], full["prompt_tokens"],
+            "turn {turn}: incremental tokenization differs from full"
+        );
+        history.push(
+            json!({"role": "assistant", "content": answer["choices"][0]["message"]["content"]}),
+        );
+        history.push(json!({"role": "tool", "content": format!("test output {turn}: 3 passed, 1 failed ✗ — 失败")}));
+    }
+    assert!(
+        api.metric("switchyard_tokenizer_turns_total{tokenization=\"incremental\"}")
+            .await
+            >= 2.0,
+        "later turns reused the session's tokens"
+    );
+    assert!(api.metric("switchyard_tokenizer_reused_tokens_total").await > 20.0);
+    assert_eq!(
+        api.metric("switchyard_tokenizer_verify_mismatches_total")
+            .await,
+        0.0
+    );
+
     // Admin API.
     let (status, workers) = api.get("/admin/workers").await;
     assert_eq!(status, 200);

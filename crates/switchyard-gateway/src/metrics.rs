@@ -17,6 +17,12 @@ pub struct RequestLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SessionTurnLabels {
+    /// `incremental` (reused an earlier turn's tokens) or `full`.
+    pub tokenization: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WorkerLabels {
     pub worker: String,
 }
@@ -49,6 +55,13 @@ pub struct Metrics {
     pub in_flight: Gauge,
     pub queued: Gauge,
     pub workers: Gauge,
+    pub session_cache_sessions: Gauge,
+    pub session_cache_bytes: Gauge,
+    pub session_turns: Family<SessionTurnLabels, Counter>,
+    pub session_reused_tokens: Counter,
+    pub session_verify_mismatches: Counter,
+    /// What the session counters were last exported at, to add only the difference.
+    session_exported: std::sync::Mutex<switchyard_tokenize::SessionStats>,
     pub worker_queued_prefill_tokens: Family<WorkerLabels, Gauge>,
     pub worker_running_requests: Family<WorkerLabels, Gauge>,
     pub worker_active_blocks: Family<WorkerLabels, Gauge>,
@@ -89,6 +102,12 @@ impl Metrics {
             in_flight: Gauge::default(),
             queued: Gauge::default(),
             workers: Gauge::default(),
+            session_cache_sessions: Gauge::default(),
+            session_cache_bytes: Gauge::default(),
+            session_turns: Family::default(),
+            session_reused_tokens: Counter::default(),
+            session_verify_mismatches: Counter::default(),
+            session_exported: std::sync::Mutex::default(),
             worker_queued_prefill_tokens: Family::default(),
             worker_running_requests: Family::default(),
             worker_active_blocks: Family::default(),
@@ -187,6 +206,31 @@ impl Metrics {
         );
         registry.register("workers", "Workers known to the gateway", m.workers.clone());
         registry.register(
+            "tokenizer_sessions",
+            "Sessions held by the incremental tokenization cache",
+            m.session_cache_sessions.clone(),
+        );
+        registry.register(
+            "tokenizer_session_bytes",
+            "Bytes held by the incremental tokenization cache",
+            m.session_cache_bytes.clone(),
+        );
+        registry.register(
+            "tokenizer_turns",
+            "Prompts tokenized, incrementally (reusing a session's earlier turn) or in full",
+            m.session_turns.clone(),
+        );
+        registry.register(
+            "tokenizer_reused_tokens",
+            "Prompt tokens taken over from a session's earlier turn instead of re-tokenized",
+            m.session_reused_tokens.clone(),
+        );
+        registry.register(
+            "tokenizer_verify_mismatches",
+            "Sampled incremental tokenizations that differed from a full one (0 unless a bug)",
+            m.session_verify_mismatches.clone(),
+        );
+        registry.register(
             "worker_queued_prefill_tokens",
             "Prefill tokens queued on a worker (last report)",
             m.worker_queued_prefill_tokens.clone(),
@@ -216,6 +260,31 @@ impl Metrics {
             tracing::error!(error = %err, "cannot encode metrics");
         }
         out
+    }
+
+    /// Brings the session-cache series up to `stats` (cumulative figures from the tokenizers).
+    pub fn observe_sessions(&self, stats: switchyard_tokenize::SessionStats) {
+        self.session_cache_sessions.set(stats.sessions as i64);
+        self.session_cache_bytes.set(stats.bytes as i64);
+        let mut last = self
+            .session_exported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let turns = |tokenization| SessionTurnLabels { tokenization };
+        self.session_turns
+            .get_or_create(&turns("incremental"))
+            .inc_by(stats.hits.saturating_sub(last.hits));
+        self.session_turns
+            .get_or_create(&turns("full"))
+            .inc_by(stats.misses.saturating_sub(last.misses));
+        self.session_reused_tokens
+            .inc_by(stats.reused_tokens.saturating_sub(last.reused_tokens));
+        self.session_verify_mismatches.inc_by(
+            stats
+                .verify_mismatches
+                .saturating_sub(last.verify_mismatches),
+        );
+        *last = stats;
     }
 
     /// Forgets a departed worker's labelled series.

@@ -80,6 +80,9 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    state
+        .metrics
+        .observe_sessions(state.tokenizers.session_stats());
     (
         [(
             header::CONTENT_TYPE,
