@@ -990,3 +990,147 @@ async fn a_session_fanning_out_does_not_starve_other_sessions() {
     assert_eq!(api.metric("switchyard_requests_queued").await, 0.0);
     assert!(api.metric("switchyard_admission_wait_seconds_count").await >= 36.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kv_recording_replays_offline_and_kv_agrees_with_the_live_decisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let recordings = dir.path().join("recordings");
+    std::fs::create_dir(&recordings).unwrap();
+    let up = SwitchyardProcess::spawn(
+        "up",
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--workers",
+            "3",
+            "--speedup",
+            "50",
+            "--admin-token",
+            "s3cret",
+            "--recording-dir",
+            recordings.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let api = Api::new(&up);
+    let admin = |path: &str, body: Value| {
+        let request = api
+            .http
+            .post(format!("{}{path}", api.base))
+            .bearer_auth("s3cret")
+            .json(&body);
+        api.send(request)
+    };
+    // The token is required, and paths outside the recording directory are refused.
+    assert_eq!(api.post("/admin/recording/start", &json!({})).await.0, 401);
+    let (status, err) = admin("/admin/recording/start", json!({"path": "../x.jsonl"})).await;
+    assert_eq!(status, 400, "{err}");
+    let (status, err) = admin("/admin/recording/start", json!({"path": "/tmp/x.jsonl"})).await;
+    assert_eq!(status, 400, "{err}");
+    let (status, started) = admin("/admin/recording/start", json!({"path": "run.jsonl"})).await;
+    assert_eq!(status, 200, "{started}");
+    assert_eq!(started["active"], true);
+    let (status, again) = admin("/admin/recording/start", json!({"path": "other.jsonl"})).await;
+    assert_eq!(status, 400, "one recording at a time: {again}");
+
+    // Shared-prefix workload: 4 groups of 5 requests sharing a 512-token prefix, interleaved
+    // (4 groups over 3 workers: round-robin rarely sends a group back where its prefix is).
+    for round in 0..5u32 {
+        for group in 0..4u32 {
+            let mut prompt = tokens(40 + group, 512);
+            prompt.extend(tokens(4000 + round * 10 + group, 64));
+            let body =
+                json!({"model": "sim-8b", "prompt": prompt, "max_tokens": 2, "ignore_eos": true});
+            let (status, body) = api.post("/v1/completions", &body).await;
+            assert_eq!(status, 200, "{body}");
+            // Let the request's KV events reach the index before the next one.
+            let indexed = eventually(Duration::from_secs(10), || async {
+                let (_, explain) = admin(
+                    "/admin/explain",
+                    json!({"model": "sim-8b", "prompt": prompt}),
+                )
+                .await;
+                explain["decision"]["explanation"]["workers"]
+                    .as_array()
+                    .is_some_and(|ws| ws.iter().any(|w| w["overlap"]["device"] == 36))
+            })
+            .await;
+            assert!(indexed, "the request's blocks reached the index");
+        }
+    }
+    let status: Value = api
+        .http
+        .get(format!("{}/admin/recording", api.base))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["active"], true, "{status}");
+    let (code, stopped) = admin("/admin/recording/stop", json!({})).await;
+    assert_eq!(code, 200, "{stopped}");
+    assert_eq!(stopped["dropped"], 0, "{stopped}");
+    assert_eq!(stopped["complete"], true, "{stopped}");
+    let path = std::path::PathBuf::from(stopped["path"].as_str().unwrap());
+    assert!(path.starts_with(recordings.canonicalize().unwrap()));
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        stopped["bytes"].as_u64().unwrap()
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["type"], "header");
+    assert_eq!(lines[0]["format"], "switchyard-kv-recording");
+    assert_eq!(lines.last().unwrap()["type"], "trailer");
+    let count = |kind: &str| lines.iter().filter(|l| l["type"] == kind).count();
+    assert!(
+        count("snapshot") >= 3,
+        "starting a recording resyncs every worker"
+    );
+    assert_eq!(count("route"), 20);
+    assert_eq!(count("finished"), 20);
+    assert!(count("kv_event") > 0 && count("load") > 0);
+
+    // Replay it offline with the real binary.
+    let out = dir.path().join("report");
+    let replay = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["replay", "events", "--recording"])
+        .arg(&path)
+        .args(["--policies", "kv,round-robin", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&replay.stdout);
+    assert!(
+        replay.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    eprintln!("{stdout}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("events.json")).unwrap()).unwrap();
+    assert_eq!(report["complete"], true);
+    assert_eq!(report["index"]["gaps"], 0, "{report}");
+    let policy = |name: &str| {
+        report["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["policy"] == name)
+            .unwrap_or_else(|| panic!("{name} in {report}"))
+            .clone()
+    };
+    let (live, kv, rr) = (policy("live (kv)"), policy("kv"), policy("round-robin"));
+    assert_eq!(kv["decisions"], 20);
+    // The same inputs in the same order: the replayed kv policy decides exactly as live did.
+    assert_eq!(kv["agreement"], 1.0, "{kv}");
+    assert_eq!(kv["cached_tokens"], live["cached_tokens"], "{kv} vs {live}");
+    let hit = |p: &Value| p["hit_rate"].as_f64().unwrap();
+    assert!(hit(&kv) > hit(&rr), "kv {kv} should beat round-robin {rr}");
+    assert!(out.join("events.csv").exists());
+}

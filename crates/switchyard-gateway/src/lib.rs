@@ -7,7 +7,8 @@
 //! migration mid-stream), and back through [`http`] as JSON or server-sent events
 //! (detokenized incrementally, [`stop`] strings applied).
 //! [`pool`] holds the workers the registry watch reports and each model's routing state;
-//! [`metrics`] the Prometheus metrics; [`config`] the one configuration struct.
+//! [`metrics`] the Prometheus metrics; [`config`] the one configuration struct; [`recorder`]
+//! the on-demand recording of the router's inputs for `switchyard replay events`.
 
 pub mod admission;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod openai;
 pub mod pool;
 pub mod preprocess;
+pub mod recorder;
 pub mod routing;
 pub mod stop;
 pub mod subscriber;

@@ -23,6 +23,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::metrics::Metrics;
+use crate::recorder::{Record, Recorder};
 
 /// One routing decision as the decision log keeps it.
 #[derive(Debug, Clone, Serialize)]
@@ -112,6 +113,8 @@ pub struct WorkerPool {
     epoch: Instant,
     pub(crate) cancel: CancellationToken,
     pub(crate) tasks: TaskTracker,
+    /// Records the router's inputs while a recording runs (admin API).
+    pub recorder: Arc<Recorder>,
 }
 
 impl WorkerPool {
@@ -124,6 +127,7 @@ impl WorkerPool {
     ) -> Result<Self, RouteError> {
         // Fail now, not at the first worker, when the settings are bad.
         policy_kind.build(&policy_settings)?;
+        let epoch = Instant::now();
         Ok(Self {
             workers: RwLock::new(BTreeMap::new()),
             models: RwLock::new(BTreeMap::new()),
@@ -132,9 +136,10 @@ impl WorkerPool {
             decision_log_size: decision_log_size.max(1),
             load_interval_ms,
             metrics,
-            epoch: Instant::now(),
+            epoch,
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            recorder: Arc::new(Recorder::new(epoch)),
         })
     }
 
@@ -277,6 +282,10 @@ impl WorkerPool {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(info.id.clone(), Arc::clone(&handle));
+        self.recorder.record(|| Record::WorkerJoined {
+            tick: self.now_tick(),
+            worker: info.clone(),
+        });
         self.metrics
             .workers
             .set(self.workers.read().map(|w| w.len()).unwrap_or(0) as i64);
@@ -299,6 +308,11 @@ impl WorkerPool {
             core.index.remove_worker(id);
             core.load.remove_worker(id);
             core.policy.worker_removed(id);
+            self.recorder.record(|| Record::WorkerLeft {
+                tick: self.now_tick(),
+                model,
+                worker: id.clone(),
+            });
         }
         self.metrics.remove_worker(id.as_str());
         self.metrics
@@ -309,6 +323,7 @@ impl WorkerPool {
 
     /// Stops every subscriber task.
     pub async fn shutdown(&self) {
+        self.recorder.close();
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;

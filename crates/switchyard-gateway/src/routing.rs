@@ -10,6 +10,7 @@ use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
 
 use crate::metrics::PolicyLabels;
 use crate::pool::{DecisionRecord, ModelRoutes, WorkerHandle, WorkerPool};
+use crate::recorder::{Record, Recorder};
 
 static NEXT_ROUTE: AtomicU64 = AtomicU64::new(1);
 
@@ -25,6 +26,7 @@ pub struct RoutedRequest {
     routes: Arc<ModelRoutes>,
     key: u64,
     prefill_done: bool,
+    recorder: Arc<Recorder>,
 }
 
 impl RoutedRequest {
@@ -32,20 +34,43 @@ impl RoutedRequest {
     pub fn prefill_done(&mut self) {
         if !self.prefill_done {
             self.prefill_done = true;
-            self.routes
-                .lock()
-                .load
-                .on_prefill_done(&self.worker_id, self.key);
+            let mut core = self.routes.lock();
+            core.load.on_prefill_done(&self.worker_id, self.key);
+            self.recorder.record(|| self.bookkeeping_record(true));
+        }
+    }
+
+    /// The recorder's `prefill_done` or `finished` record of this request.
+    fn bookkeeping_record(&self, prefill_done: bool) -> Record {
+        let (tick, model, key, worker) = (
+            self.recorder.now_tick(),
+            self.routes.model.clone(),
+            self.key,
+            self.worker_id.clone(),
+        );
+        if prefill_done {
+            Record::PrefillDone {
+                tick,
+                model,
+                key,
+                worker,
+            }
+        } else {
+            Record::Finished {
+                tick,
+                model,
+                key,
+                worker,
+            }
         }
     }
 }
 
 impl Drop for RoutedRequest {
     fn drop(&mut self) {
-        self.routes
-            .lock()
-            .load
-            .on_finished(&self.worker_id, self.key);
+        let mut core = self.routes.lock();
+        core.load.on_finished(&self.worker_id, self.key);
+        self.recorder.record(|| self.bookkeeping_record(false));
     }
 }
 
@@ -122,6 +147,18 @@ pub fn route(
         let blocks = (request.prompt_tokens + u64::from(max_tokens)).div_ceil(block_size);
         core.load
             .on_routed(&decision.worker, key, uncached, blocks, request.now);
+        pool.recorder.record(|| {
+            route_record(
+                routes,
+                &request,
+                &only,
+                max_tokens,
+                key,
+                attempt,
+                &decision,
+                cached_blocks,
+            )
+        });
         core.record(DecisionRecord {
             request_id: request_id.to_owned(),
             model: routes.model.clone(),
@@ -157,7 +194,37 @@ pub fn route(
         routes: Arc::clone(routes),
         key,
         prefill_done: false,
+        recorder: Arc::clone(&pool.recorder),
     })
+}
+
+/// The recorder's `route` record of a decision.
+#[allow(clippy::too_many_arguments)]
+fn route_record(
+    routes: &ModelRoutes,
+    request: &RouteRequest,
+    candidates: &[Candidate],
+    max_tokens: u32,
+    key: u64,
+    attempt: u32,
+    decision: &Decision,
+    cached_blocks: u32,
+) -> Record {
+    Record::Route {
+        tick: request.now,
+        model: routes.model.clone(),
+        key,
+        attempt,
+        block_size: request.block_size.get(),
+        prompt_tokens: request.prompt_tokens,
+        max_tokens,
+        session: request.session.clone(),
+        block_hashes: request.block_hashes.clone(),
+        candidates: candidates.iter().map(|c| c.worker.clone()).collect(),
+        policy: decision.explanation.policy,
+        chosen: decision.worker.clone(),
+        cached_blocks,
+    }
 }
 
 /// What the current policy would decide for `tokens`, without sending or recording anything.

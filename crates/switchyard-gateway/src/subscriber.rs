@@ -17,6 +17,7 @@ use switchyard_router::ApplyOutcome;
 
 use crate::metrics::WorkerLabels;
 use crate::pool::{ModelRoutes, WorkerHandle, WorkerPool};
+use crate::recorder::Record;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -55,6 +56,8 @@ async fn follow_events(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes:
     let id = worker.id();
     let mut cursor = Cursor::default();
     let mut backoff = BACKOFF_MIN;
+    // A recording starts from a fresh snapshot of every worker.
+    let mut resync_rx = pool.recorder.resync_requests();
     loop {
         let request = KvEventsRequest {
             from_seq: cursor.next_seq,
@@ -64,7 +67,15 @@ async fn follow_events(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes:
         match client.kv_events(request).await {
             Ok(response) => {
                 let mut stream = response.into_inner();
-                while let Some(message) = stream.next().await {
+                loop {
+                    let message = tokio::select! {
+                        message = stream.next() => message,
+                        Ok(()) = resync_rx.changed() => {
+                            cursor.next_seq = None;
+                            break;
+                        }
+                    };
+                    let Some(message) = message else { break };
                     match message {
                         Ok(message) => {
                             backoff = BACKOFF_MIN;
@@ -110,7 +121,13 @@ fn apply(
                 Ok(blocks) => blocks,
                 Err(err) => {
                     tracing::warn!(worker = %id, error = %err, "invalid snapshot; dropping the worker's blocks");
-                    routes.lock().index.remove_worker(id);
+                    let mut core = routes.lock();
+                    core.index.remove_worker(id);
+                    pool.recorder.record(|| Record::IndexDropped {
+                        tick: pool.now_tick(),
+                        model: routes.model.clone(),
+                        worker: id.clone(),
+                    });
                     return false;
                 }
             };
@@ -121,6 +138,14 @@ fn apply(
             {
                 Ok(()) => {
                     pool.metrics.resyncs.inc();
+                    pool.recorder.record(|| Record::Snapshot {
+                        tick: pool.now_tick(),
+                        model: routes.model.clone(),
+                        worker: id.clone(),
+                        incarnation,
+                        next_seq: snapshot.next_seq,
+                        blocks: blocks.clone(),
+                    });
                     let entries = core.index.worker_entries(id);
                     drop(core);
                     set_indexed(pool, id, entries);
@@ -150,6 +175,14 @@ fn apply(
             match core.index.apply(id, incarnation, seq, &event) {
                 Ok(ApplyOutcome::Applied) => {
                     pool.metrics.kv_events_applied.inc();
+                    pool.recorder.record(|| Record::KvEvent {
+                        tick: pool.now_tick(),
+                        model: routes.model.clone(),
+                        worker: id.clone(),
+                        incarnation,
+                        seq,
+                        event,
+                    });
                     let entries = core.index.worker_entries(id);
                     drop(core);
                     set_indexed(pool, id, entries);
@@ -201,7 +234,16 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
                 backoff = BACKOFF_MIN;
                 worker.draining.store(report.draining, Ordering::Relaxed);
                 let stats = LoadStats::from(&report);
-                routes.lock().load.report(&id, stats, pool.now_tick());
+                let tick = pool.now_tick();
+                let mut core = routes.lock();
+                core.load.report(&id, stats, tick);
+                pool.recorder.record(|| Record::Load {
+                    tick,
+                    model: routes.model.clone(),
+                    worker: id.clone(),
+                    stats,
+                });
+                drop(core);
                 let m = &pool.metrics;
                 m.worker_queued_prefill_tokens
                     .get_or_create(&labels)

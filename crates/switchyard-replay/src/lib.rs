@@ -11,10 +11,13 @@
 //!   network code here).
 //! - [`metrics`], [`report`], [`plot`]: per-request records, per-run [`Summary`] figures,
 //!   tables, JSON/CSV files and the interactivity-vs-throughput Pareto plot (SVG).
+//! - [`events`]: a gateway's KV recording replayed against several policies side by side
+//!   (no simulator: the recorded caches, load reports and candidates are the input).
 //! - [`error`] holds [`ReplayError`].
 
 pub mod cluster;
 pub mod error;
+pub mod events;
 pub mod live;
 pub mod metrics;
 pub mod plot;
@@ -28,6 +31,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 pub use cluster::{Cluster, ClusterConfig, ClusterRun};
 pub use error::ReplayError;
+pub use events::{EventsReport, replay_recording};
 pub use metrics::{Percentiles, RequestRecord, Summary};
 pub use report::Report;
 pub use workload::{Micros, Outbox, RequestSpec, Workload};

@@ -17,6 +17,7 @@ use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
 use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
 use switchyard_replay::{
     ClusterConfig, ReplayError, Report, Summary, Workload, progress_bar, replay_offline,
+    replay_recording,
 };
 use switchyard_router::{PolicyConfig, PolicyKind};
 
@@ -34,6 +35,31 @@ enum WorkloadCommand {
     Mooncake(MooncakeArgs),
     /// AgentX/Weka agent sessions, closed loop (concurrency = live session trees).
     Agentx(AgentxArgs),
+    /// A gateway's KV recording (admin API), replayed against several policies side by side.
+    Events(EventsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct EventsArgs {
+    /// Recording written by `POST /admin/recording/start` (docs/kv-recording.md).
+    #[arg(long)]
+    recording: PathBuf,
+    /// Routing policies to compare with the live decisions.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kv,round-robin,random,least-loaded,approx-kv"
+    )]
+    policies: Vec<PolicyKind>,
+    /// Seed of the sampling policies (default: the recorded gateway's).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Write <name>.json and <name>.csv here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// File stem of the written reports.
+    #[arg(long, default_value = "events")]
+    name: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -245,6 +271,9 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
                 common: a.common,
             })
         }
+        WorkloadCommand::Events(_) => Err(ReplayError::InvalidConfig(
+            "a recording has no workload plan; see `replay events`".into(),
+        )),
         WorkloadCommand::Agentx(a) => {
             if a.concurrency.contains(&0) {
                 return Err(ReplayError::InvalidConfig(
@@ -311,6 +340,9 @@ fn settings(plan: &Plan, live: bool) -> serde_json::Value {
 /// Runs `switchyard replay` (or `bench` when `bench` is set).
 pub fn run(args: ReplayArgs, bench: bool) -> ExitCode {
     let command = if bench { "bench" } else { "replay" };
+    if let WorkloadCommand::Events(events) = &args.workload {
+        return exit(command, run_events(events));
+    }
     let plan = match plan(args) {
         Ok(plan) => plan,
         Err(err @ (ReplayError::InvalidConfig(_) | ReplayError::Cluster(_))) => {
@@ -329,6 +361,10 @@ pub fn run(args: ReplayArgs, bench: bool) -> ExitCode {
         (Some(endpoint), false) => run_live(&plan, endpoint),
         (None, _) => run_offline(&plan, bench),
     };
+    exit(command, result)
+}
+
+fn exit(command: &str, result: Result<(), ReplayError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err @ ReplayError::InvalidConfig(_)) => {
@@ -340,6 +376,18 @@ pub fn run(args: ReplayArgs, bench: bool) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `switchyard replay events`: no simulator, the recording is the input.
+fn run_events(args: &EventsArgs) -> Result<(), ReplayError> {
+    let report = replay_recording(&args.recording, &args.policies, args.seed)?;
+    print!("{}", report.table());
+    if let Some(dir) = &args.out {
+        for path in report.write_files(dir, &args.name)? {
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(())
 }
 
 fn finish(plan: &Plan, report: &Report) -> Result<(), ReplayError> {

@@ -8,9 +8,12 @@
 //! | GET | `/admin/index` | prefix-index statistics per model |
 //! | GET, PUT | `/admin/policy` | the routing policy; PUT `{"policy": "round-robin"}` switches it |
 //! | POST | `/admin/workers/{id}/drain`, `/resume` | stop or restart sending work to a worker |
+//! | GET | `/admin/recording` | the KV recording's status |
+//! | POST | `/admin/recording/start`, `/stop` | record the router's inputs to a file ([`crate::recorder`]) |
 //!
 //! When an admin token is configured every call needs `Authorization: Bearer <token>`.
 
+use std::path::{Component, Path as FsPath, PathBuf};
 use std::sync::Arc;
 
 use axum::Router;
@@ -30,6 +33,7 @@ use crate::error::ApiError;
 use crate::openai::PromptInput;
 use crate::pool::DecisionRecord;
 use crate::preprocess::{self, Sessions};
+use crate::recorder::{FORMAT, Header, Limits, RecordingError, RecordingStatus, VERSION};
 use crate::routing;
 
 pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
@@ -41,6 +45,9 @@ pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/decisions", get(decisions))
         .route("/index", get(index))
         .route("/policy", get(get_policy).put(set_policy).post(set_policy))
+        .route("/recording", get(recording_status))
+        .route("/recording/start", post(start_recording))
+        .route("/recording/stop", post(stop_recording))
         .layer(middleware::from_fn_with_state(state, require_token))
 }
 
@@ -283,4 +290,156 @@ async fn resume(
     Path(id): Path<String>,
 ) -> Result<axum::Json<serde_json::Value>, ApiError> {
     control(&state, &id, Command::Resume(v1::Resume {})).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartRecording {
+    /// Where to write; relative paths are taken inside `recording_dir`.
+    path: Option<PathBuf>,
+    max_records: Option<u64>,
+    max_bytes: Option<u64>,
+}
+
+impl From<RecordingError> for ApiError {
+    fn from(err: RecordingError) -> Self {
+        match err {
+            RecordingError::PathRefused(_) => ApiError::bad_param("path", err.to_string()),
+            RecordingError::Writer(_) => ApiError::Internal(err.to_string()),
+            RecordingError::AlreadyRecording(_)
+            | RecordingError::NotRecording
+            | RecordingError::Io { .. } => ApiError::bad_request(err.to_string()),
+        }
+    }
+}
+
+/// Where a recording may go: inside `dir` when one is configured (a server-chosen name when
+/// the caller names none), else any absolute path. `..` is refused either way, and the file
+/// itself is created fresh (never overwritten, never through an existing symlink).
+fn recording_path(
+    dir: Option<&FsPath>,
+    requested: Option<&FsPath>,
+) -> Result<PathBuf, RecordingError> {
+    let refused = |m: String| RecordingError::PathRefused(m);
+    if let Some(p) = requested
+        && p.components().any(|c| matches!(c, Component::ParentDir))
+    {
+        return Err(refused(format!("{} contains `..`", p.display())));
+    }
+    let (path, root) = match (dir, requested) {
+        (Some(dir), requested) => {
+            let root = dir.canonicalize().map_err(|e| {
+                refused(format!("recording_dir {} is unusable: {e}", dir.display()))
+            })?;
+            let path = match requested {
+                Some(p) => root.join(p),
+                None => root.join(format!("kv-recording-{}.jsonl", super::unix_now())),
+            };
+            (path, Some(root))
+        }
+        (None, Some(p)) if p.is_absolute() => (p.to_owned(), None),
+        (None, Some(p)) => {
+            return Err(refused(format!(
+                "{} is not absolute (no recording_dir is configured)",
+                p.display()
+            )));
+        }
+        (None, None) => {
+            return Err(refused(
+                "give a `path` (no recording_dir is configured to choose one in)".into(),
+            ));
+        }
+    };
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(refused(format!("{} names no file", path.display())));
+    };
+    let parent = parent
+        .canonicalize()
+        .map_err(|e| refused(format!("{}: {e}", parent.display())))?;
+    if let Some(root) = root
+        && !parent.starts_with(&root)
+    {
+        return Err(refused(format!(
+            "{} is outside recording_dir {}",
+            path.display(),
+            root.display()
+        )));
+    }
+    Ok(parent.join(name))
+}
+
+async fn start_recording(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<axum::Json<RecordingStatus>, ApiError> {
+    let request: StartRecording = if body.iter().all(u8::is_ascii_whitespace) {
+        StartRecording::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid recording request: {e}")))?
+    };
+    let path = recording_path(
+        state.config.recording_dir.as_deref(),
+        request.path.as_deref(),
+    )?;
+    let pool = &state.pool;
+    let header = Header {
+        format: FORMAT,
+        version: VERSION,
+        gateway_version: env!("CARGO_PKG_VERSION"),
+        started_at_unix_ms: super::unix_now() * 1000,
+        start_tick: pool.now_tick(),
+        policy: pool.policy_kind().as_str(),
+        policy_settings: state.config.policy_settings.clone(),
+        workers: pool.workers().iter().map(|w| w.info()).collect(),
+        max_records: request.max_records,
+        max_bytes: request.max_bytes,
+    };
+    let limits = Limits {
+        max_records: request.max_records,
+        max_bytes: request.max_bytes,
+        ..Limits::default()
+    };
+    Ok(axum::Json(pool.recorder.start(
+        path,
+        &header,
+        limits,
+        &pool.tasks,
+    )?))
+}
+
+async fn stop_recording(
+    State(state): State<Arc<AppState>>,
+) -> Result<axum::Json<RecordingStatus>, ApiError> {
+    Ok(axum::Json(state.pool.recorder.stop().await?))
+}
+
+async fn recording_status(State(state): State<Arc<AppState>>) -> axum::Json<RecordingStatus> {
+    axum::Json(state.pool.recorder.status())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recording_paths_stay_inside_the_recording_dir() {
+        let dir = std::env::temp_dir().join(format!("switchyard-admin-rec-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let root = dir.canonicalize().unwrap();
+        let ok = |p: &str| recording_path(Some(&dir), Some(FsPath::new(p)));
+        assert_eq!(ok("a.jsonl").unwrap(), root.join("a.jsonl"));
+        assert_eq!(ok("sub/a.jsonl").unwrap(), root.join("sub/a.jsonl"));
+        assert!(ok("../a.jsonl").is_err());
+        assert!(ok("sub/../../a.jsonl").is_err());
+        assert!(ok("/etc/a.jsonl").is_err());
+        assert!(ok(root.join("b.jsonl").to_str().unwrap()).is_ok());
+        assert!(recording_path(Some(&dir), None).unwrap().starts_with(&root));
+        // Without a recording_dir: absolute paths only, and one must be given.
+        assert!(recording_path(None, Some(FsPath::new("a.jsonl"))).is_err());
+        assert!(recording_path(None, None).is_err());
+        assert!(recording_path(None, Some(&root.join("c.jsonl"))).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
