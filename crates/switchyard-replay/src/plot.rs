@@ -1,7 +1,8 @@
-//! The interactivity-vs-throughput-per-worker Pareto plot, as SVG.
+//! The interactivity-vs-throughput-per-worker Pareto plot, as SVG and PNG.
 //!
-//! One series per policy (or endpoint), one point per load level, joined in level order. Only
-//! the SVG backend is built: the bitmap backend needs font files to draw text.
+//! One series per policy (or endpoint), one point per load level, joined in level order.
+//! plotters draws the SVG (its bitmap backend would need C font libraries to draw text); the
+//! PNG is rendered from that SVG with resvg, using the system's fonts.
 
 use std::path::Path;
 
@@ -95,4 +96,27 @@ pub fn pareto_svg(
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+/// Renders the SVG at `svg` into a PNG at `png`.
+pub fn svg_to_png(svg: &Path, png: &Path) -> Result<(), ReplayError> {
+    use resvg::{tiny_skia, usvg};
+    let data = std::fs::read(svg).map_err(|e| ReplayError::io(svg, e))?;
+    let mut options = usvg::Options::default();
+    let fonts = options.fontdb_mut();
+    fonts.load_system_fonts();
+    // plotters asks for "sans-serif"; fontdb maps that to Arial unless told otherwise.
+    let sans = fonts
+        .faces()
+        .filter_map(|face| face.families.first().map(|(name, _)| name.clone()))
+        .find(|name| ["DejaVu Sans", "Liberation Sans", "Noto Sans"].contains(&name.as_str()));
+    if let Some(family) = sans {
+        fonts.set_sans_serif_family(family);
+    }
+    let tree = usvg::Tree::from_data(&data, &options).map_err(err)?;
+    let size = tree.size().to_int_size();
+    let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height())
+        .ok_or_else(|| err("the plot has no area"))?;
+    resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
+    pixmap.save_png(png).map_err(err)
 }

@@ -124,7 +124,8 @@ impl Report {
         s
     }
 
-    /// Writes `<stem>.json`, `<stem>.csv` and `<stem>.svg` (the Pareto plot) into `dir`.
+    /// Writes `<stem>.json`, `<stem>.csv`, and the Pareto plot as `<stem>.svg` and `<stem>.png`,
+    /// into `dir`.
     pub fn write_files(&self, dir: &Path, stem: &str) -> Result<Vec<PathBuf>, ReplayError> {
         std::fs::create_dir_all(dir).map_err(|e| ReplayError::io(dir, e))?;
         let json = dir.join(format!("{stem}.json"));
@@ -137,6 +138,8 @@ impl Report {
             self.workload, self.mode
         );
         crate::plot::pareto_svg(&svg, &title, &self.level_kind, &self.runs)?;
-        Ok(vec![json, csv, svg])
+        let png = dir.join(format!("{stem}.png"));
+        crate::plot::svg_to_png(&svg, &png)?;
+        Ok(vec![json, csv, svg, png])
     }
 }

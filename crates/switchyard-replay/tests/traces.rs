@@ -178,11 +178,18 @@ fn reports_write_json_csv_and_svg() {
     let report = mooncake_report(PolicyKind::Kv, 0, 100);
     let dir = tempfile::tempdir().unwrap();
     let files = report.write_files(dir.path(), "slice").unwrap();
-    assert_eq!(files.len(), 3);
+    assert_eq!(files.len(), 4);
     let csv = std::fs::read_to_string(&files[1]).unwrap();
     assert_eq!(csv.lines().count(), 2);
     let svg = std::fs::read_to_string(&files[2]).unwrap();
     assert!(svg.contains("<svg") && svg.contains("kv"));
+    let png = std::fs::read(&files[3]).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG file");
+    assert!(
+        png.len() > 10_000,
+        "the PNG has content ({} bytes)",
+        png.len()
+    );
     assert!(report.table().contains("kv"));
     let _ = progress_bar(Some(1), "x".into());
 }

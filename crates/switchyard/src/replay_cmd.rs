@@ -149,7 +149,7 @@ struct CommonArgs {
     /// Live mode: per-request timeout in seconds.
     #[arg(long, default_value_t = 600)]
     timeout_s: u64,
-    /// Write <name>.json, <name>.csv and <name>.svg here.
+    /// Write <name>.json, <name>.csv, <name>.svg and <name>.png here.
     #[arg(long)]
     out: Option<PathBuf>,
     /// File stem of the written reports (default: the workload name).
