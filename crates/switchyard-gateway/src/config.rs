@@ -44,6 +44,8 @@ pub struct GatewayConfig {
     /// Routing policy at start (switchable at runtime through the admin API).
     pub policy: PolicyKind,
     pub policy_settings: PolicyConfig,
+    /// Incremental tokenization of sessions (one cache per tokenizer).
+    pub session_cache: SessionCacheConfig,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
     /// Whole-request deadline in seconds (streaming included).
@@ -70,6 +72,40 @@ pub struct GatewayConfig {
     pub recording_dir: Option<PathBuf>,
 }
 
+/// Bounds and checking of the incremental session tokenization cache (`[session_cache]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionCacheConfig {
+    /// Sessions kept per tokenizer; the least recently used goes first.
+    pub max_sessions: usize,
+    /// Bytes kept per tokenizer (text, token ids, offsets).
+    pub max_bytes: usize,
+    /// Fraction of incremental turns also tokenized in full and compared (0 to 1); a mismatch
+    /// is counted and the full result used.
+    pub verify_sample_rate: f64,
+}
+
+impl Default for SessionCacheConfig {
+    fn default() -> Self {
+        let defaults = switchyard_tokenize::SessionConfig::default();
+        Self {
+            max_sessions: defaults.max_sessions,
+            max_bytes: defaults.max_bytes,
+            verify_sample_rate: defaults.verify_sample_rate,
+        }
+    }
+}
+
+impl SessionCacheConfig {
+    pub fn to_session_config(&self) -> switchyard_tokenize::SessionConfig {
+        switchyard_tokenize::SessionConfig {
+            max_sessions: self.max_sessions,
+            max_bytes: self.max_bytes,
+            verify_sample_rate: self.verify_sample_rate,
+        }
+    }
+}
+
 impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
@@ -81,6 +117,7 @@ impl Default for GatewayConfig {
             models: BTreeMap::new(),
             policy: PolicyKind::Kv,
             policy_settings: PolicyConfig::default(),
+            session_cache: SessionCacheConfig::default(),
             max_body_bytes: 32 << 20,
             request_timeout_secs: 600,
             default_max_tokens: 256,
@@ -121,6 +158,10 @@ impl GatewayConfig {
         }
         if self.max_concurrent_requests == 0 {
             return invalid("max_concurrent_requests must be at least 1");
+        }
+        let rate = self.session_cache.verify_sample_rate;
+        if !(0.0..=1.0).contains(&rate) {
+            return invalid("session_cache.verify_sample_rate must be between 0 and 1");
         }
         if self.max_queued_per_session == 0 {
             return invalid("max_queued_per_session must be at least 1");
@@ -175,6 +216,9 @@ pub struct GatewayArgs {
     /// Requests waiting for a slot before 429.
     #[arg(long, env = "SWITCHYARD_MAX_QUEUED_REQUESTS")]
     pub max_queued_requests: Option<usize>,
+    /// Fraction (0-1) of incremental session tokenizations checked against a full one.
+    #[arg(long, env = "SWITCHYARD_SESSION_VERIFY_SAMPLE_RATE")]
+    pub session_verify_sample_rate: Option<f64>,
     /// Requests one session (or one tenant's requests without a session) may have waiting.
     #[arg(long, env = "SWITCHYARD_MAX_QUEUED_PER_SESSION")]
     pub max_queued_per_session: Option<usize>,
@@ -226,6 +270,9 @@ impl GatewayArgs {
         if let Some(v) = self.max_queued_requests {
             config.max_queued_requests = v;
         }
+        if let Some(v) = self.session_verify_sample_rate {
+            config.session_cache.verify_sample_rate = v;
+        }
         if let Some(v) = self.max_queued_per_session {
             config.max_queued_per_session = v;
         }
@@ -267,5 +314,20 @@ mod tests {
         };
         assert!(args.resolve_onto(GatewayConfig::default()).is_err());
         assert!(parse_model_tokenizer("nomodel").is_err());
+        let args = GatewayArgs {
+            session_verify_sample_rate: Some(1.5),
+            ..Default::default()
+        };
+        let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("verify_sample_rate"), "{err}");
+        let args = GatewayArgs {
+            session_verify_sample_rate: Some(1.0),
+            ..Default::default()
+        };
+        let config = args.resolve_onto(GatewayConfig::default()).unwrap();
+        assert_eq!(
+            config.session_cache.to_session_config().verify_sample_rate,
+            1.0
+        );
     }
 }

@@ -71,11 +71,13 @@ pub async fn run(
 ) -> Result<(), GatewayError> {
     let tokenizer_spec = config.tokenizer.clone();
     let per_model = config.models.clone();
-    let tokenizers =
-        tokio::task::spawn_blocking(move || Tokenizers::load(&tokenizer_spec, &per_model))
-            .await
-            .map_err(|e| GatewayError::Tokenizers(e.to_string()))?
-            .map_err(GatewayError::Tokenizers)?;
+    let sessions = config.session_cache.to_session_config();
+    let tokenizers = tokio::task::spawn_blocking(move || {
+        Tokenizers::load(&tokenizer_spec, &per_model, &sessions)
+    })
+    .await
+    .map_err(|e| GatewayError::Tokenizers(e.to_string()))?
+    .map_err(GatewayError::Tokenizers)?;
     let metrics = Arc::new(Metrics::new());
     let pool = Arc::new(
         WorkerPool::new(

@@ -32,9 +32,9 @@ pub struct ModelTokenizer {
 }
 
 impl ModelTokenizer {
-    fn new(dir: ModelDir) -> Self {
+    fn new(dir: ModelDir, sessions: &SessionConfig) -> Self {
         let dir = Arc::new(dir);
-        let sessions = SessionTokenizer::new(Arc::clone(dir.tokenizer()), SessionConfig::default());
+        let sessions = SessionTokenizer::new(Arc::clone(dir.tokenizer()), sessions.clone());
         Self { dir, sessions }
     }
 }
@@ -64,15 +64,20 @@ fn load_spec(spec: &str) -> Result<ModelDir, String> {
 
 impl Tokenizers {
     /// Loads the default and the per-model tokenizers; an error names the one that failed.
-    pub fn load(default: &str, per_model: &BTreeMap<String, String>) -> Result<Self, String> {
+    pub fn load(
+        default: &str,
+        per_model: &BTreeMap<String, String>,
+        sessions: &SessionConfig,
+    ) -> Result<Self, String> {
         let default = Arc::new(ModelTokenizer::new(
             load_spec(default).map_err(|e| format!("tokenizer {default}: {e}"))?,
+            sessions,
         ));
         let mut models = BTreeMap::new();
         for (model, spec) in per_model {
             let dir = load_spec(spec)
                 .map_err(|e| format!("tokenizer for model {model} ({spec}): {e}"))?;
-            models.insert(model.clone(), Arc::new(ModelTokenizer::new(dir)));
+            models.insert(model.clone(), Arc::new(ModelTokenizer::new(dir, sessions)));
         }
         Ok(Self {
             default,
