@@ -10,7 +10,7 @@ use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
 
 use crate::metrics::PolicyLabels;
 use crate::pool::{DecisionRecord, ModelRoutes, WorkerHandle, WorkerPool};
-use crate::recorder::{Record, Recorder};
+use crate::recorder::{Record, Recorder, RouteRecord};
 
 static NEXT_ROUTE: AtomicU64 = AtomicU64::new(1);
 
@@ -46,7 +46,7 @@ impl RoutedRequest {
             self.recorder.now_tick(),
             self.routes.model.clone(),
             self.key,
-            self.worker_id.clone(),
+            Some(self.worker_id.clone()),
         );
         if prefill_done {
             Record::PrefillDone {
@@ -210,7 +210,7 @@ fn route_record(
     decision: &Decision,
     cached_blocks: u32,
 ) -> Record {
-    Record::Route {
+    Record::Route(Box::new(RouteRecord {
         tick: request.now,
         model: routes.model.clone(),
         key,
@@ -221,10 +221,10 @@ fn route_record(
         session: request.session.clone(),
         block_hashes: request.block_hashes.clone(),
         candidates: candidates.iter().map(|c| c.worker.clone()).collect(),
-        policy: decision.explanation.policy,
+        policy: decision.explanation.policy.to_owned(),
         chosen: decision.worker.clone(),
         cached_blocks,
-    }
+    }))
 }
 
 /// What the current policy would decide for `tokens`, without sending or recording anything.

@@ -17,100 +17,19 @@ use std::fmt::Write as _;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-use switchyard_core::{
-    BlockHash, BlockSize, KvEvent, LoadStats, SnapshotBlock, WorkerId, WorkerInfo,
-};
+use serde::Serialize;
+use switchyard_core::{BlockSize, WorkerId};
 use switchyard_router::{
     ApplyOutcome, Candidate, IndexConfig, LoadConfig, LoadView, Policy, PolicyConfig, PolicyKind,
-    PrefixIndex, RouteRequest, Tick,
+    PrefixIndex, RouteRequest,
 };
 
 use crate::error::ReplayError;
 use crate::metrics::Percentiles;
 
 /// The format name a recording's header must carry.
-pub const FORMAT: &str = "switchyard-kv-recording";
-/// The format version this replayer reads.
-pub const VERSION: u32 = 1;
-
-#[derive(Debug, Deserialize)]
-struct Header {
-    format: String,
-    version: u32,
-    #[serde(default)]
-    policy: String,
-    #[serde(default)]
-    policy_settings: PolicyConfig,
-    #[serde(default)]
-    workers: Vec<WorkerInfo>,
-}
-
-/// One line of a recording, as `switchyard-gateway`'s recorder writes it.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Line {
-    Header(Header),
-    WorkerJoined {
-        worker: WorkerInfo,
-    },
-    WorkerLeft {
-        model: String,
-        worker: WorkerId,
-    },
-    Snapshot {
-        model: String,
-        worker: WorkerId,
-        incarnation: u64,
-        next_seq: u64,
-        blocks: Vec<SnapshotBlock>,
-    },
-    KvEvent {
-        model: String,
-        worker: WorkerId,
-        incarnation: u64,
-        seq: u64,
-        event: KvEvent,
-    },
-    IndexDropped {
-        model: String,
-        worker: WorkerId,
-    },
-    Load {
-        tick: Tick,
-        model: String,
-        worker: WorkerId,
-        stats: LoadStats,
-    },
-    Route(Box<RouteRecord>),
-    PrefillDone {
-        model: String,
-        key: u64,
-    },
-    Finished {
-        model: String,
-        key: u64,
-    },
-    Trailer {
-        dropped: u64,
-        complete: bool,
-    },
-}
-
-#[derive(Debug, Deserialize)]
-struct RouteRecord {
-    tick: Tick,
-    model: String,
-    key: u64,
-    block_size: u32,
-    prompt_tokens: u64,
-    max_tokens: u32,
-    session: Option<String>,
-    block_hashes: Vec<BlockHash>,
-    candidates: Vec<WorkerId>,
-    chosen: WorkerId,
-    cached_blocks: u32,
-}
+pub use switchyard_router::recording::{FORMAT, VERSION};
+use switchyard_router::recording::{Record as Line, RouteRecord};
 
 /// What the index made of the recorded events (all but `applied` should be rare: gaps appear
 /// before a worker's first recorded snapshot or where the recording dropped records).
@@ -254,10 +173,10 @@ impl Replayer {
     fn apply(&mut self, line: Line) -> Result<(), ReplayError> {
         match line {
             Line::Header(_) | Line::Trailer { .. } => {}
-            Line::WorkerJoined { worker } => {
+            Line::WorkerJoined { worker, .. } => {
                 self.model(&worker.model, worker.block_size)?;
             }
-            Line::WorkerLeft { model, worker } => {
+            Line::WorkerLeft { model, worker, .. } => {
                 if let Some(m) = self.models.get_mut(&model) {
                     m.index.remove_worker(&worker);
                     for lane in &mut m.lanes {
@@ -272,6 +191,7 @@ impl Replayer {
                 incarnation,
                 next_seq,
                 blocks,
+                ..
             } => {
                 if let Some(m) = self.models.get_mut(&model) {
                     match m
@@ -289,6 +209,7 @@ impl Replayer {
                 incarnation,
                 seq,
                 event,
+                ..
             } => {
                 if let Some(m) = self.models.get_mut(&model) {
                     match m.index.apply(&worker, incarnation, seq, &event) {
@@ -299,7 +220,7 @@ impl Replayer {
                     }
                 }
             }
-            Line::IndexDropped { model, worker } => {
+            Line::IndexDropped { model, worker, .. } => {
                 if let Some(m) = self.models.get_mut(&model) {
                     m.index.remove_worker(&worker);
                 }
@@ -317,7 +238,7 @@ impl Replayer {
                 }
             }
             Line::Route(record) => self.route(&record)?,
-            Line::PrefillDone { model, key } => {
+            Line::PrefillDone { model, key, .. } => {
                 if let Some(m) = self.models.get_mut(&model) {
                     for lane in &mut m.lanes {
                         if let Some(w) = lane.routed.get(&key) {
@@ -326,7 +247,7 @@ impl Replayer {
                     }
                 }
             }
-            Line::Finished { model, key } => {
+            Line::Finished { model, key, .. } => {
                 if let Some(m) = self.models.get_mut(&model) {
                     for lane in &mut m.lanes {
                         if let Some(w) = lane.routed.remove(&key) {
@@ -454,12 +375,8 @@ pub fn replay_recording(
             replayer = Some(r);
             continue;
         };
-        if let Line::Trailer {
-            dropped: d,
-            complete: c,
-        } = line
-        {
-            (dropped, complete) = (d, c);
+        if let Line::Trailer(trailer) = &line {
+            (dropped, complete) = (trailer.dropped, trailer.complete);
         } else {
             records += 1;
             complete = false;

@@ -8,6 +8,7 @@
 //! - [`load`]: the [`LoadView`], workers' reported load plus the router's in-flight bookkeeping.
 //! - [`policy`]: the [`Policy`] trait, the routing policies and the [`Explanation`] every
 //!   decision carries.
+//! - [`recording`]: the KV recording format a gateway writes and offline replay reads.
 //! - [`error`]: [`IndexError`] and [`RouteError`].
 
 pub mod engine_map;
@@ -16,6 +17,7 @@ mod hasher;
 pub mod index;
 pub mod load;
 pub mod policy;
+pub mod recording;
 mod rng;
 
 pub use engine_map::EngineHashMap;

@@ -384,12 +384,12 @@ async fn start_recording(
     )?;
     let pool = &state.pool;
     let header = Header {
-        format: FORMAT,
+        format: FORMAT.to_owned(),
         version: VERSION,
-        gateway_version: env!("CARGO_PKG_VERSION"),
+        gateway_version: env!("CARGO_PKG_VERSION").to_owned(),
         started_at_unix_ms: super::unix_now() * 1000,
         start_tick: pool.now_tick(),
-        policy: pool.policy_kind().as_str(),
+        policy: pool.policy_kind().as_str().to_owned(),
         policy_settings: state.config.policy_settings.clone(),
         workers: pool.workers().iter().map(|w| w.info()).collect(),
         max_records: request.max_records,

@@ -25,16 +25,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use serde::Serialize;
-use switchyard_core::{BlockHash, KvEvent, LoadStats, SnapshotBlock, WorkerId, WorkerInfo};
-use switchyard_router::{PolicyConfig, Tick};
+use switchyard_router::Tick;
+pub use switchyard_router::recording::{FORMAT, Header, Record, RouteRecord, Trailer, VERSION};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-/// The format name in the header line.
-pub const FORMAT: &str = "switchyard-kv-recording";
-/// The format version in the header line.
-pub const VERSION: u32 = 1;
 /// Records waiting for the writer before new ones are dropped.
 pub const DEFAULT_CHANNEL_CAPACITY: usize = 65_536;
 
@@ -56,101 +52,6 @@ pub enum RecordingError {
     },
     #[error("the recording writer failed: {0}")]
     Writer(String),
-}
-
-/// One line of a recording (the header and trailer are written by the recorder itself).
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Record {
-    /// A worker joined (or came back as a new incarnation).
-    WorkerJoined { tick: Tick, worker: WorkerInfo },
-    /// A worker left: its blocks, load and policy state are dropped.
-    WorkerLeft {
-        tick: Tick,
-        model: String,
-        worker: WorkerId,
-    },
-    /// A snapshot replaced everything known of the worker's cache.
-    Snapshot {
-        tick: Tick,
-        model: String,
-        worker: WorkerId,
-        incarnation: u64,
-        next_seq: u64,
-        blocks: Vec<SnapshotBlock>,
-    },
-    /// A KV event applied in sequence.
-    KvEvent {
-        tick: Tick,
-        model: String,
-        worker: WorkerId,
-        incarnation: u64,
-        seq: u64,
-        event: KvEvent,
-    },
-    /// The worker's blocks were dropped from the index (an invalid snapshot).
-    IndexDropped {
-        tick: Tick,
-        model: String,
-        worker: WorkerId,
-    },
-    /// A load report.
-    Load {
-        tick: Tick,
-        model: String,
-        worker: WorkerId,
-        stats: LoadStats,
-    },
-    /// A routing request and the live policy's decision. `key` names the request in the
-    /// `prefill_done` and `finished` records that follow.
-    Route {
-        tick: Tick,
-        model: String,
-        key: u64,
-        attempt: u32,
-        block_size: u32,
-        prompt_tokens: u64,
-        max_tokens: u32,
-        session: Option<String>,
-        block_hashes: Vec<BlockHash>,
-        candidates: Vec<WorkerId>,
-        policy: &'static str,
-        chosen: WorkerId,
-        /// Leading prompt blocks the chosen worker held in its device tier.
-        cached_blocks: u32,
-    },
-    /// The routed request's first token arrived.
-    PrefillDone {
-        tick: Tick,
-        model: String,
-        key: u64,
-        worker: WorkerId,
-    },
-    /// The routed request ended (finished, failed or cancelled).
-    Finished {
-        tick: Tick,
-        model: String,
-        key: u64,
-        worker: WorkerId,
-    },
-}
-
-/// The first line of a recording.
-#[derive(Debug, Clone, Serialize)]
-pub struct Header {
-    pub format: &'static str,
-    pub version: u32,
-    pub gateway_version: &'static str,
-    pub started_at_unix_ms: u64,
-    /// The gateway's router clock (microseconds) when the recording started.
-    pub start_tick: Tick,
-    /// The live routing policy when the recording started.
-    pub policy: &'static str,
-    pub policy_settings: PolicyConfig,
-    /// The workers known when the recording started (later ones arrive as `worker_joined`).
-    pub workers: Vec<WorkerInfo>,
-    pub max_records: Option<u64>,
-    pub max_bytes: Option<u64>,
 }
 
 /// How much a recording may hold and how far the writer may fall behind.
@@ -190,16 +91,6 @@ pub struct RecordingStatus {
     pub ended_by: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct Trailer {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    records: u64,
-    dropped: u64,
-    complete: bool,
-    ended_by: &'static str,
 }
 
 #[derive(Debug, Default)]
@@ -420,11 +311,7 @@ fn status_of(active: bool, path: &Path, counters: &Counters) -> RecordingStatus 
 }
 
 fn header_line(header: &Header) -> Result<String, serde_json::Error> {
-    let mut value = serde_json::to_value(header)?;
-    if let serde_json::Value::Object(map) = &mut value {
-        map.insert("type".into(), "header".into());
-    }
-    serde_json::to_string(&value)
+    serde_json::to_string(&Record::Header(header.clone()))
 }
 
 /// The writer thread: serialises records until the channel closes or a limit is reached, then
@@ -495,13 +382,12 @@ fn write_records(
         return;
     }
     let dropped = counters.dropped.load(Ordering::Relaxed);
-    let trailer = Trailer {
-        kind: "trailer",
+    let trailer = Record::Trailer(Trailer {
         records: counters.written.load(Ordering::Relaxed),
         dropped,
         complete: dropped == 0,
-        ended_by,
-    };
+        ended_by: ended_by.to_owned(),
+    });
     let result = serde_json::to_string(&trailer)
         .map_err(|e| e.to_string())
         .and_then(|mut line| {

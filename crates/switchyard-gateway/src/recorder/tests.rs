@@ -1,13 +1,15 @@
 use super::*;
+use switchyard_core::WorkerId;
+use switchyard_router::PolicyConfig;
 
 fn header() -> Header {
     Header {
-        format: FORMAT,
+        format: FORMAT.to_owned(),
         version: VERSION,
-        gateway_version: "test",
+        gateway_version: "test".to_owned(),
         started_at_unix_ms: 0,
         start_tick: 0,
-        policy: "kv",
+        policy: "kv".to_owned(),
         policy_settings: PolicyConfig::default(),
         workers: Vec::new(),
         max_records: None,
@@ -20,7 +22,7 @@ fn finished(key: u64) -> Record {
         tick: key,
         model: "m".into(),
         key,
-        worker: WorkerId::new("w").unwrap(),
+        worker: Some(WorkerId::new("w").unwrap()),
     }
 }
 
