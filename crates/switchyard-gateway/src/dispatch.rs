@@ -146,6 +146,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 ignore_eos: job.ignore_eos,
                 stop_token_ids: job.stop_token_ids.clone(),
             }),
+            kv_source: None,
         };
         let mut client = routed.worker.client.clone();
         let end = match client.generate(request).await {
