@@ -38,6 +38,7 @@ fn generate_request(prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
             ignore_eos: true,
             ..Default::default()
         }),
+        kv_source: None,
     }
 }
 

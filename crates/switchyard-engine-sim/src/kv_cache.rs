@@ -191,6 +191,16 @@ impl KvCache {
         Some(table)
     }
 
+    /// The device block caching `hash`, if any.
+    pub(crate) fn cached_device_block(&self, hash: BlockHash) -> Option<BlockId> {
+        self.by_hash.get(&hash).copied()
+    }
+
+    /// Takes one reference on a cached block (off the LRU list while referenced).
+    pub(crate) fn reference(&mut self, block: BlockId) {
+        self.take_ref(block);
+    }
+
     fn take_ref(&mut self, block: BlockId) {
         let b = &mut self.blocks[block as usize];
         if let Some(tick) = b.lru_tick.take() {

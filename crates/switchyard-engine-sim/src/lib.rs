@@ -16,6 +16,7 @@
 //! - [`engine`] is the rest of [`Simulator`]'s API: intake and validation, aborts, holds for
 //!   disaggregated prefill, load figures and cache snapshots.
 //! - [`request`] holds what goes in ([`SimRequest`]) and what comes out ([`StepOutcome`]).
+//! - [`import`] admits KV blocks computed elsewhere (the decode side of disaggregation).
 //! - [`error`] holds [`SimError`].
 
 // Tests may unwrap: a panic there is a failed test, which is the point.
@@ -25,6 +26,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 mod events;
+pub mod import;
 mod kv_cache;
 pub mod request;
 mod scheduler;
@@ -34,6 +36,7 @@ pub mod timing;
 pub use config::SimConfig;
 pub use engine::Simulator;
 pub use error::SimError;
+pub use import::ImportOutcome;
 pub use request::{FinishReason, SimRequest, StepOutcome, TokenOutput};
 pub use timing::{StepWork, TimingModel, attention_pairs};
 

@@ -53,11 +53,35 @@ impl Driver {
         self.sim.add_request(r).unwrap();
     }
 
+    /// Imports blocks, applying the import's events to the model like a step's.
+    pub(crate) fn import(
+        &mut self,
+        blocks: &[(switchyard_core::BlockHash, Vec<u32>)],
+    ) -> crate::ImportOutcome {
+        let outcome = self.sim.import_blocks(blocks);
+        self.apply(&outcome.events);
+        self.check_model();
+        outcome
+    }
+
     /// Steps once, checking every event validates and applies cleanly to the model.
     pub(crate) fn step(&mut self) -> &StepOutcome {
         let out = self.sim.step();
+        self.apply(&out.events);
+        self.now += out.duration;
+        for o in &out.outputs {
+            self.outputs
+                .entry(o.id)
+                .or_default()
+                .push((self.now, o.clone()));
+        }
+        self.steps.push(out);
+        self.steps.last().unwrap()
+    }
+
+    fn apply(&mut self, events: &[KvEvent]) {
         let block_size = self.sim.config().block_size;
-        for event in &out.events {
+        for event in events {
             event.validate(block_size).unwrap();
             match event {
                 KvEvent::Stored { blocks, tier, .. } => {
@@ -77,15 +101,6 @@ impl Driver {
                 KvEvent::Cleared => self.model.clear(),
             }
         }
-        self.now += out.duration;
-        for o in &out.outputs {
-            self.outputs
-                .entry(o.id)
-                .or_default()
-                .push((self.now, o.clone()));
-        }
-        self.steps.push(out);
-        self.steps.last().unwrap()
     }
 
     /// Steps until no work is left (at most `limit` steps) and checks the model matches.

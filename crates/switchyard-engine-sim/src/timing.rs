@@ -53,6 +53,12 @@ pub struct TimingModel {
     pub decode_context_token_ns: f64,
     /// Cost of copying one block from the host tier back to the device, in microseconds.
     pub host_to_device_block_us: f64,
+    /// Bandwidth of a KV transfer between workers (disaggregated serving), in gigabits per
+    /// second; 400 is one RDMA NIC of an H100 node.
+    pub kv_transfer_gbps: f64,
+    /// Fixed cost of each copy descriptor of a KV transfer (one per contiguous block copied),
+    /// in microseconds: the work request posting and completion of an RDMA transfer.
+    pub kv_descriptor_overhead_us: f64,
 }
 
 impl Default for TimingModel {
@@ -64,6 +70,8 @@ impl Default for TimingModel {
             decode_sequence_us: 80.0,
             decode_context_token_ns: 50.0,
             host_to_device_block_us: 40.0,
+            kv_transfer_gbps: 400.0,
+            kv_descriptor_overhead_us: 2.0,
         }
     }
 }
@@ -138,7 +146,22 @@ impl TimingModel {
         })
     }
 
+    /// Time to move `bytes` of KV between workers in `descriptors` copies:
+    /// `bytes / bandwidth + descriptors × overhead`. Charged by the receiving side before its
+    /// request can use the blocks, so it lands in a disaggregated request's TTFT.
+    pub fn transfer_time(&self, bytes: u64, descriptors: u64) -> Duration {
+        let bytes_per_us = self.kv_transfer_gbps * 1e9 / 8.0 / 1e6;
+        let us = bytes as f64 / bytes_per_us + descriptors as f64 * self.kv_descriptor_overhead_us;
+        Duration::from_nanos((us * 1_000.0).round() as u64)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), SimError> {
+        if !(self.kv_transfer_gbps.is_finite() && self.kv_transfer_gbps > 0.0) {
+            return Err(SimError::InvalidConfig(format!(
+                "timing.kv_transfer_gbps must be a finite number > 0, got {}",
+                self.kv_transfer_gbps
+            )));
+        }
         let fields = [
             ("step_overhead_us", self.step_overhead_us),
             ("prefill_token_us", self.prefill_token_us),
@@ -146,6 +169,7 @@ impl TimingModel {
             ("decode_sequence_us", self.decode_sequence_us),
             ("decode_context_token_ns", self.decode_context_token_ns),
             ("host_to_device_block_us", self.host_to_device_block_us),
+            ("kv_descriptor_overhead_us", self.kv_descriptor_overhead_us),
         ];
         for (name, value) in fields {
             if !value.is_finite() || value < 0.0 {
@@ -197,6 +221,25 @@ mod tests {
             attention_pairs(0, 10),
             attention_pairs(0, 4) + attention_pairs(4, 10)
         );
+    }
+
+    #[test]
+    fn transfer_time_is_bandwidth_plus_descriptors() {
+        let t = TimingModel {
+            kv_transfer_gbps: 8.0, // 1 GB/s: 1000 bytes per microsecond
+            kv_descriptor_overhead_us: 5.0,
+            ..TimingModel::default()
+        };
+        assert_eq!(t.transfer_time(1_000_000, 0), Duration::from_millis(1));
+        assert_eq!(t.transfer_time(1_000_000, 10), Duration::from_micros(1_050));
+        // Defaults: an 8k-token prompt (1 GiB at 128 KiB/token, 512 blocks) moves in ~22 ms.
+        let d = TimingModel::default().transfer_time(8192 * 131_072, 512);
+        assert!((15.0..30.0).contains(&ms(d)), "{d:?}");
+        let zero = TimingModel {
+            kv_transfer_gbps: 0.0,
+            ..TimingModel::default()
+        };
+        assert!(zero.validate().is_err());
     }
 
     #[test]

@@ -248,6 +248,7 @@ async fn worker_ttft(
             ignore_eos: true,
             stop_token_ids: Vec::new(),
         }),
+        kv_source: None,
     };
     let t = Instant::now();
     let mut stream = client.generate(request).await.unwrap().into_inner();

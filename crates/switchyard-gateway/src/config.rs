@@ -11,6 +11,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use switchyard_router::{PolicyConfig, PolicyKind};
 
+use crate::disagg::{DisaggSettings, Disaggregation};
+
 /// A configuration problem, always the operator's to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -70,6 +72,18 @@ pub struct GatewayConfig {
     /// Directory KV recordings (admin API) are confined to; unset, any absolute path the admin
     /// names is accepted (the file must not exist yet). See `docs/kv-recording.md`.
     pub recording_dir: Option<PathBuf>,
+    /// Disaggregated prefill/decode serving: `off`, `auto` (per request, when it pays) or
+    /// `enforce` (every request through a prefill worker, 503 without one).
+    pub disaggregation: Disaggregation,
+    /// `auto` sends a request through a prefill worker only when at least this many of its
+    /// prompt tokens are uncached on the chosen decode worker; shorter prefills are cheaper to
+    /// run in place than to transfer.
+    pub disagg_min_uncached_tokens: u64,
+    /// A prefill worker with more prefill tokens queued than this is saturated: `auto` stays
+    /// aggregated rather than queue behind it.
+    pub disagg_max_prefill_queue_tokens: u64,
+    /// Longest a Prefill call may take before the gateway tries another prefill worker.
+    pub prefill_timeout_secs: u64,
 }
 
 /// Bounds and checking of the incremental session tokenization cache (`[session_cache]`).
@@ -129,6 +143,10 @@ impl Default for GatewayConfig {
             decision_log_size: 256,
             load_interval_ms: 100,
             recording_dir: None,
+            disaggregation: Disaggregation::Off,
+            disagg_min_uncached_tokens: 2048,
+            disagg_max_prefill_queue_tokens: 262_144,
+            prefill_timeout_secs: 60,
         }
     }
 }
@@ -169,6 +187,9 @@ impl GatewayConfig {
         if self.decision_log_size == 0 {
             return invalid("decision_log_size must be at least 1");
         }
+        if self.prefill_timeout_secs == 0 {
+            return invalid("prefill_timeout_secs must be at least 1");
+        }
         if self.admin_token.as_deref().is_some_and(str::is_empty) {
             return invalid("admin_token must not be empty when set");
         }
@@ -180,6 +201,16 @@ impl GatewayConfig {
 
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.request_timeout_secs)
+    }
+
+    /// The disaggregation settings each request carries.
+    pub fn disagg(&self) -> DisaggSettings {
+        DisaggSettings {
+            mode: self.disaggregation,
+            min_uncached_tokens: self.disagg_min_uncached_tokens,
+            max_prefill_queue_tokens: self.disagg_max_prefill_queue_tokens,
+            prefill_timeout: Duration::from_secs(self.prefill_timeout_secs),
+        }
     }
 }
 
@@ -225,6 +256,12 @@ pub struct GatewayArgs {
     /// Directory KV recordings started through the admin API are confined to.
     #[arg(long, env = "SWITCHYARD_RECORDING_DIR")]
     pub recording_dir: Option<PathBuf>,
+    /// Disaggregated serving: off, auto or enforce.
+    #[arg(long, env = "SWITCHYARD_DISAGGREGATION")]
+    pub disaggregation: Option<Disaggregation>,
+    /// Uncached prompt tokens from which `auto` uses a prefill worker.
+    #[arg(long, env = "SWITCHYARD_DISAGG_MIN_UNCACHED_TOKENS")]
+    pub disagg_min_uncached_tokens: Option<u64>,
 }
 
 fn parse_model_tokenizer(s: &str) -> Result<(String, String), String> {
@@ -278,6 +315,12 @@ impl GatewayArgs {
         }
         if let Some(v) = &self.recording_dir {
             config.recording_dir = Some(v.clone());
+        }
+        if let Some(v) = self.disaggregation {
+            config.disaggregation = v;
+        }
+        if let Some(v) = self.disagg_min_uncached_tokens {
+            config.disagg_min_uncached_tokens = v;
         }
         config.validate()?;
         Ok(config)

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::Code;
 
+use crate::disagg::{DisaggSettings, Prefilled, prefill_stage};
 use crate::error::ApiError;
 use crate::pool::{ModelRoutes, WorkerPool};
 use crate::routing::route;
@@ -36,6 +37,7 @@ pub struct GenerateJob {
     pub deadline: Instant,
     pub max_retries: u32,
     pub max_migrations: u32,
+    pub disagg: DisaggSettings,
 }
 
 /// Why generation ended by itself.
@@ -91,6 +93,7 @@ enum AttemptEnd {
 async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<DispatchEvent>) {
     let mut generated: Vec<TokenId> = Vec::new();
     let mut excluded: Vec<WorkerId> = Vec::new();
+    let mut excluded_prefill: Vec<WorkerId> = Vec::new();
     let mut retries = 0u32;
     let mut migrations = 0u32;
     let mut started = false;
@@ -136,6 +139,41 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         let mut routed = routed;
         let worker_id = routed.worker_id.clone();
         tracing::debug!(request = %job.request_id, worker = %worker_id, attempt, "dispatching");
+        // Only a fresh start can use a prefill worker: a migration continues from tokens the
+        // failed worker produced, and the new decode worker recomputes that context itself.
+        let kv_source = if generated.is_empty() {
+            let uncached = routed
+                .decision
+                .chosen()
+                .map_or(context.len() as u64, |c| c.uncached_prompt_tokens);
+            match prefill_stage(
+                pool,
+                &job.routes,
+                &job.disagg,
+                &job.request_id,
+                &context,
+                uncached,
+                job.max_retries + 1,
+                &mut excluded_prefill,
+            )
+            .await
+            {
+                Prefilled::Aggregated(why) => {
+                    tracing::debug!(request = %job.request_id, worker = %worker_id, %why, "aggregated");
+                    None
+                }
+                Prefilled::Source(source, prefill) => {
+                    tracing::debug!(request = %job.request_id, %prefill, decode = %worker_id, "disaggregated");
+                    Some(source)
+                }
+                Prefilled::Fail(err) => {
+                    let _ = tx.send(DispatchEvent::Failed(err)).await;
+                    return;
+                }
+            }
+        } else {
+            None
+        };
         let request = GenerateRequest {
             request_id: job.request_id.clone(),
             prompt_token_ids: context,
@@ -146,6 +184,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 ignore_eos: job.ignore_eos,
                 stop_token_ids: job.stop_token_ids.clone(),
             }),
+            kv_source,
         };
         let mut client = routed.worker.client.clone();
         let end = match client.generate(request).await {

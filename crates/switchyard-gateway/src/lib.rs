@@ -12,6 +12,7 @@
 
 pub mod admission;
 pub mod config;
+pub mod disagg;
 pub mod dispatch;
 pub mod error;
 pub mod http;

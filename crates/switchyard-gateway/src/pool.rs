@@ -32,6 +32,8 @@ pub struct DecisionRecord {
     pub model: String,
     pub at_unix_ms: u64,
     pub attempt: u32,
+    /// The pool chosen from: `decode` (generation) or `prefill` (disaggregated prefill).
+    pub stage: crate::routing::Stage,
     pub explanation: Explanation,
 }
 

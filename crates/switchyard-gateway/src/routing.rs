@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use switchyard_core::{BlockHash, TokenId, WorkerId, block_hashes};
-use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
+use switchyard_core::{BlockHash, Role, TokenId, WorkerId, block_hashes};
+use switchyard_router::{Candidate, Decision, PolicyConfig, PolicyKind, RouteError, RouteRequest};
 
 use crate::metrics::PolicyLabels;
 use crate::pool::{DecisionRecord, ModelRoutes, WorkerHandle, WorkerPool};
@@ -27,6 +27,9 @@ pub struct RoutedRequest {
     key: u64,
     prefill_done: bool,
     recorder: Arc<Recorder>,
+    /// Whether the KV recording sees this request. Prefill-pool routes are left out: a
+    /// recording replays generations against policies, and a prefill is not one.
+    recorded: bool,
 }
 
 impl RoutedRequest {
@@ -36,7 +39,9 @@ impl RoutedRequest {
             self.prefill_done = true;
             let mut core = self.routes.lock();
             core.load.on_prefill_done(&self.worker_id, self.key);
-            self.recorder.record(|| self.bookkeeping_record(true));
+            if self.recorded {
+                self.recorder.record(|| self.bookkeeping_record(true));
+            }
         }
     }
 
@@ -70,7 +75,9 @@ impl Drop for RoutedRequest {
     fn drop(&mut self) {
         let mut core = self.routes.lock();
         core.load.on_finished(&self.worker_id, self.key);
-        self.recorder.record(|| self.bookkeeping_record(false));
+        if self.recorded {
+            self.recorder.record(|| self.bookkeeping_record(false));
+        }
     }
 }
 
@@ -162,11 +169,9 @@ pub fn route(
         core.record(DecisionRecord {
             request_id: request_id.to_owned(),
             model: routes.model.clone(),
-            at_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
+            at_unix_ms: unix_ms(),
             attempt,
+            stage: Stage::Decode,
             explanation: decision.explanation.clone(),
         });
         (decision, cached_blocks, key)
@@ -195,6 +200,131 @@ pub fn route(
         key,
         prefill_done: false,
         recorder: Arc::clone(&pool.recorder),
+        recorded: true,
+    })
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Which pool a decision chose from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// A worker that generates (role decode or both).
+    Decode,
+    /// A prefill-pool worker (role prefill) computing the prompt's KV for a decode worker.
+    Prefill,
+}
+
+/// Prefill-pool workers (role prefill) of the model that can take a prefill now.
+pub fn prefill_candidates(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    exclude: &[WorkerId],
+) -> Vec<(Candidate, Arc<WorkerHandle>)> {
+    pool.workers()
+        .into_iter()
+        .filter_map(|w| {
+            let id = {
+                let info = w.info.read().unwrap_or_else(|p| p.into_inner());
+                let eligible = info.model == routes.model
+                    && info.role == Role::Prefill
+                    && !exclude.contains(&info.id);
+                eligible.then(|| info.id.clone())
+            }?;
+            (!w.is_draining()).then(|| (Candidate::from(id), w))
+        })
+        .collect()
+}
+
+/// The KV-aware choice among prefill workers: the kv policy's cost (uncached tokens after
+/// overlap plus queued prefill) over the prefill pool. A fresh kv policy rather than the live
+/// one, whatever it is: the live policy's per-request state (session pins, predicted caches,
+/// turns) describes the decode pool and must not be moved by prefill choices.
+fn prefill_decision(
+    routes: &ModelRoutes,
+    request: &RouteRequest,
+    candidates: &[Candidate],
+) -> Result<Decision, RouteError> {
+    let mut policy = PolicyKind::Kv.build(&PolicyConfig::default())?;
+    let core = routes.lock();
+    policy.choose(request, candidates, &core.index, &core.load)
+}
+
+/// What a prefill-pool route would decide for `tokens`, without routing (admin explain).
+pub fn explain_prefill(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    tokens: &[TokenId],
+) -> Result<Decision, RouteError> {
+    let request = route_request(pool, routes, tokens, None);
+    let only: Vec<Candidate> = prefill_candidates(pool, routes, &[])
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    if only.is_empty() {
+        return Err(RouteError::NoCandidates);
+    }
+    prefill_decision(routes, &request, &only)
+}
+
+/// Chooses a prefill worker for `tokens`, counts the prefill on it in the load view (until
+/// the returned request is dropped) and logs the decision.
+pub fn route_prefill(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    tokens: &[TokenId],
+    exclude: &[WorkerId],
+    request_id: &str,
+    attempt: u32,
+) -> Result<RoutedRequest, RouteError> {
+    let request = route_request(pool, routes, tokens, None);
+    let candidates = prefill_candidates(pool, routes, exclude);
+    if candidates.is_empty() {
+        return Err(RouteError::NoCandidates);
+    }
+    let only: Vec<Candidate> = candidates.iter().map(|(c, _)| c.clone()).collect();
+    let decision = prefill_decision(routes, &request, &only)?;
+    let chosen = decision.chosen();
+    let uncached = chosen.map_or(request.prompt_tokens, |c| c.uncached_prompt_tokens);
+    let cached_blocks = chosen.map_or(0, |c| c.overlap.device);
+    let key = NEXT_ROUTE.fetch_add(1, Ordering::Relaxed);
+    {
+        let mut core = routes.lock();
+        let blocks = request
+            .prompt_tokens
+            .div_ceil(u64::from(routes.block_size.get()));
+        core.load
+            .on_routed(&decision.worker, key, uncached, blocks, request.now);
+        core.record(DecisionRecord {
+            request_id: request_id.to_owned(),
+            model: routes.model.clone(),
+            at_unix_ms: unix_ms(),
+            attempt,
+            stage: Stage::Prefill,
+            explanation: decision.explanation.clone(),
+        });
+    }
+    let worker = candidates
+        .into_iter()
+        .find(|(c, _)| c.worker == decision.worker)
+        .map(|(_, w)| w)
+        .ok_or(RouteError::NoCandidates)?;
+    Ok(RoutedRequest {
+        worker_id: decision.worker.clone(),
+        worker,
+        decision,
+        cached_blocks,
+        routes: Arc::clone(routes),
+        key,
+        prefill_done: false,
+        recorder: Arc::clone(&pool.recorder),
+        recorded: false,
     })
 }
 

@@ -12,6 +12,7 @@ pub mod agent;
 pub mod config;
 pub mod engine;
 pub mod event_log;
+mod kv_source;
 pub mod service;
 pub mod state;
 

@@ -20,6 +20,7 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::{Engine, FinishReason, GenerateParams, PrefillParams};
 use crate::event_log::{SequencedEvent, Subscription, SubscriptionStart};
+use crate::kv_source::{ChunkStream, generate_from_source};
 use crate::state::WorkerState;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -33,6 +34,9 @@ pub struct ServiceLimits {
     pub max_hold: Duration,
     pub default_blocks_per_chunk: u32,
     pub default_load_interval: Duration,
+    /// Longest a decode worker waits for a prefill worker's `PullKv` (disaggregated serving)
+    /// before failing the request as unavailable, so a dead prefill worker cannot hang it.
+    pub kv_pull_timeout: Duration,
 }
 
 impl Default for ServiceLimits {
@@ -42,6 +46,7 @@ impl Default for ServiceLimits {
             max_hold: Duration::from_secs(600),
             default_blocks_per_chunk: 32,
             default_load_interval: Duration::from_millis(200),
+            kv_pull_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -152,18 +157,22 @@ impl v1::worker_server::Worker for WorkerService {
         }
         self.check_accepting()?;
         let in_flight = self.state.begin_request();
-        let engine_stream = self
-            .engine
-            .generate(GenerateParams {
-                request_id: req.request_id,
-                prompt: req.prompt_token_ids,
-                max_tokens: sampling.max_tokens,
-                temperature: sampling.temperature,
-                seed: sampling.seed,
-                ignore_eos: sampling.ignore_eos,
-                stop_token_ids: sampling.stop_token_ids,
-            })
-            .await?;
+        let params = GenerateParams {
+            request_id: req.request_id,
+            prompt: req.prompt_token_ids,
+            max_tokens: sampling.max_tokens,
+            temperature: sampling.temperature,
+            seed: sampling.seed,
+            ignore_eos: sampling.ignore_eos,
+            stop_token_ids: sampling.stop_token_ids,
+        };
+        let engine_stream: ChunkStream = match req.kv_source {
+            Some(source) => {
+                generate_from_source(&*self.engine, params, source, self.limits.kv_pull_timeout)
+                    .await?
+            }
+            None => Box::pin(self.engine.generate(params).await?),
+        };
         let stream = engine_stream.map(move |item| {
             // The guard lives as long as the stream: the request is in flight until then.
             let _ = &in_flight;

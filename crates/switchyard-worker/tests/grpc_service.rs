@@ -95,6 +95,7 @@ fn gen_req(prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
             ignore_eos: true,
             ..Default::default()
         }),
+        kv_source: None,
     }
 }
 
@@ -361,6 +362,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
                 temperature: f32::NAN,
                 ..Default::default()
             }),
+            kv_source: None,
         })
         .await
         .expect_err("nan temperature");

@@ -132,7 +132,10 @@ struct ExplainResponse {
     model: String,
     prompt_tokens: usize,
     block_size: u32,
+    /// The decode worker decision (the worker that generates).
     decision: switchyard_router::Decision,
+    /// Aggregated or disaggregated, why, and the prefill worker decision when one was made.
+    disaggregation: crate::disagg::ModeExplanation,
 }
 
 async fn explain(
@@ -164,11 +167,22 @@ async fn explain(
     };
     let decision = routing::explain(&state.pool, &routes, &tokens, request.session_id)
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let uncached = decision
+        .chosen()
+        .map_or(tokens.len() as u64, |c| c.uncached_prompt_tokens);
+    let disaggregation = crate::disagg::explain(
+        &state.pool,
+        &routes,
+        &state.config.disagg(),
+        &tokens,
+        uncached,
+    );
     Ok(axum::Json(ExplainResponse {
         model: request.model,
         prompt_tokens: tokens.len(),
         block_size: routes.block_size.get(),
         decision,
+        disaggregation,
     }))
 }
 

@@ -140,6 +140,7 @@ pub(super) async fn respond(
         deadline: tokio::time::Instant::from_std(p.arrived + state.config.request_timeout()),
         max_retries: state.config.max_retries,
         max_migrations: state.config.max_migrations,
+        disagg: state.config.disagg(),
     };
     state.metrics.in_flight.inc();
     let in_flight = InFlight {

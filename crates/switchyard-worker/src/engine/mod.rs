@@ -222,6 +222,16 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// Claims the blocks held under `handle`; a second claim of the same handle fails.
     async fn pull_kv(&self, handle: &str) -> Result<KvPull, EngineError>;
 
+    /// Places KV blocks pulled from a prefill worker (a chain, in prompt order) into the
+    /// engine's cache, charging their transfer, so the request that follows finds them as a
+    /// prefix hit. Returns how many blocks the cache took (a prefix of `blocks`).
+    async fn import_kv(&self, blocks: Vec<HeldBlock>) -> Result<usize, EngineError> {
+        let _ = blocks;
+        Err(EngineError::Unsupported(
+            "this engine cannot import KV blocks (disaggregated decode needs the simulator)",
+        ))
+    }
+
     /// Current load.
     fn load(&self) -> LoadStats;
 

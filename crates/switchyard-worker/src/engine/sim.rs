@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use switchyard_core::{BlockHash, EngineKind, LoadStats, TokenId, WorkerId, block_hashes};
 use switchyard_engine_sim::{
-    FinishReason as SimFinish, SimConfig, SimError, SimRequest, Simulator, TokenOutput,
+    FinishReason as SimFinish, SimConfig, SimError, SimRequest, Simulator, TimingModel, TokenOutput,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -45,6 +45,10 @@ enum Command {
         id: u64,
         reply: oneshot::Sender<Option<HeldBlocks>>,
     },
+    Import {
+        blocks: HeldBlocks,
+        reply: oneshot::Sender<usize>,
+    },
 }
 
 #[derive(Debug)]
@@ -63,6 +67,9 @@ pub struct SimEngine {
     handles: Arc<Mutex<HashMap<String, HeldHandle>>>,
     tasks: TaskTracker,
     cancel: CancellationToken,
+    /// Charges KV imports their transfer time.
+    timing: TimingModel,
+    speedup: f64,
 }
 
 impl std::fmt::Debug for Command {
@@ -72,6 +79,7 @@ impl std::fmt::Debug for Command {
             Command::Abort(id) => write!(f, "Abort({id})"),
             Command::Release(id) => write!(f, "Release({id})"),
             Command::Held { id, .. } => write!(f, "Held({id})"),
+            Command::Import { blocks, .. } => write!(f, "Import({} blocks)", blocks.len()),
         }
     }
 }
@@ -93,6 +101,12 @@ impl SimEngine {
             max_context_tokens: config.max_context_tokens,
             kv_bytes_per_token,
         };
+        let timing = config.timing;
+        let speedup = if speedup.is_finite() && speedup > 0.0 {
+            speedup
+        } else {
+            1.0
+        };
         let sim = Simulator::new(config)?;
         let events = Arc::new(EventLog::new(worker, incarnation, event_buffer));
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
@@ -105,11 +119,7 @@ impl SimEngine {
             load_tx,
             events: Arc::clone(&events),
             streams: HashMap::new(),
-            speedup: if speedup.is_finite() && speedup > 0.0 {
-                speedup
-            } else {
-                1.0
-            },
+            speedup,
         };
         tasks.spawn(runner.run(cancel.clone()));
         Ok(Self {
@@ -121,6 +131,8 @@ impl SimEngine {
             handles: Arc::new(Mutex::new(HashMap::new())),
             tasks,
             cancel,
+            timing,
+            speedup,
         })
     }
 
@@ -264,6 +276,22 @@ impl Engine for SimEngine {
         })
     }
 
+    async fn import_kv(&self, blocks: Vec<HeldBlock>) -> Result<usize, EngineError> {
+        // The transfer is charged here, outside the runner: a KV copy between workers is DMA
+        // that overlaps the engine's steps, so it delays this request only, not the batch.
+        let tokens: u64 = blocks.iter().map(|b| b.tokens.len() as u64).sum();
+        let bytes = tokens.saturating_mul(self.spec.kv_bytes_per_token);
+        // One descriptor per block: without coalescing every block is its own copy.
+        let transfer = self.timing.transfer_time(bytes, blocks.len() as u64);
+        tokio::time::sleep(transfer.div_f64(self.speedup)).await;
+        let (reply, reply_rx) = oneshot::channel();
+        self.send(Command::Import {
+            blocks: blocks.into_iter().map(|b| (b.hash, b.tokens)).collect(),
+            reply,
+        })?;
+        reply_rx.await.map_err(|_| EngineError::Stopped)
+    }
+
     fn load(&self) -> LoadStats {
         *self.load_rx.borrow()
     }
@@ -373,6 +401,14 @@ impl Runner {
             }
             Command::Held { id, reply } => {
                 let _ = reply.send(self.sim.held_blocks(id));
+            }
+            Command::Import { blocks, reply } => {
+                let outcome = self.sim.import_blocks(&blocks);
+                if !outcome.events.is_empty() {
+                    self.events.publish(outcome.events);
+                }
+                self.load_tx.send_replace(self.sim.load());
+                let _ = reply.send(outcome.imported);
             }
         }
     }

@@ -1,0 +1,146 @@
+//! Admitting KV blocks computed elsewhere: the decode side of disaggregated serving.
+//!
+//! A decode worker pulls a prompt's blocks from a prefill worker and places them into its
+//! device cache as ordinary cached (unreferenced, evictable) blocks, emitting `Stored` for each
+//! new one, exactly as if it had computed them. The decode request that follows then finds them
+//! as a prefix hit, so the simulator needs no special "imported" sequence state and the token
+//! accounting of the continuation is the ordinary one.
+
+use switchyard_core::{BlockHash, KvEvent, TokenId};
+
+use crate::{Simulator, events::EventLog};
+
+/// What [`Simulator::import_blocks`] did.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ImportOutcome {
+    /// Blocks now cached on the device from the import (new or already present).
+    pub imported: usize,
+    /// Blocks that were already cached and so not stored again.
+    pub already_cached: usize,
+    /// The KV events of the import (`Stored` for new blocks, `Removed` for evictions).
+    pub events: Vec<KvEvent>,
+}
+
+impl Simulator {
+    /// Places a chain of full blocks (in prompt order, each one's parent the block before it)
+    /// into the device cache as cached blocks.
+    ///
+    /// Blocks are referenced while the import runs so that allocating the later ones cannot
+    /// evict the earlier ones, then released, tail first, so they sit on the LRU list like any
+    /// finished sequence's blocks. When the cache cannot make room (everything else is in use)
+    /// the import stops: a shorter prefix is still a valid prefix and the request recomputes
+    /// the rest. Blocks of the wrong size end the import too (they cannot be this model's).
+    pub fn import_blocks(&mut self, blocks: &[(BlockHash, Vec<TokenId>)]) -> ImportOutcome {
+        let bs = self.config.block_size.as_usize();
+        let mut events = EventLog::default();
+        let mut table = Vec::with_capacity(blocks.len());
+        let mut already_cached = 0;
+        let mut parent: Option<BlockHash> = None;
+        for (hash, tokens) in blocks {
+            if tokens.len() != bs {
+                break;
+            }
+            let block = if let Some(block) = self.kv.cached_device_block(*hash) {
+                self.kv.reference(block);
+                already_cached += 1;
+                block
+            } else {
+                let Some(fresh) = self.kv.allocate(1, &mut events) else {
+                    break;
+                };
+                let Some(&block) = fresh.first() else {
+                    break;
+                };
+                self.kv.register(block, parent, *hash, tokens, &mut events)
+            };
+            table.push(block);
+            parent = Some(*hash);
+        }
+        self.kv.release(&table);
+        ImportOutcome {
+            imported: table.len(),
+            already_cached,
+            events: events.into_events(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_core::{KvEvent, block_hashes};
+
+    use crate::testutil::{Driver, bs, req, tiny};
+
+    fn chain(prompt: &[u32]) -> Vec<(switchyard_core::BlockHash, Vec<u32>)> {
+        let size = bs(16);
+        block_hashes(prompt, size)
+            .into_iter()
+            .zip(prompt.chunks_exact(size.as_usize()))
+            .map(|(h, t)| (h, t.to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn imported_blocks_are_cached_announced_and_hit() {
+        let mut d = Driver::new(tiny(16, 1024));
+        let prompt: Vec<u32> = (0..256).collect();
+        let blocks = chain(&prompt);
+        let outcome = d.import(&blocks);
+        assert_eq!(outcome.imported, 16);
+        assert_eq!(outcome.already_cached, 0);
+        let stored: Vec<_> = outcome
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                KvEvent::Stored { blocks, parent, .. } => Some((parent, blocks.len())),
+                _ => None,
+            })
+            .collect();
+        // One chain: one merged event with no parent and all 16 blocks.
+        assert_eq!(stored, vec![(&None, 16)]);
+        let cached: Vec<_> = d.sim.cached_blocks().iter().map(|b| b.hash).collect();
+        for (hash, _) in &blocks {
+            assert!(cached.contains(hash));
+        }
+        // Cached, not in use: the import pins nothing.
+        assert_eq!(d.sim.load().active_blocks, 0);
+
+        // The request that follows hits all but the last block (logits need one computed token).
+        d.add(req(1, prompt, 2));
+        let first_step = d.steps.len();
+        d.run(20);
+        assert_eq!(d.outputs[&1][0].1.cached_prompt_tokens, 240);
+        let computed: usize = d.steps[first_step..].iter().map(|s| s.prefill_tokens).sum();
+        assert_eq!(computed, 16);
+    }
+
+    #[test]
+    fn importing_what_is_cached_stores_nothing_new() {
+        let mut d = Driver::new(tiny(16, 1024));
+        let prompt: Vec<u32> = (0..128).collect();
+        let first = d.import(&chain(&prompt));
+        assert_eq!(first.imported, 8);
+        let again = d.import(&chain(&prompt));
+        assert_eq!(again.imported, 8);
+        assert_eq!(again.already_cached, 8);
+        assert!(again.events.is_empty());
+    }
+
+    #[test]
+    fn an_import_larger_than_the_cache_keeps_a_prefix() {
+        let mut d = Driver::new(tiny(16, 4));
+        let prompt: Vec<u32> = (0..16 * 6).collect();
+        let outcome = d.import(&chain(&prompt));
+        // Four blocks fit; the fifth would need to evict the chain's own referenced blocks.
+        assert_eq!(outcome.imported, 4);
+        assert_eq!(d.sim.load().active_blocks, 0);
+    }
+
+    #[test]
+    fn wrong_sized_blocks_end_the_import() {
+        let mut d = Driver::new(tiny(16, 64));
+        let mut blocks = chain(&(0..64).collect::<Vec<u32>>());
+        blocks[2].1.pop();
+        assert_eq!(d.import(&blocks).imported, 2);
+    }
+}

@@ -1,0 +1,280 @@
+//! Disaggregated prefill/decode serving: the per-request choice between running a prompt's
+//! prefill on the decode worker itself (aggregated) or on a prefill-pool worker whose KV the
+//! decode worker then pulls.
+//!
+//! The decode worker is chosen first, as for any request; what it would have to compute (its
+//! uncached prompt tokens) decides whether a separate prefill pays: a short uncached suffix is
+//! cheaper to compute in place than to prefill elsewhere and transfer. A prefill that fails or
+//! times out is retried on another prefill worker, then falls back to aggregated (`auto`) or
+//! fails the request (`enforce`); the prefill worker's hold expires by itself, so an abandoned
+//! handle pins nothing for long.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use switchyard_core::{TokenId, WorkerId};
+use switchyard_proto::v1::{self, PrefillRequest};
+use switchyard_router::{Decision, RouteError};
+use tonic::Code;
+
+use crate::error::ApiError;
+use crate::pool::{ModelRoutes, WorkerPool};
+use crate::routing;
+
+/// Whether the gateway uses the prefill pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Disaggregation {
+    /// Every request prefills on its decode worker.
+    #[default]
+    Off,
+    /// Per request: through the prefill pool when the uncached prompt is long enough and the
+    /// pool has a worker that is not saturated; aggregated otherwise.
+    Auto,
+    /// Every request through the prefill pool; 503 when it has no worker.
+    Enforce,
+}
+
+impl FromStr for Disaggregation {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "off" => Ok(Self::Off),
+            "auto" => Ok(Self::Auto),
+            "enforce" => Ok(Self::Enforce),
+            _ => Err(format!(
+                "unknown disaggregation mode {s:?} (off, auto or enforce)"
+            )),
+        }
+    }
+}
+
+/// The disaggregation settings a request runs under (from the gateway configuration).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DisaggSettings {
+    pub mode: Disaggregation,
+    pub min_uncached_tokens: u64,
+    pub max_prefill_queue_tokens: u64,
+    pub prefill_timeout: Duration,
+}
+
+impl Default for DisaggSettings {
+    fn default() -> Self {
+        Self {
+            mode: Disaggregation::Off,
+            min_uncached_tokens: 2048,
+            max_prefill_queue_tokens: 262_144,
+            prefill_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How a request is served and why, as the admin explain shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeExplanation {
+    /// `aggregated` or `disaggregated`.
+    pub mode: &'static str,
+    pub why: String,
+    /// The prefill worker decision, when the prefill pool was consulted.
+    pub prefill: Option<Decision>,
+}
+
+/// The first, synchronous part of the choice: whether the prefill pool should be tried at all.
+/// `Err` carries the reason to stay aggregated.
+fn wants_prefill(settings: &DisaggSettings, uncached: u64) -> Result<(), String> {
+    match settings.mode {
+        Disaggregation::Off => Err("disaggregation is off".into()),
+        Disaggregation::Enforce => Ok(()),
+        Disaggregation::Auto if uncached < settings.min_uncached_tokens => Err(format!(
+            "{uncached} uncached prompt tokens on the decode worker, below the threshold of {}",
+            settings.min_uncached_tokens
+        )),
+        Disaggregation::Auto => Ok(()),
+    }
+}
+
+/// Saturation applies to `auto` only: `enforce` queues behind a busy prefill worker.
+fn saturated(settings: &DisaggSettings, decision: &Decision) -> Option<String> {
+    let queued = decision.chosen().map_or(0, |c| c.queued_prefill_tokens);
+    (settings.mode == Disaggregation::Auto && queued > settings.max_prefill_queue_tokens).then(
+        || {
+            format!(
+                "prefill pool saturated: the best prefill worker {} has {queued} prefill tokens queued (limit {})",
+                decision.worker, settings.max_prefill_queue_tokens
+            )
+        },
+    )
+}
+
+fn no_prefill_worker(model: &str) -> ApiError {
+    ApiError::Unavailable(format!(
+        "disaggregation is enforced but no prefill worker is available for model `{model}`"
+    ))
+}
+
+/// What the admin explain shows for `tokens` when the decode worker would compute `uncached`
+/// of them. Changes nothing.
+pub fn explain(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    settings: &DisaggSettings,
+    tokens: &[TokenId],
+    uncached: u64,
+) -> ModeExplanation {
+    let aggregated = |why| ModeExplanation {
+        mode: "aggregated",
+        why,
+        prefill: None,
+    };
+    if let Err(why) = wants_prefill(settings, uncached) {
+        return aggregated(why);
+    }
+    match routing::explain_prefill(pool, routes, tokens) {
+        Err(RouteError::NoCandidates) if settings.mode == Disaggregation::Enforce => {
+            aggregated(no_prefill_worker(&routes.model).to_string())
+        }
+        Err(err) => aggregated(format!("no prefill worker: {err}")),
+        Ok(decision) => match saturated(settings, &decision) {
+            Some(why) => ModeExplanation {
+                mode: "aggregated",
+                why,
+                prefill: Some(decision),
+            },
+            None => ModeExplanation {
+                mode: "disaggregated",
+                why: format!(
+                    "{uncached} uncached prompt tokens on the decode worker; prefill on {}",
+                    decision.worker
+                ),
+                prefill: Some(decision),
+            },
+        },
+    }
+}
+
+/// The outcome of the prefill stage of one attempt.
+#[derive(Debug)]
+pub enum Prefilled {
+    /// Prefill on the decode worker; the reason is logged.
+    Aggregated(String),
+    /// Generate with this source; the prefill ran on the named worker.
+    Source(v1::KvSource, WorkerId),
+    /// The request cannot be served (`enforce` without a working prefill worker).
+    Fail(ApiError),
+}
+
+/// The prefill stage of one attempt: chooses a prefill worker KV-aware, runs Prefill there
+/// with a timeout, and on failure tries another (`excluded` collects the failed ones across
+/// the request's attempts).
+#[allow(clippy::too_many_arguments)]
+pub async fn prefill_stage(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    settings: &DisaggSettings,
+    request_id: &str,
+    prompt: &[TokenId],
+    uncached: u64,
+    attempts: u32,
+    excluded: &mut Vec<WorkerId>,
+) -> Prefilled {
+    if let Err(why) = wants_prefill(settings, uncached) {
+        return Prefilled::Aggregated(why);
+    }
+    let mut last_failure = None;
+    for attempt in 1..=attempts.max(1) {
+        let mut routed = match routing::route_prefill(
+            pool, routes, prompt, excluded, request_id, attempt,
+        ) {
+            Ok(routed) => routed,
+            Err(err) => {
+                if settings.mode == Disaggregation::Enforce {
+                    return Prefilled::Fail(match last_failure {
+                        None => no_prefill_worker(&routes.model),
+                        Some(last) => ApiError::Unavailable(format!(
+                            "disaggregation is enforced and every prefill worker failed; last: {last}"
+                        )),
+                    });
+                }
+                return Prefilled::Aggregated(match last_failure {
+                    None => format!("no prefill worker: {err}"),
+                    Some(last) => format!("prefill failed everywhere, last: {last}"),
+                });
+            }
+        };
+        if let Some(why) = saturated(settings, &routed.decision) {
+            return Prefilled::Aggregated(why);
+        }
+        let worker = routed.worker_id.clone();
+        let address = routed.worker.info().address;
+        let mut client = routed.worker.client.clone();
+        let call = client.prefill(PrefillRequest {
+            request_id: request_id.to_owned(),
+            prompt_token_ids: prompt.to_vec(),
+            hold_ms: 0,
+        });
+        let failure = match tokio::time::timeout(settings.prefill_timeout, call).await {
+            Ok(Ok(response)) => {
+                routed.prefill_done();
+                let response = response.into_inner();
+                let source = v1::KvSource {
+                    address,
+                    handle: response.handle,
+                    first_token_id: response.first_token_id,
+                    cached_prompt_tokens: response.cached_prompt_tokens,
+                };
+                return Prefilled::Source(source, worker);
+            }
+            Ok(Err(status)) if status.code() == Code::InvalidArgument => {
+                // The prompt does not fit this prefill worker (e.g. a shorter context); the
+                // decode worker already accepted it, so serve it there.
+                return Prefilled::Aggregated(format!(
+                    "prefill worker {worker} refused the prompt: {}",
+                    status.message()
+                ));
+            }
+            Ok(Err(status)) => format!("{worker}: {:?}: {}", status.code(), status.message()),
+            Err(_) => format!("{worker}: no answer within {:?}", settings.prefill_timeout),
+        };
+        tracing::warn!(request = %request_id, %failure, "prefill failed; trying another prefill worker");
+        pool.metrics.retries.inc();
+        excluded.push(worker);
+        last_failure = Some(failure);
+    }
+    let last = last_failure.unwrap_or_default();
+    if settings.mode == Disaggregation::Enforce {
+        return Prefilled::Fail(ApiError::Upstream(format!(
+            "disaggregation is enforced and {} prefill attempts failed; last: {last}",
+            attempts.max(1)
+        )));
+    }
+    Prefilled::Aggregated(format!(
+        "prefill failed, falling back to aggregated; last: {last}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_thresholds_decide() {
+        assert_eq!("AUTO".parse::<Disaggregation>(), Ok(Disaggregation::Auto));
+        assert!("sometimes".parse::<Disaggregation>().is_err());
+        let auto = DisaggSettings {
+            mode: Disaggregation::Auto,
+            min_uncached_tokens: 1000,
+            ..DisaggSettings::default()
+        };
+        assert!(wants_prefill(&auto, 999).is_err());
+        assert!(wants_prefill(&auto, 1000).is_ok());
+        let enforce = DisaggSettings {
+            mode: Disaggregation::Enforce,
+            ..auto
+        };
+        assert!(wants_prefill(&enforce, 0).is_ok());
+        assert!(wants_prefill(&DisaggSettings::default(), u64::MAX).is_err());
+    }
+}

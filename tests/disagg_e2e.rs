@@ -1,0 +1,253 @@
+//! Disaggregated serving end to end through the real binary: etcd, two prefill and two decode
+//! `switchyard worker` processes and a `switchyard gateway --disaggregation auto`. Long prompts
+//! go through both pools and land in the decode worker's index; short prompts stay on a decode
+//! worker; a SIGKILLed prefill worker costs a retry or a fallback, never a failed request; with
+//! no prefill worker left, `enforce` answers 503 while `auto` still serves.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{SwitchyardProcess, eventually};
+use switchyard_testkit::EtcdServer;
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    fn new(process: &SwitchyardProcess) -> Self {
+        Self {
+            base: format!("http://{}", process.address),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> (u16, Value) {
+        let response = request.send().await.expect("send");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+            .await
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    async fn complete(&self, prompt: Vec<u32>, max_tokens: u32) -> (u16, Value) {
+        self.post(
+            "/v1/completions",
+            &json!({"model": "sim-8b", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true}),
+        )
+        .await
+    }
+
+    /// Decision records of one stage (`prefill` or `decode`), newest first.
+    async fn decisions(&self, stage: &str) -> Vec<Value> {
+        let (status, all) = self.get("/admin/decisions?limit=1000").await;
+        assert_eq!(status, 200);
+        all.as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["stage"] == stage)
+            .cloned()
+            .collect()
+    }
+
+    async fn indexed_blocks(&self, worker: &str) -> u64 {
+        let (_, workers) = self.get("/admin/workers").await;
+        workers
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["id"] == worker)
+            .map_or(0, |w| w["indexed_blocks"].as_u64().unwrap_or(0))
+    }
+}
+
+fn tokens(seed: u32, len: u32) -> Vec<u32> {
+    (0..len)
+        .map(|i| 1000 + (seed * 7919 + i * 13) % 20000)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worker() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("disagg-{}", std::process::id());
+    let start = |id: &'static str, role: &'static str| {
+        let args = vec![
+            "--etcd".to_owned(),
+            endpoint.clone(),
+            "--cluster".to_owned(),
+            cluster.clone(),
+            "--lease-ttl-secs".to_owned(),
+            "2".to_owned(),
+            "--speedup".to_owned(),
+            "20".to_owned(),
+            "--max-context".to_owned(),
+            "8192".to_owned(),
+            "--role".to_owned(),
+            role.to_owned(),
+            "--id".to_owned(),
+            id.to_owned(),
+        ];
+        async move {
+            SwitchyardProcess::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
+        }
+    };
+    let mut prefill_a = start("prefill-a", "prefill").await;
+    let mut prefill_b = start("prefill-b", "prefill").await;
+    let _decode_a = start("decode-a", "decode").await;
+    let _decode_b = start("decode-b", "decode").await;
+    let gateway = |mode: &'static str| {
+        let (endpoint, cluster) = (endpoint.clone(), cluster.clone());
+        async move {
+            SwitchyardProcess::spawn(
+                "gateway",
+                &[
+                    "--etcd",
+                    &endpoint,
+                    "--cluster",
+                    &cluster,
+                    "--http",
+                    "127.0.0.1:0",
+                    "--disaggregation",
+                    mode,
+                    "--disagg-min-uncached-tokens",
+                    "512",
+                ],
+            )
+            .await
+        }
+    };
+    let auto = gateway("auto").await;
+    let api = Api::new(&auto);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let (_, workers) = api.get("/admin/workers").await;
+            workers.as_array().map_or(0, Vec::len) == 4
+        })
+        .await,
+        "gateway sees all four workers"
+    );
+    let prefill_pool = ["prefill-a", "prefill-b"];
+    let decode_pool = ["decode-a", "decode-b"];
+
+    // Explain shows both choices for a long prompt.
+    let long = tokens(1, 2000);
+    let (status, explained) = api
+        .post(
+            "/admin/explain",
+            &json!({"model": "sim-8b", "prompt": long}),
+        )
+        .await;
+    assert_eq!(status, 200, "{explained}");
+    assert_eq!(
+        explained["disaggregation"]["mode"], "disaggregated",
+        "{explained}"
+    );
+    let prefill_choice = explained["disaggregation"]["prefill"]["worker"]
+        .as_str()
+        .unwrap();
+    assert!(prefill_pool.contains(&prefill_choice), "{explained}");
+    let decode_choice = explained["decision"]["worker"].as_str().unwrap();
+    assert!(decode_pool.contains(&decode_choice), "{explained}");
+
+    // A long prompt runs through a prefill worker, then a decode worker.
+    let (status, body) = api.complete(long.clone(), 8).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 8);
+    assert_eq!(body["usage"]["prompt_tokens"], 2000);
+    let prefills = api.decisions("prefill").await;
+    assert_eq!(prefills.len(), 1, "{prefills:?}");
+    let request_id = prefills[0]["request_id"].clone();
+    let prefill_worker = prefills[0]["explanation"]["chosen"].as_str().unwrap();
+    assert!(prefill_pool.contains(&prefill_worker));
+    let decodes = api.decisions("decode").await;
+    let decode = decodes
+        .iter()
+        .find(|d| d["request_id"] == request_id)
+        .expect("decode decision of the same request");
+    let decode_worker = decode["explanation"]["chosen"].as_str().unwrap().to_owned();
+    assert!(decode_pool.contains(&decode_worker.as_str()));
+    // The decode worker announced the transferred prompt blocks: the gateway indexed them.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            api.indexed_blocks(&decode_worker).await >= 2000 / 16
+        })
+        .await,
+        "decode worker's index holds the prompt"
+    );
+    // So the same prompt is now cached on that decode worker and stays aggregated there.
+    let (_, again) = api
+        .post(
+            "/admin/explain",
+            &json!({"model": "sim-8b", "prompt": long}),
+        )
+        .await;
+    assert_eq!(
+        again["decision"]["worker"],
+        decode_worker.as_str(),
+        "{again}"
+    );
+    assert_eq!(again["disaggregation"]["mode"], "aggregated", "{again}");
+
+    // A short prompt stays aggregated on a decode worker.
+    let (status, body) = api.complete(tokens(2, 100), 4).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(api.decisions("prefill").await.len(), 1, "no new prefill");
+    let newest = &api.decisions("decode").await[0];
+    assert!(decode_pool.contains(&newest["explanation"]["chosen"].as_str().unwrap()));
+
+    // SIGKILL one prefill worker: its lease still lists it, so the first prefill sent to it
+    // fails and is retried on the other (or falls back to aggregated). Nothing fails.
+    prefill_a.kill_hard().await;
+    for i in 0..4 {
+        let (status, body) = api.complete(tokens(10 + i, 1500), 4).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["usage"]["completion_tokens"], 4);
+    }
+    // The survivor took prefills after the kill.
+    let after_kill = api.decisions("prefill").await;
+    assert!(
+        after_kill
+            .iter()
+            .any(|d| d["explanation"]["chosen"] == "prefill-b"),
+        "{after_kill:?}"
+    );
+
+    // No prefill worker at all: `enforce` refuses clearly, `auto` falls back to aggregated.
+    prefill_b.kill_hard().await;
+    let enforce = gateway("enforce").await;
+    let strict = Api::new(&enforce);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let (_, workers) = strict.get("/admin/workers").await;
+            workers.as_array().map_or(0, Vec::len) >= 2
+        })
+        .await
+    );
+    let (status, body) = strict.complete(tokens(30, 1500), 4).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.to_string().contains("prefill"), "{body}");
+    let (status, body) = api.complete(tokens(31, 1500), 4).await;
+    assert_eq!(status, 200, "{body}");
+}
