@@ -133,6 +133,8 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
                     mode,
                     "--disagg-min-uncached-tokens",
                     "512",
+                    "--prefill-timeout-secs",
+                    "1",
                 ],
             )
             .await
@@ -234,20 +236,82 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
         "{after_kill:?}"
     );
 
-    // No prefill worker at all: `enforce` refuses clearly, `auto` falls back to aggregated.
+    // A prefill worker that accepts connections but never answers (hung, not dead): the
+    // prefill times out, and with no other prefill worker left the request falls back to
+    // aggregated within the timeout instead of hanging.
     prefill_b.kill_hard().await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let registry =
+        switchyard_registry::EtcdRegistry::connect(std::slice::from_ref(&endpoint), &cluster)
+            .await
+            .unwrap();
+    let hung = switchyard_core::WorkerInfo {
+        id: switchyard_core::WorkerId::new("prefill-hung").unwrap(),
+        address: silent_addr.to_string(),
+        model: "sim-8b".into(),
+        role: switchyard_core::Role::Prefill,
+        block_size: switchyard_core::BlockSize::new(16).unwrap(),
+        kv_capacity_blocks: 8192,
+        max_context_tokens: 8192,
+        engine: switchyard_core::EngineKind::Sim,
+        incarnation: 1,
+    };
+    use switchyard_registry::Registry as _;
+    let _hung_registration = registry
+        .register(hung, Duration::from_secs(30))
+        .await
+        .unwrap();
+    // Wait until the killed workers' leases are gone and the hung one is listed.
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            let (_, workers) = api.get("/admin/workers").await;
+            let ids: Vec<String> = workers
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w["id"].as_str().unwrap_or_default().to_owned())
+                .collect();
+            ids.len() == 3 && ids.contains(&"prefill-hung".to_owned())
+        })
+        .await,
+        "gateway sees the two decode workers and the hung prefill worker"
+    );
+    let started = std::time::Instant::now();
+    let (status, body) = api.complete(tokens(31, 1500), 4).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        api.decisions("prefill")
+            .await
+            .iter()
+            .any(|d| d["explanation"]["chosen"] == "prefill-hung"),
+        "the hung prefill worker was tried"
+    );
+
+    // `enforce` with no working prefill worker refuses clearly; `auto` serves aggregated.
     let enforce = gateway("enforce").await;
     let strict = Api::new(&enforce);
     assert!(
         eventually(Duration::from_secs(10), || async {
             let (_, workers) = strict.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) >= 2
+            workers.as_array().map_or(0, Vec::len) == 3
         })
         .await
     );
     let (status, body) = strict.complete(tokens(30, 1500), 4).await;
     assert_eq!(status, 503, "{body}");
     assert!(body.to_string().contains("prefill"), "{body}");
-    let (status, body) = api.complete(tokens(31, 1500), 4).await;
+    let (status, body) = api.complete(tokens(32, 1500), 4).await;
     assert_eq!(status, 200, "{body}");
 }

@@ -262,6 +262,9 @@ pub struct GatewayArgs {
     /// Uncached prompt tokens from which `auto` uses a prefill worker.
     #[arg(long, env = "SWITCHYARD_DISAGG_MIN_UNCACHED_TOKENS")]
     pub disagg_min_uncached_tokens: Option<u64>,
+    /// Seconds a Prefill may take before another prefill worker is tried.
+    #[arg(long, env = "SWITCHYARD_PREFILL_TIMEOUT_SECS")]
+    pub prefill_timeout_secs: Option<u64>,
 }
 
 fn parse_model_tokenizer(s: &str) -> Result<(String, String), String> {
@@ -321,6 +324,9 @@ impl GatewayArgs {
         }
         if let Some(v) = self.disagg_min_uncached_tokens {
             config.disagg_min_uncached_tokens = v;
+        }
+        if let Some(v) = self.prefill_timeout_secs {
+            config.prefill_timeout_secs = v;
         }
         config.validate()?;
         Ok(config)

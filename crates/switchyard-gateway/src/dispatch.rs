@@ -141,6 +141,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         tracing::debug!(request = %job.request_id, worker = %worker_id, attempt, "dispatching");
         // Only a fresh start can use a prefill worker: a migration continues from tokens the
         // failed worker produced, and the new decode worker recomputes that context itself.
+        let mut prefill_worker: Option<WorkerId> = None;
         let kv_source = if generated.is_empty() {
             let uncached = routed
                 .decision
@@ -164,6 +165,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 }
                 Prefilled::Source(source, prefill) => {
                     tracing::debug!(request = %job.request_id, %prefill, decode = %worker_id, "disaggregated");
+                    prefill_worker = Some(prefill);
                     Some(source)
                 }
                 Prefilled::Fail(err) => {
@@ -252,7 +254,15 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 return;
             }
             AttemptEnd::WorkerFailed(reason) => {
-                excluded.push(worker_id.clone());
+                // A decode worker that could not pull the KV (its message starts with
+                // `pulling kv`, see the worker's kv_source module) is not at fault: the prefill
+                // worker is, so that one is excluded and the decode worker stays eligible.
+                match prefill_worker.take() {
+                    Some(prefill) if reason.contains("pulling kv") => {
+                        excluded_prefill.push(prefill);
+                    }
+                    _ => excluded.push(worker_id.clone()),
+                }
                 if generated.is_empty() {
                     retries += 1;
                     if retries > job.max_retries {

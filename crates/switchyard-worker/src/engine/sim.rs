@@ -352,13 +352,9 @@ impl Runner {
                 simulated = Duration::ZERO;
                 continue;
             }
-            if !outcome.events.is_empty() {
-                self.events.publish(outcome.events);
-            }
-            for output in outcome.outputs {
-                self.deliver(output);
-            }
-            self.load_tx.send_replace(self.sim.load());
+            // The step's results exist when the step ends: wait out its duration first, so a
+            // token (and the blocks a KV pull can see) appear a step's time after it started,
+            // and a one-step prefill's TTFT is its compute time rather than zero.
             simulated += outcome.duration.div_f64(self.speedup);
             let due = clock_start + simulated;
             let now = Instant::now();
@@ -371,6 +367,13 @@ impl Runner {
                     _ = cancel.cancelled() => break,
                 }
             }
+            if !outcome.events.is_empty() {
+                self.events.publish(outcome.events);
+            }
+            for output in outcome.outputs {
+                self.deliver(output);
+            }
+            self.load_tx.send_replace(self.sim.load());
         }
         for (_, tx) in self.streams.drain() {
             let _ = tx.send(Err(EngineError::Stopped));
