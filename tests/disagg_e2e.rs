@@ -11,80 +11,37 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{SwitchyardProcess, eventually};
+use support::{Api, SwitchyardProcess, eventually, tokens};
 use switchyard_testkit::EtcdServer;
 
-struct Api {
-    base: String,
-    http: reqwest::Client,
+async fn complete(api: &Api, prompt: Vec<u32>, max_tokens: u32) -> (u16, Value) {
+    api.post(
+        "/v1/completions",
+        &json!({"model": "sim-8b", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true}),
+    )
+    .await
 }
 
-impl Api {
-    fn new(process: &SwitchyardProcess) -> Self {
-        Self {
-            base: format!("http://{}", process.address),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()
-                .unwrap(),
-        }
-    }
-
-    async fn send(&self, request: reqwest::RequestBuilder) -> (u16, Value) {
-        let response = request.send().await.expect("send");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
-            .await
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.http.get(format!("{}{path}", self.base)))
-            .await
-    }
-
-    async fn complete(&self, prompt: Vec<u32>, max_tokens: u32) -> (u16, Value) {
-        self.post(
-            "/v1/completions",
-            &json!({"model": "sim-8b", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true}),
-        )
-        .await
-    }
-
-    /// Decision records of one stage (`prefill` or `decode`), newest first.
-    async fn decisions(&self, stage: &str) -> Vec<Value> {
-        let (status, all) = self.get("/admin/decisions?limit=1000").await;
-        assert_eq!(status, 200);
-        all.as_array()
-            .unwrap()
-            .iter()
-            .filter(|d| d["stage"] == stage)
-            .cloned()
-            .collect()
-    }
-
-    async fn indexed_blocks(&self, worker: &str) -> u64 {
-        let (_, workers) = self.get("/admin/workers").await;
-        workers
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|w| w["id"] == worker)
-            .map_or(0, |w| w["indexed_blocks"].as_u64().unwrap_or(0))
-    }
-}
-
-fn tokens(seed: u32, len: u32) -> Vec<u32> {
-    (0..len)
-        .map(|i| 1000 + (seed * 7919 + i * 13) % 20000)
+/// Decision records of one stage (`prefill` or `decode`), newest first.
+async fn decisions(api: &Api, stage: &str) -> Vec<Value> {
+    let (status, all) = api.get("/admin/decisions?limit=1000").await;
+    assert_eq!(status, 200);
+    all.as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["stage"] == stage)
+        .cloned()
         .collect()
+}
+
+async fn indexed_blocks(api: &Api, worker: &str) -> u64 {
+    let (_, workers) = api.get("/admin/workers").await;
+    workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["id"] == worker)
+        .map_or(0, |w| w["indexed_blocks"].as_u64().unwrap_or(0))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,16 +131,16 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
     assert!(decode_pool.contains(&decode_choice), "{explained}");
 
     // A long prompt runs through a prefill worker, then a decode worker.
-    let (status, body) = api.complete(long.clone(), 8).await;
+    let (status, body) = complete(&api, long.clone(), 8).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 8);
     assert_eq!(body["usage"]["prompt_tokens"], 2000);
-    let prefills = api.decisions("prefill").await;
+    let prefills = decisions(&api, "prefill").await;
     assert_eq!(prefills.len(), 1, "{prefills:?}");
     let request_id = prefills[0]["request_id"].clone();
     let prefill_worker = prefills[0]["explanation"]["chosen"].as_str().unwrap();
     assert!(prefill_pool.contains(&prefill_worker));
-    let decodes = api.decisions("decode").await;
+    let decodes = decisions(&api, "decode").await;
     let decode = decodes
         .iter()
         .find(|d| d["request_id"] == request_id)
@@ -193,7 +150,7 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
     // The decode worker announced the transferred prompt blocks: the gateway indexed them.
     assert!(
         eventually(Duration::from_secs(10), || async {
-            api.indexed_blocks(&decode_worker).await >= 2000 / 16
+            indexed_blocks(&api, &decode_worker).await >= 2000 / 16
         })
         .await,
         "decode worker's index holds the prompt"
@@ -213,22 +170,22 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
     assert_eq!(again["disaggregation"]["mode"], "aggregated", "{again}");
 
     // A short prompt stays aggregated on a decode worker.
-    let (status, body) = api.complete(tokens(2, 100), 4).await;
+    let (status, body) = complete(&api, tokens(2, 100), 4).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(api.decisions("prefill").await.len(), 1, "no new prefill");
-    let newest = &api.decisions("decode").await[0];
+    assert_eq!(decisions(&api, "prefill").await.len(), 1, "no new prefill");
+    let newest = &decisions(&api, "decode").await[0];
     assert!(decode_pool.contains(&newest["explanation"]["chosen"].as_str().unwrap()));
 
     // SIGKILL one prefill worker: its lease still lists it, so the first prefill sent to it
     // fails and is retried on the other (or falls back to aggregated). Nothing fails.
     prefill_a.kill_hard().await;
     for i in 0..4 {
-        let (status, body) = api.complete(tokens(10 + i, 1500), 4).await;
+        let (status, body) = complete(&api, tokens(10 + i, 1500), 4).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["usage"]["completion_tokens"], 4);
     }
     // The survivor took prefills after the kill.
-    let after_kill = api.decisions("prefill").await;
+    let after_kill = decisions(&api, "prefill").await;
     assert!(
         after_kill
             .iter()
@@ -284,7 +241,7 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
         "gateway sees the two decode workers and the hung prefill worker"
     );
     let started = std::time::Instant::now();
-    let (status, body) = api.complete(tokens(31, 1500), 4).await;
+    let (status, body) = complete(&api, tokens(31, 1500), 4).await;
     assert_eq!(status, 200, "{body}");
     assert!(
         started.elapsed() < Duration::from_secs(10),
@@ -292,7 +249,7 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
         started.elapsed()
     );
     assert!(
-        api.decisions("prefill")
+        decisions(&api, "prefill")
             .await
             .iter()
             .any(|d| d["explanation"]["chosen"] == "prefill-hung"),
@@ -309,9 +266,9 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
         })
         .await
     );
-    let (status, body) = strict.complete(tokens(30, 1500), 4).await;
+    let (status, body) = complete(&strict, tokens(30, 1500), 4).await;
     assert_eq!(status, 503, "{body}");
     assert!(body.to_string().contains("prefill"), "{body}");
-    let (status, body) = api.complete(tokens(32, 1500), 4).await;
+    let (status, body) = complete(&api, tokens(32, 1500), 4).await;
     assert_eq!(status, 200, "{body}");
 }

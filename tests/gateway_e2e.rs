@@ -9,85 +9,8 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{SwitchyardProcess, eventually};
+use support::{Api, SwitchyardProcess, eventually, tokens};
 use switchyard_testkit::EtcdServer;
-
-struct Api {
-    base: String,
-    http: reqwest::Client,
-}
-
-impl Api {
-    fn new(process: &SwitchyardProcess) -> Self {
-        Self {
-            base: format!("http://{}", process.address),
-            http: reqwest::Client::new(),
-        }
-    }
-
-    /// Sends a request and returns the status and the body (JSON, or the text as a string).
-    async fn send(&self, request: reqwest::RequestBuilder) -> (u16, Value) {
-        let response = request.send().await.expect("send");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("body");
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
-            .await
-    }
-
-    async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
-        let request = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(body);
-        self.send(request).await
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.http.get(format!("{}{path}", self.base)))
-            .await
-    }
-
-    /// Streams and returns every `data:` payload, `[DONE]` included.
-    async fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(body)
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(response.status(), 200);
-        let text = response.text().await.expect("sse body");
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
-        text.lines()
-            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-}
 
 fn chat(content: &str, max_tokens: u32) -> Value {
     json!({
@@ -96,12 +19,6 @@ fn chat(content: &str, max_tokens: u32) -> Value {
         "max_tokens": max_tokens,
         "ignore_eos": true,
     })
-}
-
-fn tokens(seed: u32, len: u32) -> Vec<u32> {
-    (0..len)
-        .map(|i| 1000 + (seed * 7919 + i * 13) % 20000)
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

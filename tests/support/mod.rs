@@ -6,6 +6,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -98,4 +99,93 @@ where
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// An HTTP client of one gateway, for the end-to-end tests.
+#[derive(Debug)]
+pub struct Api {
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(process: &SwitchyardProcess) -> Self {
+        Self {
+            base: format!("http://{}", process.address),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .expect("http client"),
+        }
+    }
+
+    /// Sends a request and returns the status and the body (JSON, or the text as a string).
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> (u16, Value) {
+        let response = request.send().await.expect("send");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+            .await
+    }
+
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        self.send(request).await
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    /// Streams and returns every `data:` payload, `[DONE]` included.
+    pub async fn stream(&self, path: &str, body: &Value) -> Vec<String> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 200);
+        let text = response.text().await.expect("sse body");
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// Deterministic token ids: same seed, same prompt.
+pub fn tokens(seed: u32, len: u32) -> Vec<u32> {
+    (0..len)
+        .map(|i| 1000 + (seed * 7919 + i * 13) % 20000)
+        .collect()
 }
