@@ -186,22 +186,7 @@ pub fn route(
     m.prompt_blocks_requested
         .inc_by(request.block_hashes.len() as u64);
     m.prompt_blocks_cached.inc_by(u64::from(cached_blocks));
-    let worker = candidates
-        .into_iter()
-        .find(|(c, _)| c.worker == decision.worker)
-        .map(|(_, w)| w)
-        .ok_or(RouteError::NoCandidates)?;
-    Ok(RoutedRequest {
-        worker_id: decision.worker.clone(),
-        worker,
-        decision,
-        cached_blocks,
-        routes: Arc::clone(routes),
-        key,
-        prefill_done: false,
-        recorder: Arc::clone(&pool.recorder),
-        recorded: true,
-    })
+    routed_request(pool, routes, candidates, decision, cached_blocks, key, true)
 }
 
 fn unix_ms() -> u64 {
@@ -310,6 +295,28 @@ pub fn route_prefill(
             explanation: decision.explanation.clone(),
         });
     }
+    routed_request(
+        pool,
+        routes,
+        candidates,
+        decision,
+        cached_blocks,
+        key,
+        false,
+    )
+}
+
+/// The [`RoutedRequest`] for `decision`, whose load the caller already counted under `key`.
+/// `recorded` says whether the recorder was told of the route (its bookkeeping then follows).
+fn routed_request(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    candidates: Vec<(Candidate, Arc<WorkerHandle>)>,
+    decision: Decision,
+    cached_blocks: u32,
+    key: u64,
+    recorded: bool,
+) -> Result<RoutedRequest, RouteError> {
     let worker = candidates
         .into_iter()
         .find(|(c, _)| c.worker == decision.worker)
@@ -324,7 +331,7 @@ pub fn route_prefill(
         key,
         prefill_done: false,
         recorder: Arc::clone(&pool.recorder),
-        recorded: false,
+        recorded,
     })
 }
 
