@@ -6,24 +6,36 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+mod support;
+
 use futures::StreamExt;
+use support::{InProcessWorker, spawn_worker};
 use switchyard_core::{BlockSize, Role, WorkerId, block_hashes};
 use switchyard_proto::v1::{
-    self, ControlRequest, GenerateRequest, KvHandle, LoadStatsRequest, PrefillRequest,
-    PullKvRequest, SamplingParams, control_request::Command, worker_client::WorkerClient,
+    self, ControlRequest, GenerateRequest, KvHandle, PrefillRequest, PullKvRequest, SamplingParams,
+    control_request::Command,
 };
 use switchyard_registry::{MemoryRegistry, Registry};
 use switchyard_worker::WorkerConfig;
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 use tonic::Code;
-use tonic::transport::Channel;
 
+/// A worker with the in-memory registry it registered in.
 struct Harness {
-    client: WorkerClient<Channel>,
+    worker: InProcessWorker,
     registry: Arc<MemoryRegistry>,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), switchyard_worker::AgentError>>,
+}
+
+impl std::ops::Deref for Harness {
+    type Target = InProcessWorker;
+    fn deref(&self) -> &InProcessWorker {
+        &self.worker
+    }
+}
+
+impl std::ops::DerefMut for Harness {
+    fn deref_mut(&mut self) -> &mut InProcessWorker {
+        &mut self.worker
+    }
 }
 
 async fn start_worker(role: Role) -> Harness {
@@ -43,43 +55,8 @@ async fn start_worker_at(role: Role, speedup: f64) -> Harness {
     config.sim.num_device_blocks = 128;
     config.sim.max_context_tokens = 8192;
     let registry = Arc::new(MemoryRegistry::new());
-    let shutdown = CancellationToken::new();
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let task = tokio::spawn(switchyard_worker::run(
-        config,
-        Some(registry.clone() as Arc<dyn Registry>),
-        shutdown.clone(),
-        move |running| {
-            let _ = ready_tx.send(running.local_addr);
-        },
-    ));
-    let addr = ready_rx.await.expect("worker ready");
-    let client = WorkerClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect");
-    Harness {
-        client,
-        registry,
-        shutdown,
-        task,
-    }
-}
-
-impl Harness {
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("join").expect("clean shutdown");
-    }
-
-    async fn load(&mut self) -> v1::LoadReport {
-        let mut stream = self
-            .client
-            .load_stats(LoadStatsRequest { interval_ms: 10 })
-            .await
-            .expect("load stream")
-            .into_inner();
-        stream.next().await.expect("report").expect("ok")
-    }
+    let worker = spawn_worker(config, Some(registry.clone() as Arc<dyn Registry>)).await;
+    Harness { worker, registry }
 }
 
 fn prompt(len: u32) -> Vec<u32> {
@@ -169,7 +146,7 @@ async fn prefill_holds_blocks_until_pulled_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(released, "pulled blocks were released");
-    h.stop().await;
+    h.worker.stop().await;
 }
 
 #[tokio::test]
@@ -197,7 +174,7 @@ async fn an_unpulled_handle_expires_and_releases_its_blocks() {
         .expect_err("expired handle");
     assert_eq!(err.code(), Code::NotFound);
     assert_eq!(h.load().await.active_blocks, 0);
-    h.stop().await;
+    h.worker.stop().await;
 }
 
 #[tokio::test]
@@ -222,7 +199,7 @@ async fn dropping_a_generation_stream_aborts_the_request() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(aborted, "the engine still runs a request nobody reads");
-    h.stop().await;
+    h.worker.stop().await;
 }
 
 #[tokio::test]
@@ -318,7 +295,7 @@ async fn control_changes_role_drains_and_resumes() {
         .await
         .expect_err("empty control");
     assert_eq!(err.code(), Code::InvalidArgument);
-    h.stop().await;
+    h.worker.stop().await;
 }
 
 #[tokio::test]
@@ -367,7 +344,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
         .await
         .expect_err("nan temperature");
     assert_eq!(err.code(), Code::InvalidArgument);
-    h.stop().await;
+    h.worker.stop().await;
 }
 
 #[tokio::test]
@@ -391,6 +368,6 @@ async fn shutdown_waits_for_in_flight_requests_and_deregisters() {
     }
     assert_eq!(tokens, 40);
     assert_eq!(finish, v1::FinishReason::Length as i32);
-    h.task.await.expect("join").expect("clean shutdown");
+    h.worker.task.await.expect("join").expect("clean shutdown");
     assert!(h.registry.list_workers().await.unwrap().is_empty());
 }

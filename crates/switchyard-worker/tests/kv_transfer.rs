@@ -4,27 +4,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
+mod support;
+
 use futures::StreamExt;
+use support::{InProcessWorker as Worker, spawn_worker};
 use switchyard_core::{BlockSize, Role, block_hashes};
 use switchyard_proto::v1::{
-    self, GenerateRequest, KvEventsRequest, KvHandle, KvSource, LoadStatsRequest, PrefillRequest,
-    PullKvRequest, SamplingParams, kv_event, kv_events_response, worker_client::WorkerClient,
+    self, GenerateRequest, KvEventsRequest, KvHandle, KvSource, PrefillRequest, PullKvRequest,
+    SamplingParams, kv_event, kv_events_response, worker_client::WorkerClient,
 };
 use switchyard_worker::WorkerConfig;
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Channel;
-
-struct Worker {
-    addr: SocketAddr,
-    client: WorkerClient<Channel>,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), switchyard_worker::AgentError>>,
-}
 
 async fn start(id: &str, role: Role) -> Worker {
     let mut config = WorkerConfig {
@@ -37,44 +30,10 @@ async fn start(id: &str, role: Role) -> Worker {
     config.sim.block_size = BlockSize::new(16).unwrap();
     config.sim.num_device_blocks = 256;
     config.sim.max_context_tokens = 8192;
-    let shutdown = CancellationToken::new();
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let task = tokio::spawn(switchyard_worker::run(
-        config,
-        None,
-        shutdown.clone(),
-        move |running| {
-            let _ = ready_tx.send(running.local_addr);
-        },
-    ));
-    let addr = ready_rx.await.expect("worker ready");
-    let client = WorkerClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect");
-    Worker {
-        addr,
-        client,
-        shutdown,
-        task,
-    }
+    spawn_worker(config, None).await
 }
 
 impl Worker {
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("join").expect("clean shutdown");
-    }
-
-    async fn load(&mut self) -> v1::LoadReport {
-        let mut stream = self
-            .client
-            .load_stats(LoadStatsRequest { interval_ms: 10 })
-            .await
-            .expect("load stream")
-            .into_inner();
-        stream.next().await.expect("report").expect("ok")
-    }
-
     async fn prefill(&mut self, prompt: &[u32]) -> v1::PrefillResponse {
         self.client
             .prefill(PrefillRequest {
