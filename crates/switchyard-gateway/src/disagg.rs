@@ -214,6 +214,7 @@ pub async fn prefill_stage(
             request_id: request_id.to_owned(),
             prompt_token_ids: prompt.to_vec(),
             hold_ms: 0,
+            pipelined: false,
         });
         let failure = match tokio::time::timeout(settings.prefill_timeout, call).await {
             Ok(Ok(response)) => {
@@ -224,6 +225,8 @@ pub async fn prefill_stage(
                     handle: response.handle,
                     first_token_id: response.first_token_id,
                     cached_prompt_tokens: response.cached_prompt_tokens,
+                    engine_transfer_params: response.engine_transfer_params,
+                    pipelined: response.pipelined,
                 };
                 return Prefilled::Source(source, worker);
             }

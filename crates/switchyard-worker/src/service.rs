@@ -221,6 +221,8 @@ impl v1::worker_server::Worker for WorkerService {
             prompt_tokens: outcome.prompt_tokens,
             first_token_id: outcome.first_token,
             expires_at_unix_ms: unix_ms(outcome.expires_at),
+            engine_transfer_params: String::new(),
+            pipelined: false,
         }))
     }
 
@@ -250,6 +252,7 @@ impl v1::worker_server::Worker for WorkerService {
                 blocks: Vec::new(),
                 bytes: 0,
                 last: true,
+                ..Default::default()
             }]
         } else {
             pull.blocks
@@ -269,6 +272,7 @@ impl v1::worker_server::Worker for WorkerService {
                             })
                             .collect(),
                         last: first + blocks.len() == total,
+                        ..Default::default()
                     }
                 })
                 .collect()

@@ -106,6 +106,7 @@ async fn ttft_aggregated_vs_disaggregated() {
                 request_id: "bench".into(),
                 prompt_token_ids: p.clone(),
                 hold_ms: 0,
+                pipelined: false,
             })
             .await
             .expect("prefill")
@@ -116,6 +117,7 @@ async fn ttft_aggregated_vs_disaggregated() {
             handle: pre.handle,
             first_token_id: pre.first_token_id,
             cached_prompt_tokens: pre.cached_prompt_tokens,
+            ..Default::default()
         };
         let disaggregated = first_token_ms(&mut decode, request(p, Some(source)), start).await;
         println!(

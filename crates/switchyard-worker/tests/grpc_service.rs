@@ -86,6 +86,7 @@ async fn prefill_holds_blocks_until_pulled_once() {
             request_id: "p1".into(),
             prompt_token_ids: tokens.clone(),
             hold_ms: 60_000,
+            pipelined: false,
         })
         .await
         .expect("prefill")
@@ -158,6 +159,7 @@ async fn an_unpulled_handle_expires_and_releases_its_blocks() {
             request_id: "p2".into(),
             prompt_token_ids: prompt(64),
             hold_ms: 200,
+            pipelined: false,
         })
         .await
         .expect("prefill")
@@ -307,6 +309,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
             request_id: "x".into(),
             prompt_token_ids: vec![],
             hold_ms: 0,
+            pipelined: false,
         })
         .await
         .expect_err("empty prompt");

@@ -40,6 +40,7 @@ impl Worker {
                 request_id: "p".into(),
                 prompt_token_ids: prompt.to_vec(),
                 hold_ms: 0,
+                pipelined: false,
             })
             .await
             .expect("prefill")
@@ -70,6 +71,7 @@ fn source(from: &Worker, prefill: &v1::PrefillResponse) -> KvSource {
         handle: prefill.handle.clone(),
         first_token_id: prefill.first_token_id,
         cached_prompt_tokens: prefill.cached_prompt_tokens,
+        ..Default::default()
     }
 }
 
@@ -195,6 +197,7 @@ async fn a_missing_handle_or_a_dead_prefill_worker_is_unavailable() {
         }),
         first_token_id: 1,
         cached_prompt_tokens: 0,
+        ..Default::default()
     };
     let err = collect(&mut b.client, request(&p, 4, bogus.clone()))
         .await
