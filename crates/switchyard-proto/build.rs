@@ -1,7 +1,9 @@
 // Generates the tonic/prost code for proto/switchyard/v1 with the system `protoc`
 // (Debian's protobuf-compiler; PROTOC overrides the path).
+// The manifest directory is read when the script runs, not when it is compiled: a build script
+// binary can be reused from a checkout at another path sharing the target directory.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let root = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     let worker = root.join("switchyard/v1/worker.proto");
     println!("cargo:rerun-if-changed={}", worker.display());
     tonic_prost_build::configure()
