@@ -49,3 +49,146 @@ pub(crate) async fn generate(
         })
     })))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::Map;
+    use switchyard_core::{BlockSize, EngineKind, LoadStats, WorkerId};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::engine::{
+        DropGuard, EngineError, EngineSpec, FinishReason, GenerationStream, KvPull, PrefillOutcome,
+        PrefillParams,
+    };
+    use crate::event_log::EventLog;
+
+    /// An engine that answers every transfer generation with two chunks, counting the whole
+    /// prompt as cached the way a decode engine that received the KV does.
+    #[derive(Debug)]
+    struct Receiving {
+        spec: EngineSpec,
+        events: Arc<EventLog>,
+        given: Mutex<Vec<Map<String, Value>>>,
+    }
+
+    impl Receiving {
+        fn new() -> Self {
+            Self {
+                spec: EngineSpec {
+                    kind: EngineKind::Vllm,
+                    block_size: BlockSize::new(4).unwrap(),
+                    kv_capacity_blocks: 8,
+                    max_context_tokens: 64,
+                    kv_bytes_per_token: 1,
+                },
+                events: Arc::new(EventLog::new(WorkerId::new("w").unwrap(), 1, 8)),
+                given: Mutex::new(Vec::new()),
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Engine for Receiving {
+        fn spec(&self) -> &EngineSpec {
+            &self.spec
+        }
+        async fn generate(&self, _: GenerateParams) -> Result<GenerationStream, EngineError> {
+            Err(EngineError::Unsupported("not in this test"))
+        }
+        async fn prefill(&self, _: PrefillParams) -> Result<PrefillOutcome, EngineError> {
+            Err(EngineError::Unsupported("not in this test"))
+        }
+        async fn pull_kv(&self, _: &str) -> Result<KvPull, EngineError> {
+            Err(EngineError::Unsupported("not in this test"))
+        }
+        async fn generate_with_transfer(
+            &self,
+            params: GenerateParams,
+            transfer: Map<String, Value>,
+        ) -> Result<GenerationStream, EngineError> {
+            self.given.lock().unwrap().push(transfer);
+            let prompt_tokens = params.prompt.len() as u32;
+            let chunk = |tokens: Vec<u32>, finish, completion_tokens| GenerationChunk {
+                tokens,
+                finish,
+                prompt_tokens,
+                cached_prompt_tokens: prompt_tokens,
+                completion_tokens,
+            };
+            let (tx, rx) = mpsc::unbounded_channel();
+            tx.send(Ok(chunk(vec![7], None, 1))).unwrap();
+            tx.send(Ok(chunk(vec![8], Some(FinishReason::Length), 2)))
+                .unwrap();
+            Ok(GenerationStream::new(rx, DropGuard::new(|| {})))
+        }
+        fn load(&self) -> LoadStats {
+            LoadStats::default()
+        }
+        fn events(&self) -> &Arc<EventLog> {
+            &self.events
+        }
+        fn shutdown(&self) {}
+    }
+
+    fn params() -> GenerateParams {
+        GenerateParams {
+            request_id: "r".into(),
+            prompt: (1..=10).collect(),
+            max_tokens: 2,
+            temperature: 0.0,
+            seed: None,
+            ignore_eos: true,
+            stop_token_ids: Vec::new(),
+        }
+    }
+
+    fn source(params: &str, cached: u32) -> v1::KvSource {
+        v1::KvSource {
+            address: "prefill:1".into(),
+            cached_prompt_tokens: cached,
+            first_token_id: 7,
+            engine_transfer_params: params.into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_engine_stream_passes_through_with_the_prefills_cached_count() {
+        let engine = Receiving::new();
+        let stream = generate(&engine, params(), source(r#"{"remote_block_ids":[3]}"#, 4))
+            .await
+            .unwrap();
+        let chunks: Vec<GenerationChunk> = stream.map(Result::unwrap).collect().await;
+        // Nothing added: the first token is the engine's, counted once.
+        let tokens: Vec<u32> = chunks.iter().flat_map(|c| c.tokens.clone()).collect();
+        assert_eq!(tokens, vec![7, 8]);
+        assert_eq!(chunks.last().unwrap().completion_tokens, 2);
+        assert!(chunks.iter().all(|c| c.cached_prompt_tokens == 4));
+        assert_eq!(
+            engine.given.lock().unwrap()[0]["remote_block_ids"],
+            serde_json::json!([3])
+        );
+    }
+
+    #[tokio::test]
+    async fn sources_without_usable_parameters_are_refused_before_the_engine() {
+        let engine = Receiving::new();
+        let code = |r: Result<ChunkStream, Status>| r.err().map(|s| s.code());
+        assert_eq!(
+            code(generate(&engine, params(), source("", 0)).await),
+            Some(tonic::Code::FailedPrecondition)
+        );
+        assert_eq!(
+            code(generate(&engine, params(), source("[1,2]", 0)).await),
+            Some(tonic::Code::InvalidArgument)
+        );
+        assert_eq!(
+            code(generate(&engine, params(), source("{not json", 0)).await),
+            Some(tonic::Code::InvalidArgument)
+        );
+        assert!(engine.given.lock().unwrap().is_empty());
+    }
+}
