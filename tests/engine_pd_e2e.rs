@@ -271,7 +271,16 @@ async fn sglang_prefill_and_decode_workers_share_a_bootstrap_room() {
     let prefill_flags = ["--flavor", "sglang", "--disaggregation-mode", "prefill"];
     let fake_a = Fake::start(&prefill_flags).await;
     let fake_b = Fake::start(&prefill_flags).await;
-    let fake_d = Fake::start(&["--flavor", "sglang", "--disaggregation-mode", "decode"]).await;
+    // The decode stand-in gives up on a room after 2 s (SGLang's bootstrap timeout, shortened).
+    let fake_d = Fake::start(&[
+        "--flavor",
+        "sglang",
+        "--disaggregation-mode",
+        "decode",
+        "--transfer-timeout",
+        "2",
+    ])
+    .await;
     let args = |fake: &Fake, id| fake.worker_args("sglang", id, &endpoint, &cluster);
     let (port_a, port_b) = (fake_a.bootstrap.to_string(), fake_b.bootstrap.to_string());
     let prefill =
@@ -329,6 +338,40 @@ async fn sglang_prefill_and_decode_workers_share_a_bootstrap_room() {
         40 / BLOCK
     );
 
+    // prefill-a's engine accepts the prefill, then never offers the room (it failed after its
+    // worker answered): the decode engine aborts, which the decode worker reports as a failed
+    // pull, so the gateway blames prefill-a and retries with prefill-b on the same decode worker.
+    let v = tokens(4, 40);
+    prefer_prefill(&strict, "prefill-a", &fake_a, &v).await;
+    fake_a.admin("lose_rooms", json!({"count": 1})).await;
+    let (status, body) = complete(&strict, &v, 4).await;
+    assert_eq!(status, 200, "{body}");
+    let tried: Vec<Value> = decisions(&strict, "prefill")
+        .await
+        .into_iter()
+        .take(2)
+        .collect();
+    assert_eq!(tried[1]["explanation"]["chosen"], "prefill-a", "{tried:?}");
+    assert_eq!(tried[0]["explanation"]["chosen"], "prefill-b", "{tried:?}");
+    let decodes: Vec<Value> = decisions(&strict, "decode")
+        .await
+        .into_iter()
+        .take(2)
+        .collect();
+    assert!(
+        decodes
+            .iter()
+            .all(|d| d["request_id"] == tried[0]["request_id"])
+    );
+    assert!(
+        decodes
+            .iter()
+            .all(|d| d["explanation"]["chosen"] == "decode")
+    );
+    let after = received(&fake_d, 4).await;
+    assert_eq!(after[2]["outcome"], "failed");
+    assert_eq!(after[3]["outcome"], "pulled");
+
     // A dead prefill engine behind the preferred prefill worker: retried on the other.
     let w = tokens(5, 40);
     prefer_prefill(&strict, "prefill-a", &fake_a, &w).await;
@@ -343,6 +386,6 @@ async fn sglang_prefill_and_decode_workers_share_a_bootstrap_room() {
         .collect();
     assert_eq!(tried[1]["explanation"]["chosen"], "prefill-a", "{tried:?}");
     assert_eq!(tried[0]["explanation"]["chosen"], "prefill-b", "{tried:?}");
-    let last = received(&fake_d, 3).await;
-    assert_eq!(last[2]["params"]["bootstrap_port"], json!(fake_b.bootstrap));
+    let last = received(&fake_d, 5).await;
+    assert_eq!(last[4]["params"]["bootstrap_port"], json!(fake_b.bootstrap));
 }

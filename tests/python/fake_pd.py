@@ -17,7 +17,9 @@ to the token ids of each block so the receiving side can check it got the right 
     transfer timeout passes, then it aborts); the decode stand-in takes it, checks it, caches it
     and generates. Servers in either mode refuse requests without bootstrap fields.
 
-What a decode stand-in was handed is kept for the tests (`POST /admin/transfers`).
+What a decode stand-in was handed is kept for the tests (`POST /admin/transfers`);
+`POST /admin/lose_rooms {"count": n}` makes a prefill stand-in accept its next n bootstrapped
+requests and never offer their rooms, as an engine that failed after accepting them.
 """
 
 import json
@@ -40,6 +42,7 @@ class Transfers:
         self.rooms = {}  # SGLang: room -> {"tokens": [...], "taken": bool}
         self.received = []  # decode side: what it was handed and what came of it
         self.handed_over = 0  # prefill side: KV hand-offs completed
+        self.lose_rooms = 0  # prefill side: rooms to drop, as an engine that failed mid-way
         server = ThreadingHTTPServer(("127.0.0.1", self.args.bootstrap_port), self.handler())
         server.daemon_threads = True
         self.port = server.server_address[1]
@@ -84,6 +87,9 @@ class Transfers:
         """Prefill side: offers the room's KV; True once a decode stand-in took it."""
         deadline = time.time() + self.args.transfer_timeout
         with self.cond:
+            if self.lose_rooms > 0:
+                self.lose_rooms -= 1
+                return False
             self.rooms[room] = {"tokens": list(prompt), "taken": False}
             self.cond.notify_all()
             while not self.rooms[room]["taken"]:

@@ -25,6 +25,8 @@ Test control (POST, JSON body, answers JSON):
   /admin/transfers         disaggregation: the transfer parameters a decode stand-in was handed
                            (with the outcome: pulled, recomputed, failed) and the hand-offs a
                            prefill stand-in completed (see fake_pd.py)
+  /admin/lose_rooms        {"count": n}: SGLang prefill accepts n requests but never offers
+                           their rooms (an engine failing after it accepted them)
 
 Disaggregated prefill/decode (vLLM `kv_transfer_params`, SGLang bootstrap): see fake_pd.py.
 
@@ -330,6 +332,9 @@ def make_handler(engine):
                 if what == "transfers":
                     return self.reply(200, {"received": engine.pd.received, "handed_over": engine.pd.handed_over,
                                             "engine_id": engine.pd.engine_id})
+                if what == "lose_rooms":
+                    engine.pd.lose_rooms = body.get("count", 1)
+                    return self.reply(200, {})
                 if what == "malformed":
                     engine.ranks[body.get("rank", 0)].malformed()
                     return self.reply(200, {})

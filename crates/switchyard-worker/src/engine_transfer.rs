@@ -7,13 +7,18 @@
 //! through as it is (no token is added, none is counted twice). Only the cached prompt tokens are
 //! taken from the prefill: the decode engine counts the KV it received as cached, which is not
 //! what the client asked about (prompt tokens the prefill found in its prefix cache).
+//!
+//! An engine that aborts the request before its first token most likely never got the KV (the
+//! prefill engine died after its worker answered, an SGLang room nobody filled): that is
+//! reported as a failed pull (`pulling kv …`, as the simulator's pull failures are), so the
+//! gateway blames the prefill worker and keeps this decode worker eligible for the retry.
 
 use futures::StreamExt;
 use serde_json::Value;
 use switchyard_proto::v1;
 use tonic::Status;
 
-use crate::engine::{Engine, GenerateParams, GenerationChunk};
+use crate::engine::{Engine, EngineError, FinishReason, GenerateParams, GenerationChunk};
 use crate::kv_source::ChunkStream;
 
 /// Generates from `source`'s engine transfer parameters. A source without them (a simulator
@@ -42,7 +47,22 @@ pub(crate) async fn generate(
     let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
     let cached = source.cached_prompt_tokens.min(prompt_tokens);
     let stream = engine.generate_with_transfer(params, transfer).await?;
+    let mut started = false;
     Ok(Box::pin(stream.map(move |item| {
+        let item = match item {
+            Ok(chunk)
+                if !started
+                    && chunk.tokens.is_empty()
+                    && chunk.finish == Some(FinishReason::Aborted) =>
+            {
+                Err(EngineError::Unavailable(format!(
+                    "pulling kv through the {kind} engine's own transfer failed: the engine \
+                     aborted the request before its first token"
+                )))
+            }
+            other => other,
+        };
+        started |= item.as_ref().is_ok_and(|c| !c.tokens.is_empty());
         item.map(|chunk| GenerationChunk {
             cached_prompt_tokens: cached,
             ..chunk
@@ -72,6 +92,8 @@ mod tests {
         spec: EngineSpec,
         events: Arc<EventLog>,
         given: Mutex<Vec<Map<String, Value>>>,
+        /// Abort every request before its first token, as after a failed transfer.
+        abort: bool,
     }
 
     impl Receiving {
@@ -86,6 +108,7 @@ mod tests {
                 },
                 events: Arc::new(EventLog::new(WorkerId::new("w").unwrap(), 1, 8)),
                 given: Mutex::new(Vec::new()),
+                abort: false,
             }
         }
     }
@@ -119,6 +142,11 @@ mod tests {
                 completion_tokens,
             };
             let (tx, rx) = mpsc::unbounded_channel();
+            if self.abort {
+                tx.send(Ok(chunk(Vec::new(), Some(FinishReason::Aborted), 0)))
+                    .unwrap();
+                return Ok(GenerationStream::new(rx, DropGuard::new(|| {})));
+            }
             tx.send(Ok(chunk(vec![7], None, 1))).unwrap();
             tx.send(Ok(chunk(vec![8], Some(FinishReason::Length), 2)))
                 .unwrap();
@@ -190,5 +218,19 @@ mod tests {
             Some(tonic::Code::InvalidArgument)
         );
         assert!(engine.given.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_abort_before_the_first_token_is_a_failed_pull() {
+        let engine = Receiving {
+            abort: true,
+            ..Receiving::new()
+        };
+        let stream = generate(&engine, params(), source("{}", 0)).await.unwrap();
+        let items: Vec<_> = stream.collect().await;
+        let status = Status::from(items[0].clone().unwrap_err());
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        // The gateway's dispatch tells a failed pull by these words and blames the prefill.
+        assert!(status.message().contains("pulling kv"), "{status:?}");
     }
 }
