@@ -7,113 +7,14 @@
 
 mod support;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::fake_engine::{Fake, assert_mirrored, indexed, overlap};
 use support::{SwitchyardProcess, eventually};
 use switchyard_testkit::EtcdServer;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
-const SCRIPT: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../tests/python/fake_vllm.py"
-);
 const BLOCK: usize = 4;
-
-struct Fake {
-    _child: Child,
-    http: String,
-    zmq: u64,
-    replay: u64,
-    client: reqwest::Client,
-}
-
-impl Fake {
-    async fn start(extra: &[&str]) -> Fake {
-        let mut child = Command::new("python3")
-            .arg(SCRIPT)
-            .args(["--block-size", "4", "--num-blocks", "128"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 runs the stand-in");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        let ports: Value = serde_json::from_str(line.strip_prefix("READY ").unwrap()).unwrap();
-        Fake {
-            _child: child,
-            http: format!("http://127.0.0.1:{}", ports["http"]),
-            zmq: ports["zmq"].as_u64().unwrap(),
-            replay: ports["replay"].as_u64().unwrap(),
-            client: reqwest::Client::new(),
-        }
-    }
-
-    async fn admin(&self, what: &str, body: Value) -> Value {
-        let url = format!("{}/admin/{what}", self.http);
-        let response = self.client.post(url).json(&body).send().await.unwrap();
-        response.json().await.unwrap()
-    }
-
-    /// Blocks the stand-in holds.
-    async fn held(&self) -> u64 {
-        let state = self.admin("state", json!({})).await;
-        state["ranks"][0].as_array().unwrap().len() as u64
-    }
-}
-
-async fn indexed(api: &str, worker: &str) -> Option<u64> {
-    let workers: Value = reqwest::get(format!("{api}/admin/workers"))
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    workers
-        .as_array()?
-        .iter()
-        .find(|w| w["id"] == worker)
-        .and_then(|w| w["indexed_blocks"].as_u64())
-}
-
-/// Waits until the gateway indexes exactly as many blocks for `worker` as `fake` holds.
-async fn assert_mirrored(api: &str, worker: &str, fake: &Fake) {
-    let ok = eventually(Duration::from_secs(15), || async {
-        indexed(api, worker).await == Some(fake.held().await)
-    })
-    .await;
-    let (want, got) = (fake.held().await, indexed(api, worker).await);
-    assert!(
-        ok,
-        "{worker}: engine holds {want} blocks, index has {got:?}"
-    );
-}
-
-/// The prompt's overlap (device blocks) on `worker`, per the gateway's explain.
-async fn overlap(api: &str, worker: &str, prompt: &[u32]) -> u64 {
-    let explain: Value = reqwest::Client::new()
-        .post(format!("{api}/admin/explain"))
-        .json(&json!({"model": "fake-model", "prompt": prompt}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    explain["decision"]["explanation"]["workers"]
-        .as_array()
-        .unwrap_or_else(|| panic!("explain answered {explain}"))
-        .iter()
-        .find(|w| w["worker"] == worker)
-        .map_or(0, |w| w["overlap"]["device"].as_u64().unwrap_or(0))
-}
 
 fn tokens(seed: u32, len: u32) -> Vec<u32> {
     (0..len)
@@ -128,26 +29,7 @@ async fn gateway_and_vllm_workers_stream_and_mirror_the_engines_through_gap_and_
     let cluster = format!("vllm-{}", std::process::id());
     let fake_a = Fake::start(&[]).await;
     let fake_b = Fake::start(&["--encoding", "map", "--hash-bytes"]).await;
-    let worker = |id: &str, fake: &Fake| {
-        vec![
-            "--engine".to_owned(),
-            "vllm".to_owned(),
-            "--engine-url".to_owned(),
-            fake.http.clone(),
-            "--kv-events".to_owned(),
-            format!("tcp://127.0.0.1:{}", fake.zmq),
-            "--kv-replay".to_owned(),
-            format!("tcp://127.0.0.1:{}", fake.replay),
-            "--model".to_owned(),
-            "fake-model".to_owned(),
-            "--etcd".to_owned(),
-            endpoint.clone(),
-            "--cluster".to_owned(),
-            cluster.clone(),
-            "--id".to_owned(),
-            id.to_owned(),
-        ]
-    };
+    let worker = |id: &str, fake: &Fake| fake.worker_args("vllm", id, &endpoint, &cluster);
     let (args_a, args_b) = (worker("vllm-a", &fake_a), worker("vllm-b", &fake_b));
     let _a = SwitchyardProcess::start(&args_a.iter().map(String::as_str).collect::<Vec<_>>()).await;
     let _b = SwitchyardProcess::start(&args_b.iter().map(String::as_str).collect::<Vec<_>>()).await;

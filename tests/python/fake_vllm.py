@@ -22,8 +22,16 @@ Test control (POST, JSON body, answers JSON):
   /admin/restart           new incarnation: empty cache, new hash seed, sequences from 0
   /admin/clear             prefix-cache reset: AllBlocksCleared on every rank
   /admin/malformed         {"rank": r}: send malformed messages (frame count, seq size, payload)
+  /admin/transfers         disaggregation: the transfer parameters a decode stand-in was handed
+                           (with the outcome: pulled, recomputed, failed) and the hand-offs a
+                           prefill stand-in completed (see fake_pd.py)
+  /admin/lose_rooms        {"count": n}: SGLang prefill accepts n requests but never offers
+                           their rooms (an engine failing after it accepted them)
 
-Prints one line `READY {"http": port, "zmq": port, "replay": port}` when serving.
+Disaggregated prefill/decode (vLLM `kv_transfer_params`, SGLang bootstrap): see fake_pd.py.
+
+Prints one line `READY {"http": port, "zmq": port, "replay": port, "bootstrap": port}` when
+serving.
 """
 
 import argparse
@@ -39,6 +47,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgpack
 import zmq
+
+from fake_pd import Transfers
 
 
 class Rank:
@@ -183,6 +193,7 @@ class Engine:
         self.ranks = [Rank(self, r, self.pubs[r], args.buffer_steps) for r in range(args.dp_ranks)]
         for r in range(args.dp_ranks):
             threading.Thread(target=self.serve_replay, args=(r,), daemon=True).start()
+        self.pd = Transfers(self)
 
     def bind_range(self, which, kind):
         base = getattr(self.args, which)
@@ -310,12 +321,19 @@ def make_handler(engine):
                         r.drop, r.forget = body.get("count", 1), body.get("forget", False)
                     return self.reply(200, {})
                 if what == "restart":
+                    engine.pd.restart()
                     for r in engine.ranks:
                         r.restart()
                     return self.reply(200, {})
                 if what == "clear":
                     for r in engine.ranks:
                         r.clear()
+                    return self.reply(200, {})
+                if what == "transfers":
+                    return self.reply(200, {"received": engine.pd.received, "handed_over": engine.pd.handed_over,
+                                            "engine_id": engine.pd.engine_id})
+                if what == "lose_rooms":
+                    engine.pd.lose_rooms = body.get("count", 1)
                     return self.reply(200, {})
                 if what == "malformed":
                     engine.ranks[body.get("rank", 0)].malformed()
@@ -333,21 +351,39 @@ def make_handler(engine):
             if len(prompt) + max_tokens > args.max_model_len:
                 return self.reply(400, {"error": {"message": "This model's maximum context length is %d tokens" % args.max_model_len,
                                                   "type": "BadRequestError", "code": 400}})
+            kvp = body.get("kv_transfer_params") if args.kv_transfer and not sglang else None
+            kvp = kvp if isinstance(kvp, dict) else {}
+            room = body.get("bootstrap_room") if sglang else None
+            if sglang and args.disaggregation_mode != "null" and room is None:
+                return self.reply(400, {"error": {"message": "a %s-mode server needs bootstrap_host, bootstrap_port "
+                                                  "and bootstrap_room" % args.disaggregation_mode}})
             stops = set(sp.get("stop_token_ids") or [])
             with engine.lock:
                 rank = engine.pick_rank()
+            failure = None
+            if kvp.get("do_remote_prefill") or (room is not None and args.disaggregation_mode == "decode"):
+                failure = engine.pd.receive(rank, prompt, body, sglang)
+            with engine.lock:
                 cached = rank.cache(prompt)
                 engine.stats["prompt"] += len(prompt)
                 engine.stats["cached"] += cached
                 engine.stats["running"] += 1
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+            stream = bool(body.get("stream"))
+            if stream:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
             out, finish = [], None
             try:
+                if room is not None and args.disaggregation_mode == "prefill":
+                    # SGLang's prefill finishes only once the decode side took the KV.
+                    max_tokens = 1
+                    if not engine.pd.sglang_wait(room, prompt):
+                        failure = "bootstrap timeout: no decode engine took room %s" % room
                 seed = body.get("seed") or sp.get("sampling_seed") or 0
-                for i in range(max_tokens):
+                events = []
+                for i in range(0 if failure else max_tokens):
                     tok = (prompt[-1] * 31 + i * 7 + seed) % 50000 + 1
                     out.append(tok)
                     if tok in stops and not sp.get("ignore_eos"):
@@ -355,28 +391,42 @@ def make_handler(engine):
                     elif i + 1 == max_tokens:
                         finish = "length"
                     if sglang:
-                        meta = {"id": body.get("rid"), "prompt_tokens": len(prompt), "cached_tokens": cached,
-                                "completion_tokens": len(out),
-                                "finish_reason": {"type": finish} if finish else None}
-                        self.event({"text": "t" * len(out), "output_ids": list(out), "meta_info": meta})
+                        events.append(self.sglang_event(body, prompt, cached, out, finish))
                     else:
                         choice = {"index": 0, "text": " t%d" % tok, "finish_reason": finish, "stop_reason": None}
                         if body.get("return_token_ids"):
                             choice["token_ids"] = [tok]
                         elif body.get("return_tokens_as_token_ids") and body.get("logprobs") is not None:
                             choice["logprobs"] = {"tokens": ["token_id:%d" % tok], "token_logprobs": [-0.1]}
-                        self.event({"id": "cmpl-1", "object": "text_completion", "model": args.model,
-                                    "choices": [choice], "usage": None})
+                        events.append({"id": "cmpl-1", "object": "text_completion", "model": args.model,
+                                       "choices": [choice], "usage": None})
+                    if stream:
+                        self.event(events[-1])
                     if finish:
                         break
                     time.sleep(args.token_delay_ms / 1000.0)
-                if not sglang:
+                if failure:
+                    events.append(self.sglang_event(body, prompt, cached, out, "abort", failure))
+                    if stream:
+                        self.event(events[-1])
+                usage = {"prompt_tokens": len(prompt), "completion_tokens": len(out),
+                         "total_tokens": len(prompt) + len(out), "prompt_tokens_details": {"cached_tokens": cached}}
+                if not sglang and stream:
                     self.event({"id": "cmpl-1", "object": "text_completion", "model": args.model, "choices": [],
-                                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(out),
-                                          "total_tokens": len(prompt) + len(out),
-                                          "prompt_tokens_details": {"cached_tokens": cached}}})
-                self.chunk(b"data: [DONE]\n\n")
-                self.chunk(b"")
+                                "usage": usage})
+                if stream:
+                    self.chunk(b"data: [DONE]\n\n")
+                    self.chunk(b"")
+                elif sglang:
+                    self.reply(200, events[-1])
+                else:
+                    answer = {"id": "cmpl-1", "object": "text_completion", "model": args.model, "usage": usage,
+                              "choices": [{"index": 0, "text": "".join(e["choices"][0]["text"] for e in events),
+                                           "token_ids": out if body.get("return_token_ids") else None,
+                                           "finish_reason": finish, "stop_reason": None}]}
+                    if kvp.get("do_remote_decode") and finish == "length":
+                        answer["kv_transfer_params"] = engine.pd.vllm_hold(prompt)
+                    self.reply(200, answer)
                 with engine.lock:
                     rank.cache(prompt + out)
             except (BrokenPipeError, ConnectionResetError):
@@ -384,6 +434,12 @@ def make_handler(engine):
             finally:
                 with engine.lock:
                     engine.stats["running"] -= 1
+
+        def sglang_event(self, body, prompt, cached, out, finish, message=None):
+            reason = {"type": finish, "message": message} if finish else None
+            meta = {"id": body.get("rid"), "prompt_tokens": len(prompt), "cached_tokens": cached,
+                    "completion_tokens": len(out), "finish_reason": reason}
+            return {"text": "t" * len(out), "output_ids": list(out), "meta_info": meta}
 
         def event(self, obj):
             self.chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
@@ -411,12 +467,20 @@ def main():
     p.add_argument("--model", default="fake-model")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--token-delay-ms", type=float, default=2.0)
+    p.add_argument("--kv-transfer", action="store_true",
+                   help="vLLM: act as with --kv-transfer-config NixlConnector (kv_transfer_params)")
+    p.add_argument("--disaggregation-mode", choices=["null", "prefill", "decode"], default="null",
+                   help="SGLang: bootstrapped prefill or decode server")
+    p.add_argument("--bootstrap-port", type=int, default=0,
+                   help="SGLang bootstrap server / vLLM NIXL side channel port (0 = any free one)")
+    p.add_argument("--transfer-timeout", type=float, default=30.0,
+                   help="seconds held KV waits for its decode side")
     args = p.parse_args()
     engine = Engine(args)
     server = ThreadingHTTPServer(("127.0.0.1", args.http_port), make_handler(engine))
     server.daemon_threads = True
     print("READY " + json.dumps({"http": server.server_address[1], "zmq": engine.zmq_port,
-                                 "replay": engine.replay_port}), flush=True)
+                                 "replay": engine.replay_port, "bootstrap": engine.pd.port}), flush=True)
     server.serve_forever()
 
 

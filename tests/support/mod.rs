@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_engine;
+
 use std::process::Stdio;
 use std::time::Duration;
 

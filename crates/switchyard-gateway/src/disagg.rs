@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use switchyard_core::{TokenId, WorkerId};
+use switchyard_core::{EngineKind, TokenId, WorkerId};
 use switchyard_proto::v1::{self, PrefillRequest};
 use switchyard_router::{Decision, RouteError};
 use tonic::Code;
@@ -109,9 +109,10 @@ fn saturated(settings: &DisaggSettings, decision: &Decision) -> Option<String> {
     )
 }
 
-fn no_prefill_worker(model: &str) -> ApiError {
+fn no_prefill_worker(model: &str, engine: EngineKind) -> ApiError {
     ApiError::Unavailable(format!(
-        "disaggregation is enforced but no prefill worker is available for model `{model}`"
+        "disaggregation is enforced but no prefill worker is available for model `{model}` \
+         (engine {engine}, the decode worker's)"
     ))
 }
 
@@ -121,6 +122,7 @@ pub fn explain(
     pool: &WorkerPool,
     routes: &ModelRoutes,
     settings: &DisaggSettings,
+    decode_worker: &WorkerId,
     tokens: &[TokenId],
     uncached: u64,
 ) -> ModeExplanation {
@@ -132,9 +134,12 @@ pub fn explain(
     if let Err(why) = wants_prefill(settings, uncached) {
         return aggregated(why);
     }
-    match routing::explain_prefill(pool, routes, tokens) {
+    let engine = pool
+        .worker(decode_worker)
+        .map_or(EngineKind::Sim, |w| w.info().engine);
+    match routing::explain_prefill(pool, routes, engine, tokens) {
         Err(RouteError::NoCandidates) if settings.mode == Disaggregation::Enforce => {
-            aggregated(no_prefill_worker(&routes.model).to_string())
+            aggregated(no_prefill_worker(&routes.model, engine).to_string())
         }
         Err(err) => aggregated(format!("no prefill worker: {err}")),
         Ok(decision) => match saturated(settings, &decision) {
@@ -166,14 +171,15 @@ pub enum Prefilled {
     Fail(ApiError),
 }
 
-/// The prefill stage of one attempt: chooses a prefill worker KV-aware, runs Prefill there
-/// with a timeout, and on failure tries another (`excluded` collects the failed ones across
-/// the request's attempts).
+/// The prefill stage of one attempt: chooses a prefill worker KV-aware among those of the
+/// decode worker's engine kind, runs Prefill there with a timeout, and on failure tries another
+/// (`excluded` collects the failed ones across the request's attempts).
 #[allow(clippy::too_many_arguments)]
 pub async fn prefill_stage(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
     settings: &DisaggSettings,
+    engine: EngineKind,
     request_id: &str,
     prompt: &[TokenId],
     uncached: u64,
@@ -186,13 +192,13 @@ pub async fn prefill_stage(
     let mut last_failure = None;
     for attempt in 1..=attempts.max(1) {
         let mut routed = match routing::route_prefill(
-            pool, routes, prompt, excluded, request_id, attempt,
+            pool, routes, engine, prompt, excluded, request_id, attempt,
         ) {
             Ok(routed) => routed,
             Err(err) => {
                 if settings.mode == Disaggregation::Enforce {
                     return Prefilled::Fail(match last_failure {
-                        None => no_prefill_worker(&routes.model),
+                        None => no_prefill_worker(&routes.model, engine),
                         Some(last) => ApiError::Unavailable(format!(
                             "disaggregation is enforced and every prefill worker failed; last: {last}"
                         )),

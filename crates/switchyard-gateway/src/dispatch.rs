@@ -147,10 +147,17 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 .decision
                 .chosen()
                 .map_or(context.len() as u64, |c| c.uncached_prompt_tokens);
+            let engine = routed
+                .worker
+                .info
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .engine;
             match prefill_stage(
                 pool,
                 &job.routes,
                 &job.disagg,
+                engine,
                 &job.request_id,
                 &context,
                 uncached,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use switchyard_core::{BlockHash, Role, TokenId, WorkerId, block_hashes};
+use switchyard_core::{BlockHash, EngineKind, Role, TokenId, WorkerId, block_hashes};
 use switchyard_router::{Candidate, Decision, PolicyConfig, PolicyKind, RouteError, RouteRequest};
 
 use crate::metrics::PolicyLabels;
@@ -206,10 +206,14 @@ pub enum Stage {
     Prefill,
 }
 
-/// Prefill-pool workers (role prefill) of the model that can take a prefill now.
+/// Prefill-pool workers (role prefill) of the model that can take a prefill now for a decode
+/// worker in front of `engine`. Only workers of the same engine kind pair up: the KV moves
+/// between the engines (the simulator's blocks over `PullKv`, vLLM's and SGLang's through the
+/// engines' own transfer), and neither side can read the other kind's.
 pub fn prefill_candidates(
     pool: &WorkerPool,
     routes: &ModelRoutes,
+    engine: EngineKind,
     exclude: &[WorkerId],
 ) -> Vec<(Candidate, Arc<WorkerHandle>)> {
     pool.workers()
@@ -219,6 +223,7 @@ pub fn prefill_candidates(
                 let info = w.info.read().unwrap_or_else(|p| p.into_inner());
                 let eligible = info.model == routes.model
                     && info.role == Role::Prefill
+                    && info.engine == engine
                     && !exclude.contains(&info.id);
                 eligible.then(|| info.id.clone())
             }?;
@@ -245,10 +250,11 @@ fn prefill_decision(
 pub fn explain_prefill(
     pool: &WorkerPool,
     routes: &ModelRoutes,
+    engine: EngineKind,
     tokens: &[TokenId],
 ) -> Result<Decision, RouteError> {
     let request = route_request(pool, routes, tokens, None);
-    let only: Vec<Candidate> = prefill_candidates(pool, routes, &[])
+    let only: Vec<Candidate> = prefill_candidates(pool, routes, engine, &[])
         .into_iter()
         .map(|(c, _)| c)
         .collect();
@@ -260,16 +266,18 @@ pub fn explain_prefill(
 
 /// Chooses a prefill worker for `tokens`, counts the prefill on it in the load view (until
 /// the returned request is dropped) and logs the decision.
+#[allow(clippy::too_many_arguments)]
 pub fn route_prefill(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
+    engine: EngineKind,
     tokens: &[TokenId],
     exclude: &[WorkerId],
     request_id: &str,
     attempt: u32,
 ) -> Result<RoutedRequest, RouteError> {
     let request = route_request(pool, routes, tokens, None);
-    let candidates = prefill_candidates(pool, routes, exclude);
+    let candidates = prefill_candidates(pool, routes, engine, exclude);
     if candidates.is_empty() {
         return Err(RouteError::NoCandidates);
     }

@@ -92,6 +92,11 @@ pub struct EngineConfig {
     pub startup_timeout_secs: u64,
     /// How vLLM is asked for generated token ids.
     pub vllm_token_ids: TokenIdSource,
+    /// SGLang prefill: the host decode engines reach this engine's bootstrap server on
+    /// (default: the host of `url`).
+    pub bootstrap_host: Option<String>,
+    /// SGLang prefill: the engine's `--disaggregation-bootstrap-port`.
+    pub bootstrap_port: u16,
 }
 
 impl Default for EngineConfig {
@@ -110,6 +115,8 @@ impl Default for EngineConfig {
             metrics_interval_ms: 500,
             startup_timeout_secs: 600,
             vllm_token_ids: TokenIdSource::default(),
+            bootstrap_host: None,
+            bootstrap_port: crate::engine::pd::SGLANG_DEFAULT_BOOTSTRAP_PORT,
         }
     }
 }
@@ -145,6 +152,11 @@ impl EngineConfig {
         }
         if self.metrics_interval_ms == 0 {
             return invalid("metrics_interval_ms must be at least 1".into());
+        }
+        if self.bootstrap_port == 0 {
+            return invalid(
+                "bootstrap_port must be a port number (SGLang's default is 8998)".into(),
+            );
         }
         Ok(())
     }
@@ -226,13 +238,6 @@ impl WorkerConfig {
         self.sim
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("sim: {e}")))?;
-        if self.engine.kind != EngineKind::Sim && self.role == Role::Prefill {
-            return invalid(format!(
-                "--role prefill is not supported with --engine {} yet (disaggregated prefill \
-                 needs the engines' KV transfer); use --role both",
-                self.engine.kind
-            ));
-        }
         self.engine.validate()
     }
 
@@ -332,6 +337,13 @@ pub struct WorkerArgs {
     /// vLLM: how generated token ids are requested: return_token_ids (vLLM >= 0.10.2) or logprobs.
     #[arg(long, env = "SWITCHYARD_VLLM_TOKEN_IDS")]
     pub vllm_token_ids: Option<TokenIdSource>,
+    /// SGLang prefill: host decode engines reach the engine's bootstrap server on (default: the
+    /// --engine-url host).
+    #[arg(long, env = "SWITCHYARD_ENGINE_BOOTSTRAP_HOST")]
+    pub engine_bootstrap_host: Option<String>,
+    /// SGLang prefill: the engine's --disaggregation-bootstrap-port (default 8998).
+    #[arg(long, env = "SWITCHYARD_ENGINE_BOOTSTRAP_PORT")]
+    pub engine_bootstrap_port: Option<u16>,
     /// vLLM/SGLang: seconds start-up waits for the engine to answer.
     #[arg(long, env = "SWITCHYARD_ENGINE_STARTUP_TIMEOUT_SECS")]
     pub engine_startup_timeout_secs: Option<u64>,
@@ -390,6 +402,7 @@ impl WorkerArgs {
             (&self.kv_events, &mut engine.kv_events),
             (&self.kv_replay, &mut engine.kv_replay),
             (&self.served_model_name, &mut engine.served_model_name),
+            (&self.engine_bootstrap_host, &mut engine.bootstrap_host),
         ] {
             if flag.is_some() {
                 target.clone_from(flag);
@@ -399,6 +412,7 @@ impl WorkerArgs {
         set!(dp_ranks => engine.dp_ranks);
         set!(vllm_token_ids => engine.vllm_token_ids);
         set!(engine_startup_timeout_secs => engine.startup_timeout_secs);
+        set!(engine_bootstrap_port => engine.bootstrap_port);
         if self.engine_block_size.is_some() {
             engine.block_size = self.engine_block_size;
         }
@@ -502,12 +516,26 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("wildcard"), "{err}");
         assert!(parse_engine_kind("tgi").is_err());
-        let err = WorkerArgs {
+        // A prefill worker in front of SGLang announces its engine's bootstrap server.
+        let config = WorkerArgs {
             role: Some(Role::Prefill),
+            engine: Some(EngineKind::Sglang),
+            engine_bootstrap_port: Some(9000),
+            ..args.clone()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(config.role, Role::Prefill);
+        assert_eq!(
+            (config.engine.bootstrap_host, config.engine.bootstrap_port),
+            (None, 9000)
+        );
+        let err = WorkerArgs {
+            engine_bootstrap_port: Some(0),
             ..args
         }
         .resolve()
         .unwrap_err();
-        assert!(err.to_string().contains("prefill"), "{err}");
+        assert!(err.to_string().contains("bootstrap_port"), "{err}");
     }
 }

@@ -17,6 +17,7 @@ use switchyard_proto::v1;
 use tonic::Status;
 use tonic::transport::Endpoint;
 
+use crate::engine::pd::moves_kv_itself;
 use crate::engine::{
     Engine, EngineError, FinishReason, GenerateParams, GenerationChunk, HeldBlock,
 };
@@ -34,6 +35,10 @@ pub(crate) async fn generate_from_source(
     source: v1::KvSource,
     pull_timeout: Duration,
 ) -> Result<ChunkStream, Status> {
+    // Engines that move KV themselves take the prefill engine's parameters instead of a pull.
+    if !source.engine_transfer_params.is_empty() || moves_kv_itself(engine.spec().kind) {
+        return crate::engine_transfer::generate(engine, params, source).await;
+    }
     let handle = source
         .handle
         .map(|h| h.id)

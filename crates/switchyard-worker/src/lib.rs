@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod config;
 pub mod engine;
+mod engine_transfer;
 pub mod event_log;
 mod kv_source;
 pub mod service;

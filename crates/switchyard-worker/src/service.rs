@@ -221,7 +221,7 @@ impl v1::worker_server::Worker for WorkerService {
             prompt_tokens: outcome.prompt_tokens,
             first_token_id: outcome.first_token,
             expires_at_unix_ms: unix_ms(outcome.expires_at),
-            engine_transfer_params: String::new(),
+            engine_transfer_params: outcome.engine_transfer_params.unwrap_or_default(),
             pipelined: false,
         }))
     }

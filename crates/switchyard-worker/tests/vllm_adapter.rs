@@ -29,6 +29,7 @@ struct Fake {
     http: String,
     zmq: u16,
     replay: u16,
+    bootstrap: u16,
     client: reqwest::Client,
 }
 
@@ -54,6 +55,7 @@ impl Fake {
             http: format!("http://127.0.0.1:{}", ports["http"]),
             zmq: ports["zmq"].as_u64().unwrap() as u16,
             replay: ports["replay"].as_u64().unwrap() as u16,
+            bootstrap: ports["bootstrap"].as_u64().unwrap() as u16,
             client: reqwest::Client::new(),
         }
     }
@@ -314,6 +316,8 @@ async fn errors_map_to_whose_fault_and_dropping_a_stream_aborts() {
         })
         .await
         .unwrap_err();
+    // Without a KV connector vLLM answers no kv_transfer_params: not a prefill worker's engine.
+    assert!(err.to_string().contains("kv-transfer-config"), "{err}");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::Unimplemented);
 
     // Dropping the stream closes the HTTP request; the engine stops running it.
@@ -339,4 +343,191 @@ async fn errors_map_to_whose_fault_and_dropping_a_stream_aborts() {
     assert!(matches!(err, EngineError::Unavailable(_)), "{err}");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::Unavailable);
     engine.shutdown();
+}
+
+async fn collect(
+    mut stream: switchyard_worker::engine::GenerationStream,
+) -> (Vec<u32>, FinishReason) {
+    let mut tokens = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.unwrap();
+        tokens.extend(chunk.tokens);
+        if let Some(finish) = chunk.finish {
+            return (tokens, finish);
+        }
+    }
+    panic!("stream ended without a finish");
+}
+
+fn prefill_params(prompt: Vec<u32>, hold: Duration) -> PrefillParams {
+    PrefillParams {
+        request_id: "pd-1".into(),
+        prompt,
+        hold,
+    }
+}
+
+fn object(json: &str) -> serde_json::Map<String, Value> {
+    match serde_json::from_str(json).unwrap() {
+        Value::Object(map) => map,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn vllm_prefill_hands_its_kv_transfer_params_to_the_decode_engine() {
+    let prefill_fake = Fake::start(&["--block-size", "4", "--kv-transfer"]).await;
+    let decode_fake = Fake::start(&["--block-size", "4", "--kv-transfer"]).await;
+    let prefill = start(prefill_fake.config(EngineKind::Vllm, 1, false)).await;
+    let decode = start(decode_fake.config(EngineKind::Vllm, 1, true)).await;
+    let prompt = seq(1, 10);
+
+    let outcome = prefill
+        .prefill(prefill_params(prompt.clone(), Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let transfer = object(outcome.engine_transfer_params.as_deref().unwrap());
+    let prefill_id = prefill_fake.admin("transfers", json!({})).await["engine_id"].clone();
+    assert_eq!(transfer["do_remote_prefill"], true);
+    assert_eq!(transfer["remote_engine_id"], prefill_id);
+    assert_eq!(transfer["remote_block_ids"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        outcome.block_hashes,
+        block_hashes(&prompt, BlockSize::new(4).unwrap())
+    );
+    assert_eq!(
+        (outcome.prompt_tokens, outcome.cached_prompt_tokens),
+        (10, 0)
+    );
+
+    // The decode engine gets the original prompt with those parameters and generates the whole
+    // completion, starting with the token the prefill sampled.
+    let (tokens, finish) = collect(
+        decode
+            .generate_with_transfer(params(prompt.clone(), 4), transfer.clone())
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((tokens.len(), finish), (4, FinishReason::Length));
+    assert_eq!(tokens[0], outcome.first_token);
+    let seen = decode_fake.admin("transfers", json!({})).await;
+    assert_eq!(
+        seen["received"][0]["params"],
+        Value::Object(transfer.clone())
+    );
+    assert_eq!(seen["received"][0]["outcome"], "pulled");
+    assert_eq!(
+        prefill_fake.admin("transfers", json!({})).await["handed_over"],
+        1
+    );
+    // The received blocks are in the decode engine's cache and its events.
+    assert_mirrors(&decode_fake, &decode).await;
+    let mirrored = logged(&decode);
+    assert!(
+        block_hashes(&prompt, decode.spec().block_size)
+            .iter()
+            .all(|h| mirrored.contains(h))
+    );
+
+    // SGLang's bootstrap parameters are not vLLM's: refused before the engine sees them.
+    let err = decode
+        .generate_with_transfer(
+            params(prompt, 4),
+            object(r#"{"bootstrap_host":"h","bootstrap_port":1,"bootstrap_room":2}"#),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::Unimplemented);
+    prefill.shutdown();
+    decode.shutdown();
+}
+
+#[tokio::test]
+async fn sglang_prefill_answers_at_once_and_the_decode_engine_takes_the_room() {
+    let prefill_fake = Fake::start(&[
+        "--flavor",
+        "sglang",
+        "--disaggregation-mode",
+        "prefill",
+        "--transfer-timeout",
+        "20",
+    ])
+    .await;
+    let decode_fake = Fake::start(&["--flavor", "sglang", "--disaggregation-mode", "decode"]).await;
+    let mut config = prefill_fake.config(EngineKind::Sglang, 1, false);
+    config.bootstrap_port = prefill_fake.bootstrap;
+    let prefill = start(config).await;
+    let decode = start(decode_fake.config(EngineKind::Sglang, 1, false)).await;
+    let prompt = seq(1, 9);
+
+    // The stand-in's prefill does not finish until a decode engine takes the room: the answer
+    // comes before that, or this would wait for ever.
+    let outcome = prefill
+        .prefill(prefill_params(prompt.clone(), Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let transfer = object(outcome.engine_transfer_params.as_deref().unwrap());
+    assert_eq!(transfer["bootstrap_host"], "127.0.0.1");
+    assert_eq!(transfer["bootstrap_port"], prefill_fake.bootstrap);
+    let room = transfer["bootstrap_room"].as_u64().unwrap();
+    assert!(room <= i64::MAX as u64);
+    assert_eq!(
+        prefill_fake.admin("transfers", json!({})).await["handed_over"],
+        0
+    );
+
+    let (tokens, finish) = collect(
+        decode
+            .generate_with_transfer(params(prompt.clone(), 3), transfer.clone())
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((tokens.len(), finish), (3, FinishReason::Length));
+    let seen = decode_fake.admin("transfers", json!({})).await;
+    assert_eq!(seen["received"][0]["params"], Value::Object(transfer));
+    assert_eq!(seen["received"][0]["outcome"], "pulled");
+    let mut handed = false;
+    for _ in 0..100 {
+        if prefill_fake.admin("transfers", json!({})).await["handed_over"] == 1 {
+            handed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(handed, "the prefill engine never saw its room taken");
+    assert_mirrors(&decode_fake, &decode).await;
+
+    // A room nobody serves: the decode engine aborts, the adapter reports it.
+    let mut bad = object(outcome.engine_transfer_params.as_deref().unwrap());
+    bad.insert("bootstrap_port".into(), json!(1));
+    let (_, finish) = collect(
+        decode
+            .generate_with_transfer(params(prompt.clone(), 3), bad)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(finish, FinishReason::Aborted);
+    // vLLM's parameters are not SGLang's.
+    let err = decode
+        .generate_with_transfer(
+            params(prompt.clone(), 3),
+            object(r#"{"do_remote_prefill":true}"#),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::Unimplemented);
+
+    // A dead prefill engine fails the prefill at once, retryably.
+    drop(prefill_fake);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let err = prefill
+        .prefill(prefill_params(prompt, Duration::from_secs(5)))
+        .await
+        .unwrap_err();
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::Unavailable);
+    prefill.shutdown();
+    decode.shutdown();
 }

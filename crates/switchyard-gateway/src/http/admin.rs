@@ -174,6 +174,7 @@ async fn explain(
         &state.pool,
         &routes,
         &state.config.disagg(),
+        &decision.worker,
         &tokens,
         uncached,
     );

@@ -3,13 +3,15 @@
 //! The agent's gRPC service is written once against this trait; the built-in simulator
 //! ([`sim::SimEngine`]) is the first implementation, real engines (vLLM, SGLang) are fronted by
 //! [`vllm::VllmEngine`] (HTTP generation in [`openai_http`], ZMQ KV events in [`zmq_events`],
-//! decoded by [`kv_decode`] and rehashed by [`kv_relay`], load from [`engine_metrics`]). An
-//! engine publishes its KV cache changes into its [`EventLog`].
+//! decoded by [`kv_decode`] and rehashed by [`kv_relay`], load from [`engine_metrics`], and
+//! disaggregated prefill/decode through the engines' own KV transfer in [`pd`]). An engine
+//! publishes its KV cache changes into its [`EventLog`].
 
 pub mod engine_metrics;
 pub mod kv_decode;
 pub mod kv_relay;
 pub mod openai_http;
+pub mod pd;
 #[cfg(test)]
 mod proptests;
 pub mod sim;
@@ -158,6 +160,10 @@ pub struct PrefillOutcome {
     pub cached_prompt_tokens: u32,
     pub first_token: TokenId,
     pub expires_at: SystemTime,
+    /// For engines that move KV themselves: what the decode side's engine needs to fetch it (a
+    /// JSON object: vLLM's `kv_transfer_params`, SGLang's bootstrap address and room). `None`
+    /// when the decode worker pulls the blocks over `PullKv`.
+    pub engine_transfer_params: Option<String>,
 }
 
 /// One block of a KV pull.
@@ -229,6 +235,20 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         let _ = blocks;
         Err(EngineError::Unsupported(
             "this engine cannot import KV blocks (disaggregated decode needs the simulator)",
+        ))
+    }
+
+    /// Generates the whole completion of a prompt whose KV the engine fetches itself from a
+    /// prefill engine, as described by `transfer` (the prefill's
+    /// [`PrefillOutcome::engine_transfer_params`], a JSON object).
+    async fn generate_with_transfer(
+        &self,
+        params: GenerateParams,
+        transfer: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<GenerationStream, EngineError> {
+        let _ = (params, transfer);
+        Err(EngineError::Unsupported(
+            "this engine cannot take engine transfer parameters (they come from a vllm or sglang prefill worker)",
         ))
     }
 

@@ -355,7 +355,7 @@ fn finish_reason(reason: &str) -> FinishReason {
     }
 }
 
-fn vllm_tokens(choice: &Value) -> Result<Vec<u32>, EngineError> {
+pub(crate) fn vllm_tokens(choice: &Value) -> Result<Vec<u32>, EngineError> {
     let bad = |what: &str| EngineError::Unavailable(format!("engine sent {what}"));
     if let Some(ids) = choice.get("token_ids").filter(|v| !v.is_null()) {
         return ids

@@ -248,6 +248,7 @@ impl Engine for SimEngine {
             cached_prompt_tokens: chunk.cached_prompt_tokens,
             first_token,
             expires_at,
+            engine_transfer_params: None,
         })
     }
 

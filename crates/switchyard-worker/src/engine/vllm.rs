@@ -8,13 +8,14 @@
 //! waits for the engine to answer and reads its block size, device blocks and context length
 //! (each can be overridden by configuration).
 //!
-//! Disaggregated prefill (KV transfer between engines) is not driven through this adapter yet:
-//! [`Engine::prefill`] and [`Engine::pull_kv`] answer [`EngineError::Unsupported`].
+//! Disaggregated serving goes through the engines' own KV transfer ([`pd`](super::pd)): the
+//! prefill answer carries the engine's transfer parameters and the decode side hands them to its
+//! engine, so [`Engine::pull_kv`] answers [`EngineError::Unsupported`].
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use switchyard_core::{BlockSize, EngineKind, LoadStats, WorkerId};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -63,17 +64,19 @@ struct Facts {
 /// A vLLM or SGLang engine behind the worker.
 #[derive(Debug)]
 pub struct VllmEngine {
-    spec: EngineSpec,
-    dialect: Dialect,
-    http: reqwest::Client,
-    base_url: String,
-    model: String,
+    pub(super) spec: EngineSpec,
+    pub(super) dialect: Dialect,
+    pub(super) http: reqwest::Client,
+    pub(super) base_url: String,
+    pub(super) model: String,
+    /// SGLang: where decode engines reach this engine's bootstrap server (host, port).
+    pub(super) bootstrap: (String, u16),
     load_rx: watch::Receiver<LoadStats>,
     events: Arc<EventLog>,
     counters: Arc<AdapterCounters>,
     shared: Option<Arc<RelayShared>>,
-    tasks: TaskTracker,
-    cancel: CancellationToken,
+    pub(super) tasks: TaskTracker,
+    pub(super) cancel: CancellationToken,
 }
 
 impl VllmEngine {
@@ -97,6 +100,11 @@ impl VllmEngine {
             EngineKind::Sglang => Dialect::Sglang,
             _ => Dialect::Vllm(config.vllm_token_ids),
         };
+        let bootstrap = (
+            super::pd::bootstrap_host(config.bootstrap_host.as_deref(), &base_url)
+                .map_err(AdapterError::Config)?,
+            config.bootstrap_port,
+        );
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .build()
@@ -176,6 +184,7 @@ impl VllmEngine {
             dialect,
             http,
             base_url,
+            bootstrap,
             model: config
                 .served_model_name
                 .clone()
@@ -202,6 +211,54 @@ impl VllmEngine {
                 .unwrap_or_else(|p| p.into_inner())
                 .block_count()
         })
+    }
+}
+
+impl VllmEngine {
+    /// Posts one generation and streams the engine's answer back. The request id goes in the
+    /// body and as `X-Request-Id`, as vLLM's disaggregation proxy does, so both halves of a
+    /// disaggregated request carry the same id.
+    pub(super) async fn stream_request(
+        &self,
+        path: &str,
+        body: Value,
+        params: &GenerateParams,
+    ) -> Result<GenerationStream, EngineError> {
+        if self.cancel.is_cancelled() {
+            return Err(EngineError::Stopped);
+        }
+        let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base_url))
+            .header("X-Request-Id", &params.request_id)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("engine unreachable: {e}")))?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            return Err(openai_http::http_error(status, &text));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let dialect = self.dialect;
+        let cancel = self.cancel.clone();
+        let pump = self.tasks.spawn(async move {
+            tokio::select! {
+                _ = openai_http::pump(response, dialect, prompt_tokens, tx.clone()) => {}
+                _ = cancel.cancelled() => {
+                    let _ = tx.send(Err(EngineError::Stopped));
+                }
+            }
+        });
+        let abort = pump.abort_handle();
+        // Dropping the stream aborts the reader, which drops the response: the engine sees the
+        // connection close and aborts the request.
+        Ok(GenerationStream::new(
+            rx,
+            DropGuard::new(move || abort.abort()),
+        ))
     }
 }
 
@@ -349,52 +406,32 @@ impl Engine for VllmEngine {
     }
 
     async fn generate(&self, params: GenerateParams) -> Result<GenerationStream, EngineError> {
+        let (path, body) = openai_http::request_body(self.dialect, &self.model, &params);
+        self.stream_request(path, body, &params).await
+    }
+
+    async fn prefill(&self, params: PrefillParams) -> Result<PrefillOutcome, EngineError> {
         if self.cancel.is_cancelled() {
             return Err(EngineError::Stopped);
         }
-        let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
-        let (path, body) = openai_http::request_body(self.dialect, &self.model, &params);
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base_url))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| EngineError::Unavailable(format!("engine unreachable: {e}")))?;
-        if !response.status().is_success() {
-            let status = response.status();
-            let text = response.text().await.unwrap_or_default();
-            return Err(openai_http::http_error(status, &text));
+        match self.dialect {
+            Dialect::Vllm(_) => self.prefill_vllm(params).await,
+            Dialect::Sglang => self.prefill_sglang(params).await,
         }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let dialect = self.dialect;
-        let cancel = self.cancel.clone();
-        let pump = self.tasks.spawn(async move {
-            tokio::select! {
-                _ = openai_http::pump(response, dialect, prompt_tokens, tx.clone()) => {}
-                _ = cancel.cancelled() => {
-                    let _ = tx.send(Err(EngineError::Stopped));
-                }
-            }
-        });
-        let abort = pump.abort_handle();
-        // Dropping the stream aborts the reader, which drops the response: the engine sees the
-        // connection close and aborts the request.
-        Ok(GenerationStream::new(
-            rx,
-            DropGuard::new(move || abort.abort()),
-        ))
     }
 
-    async fn prefill(&self, _: PrefillParams) -> Result<PrefillOutcome, EngineError> {
-        Err(EngineError::Unsupported(
-            "disaggregated prefill is not supported by the vllm/sglang adapter yet",
-        ))
+    async fn generate_with_transfer(
+        &self,
+        params: GenerateParams,
+        transfer: Map<String, Value>,
+    ) -> Result<GenerationStream, EngineError> {
+        self.generate_transfer(params, transfer).await
     }
 
     async fn pull_kv(&self, _: &str) -> Result<KvPull, EngineError> {
         Err(EngineError::Unsupported(
-            "kv pulls are not supported by the vllm/sglang adapter yet",
+            "a vllm/sglang prefill worker holds no blocks to pull: its engine hands the KV to the \
+             decode engine itself (engine transfer parameters)",
         ))
     }
 

@@ -1,0 +1,236 @@
+//! The decode side of disaggregated serving when the engines move the KV themselves (vLLM's
+//! KV connectors, SGLang's bootstrap): the `KvSource` carries the prefill engine's transfer
+//! parameters, which go to this worker's engine with the request (see
+//! [`crate::engine::pd`]); nothing is pulled over `PullKv`.
+//!
+//! The engine generates the whole completion, its first token included, so its stream is passed
+//! through as it is (no token is added, none is counted twice). Only the cached prompt tokens are
+//! taken from the prefill: the decode engine counts the KV it received as cached, which is not
+//! what the client asked about (prompt tokens the prefill found in its prefix cache).
+//!
+//! An engine that aborts the request before its first token most likely never got the KV (the
+//! prefill engine died after its worker answered, an SGLang room nobody filled): that is
+//! reported as a failed pull (`pulling kv …`, as the simulator's pull failures are), so the
+//! gateway blames the prefill worker and keeps this decode worker eligible for the retry.
+
+use futures::StreamExt;
+use serde_json::Value;
+use switchyard_proto::v1;
+use tonic::Status;
+
+use crate::engine::{Engine, EngineError, FinishReason, GenerateParams, GenerationChunk};
+use crate::kv_source::ChunkStream;
+
+/// Generates from `source`'s engine transfer parameters. A source without them (a simulator
+/// prefill worker's handle) cannot feed an engine that moves KV itself: refused before anything
+/// is pulled, as `FAILED_PRECONDITION`, so the gateway tries another pairing.
+pub(crate) async fn generate(
+    engine: &dyn Engine,
+    params: GenerateParams,
+    source: v1::KvSource,
+) -> Result<ChunkStream, Status> {
+    let kind = engine.spec().kind;
+    if source.engine_transfer_params.is_empty() {
+        return Err(Status::failed_precondition(format!(
+            "this worker's {kind} engine fetches KV itself and needs the prefill engine's transfer \
+             parameters; the kv_source has none (a prefill worker of another engine kind?)"
+        )));
+    }
+    let transfer = match serde_json::from_str::<Value>(&source.engine_transfer_params) {
+        Ok(Value::Object(fields)) => fields,
+        Ok(_) | Err(_) => {
+            return Err(Status::invalid_argument(
+                "kv_source.engine_transfer_params is not a JSON object",
+            ));
+        }
+    };
+    let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
+    let cached = source.cached_prompt_tokens.min(prompt_tokens);
+    let stream = engine.generate_with_transfer(params, transfer).await?;
+    let mut started = false;
+    Ok(Box::pin(stream.map(move |item| {
+        let item = match item {
+            Ok(chunk)
+                if !started
+                    && chunk.tokens.is_empty()
+                    && chunk.finish == Some(FinishReason::Aborted) =>
+            {
+                Err(EngineError::Unavailable(format!(
+                    "pulling kv through the {kind} engine's own transfer failed: the engine \
+                     aborted the request before its first token"
+                )))
+            }
+            other => other,
+        };
+        started |= item.as_ref().is_ok_and(|c| !c.tokens.is_empty());
+        item.map(|chunk| GenerationChunk {
+            cached_prompt_tokens: cached,
+            ..chunk
+        })
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::Map;
+    use switchyard_core::{BlockSize, EngineKind, LoadStats, WorkerId};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::engine::{
+        DropGuard, EngineError, EngineSpec, FinishReason, GenerationStream, KvPull, PrefillOutcome,
+        PrefillParams,
+    };
+    use crate::event_log::EventLog;
+
+    /// An engine that answers every transfer generation with two chunks, counting the whole
+    /// prompt as cached the way a decode engine that received the KV does.
+    #[derive(Debug)]
+    struct Receiving {
+        spec: EngineSpec,
+        events: Arc<EventLog>,
+        given: Mutex<Vec<Map<String, Value>>>,
+        /// Abort every request before its first token, as after a failed transfer.
+        abort: bool,
+    }
+
+    impl Receiving {
+        fn new() -> Self {
+            Self {
+                spec: EngineSpec {
+                    kind: EngineKind::Vllm,
+                    block_size: BlockSize::new(4).unwrap(),
+                    kv_capacity_blocks: 8,
+                    max_context_tokens: 64,
+                    kv_bytes_per_token: 1,
+                },
+                events: Arc::new(EventLog::new(WorkerId::new("w").unwrap(), 1, 8)),
+                given: Mutex::new(Vec::new()),
+                abort: false,
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Engine for Receiving {
+        fn spec(&self) -> &EngineSpec {
+            &self.spec
+        }
+        async fn generate(&self, _: GenerateParams) -> Result<GenerationStream, EngineError> {
+            Err(EngineError::Unsupported("not in this test"))
+        }
+        async fn prefill(&self, _: PrefillParams) -> Result<PrefillOutcome, EngineError> {
+            Err(EngineError::Unsupported("not in this test"))
+        }
+        async fn pull_kv(&self, _: &str) -> Result<KvPull, EngineError> {
+            Err(EngineError::Unsupported("not in this test"))
+        }
+        async fn generate_with_transfer(
+            &self,
+            params: GenerateParams,
+            transfer: Map<String, Value>,
+        ) -> Result<GenerationStream, EngineError> {
+            self.given.lock().unwrap().push(transfer);
+            let prompt_tokens = params.prompt.len() as u32;
+            let chunk = |tokens: Vec<u32>, finish, completion_tokens| GenerationChunk {
+                tokens,
+                finish,
+                prompt_tokens,
+                cached_prompt_tokens: prompt_tokens,
+                completion_tokens,
+            };
+            let (tx, rx) = mpsc::unbounded_channel();
+            if self.abort {
+                tx.send(Ok(chunk(Vec::new(), Some(FinishReason::Aborted), 0)))
+                    .unwrap();
+                return Ok(GenerationStream::new(rx, DropGuard::new(|| {})));
+            }
+            tx.send(Ok(chunk(vec![7], None, 1))).unwrap();
+            tx.send(Ok(chunk(vec![8], Some(FinishReason::Length), 2)))
+                .unwrap();
+            Ok(GenerationStream::new(rx, DropGuard::new(|| {})))
+        }
+        fn load(&self) -> LoadStats {
+            LoadStats::default()
+        }
+        fn events(&self) -> &Arc<EventLog> {
+            &self.events
+        }
+        fn shutdown(&self) {}
+    }
+
+    fn params() -> GenerateParams {
+        GenerateParams {
+            request_id: "r".into(),
+            prompt: (1..=10).collect(),
+            max_tokens: 2,
+            temperature: 0.0,
+            seed: None,
+            ignore_eos: true,
+            stop_token_ids: Vec::new(),
+        }
+    }
+
+    fn source(params: &str, cached: u32) -> v1::KvSource {
+        v1::KvSource {
+            address: "prefill:1".into(),
+            cached_prompt_tokens: cached,
+            first_token_id: 7,
+            engine_transfer_params: params.into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_engine_stream_passes_through_with_the_prefills_cached_count() {
+        let engine = Receiving::new();
+        let stream = generate(&engine, params(), source(r#"{"remote_block_ids":[3]}"#, 4))
+            .await
+            .unwrap();
+        let chunks: Vec<GenerationChunk> = stream.map(Result::unwrap).collect().await;
+        // Nothing added: the first token is the engine's, counted once.
+        let tokens: Vec<u32> = chunks.iter().flat_map(|c| c.tokens.clone()).collect();
+        assert_eq!(tokens, vec![7, 8]);
+        assert_eq!(chunks.last().unwrap().completion_tokens, 2);
+        assert!(chunks.iter().all(|c| c.cached_prompt_tokens == 4));
+        assert_eq!(
+            engine.given.lock().unwrap()[0]["remote_block_ids"],
+            serde_json::json!([3])
+        );
+    }
+
+    #[tokio::test]
+    async fn sources_without_usable_parameters_are_refused_before_the_engine() {
+        let engine = Receiving::new();
+        let code = |r: Result<ChunkStream, Status>| r.err().map(|s| s.code());
+        assert_eq!(
+            code(generate(&engine, params(), source("", 0)).await),
+            Some(tonic::Code::FailedPrecondition)
+        );
+        assert_eq!(
+            code(generate(&engine, params(), source("[1,2]", 0)).await),
+            Some(tonic::Code::InvalidArgument)
+        );
+        assert_eq!(
+            code(generate(&engine, params(), source("{not json", 0)).await),
+            Some(tonic::Code::InvalidArgument)
+        );
+        assert!(engine.given.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_abort_before_the_first_token_is_a_failed_pull() {
+        let engine = Receiving {
+            abort: true,
+            ..Receiving::new()
+        };
+        let stream = generate(&engine, params(), source("{}", 0)).await.unwrap();
+        let items: Vec<_> = stream.collect().await;
+        let status = Status::from(items[0].clone().unwrap_err());
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        // The gateway's dispatch tells a failed pull by these words and blames the prefill.
+        assert!(status.message().contains("pulling kv"), "{status:?}");
+    }
+}

@@ -1,0 +1,151 @@
+//! The stand-in vLLM/SGLang engine (`tests/python/fake_vllm.py`) as the end-to-end tests drive
+//! it, and the `switchyard worker` flags that put a worker in front of one.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/python/fake_vllm.py"
+);
+
+/// One stand-in engine process, killed when dropped.
+pub struct Fake {
+    _child: Child,
+    pub http: String,
+    pub zmq: u64,
+    pub replay: u64,
+    /// SGLang bootstrap server / vLLM side channel port.
+    pub bootstrap: u64,
+    client: reqwest::Client,
+}
+
+impl Fake {
+    /// Starts a stand-in with block size 4 and 128 blocks, plus `extra` flags.
+    pub async fn start(extra: &[&str]) -> Fake {
+        let mut child = Command::new("python3")
+            .arg(SCRIPT)
+            .args(["--block-size", "4", "--num-blocks", "128"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 runs the stand-in");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("stand-in starts")
+            .expect("read stand-in stdout")
+            .expect("stand-in prints READY");
+        let ports: Value = serde_json::from_str(line.strip_prefix("READY ").expect("READY line"))
+            .expect("READY json");
+        let port = |name: &str| ports[name].as_u64().expect("port");
+        Fake {
+            _child: child,
+            http: format!("http://127.0.0.1:{}", port("http")),
+            zmq: port("zmq"),
+            replay: port("replay"),
+            bootstrap: port("bootstrap"),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn admin(&self, what: &str, body: Value) -> Value {
+        let url = format!("{}/admin/{what}", self.http);
+        let response = self
+            .client
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .expect("admin");
+        response.json().await.expect("admin json")
+    }
+
+    /// Blocks the stand-in holds (rank 0).
+    pub async fn held(&self) -> u64 {
+        let state = self.admin("state", json!({})).await;
+        state["ranks"][0].as_array().map_or(0, |r| r.len() as u64)
+    }
+
+    /// `switchyard worker` flags for a worker with id `id` in front of this stand-in.
+    pub fn worker_args(&self, engine: &str, id: &str, etcd: &str, cluster: &str) -> Vec<String> {
+        [
+            "--engine",
+            engine,
+            "--engine-url",
+            &self.http,
+            "--kv-events",
+            &format!("tcp://127.0.0.1:{}", self.zmq),
+            "--kv-replay",
+            &format!("tcp://127.0.0.1:{}", self.replay),
+            "--model",
+            "fake-model",
+            "--etcd",
+            etcd,
+            "--cluster",
+            cluster,
+            "--id",
+            id,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    }
+}
+
+/// Blocks the gateway at `api` indexes for `worker`, when it lists the worker.
+pub async fn indexed(api: &str, worker: &str) -> Option<u64> {
+    let workers: Value = reqwest::get(format!("{api}/admin/workers"))
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    workers
+        .as_array()?
+        .iter()
+        .find(|w| w["id"] == worker)
+        .and_then(|w| w["indexed_blocks"].as_u64())
+}
+
+/// Waits until the gateway indexes exactly as many blocks for `worker` as `fake` holds.
+pub async fn assert_mirrored(api: &str, worker: &str, fake: &Fake) {
+    let ok = super::eventually(Duration::from_secs(15), || async {
+        indexed(api, worker).await == Some(fake.held().await)
+    })
+    .await;
+    let (want, got) = (fake.held().await, indexed(api, worker).await);
+    assert!(
+        ok,
+        "{worker}: engine holds {want} blocks, index has {got:?}"
+    );
+}
+
+/// The gateway's explain for `prompt` (model `fake-model`).
+pub async fn explain(api: &str, prompt: &[u32]) -> Value {
+    reqwest::Client::new()
+        .post(format!("{api}/admin/explain"))
+        .json(&json!({"model": "fake-model", "prompt": prompt}))
+        .send()
+        .await
+        .expect("explain")
+        .json()
+        .await
+        .expect("explain json")
+}
+
+/// The prompt's overlap (device blocks) on `worker`, per the gateway's explain.
+pub async fn overlap(api: &str, worker: &str, prompt: &[u32]) -> u64 {
+    let explain = explain(api, prompt).await;
+    explain["decision"]["explanation"]["workers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("explain answered {explain}"))
+        .iter()
+        .find(|w| w["worker"] == worker)
+        .map_or(0, |w| w["overlap"]["device"].as_u64().unwrap_or(0))
+}
