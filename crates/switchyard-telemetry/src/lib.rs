@@ -12,6 +12,9 @@
 //!   belongs to is its target, so one process can export as two services.
 //! - [`propagation`] carries the context across gRPC: the gateway injects `traceparent` into
 //!   a call's metadata, the worker makes its span a child of it.
+//!
+//! Span fields that count things are recorded as `i64`: `tracing-opentelemetry` exports
+//! unsigned integers as strings, which a trace backend cannot compare or sum.
 
 pub mod propagation;
 
