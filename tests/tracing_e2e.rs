@@ -287,6 +287,10 @@ async fn switchyard_up_exports_one_trace_per_request_as_gateway_and_worker() {
         assert!(route.attr("overlap_blocks").is_i64(), "{route:?}");
 
         let decode = trace.child(root, "decode", &[]);
+        // Its context was read (for traceparent) before it was entered: it must still be
+        // exported by the gateway's provider, not the worker's, in a process that has both.
+        assert_eq!(decode.service, "switchyard-gateway");
+        assert_eq!(route.service, "switchyard-gateway");
         assert_eq!(decode.attr("worker"), "sim-0");
         assert_eq!(decode.attr("mode"), "aggregated");
         assert_eq!(decode.attr("completion_tokens"), &json!(6));

@@ -204,10 +204,8 @@ pub fn provider(service: Service, builder: TracerProviderBuilder) -> SdkTracerPr
 /// The layer that turns `service`'s spans into OpenTelemetry spans of `provider`.
 ///
 /// Several of these may share a subscriber (`switchyard up`): each sees only its own service's
-/// spans and events, so every span is exported once, by its own service. A span's context is
-/// only read from the gateway ([`inject_context`]), whose layer [`init`] installs first, which
-/// matters because `tracing-opentelemetry` starts a span that is read before it was entered
-/// with the first layer it finds.
+/// spans and events, so every span is exported once, by its own service (which is why
+/// [`inject_context`] enters a span before it reads its context).
 pub fn service_layer(
     service: Service,
     provider: &SdkTracerProvider,

@@ -49,7 +49,10 @@ pub fn inject_context(span: &tracing::Span, metadata: &mut MetadataMap) {
     if span.is_disabled() {
         return;
     }
-    let context = span.context();
+    // Entering starts the OpenTelemetry span in its own service's layer. Reading the context of
+    // a span nobody entered yet would start it in whichever layer `tracing-opentelemetry` finds
+    // first, which in `switchyard up` may be the other service's.
+    let context = span.in_scope(|| span.context());
     if !context.span().span_context().is_valid() {
         return;
     }
@@ -121,7 +124,9 @@ mod tests {
     }
 
     /// A subscriber exporting as the gateway and as a worker, each to its own collector, the
-    /// way `switchyard up` exports (the simple processor exports each span as it ends).
+    /// way `switchyard up` exports (the simple processor exports each span as it ends). The
+    /// worker's layer comes first, so a gateway span whose context were read before it started
+    /// would be exported as the worker's.
     fn two_services() -> (impl tracing::Subscriber + Send + Sync, Collect, Collect) {
         let (gateway, worker) = (Collect::default(), Collect::default());
         let gateway_provider = provider(
@@ -133,8 +138,8 @@ mod tests {
             SdkTracerProvider::builder().with_simple_exporter(worker.clone()),
         );
         let subscriber = tracing_subscriber::registry().with(vec![
-            service_layer(GATEWAY, &gateway_provider),
             service_layer(WORKER, &worker_provider),
+            service_layer(GATEWAY, &gateway_provider),
         ]);
         (subscriber, gateway, worker)
     }
