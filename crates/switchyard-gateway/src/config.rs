@@ -340,7 +340,8 @@ impl GatewayArgs {
             config.prefill_timeout_secs = v;
         }
         if let Some(v) = &self.otlp_endpoint {
-            config.otlp_endpoint = Some(v.clone());
+            // Empty (an `OTEL_EXPORTER_OTLP_ENDPOINT=` left in a manifest) turns traces off.
+            config.otlp_endpoint = Some(v.clone()).filter(|v| !v.trim().is_empty());
         }
         config.validate()?;
         Ok(config)
@@ -411,5 +412,14 @@ mod tests {
         };
         let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
         assert!(err.to_string().contains("OTLP endpoint"), "{err}");
+        let args = GatewayArgs {
+            otlp_endpoint: Some(String::new()),
+            ..Default::default()
+        };
+        let traced = GatewayConfig {
+            otlp_endpoint: Some("http://otel-collector:4317".into()),
+            ..GatewayConfig::default()
+        };
+        assert_eq!(args.resolve_onto(traced).unwrap().otlp_endpoint, None);
     }
 }

@@ -419,8 +419,9 @@ impl WorkerArgs {
         if self.engine_max_context.is_some() {
             engine.max_context = self.engine_max_context;
         }
-        if self.otlp_endpoint.is_some() {
-            config.otlp_endpoint.clone_from(&self.otlp_endpoint);
+        if let Some(v) = &self.otlp_endpoint {
+            // Empty (an `OTEL_EXPORTER_OTLP_ENDPOINT=` left in a manifest) turns traces off.
+            config.otlp_endpoint = Some(v.clone()).filter(|v| !v.trim().is_empty());
         }
         config.etcd_endpoints.retain(|e| !e.trim().is_empty());
         config.validate()?;
@@ -493,6 +494,13 @@ mod tests {
         .resolve()
         .unwrap_err();
         assert!(err.to_string().contains("OTLP endpoint"), "{err}");
+        let config = WorkerArgs {
+            otlp_endpoint: Some(" ".into()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(config.otlp_endpoint, None);
     }
 
     #[test]
