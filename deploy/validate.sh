@@ -147,7 +147,8 @@ refuse "a vLLM pool is prefill-only" "must have role both" --set workers.pools.s
   --set workers.pools.sim.role=prefill --set workers.pools.sim.engine.container.image=vllm/vllm-openai
 refuse "etcd is off and no endpoint is given" "etcd.endpoints" --set etcd.enabled=false
 refuse "the routing policy is unknown" "gateway/policy" --set gateway.policy=fifo
-say "refused: 7 bad value sets, each with its reason"
+refuse "the OTLP endpoint is not a plain http:// URL" "otlpEndpoint" --set otlpEndpoint=https://collector:4317
+say "refused: 8 bad value sets, each with its reason"
 
 # ---- 5. the image ----
 step="Dockerfile"

@@ -32,10 +32,20 @@ impl WorkerProcess {
 
     /// Starts `switchyard <subcommand> <args>` and waits (bounded) for its ready line.
     pub async fn spawn(subcommand: &str, args: &[&str]) -> WorkerProcess {
+        Self::spawn_with_env(subcommand, args, &[]).await
+    }
+
+    /// [`spawn`](Self::spawn) with extra environment variables.
+    pub async fn spawn_with_env(
+        subcommand: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> WorkerProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
             .arg(subcommand)
             .args(args)
             .env("SWITCHYARD_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -84,6 +84,9 @@ pub struct GatewayConfig {
     pub disagg_max_prefill_queue_tokens: u64,
     /// Longest a Prefill call may take before the gateway tries another prefill worker.
     pub prefill_timeout_secs: u64,
+    /// OpenTelemetry collector (OTLP/gRPC, `http://host:4317`) the gateway's traces go to;
+    /// none exports nothing.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Bounds and checking of the incremental session tokenization cache (`[session_cache]`).
@@ -147,6 +150,7 @@ impl Default for GatewayConfig {
             disagg_min_uncached_tokens: 2048,
             disagg_max_prefill_queue_tokens: 262_144,
             prefill_timeout_secs: 60,
+            otlp_endpoint: None,
         }
     }
 }
@@ -192,6 +196,10 @@ impl GatewayConfig {
         }
         if self.admin_token.as_deref().is_some_and(str::is_empty) {
             return invalid("admin_token must not be empty when set");
+        }
+        if let Some(endpoint) = &self.otlp_endpoint {
+            switchyard_telemetry::validate_endpoint(endpoint)
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         }
         self.policy
             .build(&self.policy_settings)
@@ -265,6 +273,9 @@ pub struct GatewayArgs {
     /// Seconds a Prefill may take before another prefill worker is tried.
     #[arg(long, env = "SWITCHYARD_PREFILL_TIMEOUT_SECS")]
     pub prefill_timeout_secs: Option<u64>,
+    /// Export traces to this OpenTelemetry collector (OTLP/gRPC), e.g. http://otel-collector:4317.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 fn parse_model_tokenizer(s: &str) -> Result<(String, String), String> {
@@ -328,6 +339,10 @@ impl GatewayArgs {
         if let Some(v) = self.prefill_timeout_secs {
             config.prefill_timeout_secs = v;
         }
+        if let Some(v) = &self.otlp_endpoint {
+            // Empty (an `OTEL_EXPORTER_OTLP_ENDPOINT=` left in a manifest) turns traces off.
+            config.otlp_endpoint = Some(v.clone()).filter(|v| !v.trim().is_empty());
+        }
         config.validate()?;
         Ok(config)
     }
@@ -378,5 +393,33 @@ mod tests {
             config.session_cache.to_session_config().verify_sample_rate,
             1.0
         );
+    }
+
+    #[test]
+    fn otlp_endpoint_is_checked_once() {
+        let args = GatewayArgs {
+            otlp_endpoint: Some("http://otel-collector:4317".into()),
+            ..Default::default()
+        };
+        let config = args.resolve_onto(GatewayConfig::default()).unwrap();
+        assert_eq!(
+            config.otlp_endpoint.as_deref(),
+            Some("http://otel-collector:4317")
+        );
+        let args = GatewayArgs {
+            otlp_endpoint: Some("otel-collector:4317".into()),
+            ..Default::default()
+        };
+        let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("OTLP endpoint"), "{err}");
+        let args = GatewayArgs {
+            otlp_endpoint: Some(String::new()),
+            ..Default::default()
+        };
+        let traced = GatewayConfig {
+            otlp_endpoint: Some("http://otel-collector:4317".into()),
+            ..GatewayConfig::default()
+        };
+        assert_eq!(args.resolve_onto(traced).unwrap().otlp_endpoint, None);
     }
 }

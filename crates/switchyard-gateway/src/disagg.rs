@@ -17,7 +17,10 @@ use serde::{Deserialize, Serialize};
 use switchyard_core::{EngineKind, TokenId, WorkerId};
 use switchyard_proto::v1::{self, PrefillRequest};
 use switchyard_router::{Decision, RouteError};
+use switchyard_telemetry::{GATEWAY_SPANS, record_error};
 use tonic::Code;
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
 
 use crate::error::ApiError;
 use crate::pool::{ModelRoutes, WorkerPool};
@@ -171,9 +174,22 @@ pub enum Prefilled {
     Fail(ApiError),
 }
 
+/// Closes the attempt's `route` span with the serving mode it chose, the first time only: later
+/// prefill retries (and a fall back after them) show on their own spans and on `decode`.
+fn decided(route_span: &mut Option<Span>, mode: &str, why: &str, prefill_worker: Option<&str>) {
+    if let Some(span) = route_span.take() {
+        span.record("mode", mode);
+        span.record("mode_reason", why);
+        if let Some(worker) = prefill_worker {
+            span.record("prefill_worker", worker);
+        }
+    }
+}
+
 /// The prefill stage of one attempt: chooses a prefill worker KV-aware among those of the
 /// decode worker's engine kind, runs Prefill there with a timeout, and on failure tries another
-/// (`excluded` collects the failed ones across the request's attempts).
+/// (`excluded` collects the failed ones across the request's attempts). `route_span` is the attempt's routing span: it ends with the mode
+/// decision, before any Prefill call; each call has its own `prefill` span.
 #[allow(clippy::too_many_arguments)]
 pub async fn prefill_stage(
     pool: &WorkerPool,
@@ -185,47 +201,90 @@ pub async fn prefill_stage(
     uncached: u64,
     attempts: u32,
     excluded: &mut Vec<WorkerId>,
+    route_span: Span,
 ) -> Prefilled {
+    let request_span = Span::current();
+    let mut route_span = Some(route_span);
     if let Err(why) = wants_prefill(settings, uncached) {
+        decided(&mut route_span, "aggregated", &why, None);
         return Prefilled::Aggregated(why);
     }
     let mut last_failure = None;
     for attempt in 1..=attempts.max(1) {
-        let mut routed = match routing::route_prefill(
-            pool, routes, engine, prompt, excluded, request_id, attempt,
-        ) {
+        let routed = match &route_span {
+            Some(span) => span.in_scope(|| {
+                routing::route_prefill(pool, routes, engine, prompt, excluded, request_id, attempt)
+            }),
+            None => {
+                routing::route_prefill(pool, routes, engine, prompt, excluded, request_id, attempt)
+            }
+        };
+        let mut routed = match routed {
             Ok(routed) => routed,
             Err(err) => {
                 if settings.mode == Disaggregation::Enforce {
-                    return Prefilled::Fail(match last_failure {
+                    let err = match last_failure {
                         None => no_prefill_worker(&routes.model, engine),
                         Some(last) => ApiError::Unavailable(format!(
                             "disaggregation is enforced and every prefill worker failed; last: {last}"
                         )),
-                    });
+                    };
+                    if let Some(span) = &route_span {
+                        record_error(span, err.to_string());
+                    }
+                    return Prefilled::Fail(err);
                 }
-                return Prefilled::Aggregated(match last_failure {
+                let why = match last_failure {
                     None => format!("no prefill worker: {err}"),
                     Some(last) => format!("prefill failed everywhere, last: {last}"),
-                });
+                };
+                decided(&mut route_span, "aggregated", &why, None);
+                return Prefilled::Aggregated(why);
             }
         };
         if let Some(why) = saturated(settings, &routed.decision) {
+            decided(&mut route_span, "aggregated", &why, None);
             return Prefilled::Aggregated(why);
         }
         let worker = routed.worker_id.clone();
+        decided(
+            &mut route_span,
+            "disaggregated",
+            &format!("{uncached} uncached prompt tokens on the decode worker"),
+            Some(worker.as_str()),
+        );
+        let prefill_span = tracing::info_span!(
+            target: GATEWAY_SPANS,
+            parent: &request_span,
+            "prefill",
+            otel.kind = "client",
+            prefill_attempt = i64::from(attempt),
+            worker = worker.as_str(),
+            prompt_tokens = prompt.len() as i64,
+            overlap_blocks = i64::from(routed.cached_blocks),
+            cached_prompt_tokens = Empty,
+        );
         let address = routed.worker.info().address;
         let mut client = routed.worker.client.clone();
-        let call = client.prefill(PrefillRequest {
+        let mut request = tonic::Request::new(PrefillRequest {
             request_id: request_id.to_owned(),
             prompt_token_ids: prompt.to_vec(),
             hold_ms: 0,
             pipelined: false,
         });
-        let failure = match tokio::time::timeout(settings.prefill_timeout, call).await {
+        switchyard_telemetry::inject_context(&prefill_span, request.metadata_mut());
+        let call = client.prefill(request);
+        let answer = tokio::time::timeout(settings.prefill_timeout, call)
+            .instrument(prefill_span.clone())
+            .await;
+        let failure = match answer {
             Ok(Ok(response)) => {
                 routed.prefill_done();
                 let response = response.into_inner();
+                prefill_span.record(
+                    "cached_prompt_tokens",
+                    i64::from(response.cached_prompt_tokens),
+                );
                 let source = v1::KvSource {
                     address,
                     handle: response.handle,
@@ -239,6 +298,7 @@ pub async fn prefill_stage(
             Ok(Err(status)) if status.code() == Code::InvalidArgument => {
                 // The prompt does not fit this prefill worker (e.g. a shorter context); the
                 // decode worker already accepted it, so serve it there.
+                record_error(&prefill_span, status.message());
                 return Prefilled::Aggregated(format!(
                     "prefill worker {worker} refused the prompt: {}",
                     status.message()
@@ -247,6 +307,8 @@ pub async fn prefill_stage(
             Ok(Err(status)) => format!("{worker}: {:?}: {}", status.code(), status.message()),
             Err(_) => format!("{worker}: no answer within {:?}", settings.prefill_timeout),
         };
+        record_error(&prefill_span, failure.as_str());
+        drop(prefill_span);
         tracing::warn!(request = %request_id, %failure, "prefill failed; trying another prefill worker");
         pool.metrics.retries.inc();
         excluded.push(worker);

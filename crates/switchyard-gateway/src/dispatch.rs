@@ -13,9 +13,12 @@ use futures::StreamExt;
 use switchyard_core::{TokenId, WorkerId};
 use switchyard_proto::v1::{self, GenerateRequest, SamplingParams};
 use switchyard_router::RouteError;
+use switchyard_telemetry::{GATEWAY_SPANS, record_error};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::Code;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use crate::disagg::{DisaggSettings, Prefilled, prefill_stage};
 use crate::error::ApiError;
@@ -38,6 +41,8 @@ pub struct GenerateJob {
     pub max_retries: u32,
     pub max_migrations: u32,
     pub disagg: DisaggSettings,
+    /// The request's trace span: the parent of each attempt's `route`, `prefill` and `decode`.
+    pub span: tracing::Span,
 }
 
 /// Why generation ended by itself.
@@ -65,17 +70,22 @@ pub enum DispatchEvent {
 pub fn start(pool: &Arc<WorkerPool>, job: GenerateJob) -> mpsc::Receiver<DispatchEvent> {
     let (tx, rx) = mpsc::channel(64);
     let pool = Arc::clone(pool);
-    pool.clone().tasks.spawn(async move {
-        let deadline = job.deadline;
-        let timeout = deadline.saturating_duration_since(Instant::now()).as_secs();
-        tokio::select! {
-            _ = run(&pool, job, &tx) => {}
-            _ = tokio::time::sleep_until(deadline) => {
-                let _ = tx.send(DispatchEvent::Failed(ApiError::Timeout(timeout.max(1)))).await;
+    // Its warnings (a retry, a migration) are events of the request's span.
+    let span = job.span.clone();
+    pool.clone().tasks.spawn(
+        async move {
+            let deadline = job.deadline;
+            let timeout = deadline.saturating_duration_since(Instant::now()).as_secs();
+            tokio::select! {
+                _ = run(&pool, job, &tx) => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    let _ = tx.send(DispatchEvent::Failed(ApiError::Timeout(timeout.max(1)))).await;
+                }
+                _ = tx.closed() => {}
             }
-            _ = tx.closed() => {}
         }
-    });
+        .instrument(span),
+    );
     rx
 }
 
@@ -100,19 +110,46 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
     let mut attempt = 0u32;
     loop {
         attempt += 1;
+        let attempt_kind = if attempt == 1 {
+            "first"
+        } else if generated.is_empty() {
+            "retry"
+        } else {
+            "migration"
+        };
         let mut context = job.prompt.clone();
         context.extend_from_slice(&generated);
         let remaining = job.max_tokens.saturating_sub(generated.len() as u32);
-        let routed = match route(
-            pool,
-            &job.routes,
-            &context,
-            remaining,
-            job.session.clone(),
-            &excluded,
-            &job.request_id,
-            attempt,
-        ) {
+        let route_span = tracing::info_span!(
+            target: GATEWAY_SPANS,
+            parent: &job.span,
+            "route",
+            attempt = i64::from(attempt),
+            attempt.kind = attempt_kind,
+            policy = Empty,
+            worker = Empty,
+            overlap_blocks = Empty,
+            uncached_prompt_tokens = Empty,
+            mode = Empty,
+            mode_reason = Empty,
+            prefill_worker = Empty,
+        );
+        let routed = route_span.in_scope(|| {
+            route(
+                pool,
+                &job.routes,
+                &context,
+                remaining,
+                job.session.clone(),
+                &excluded,
+                &job.request_id,
+                attempt,
+            )
+        });
+        if let Err(err) = &routed {
+            record_error(&route_span, err.to_string());
+        }
+        let routed = match routed {
             Ok(routed) => routed,
             Err(RouteError::NoCandidates) => {
                 let message = if excluded.is_empty() {
@@ -138,15 +175,19 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         };
         let mut routed = routed;
         let worker_id = routed.worker_id.clone();
+        let uncached = routed
+            .decision
+            .chosen()
+            .map_or(context.len() as u64, |c| c.uncached_prompt_tokens);
+        route_span.record("policy", routed.decision.explanation.policy);
+        route_span.record("worker", worker_id.as_str());
+        route_span.record("overlap_blocks", i64::from(routed.cached_blocks));
+        route_span.record("uncached_prompt_tokens", uncached as i64);
         tracing::debug!(request = %job.request_id, worker = %worker_id, attempt, "dispatching");
         // Only a fresh start can use a prefill worker: a migration continues from tokens the
         // failed worker produced, and the new decode worker recomputes that context itself.
         let mut prefill_worker: Option<WorkerId> = None;
         let kv_source = if generated.is_empty() {
-            let uncached = routed
-                .decision
-                .chosen()
-                .map_or(context.len() as u64, |c| c.uncached_prompt_tokens);
             let engine = routed
                 .worker
                 .info
@@ -163,6 +204,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 uncached,
                 job.max_retries + 1,
                 &mut excluded_prefill,
+                route_span,
             )
             .await
             {
@@ -181,8 +223,26 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 }
             }
         } else {
+            route_span.record("mode", "aggregated");
+            route_span.record("mode_reason", "a migration continues on one worker");
+            drop(route_span);
             None
         };
+        let decode_span = tracing::info_span!(
+            target: GATEWAY_SPANS,
+            parent: &job.span,
+            "decode",
+            otel.kind = "client",
+            attempt = i64::from(attempt),
+            attempt.kind = attempt_kind,
+            worker = worker_id.as_str(),
+            mode = if kv_source.is_some() { "disaggregated" } else { "aggregated" },
+            prefill_worker = prefill_worker.as_ref().map(WorkerId::as_str),
+            cached_prompt_tokens = Empty,
+            completion_tokens = Empty,
+            finish_reason = Empty,
+        );
+        let generated_before = generated.len();
         let request = GenerateRequest {
             request_id: job.request_id.clone(),
             prompt_token_ids: context,
@@ -195,6 +255,8 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             }),
             kv_source,
         };
+        let mut request = tonic::Request::new(request);
+        switchyard_telemetry::inject_context(&decode_span, request.metadata_mut());
         let mut client = routed.worker.client.clone();
         let end = match client.generate(request).await {
             Err(status) => classify(status),
@@ -211,6 +273,10 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                     };
                     if !started {
                         started = true;
+                        decode_span.record(
+                            "cached_prompt_tokens",
+                            i64::from(message.cached_prompt_tokens),
+                        );
                         routed.prefill_done();
                         let event = DispatchEvent::Started {
                             worker: worker_id.clone(),
@@ -245,6 +311,13 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                         _ => None,
                     };
                     if let Some(finish) = finish {
+                        decode_span.record(
+                            "finish_reason",
+                            match finish {
+                                Finish::Length => "length",
+                                Finish::Stop => "stop",
+                            },
+                        );
                         let _ = tx.send(DispatchEvent::Finished(finish)).await;
                         end = AttemptEnd::Done;
                         break;
@@ -254,6 +327,19 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             }
         };
         drop(routed);
+        decode_span.record(
+            "completion_tokens",
+            (generated.len() - generated_before) as i64,
+        );
+        match &end {
+            AttemptEnd::Done => {}
+            AttemptEnd::ConsumerGone => {
+                decode_span.record("finish_reason", "cancelled");
+            }
+            AttemptEnd::WorkerFailed(reason) => record_error(&decode_span, reason.as_str()),
+            AttemptEnd::Refused(err) => record_error(&decode_span, err.to_string()),
+        }
+        drop(decode_span);
         match end {
             AttemptEnd::Done | AttemptEnd::ConsumerGone => return,
             AttemptEnd::Refused(err) => {

@@ -139,7 +139,9 @@ async fn off_reactor<T: Send + 'static>(
     let result = if size <= INLINE_MAX_BYTES {
         work()
     } else {
-        tokio::task::spawn_blocking(work)
+        // The work stays in the caller's span (a request's `preprocess`), on whichever thread.
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || span.in_scope(work))
             .await
             .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))?
     };
@@ -184,17 +186,26 @@ pub fn parse_messages(messages: Vec<serde_json::Value>) -> Result<Vec<ChatMessag
         .collect()
 }
 
-/// Tokenizes `text`, through the session cache unless bypassed.
+/// Tokenizes `text`, through the session cache unless bypassed. What the cache reused goes on
+/// the current span (a request's `preprocess`).
 fn encode_with(
     model: &ModelTokenizer,
     text: &str,
     sessions: &Sessions,
 ) -> Result<Vec<TokenId>, ApiError> {
     match sessions {
-        Sessions::Track(id) => model.sessions.encode(id.as_deref(), text),
-        Sessions::Bypass => model.dir.tokenizer().encode(text),
+        Sessions::Track(id) => {
+            let turn = model
+                .sessions
+                .encode_turn(id.as_deref(), text)
+                .map_err(tokenize_error)?;
+            let span = tracing::Span::current();
+            span.record("session_cache_hit", turn.reused_tokens > 0);
+            span.record("reused_tokens", turn.reused_tokens as i64);
+            Ok(turn.token_ids)
+        }
+        Sessions::Bypass => model.dir.tokenizer().encode(text).map_err(tokenize_error),
     }
-    .map_err(tokenize_error)
 }
 
 /// Renders the chat template and tokenizes the result.

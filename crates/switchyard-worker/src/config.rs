@@ -60,6 +60,9 @@ pub struct WorkerConfig {
     pub sim: SimConfig,
     /// Which engine the worker fronts, and how to reach a real one.
     pub engine: EngineConfig,
+    /// OpenTelemetry collector (OTLP/gRPC, `http://host:4317`) the worker's traces go to; none
+    /// exports nothing.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The engine behind the worker: the simulator, or a vLLM/SGLang server reached over HTTP and
@@ -180,6 +183,7 @@ impl Default for WorkerConfig {
             kv_bytes_per_token: 131_072,
             sim: SimConfig::default(),
             engine: EngineConfig::default(),
+            otlp_endpoint: None,
         }
     }
 }
@@ -234,6 +238,10 @@ impl WorkerConfig {
                 "listening on {} needs --advertise-address (the address others dial)",
                 self.listen
             ));
+        }
+        if let Some(endpoint) = &self.otlp_endpoint {
+            switchyard_telemetry::validate_endpoint(endpoint)
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         }
         self.sim
             .validate()
@@ -347,6 +355,9 @@ pub struct WorkerArgs {
     /// vLLM/SGLang: seconds start-up waits for the engine to answer.
     #[arg(long, env = "SWITCHYARD_ENGINE_STARTUP_TIMEOUT_SECS")]
     pub engine_startup_timeout_secs: Option<u64>,
+    /// Export traces to this OpenTelemetry collector (OTLP/gRPC), e.g. http://otel-collector:4317.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 fn parse_engine_kind(s: &str) -> Result<EngineKind, String> {
@@ -422,6 +433,10 @@ impl WorkerArgs {
         if self.engine_max_context.is_some() {
             engine.max_context = self.engine_max_context;
         }
+        if let Some(v) = &self.otlp_endpoint {
+            // Empty (an `OTEL_EXPORTER_OTLP_ENDPOINT=` left in a manifest) turns traces off.
+            config.otlp_endpoint = Some(v.clone()).filter(|v| !v.trim().is_empty());
+        }
         config.etcd_endpoints.retain(|e| !e.trim().is_empty());
         config.validate()?;
         Ok(config)
@@ -485,6 +500,21 @@ mod tests {
         .resolve()
         .unwrap_err();
         assert!(err.to_string().contains("advertise"), "{err}");
+
+        let err = WorkerArgs {
+            otlp_endpoint: Some("https://collector:4317".into()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.to_string().contains("OTLP endpoint"), "{err}");
+        let config = WorkerArgs {
+            otlp_endpoint: Some(" ".into()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(config.otlp_endpoint, None);
     }
 
     #[test]

@@ -14,8 +14,11 @@ use std::time::Duration;
 use futures::{Stream, StreamExt, stream};
 use switchyard_core::{BlockSize, block_hashes};
 use switchyard_proto::v1;
+use switchyard_telemetry::{WORKER_SPANS, record_error};
 use tonic::Status;
 use tonic::transport::Endpoint;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use crate::engine::pd::moves_kv_itself;
 use crate::engine::{
@@ -47,16 +50,25 @@ pub(crate) async fn generate_from_source(
     if source.address.is_empty() {
         return Err(Status::invalid_argument("kv_source.address is missing"));
     }
-    let blocks = tokio::time::timeout(pull_timeout, pull(&source.address, &handle))
-        .await
-        .map_err(|_| {
-            Status::unavailable(format!(
-                "pulling kv handle {handle} from {} timed out after {pull_timeout:?}",
-                source.address
-            ))
-        })??;
-    check_prefix(&blocks, &params.prompt, engine.spec().block_size)?;
-    engine.import_kv(blocks).await?;
+    let span = tracing::info_span!(
+        target: WORKER_SPANS,
+        "transfer",
+        source = source.address.as_str(),
+        blocks = Empty,
+        tokens = Empty,
+        bytes = Empty,
+    );
+    transfer(
+        engine,
+        &source.address,
+        &handle,
+        &params.prompt,
+        pull_timeout,
+    )
+    .instrument(span.clone())
+    .await
+    .inspect_err(|status| record_error(&span, status.message()))?;
+    drop(span);
 
     let prompt_tokens = params.prompt.len() as u32;
     let cached = source.cached_prompt_tokens.min(prompt_tokens);
@@ -102,6 +114,35 @@ pub(crate) async fn generate_from_source(
     });
     let head = stream::iter([Ok(chunk(vec![first], None, 1))]);
     Ok(Box::pin(head.chain(rest)))
+}
+
+/// The KV transfer of one request, in its `transfer` span: pull the blocks from the prefill
+/// worker, check they are the prompt's, import them into the engine.
+async fn transfer(
+    engine: &dyn Engine,
+    address: &str,
+    handle: &str,
+    prompt: &[u32],
+    pull_timeout: Duration,
+) -> Result<(), Status> {
+    let blocks = tokio::time::timeout(pull_timeout, pull(address, handle))
+        .await
+        .map_err(|_| {
+            Status::unavailable(format!(
+                "pulling kv handle {handle} from {address} timed out after {pull_timeout:?}"
+            ))
+        })??;
+    check_prefix(&blocks, prompt, engine.spec().block_size)?;
+    let tokens: u64 = blocks.iter().map(|b| b.tokens.len() as u64).sum();
+    let span = tracing::Span::current();
+    span.record("blocks", blocks.len() as i64);
+    span.record("tokens", tokens as i64);
+    span.record(
+        "bytes",
+        tokens.saturating_mul(engine.spec().kv_bytes_per_token) as i64,
+    );
+    engine.import_kv(blocks).await?;
+    Ok(())
 }
 
 /// Reads the whole `PullKv` stream. Reading to the end and dropping the stream is what

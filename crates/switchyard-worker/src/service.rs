@@ -15,8 +15,11 @@ use switchyard_proto::convert::{
     kv_event_to_wire, load_to_wire, role_from_wire, snapshot_block_to_wire, worker_info_to_wire,
 };
 use switchyard_proto::v1;
+use switchyard_telemetry::{WORKER_SPANS, extract_parent, record_error};
 use tokio::sync::broadcast;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use crate::engine::{Engine, FinishReason, GenerateParams, PrefillParams};
 use crate::event_log::{SequencedEvent, Subscription, SubscriptionStart};
@@ -103,42 +106,16 @@ impl WorkerService {
         }
         Ok(())
     }
-}
 
-fn finish_to_wire(finish: Option<FinishReason>) -> i32 {
-    let reason = match finish {
-        None => v1::FinishReason::Unspecified,
-        Some(FinishReason::Length) => v1::FinishReason::Length,
-        Some(FinishReason::Stop) => v1::FinishReason::Stop,
-        Some(FinishReason::Aborted) => v1::FinishReason::Aborted,
-    };
-    reason.into()
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-#[tonic::async_trait]
-impl v1::worker_server::Worker for WorkerService {
-    async fn info(&self, _: Request<v1::InfoRequest>) -> Result<Response<v1::WorkerInfo>, Status> {
-        let mut info = self.info.clone();
-        info.role = self.state.role();
-        Ok(Response::new(worker_info_to_wire(
-            &info,
-            self.state.is_draining(),
-        )))
-    }
-
-    type GenerateStream = BoxStream<v1::GenerateResponse>;
-
-    async fn generate(
+    /// `Generate` inside its `generate` span, which the returned stream holds until it ends.
+    async fn start_generate(
         &self,
-        request: Request<v1::GenerateRequest>,
-    ) -> Result<Response<Self::GenerateStream>, Status> {
-        let req = request.into_inner();
+        req: v1::GenerateRequest,
+        span: tracing::Span,
+    ) -> Result<Response<BoxStream<v1::GenerateResponse>>, Status> {
+        span.record("request_id", req.request_id.as_str());
+        span.record("prompt_tokens", req.prompt_token_ids.len() as i64);
+        span.record("disaggregated", req.kv_source.is_some());
         let sampling = req.sampling.unwrap_or_default();
         if sampling.max_tokens == 0 {
             return Err(Status::invalid_argument("max_tokens must be at least 1"));
@@ -174,8 +151,22 @@ impl v1::worker_server::Worker for WorkerService {
             None => Box::pin(self.engine.generate(params).await?),
         };
         let stream = engine_stream.map(move |item| {
-            // The guard lives as long as the stream: the request is in flight until then.
+            // The guard lives as long as the stream: the request is in flight until then. So
+            // does the span, which ends with the generation.
             let _ = &in_flight;
+            if let Ok(chunk) = &item
+                && let Some(finish) = chunk.finish
+            {
+                span.record(
+                    "cached_prompt_tokens",
+                    i64::from(chunk.cached_prompt_tokens),
+                );
+                span.record("completion_tokens", i64::from(chunk.completion_tokens));
+                span.record("finish_reason", finish_name(finish));
+            }
+            if let Err(err) = &item {
+                record_error(&span, err.to_string());
+            }
             item.map(|chunk| v1::GenerateResponse {
                 token_ids: chunk.tokens,
                 finish_reason: finish_to_wire(chunk.finish),
@@ -188,11 +179,14 @@ impl v1::worker_server::Worker for WorkerService {
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn prefill(
+    /// `Prefill` inside its `prefill` span.
+    async fn run_prefill(
         &self,
-        request: Request<v1::PrefillRequest>,
+        req: v1::PrefillRequest,
     ) -> Result<Response<v1::PrefillResponse>, Status> {
-        let req = request.into_inner();
+        let span = tracing::Span::current();
+        span.record("request_id", req.request_id.as_str());
+        span.record("prompt_tokens", req.prompt_token_ids.len() as i64);
         self.check_prompt(&req.prompt_token_ids, 1)?;
         if !self.state.role().serves_prefill() {
             return Err(Status::failed_precondition(format!(
@@ -224,6 +218,102 @@ impl v1::worker_server::Worker for WorkerService {
             engine_transfer_params: outcome.engine_transfer_params.unwrap_or_default(),
             pipelined: false,
         }))
+    }
+}
+
+fn finish_to_wire(finish: Option<FinishReason>) -> i32 {
+    let reason = match finish {
+        None => v1::FinishReason::Unspecified,
+        Some(FinishReason::Length) => v1::FinishReason::Length,
+        Some(FinishReason::Stop) => v1::FinishReason::Stop,
+        Some(FinishReason::Aborted) => v1::FinishReason::Aborted,
+    };
+    reason.into()
+}
+
+/// A finish reason as the trace shows it.
+fn finish_name(finish: FinishReason) -> &'static str {
+    match finish {
+        FinishReason::Length => "length",
+        FinishReason::Stop => "stop",
+        FinishReason::Aborted => "aborted",
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[tonic::async_trait]
+impl v1::worker_server::Worker for WorkerService {
+    async fn info(&self, _: Request<v1::InfoRequest>) -> Result<Response<v1::WorkerInfo>, Status> {
+        let mut info = self.info.clone();
+        info.role = self.state.role();
+        Ok(Response::new(worker_info_to_wire(
+            &info,
+            self.state.is_draining(),
+        )))
+    }
+
+    type GenerateStream = BoxStream<v1::GenerateResponse>;
+
+    async fn generate(
+        &self,
+        request: Request<v1::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let span = tracing::info_span!(
+            target: WORKER_SPANS,
+            "generate",
+            otel.kind = "server",
+            worker = self.info.id.as_str(),
+            request_id = Empty,
+            prompt_tokens = Empty,
+            disaggregated = Empty,
+            cached_prompt_tokens = Empty,
+            completion_tokens = Empty,
+            finish_reason = Empty,
+        );
+        extract_parent(&span, request.metadata());
+        let started = self
+            .start_generate(request.into_inner(), span.clone())
+            .instrument(span.clone())
+            .await;
+        if let Err(status) = &started {
+            record_error(&span, status.message());
+        }
+        started
+    }
+
+    async fn prefill(
+        &self,
+        request: Request<v1::PrefillRequest>,
+    ) -> Result<Response<v1::PrefillResponse>, Status> {
+        let span = tracing::info_span!(
+            target: WORKER_SPANS,
+            "prefill",
+            otel.kind = "server",
+            worker = self.info.id.as_str(),
+            request_id = Empty,
+            prompt_tokens = Empty,
+            cached_prompt_tokens = Empty,
+        );
+        extract_parent(&span, request.metadata());
+        let answer = self
+            .run_prefill(request.into_inner())
+            .instrument(span.clone())
+            .await;
+        match &answer {
+            Ok(response) => {
+                span.record(
+                    "cached_prompt_tokens",
+                    i64::from(response.get_ref().cached_prompt_tokens),
+                );
+            }
+            Err(status) => record_error(&span, status.message()),
+        }
+        answer
     }
 
     type PullKvStream = BoxStream<v1::KvChunk>;

@@ -57,7 +57,6 @@ struct GatewayCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
     match cli.command {
         Command::Up(args) => {
             let (gateway, workers) = match up::resolve(&args) {
@@ -67,7 +66,14 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
-            run_async(async move { up::run(gateway, workers, shutdown_on_signal()).await })
+            // One process, both roles: its spans are exported as the gateway's and the workers'.
+            let traces = trace_export(
+                &gateway.otlp_endpoint,
+                &[switchyard_telemetry::GATEWAY, switchyard_telemetry::WORKER],
+            );
+            run_async(traces, async move {
+                up::run(gateway, workers, shutdown_on_signal()).await
+            })
         }
         Command::Gateway(args) => {
             let base = GatewayConfig {
@@ -82,7 +88,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
-            run_async(run_gateway(config))
+            let traces = trace_export(&config.otlp_endpoint, &[switchyard_telemetry::GATEWAY]);
+            run_async(traces, run_gateway(config))
         }
         Command::Worker(args) => {
             let config = match args.resolve() {
@@ -92,23 +99,49 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
-            run_async(run_worker(config))
+            let traces = trace_export(&config.otlp_endpoint, &[switchyard_telemetry::WORKER]);
+            run_async(traces, run_worker(config))
         }
-        Command::Replay(args) => replay_cmd::run(args, false),
-        Command::Bench(args) => replay_cmd::run(args, true),
+        Command::Replay(args) => match init_telemetry(None) {
+            Ok(_logs_only) => replay_cmd::run(args, false),
+            Err(code) => code,
+        },
+        Command::Bench(args) => match init_telemetry(None) {
+            Ok(_logs_only) => replay_cmd::run(args, true),
+            Err(code) => code,
+        },
     }
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SWITCHYARD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+fn trace_export(
+    endpoint: &Option<String>,
+    services: &[switchyard_telemetry::Service],
+) -> Option<switchyard_telemetry::TraceExport> {
+    endpoint
+        .as_ref()
+        .map(|endpoint| switchyard_telemetry::TraceExport {
+            endpoint: endpoint.clone(),
+            services: services.to_vec(),
+        })
 }
 
-fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+/// Logs on stderr under `SWITCHYARD_LOG`, and traces to `traces` when given (which needs the
+/// Tokio runtime entered).
+fn init_telemetry(
+    traces: Option<switchyard_telemetry::TraceExport>,
+) -> Result<switchyard_telemetry::Telemetry, ExitCode> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SWITCHYARD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    switchyard_telemetry::init(filter, traces).map_err(|err| {
+        eprintln!("switchyard: {err}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+fn run_async(
+    traces: Option<switchyard_telemetry::TraceExport>,
+    fut: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -119,7 +152,16 @@ fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> Exit
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(fut) {
+    // The exporter's gRPC channel is spawned on this runtime.
+    let telemetry = match runtime.block_on(async { init_telemetry(traces) }) {
+        Ok(telemetry) => telemetry,
+        Err(code) => return code,
+    };
+    let result = runtime.block_on(fut);
+    // Flush the last spans (the request that was running at SIGTERM, the shutdown itself) while
+    // the runtime still drives the exporter's connection.
+    telemetry.shutdown();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("switchyard: {err:#}");

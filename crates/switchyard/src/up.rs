@@ -67,6 +67,7 @@ pub fn resolve(args: &UpArgs) -> Result<(GatewayConfig, Vec<WorkerConfig>), Stri
             cluster: args.cluster.clone(),
             etcd_endpoints: args.etcd.clone(),
             speedup: args.speedup,
+            otlp_endpoint: gateway.otlp_endpoint.clone(),
             ..WorkerConfig::default()
         };
         config.sim.block_size = block_size;

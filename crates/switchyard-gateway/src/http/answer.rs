@@ -141,6 +141,7 @@ pub(super) async fn respond(
         max_retries: state.config.max_retries,
         max_migrations: state.config.max_migrations,
         disagg: state.config.disagg(),
+        span: p.span.clone(),
     };
     state.metrics.in_flight.inc();
     let in_flight = InFlight {
@@ -391,6 +392,8 @@ fn sse_events(
                 }
                 Some(DispatchEvent::Failed(err)) => {
                     s.rx = None;
+                    // The 200 went out with the first chunk; the trace still shows the failure.
+                    switchyard_telemetry::record_error(&s.p.span, err.to_string());
                     s.state
                         .metrics
                         .requests
@@ -405,6 +408,10 @@ fn sse_events(
                 }
                 Some(DispatchEvent::Started { .. }) => {}
                 None => {
+                    switchyard_telemetry::record_error(
+                        &s.p.span,
+                        "the generation ended unexpectedly",
+                    );
                     s.queue.push_back(
                         ApiError::Internal("the generation ended unexpectedly".into())
                             .to_json()

@@ -17,7 +17,10 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use switchyard_core::TokenId;
+use switchyard_telemetry::GATEWAY_SPANS;
 use switchyard_tokenize::{ChatMessage, ModelDir};
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::AppState;
 use crate::admission::FlowKey;
@@ -41,6 +44,21 @@ impl Kind {
         match self {
             Kind::Chat => "chat_completions",
             Kind::Text => "completions",
+        }
+    }
+
+    /// The route, as the request's trace span names it.
+    fn route(self) -> &'static str {
+        match self {
+            Kind::Chat => "/v1/chat/completions",
+            Kind::Text => "/v1/completions",
+        }
+    }
+
+    fn span_name(self) -> &'static str {
+        match self {
+            Kind::Chat => "POST /v1/chat/completions",
+            Kind::Text => "POST /v1/completions",
         }
     }
 }
@@ -87,8 +105,13 @@ pub(super) fn record(state: &AppState, kind: Kind, status: &'static str) {
         .inc();
 }
 
+/// Answers with `err`. Runs inside the request's span: a server error marks it failed (a client
+/// error is the client's, as OpenTelemetry's HTTP conventions have it).
 pub(super) fn fail(state: &AppState, kind: Kind, err: ApiError) -> Response {
     record(state, kind, err.metric_label());
+    if err.status().is_server_error() {
+        switchyard_telemetry::record_error(&tracing::Span::current(), err.to_string());
+    }
     err.into_response()
 }
 
@@ -107,6 +130,8 @@ pub(super) struct Prepared {
     pub(super) sampling: SamplingFields,
     pub(super) session: Option<String>,
     pub(super) arrived: Instant,
+    /// The request's trace span, held until the answer (a whole stream) is written.
+    pub(super) span: tracing::Span,
 }
 
 /// Checks the sampling fields the gateway honours, refusing what it cannot do.
@@ -223,9 +248,40 @@ pub async fn completions(
     .await
 }
 
+/// Runs [`serve`] in the request's trace span (the root of the request's trace).
+async fn handle<T: DeserializeOwned>(
+    state: Arc<AppState>,
+    kind: Kind,
+    peer: Peer,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    split: impl FnOnce(T) -> Result<(String, SamplingFields, PromptSource), ApiError>,
+) -> Response {
+    let span = tracing::info_span!(
+        target: GATEWAY_SPANS,
+        "request",
+        otel.name = kind.span_name(),
+        otel.kind = "server",
+        http.request.method = "POST",
+        http.route = kind.route(),
+        http.response.status_code = Empty,
+        gen_ai.request.model = Empty,
+        request_id = Empty,
+        stream = Empty,
+    );
+    let response = serve(state, kind, peer, headers, body, split)
+        .instrument(span.clone())
+        .await;
+    span.record(
+        "http.response.status_code",
+        i64::from(response.status().as_u16()),
+    );
+    response
+}
+
 /// The shared path: read and parse the body, validate, admit, tokenize, check the context,
 /// then answer. `split` takes the endpoint's request apart into model, sampling and prompt.
-async fn handle<T: DeserializeOwned>(
+async fn serve<T: DeserializeOwned>(
     state: Arc<AppState>,
     kind: Kind,
     peer: Peer,
@@ -237,6 +293,9 @@ async fn handle<T: DeserializeOwned>(
     let prepared = async {
         let request: T = parse_body(&read_body(&state, body)?)?;
         let (model, sampling, source) = split(request)?;
+        let span = tracing::Span::current();
+        span.record("gen_ai.request.model", model.as_str());
+        span.record("stream", sampling.stream);
         validate_sampling(&sampling)?;
         let routes = model_routes(&state, &model)?;
         let session = session_of(&headers);
@@ -246,20 +305,45 @@ async fn handle<T: DeserializeOwned>(
             &headers,
             peer.map(|Extension(ConnectInfo(addr))| addr.ip()),
         );
-        let permit = state.admission.admit(flow, &state.metrics).await?;
+        let admission = tracing::info_span!(target: GATEWAY_SPANS, "admission");
+        let permit = state
+            .admission
+            .admit(flow, &state.metrics)
+            .instrument(admission)
+            .await?;
         let tokenizer = state.tokenizers.for_model(&model);
         let track = Sessions::Track(session.clone());
-        let prompt = match source {
-            PromptSource::Chat { messages, tools } => {
-                let tokenizer = Arc::clone(&tokenizer);
-                preprocess::encode_chat(&state.metrics, tokenizer, messages, tools, track).await?
+        let preprocess_span = tracing::info_span!(
+            target: GATEWAY_SPANS,
+            "preprocess",
+            input = Empty,
+            prompt_tokens = Empty,
+            session_cache_hit = Empty,
+            reused_tokens = Empty,
+        );
+        let prompt = async {
+            let span = tracing::Span::current();
+            match source {
+                PromptSource::Chat { messages, tools } => {
+                    span.record("input", "chat");
+                    let tokenizer = Arc::clone(&tokenizer);
+                    preprocess::encode_chat(&state.metrics, tokenizer, messages, tools, track).await
+                }
+                PromptSource::Text(text) => {
+                    span.record("input", "text");
+                    let tokenizer = Arc::clone(&tokenizer);
+                    preprocess::encode_text(&state.metrics, tokenizer, text, track).await
+                }
+                PromptSource::Tokens(tokens) => {
+                    span.record("input", "tokens");
+                    Ok(tokens)
+                }
             }
-            PromptSource::Text(text) => {
-                let tokenizer = Arc::clone(&tokenizer);
-                preprocess::encode_text(&state.metrics, tokenizer, text, track).await?
-            }
-            PromptSource::Tokens(tokens) => tokens,
-        };
+        }
+        .instrument(preprocess_span.clone())
+        .await?;
+        preprocess_span.record("prompt_tokens", prompt.len() as i64);
+        drop(preprocess_span);
         let model_dir = Arc::clone(&tokenizer.dir);
         let prepared = prepare(
             &state, kind, model, model_dir, routes, prompt, sampling, session, arrived,
@@ -315,17 +399,21 @@ fn prepare(
         .clone()
         .map(|s| s.into_vec())
         .unwrap_or_default();
+    let request_id = format!(
+        "{}-{:016x}",
+        if kind == Kind::Chat {
+            "chatcmpl"
+        } else {
+            "cmpl"
+        },
+        rand_id()
+    );
+    // `serve` runs in the request's span.
+    let span = tracing::Span::current();
+    span.record("request_id", request_id.as_str());
     Ok(Prepared {
         kind,
-        request_id: format!(
-            "{}-{:016x}",
-            if kind == Kind::Chat {
-                "chatcmpl"
-            } else {
-                "cmpl"
-            },
-            rand_id()
-        ),
+        request_id,
         model,
         model_dir,
         routes,
@@ -340,6 +428,7 @@ fn prepare(
         sampling,
         session,
         arrived,
+        span,
     })
 }
 

@@ -78,6 +78,10 @@ switchyard.dev/pool: {{ . }}
   valueFrom:
     fieldRef:
       fieldPath: status.podIP
+{{- if .Values.otlpEndpoint }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: "k8s.pod.name=$(POD_NAME),k8s.namespace.name={{ .Release.Namespace }}"
+{{- end }}
 {{- end -}}
 
 {{/*
