@@ -458,6 +458,18 @@ async fn an_unreachable_api_server_is_retryable() {
     );
 }
 
+/// The in-cluster API server is https: the rustls client (ring provider) must build without a
+/// process-wide crypto provider installed, and a refused connection is still retryable.
+#[tokio::test]
+async fn an_https_api_server_gets_a_tls_client() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let connector = KubernetesConnector::new(settings(Some(url))).await.unwrap();
+    let error = connector.current().await.unwrap_err();
+    assert!(error.retryable(), "{error}");
+}
+
 #[tokio::test]
 async fn bad_settings_are_refused_before_any_request() {
     let server = Server::start(&[(PREFILL, 2), (DECODE, 3)]).await;
@@ -469,6 +481,10 @@ async fn bad_settings_are_refused_before_any_request() {
         },
         KubernetesSettings {
             decode_deployment: " ".into(),
+            ..settings(url.clone())
+        },
+        KubernetesSettings {
+            prefill_deployment: "workers/prefill".into(),
             ..settings(url.clone())
         },
         KubernetesSettings {

@@ -88,9 +88,11 @@ impl KubernetesConnector {
             ("prefill deployment", &settings.prefill_deployment),
             ("decode deployment", &settings.decode_deployment),
         ] {
-            if value.trim().is_empty() {
+            if !is_object_name(value) {
                 return Err(config_error(format!(
-                    "kubernetes connector: the {what} name is empty"
+                    "kubernetes connector: the {what} name {value:?} is not a Kubernetes object \
+                     name (lowercase letters, digits, '-' and '.', starting and ending with a \
+                     letter or digit)"
                 )));
             }
         }
@@ -315,6 +317,19 @@ fn spec_replicas(scale: &Scale) -> Result<u32, String> {
         .map_err(|_| format!("the scale subresource reports {replicas} replicas"))
 }
 
+/// An RFC 1123 subdomain, what Kubernetes accepts as a namespace or Deployment name; checked
+/// at start so a typo is a clear error there, not a 404 (or a different URL) at every interval.
+fn is_object_name(name: &str) -> bool {
+    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| alphanumeric(c) || c == '-' || c == '.')
+        && name.starts_with(alphanumeric)
+        && name.ends_with(alphanumeric)
+}
+
 fn config_error(what: String) -> ConnectorError {
     ConnectorError::Failed {
         what,
@@ -378,6 +393,25 @@ mod tests {
             scale_order(sizes(0, 2), sizes(3, 0)),
             vec![Pool::Prefill, Pool::Decode]
         );
+    }
+
+    #[test]
+    fn object_names_are_rfc_1123_subdomains() {
+        for good in ["sy-switchyard-worker-prefill", "a", "team.a-1"] {
+            assert!(is_object_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            " ",
+            "Decode",
+            "-decode",
+            "decode-",
+            "pools/decode",
+            "a b",
+        ] {
+            assert!(!is_object_name(bad), "{bad:?}");
+        }
+        assert!(!is_object_name(&"a".repeat(254)));
     }
 
     #[test]
