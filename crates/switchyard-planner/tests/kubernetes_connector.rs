@@ -492,6 +492,8 @@ async fn bad_settings_are_refused_before_any_request() {
             ..settings(url.clone())
         },
         settings(Some("not a url at all".into())),
+        settings(Some("127.0.0.1:8001".into())),
+        settings(Some("ftp://127.0.0.1:8001".into())),
     ];
     for case in cases {
         let error = KubernetesConnector::new(case.clone()).await.unwrap_err();

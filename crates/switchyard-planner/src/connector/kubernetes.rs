@@ -111,6 +111,13 @@ impl KubernetesConnector {
                         "kubernetes connector: api url {url:?} is not a URL: {e}"
                     ))
                 })?;
+                // Without a scheme and host every request would fail to build, at every interval.
+                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                    return Err(config_error(format!(
+                        "kubernetes connector: api url {url:?} must be http://host[:port] or \
+                         https://host[:port]"
+                    )));
+                }
                 Config::new(uri)
             }
             None => Config::infer().await.map_err(|e| {
