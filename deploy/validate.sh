@@ -9,7 +9,11 @@
 #      and every Kubernetes version from the chart's floor (1.30) to the newest that
 #      kubernetes-validate ships, each checked by kubernetes-validate --strict; ServiceMonitor
 #      (a CRD it has no schema for) is checked against deploy/helm/schemas/ instead
-#   4. values the chart must refuse (schema and template guards) are refused
+#   4. the planner (ci/planner-values.yaml): its Role grants only get and patch on
+#      deployments/scale of the two worker Deployments it scales, nothing cluster-wide, and its
+#      --prefill-deployment/--decode-deployment name prefill and decode pools the chart renders
+#      (validate_helpers.py planner, for every variant; a self-test shows the check catches a
+#      wider Role and a wrong Deployment name); values the chart must refuse are refused
 #   5. the image: deploy/docker/Dockerfile copies the release binary that
 #      `cargo build --release -p switchyard` makes, and the switchyard binary accepts the exact
 #      arguments the chart gives its entrypoint in every variant (it resolves and validates its
@@ -128,7 +132,40 @@ for kube in "${KUBE_VERSIONS[@]}"; do
   say "Kubernetes $kube: ${#variants[@]} variants, $objects objects valid (kubernetes-validate --strict)"
 done
 
-# ---- 4. what the chart must refuse ----
+# ---- 4. the planner's RBAC and targets; what the chart must refuse ----
+for variant in "${variants[@]}"; do
+  name=$(basename "$variant" .yaml)
+  step="planner RBAC and targets ($variant)"
+  say "$name:"
+  "$PY" deploy/validate_helpers.py planner "$work/$name-${KUBE_VERSIONS[0]}.rendered.yaml" "$NAMESPACE"
+done
+# The check itself must catch a Role wider than the connector needs and a planner pointed at the
+# wrong Deployment: each edit of the rendered planner variant has to fail it.
+step="planner check self-test"
+planner_render="$work/planner-values-${KUBE_VERSIONS[0]}.rendered.yaml"
+[ -f "$planner_render" ] || { echo "no ci/planner-values.yaml variant to self-test the planner check on" >&2; exit 1; }
+prefill_deployment="$RELEASE-switchyard-worker-prefill"
+decode_deployment="$RELEASE-switchyard-worker-decode"
+broken_edits=(
+  's/verbs: \[get, patch\]/verbs: [get, patch, update]/'
+  's#resources: \[deployments/scale\]#resources: [deployments/scale, deployments]#'
+  's/^kind: Role$/kind: ClusterRole/'
+  "s/--decode-deployment=$decode_deployment\$/--decode-deployment=$decode_deployment-x/"
+  "s/--prefill-deployment=$prefill_deployment\$/--prefill-deployment=$decode_deployment/"
+)
+for edit in "${broken_edits[@]}"; do
+  sed "$edit" "$planner_render" >"$work/broken-planner.yaml"
+  if cmp -s "$planner_render" "$work/broken-planner.yaml"; then
+    echo "self-test edit $edit changed nothing in the rendered planner variant" >&2
+    exit 1
+  fi
+  if "$PY" deploy/validate_helpers.py planner "$work/broken-planner.yaml" "$NAMESPACE" >"$work/broken.log" 2>&1; then
+    echo "the planner check passed a chart edited with $edit" >&2
+    exit 1
+  fi
+done
+say "self-test: the planner check catches ${#broken_edits[@]} edits (extra verb, extra resource, ClusterRole, wrong Deployment names)"
+
 refuse() {
   local why=$1 expect=$2
   shift 2
@@ -148,7 +185,12 @@ refuse "a vLLM pool is prefill-only" "must have role both" --set workers.pools.s
 refuse "etcd is off and no endpoint is given" "etcd.endpoints" --set etcd.enabled=false
 refuse "the routing policy is unknown" "gateway/policy" --set gateway.policy=fifo
 refuse "the OTLP endpoint is not a plain http:// URL" "otlpEndpoint" --set otlpEndpoint=https://collector:4317
-say "refused: 8 bad value sets, each with its reason"
+refuse "the planner has no prefill and decode pools" "planner.decodePool" --set planner.enabled=true
+refuse "the planner's prefill pool is not prefill-only" "must have role prefill" \
+  -f "$CHART/ci/planner-values.yaml" --set workers.pools.prefill.role=both
+refuse "the planner's minimums exceed its budget" "must not exceed planner.maxWorkers" \
+  -f "$CHART/ci/planner-values.yaml" --set planner.maxWorkers=2
+say "refused: 11 bad value sets, each with its reason"
 
 # ---- 5. the image ----
 step="Dockerfile"

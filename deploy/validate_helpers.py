@@ -7,6 +7,8 @@
     linked-libs BINARY                   the binary links only what the runtime image holds
     run-args RENDERED BINARY             run BINARY with the arguments and environment the
                                          rendered chart gives each switchyard container
+    planner RENDERED NAMESPACE           the planner's RBAC is exactly what its Kubernetes
+                                         connector needs, and its flags name what the chart renders
 
 Each prints what it checked and exits 1 with one sentence per problem.
 Runs under the tools venv of validate.sh (PyYAML and jsonschema come with its packages).
@@ -192,6 +194,35 @@ def container_env(container, pod_name):
     return env
 
 
+# A stand-in for the service account token a planner pod mounts: a kubeconfig whose API server
+# nobody listens on. The Kubernetes connector sends no request when it is built, so the planner
+# still gets as far as dialing etcd.
+STANDIN_KUBECONFIG = """apiVersion: v1
+kind: Config
+current-context: validate
+clusters:
+- name: validate
+  cluster:
+    server: https://127.0.0.1:1
+users:
+- name: validate
+  user:
+    token: validate-sh-token
+contexts:
+- name: validate
+  context:
+    cluster: validate
+    user: validate
+"""
+
+
+def lacks_subcommand(binary, name):
+    """True when BINARY says it has no subcommand NAME (clap's own error)."""
+    proc = subprocess.run([binary, name, "--help"], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_SECS)
+    return proc.returncode != 0 and "unrecognized subcommand" in proc.stderr
+
+
 def run_args(rendered, binary):
     docs = [d for d in yaml.safe_load_all(pathlib.Path(rendered).read_text()) if d]
     # The switchyard image is the gateway container's; worker containers run the same image.
@@ -213,6 +244,10 @@ def run_args(rendered, binary):
                 continue
             env = container_env(container, f"{doc['metadata']['name']}-0")
             args = [expand(a, env) for a in container.get("args", [])]
+            if args and lacks_subcommand(binary, args[0]):
+                # Printed, not hidden: the check runs by itself once the binary has it.
+                print(f"  SKIP {where}: this switchyard binary has no `{args[0]}` subcommand yet")
+                continue
             with tempfile.TemporaryDirectory() as tmp:
                 # Config files the chart mounts from ConfigMaps are written where the args say.
                 for mount in container.get("volumeMounts", []):
@@ -225,6 +260,10 @@ def run_args(rendered, binary):
                         local.write_text(text)
                         args = [a.replace(inside, str(local)) for a in args]
                 run_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, **env}
+                if pod.get("automountServiceAccountToken"):
+                    kubeconfig = pathlib.Path(tmp, "kubeconfig")
+                    kubeconfig.write_text(STANDIN_KUBECONFIG)
+                    run_env["KUBECONFIG"] = str(kubeconfig)
                 try:
                     proc = subprocess.run([binary, *args], env=run_env, capture_output=True,
                                           text=True, timeout=RUN_TIMEOUT_SECS, cwd=tmp)
@@ -243,12 +282,175 @@ def run_args(rendered, binary):
         fail(problems)
 
 
+# What the Kubernetes connector sends: GET and PATCH of deployments/<name>/scale (apps). It never
+# reads or writes the Deployment itself.
+PLANNER_RULE_GROUPS = ["apps"]
+PLANNER_RESOURCES = {"deployments/scale"}
+PLANNER_VERBS = {"get", "patch"}
+
+
+def flag_values(args):
+    """--name=value and --name value pairs of an argument list (the last one of a flag wins)."""
+    values, i = {}, 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--") and "=" in arg:
+            name, value = arg.split("=", 1)
+            values[name] = value
+        elif arg.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            values[arg] = args[i + 1]
+            i += 1
+        i += 1
+    return values
+
+
+def pod_spec(doc):
+    return doc["spec"]["template"]["spec"]
+
+
+def check_planner(rendered, namespace):
+    docs = [d for d in yaml.safe_load_all(pathlib.Path(rendered).read_text()) if d]
+    by_kind = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
+    deployments = by_kind.get("Deployment", {})
+    rbac = [f"{kind}/{name}" for kind in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+            for name in by_kind.get(kind, {})]
+    planners = [(d, c) for d in deployments.values() for c in pod_spec(d)["containers"]
+                if c.get("args", [])[:1] == ["planner"]]
+    if not planners:
+        if rbac:
+            fail([f"{rendered}: no planner, yet RBAC objects {', '.join(rbac)}"])
+        print("  ok   no planner and no RBAC objects")
+        return
+    if len(planners) != 1:
+        fail([f"{rendered}: {len(planners)} planner containers, expected one"])
+    problems = []
+    deployment, container = planners[0]
+    where = f"Deployment/{deployment['metadata']['name']}"
+    flags = flag_values(container["args"])
+
+    if flags.get("--connector") != "kubernetes":
+        problems.append(f"{where}: --connector is {flags.get('--connector')!r}, not kubernetes")
+    if flags.get("--kube-namespace") != namespace:
+        problems.append(f"{where}: --kube-namespace is {flags.get('--kube-namespace')!r}, "
+                        f"not the release namespace {namespace!r}")
+
+    # The two Deployments it scales exist, are worker pools of the right role, and differ.
+    scaled = {}
+    for flag, role in (("--prefill-deployment", "prefill"), ("--decode-deployment", "decode")):
+        name = flags.get(flag)
+        target = deployments.get(name)
+        if target is None:
+            problems.append(f"{where}: {flag}={name} names no Deployment the chart renders "
+                            f"(it renders {', '.join(sorted(deployments))})")
+            continue
+        worker_roles = [flag_values(c.get("args", [])).get("--role") for c in pod_spec(target)["containers"]
+                        if c.get("args", [])[:1] == ["worker"]]
+        if worker_roles != [role]:
+            problems.append(f"{where}: {flag}={name} runs workers with roles {worker_roles}, not [{role!r}]")
+        scaled[role] = name
+    if len(set(scaled.values())) != len(scaled):
+        problems.append(f"{where}: the prefill and decode deployments are the same Deployment")
+
+    # The identity: its own service account, with the token mounted, bound to one Role.
+    pod = pod_spec(deployment)
+    account = pod.get("serviceAccountName")
+    if account not in by_kind.get("ServiceAccount", {}):
+        problems.append(f"{where}: service account {account!r} is not rendered by the chart")
+    if pod.get("automountServiceAccountToken") is not True:
+        problems.append(f"{where}: automountServiceAccountToken is not true; the connector needs the token")
+    for other in [*deployments.values(), *by_kind.get("StatefulSet", {}).values()]:
+        if other is deployment:
+            continue
+        other_pod = pod_spec(other)
+        if other_pod.get("serviceAccountName") == account:
+            problems.append(f"{other['kind']}/{other['metadata']['name']} runs as the planner's account {account}")
+        if other_pod.get("automountServiceAccountToken") is not False:
+            problems.append(f"{other['kind']}/{other['metadata']['name']} mounts a Kubernetes API token")
+    for kind in ("ClusterRole", "ClusterRoleBinding"):
+        for name in by_kind.get(kind, {}):
+            problems.append(f"{kind}/{name}: the chart grants nothing cluster-wide")
+
+    bindings = [b for b in by_kind.get("RoleBinding", {}).values()
+                if any(s.get("kind") == "ServiceAccount" and s.get("name") == account
+                       and s.get("namespace") == namespace for s in b.get("subjects", []))]
+    for name, binding in by_kind.get("RoleBinding", {}).items():
+        if binding not in bindings:
+            problems.append(f"RoleBinding/{name} binds something other than the planner's account")
+    if len(bindings) != 1:
+        problems.append(f"{where}: {len(bindings)} RoleBindings for {account}, expected one")
+    granted = set()
+    for binding in bindings:
+        ref = binding["roleRef"]
+        role = by_kind.get("Role", {}).get(ref["name"]) if ref.get("kind") == "Role" else None
+        if role is None:
+            problems.append(f"RoleBinding/{binding['metadata']['name']} refers to {ref.get('kind')}/{ref['name']}, "
+                            "not a Role the chart renders")
+            continue
+        for rule in role.get("rules", []):
+            what = f"Role/{ref['name']} rule {rule}"
+            if rule.get("apiGroups") != PLANNER_RULE_GROUPS:
+                problems.append(f"{what}: apiGroups must be {PLANNER_RULE_GROUPS}")
+            extra = set(rule.get("resources", [])) - PLANNER_RESOURCES
+            if extra or not rule.get("resources"):
+                problems.append(f"{what}: grants {sorted(extra) or 'no resources'}; only deployments/scale is needed")
+            extra = set(rule.get("verbs", [])) - PLANNER_VERBS
+            if extra or not rule.get("verbs"):
+                problems.append(f"{what}: grants verbs {sorted(extra) or 'none'}; only get and patch are needed")
+            if set(rule.get("resourceNames", [])) != set(scaled.values()):
+                problems.append(f"{what}: resourceNames {rule.get('resourceNames')} are not exactly "
+                                f"the scaled Deployments {sorted(scaled.values())}")
+            if rule.get("nonResourceURLs"):
+                problems.append(f"{what}: grants non-resource URLs")
+            for resource in rule.get("resources", []):
+                for verb in rule.get("verbs", []):
+                    for name in rule.get("resourceNames", []):
+                        granted.add((resource, verb, name))
+    for name in scaled.values():
+        for verb in sorted(PLANNER_VERBS):
+            if ("deployments/scale", verb, name) not in granted:
+                problems.append(f"{where}: no Role grants {verb} on deployments/scale of {name}; "
+                                "the connector needs it")
+    extra_roles = set(by_kind.get("Role", {})) - {b["roleRef"]["name"] for b in bindings}
+    for name in sorted(extra_roles):
+        problems.append(f"Role/{name} is rendered but not bound to the planner")
+
+    # What else it is pointed at exists: etcd as the gateway has it, the gateway's Service,
+    # the admin token, the probes on its admin listener.
+    gateways = [c for d in deployments.values() for c in pod_spec(d)["containers"]
+                if c.get("args", [])[:1] == ["gateway"]]
+    if gateways and flags.get("--etcd") != flag_values(gateways[0]["args"]).get("--etcd"):
+        problems.append(f"{where}: --etcd={flags.get('--etcd')} differs from the gateway's")
+    gateway_url = re.fullmatch(r"http://([a-z0-9-]+):([0-9]+)", flags.get("--gateway", ""))
+    service = by_kind.get("Service", {}).get(gateway_url.group(1)) if gateway_url else None
+    if service is None or int(gateway_url.group(2)) not in [p["port"] for p in service["spec"]["ports"]]:
+        problems.append(f"{where}: --gateway={flags.get('--gateway')} is not a port of a Service the chart renders")
+    tokens = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for c in (container, *gateways[:1])
+              for e in c.get("env", []) if e["name"] == "SWITCHYARD_ADMIN_TOKEN"}
+    if not tokens.get("SWITCHYARD_ADMIN_TOKEN"):
+        problems.append(f"{where}: SWITCHYARD_ADMIN_TOKEN does not come from a Secret")
+    admin = re.fullmatch(r"0\.0\.0\.0:([0-9]+)", flags.get("--admin-listen", ""))
+    ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = container.get(probe, {}).get("httpGet", {})
+        port = ports.get(get.get("port"), get.get("port"))
+        if not admin or get.get("path") != "/health" or port != int(admin.group(1)):
+            problems.append(f"{where}: {probe} is not GET /health on the --admin-listen port")
+
+    if problems:
+        fail(problems)
+    print(f"  ok   {where}: scales {scaled.get('prefill')} (prefill) and {scaled.get('decode')} (decode) "
+          f"in {namespace}; Role grants only get, patch on deployments/scale of those two")
+
+
 def main(argv):
     commands = {
         "split-crds": (split_crds, 3),
         "dockerfile": (check_dockerfile, 2),
         "linked-libs": (linked_libs, 1),
         "run-args": (run_args, 2),
+        "planner": (check_planner, 2),
     }
     if len(argv) < 2 or argv[1] not in commands or len(argv) - 2 != commands[argv[1]][1]:
         print(__doc__, file=sys.stderr)

@@ -1,4 +1,8 @@
 //! Connectors: how a planner decision becomes prefill and decode workers.
+//!
+//! `kubernetes` scales two Deployments through their `scale` subresource.
+
+pub mod kubernetes;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};

@@ -38,6 +38,15 @@ switchyard.dev/pool: {{ . }}
 {{- end }}
 {{- end -}}
 
+{{/* A worker pool's Deployment name; call with (dict "ctx" $ "pool" "prefill"). */}}
+{{- define "switchyard.workerName" -}}
+{{- printf "%s-worker-%s" (include "switchyard.fullname" .ctx) .pool | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "switchyard.plannerName" -}}
+{{- printf "%s-planner" (include "switchyard.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "switchyard.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "switchyard.fullname" .) .Values.serviceAccount.name -}}
