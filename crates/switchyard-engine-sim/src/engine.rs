@@ -112,7 +112,7 @@ impl Simulator {
         true
     }
 
-    /// Drops the references a finished `hold_blocks` prefill keeps on its prompt blocks.
+    /// Drops the references a finished `hold_blocks` prefill (or a held import) keeps.
     pub fn release_hold(&mut self, id: u64) -> bool {
         let Some(table) = self.held.remove(&id) else {
             return false;

@@ -37,7 +37,7 @@ pub use config::SimConfig;
 pub use engine::Simulator;
 pub use error::SimError;
 pub use import::ImportOutcome;
-pub use request::{FinishReason, SimRequest, StepOutcome, TokenOutput};
+pub use request::{BlockExport, FinishReason, SimRequest, StepOutcome, TokenOutput};
 pub use timing::{StepWork, TimingModel, attention_pairs};
 
 #[cfg(test)]
