@@ -99,6 +99,7 @@ pub async fn run(
                 config.speedup,
                 config.kv_bytes_per_token,
                 config.event_buffer,
+                config.transfer_setup(),
             )
             .map_err(|e| engine_error(e.to_string()))?,
         ),
