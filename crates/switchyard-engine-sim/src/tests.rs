@@ -526,6 +526,10 @@ fn a_pipelined_prefill_exports_each_chunk_once_and_only_that_chunk() {
     let all: Vec<_> = exports.iter().flat_map(|e| e.blocks.clone()).collect();
     assert_eq!(Some(all), d.sim.held_blocks(1));
     // A prefill that is not pipelined exports nothing.
-    let plain = d.steps.iter().flat_map(|s| &s.exports).filter(|e| e.id == 9);
+    let plain = d
+        .steps
+        .iter()
+        .flat_map(|s| &s.exports)
+        .filter(|e| e.id == 9);
     assert_eq!(plain.count(), 0);
 }

@@ -91,7 +91,12 @@ impl KvLayout {
     /// Whether `other` describes the same model (only the split may differ).
     pub fn same_model(&self, other: &KvLayout) -> bool {
         (self.layers, self.kv_heads, self.head_dim, self.dtype_bytes)
-            == (other.layers, other.kv_heads, other.head_dim, other.dtype_bytes)
+            == (
+                other.layers,
+                other.kv_heads,
+                other.head_dim,
+                other.dtype_bytes,
+            )
     }
 }
 

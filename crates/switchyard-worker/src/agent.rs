@@ -136,7 +136,10 @@ pub async fn run(
         info.clone(),
         Arc::clone(&engine),
         state.clone(),
-        ServiceLimits::default(),
+        ServiceLimits {
+            kv_pull_timeout: std::time::Duration::from_millis(config.kv_pull_timeout_ms),
+            ..ServiceLimits::default()
+        },
     );
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter

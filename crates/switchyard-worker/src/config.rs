@@ -13,8 +13,8 @@ use switchyard_core::{BlockSize, EngineKind, Role, WorkerId};
 use switchyard_engine_sim::{KvLayout, SimConfig};
 
 use crate::engine::openai_http::TokenIdSource;
-use crate::engine::sim::TransferSetup;
 use crate::engine::zmq_events::rank_endpoint;
+pub use crate::transfer_config::KvTransferConfig;
 
 /// A configuration problem, always the operator's to fix.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +64,9 @@ pub struct WorkerConfig {
     pub kv_layout: KvLayout,
     /// How a decode worker moves KV pulled from prefill workers.
     pub kv_transfer: KvTransferConfig,
+    /// Longest a decode worker waits for the prefill worker's next KV chunk before failing the
+    /// request as unavailable (so a dead or hung prefill worker cannot hang it).
+    pub kv_pull_timeout_ms: u64,
     /// Which engine the worker fronts, and how to reach a real one.
     pub engine: EngineConfig,
 }
@@ -98,29 +101,6 @@ pub struct EngineConfig {
     pub startup_timeout_secs: u64,
     /// How vLLM is asked for generated token ids.
     pub vllm_token_ids: TokenIdSource,
-}
-
-/// KV transfer planning on the decode side (`[kv_transfer]`).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KvTransferConfig {
-    /// Tensor-parallel degree of the prefill workers KV is pulled from (default: this worker's
-    /// own, so the layouts match and blocks move as contiguous regions).
-    pub prefill_tensor_parallel: Option<u32>,
-    /// Coalesce small strided fragments through the staging area into few descriptors.
-    pub coalesce: bool,
-    /// Size of the staging area, reused across chunks and requests.
-    pub staging_bytes: u64,
-}
-
-impl Default for KvTransferConfig {
-    fn default() -> Self {
-        Self {
-            prefill_tensor_parallel: None,
-            coalesce: true,
-            staging_bytes: 8 << 20,
-        }
-    }
 }
 
 impl Default for EngineConfig {
@@ -198,6 +178,7 @@ impl Default for WorkerConfig {
             sim: SimConfig::default(),
             kv_layout: KvLayout::default(),
             kv_transfer: KvTransferConfig::default(),
+            kv_pull_timeout_ms: 30_000,
             engine: EngineConfig::default(),
         }
     }
@@ -270,6 +251,9 @@ impl WorkerConfig {
                 self.kv_bytes_per_token
             ));
         }
+        if self.kv_pull_timeout_ms == 0 {
+            return invalid("kv_pull_timeout_ms must be at least 1".into());
+        }
         if self.kv_transfer.staging_bytes == 0 {
             return invalid("kv_transfer.staging_bytes must be at least 1".into());
         }
@@ -281,23 +265,6 @@ impl WorkerConfig {
             ));
         }
         self.engine.validate()
-    }
-
-    /// The layouts on both sides of a pull into this worker, and how fragments are coalesced.
-    pub fn transfer_setup(&self) -> TransferSetup {
-        let source_tp = self
-            .kv_transfer
-            .prefill_tensor_parallel
-            .unwrap_or(self.kv_layout.tensor_parallel);
-        TransferSetup {
-            source: KvLayout {
-                tensor_parallel: source_tp,
-                ..self.kv_layout
-            },
-            dest: self.kv_layout,
-            coalesce: self.kv_transfer.coalesce,
-            staging_bytes: self.kv_transfer.staging_bytes,
-        }
     }
 
     pub fn lease_ttl(&self) -> Duration {
