@@ -7,7 +7,10 @@
 //! cheaper to compute in place than to prefill elsewhere and transfer. A prefill that fails or
 //! times out is retried on another prefill worker, then falls back to aggregated (`auto`) or
 //! fails the request (`enforce`); the prefill worker's hold expires by itself, so an abandoned
-//! handle pins nothing for long.
+//! handle pins nothing for long. By default the prefill is pipelined ([`KvTransfer`]): the
+//! prefill worker answers at once and the decode worker pulls the KV chunk by chunk while the
+//! prefill runs, so a prefill worker that dies mid-way surfaces as a failed pull on the decode
+//! worker (`pulling kv …`), which dispatch retries with another prefill worker.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -52,6 +55,32 @@ impl FromStr for Disaggregation {
     }
 }
 
+/// When the decode worker pulls a disaggregated prompt's KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvTransfer {
+    /// While the prefill runs, chunk by chunk: the prefill worker answers at once and only the
+    /// last chunk's transfer stays on the critical path.
+    #[default]
+    Pipelined,
+    /// Once the prefill has finished: Prefill answers at the end, then the whole KV moves.
+    AfterPrefill,
+}
+
+impl FromStr for KvTransfer {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "pipelined" => Ok(Self::Pipelined),
+            "after-prefill" => Ok(Self::AfterPrefill),
+            _ => Err(format!(
+                "unknown kv transfer mode {s:?} (pipelined or after-prefill)"
+            )),
+        }
+    }
+}
+
 /// The disaggregation settings a request runs under (from the gateway configuration).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DisaggSettings {
@@ -59,6 +88,7 @@ pub struct DisaggSettings {
     pub min_uncached_tokens: u64,
     pub max_prefill_queue_tokens: u64,
     pub prefill_timeout: Duration,
+    pub kv_transfer: KvTransfer,
 }
 
 impl Default for DisaggSettings {
@@ -68,6 +98,7 @@ impl Default for DisaggSettings {
             min_uncached_tokens: 2048,
             max_prefill_queue_tokens: 262_144,
             prefill_timeout: Duration::from_secs(60),
+            kv_transfer: KvTransfer::Pipelined,
         }
     }
 }
@@ -214,7 +245,8 @@ pub async fn prefill_stage(
             request_id: request_id.to_owned(),
             prompt_token_ids: prompt.to_vec(),
             hold_ms: 0,
-            pipelined: false,
+            // A worker that cannot pipeline answers when done (response.pipelined = false).
+            pipelined: settings.kv_transfer == KvTransfer::Pipelined,
         });
         let failure = match tokio::time::timeout(settings.prefill_timeout, call).await {
             Ok(Ok(response)) => {
@@ -279,5 +311,11 @@ mod tests {
         };
         assert!(wants_prefill(&enforce, 0).is_ok());
         assert!(wants_prefill(&DisaggSettings::default(), u64::MAX).is_err());
+        assert_eq!(
+            "after-prefill".parse::<KvTransfer>(),
+            Ok(KvTransfer::AfterPrefill)
+        );
+        assert!("eventually".parse::<KvTransfer>().is_err());
+        assert_eq!(DisaggSettings::default().kv_transfer, KvTransfer::Pipelined);
     }
 }
