@@ -252,6 +252,15 @@ pub async fn prefill_stage(
             Ok(Ok(response)) => {
                 routed.prefill_done();
                 let response = response.into_inner();
+                let kv_transfer = if response.pipelined {
+                    "pipelined"
+                } else {
+                    "after-prefill"
+                };
+                pool.metrics
+                    .disagg_prefills
+                    .get_or_create(&crate::metrics::KvTransferLabels { kv_transfer })
+                    .inc();
                 let source = v1::KvSource {
                     address,
                     handle: response.handle,
