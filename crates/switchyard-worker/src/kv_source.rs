@@ -60,6 +60,7 @@ pub(crate) async fn generate_from_source(
         pull_timeout,
     )
     .await?;
+    import.settle().await;
     let (first, cached) = if source.pipelined {
         let first = end.first_token_id.ok_or_else(|| {
             Status::unavailable(format!(

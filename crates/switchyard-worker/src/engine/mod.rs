@@ -246,6 +246,16 @@ pub struct KvImport {
     pub(crate) _release: DropGuard,
 }
 
+impl KvImport {
+    /// Waits until the link has moved everything handed to it (imports may carry a short
+    /// transfer debt rather than sleep sub-millisecond amounts chunk by chunk).
+    pub async fn settle(&self) {
+        if let Some(free_at) = self.link_free_at {
+            tokio::time::sleep_until(free_at).await;
+        }
+    }
+}
+
 /// Why an engine refused or failed a request.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {

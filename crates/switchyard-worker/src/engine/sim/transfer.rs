@@ -6,8 +6,13 @@ use switchyard_engine_sim::KvLayout;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use std::time::Duration;
+
 use super::{Command, SimEngine};
 use crate::engine::{EngineError, HeldBlock, KvImport};
+
+/// Link time owed below this is carried over rather than slept one chunk at a time.
+const TIMER_SLACK: Duration = Duration::from_millis(2);
 
 /// How a decode worker's imports are costed: the prefill side's layout, this side's, and
 /// whether fragments are coalesced through a staging area of `staging_bytes`.
@@ -63,7 +68,12 @@ impl SimEngine {
         let now = Instant::now();
         let done = import.link_free_at.map_or(now, |t| t.max(now)) + transfer;
         import.link_free_at = Some(done);
-        tokio::time::sleep_until(done).await;
+        // Timers fire on a millisecond wheel: sleeping out each sub-millisecond chunk would add
+        // up to a tick per chunk (16 ticks for an 8k prompt). A short debt stays on the link
+        // clock instead and is paid with a later chunk or by `KvImport::settle`.
+        if done.saturating_duration_since(now) >= TIMER_SLACK {
+            tokio::time::sleep_until(done).await;
+        }
         import.stats.add(plan);
         let offered = blocks.len();
         let parent = blocks.last().map(|b| b.hash);
