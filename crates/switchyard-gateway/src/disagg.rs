@@ -24,7 +24,7 @@ use tonic::Code;
 
 use crate::error::ApiError;
 use crate::pool::{ModelRoutes, WorkerPool};
-use crate::routing;
+use crate::routing::{self, RoutedRequest};
 
 /// Whether the gateway uses the prefill pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -192,7 +192,13 @@ pub enum Prefilled {
     /// Prefill on the decode worker; the reason is logged.
     Aggregated(String),
     /// Generate with this source; the prefill ran on the named worker.
-    Source(v1::KvSource, WorkerId),
+    Source {
+        source: v1::KvSource,
+        worker: WorkerId,
+        /// A pipelined prefill still running on `worker`: its place in that worker's prefill
+        /// queue stays booked until the decode worker's first token says it finished.
+        running: Option<Box<RoutedRequest>>,
+    },
     /// The request cannot be served (`enforce` without a working prefill worker).
     Fail(ApiError),
 }
@@ -250,7 +256,6 @@ pub async fn prefill_stage(
         });
         let failure = match tokio::time::timeout(settings.prefill_timeout, call).await {
             Ok(Ok(response)) => {
-                routed.prefill_done();
                 let response = response.into_inner();
                 let kv_transfer = if response.pipelined {
                     "pipelined"
@@ -269,7 +274,17 @@ pub async fn prefill_stage(
                     engine_transfer_params: response.engine_transfer_params,
                     pipelined: response.pipelined,
                 };
-                return Prefilled::Source(source, worker);
+                let running = if response.pipelined {
+                    Some(Box::new(routed))
+                } else {
+                    routed.prefill_done();
+                    None
+                };
+                return Prefilled::Source {
+                    source,
+                    worker,
+                    running,
+                };
             }
             Ok(Err(status)) if status.code() == Code::InvalidArgument => {
                 // The prompt does not fit this prefill worker (e.g. a shorter context); the
