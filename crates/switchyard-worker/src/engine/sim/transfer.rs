@@ -2,11 +2,11 @@
 //! (through the worker's one staging area) and its transfer charged on a simulated link that
 //! moves chunks one after another.
 
+use std::time::Duration;
+
 use switchyard_engine_sim::KvLayout;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-
-use std::time::Duration;
 
 use super::{Command, SimEngine};
 use crate::engine::{EngineError, HeldBlock, KvImport};
