@@ -320,3 +320,41 @@ async fn a_prefill_worker_lost_mid_pipeline_fails_the_pull_and_frees_both_sides(
         b.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpulled_pipelined_handle_expires_and_stops_the_prefill() {
+    let mut a = start("prefill-a", Role::Prefill, 30_000).await;
+    let pre = a
+        .client
+        .prefill(PrefillRequest {
+            request_id: "p".into(),
+            prompt_token_ids: prompt(4096),
+            hold_ms: 50,
+            pipelined: true,
+        })
+        .await
+        .expect("prefill")
+        .into_inner();
+    assert!(pre.pipelined);
+    let mut running = false;
+    for _ in 0..100 {
+        if a.load().await.running_requests == 1 {
+            running = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(running, "the prefill runs");
+    // Nobody pulls: the hold expires while the prefill still runs, which aborts it.
+    assert!(nothing_held(&mut a).await, "{:?}", a.load().await);
+    let err = a
+        .client
+        .pull_kv(PullKvRequest {
+            handle: pre.handle,
+            blocks_per_chunk: 0,
+        })
+        .await
+        .expect_err("expired");
+    assert_eq!(err.code(), Code::NotFound);
+    a.stop().await;
+}
