@@ -31,8 +31,9 @@ impl Simulator {
     /// referenced under `id` (appended to what earlier imports into `id` hold) until
     /// [`Simulator::release_hold`] or [`Simulator::abort`] of `id`: a chunked import keeps its
     /// earlier chunks while the later ones arrive, and requests queued meanwhile cannot evict
-    /// them before the decode request is admitted. An `id` that names a waiting or running
-    /// request is refused (nothing imported).
+    /// them before the decode request is admitted. A step that finds nothing else to run gives
+    /// import holds up (see [`Simulator::step`]), so they can delay eviction but never deadlock
+    /// the cache. An `id` that names a waiting or running request is refused (nothing imported).
     ///
     /// When the cache cannot make room (everything else is in use) the import stops: a shorter
     /// prefix is still a valid prefix and the request recomputes the rest. Blocks of the wrong
@@ -76,7 +77,10 @@ impl Simulator {
         }
         let imported = table.len();
         match hold {
-            Some(id) => self.held.entry(id).or_default().extend(table),
+            Some(id) => {
+                self.import_holds.insert(id);
+                self.held.entry(id).or_default().extend(table);
+            }
             None => self.kv.release(&table),
         }
         ImportOutcome {
@@ -184,6 +188,20 @@ mod tests {
         // A hold id that is a live request's is refused.
         d.add(req(5, (1000..1100).collect(), 2));
         assert_eq!(d.import_held(Some(5), None, head).imported, 0);
+    }
+
+    #[test]
+    fn held_imports_give_way_when_nothing_else_can_run() {
+        // 8 blocks: an import holds 6; a request needing 4 cannot be admitted beside it.
+        let mut d = Driver::new(tiny(16, 8));
+        let prompt: Vec<u32> = (0..16 * 6).collect();
+        assert_eq!(d.import_held(Some(50), None, &chain(&prompt)).imported, 6);
+        d.add(req(1, (5000..5000 + 16 * 3).collect(), 2));
+        d.run(20);
+        assert_eq!(d.outputs[&1].len(), 2);
+        // The hold was given up, not leaked: releasing it now finds nothing.
+        assert!(!d.sim.release_hold(50));
+        assert_eq!(d.sim.load().active_blocks, 0);
     }
 
     #[test]

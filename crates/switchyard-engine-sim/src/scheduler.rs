@@ -30,7 +30,20 @@ use crate::{
 
 impl Simulator {
     /// Runs one engine iteration and reports what it produced and how long it took.
+    ///
+    /// When work is waiting but nothing can be scheduled and imports hold blocks, the import
+    /// holds are released and the step retried: an import pins its blocks only so that other
+    /// work cannot evict them before its request is admitted, never to the point of blocking
+    /// that request (or everyone) for good.
     pub fn step(&mut self) -> StepOutcome {
+        let outcome = self.step_once();
+        if outcome.is_idle() && self.has_work() && self.release_import_holds() {
+            return self.step_once();
+        }
+        outcome
+    }
+
+    fn step_once(&mut self) -> StepOutcome {
         let mut events = EventLog::default();
         let mut work = StepWork::default();
         let mut budget = self.config.max_batched_tokens;
