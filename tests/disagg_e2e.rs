@@ -1,8 +1,9 @@
 //! Disaggregated serving end to end through the real binary: etcd, two prefill and two decode
 //! `switchyard worker` processes and a `switchyard gateway --disaggregation auto`. Long prompts
-//! go through both pools and land in the decode worker's index; short prompts stay on a decode
-//! worker; a SIGKILLed prefill worker costs a retry or a fallback, never a failed request; with
-//! no prefill worker left, `enforce` answers 503 while `auto` still serves.
+//! go through both pools with a pipelined KV transfer and land in the decode worker's index;
+//! short prompts stay on a decode worker; a SIGKILLed prefill worker, before or in the middle of
+//! a pipelined prefill, costs a retry or a fallback, never a failed request; with no prefill
+//! worker left, `enforce` answers 503 while `auto` still serves.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -135,6 +136,9 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 8);
     assert_eq!(body["usage"]["prompt_tokens"], 2000);
+    // The prefill worker answered at once and streamed the KV while it computed.
+    let pipelined = r#"switchyard_disagg_prefills_total{kv_transfer="pipelined"}"#;
+    assert_eq!(api.metric(pipelined).await, 1.0);
     let prefills = decisions(&api, "prefill").await;
     assert_eq!(prefills.len(), 1, "{prefills:?}");
     let request_id = prefills[0]["request_id"].clone();
@@ -271,4 +275,131 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
     assert!(body.to_string().contains("prefill"), "{body}");
     let (status, body) = complete(&api, tokens(32, 1500), 4).await;
     assert_eq!(status, 200, "{body}");
+}
+
+async fn active_blocks(api: &Api, worker: &str) -> u64 {
+    let (_, workers) = api.get("/admin/workers").await;
+    workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["id"] == worker)
+        .map_or(u64::MAX, |w| {
+            w["load"]["active_blocks"].as_u64().unwrap_or(u64::MAX)
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_worker_killed_mid_pipeline_costs_a_retry_not_the_request() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("pipeline-{}", std::process::id());
+    // Slow prefill workers: 256-token chunks at a fifth of real speed, so a 6000-token prompt
+    // prefills in about 24 steps over a few seconds and the kill lands mid-prefill.
+    let dir = tempfile::tempdir().unwrap();
+    let slow = dir.path().join("slow-prefill.toml");
+    std::fs::write(&slow, "speedup = 0.2\n[sim]\nmax_batched_tokens = 256\n").unwrap();
+    let slow = slow.to_str().unwrap().to_owned();
+    let start = |id: &'static str, role: &'static str| {
+        let mut args = vec![
+            "--etcd".to_owned(),
+            endpoint.clone(),
+            "--cluster".to_owned(),
+            cluster.clone(),
+            "--lease-ttl-secs".to_owned(),
+            "2".to_owned(),
+            "--max-context".to_owned(),
+            "8192".to_owned(),
+            "--role".to_owned(),
+            role.to_owned(),
+            "--id".to_owned(),
+            id.to_owned(),
+        ];
+        if role == "prefill" {
+            args.extend(["--config".to_owned(), slow.clone()]);
+        } else {
+            args.extend(["--speedup".to_owned(), "20".to_owned()]);
+        }
+        async move {
+            SwitchyardProcess::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
+        }
+    };
+    let mut prefill_a = start("prefill-a", "prefill").await;
+    let mut prefill_b = start("prefill-b", "prefill").await;
+    let _decode_a = start("decode-a", "decode").await;
+    let _decode_b = start("decode-b", "decode").await;
+    let gateway = SwitchyardProcess::spawn(
+        "gateway",
+        &[
+            "--etcd",
+            &endpoint,
+            "--cluster",
+            &cluster,
+            "--http",
+            "127.0.0.1:0",
+            "--disaggregation",
+            "auto",
+            "--disagg-min-uncached-tokens",
+            "512",
+            "--kv-transfer",
+            "pipelined",
+        ],
+    )
+    .await;
+    let api = Api::new(&gateway);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let (_, workers) = api.get("/admin/workers").await;
+            workers.as_array().map_or(0, Vec::len) == 4
+        })
+        .await,
+        "gateway sees all four workers"
+    );
+
+    let long = tokens(40, 6000);
+    let request = {
+        let api = Api::new(&gateway);
+        tokio::spawn(async move { complete(&api, long, 4).await })
+    };
+    // The prefill is placed, and the decode worker's KV events already show some of its
+    // blocks: the transfer is under way while the prefill still runs.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let chosen = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the decode worker announces blocks mid-pipeline"
+        );
+        if let Some(first) = decisions(&api, "prefill").await.pop() {
+            let indexed =
+                indexed_blocks(&api, "decode-a").await + indexed_blocks(&api, "decode-b").await;
+            if indexed > 0 && indexed < 6000 / 16 {
+                break first["explanation"]["chosen"].as_str().unwrap().to_owned();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    match chosen.as_str() {
+        "prefill-a" => prefill_a.kill_hard().await,
+        "prefill-b" => prefill_b.kill_hard().await,
+        other => panic!("prefill on {other}"),
+    }
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 4);
+    assert_eq!(body["usage"]["prompt_tokens"], 6000);
+    // The failed pull was retried (on the other prefill worker, or aggregated).
+    assert!(api.metric("switchyard_dispatch_retries_total").await >= 1.0);
+    let prefills = decisions(&api, "prefill").await;
+    assert!(
+        prefills.len() == 1 || prefills[0]["explanation"]["chosen"] != chosen.as_str(),
+        "{prefills:?}"
+    );
+    // Neither decode worker keeps the half-imported blocks pinned.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            active_blocks(&api, "decode-a").await == 0 && active_blocks(&api, "decode-b").await == 0
+        })
+        .await,
+        "decode workers released the imported blocks"
+    );
 }

@@ -1,7 +1,7 @@
 //! The public [`Simulator`]: request intake, aborts, holds and introspection. The step itself
 //! lives in the `scheduler` module.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
 use switchyard_core::{BlockHash, LoadStats, SnapshotBlock, TokenId};
 
@@ -26,6 +26,9 @@ pub struct Simulator {
     pub(crate) running: Vec<Sequence>,
     /// Finished `hold_blocks` prefills and the prompt blocks they keep referenced.
     pub(crate) held: BTreeMap<u64, Vec<BlockId>>,
+    /// The entries of `held` that are imports: pins a step gives up when nothing else can run,
+    /// so imports waiting for their request can never deadlock the cache.
+    pub(crate) import_holds: BTreeSet<u64>,
     /// Ids of waiting, running and held requests.
     pub(crate) live_ids: HashSet<u64>,
     pub(crate) preemptions_total: u64,
@@ -45,6 +48,7 @@ impl Simulator {
             waiting: VecDeque::new(),
             running: Vec::new(),
             held: BTreeMap::new(),
+            import_holds: BTreeSet::new(),
             live_ids: HashSet::new(),
             preemptions_total: 0,
             cached_prompt_tokens_total: 0,
@@ -107,16 +111,18 @@ impl Simulator {
             let seq = self.running.remove(pos);
             self.kv.release(&seq.table);
         } else if let Some(table) = self.held.remove(&id) {
+            self.import_holds.remove(&id);
             self.kv.release(&table);
         }
         true
     }
 
-    /// Drops the references a finished `hold_blocks` prefill keeps on its prompt blocks.
+    /// Drops the references a finished `hold_blocks` prefill (or a held import) keeps.
     pub fn release_hold(&mut self, id: u64) -> bool {
         let Some(table) = self.held.remove(&id) else {
             return false;
         };
+        self.import_holds.remove(&id);
         self.live_ids.remove(&id);
         self.kv.release(&table);
         true
@@ -130,6 +136,19 @@ impl Simulator {
             .iter()
             .map(|&b| self.kv.block_content(b))
             .collect()
+    }
+
+    /// Lets go of every import hold (their blocks stay cached, unreferenced). Returns whether
+    /// there was any.
+    pub(crate) fn release_import_holds(&mut self) -> bool {
+        let ids = std::mem::take(&mut self.import_holds);
+        for id in &ids {
+            if let Some(table) = self.held.remove(id) {
+                self.live_ids.remove(id);
+                self.kv.release(&table);
+            }
+        }
+        !ids.is_empty()
     }
 
     /// Whether a request is waiting or running. Held prefills are not work.

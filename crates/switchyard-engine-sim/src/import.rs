@@ -22,20 +22,39 @@ pub struct ImportOutcome {
 }
 
 impl Simulator {
-    /// Places a chain of full blocks (in prompt order, each one's parent the block before it)
-    /// into the device cache as cached blocks.
+    /// Places a chain of full blocks (in prompt order, the first one's parent `parent`, each
+    /// later one's the block before it) into the device cache.
     ///
     /// Blocks are referenced while the import runs so that allocating the later ones cannot
-    /// evict the earlier ones, then released, tail first, so they sit on the LRU list like any
-    /// finished sequence's blocks. When the cache cannot make room (everything else is in use)
-    /// the import stops: a shorter prefix is still a valid prefix and the request recomputes
-    /// the rest. Blocks of the wrong size end the import too (they cannot be this model's).
-    pub fn import_blocks(&mut self, blocks: &[(BlockHash, Vec<TokenId>)]) -> ImportOutcome {
+    /// evict the earlier ones. Without a `hold` they are then released, tail first, so they sit
+    /// on the LRU list like any finished sequence's blocks. With `hold = Some(id)` they stay
+    /// referenced under `id` (appended to what earlier imports into `id` hold) until
+    /// [`Simulator::release_hold`] or [`Simulator::abort`] of `id`: a chunked import keeps its
+    /// earlier chunks while the later ones arrive, and requests queued meanwhile cannot evict
+    /// them before the decode request is admitted. A step that finds nothing else to run gives
+    /// import holds up (see [`Simulator::step`]), so they can delay eviction but never deadlock
+    /// the cache. An `id` that names a waiting or running request is refused (nothing imported).
+    ///
+    /// When the cache cannot make room (everything else is in use) the import stops: a shorter
+    /// prefix is still a valid prefix and the request recomputes the rest. Blocks of the wrong
+    /// size end the import too (they cannot be this model's).
+    pub fn import_blocks(
+        &mut self,
+        hold: Option<u64>,
+        parent: Option<BlockHash>,
+        blocks: &[(BlockHash, Vec<TokenId>)],
+    ) -> ImportOutcome {
+        if let Some(id) = hold
+            && !self.held.contains_key(&id)
+            && !self.live_ids.insert(id)
+        {
+            return ImportOutcome::default();
+        }
         let bs = self.config.block_size.as_usize();
         let mut events = EventLog::default();
         let mut table = Vec::with_capacity(blocks.len());
         let mut already_cached = 0;
-        let mut parent: Option<BlockHash> = None;
+        let mut parent = parent;
         for (hash, tokens) in blocks {
             if tokens.len() != bs {
                 break;
@@ -56,9 +75,16 @@ impl Simulator {
             table.push(block);
             parent = Some(*hash);
         }
-        self.kv.release(&table);
+        let imported = table.len();
+        match hold {
+            Some(id) => {
+                self.import_holds.insert(id);
+                self.held.entry(id).or_default().extend(table);
+            }
+            None => self.kv.release(&table),
+        }
         ImportOutcome {
-            imported: table.len(),
+            imported,
             already_cached,
             events: events.into_events(),
         }
@@ -133,6 +159,48 @@ mod tests {
         let outcome = d.import(&chain(&prompt));
         // Four blocks fit; the fifth would need to evict the chain's own referenced blocks.
         assert_eq!(outcome.imported, 4);
+        assert_eq!(d.sim.load().active_blocks, 0);
+    }
+
+    #[test]
+    fn a_held_import_in_chunks_keeps_its_chain_until_released() {
+        let mut d = Driver::new(tiny(16, 1024));
+        let prompt: Vec<u32> = (0..256).collect();
+        let blocks = chain(&prompt);
+        let (head, tail) = blocks.split_at(6);
+        let first = d.import_held(Some(77), None, head);
+        let second = d.import_held(Some(77), Some(head[5].0), tail);
+        assert_eq!((first.imported, second.imported), (6, 10));
+        // The second chunk continues the chain: its Stored names the first chunk's tail.
+        let parents: Vec<_> = second
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                KvEvent::Stored { parent, .. } => Some(*parent),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(parents, vec![Some(head[5].0)]);
+        // Held: pinned, so a burst of other work cannot evict them before the decode request.
+        assert_eq!(d.sim.load().active_blocks, 16);
+        assert!(d.sim.release_hold(77));
+        assert_eq!(d.sim.load().active_blocks, 0);
+        // A hold id that is a live request's is refused.
+        d.add(req(5, (1000..1100).collect(), 2));
+        assert_eq!(d.import_held(Some(5), None, head).imported, 0);
+    }
+
+    #[test]
+    fn held_imports_give_way_when_nothing_else_can_run() {
+        // 8 blocks: an import holds 6; a request needing 4 cannot be admitted beside it.
+        let mut d = Driver::new(tiny(16, 8));
+        let prompt: Vec<u32> = (0..16 * 6).collect();
+        assert_eq!(d.import_held(Some(50), None, &chain(&prompt)).imported, 6);
+        d.add(req(1, (5000..5000 + 16 * 3).collect(), 2));
+        d.run(20);
+        assert_eq!(d.outputs[&1].len(), 2);
+        // The hold was given up, not leaked: releasing it now finds nothing.
+        assert!(!d.sim.release_hold(50));
         assert_eq!(d.sim.load().active_blocks, 0);
     }
 

@@ -17,6 +17,8 @@
 //!   disaggregated prefill, load figures and cache snapshots.
 //! - [`request`] holds what goes in ([`SimRequest`]) and what comes out ([`StepOutcome`]).
 //! - [`import`] admits KV blocks computed elsewhere (the decode side of disaggregation).
+//! - [`transfer_plan`] plans a KV transfer between two layouts (tensor-parallel splits) and
+//!   coalesces strided fragments into few descriptors through a bounded [`StagingArea`].
 //! - [`error`] holds [`SimError`].
 
 // Tests may unwrap: a panic there is a failed test, which is the point.
@@ -32,13 +34,15 @@ pub mod request;
 mod scheduler;
 mod sequence;
 pub mod timing;
+pub mod transfer_plan;
 
 pub use config::SimConfig;
 pub use engine::Simulator;
 pub use error::SimError;
 pub use import::ImportOutcome;
-pub use request::{FinishReason, SimRequest, StepOutcome, TokenOutput};
+pub use request::{BlockExport, FinishReason, SimRequest, StepOutcome, TokenOutput};
 pub use timing::{StepWork, TimingModel, attention_pairs};
+pub use transfer_plan::{KvLayout, PlanStats, StagingArea};
 
 #[cfg(test)]
 mod proptests;

@@ -103,21 +103,30 @@ proptest! {
         config in config(),
         ops in proptest::collection::vec(op(), 1..80),
     ) {
+        let block_size = config.block_size;
         let mut d = Driver::new(config);
         let mut expect = BTreeMap::new();
         let mut next_id = 0u64;
+        // Pipelined holds and the hashes of their full prompt blocks.
+        let mut pipelined: BTreeMap<u64, Vec<switchyard_core::BlockHash>> = BTreeMap::new();
         for op in ops {
             match op {
                 Op::Add { prefix, prefix_len, tail, max_tokens, ignore_eos, hold } => {
                     let mut prompt: Vec<u32> = (0..prefix_len).map(|t| 1000 * (prefix + 1) + t).collect();
                     prompt.extend(tail);
+                    let pipeline = hold && prefix % 2 == 0;
+                    let hashes = switchyard_core::block_hashes(&prompt, block_size);
                     let r = SimRequest {
                         ignore_eos,
                         hold_blocks: hold,
+                        pipeline,
                         ..SimRequest::new(next_id, prompt, max_tokens)
                     };
                     // Refusals (empty, too big for the cache) must be errors, never panics.
                     if d.sim.add_request(r).is_ok() {
+                        if pipeline {
+                            pipelined.insert(next_id, hashes);
+                        }
                         expect.insert(next_id, Expect { max_tokens, hold, aborted: false });
                     }
                     next_id += 1;
@@ -164,5 +173,26 @@ proptest! {
         d.check_model();
         prop_assert_eq!(d.sim.load().active_blocks, 0);
         check_outputs(&d, &expect)?;
+        // Pipelined prefills export their prompt blocks once each, in order, across preemptions;
+        // a finished one has exported all of them.
+        let mut exported: BTreeMap<u64, Vec<switchyard_core::BlockHash>> = BTreeMap::new();
+        for step in &d.steps {
+            for e in &step.exports {
+                let want = pipelined.get(&e.id);
+                prop_assert!(want.is_some(), "export of a request that is not pipelined");
+                let got = exported.entry(e.id).or_default();
+                prop_assert_eq!(e.first_block, got.len());
+                got.extend(e.blocks.iter().map(|(h, _)| *h));
+            }
+        }
+        for (id, want) in &pipelined {
+            let got = exported.get(id).map_or(&[][..], Vec::as_slice);
+            prop_assert!(got.len() <= want.len());
+            prop_assert_eq!(got, &want[..got.len()]);
+            let finished = d.outputs.get(id).and_then(|o| o.last()).is_some_and(|(_, o)| o.finish.is_some());
+            if finished {
+                prop_assert_eq!(got.len(), want.len());
+            }
+        }
     }
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use switchyard_core::{KvEvent, TokenId};
+use switchyard_core::{BlockHash, KvEvent, TokenId};
 
 /// One generation request.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -24,6 +24,10 @@ pub struct SimRequest {
     /// finish with [`FinishReason::Length`], and keep the prompt's full blocks referenced until
     /// [`crate::Simulator::release_hold`] so a decode worker can pull them.
     pub hold_blocks: bool,
+    /// With `hold_blocks`: report the prompt's full blocks as each prefill chunk computes them
+    /// ([`StepOutcome::exports`]), so a decode worker can pull them while the prefill runs.
+    #[serde(default)]
+    pub pipeline: bool,
 }
 
 impl SimRequest {
@@ -80,6 +84,19 @@ pub struct StepOutcome {
     pub decode_sequences: usize,
     /// Sequences preempted in this step.
     pub preempted: usize,
+    /// Prompt blocks of `pipeline` prefills that became available in this step.
+    pub exports: Vec<BlockExport>,
+}
+
+/// Prompt blocks of a `pipeline` prefill that became available in one step (computed, or found
+/// cached at admission), each block exported exactly once per request even across preemptions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockExport {
+    pub id: u64,
+    /// Index of the first exported block in the prompt.
+    pub first_block: usize,
+    /// Hash and tokens of each block, in prompt order.
+    pub blocks: Vec<(BlockHash, Vec<TokenId>)>,
 }
 
 impl StepOutcome {

@@ -22,7 +22,7 @@ use std::mem;
 use switchyard_core::StorageTier;
 
 use crate::{
-    Simulator, StepOutcome, TokenOutput,
+    BlockExport, Simulator, StepOutcome, TokenOutput,
     events::EventLog,
     sequence::Sequence,
     timing::{StepWork, attention_pairs},
@@ -30,7 +30,20 @@ use crate::{
 
 impl Simulator {
     /// Runs one engine iteration and reports what it produced and how long it took.
+    ///
+    /// When work is waiting but nothing can be scheduled and imports hold blocks, the import
+    /// holds are released and the step retried: an import pins its blocks only so that other
+    /// work cannot evict them before its request is admitted, never to the point of blocking
+    /// that request (or everyone) for good.
     pub fn step(&mut self) -> StepOutcome {
+        let outcome = self.step_once();
+        if outcome.is_idle() && self.has_work() && self.release_import_holds() {
+            return self.step_once();
+        }
+        outcome
+    }
+
+    fn step_once(&mut self) -> StepOutcome {
         let mut events = EventLog::default();
         let mut work = StepWork::default();
         let mut budget = self.config.max_batched_tokens;
@@ -39,7 +52,8 @@ impl Simulator {
         if preempted == 0 {
             self.admit_waiting(&mut budget, &mut scheduled, &mut work, &mut events);
         }
-        let outputs = self.execute(&scheduled, &mut work, &mut events);
+        let mut exports = Vec::new();
+        let outputs = self.execute(&scheduled, &mut work, &mut events, &mut exports);
         StepOutcome {
             duration: self.config.timing.step_time(&work),
             outputs,
@@ -47,6 +61,7 @@ impl Simulator {
             prefill_tokens: work.prefill_tokens as usize,
             decode_sequences: work.decode_sequences as usize,
             preempted,
+            exports,
         }
     }
 
@@ -159,6 +174,7 @@ impl Simulator {
         scheduled: &[(usize, usize)],
         work: &mut StepWork,
         events: &mut EventLog,
+        exports: &mut Vec<BlockExport>,
     ) -> Vec<TokenOutput> {
         let block_size = self.config.block_size;
         let bs = block_size.as_usize();
@@ -184,6 +200,25 @@ impl Simulator {
                     self.kv
                         .register(seq.table[k], parent, seq.hashes[k], tokens, events);
                 seq.registered += 1;
+            }
+            if seq.pipeline {
+                // Only the blocks that became ready in this step are read: a long prompt in
+                // many chunks costs one pass over its blocks in all, not one per chunk.
+                let ready = seq.registered.min(seq.prompt_len / bs);
+                if ready > seq.exported {
+                    let blocks: Option<Vec<_>> = seq.table[seq.exported..ready]
+                        .iter()
+                        .map(|&b| self.kv.block_content(b))
+                        .collect();
+                    if let Some(blocks) = blocks {
+                        exports.push(BlockExport {
+                            id: seq.id,
+                            first_block: seq.exported,
+                            blocks,
+                        });
+                        seq.exported = ready;
+                    }
+                }
             }
             if end < seq.tokens.len() {
                 continue; // mid-prefill: no logits yet

@@ -20,6 +20,10 @@ pub(crate) struct Sequence {
     pub(crate) ignore_eos: bool,
     pub(crate) stop_token_ids: Vec<TokenId>,
     pub(crate) hold_blocks: bool,
+    pub(crate) pipeline: bool,
+    /// Leading prompt blocks already exported (pipelined prefill); survives preemption, so a
+    /// recompute exports nothing twice.
+    pub(crate) exported: usize,
     /// Seeds every token of this request; fixed at arrival so a recompute resamples nothing.
     stream: u64,
     /// Prompt then generated tokens; a preempted sequence recomputes all of them.
@@ -52,6 +56,8 @@ impl Sequence {
             ignore_eos: req.ignore_eos,
             stop_token_ids: req.stop_token_ids,
             hold_blocks: req.hold_blocks,
+            pipeline: req.hold_blocks && req.pipeline,
+            exported: 0,
             stream,
             tokens: req.prompt,
             hashes,

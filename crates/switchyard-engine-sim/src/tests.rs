@@ -486,3 +486,50 @@ fn a_cache_pinned_by_holds_idles_instead_of_thrashing() {
     d.run(20);
     assert_eq!(d.outputs[&2].len(), 1);
 }
+
+#[test]
+fn a_pipelined_prefill_exports_each_chunk_once_and_only_that_chunk() {
+    // 128 chunks of 4 blocks: a per-chunk rebuild of the block list would export
+    // 4 + 8 + … + 512 blocks; exporting each chunk's own blocks exports 512.
+    let mut d = Driver::new(SimConfig {
+        max_batched_tokens: 64,
+        ..tiny(16, 1024)
+    });
+    let prompt = range(0, 128 * 64);
+    // A cached prefix is exported at admission, with the first computed chunk.
+    d.add(req(9, prompt[..48].to_vec(), 1));
+    d.run(10);
+    d.add(SimRequest {
+        hold_blocks: true,
+        pipeline: true,
+        ..SimRequest::new(1, prompt.clone(), 1)
+    });
+    d.run(200);
+    let exports: Vec<_> = d
+        .steps
+        .iter()
+        .flat_map(|s| s.exports.iter())
+        .filter(|e| e.id == 1)
+        .collect();
+    let exported: usize = exports.iter().map(|e| e.blocks.len()).sum();
+    assert_eq!(exported, 512);
+    // 3 cached blocks + the first chunk in the admission step, then one export per chunk.
+    assert_eq!(exports[0].blocks.len(), 3 + 4);
+    // (8192 - 48) computed tokens in 64-token steps.
+    assert_eq!(exports.len(), 128);
+    let mut next = 0;
+    for e in &exports {
+        assert_eq!(e.first_block, next, "exports are contiguous and in order");
+        next += e.blocks.len();
+    }
+    // The concatenation is exactly what the hold keeps at the end.
+    let all: Vec<_> = exports.iter().flat_map(|e| e.blocks.clone()).collect();
+    assert_eq!(Some(all), d.sim.held_blocks(1));
+    // A prefill that is not pipelined exports nothing.
+    let plain = d
+        .steps
+        .iter()
+        .flat_map(|s| &s.exports)
+        .filter(|e| e.id == 9);
+    assert_eq!(plain.count(), 0);
+}

@@ -58,7 +58,17 @@ impl Driver {
         &mut self,
         blocks: &[(switchyard_core::BlockHash, Vec<u32>)],
     ) -> crate::ImportOutcome {
-        let outcome = self.sim.import_blocks(blocks);
+        self.import_held(None, None, blocks)
+    }
+
+    /// Imports blocks under an optional hold, continuing the chain after `parent`.
+    pub(crate) fn import_held(
+        &mut self,
+        hold: Option<u64>,
+        parent: Option<switchyard_core::BlockHash>,
+        blocks: &[(switchyard_core::BlockHash, Vec<u32>)],
+    ) -> crate::ImportOutcome {
+        let outcome = self.sim.import_blocks(hold, parent, blocks);
         self.apply(&outcome.events);
         self.check_model();
         outcome

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use switchyard_router::{PolicyConfig, PolicyKind};
 
-use crate::disagg::{DisaggSettings, Disaggregation};
+use crate::disagg::{DisaggSettings, Disaggregation, KvTransfer};
 
 /// A configuration problem, always the operator's to fix.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +87,9 @@ pub struct GatewayConfig {
     /// OpenTelemetry collector (OTLP/gRPC, `http://host:4317`) the gateway's traces go to;
     /// none exports nothing.
     pub otlp_endpoint: Option<String>,
+    /// When the decode worker pulls the KV: `pipelined` (while the prefill runs, chunk by
+    /// chunk) or `after-prefill`.
+    pub kv_transfer: KvTransfer,
 }
 
 /// Bounds and checking of the incremental session tokenization cache (`[session_cache]`).
@@ -151,6 +154,7 @@ impl Default for GatewayConfig {
             disagg_max_prefill_queue_tokens: 262_144,
             prefill_timeout_secs: 60,
             otlp_endpoint: None,
+            kv_transfer: KvTransfer::Pipelined,
         }
     }
 }
@@ -218,6 +222,7 @@ impl GatewayConfig {
             min_uncached_tokens: self.disagg_min_uncached_tokens,
             max_prefill_queue_tokens: self.disagg_max_prefill_queue_tokens,
             prefill_timeout: Duration::from_secs(self.prefill_timeout_secs),
+            kv_transfer: self.kv_transfer,
         }
     }
 }
@@ -276,6 +281,9 @@ pub struct GatewayArgs {
     /// Export traces to this OpenTelemetry collector (OTLP/gRPC), e.g. http://otel-collector:4317.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// KV transfer of disaggregated requests: pipelined (default) or after-prefill.
+    #[arg(long, env = "SWITCHYARD_KV_TRANSFER")]
+    pub kv_transfer: Option<KvTransfer>,
 }
 
 fn parse_model_tokenizer(s: &str) -> Result<(String, String), String> {
@@ -336,6 +344,9 @@ impl GatewayArgs {
         if let Some(v) = self.disagg_min_uncached_tokens {
             config.disagg_min_uncached_tokens = v;
         }
+        if let Some(v) = self.kv_transfer {
+            config.kv_transfer = v;
+        }
         if let Some(v) = self.prefill_timeout_secs {
             config.prefill_timeout_secs = v;
         }
@@ -363,6 +374,15 @@ mod tests {
         let config = args.resolve_onto(GatewayConfig::default()).unwrap();
         assert_eq!(config.policy, PolicyKind::RoundRobin);
         assert_eq!(config.models["m"], "builtin:cl100k");
+        assert_eq!(config.disagg().kv_transfer, KvTransfer::Pipelined);
+        let args = GatewayArgs {
+            kv_transfer: Some(KvTransfer::AfterPrefill),
+            ..Default::default()
+        };
+        let config = args.resolve_onto(GatewayConfig::default()).unwrap();
+        assert_eq!(config.disagg().kv_transfer, KvTransfer::AfterPrefill);
+        let file: GatewayConfig = toml::from_str("kv_transfer = \"after-prefill\"").unwrap();
+        assert_eq!(file.kv_transfer, KvTransfer::AfterPrefill);
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! cheaper to compute in place than to prefill elsewhere and transfer. A prefill that fails or
 //! times out is retried on another prefill worker, then falls back to aggregated (`auto`) or
 //! fails the request (`enforce`); the prefill worker's hold expires by itself, so an abandoned
-//! handle pins nothing for long.
+//! handle pins nothing for long. By default the prefill is pipelined ([`KvTransfer`]): the
+//! prefill worker answers at once and the decode worker pulls the KV chunk by chunk while the
+//! prefill runs, so a prefill worker that dies mid-way surfaces as a failed pull on the decode
+//! worker (`pulling kv …`), which dispatch retries with another prefill worker.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use tracing::{Instrument, Span};
 
 use crate::error::ApiError;
 use crate::pool::{ModelRoutes, WorkerPool};
-use crate::routing;
+use crate::routing::{self, RoutedRequest};
 
 /// Whether the gateway uses the prefill pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -55,6 +58,32 @@ impl FromStr for Disaggregation {
     }
 }
 
+/// When the decode worker pulls a disaggregated prompt's KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvTransfer {
+    /// While the prefill runs, chunk by chunk: the prefill worker answers at once and only the
+    /// last chunk's transfer stays on the critical path.
+    #[default]
+    Pipelined,
+    /// Once the prefill has finished: Prefill answers at the end, then the whole KV moves.
+    AfterPrefill,
+}
+
+impl FromStr for KvTransfer {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "pipelined" => Ok(Self::Pipelined),
+            "after-prefill" => Ok(Self::AfterPrefill),
+            _ => Err(format!(
+                "unknown kv transfer mode {s:?} (pipelined or after-prefill)"
+            )),
+        }
+    }
+}
+
 /// The disaggregation settings a request runs under (from the gateway configuration).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DisaggSettings {
@@ -62,6 +91,7 @@ pub struct DisaggSettings {
     pub min_uncached_tokens: u64,
     pub max_prefill_queue_tokens: u64,
     pub prefill_timeout: Duration,
+    pub kv_transfer: KvTransfer,
 }
 
 impl Default for DisaggSettings {
@@ -71,6 +101,7 @@ impl Default for DisaggSettings {
             min_uncached_tokens: 2048,
             max_prefill_queue_tokens: 262_144,
             prefill_timeout: Duration::from_secs(60),
+            kv_transfer: KvTransfer::Pipelined,
         }
     }
 }
@@ -169,7 +200,13 @@ pub enum Prefilled {
     /// Prefill on the decode worker; the reason is logged.
     Aggregated(String),
     /// Generate with this source; the prefill ran on the named worker.
-    Source(v1::KvSource, WorkerId),
+    Source {
+        source: v1::KvSource,
+        worker: WorkerId,
+        /// A pipelined prefill still running on `worker`: its place in that worker's prefill
+        /// queue stays booked until the decode worker's first token says it finished.
+        running: Option<Box<RoutedRequest>>,
+    },
     /// The request cannot be served (`enforce` without a working prefill worker).
     Fail(ApiError),
 }
@@ -270,7 +307,8 @@ pub async fn prefill_stage(
             request_id: request_id.to_owned(),
             prompt_token_ids: prompt.to_vec(),
             hold_ms: 0,
-            pipelined: false,
+            // A worker that cannot pipeline answers when done (response.pipelined = false).
+            pipelined: settings.kv_transfer == KvTransfer::Pipelined,
         });
         switchyard_telemetry::inject_context(&prefill_span, request.metadata_mut());
         let call = client.prefill(request);
@@ -279,12 +317,20 @@ pub async fn prefill_stage(
             .await;
         let failure = match answer {
             Ok(Ok(response)) => {
-                routed.prefill_done();
                 let response = response.into_inner();
                 prefill_span.record(
                     "cached_prompt_tokens",
                     i64::from(response.cached_prompt_tokens),
                 );
+                let kv_transfer = if response.pipelined {
+                    "pipelined"
+                } else {
+                    "after-prefill"
+                };
+                pool.metrics
+                    .disagg_prefills
+                    .get_or_create(&crate::metrics::KvTransferLabels { kv_transfer })
+                    .inc();
                 let source = v1::KvSource {
                     address,
                     handle: response.handle,
@@ -293,7 +339,17 @@ pub async fn prefill_stage(
                     engine_transfer_params: response.engine_transfer_params,
                     pipelined: response.pipelined,
                 };
-                return Prefilled::Source(source, worker);
+                let running = if response.pipelined {
+                    Some(Box::new(routed))
+                } else {
+                    routed.prefill_done();
+                    None
+                };
+                return Prefilled::Source {
+                    source,
+                    worker,
+                    running,
+                };
             }
             Ok(Err(status)) if status.code() == Code::InvalidArgument => {
                 // The prompt does not fit this prefill worker (e.g. a shorter context); the
@@ -347,5 +403,11 @@ mod tests {
         };
         assert!(wants_prefill(&enforce, 0).is_ok());
         assert!(wants_prefill(&DisaggSettings::default(), u64::MAX).is_err());
+        assert_eq!(
+            "after-prefill".parse::<KvTransfer>(),
+            Ok(KvTransfer::AfterPrefill)
+        );
+        assert!("eventually".parse::<KvTransfer>().is_err());
+        assert_eq!(DisaggSettings::default().kv_transfer, KvTransfer::Pipelined);
     }
 }

@@ -187,6 +187,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         // Only a fresh start can use a prefill worker: a migration continues from tokens the
         // failed worker produced, and the new decode worker recomputes that context itself.
         let mut prefill_worker: Option<WorkerId> = None;
+        let mut running_prefill = None;
         let kv_source = if generated.is_empty() {
             let engine = routed
                 .worker
@@ -212,9 +213,14 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                     tracing::debug!(request = %job.request_id, worker = %worker_id, %why, "aggregated");
                     None
                 }
-                Prefilled::Source(source, prefill) => {
-                    tracing::debug!(request = %job.request_id, %prefill, decode = %worker_id, "disaggregated");
+                Prefilled::Source {
+                    source,
+                    worker: prefill,
+                    running,
+                } => {
+                    tracing::debug!(request = %job.request_id, %prefill, decode = %worker_id, pipelined = source.pipelined, "disaggregated");
                     prefill_worker = Some(prefill);
+                    running_prefill = running;
                     Some(source)
                 }
                 Prefilled::Fail(err) => {
@@ -271,6 +277,10 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                             break;
                         }
                     };
+                    if let Some(mut prefill) = running_prefill.take() {
+                        // The decode worker's first token ends the pipelined prefill.
+                        prefill.prefill_done();
+                    }
                     if !started {
                         started = true;
                         decode_span.record(
@@ -340,6 +350,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             AttemptEnd::Refused(err) => record_error(&decode_span, err.to_string()),
         }
         drop(decode_span);
+        drop(running_prefill);
         match end {
             AttemptEnd::Done | AttemptEnd::ConsumerGone => return,
             AttemptEnd::Refused(err) => {

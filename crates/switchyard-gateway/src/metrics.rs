@@ -28,6 +28,12 @@ pub struct WorkerLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KvTransferLabels {
+    /// `pipelined` or `after-prefill`: how the prefill worker answered.
+    pub kv_transfer: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLabels {
     pub policy: &'static str,
 }
@@ -52,6 +58,7 @@ pub struct Metrics {
     pub resyncs: Counter,
     pub retries: Counter,
     pub migrations: Counter,
+    pub disagg_prefills: Family<KvTransferLabels, Counter>,
     pub in_flight: Gauge,
     pub queued: Gauge,
     pub workers: Gauge,
@@ -99,6 +106,7 @@ impl Metrics {
             resyncs: Counter::default(),
             retries: Counter::default(),
             migrations: Counter::default(),
+            disagg_prefills: Family::default(),
             in_flight: Gauge::default(),
             queued: Gauge::default(),
             workers: Gauge::default(),
@@ -188,6 +196,11 @@ impl Metrics {
             "dispatch_retries",
             "Requests retried on another worker before their first token",
             m.retries.clone(),
+        );
+        registry.register(
+            "disagg_prefills",
+            "Prefills run on the prefill pool for disaggregated requests, by KV transfer mode",
+            m.disagg_prefills.clone(),
         );
         registry.register(
             "dispatch_migrations",

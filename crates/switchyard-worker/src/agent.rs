@@ -99,6 +99,7 @@ pub async fn run(
                 config.speedup,
                 config.kv_bytes_per_token,
                 config.event_buffer,
+                config.transfer_setup(),
             )
             .map_err(|e| engine_error(e.to_string()))?,
         ),
@@ -135,7 +136,10 @@ pub async fn run(
         info.clone(),
         Arc::clone(&engine),
         state.clone(),
-        ServiceLimits::default(),
+        ServiceLimits {
+            kv_pull_timeout: std::time::Duration::from_millis(config.kv_pull_timeout_ms),
+            ..ServiceLimits::default()
+        },
     );
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter

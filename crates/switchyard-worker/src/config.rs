@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use switchyard_core::{BlockSize, EngineKind, Role, WorkerId};
-use switchyard_engine_sim::SimConfig;
+use switchyard_engine_sim::{KvLayout, SimConfig};
 
 use crate::engine::openai_http::TokenIdSource;
 use crate::engine::zmq_events::rank_endpoint;
+pub use crate::transfer_config::KvTransferConfig;
 
 /// A configuration problem, always the operator's to fix.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +59,14 @@ pub struct WorkerConfig {
     pub kv_bytes_per_token: u64,
     /// The simulated engine.
     pub sim: SimConfig,
+    /// How this worker's KV cache is laid out (model shape and tensor-parallel split); its
+    /// bytes per token must equal `kv_bytes_per_token`.
+    pub kv_layout: KvLayout,
+    /// How a decode worker moves KV pulled from prefill workers.
+    pub kv_transfer: KvTransferConfig,
+    /// Longest a decode worker waits for the prefill worker's next KV chunk before failing the
+    /// request as unavailable (so a dead or hung prefill worker cannot hang it).
+    pub kv_pull_timeout_ms: u64,
     /// Which engine the worker fronts, and how to reach a real one.
     pub engine: EngineConfig,
     /// OpenTelemetry collector (OTLP/gRPC, `http://host:4317`) the worker's traces go to; none
@@ -182,6 +191,9 @@ impl Default for WorkerConfig {
             // 32 layers × 8 KV heads × 128 dims × 2 (K and V) × 2 bytes.
             kv_bytes_per_token: 131_072,
             sim: SimConfig::default(),
+            kv_layout: KvLayout::default(),
+            kv_transfer: KvTransferConfig::default(),
+            kv_pull_timeout_ms: 30_000,
             engine: EngineConfig::default(),
             otlp_endpoint: None,
         }
@@ -246,6 +258,25 @@ impl WorkerConfig {
         self.sim
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("sim: {e}")))?;
+        let transfer = self.transfer_setup();
+        for layout in [transfer.source, transfer.dest] {
+            layout
+                .validate()
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        if self.kv_layout.bytes_per_token() != self.kv_bytes_per_token {
+            return invalid(format!(
+                "kv_layout describes {} KV bytes per token but kv_bytes_per_token is {}; make them agree",
+                self.kv_layout.bytes_per_token(),
+                self.kv_bytes_per_token
+            ));
+        }
+        if self.kv_pull_timeout_ms == 0 {
+            return invalid("kv_pull_timeout_ms must be at least 1".into());
+        }
+        if self.kv_transfer.staging_bytes == 0 {
+            return invalid("kv_transfer.staging_bytes must be at least 1".into());
+        }
         self.engine.validate()
     }
 
@@ -312,6 +343,15 @@ pub struct WorkerArgs {
     /// Simulator: random seed.
     #[arg(long, env = "SWITCHYARD_SEED")]
     pub seed: Option<u64>,
+    /// Tensor-parallel degree of this worker's KV layout.
+    #[arg(long, env = "SWITCHYARD_TENSOR_PARALLEL")]
+    pub tensor_parallel: Option<u32>,
+    /// Decode side: tensor-parallel degree of the prefill workers KV is pulled from.
+    #[arg(long, env = "SWITCHYARD_PREFILL_TENSOR_PARALLEL")]
+    pub prefill_tensor_parallel: Option<u32>,
+    /// Decode side: coalesce KV fragments through the staging area (true or false).
+    #[arg(long, env = "SWITCHYARD_KV_COALESCE")]
+    pub kv_coalesce: Option<bool>,
     /// Engine behind the worker: sim, vllm or sglang.
     #[arg(long, env = "SWITCHYARD_ENGINE", value_parser = parse_engine_kind)]
     pub engine: Option<EngineKind>,
@@ -406,6 +446,11 @@ impl WorkerArgs {
         set!(host_kv_blocks => config.sim.num_host_blocks);
         set!(max_context => config.sim.max_context_tokens);
         set!(seed => config.sim.seed);
+        set!(tensor_parallel => config.kv_layout.tensor_parallel);
+        if self.prefill_tensor_parallel.is_some() {
+            config.kv_transfer.prefill_tensor_parallel = self.prefill_tensor_parallel;
+        }
+        set!(kv_coalesce => config.kv_transfer.coalesce);
         set!(engine => config.engine.kind);
         let engine = &mut config.engine;
         for (flag, target) in [
@@ -515,6 +560,45 @@ mod tests {
         .resolve()
         .unwrap();
         assert_eq!(config.otlp_endpoint, None);
+
+        let err = WorkerArgs {
+            tensor_parallel: Some(3),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.to_string().contains("tensor_parallel 3"), "{err}");
+        let config = WorkerConfig {
+            kv_bytes_per_token: 65_536,
+            ..WorkerConfig::default()
+        };
+        assert!(config.validate().unwrap_err().to_string().contains("agree"));
+    }
+
+    #[test]
+    fn the_prefill_split_defaults_to_this_workers_own() {
+        let config = WorkerArgs {
+            tensor_parallel: Some(2),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        let setup = config.transfer_setup();
+        assert_eq!(setup.source, setup.dest);
+        let config = WorkerArgs {
+            tensor_parallel: Some(2),
+            prefill_tensor_parallel: Some(1),
+            kv_coalesce: Some(false),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        let setup = config.transfer_setup();
+        assert_eq!(
+            (setup.source.tensor_parallel, setup.dest.tensor_parallel),
+            (1, 2)
+        );
+        assert!(!setup.coalesce);
     }
 
     #[test]

@@ -1,18 +1,23 @@
 //! The decode side of disaggregated serving: a `Generate` that carries a `KvSource`.
 //!
-//! The prefill worker already computed the prompt's blocks and sampled the first token. This
-//! worker pulls the blocks over the prefill worker's `PullKv` (its own client, so the gateway
-//! never relays KV), imports them into its engine (which announces them as `Stored` on this
-//! worker's event stream and charges the transfer), emits the prefill's first token, and
-//! continues generation after it: the engine runs `prompt + [first token]`, whose prompt part is
-//! now a prefix hit, for `max_tokens - 1` more tokens. Counts are rewritten so the client sees
-//! one request: prompt tokens of the original prompt, completion tokens including the first.
+//! The prefill worker computes the prompt's blocks and samples the first token. This worker
+//! pulls the blocks over the prefill worker's `PullKv` (its own client, so the gateway never
+//! relays KV) and imports them chunk by chunk as they arrive (the engine announces them as
+//! `Stored` on this worker's event stream and charges each chunk's transfer). With a pipelined
+//! source the chunks arrive while the prefill still runs, so each chunk's transfer overlaps the
+//! computation of the next and only the last one stays on the critical path; the first token
+//! comes with the last chunk. Then it emits the first token and continues generation after it:
+//! the engine runs `prompt + [first token]`, whose prompt part is now a prefix hit, for
+//! `max_tokens - 1` more tokens. The imported blocks stay held until that continuation has
+//! been admitted, so requests queued meanwhile cannot evict them; a pull that fails half way
+//! releases them. Counts are rewritten so the client sees one request: prompt tokens of the
+//! original prompt, completion tokens including the first.
 
 use std::pin::Pin;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, stream};
-use switchyard_core::{BlockSize, block_hashes};
+use switchyard_core::{BlockHash, BlockSize, block_hashes};
 use switchyard_proto::v1;
 use switchyard_telemetry::{WORKER_SPANS, record_error};
 use tonic::Status;
@@ -22,16 +27,17 @@ use tracing::field::Empty;
 
 use crate::engine::pd::moves_kv_itself;
 use crate::engine::{
-    Engine, EngineError, FinishReason, GenerateParams, GenerationChunk, HeldBlock,
+    Engine, EngineError, FinishReason, GenerateParams, GenerationChunk, HeldBlock, KvImport,
 };
 
 /// The engine's chunks, whichever path produced them.
 pub(crate) type ChunkStream =
     Pin<Box<dyn Stream<Item = Result<GenerationChunk, EngineError>> + Send + 'static>>;
 
-/// Pulls, imports and generates; see the module docs. Pull failures (prefill worker gone,
-/// handle expired or already pulled, timeout) are `UNAVAILABLE` so the caller can retry
-/// elsewhere; a source whose blocks are not the prompt's is `INVALID_ARGUMENT`.
+/// Pulls, imports and generates; see the module docs. Pull failures (prefill worker gone or
+/// hung, handle expired or already pulled, no chunk within `pull_timeout`) are `UNAVAILABLE`
+/// with a message starting `pulling kv`, so the caller can retry with another prefill worker;
+/// a source whose blocks are not the prompt's is `INVALID_ARGUMENT`.
 pub(crate) async fn generate_from_source(
     engine: &dyn Engine,
     params: GenerateParams,
@@ -44,7 +50,8 @@ pub(crate) async fn generate_from_source(
     }
     let handle = source
         .handle
-        .map(|h| h.id)
+        .as_ref()
+        .map(|h| h.id.clone())
         .filter(|id| !id.is_empty())
         .ok_or_else(|| Status::invalid_argument("kv_source.handle is missing"))?;
     if source.address.is_empty() {
@@ -54,25 +61,64 @@ pub(crate) async fn generate_from_source(
         target: WORKER_SPANS,
         "transfer",
         source = source.address.as_str(),
+        pipelined = source.pipelined,
         blocks = Empty,
         tokens = Empty,
         bytes = Empty,
+        descriptors = Empty,
+        raw_descriptors = Empty,
     );
-    transfer(
-        engine,
-        &source.address,
-        &handle,
-        &params.prompt,
-        pull_timeout,
-    )
+    let expected = block_hashes(&params.prompt, engine.spec().block_size);
+    let mut import = engine.start_import()?;
+    let end = async {
+        let end = pull_and_import(
+            engine,
+            &source.address,
+            &handle,
+            &expected,
+            &mut import,
+            pull_timeout,
+        )
+        .await?;
+        import.settle().await;
+        Ok::<_, Status>(end)
+    }
     .instrument(span.clone())
     .await
     .inspect_err(|status| record_error(&span, status.message()))?;
+    span.record("blocks", import.imported as i64);
+    span.record(
+        "tokens",
+        import.imported as i64 * i64::from(engine.spec().block_size.get()),
+    );
+    span.record("bytes", import.stats.bytes as i64);
+    span.record("descriptors", import.stats.descriptors as i64);
+    span.record("raw_descriptors", import.stats.raw_descriptors as i64);
     drop(span);
+    let (first, cached) = if source.pipelined {
+        let first = end.first_token_id.ok_or_else(|| {
+            Status::unavailable(format!(
+                "pulling kv from {}: the pipelined prefill's last chunk carries no first token",
+                source.address
+            ))
+        })?;
+        (first, end.cached_prompt_tokens)
+    } else {
+        (source.first_token_id, source.cached_prompt_tokens)
+    };
+    tracing::info!(
+        request = %params.request_id,
+        prefill = %source.address,
+        pipelined = source.pipelined,
+        blocks = import.imported,
+        bytes = import.stats.bytes,
+        raw_descriptors = import.stats.raw_descriptors,
+        coalesced_descriptors = import.stats.descriptors,
+        "kv imported"
+    );
 
     let prompt_tokens = params.prompt.len() as u32;
-    let cached = source.cached_prompt_tokens.min(prompt_tokens);
-    let first = source.first_token_id;
+    let cached = cached.min(prompt_tokens);
     let chunk = |tokens: Vec<u32>, finish, completion_tokens| GenerationChunk {
         tokens,
         finish,
@@ -104,7 +150,11 @@ pub(crate) async fn generate_from_source(
             ..params
         })
         .await?;
+    // The continuation's first output means it was admitted with its reference on the
+    // imported blocks: the import's own hold can go then (or when the stream is dropped).
+    let mut held = Some(import);
     let rest = rest.map(move |item| {
+        held.take();
         item.map(|c| GenerationChunk {
             prompt_tokens,
             cached_prompt_tokens: cached,
@@ -116,40 +166,26 @@ pub(crate) async fn generate_from_source(
     Ok(Box::pin(head.chain(rest)))
 }
 
-/// The KV transfer of one request, in its `transfer` span: pull the blocks from the prefill
-/// worker, check they are the prompt's, import them into the engine.
-async fn transfer(
+/// What the last chunk of a pull said.
+struct PullEnd {
+    first_token_id: Option<u32>,
+    cached_prompt_tokens: u32,
+}
+
+/// Reads the `PullKv` stream to its last chunk, checking each chunk continues the prompt's
+/// blocks and importing it before reading the next. Reading to the end and dropping the
+/// stream is what releases the prefill worker's hold on the blocks.
+async fn pull_and_import(
     engine: &dyn Engine,
     address: &str,
     handle: &str,
-    prompt: &[u32],
+    expected: &[BlockHash],
+    import: &mut KvImport,
     pull_timeout: Duration,
-) -> Result<(), Status> {
-    let blocks = tokio::time::timeout(pull_timeout, pull(address, handle))
-        .await
-        .map_err(|_| {
-            Status::unavailable(format!(
-                "pulling kv handle {handle} from {address} timed out after {pull_timeout:?}"
-            ))
-        })??;
-    check_prefix(&blocks, prompt, engine.spec().block_size)?;
-    let tokens: u64 = blocks.iter().map(|b| b.tokens.len() as u64).sum();
-    let span = tracing::Span::current();
-    span.record("blocks", blocks.len() as i64);
-    span.record("tokens", tokens as i64);
-    span.record(
-        "bytes",
-        tokens.saturating_mul(engine.spec().kv_bytes_per_token) as i64,
-    );
-    engine.import_kv(blocks).await?;
-    Ok(())
-}
-
-/// Reads the whole `PullKv` stream. Reading to the end and dropping the stream is what
-/// releases the prefill worker's hold on the blocks.
-async fn pull(address: &str, handle: &str) -> Result<Vec<HeldBlock>, Status> {
+) -> Result<PullEnd, Status> {
     let unavailable =
         |what: String| Status::unavailable(format!("pulling kv from {address}: {what}"));
+    let late = || unavailable(format!("no answer within {pull_timeout:?}"));
     let url = if address.starts_with("http://") || address.starts_with("https://") {
         address.to_owned()
     } else {
@@ -157,49 +193,81 @@ async fn pull(address: &str, handle: &str) -> Result<Vec<HeldBlock>, Status> {
     };
     let channel = Endpoint::from_shared(url)
         .map_err(|e| Status::invalid_argument(format!("kv_source.address {address:?}: {e}")))?
-        .connect_timeout(Duration::from_secs(2))
+        .connect_timeout(pull_timeout.min(Duration::from_secs(2)))
         .connect()
         .await
         .map_err(|e| unavailable(e.to_string()))?;
     let mut client =
         v1::worker_client::WorkerClient::new(channel).max_decoding_message_size(256 * 1024 * 1024);
-    let mut chunks = client
-        .pull_kv(v1::PullKvRequest {
-            handle: Some(v1::KvHandle {
-                id: handle.to_owned(),
-            }),
-            blocks_per_chunk: 0,
-        })
+    let call = client.pull_kv(v1::PullKvRequest {
+        handle: Some(v1::KvHandle {
+            id: handle.to_owned(),
+        }),
+        blocks_per_chunk: 0,
+    });
+    let mut chunks = tokio::time::timeout(pull_timeout, call)
         .await
+        .map_err(|_| late())?
         .map_err(|s| unavailable(format!("{:?}: {}", s.code(), s.message())))?
         .into_inner();
-    let mut blocks = Vec::new();
-    while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|s| unavailable(format!("{:?}: {}", s.code(), s.message())))?;
-        blocks.extend(chunk.blocks.into_iter().map(|b| HeldBlock {
-            hash: switchyard_core::BlockHash(b.hash),
-            tokens: b.token_ids,
-        }));
+    let mut next_block = 0usize;
+    loop {
+        // The timeout is per chunk: a long pipelined prefill may take minutes in all, but a
+        // prefill worker that stops sending (hung, or its host gone) fails the pull in time.
+        let chunk = match tokio::time::timeout(pull_timeout, chunks.next()).await {
+            Err(_) => return Err(late()),
+            Ok(None) => return Err(unavailable("stream ended before the last chunk".into())),
+            Ok(Some(Err(s))) => {
+                return Err(unavailable(format!("{:?}: {}", s.code(), s.message())));
+            }
+            Ok(Some(Ok(chunk))) => chunk,
+        };
+        let blocks: Vec<HeldBlock> = chunk
+            .blocks
+            .into_iter()
+            .map(|b| HeldBlock {
+                hash: BlockHash(b.hash),
+                tokens: b.token_ids,
+            })
+            .collect();
+        check_continues(
+            &blocks,
+            chunk.first_block as usize,
+            next_block,
+            expected,
+            engine.spec().block_size,
+        )?;
+        next_block += blocks.len();
+        engine.import_kv(import, blocks).await?;
         if chunk.last {
-            return Ok(blocks);
+            return Ok(PullEnd {
+                first_token_id: chunk.first_token_id,
+                cached_prompt_tokens: chunk.cached_prompt_tokens,
+            });
         }
     }
-    Err(unavailable("stream ended before the last chunk".into()))
 }
 
-/// The pulled blocks must be the leading full blocks of this prompt under this worker's block
-/// size; anything else (a wrong handle, a prefill worker with another block size) would put
-/// foreign KV under the prompt's hashes.
-fn check_prefix(blocks: &[HeldBlock], prompt: &[u32], block_size: BlockSize) -> Result<(), Status> {
-    let expected = block_hashes(prompt, block_size);
-    let matches =
-        blocks.len() <= expected.len() && blocks.iter().zip(&expected).all(|(b, h)| b.hash == *h);
+/// Each chunk must continue where the previous one ended with the prompt's next full blocks
+/// under this worker's block size; anything else (a wrong handle, a prefill worker with another
+/// block size) would put foreign KV under the prompt's hashes.
+fn check_continues(
+    blocks: &[HeldBlock],
+    first_block: usize,
+    next_block: usize,
+    expected: &[BlockHash],
+    block_size: BlockSize,
+) -> Result<(), Status> {
+    let matches = first_block == next_block
+        && expected
+            .get(next_block..next_block + blocks.len())
+            .is_some_and(|want| blocks.iter().zip(want).all(|(b, h)| b.hash == *h));
     if matches {
         Ok(())
     } else {
         Err(Status::invalid_argument(format!(
-            "kv_source blocks ({}) are not the prompt's leading blocks under block size {}",
-            blocks.len(),
+            "kv_source blocks {first_block}..{} are not the prompt's blocks {next_block}.. under block size {}",
+            first_block + blocks.len(),
             block_size.get()
         )))
     }

@@ -16,6 +16,7 @@ pub mod event_log;
 mod kv_source;
 pub mod service;
 pub mod state;
+mod transfer_config;
 
 pub use agent::{AgentError, RunningWorker, run};
 pub use config::{ConfigError, WorkerArgs, WorkerConfig};

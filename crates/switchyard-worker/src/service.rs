@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::engine::{Engine, FinishReason, GenerateParams, PrefillParams};
+use crate::engine::{Engine, FinishReason, GenerateParams, KvPiece, KvPull, PrefillParams};
 use crate::event_log::{SequencedEvent, Subscription, SubscriptionStart};
 use crate::kv_source::{ChunkStream, generate_from_source};
 use crate::state::WorkerState;
@@ -206,6 +206,7 @@ impl WorkerService {
                 request_id: req.request_id,
                 prompt: req.prompt_token_ids,
                 hold,
+                pipelined: req.pipelined,
             })
             .await?;
         Ok(Response::new(v1::PrefillResponse {
@@ -216,7 +217,7 @@ impl WorkerService {
             first_token_id: outcome.first_token,
             expires_at_unix_ms: unix_ms(outcome.expires_at),
             engine_transfer_params: outcome.engine_transfer_params.unwrap_or_default(),
-            pipelined: false,
+            pipelined: outcome.pipelined,
         }))
     }
 }
@@ -334,43 +335,22 @@ impl v1::worker_server::Worker for WorkerService {
         } as usize;
         let in_flight = self.state.begin_request();
         let pull = self.engine.pull_kv(&handle).await?;
-        let bytes_per_token = self.engine.spec().kv_bytes_per_token;
-        let total = pull.blocks.len();
-        let chunks: Vec<v1::KvChunk> = if total == 0 {
-            vec![v1::KvChunk {
-                first_block: 0,
-                blocks: Vec::new(),
-                bytes: 0,
-                last: true,
-                ..Default::default()
-            }]
-        } else {
-            pull.blocks
-                .chunks(per_chunk)
-                .enumerate()
-                .map(|(i, blocks)| {
-                    let first = i * per_chunk;
-                    v1::KvChunk {
-                        first_block: first as u32,
-                        bytes: blocks.iter().map(|b| b.tokens.len() as u64).sum::<u64>()
-                            * bytes_per_token,
-                        blocks: blocks
-                            .iter()
-                            .map(|b| v1::KvBlock {
-                                hash: b.hash.get(),
-                                token_ids: b.tokens.clone(),
-                            })
-                            .collect(),
-                        last: first + blocks.len() == total,
-                        ..Default::default()
-                    }
-                })
-                .collect()
+        let state = PullState {
+            pull,
+            per_chunk: per_chunk.max(1),
+            bytes_per_token: self.engine.spec().kv_bytes_per_token,
+            next_block: 0,
+            pending: std::collections::VecDeque::new(),
+            done: false,
         };
         // The pull (and with it the hold on the blocks) ends when the stream is dropped.
-        let stream = stream::iter(chunks).map(move |chunk| {
-            let _ = (&pull, &in_flight);
-            Ok(chunk)
+        let stream = stream::unfold(state, |mut st| async move {
+            let item = st.next_chunk().await?;
+            Some((item, st))
+        })
+        .map(move |item| {
+            let _ = &in_flight;
+            item
         });
         Ok(Response::new(Box::pin(stream)))
     }
@@ -488,6 +468,78 @@ fn start_messages(start: SubscriptionStart) -> Vec<v1::kv_events_response::Paylo
                 next_seq,
                 blocks: blocks.iter().map(snapshot_block_to_wire).collect(),
             })]
+        }
+    }
+}
+
+/// Drives one KV pull: each piece the engine hands over (all blocks at once, or one prefill
+/// chunk's blocks while a pipelined prefill runs) goes out in chunks of at most `per_chunk`
+/// blocks as soon as it arrives; only that piece's blocks are converted.
+struct PullState {
+    pull: KvPull,
+    per_chunk: usize,
+    bytes_per_token: u64,
+    next_block: usize,
+    pending: std::collections::VecDeque<v1::KvChunk>,
+    done: bool,
+}
+
+impl PullState {
+    async fn next_chunk(&mut self) -> Option<Result<v1::KvChunk, Status>> {
+        loop {
+            if let Some(chunk) = self.pending.pop_front() {
+                return Some(Ok(chunk));
+            }
+            if self.done {
+                return None;
+            }
+            match self.pull.next_piece().await {
+                None => {
+                    self.done = true;
+                    return Some(Err(Status::unavailable(
+                        "the prefill ended before its last kv chunk (engine stopped)",
+                    )));
+                }
+                Some(Err(err)) => {
+                    self.done = true;
+                    return Some(Err(err.into()));
+                }
+                Some(Ok(piece)) => self.split(piece),
+            }
+        }
+    }
+
+    fn split(&mut self, piece: KvPiece) {
+        for blocks in piece.blocks.chunks(self.per_chunk) {
+            let tokens: u64 = blocks.iter().map(|b| b.tokens.len() as u64).sum();
+            self.pending.push_back(v1::KvChunk {
+                first_block: self.next_block as u32,
+                bytes: tokens * self.bytes_per_token,
+                blocks: blocks
+                    .iter()
+                    .map(|b| v1::KvBlock {
+                        hash: b.hash.get(),
+                        token_ids: b.tokens.clone(),
+                    })
+                    .collect(),
+                ..Default::default()
+            });
+            self.next_block += blocks.len();
+        }
+        if !piece.last {
+            return;
+        }
+        self.done = true;
+        if self.pending.is_empty() {
+            self.pending.push_back(v1::KvChunk {
+                first_block: self.next_block as u32,
+                ..Default::default()
+            });
+        }
+        if let Some(last) = self.pending.back_mut() {
+            last.last = true;
+            last.first_token_id = piece.first_token;
+            last.cached_prompt_tokens = piece.cached_prompt_tokens;
         }
     }
 }

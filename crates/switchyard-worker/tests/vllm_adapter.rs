@@ -313,6 +313,7 @@ async fn errors_map_to_whose_fault_and_dropping_a_stream_aborts() {
             request_id: "p".into(),
             prompt: seq(1, 4),
             hold: Duration::from_secs(1),
+            pipelined: false,
         })
         .await
         .unwrap_err();
@@ -364,6 +365,7 @@ fn prefill_params(prompt: Vec<u32>, hold: Duration) -> PrefillParams {
         request_id: "pd-1".into(),
         prompt,
         hold,
+        pipelined: false,
     }
 }
 

@@ -149,6 +149,8 @@ pub struct PrefillParams {
     pub prompt: Vec<TokenId>,
     /// How long the blocks stay held if nobody pulls them.
     pub hold: Duration,
+    /// Answer once the prefill is admitted and stream its blocks to the puller chunk by chunk.
+    pub pipelined: bool,
 }
 
 /// What a finished prefill holds.
@@ -158,12 +160,15 @@ pub struct PrefillOutcome {
     pub block_hashes: Vec<BlockHash>,
     pub prompt_tokens: u32,
     pub cached_prompt_tokens: u32,
+    /// Meaningless when `pipelined`: the first token then arrives with the pull's last piece.
     pub first_token: TokenId,
     pub expires_at: SystemTime,
     /// For engines that move KV themselves: what the decode side's engine needs to fetch it (a
     /// JSON object: vLLM's `kv_transfer_params`, SGLang's bootstrap address and room). `None`
     /// when the decode worker pulls the blocks over `PullKv`.
     pub engine_transfer_params: Option<String>,
+    /// The prefill is still running; the counts are not final.
+    pub pipelined: bool,
 }
 
 /// One block of a KV pull.
@@ -173,11 +178,88 @@ pub struct HeldBlock {
     pub tokens: Vec<TokenId>,
 }
 
-/// The blocks under a handle, claimed by one puller. They are released when this is dropped.
+/// Part of a KV pull: the next blocks in prompt order, and on the last piece what the prefill
+/// found out (for a pipelined prefill, which answered before it knew).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KvPiece {
+    pub blocks: Vec<HeldBlock>,
+    pub last: bool,
+    /// On the last piece of a pipelined prefill: the first generated token.
+    pub first_token: Option<TokenId>,
+    pub cached_prompt_tokens: u32,
+}
+
+/// The blocks under a handle, claimed by one puller, as pieces that arrive while the prefill
+/// runs (pipelined) or all at once. The hold is released, and an unfinished prefill aborted,
+/// when this is dropped.
 #[derive(Debug)]
 pub struct KvPull {
-    pub blocks: Vec<HeldBlock>,
-    pub _release: DropGuard,
+    pieces: mpsc::UnboundedReceiver<Result<KvPiece, EngineError>>,
+    _release: DropGuard,
+}
+
+impl KvPull {
+    /// A pull of blocks that are all there already (the prefill finished).
+    pub fn complete(blocks: Vec<HeldBlock>, release: DropGuard) -> Self {
+        let (tx, pieces) = mpsc::unbounded_channel();
+        let _ = tx.send(Ok(KvPiece {
+            blocks,
+            last: true,
+            ..KvPiece::default()
+        }));
+        Self {
+            pieces,
+            _release: release,
+        }
+    }
+
+    /// A pull fed by a running prefill: one piece per finished chunk, then a last one.
+    pub fn streaming(
+        pieces: mpsc::UnboundedReceiver<Result<KvPiece, EngineError>>,
+        release: DropGuard,
+    ) -> Self {
+        Self {
+            pieces,
+            _release: release,
+        }
+    }
+
+    /// The next piece; `None` when the engine went away before the last one.
+    pub async fn next_piece(&mut self) -> Option<Result<KvPiece, EngineError>> {
+        self.pieces.recv().await
+    }
+}
+
+/// A decode-side import in progress: the blocks imported so far stay held (referenced) until
+/// this is dropped, so a chunked import keeps its earlier chunks and queued requests cannot
+/// evict them before the decode request is admitted. Dropping it releases them (they stay
+/// cached), so a pull that fails half way leaks nothing.
+#[derive(Debug)]
+pub struct KvImport {
+    pub(crate) hold: u64,
+    /// Hash of the last block imported: the parent of the next chunk's first block.
+    pub(crate) parent: Option<BlockHash>,
+    /// Blocks placed so far (a prefix of the prompt's blocks).
+    pub imported: usize,
+    /// The cache could not take a block: later blocks are not imported (the request
+    /// recomputes them), since a chain with a hole is no prefix.
+    pub(crate) stopped: bool,
+    /// When the simulated link finishes what it was given: chunks transfer one after another,
+    /// each starting when it arrives or when the previous one is done, whichever is later.
+    pub(crate) link_free_at: Option<tokio::time::Instant>,
+    /// Bytes and descriptors moved, before and after coalescing.
+    pub stats: switchyard_engine_sim::PlanStats,
+    pub(crate) _release: DropGuard,
+}
+
+impl KvImport {
+    /// Waits until the link has moved everything handed to it (imports may carry a short
+    /// transfer debt rather than sleep sub-millisecond amounts chunk by chunk).
+    pub async fn settle(&self) {
+        if let Some(free_at) = self.link_free_at {
+            tokio::time::sleep_until(free_at).await;
+        }
+    }
 }
 
 /// Why an engine refused or failed a request.
@@ -228,11 +310,22 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// Claims the blocks held under `handle`; a second claim of the same handle fails.
     async fn pull_kv(&self, handle: &str) -> Result<KvPull, EngineError>;
 
-    /// Places KV blocks pulled from a prefill worker (a chain, in prompt order) into the
+    /// Starts importing a prompt's KV blocks pulled from a prefill worker.
+    fn start_import(&self) -> Result<KvImport, EngineError> {
+        Err(EngineError::Unsupported(
+            "this engine cannot import KV blocks (disaggregated decode needs the simulator)",
+        ))
+    }
+
+    /// Places the next KV blocks of `import` (continuing its chain, in prompt order) into the
     /// engine's cache, charging their transfer, so the request that follows finds them as a
     /// prefix hit. Returns how many blocks the cache took (a prefix of `blocks`).
-    async fn import_kv(&self, blocks: Vec<HeldBlock>) -> Result<usize, EngineError> {
-        let _ = blocks;
+    async fn import_kv(
+        &self,
+        import: &mut KvImport,
+        blocks: Vec<HeldBlock>,
+    ) -> Result<usize, EngineError> {
+        let _ = (import, blocks);
         Err(EngineError::Unsupported(
             "this engine cannot import KV blocks (disaggregated decode needs the simulator)",
         ))

@@ -127,6 +127,7 @@ impl VllmEngine {
             // VLLM_NIXL_ABORT_REQUEST_TIMEOUT); the hold is what the caller was promised.
             expires_at: SystemTime::now() + params.hold,
             engine_transfer_params: Some(transfer.to_string()),
+            pipelined: false,
         })
     }
 
@@ -221,6 +222,9 @@ impl VllmEngine {
                 json!({"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room})
                     .to_string(),
             ),
+            // Answered before the engine finished, but there is nothing to PullKv: the decode
+            // engine fetches the KV through the bootstrap room, not this worker.
+            pipelined: false,
         })
     }
 

@@ -12,7 +12,8 @@ use std::time::{Duration, SystemTime};
 
 use switchyard_core::{BlockHash, EngineKind, LoadStats, TokenId, WorkerId, block_hashes};
 use switchyard_engine_sim::{
-    FinishReason as SimFinish, SimConfig, SimError, SimRequest, Simulator, TimingModel, TokenOutput,
+    BlockExport, FinishReason as SimFinish, SimConfig, SimError, SimRequest, Simulator,
+    StagingArea, TimingModel, TokenOutput,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -21,9 +22,13 @@ use tokio_util::task::TaskTracker;
 
 use super::{
     DropGuard, Engine, EngineError, EngineSpec, FinishReason, GenerateParams, GenerationChunk,
-    GenerationStream, HeldBlock, KvPull, PrefillOutcome, PrefillParams,
+    GenerationStream, HeldBlock, KvImport, KvPiece, KvPull, PrefillOutcome, PrefillParams,
 };
 use crate::event_log::EventLog;
+
+mod transfer;
+
+pub use transfer::TransferSetup;
 
 /// How far the runner may fall behind real time before it stops trying to catch up.
 const MAX_LAG: Duration = Duration::from_millis(200);
@@ -32,11 +37,29 @@ const MAX_LAG: Duration = Duration::from_millis(200);
 type HeldBlocks = Vec<(BlockHash, Vec<TokenId>)>;
 
 type ChunkTx = mpsc::UnboundedSender<Result<GenerationChunk, EngineError>>;
+type PieceTx = mpsc::UnboundedSender<Result<KvPiece, EngineError>>;
+type PieceRx = mpsc::UnboundedReceiver<Result<KvPiece, EngineError>>;
+
+/// Where a request's results go: a generation's tokens, or a pipelined prefill's blocks
+/// (chunk by chunk) and then its first token.
+enum Sink {
+    Tokens(ChunkTx),
+    Pieces(PieceTx),
+}
+
+impl Sink {
+    fn fail(&self, err: EngineError) {
+        let _ = match self {
+            Sink::Tokens(tx) => tx.send(Err(err)).is_ok(),
+            Sink::Pieces(tx) => tx.send(Err(err)).is_ok(),
+        };
+    }
+}
 
 enum Command {
     Add {
         request: SimRequest,
-        out: ChunkTx,
+        out: Sink,
         ack: oneshot::Sender<Result<(), SimError>>,
     },
     Abort(u64),
@@ -46,6 +69,8 @@ enum Command {
         reply: oneshot::Sender<Option<HeldBlocks>>,
     },
     Import {
+        hold: u64,
+        parent: Option<BlockHash>,
         blocks: HeldBlocks,
         reply: oneshot::Sender<usize>,
     },
@@ -54,6 +79,8 @@ enum Command {
 #[derive(Debug)]
 struct HeldHandle {
     request: u64,
+    /// A pipelined prefill's pieces, until a puller claims them.
+    pieces: Option<PieceRx>,
 }
 
 /// The simulated engine.
@@ -70,6 +97,9 @@ pub struct SimEngine {
     /// Charges KV imports their transfer time.
     timing: TimingModel,
     speedup: f64,
+    transfer: TransferSetup,
+    /// One staging area for the worker's imports, reused across chunks and requests.
+    staging: Mutex<StagingArea>,
 }
 
 impl std::fmt::Debug for Command {
@@ -79,7 +109,9 @@ impl std::fmt::Debug for Command {
             Command::Abort(id) => write!(f, "Abort({id})"),
             Command::Release(id) => write!(f, "Release({id})"),
             Command::Held { id, .. } => write!(f, "Held({id})"),
-            Command::Import { blocks, .. } => write!(f, "Import({} blocks)", blocks.len()),
+            Command::Import { hold, blocks, .. } => {
+                write!(f, "Import({hold}: {} blocks)", blocks.len())
+            }
         }
     }
 }
@@ -93,6 +125,7 @@ impl SimEngine {
         speedup: f64,
         kv_bytes_per_token: u64,
         event_buffer: usize,
+        transfer: TransferSetup,
     ) -> Result<Self, SimError> {
         let spec = EngineSpec {
             kind: EngineKind::Sim,
@@ -118,7 +151,7 @@ impl SimEngine {
             cmd_rx,
             load_tx,
             events: Arc::clone(&events),
-            streams: HashMap::new(),
+            sinks: HashMap::new(),
             speedup,
         };
         tasks.spawn(runner.run(cancel.clone()));
@@ -133,6 +166,8 @@ impl SimEngine {
             cancel,
             timing,
             speedup,
+            transfer,
+            staging: Mutex::new(StagingArea::new(transfer.staging_bytes)),
         })
     }
 
@@ -142,13 +177,57 @@ impl SimEngine {
 
     async fn add(&self, request: SimRequest) -> Result<ChunkRx, EngineError> {
         let (out, rx) = mpsc::unbounded_channel();
+        self.add_with(request, Sink::Tokens(out)).await?;
+        Ok(rx)
+    }
+
+    async fn add_with(&self, request: SimRequest, out: Sink) -> Result<(), EngineError> {
         let (ack, ack_rx) = oneshot::channel();
         self.send(Command::Add { request, out, ack })?;
         match ack_rx.await {
-            Ok(Ok(())) => Ok(rx),
+            Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => Err(EngineError::InvalidRequest(err.to_string())),
             Err(_) => Err(EngineError::Stopped),
         }
+    }
+
+    /// Issues a handle for request `id` and arms its expiry: unpulled after `hold`, the
+    /// request is aborted (if still prefilling) and its blocks released.
+    fn issue_handle(
+        &self,
+        id: u64,
+        pieces: Option<PieceRx>,
+        hold: Duration,
+    ) -> (String, SystemTime) {
+        let handle = format!("kv-{}-{id}", self.events.incarnation());
+        let expires_at = SystemTime::now() + hold;
+        self.lock_handles().insert(
+            handle.clone(),
+            HeldHandle {
+                request: id,
+                pieces,
+            },
+        );
+        let handles = Arc::clone(&self.handles);
+        let cmd_tx = self.cmd_tx.clone();
+        let expiring = handle.clone();
+        let cancel = self.cancel.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(hold) => {}
+                _ = cancel.cancelled() => return,
+            }
+            let expired = handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&expiring);
+            if let Some(held) = expired {
+                tracing::debug!(handle = %expiring, "kv handle expired unpulled; releasing blocks");
+                let _ = cmd_tx.send(Command::Abort(held.request));
+                let _ = cmd_tx.send(Command::Release(held.request));
+            }
+        });
+        (handle, expires_at)
     }
 
     fn abort_guard(&self, id: u64) -> DropGuard {
@@ -188,6 +267,7 @@ impl Engine for SimEngine {
             stop_token_ids: params.stop_token_ids,
             seed: params.seed,
             hold_blocks: false,
+            pipeline: false,
         };
         let rx = self.add(request).await?;
         Ok(GenerationStream::new(rx, self.abort_guard(id)))
@@ -203,7 +283,26 @@ impl Engine for SimEngine {
             stop_token_ids: Vec::new(),
             seed: None,
             hold_blocks: true,
+            pipeline: params.pipelined,
         };
+        let block_hashes = block_hashes(&params.prompt, self.spec.block_size);
+        if params.pipelined {
+            // The handle is valid once the request is queued: its blocks reach the puller
+            // chunk by chunk, and the first token with the last piece.
+            let (out, pieces) = mpsc::unbounded_channel();
+            self.add_with(request, Sink::Pieces(out)).await?;
+            let (handle, expires_at) = self.issue_handle(id, Some(pieces), params.hold);
+            return Ok(PrefillOutcome {
+                handle,
+                block_hashes,
+                prompt_tokens: params.prompt.len() as u32,
+                cached_prompt_tokens: 0,
+                first_token: 0,
+                expires_at,
+                engine_transfer_params: None,
+                pipelined: true,
+            });
+        }
         let mut rx = self.add(request).await?;
         let mut guard = self.abort_guard(id);
         let chunk = loop {
@@ -218,37 +317,17 @@ impl Engine for SimEngine {
             (Some(FinishReason::Aborted), _) | (_, None) => return Err(EngineError::Stopped),
             (_, Some(&token)) => token,
         };
-        let handle = format!("kv-{}-{id}", self.events.incarnation());
-        let expires_at = SystemTime::now() + params.hold;
-        self.lock_handles()
-            .insert(handle.clone(), HeldHandle { request: id });
+        let (handle, expires_at) = self.issue_handle(id, None, params.hold);
         guard.disarm();
-        let handles = Arc::clone(&self.handles);
-        let cmd_tx = self.cmd_tx.clone();
-        let expiring = handle.clone();
-        let cancel = self.cancel.clone();
-        self.tasks.spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep(params.hold) => {}
-                _ = cancel.cancelled() => return,
-            }
-            let expired = handles
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&expiring);
-            if let Some(held) = expired {
-                tracing::debug!(handle = %expiring, "kv handle expired unpulled; releasing blocks");
-                let _ = cmd_tx.send(Command::Release(held.request));
-            }
-        });
         Ok(PrefillOutcome {
             handle,
-            block_hashes: block_hashes(&params.prompt, self.spec.block_size),
+            block_hashes,
             prompt_tokens: chunk.prompt_tokens,
             cached_prompt_tokens: chunk.cached_prompt_tokens,
             first_token,
             expires_at,
             engine_transfer_params: None,
+            pipelined: false,
         })
     }
 
@@ -257,40 +336,43 @@ impl Engine for SimEngine {
             .lock_handles()
             .remove(handle)
             .ok_or_else(|| EngineError::HandleNotFound(handle.to_owned()))?;
-        let tx = self.cmd_tx.clone();
         let id = held.request;
-        let release = DropGuard::new(move || {
-            let _ = tx.send(Command::Release(id));
-        });
+        // Ends the hold when the puller is done, and a pipelined prefill the puller abandons.
+        let release = self.abort_guard(id);
+        if let Some(pieces) = held.pieces {
+            return Ok(KvPull::streaming(pieces, release));
+        }
         let (reply, reply_rx) = oneshot::channel();
         self.send(Command::Held { id, reply })?;
         let blocks = reply_rx
             .await
             .map_err(|_| EngineError::Stopped)?
             .ok_or_else(|| EngineError::HandleNotFound(handle.to_owned()))?;
-        Ok(KvPull {
-            blocks: blocks
-                .into_iter()
-                .map(|(hash, tokens)| HeldBlock { hash, tokens })
-                .collect(),
-            _release: release,
+        Ok(KvPull::complete(to_held(blocks), release))
+    }
+
+    fn start_import(&self) -> Result<KvImport, EngineError> {
+        let hold = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let tx = self.cmd_tx.clone();
+        Ok(KvImport {
+            hold,
+            parent: None,
+            imported: 0,
+            stopped: false,
+            link_free_at: None,
+            stats: Default::default(),
+            _release: DropGuard::new(move || {
+                let _ = tx.send(Command::Release(hold));
+            }),
         })
     }
 
-    async fn import_kv(&self, blocks: Vec<HeldBlock>) -> Result<usize, EngineError> {
-        // The transfer is charged here, outside the runner: a KV copy between workers is DMA
-        // that overlaps the engine's steps, so it delays this request only, not the batch.
-        let tokens: u64 = blocks.iter().map(|b| b.tokens.len() as u64).sum();
-        let bytes = tokens.saturating_mul(self.spec.kv_bytes_per_token);
-        // One descriptor per block: without coalescing every block is its own copy.
-        let transfer = self.timing.transfer_time(bytes, blocks.len() as u64);
-        tokio::time::sleep(transfer.div_f64(self.speedup)).await;
-        let (reply, reply_rx) = oneshot::channel();
-        self.send(Command::Import {
-            blocks: blocks.into_iter().map(|b| (b.hash, b.tokens)).collect(),
-            reply,
-        })?;
-        reply_rx.await.map_err(|_| EngineError::Stopped)
+    async fn import_kv(
+        &self,
+        import: &mut KvImport,
+        blocks: Vec<HeldBlock>,
+    ) -> Result<usize, EngineError> {
+        self.import_chunk(import, blocks).await
     }
 
     fn load(&self) -> LoadStats {
@@ -312,7 +394,7 @@ struct Runner {
     cmd_rx: mpsc::UnboundedReceiver<Command>,
     load_tx: watch::Sender<LoadStats>,
     events: Arc<EventLog>,
-    streams: HashMap<u64, ChunkTx>,
+    sinks: HashMap<u64, Sink>,
     speedup: f64,
 }
 
@@ -371,13 +453,17 @@ impl Runner {
             if !outcome.events.is_empty() {
                 self.events.publish(outcome.events);
             }
+            // Blocks before the token: a pipelined prefill's last piece follows its blocks.
+            for export in outcome.exports {
+                self.export(export);
+            }
             for output in outcome.outputs {
                 self.deliver(output);
             }
             self.load_tx.send_replace(self.sim.load());
         }
-        for (_, tx) in self.streams.drain() {
-            let _ = tx.send(Err(EngineError::Stopped));
+        for (_, sink) in self.sinks.drain() {
+            sink.fail(EngineError::Stopped);
         }
     }
 
@@ -387,7 +473,7 @@ impl Runner {
                 let id = request.id;
                 match self.sim.add_request(request) {
                     Ok(()) => {
-                        self.streams.insert(id, out);
+                        self.sinks.insert(id, out);
                         let _ = ack.send(Ok(()));
                     }
                     Err(err) => {
@@ -396,7 +482,7 @@ impl Runner {
                 }
             }
             Command::Abort(id) => {
-                if self.streams.remove(&id).is_some() {
+                if self.sinks.remove(&id).is_some() {
                     self.sim.abort(id);
                 }
             }
@@ -406,8 +492,13 @@ impl Runner {
             Command::Held { id, reply } => {
                 let _ = reply.send(self.sim.held_blocks(id));
             }
-            Command::Import { blocks, reply } => {
-                let outcome = self.sim.import_blocks(&blocks);
+            Command::Import {
+                hold,
+                parent,
+                blocks,
+                reply,
+            } => {
+                let outcome = self.sim.import_blocks(Some(hold), parent, &blocks);
                 if !outcome.events.is_empty() {
                     self.events.publish(outcome.events);
                 }
@@ -417,28 +508,59 @@ impl Runner {
         }
     }
 
+    fn export(&mut self, export: BlockExport) {
+        let Some(Sink::Pieces(tx)) = self.sinks.get(&export.id) else {
+            return;
+        };
+        let piece = KvPiece {
+            blocks: to_held(export.blocks),
+            ..KvPiece::default()
+        };
+        if tx.send(Ok(piece)).is_err() {
+            // Nobody will pull these (the handle expired or the puller left): stop computing.
+            self.sinks.remove(&export.id);
+            self.sim.abort(export.id);
+        }
+    }
+
     fn deliver(&mut self, output: TokenOutput) {
         let finish = output.finish.map(|f| match f {
             SimFinish::Length => FinishReason::Length,
             SimFinish::Stop => FinishReason::Stop,
         });
-        let chunk = GenerationChunk {
-            tokens: vec![output.token],
-            finish,
-            prompt_tokens: output.prompt_tokens,
-            cached_prompt_tokens: output.cached_prompt_tokens,
-            completion_tokens: output.completion_tokens,
-        };
         let id = output.id;
-        let delivered = self
-            .streams
-            .get(&id)
-            .is_some_and(|tx| tx.send(Ok(chunk)).is_ok());
+        let delivered = match self.sinks.get(&id) {
+            Some(Sink::Tokens(tx)) => tx
+                .send(Ok(GenerationChunk {
+                    tokens: vec![output.token],
+                    finish,
+                    prompt_tokens: output.prompt_tokens,
+                    cached_prompt_tokens: output.cached_prompt_tokens,
+                    completion_tokens: output.completion_tokens,
+                }))
+                .is_ok(),
+            Some(Sink::Pieces(tx)) => tx
+                .send(Ok(KvPiece {
+                    blocks: Vec::new(),
+                    last: true,
+                    first_token: Some(output.token),
+                    cached_prompt_tokens: output.cached_prompt_tokens,
+                }))
+                .is_ok(),
+            None => false,
+        };
         if finish.is_some() {
-            self.streams.remove(&id);
-        } else if !delivered && self.streams.remove(&id).is_some() {
+            self.sinks.remove(&id);
+        } else if !delivered && self.sinks.remove(&id).is_some() {
             // The consumer went away without its guard firing yet: stop computing for nobody.
             self.sim.abort(id);
         }
     }
+}
+
+fn to_held(blocks: HeldBlocks) -> Vec<HeldBlock> {
+    blocks
+        .into_iter()
+        .map(|(hash, tokens)| HeldBlock { hash, tokens })
+        .collect()
 }
