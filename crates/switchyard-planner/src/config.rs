@@ -219,7 +219,11 @@ impl PlannerConfig {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct PlannerArgs {
     /// TOML config file; environment variables and flags override it.
-    #[arg(long = "planner-config", env = "SWITCHYARD_PLANNER_CONFIG")]
+    #[arg(
+        id = "planner_config",
+        long = "planner-config",
+        env = "SWITCHYARD_PLANNER_CONFIG"
+    )]
     pub config: Option<PathBuf>,
     /// Seconds between two planning rounds.
     #[arg(long = "interval", env = "SWITCHYARD_PLANNER_INTERVAL")]

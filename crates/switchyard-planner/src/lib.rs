@@ -82,6 +82,25 @@ pub fn load_profile(config: &PlannerConfig) -> Result<PerformanceProfile, Profil
     }
 }
 
+/// Refuses, before anything connects, a connector this build does not have.
+pub fn check_connector(config: &PlannerConfig) -> Result<(), PlannerError> {
+    match config.connector {
+        ConnectorKind::Local => Ok(()),
+        // At the Kubernetes connector's merge: `Ok(())` here, and the arm below calls it.
+        ConnectorKind::Kubernetes => Err(kubernetes_unavailable()),
+    }
+}
+
+fn kubernetes_unavailable() -> PlannerError {
+    PlannerError::Connector {
+        connector: "kubernetes",
+        source: ConnectorError::Failed {
+            what: "the kubernetes connector is not available in this build".into(),
+            retryable: false,
+        },
+    }
+}
+
 /// The connector the configuration names.
 pub async fn build_connector(
     config: &PlannerConfig,
@@ -95,14 +114,9 @@ pub async fn build_connector(
             Duration::from_secs(config.drain_timeout_secs),
         ))),
         // The Kubernetes connector lives on its own branch; at its merge this arm becomes
-        // `KubernetesConnector::new(KubernetesSettings { .. config.kubernetes }).await`.
-        ConnectorKind::Kubernetes => Err(PlannerError::Connector {
-            connector: "kubernetes",
-            source: ConnectorError::Failed {
-                what: "the kubernetes connector is not available in this build".into(),
-                retryable: false,
-            },
-        }),
+        // `KubernetesConnector::new(KubernetesSettings { .. config.kubernetes }).await`
+        // (and `check_connector` above lets it through).
+        ConnectorKind::Kubernetes => Err(kubernetes_unavailable()),
     }
 }
 

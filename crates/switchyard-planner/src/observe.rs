@@ -92,6 +92,14 @@ impl Observer {
         }
     }
 
+    pub fn set_gateways(&mut self, gateways: Vec<String>) {
+        self.gateways = gateways
+            .into_iter()
+            .map(|g| g.trim_end_matches('/').to_owned())
+            .collect();
+        self.last = None;
+    }
+
     /// Observes once. The first call only sets the baseline for the gateway counters, so its
     /// traffic figures are zero (`seconds == 0`).
     pub async fn observe(&mut self) -> Observation {

@@ -145,6 +145,12 @@ impl Planner {
         }
     }
 
+    /// Replaces the gateways whose `/metrics` are read (`switchyard up` knows its gateway's
+    /// address only once it listens).
+    pub fn set_gateways(&mut self, gateways: Vec<String>) {
+        self.observer.set_gateways(gateways);
+    }
+
     /// Plans every interval until `shutdown`. The first observation only sets the baseline of
     /// the gateways' counters; planning starts with the second.
     pub async fn run(mut self, shutdown: CancellationToken) {

@@ -6,6 +6,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod planner_cmd;
 mod replay_cmd;
 mod up;
 
@@ -37,6 +38,8 @@ enum Command {
     Gateway(GatewayCommand),
     /// Run a worker agent in front of an engine (the built-in simulator).
     Worker(WorkerArgs),
+    /// Size the prefill and decode pools to the load (or `planner profile`: measure a worker).
+    Planner(planner_cmd::PlannerCommand),
     /// Replay a trace offline (simulated cluster, several policies) or against an endpoint.
     Replay(replay_cmd::ReplayArgs),
     /// Measure the offline replayer's own speed on a trace.
@@ -60,14 +63,14 @@ fn main() -> ExitCode {
     init_tracing();
     match cli.command {
         Command::Up(args) => {
-            let (gateway, workers) = match up::resolve(&args) {
-                Ok(configs) => configs,
+            let resolved = match up::resolve(&args) {
+                Ok(resolved) => resolved,
                 Err(err) => {
                     eprintln!("switchyard up: {err}");
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
-            run_async(async move { up::run(gateway, workers, shutdown_on_signal()).await })
+            run_async(async move { up::run(resolved, shutdown_on_signal()).await })
         }
         Command::Gateway(args) => {
             let base = GatewayConfig {
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
             };
             run_async(run_worker(config))
         }
+        Command::Planner(command) => planner_cmd::run(command),
         Command::Replay(args) => replay_cmd::run(args, false),
         Command::Bench(args) => replay_cmd::run(args, true),
     }
@@ -108,16 +112,23 @@ fn init_tracing() {
         .init();
 }
 
-fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+/// The multi-threaded runtime every role runs on; `None` (reported) when it cannot start.
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
+        Ok(rt) => Some(rt),
         Err(err) => {
             eprintln!("switchyard: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
+            None
         }
+    }
+}
+
+fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
     };
     match runtime.block_on(fut) {
         Ok(()) => ExitCode::SUCCESS,

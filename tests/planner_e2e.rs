@@ -1,0 +1,252 @@
+//! The planner end to end through the real binary: etcd, four simulated `switchyard worker`
+//! processes (two prefill, two decode), a `switchyard gateway --disaggregation auto` and a
+//! `switchyard planner` with a one-second interval. The workload shifts from decode-heavy
+//! (short prompts, long outputs) to prefill-heavy (long prompts, short outputs); the planner
+//! moves workers to the decode pool and then to the prefill pool, every request completes in
+//! full, the plan and its reasons are on the planner's admin API (behind its token), and the
+//! desired roles are in etcd.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{Api, SwitchyardProcess, eventually, tokens};
+use switchyard_core::{Role, WorkerId};
+use switchyard_registry::{EtcdRegistry, Registry};
+use switchyard_testkit::EtcdServer;
+
+const SPEEDUP: &str = "4";
+const TOKEN: &str = "planner-secret";
+
+/// One closed-loop client phase: `clients` loops send requests of `prompt_len` tokens asking
+/// for `max_tokens` until `stop` is set. Returns (requests sent, failures with their reason).
+fn client_phase(
+    api: Arc<Api>,
+    clients: u32,
+    prompt_len: u32,
+    max_tokens: u32,
+    seeds: Arc<AtomicU32>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(u32, Vec<String>)> {
+    tokio::spawn(async move {
+        let loops = (0..clients).map(|_| {
+            let (api, seeds, stop) = (Arc::clone(&api), Arc::clone(&seeds), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let (mut sent, mut failures) = (0u32, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    let seed = seeds.fetch_add(1, Ordering::Relaxed);
+                    let body = json!({
+                        "model": "sim-8b",
+                        "prompt": tokens(seed, prompt_len),
+                        "max_tokens": max_tokens,
+                        "ignore_eos": true,
+                    });
+                    let (status, answer) = api.post("/v1/completions", &body).await;
+                    sent += 1;
+                    let completed = answer["usage"]["completion_tokens"].as_u64();
+                    if status != 200 || completed != Some(u64::from(max_tokens)) {
+                        failures.push(format!("status {status}: {answer}"));
+                    }
+                }
+                (sent, failures)
+            })
+        });
+        let mut total = (0, Vec::new());
+        for handle in loops.collect::<Vec<_>>() {
+            let (sent, failures) = handle.await.unwrap();
+            total.0 += sent;
+            total.1.extend(failures);
+        }
+        total
+    })
+}
+
+/// The planner's admin overview.
+async fn overview(planner: &Api) -> Value {
+    let (status, body) = planner
+        .send(
+            planner
+                .http
+                .get(format!("{}/admin/planner?limit=200", planner.base))
+                .bearer_auth(TOKEN),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+async fn pools(planner: &Api) -> (u64, u64) {
+    let body = overview(planner).await;
+    let current = &body["plan"]["current"];
+    (
+        current["prefill"].as_u64().unwrap_or(0),
+        current["decode"].as_u64().unwrap_or(0),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_losing_a_request()
+{
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("planner-{}", std::process::id());
+    let ids = ["w-0", "w-1", "w-2", "w-3"];
+    let mut workers = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let role = if i < 2 { "prefill" } else { "decode" };
+        let args = [
+            "--etcd", &endpoint, "--cluster", &cluster, "--lease-ttl-secs", "2", "--speedup",
+            SPEEDUP, "--max-context", "8192", "--role", role, "--id", id,
+        ];
+        workers.push(SwitchyardProcess::start(&args).await);
+    }
+    let gateway = SwitchyardProcess::spawn(
+        "gateway",
+        &[
+            "--etcd",
+            &endpoint,
+            "--cluster",
+            &cluster,
+            "--http",
+            "127.0.0.1:0",
+            "--disaggregation",
+            "auto",
+            "--disagg-min-uncached-tokens",
+            "512",
+        ],
+    )
+    .await;
+    let api = Arc::new(Api::new(&gateway));
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let (_, workers) = api.get("/admin/workers").await;
+            workers.as_array().map_or(0, Vec::len) == 4
+        })
+        .await,
+        "gateway sees all four workers"
+    );
+    let gateway_url = format!("http://{}", gateway.address);
+    let planner_process = SwitchyardProcess::spawn(
+        "planner",
+        &[
+            "--etcd",
+            &endpoint,
+            "--cluster",
+            &cluster,
+            "--gateway",
+            &gateway_url,
+            "--interval",
+            "1",
+            "--cooldown",
+            "2",
+            "--hysteresis-intervals",
+            "2",
+            "--ttft-target-ms",
+            "150",
+            "--itl-target-ms",
+            "2.1",
+            "--max-workers",
+            "4",
+            "--min-prefill",
+            "1",
+            "--min-decode",
+            "1",
+            "--sim-speedup",
+            SPEEDUP,
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--admin-token",
+            TOKEN,
+        ],
+    )
+    .await;
+    let planner = Api::new(&planner_process);
+    let (status, _) = planner.get("/admin/planner").await;
+    assert_eq!(status, 401, "the planner's admin API needs its token");
+
+    let seeds = Arc::new(AtomicU32::new(1));
+    // Decode-heavy: short prompts, long outputs, many sequences decoding at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    let phase = client_phase(Arc::clone(&api), 16, 32, 200, Arc::clone(&seeds), Arc::clone(&stop));
+    let moved_to_decode = eventually(Duration::from_secs(90), || async {
+        let (prefill, decode) = pools(&planner).await;
+        prefill == 1 && decode == 3
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let (sent_a, failures_a) = phase.await.unwrap();
+    assert!(
+        moved_to_decode,
+        "decode-heavy load moves workers to the decode pool; last decisions: {}",
+        overview(&planner).await["decisions"]
+    );
+
+    // Prefill-heavy: long prompts, a few output tokens.
+    let stop = Arc::new(AtomicBool::new(false));
+    let phase = client_phase(Arc::clone(&api), 8, 3000, 4, Arc::clone(&seeds), Arc::clone(&stop));
+    let moved_to_prefill = eventually(Duration::from_secs(90), || async {
+        let (prefill, decode) = pools(&planner).await;
+        prefill == 3 && decode == 1
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let (sent_b, failures_b) = phase.await.unwrap();
+    assert!(
+        moved_to_prefill,
+        "prefill-heavy load moves workers to the prefill pool; last decisions: {}",
+        overview(&planner).await["decisions"]
+    );
+
+    // Every request completed in full through both moves.
+    assert!(sent_a > 0 && sent_b > 0);
+    assert!(failures_a.is_empty(), "decode-heavy failures: {failures_a:?}");
+    assert!(failures_b.is_empty(), "prefill-heavy failures: {failures_b:?}");
+
+    // The decisions say why: a scale toward decode, then one toward prefill.
+    let body = overview(&planner).await;
+    let decisions = body["decisions"].as_array().unwrap();
+    let scales: Vec<&Value> = decisions.iter().filter(|d| d["action"] == "scale").collect();
+    assert!(scales.len() >= 2, "two moves at least: {decisions:?}");
+    let newest = scales[0];
+    assert_eq!(newest["target"], json!({"prefill": 3, "decode": 1}));
+    let reason = newest["reason"].as_str().unwrap();
+    assert!(reason.contains("needs") && reason.contains("tok/s"), "{reason}");
+    assert!(
+        scales
+            .iter()
+            .any(|d| d["target"] == json!({"prefill": 1, "decode": 3})),
+        "{scales:?}"
+    );
+    assert_eq!(body["settings"]["connector"], "local");
+
+    // The registry holds the plan and the desired roles, and the workers carry them.
+    let registry = EtcdRegistry::connect(&[endpoint.clone()], &cluster)
+        .await
+        .unwrap();
+    let plan = registry.plan().await.unwrap().expect("a plan in etcd");
+    assert_eq!(plan["current"], json!({"prefill": 3, "decode": 1}));
+    let mut desired = Vec::new();
+    for id in ids {
+        desired.push(
+            registry
+                .desired_role(&WorkerId::new(id).unwrap())
+                .await
+                .unwrap()
+                .expect("a desired role for every pool worker"),
+        );
+    }
+    assert_eq!(desired.iter().filter(|r| **r == Role::Prefill).count(), 3);
+    let live = registry.list_workers().await.unwrap();
+    for worker in &live {
+        let index = ids.iter().position(|id| *id == worker.id.as_str()).unwrap();
+        assert_eq!(worker.role, desired[index], "{} has its desired role", worker.id);
+    }
+    let metrics = planner.metric("switchyard_planner_decisions_total{action=\"scale\"}").await;
+    assert!(metrics >= 2.0, "scale decisions counted: {metrics}");
+    drop(workers);
+}
