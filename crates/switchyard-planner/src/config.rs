@@ -72,6 +72,9 @@ pub struct PlannerConfig {
     pub sim_speedup: f64,
     /// Without a profile file: the simulated workers' chunked-prefill step budget.
     pub sim_max_batched_tokens: u64,
+    /// The gateways' `disagg_min_uncached_tokens`: prompts with fewer uncached tokens are
+    /// prefilled by the decode workers, which the decode pool is sized for.
+    pub disagg_min_uncached_tokens: u64,
     /// Least time between two changes.
     pub cooldown_secs: f64,
     /// Intervals a new size must be wanted in a row before it is applied.
@@ -105,6 +108,7 @@ impl Default for PlannerConfig {
             profile: None,
             sim_speedup: 1.0,
             sim_max_batched_tokens: 8192,
+            disagg_min_uncached_tokens: 2048,
             cooldown_secs: 30.0,
             hysteresis_intervals: 2,
             drain_timeout_secs: 120,

@@ -25,6 +25,7 @@ pub mod planner;
 pub mod predict;
 pub mod profile;
 pub mod promtext;
+pub mod shift;
 pub mod sizing;
 pub mod stability;
 
@@ -136,6 +137,7 @@ pub async fn build(
         targets: config.targets(),
         limits: config.limits(),
         profile_source: profile.source.clone(),
+        disagg_min_uncached_tokens: config.disagg_min_uncached_tokens,
         decision_log_size: config.decision_log_size,
     }));
     Ok(Planner::new(

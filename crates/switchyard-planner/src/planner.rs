@@ -61,6 +61,8 @@ pub struct PlanSettings {
     pub targets: Targets,
     pub limits: Limits,
     pub profile_source: String,
+    /// The gateways' disaggregation threshold: shorter uncached prompts prefill on decode workers.
+    pub disagg_min_uncached_tokens: u64,
     #[serde(skip)]
     pub decision_log_size: usize,
 }
@@ -240,6 +242,7 @@ impl Planner {
             observed.workers.active_decode_sequences as f64,
             &self.profile,
             &settings.targets,
+            settings.disagg_min_uncached_tokens as f64,
         );
         let wanted = sizing::allocate(
             (required.prefill, required.decode),

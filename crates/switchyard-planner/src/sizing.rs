@@ -40,23 +40,33 @@ pub struct Requirement {
     pub prefill_tokens_per_second: f64,
     /// Seconds an idle worker takes to prefill the mean uncached prompt.
     pub prefill_seconds: f64,
+    /// Whether prompts are prefilled on the decode workers (uncached part below the
+    /// gateway's disaggregation threshold).
+    pub aggregated: bool,
     /// Sequences decoding at once.
     pub decode_concurrency: f64,
-    /// Sequences one decode worker holds within the ITL target.
-    pub sequences_per_decode_worker: u64,
+    /// Sequences each decode worker holds at the chosen size.
+    pub sequences_per_decode_worker: f64,
     pub why: String,
 }
 
+/// Most decode workers the search considers; beyond that the target is called unreachable.
+const MAX_DECODE_SEARCH: u32 = 4096;
+
 /// Sizes both pools for `load`; `observed_decode_sequences` (what the workers decode now) is a
 /// floor for the decode concurrency, because Little's law on a predicted rate can lag a burst.
+/// Prompts whose uncached part is below `disagg_min_uncached_tokens` are prefilled by the
+/// decode workers (as the gateway's `auto` disaggregation does), which slows their decoding.
 pub fn required(
     load: &Load,
     observed_decode_sequences: f64,
     profile: &PerformanceProfile,
     targets: &Targets,
+    disagg_min_uncached_tokens: f64,
 ) -> Requirement {
     let uncached = load.input_tokens * (1.0 - load.cache_hit_rate.clamp(0.0, 1.0));
     let demand = load.request_rate * uncached;
+    let aggregated = uncached < disagg_min_uncached_tokens;
     let prefill_seconds = if uncached >= 1.0 {
         profile.prefill_seconds(uncached)
     } else {
@@ -65,6 +75,11 @@ pub fn required(
     let mut why = Vec::new();
     let prefill = if demand <= 0.0 || uncached < 1.0 {
         why.push("no prefill work predicted".to_owned());
+        0
+    } else if aggregated {
+        why.push(format!(
+            "{uncached:.0} uncached prompt tokens stay on the decode workers (below {disagg_min_uncached_tokens:.0})"
+        ));
         0
     } else {
         let throughput = profile.prefill_throughput(uncached);
@@ -87,31 +102,55 @@ pub fn required(
         ));
         saturating_u32(n)
     };
+    // Share of a decode pool's time that goes to prefilling aggregated prompts: their
+    // marginal cost (the step overhead is shared with the decode batch).
+    let prefill_share = if aggregated && uncached >= 1.0 {
+        load.request_rate * (prefill_seconds - profile.prefill_seconds(0.0)).max(0.0)
+    } else {
+        0.0
+    };
     let context = load.input_tokens + load.output_tokens / 2.0;
     let concurrency = (load.request_rate * load.output_tokens * targets.itl_seconds)
         .max(observed_decode_sequences.max(0.0));
-    let mut per_worker = profile.max_concurrency(context, targets.itl_seconds);
-    if per_worker == 0 {
-        why.push(format!(
-            "ITL target {:.1} ms unreachable even for one sequence of {context:.0} tokens",
-            targets.itl_seconds * 1e3
-        ));
-        per_worker = 1;
-    }
-    let decode = if concurrency <= 0.0 {
-        0
+    let itl_at = |n: u32| {
+        let n = f64::from(n);
+        let busy = 1.0 - prefill_share / n;
+        if busy <= 0.0 {
+            f64::INFINITY
+        } else {
+            profile.itl_seconds((concurrency / n).max(1.0), context) / busy
+        }
+    };
+    let (decode, per_worker) = if concurrency <= 0.0 {
+        (0, 0.0)
     } else {
-        why.push(format!(
-            "decode {concurrency:.1} sequences of {context:.0} tokens, {per_worker} per worker within ITL {:.1} ms",
-            targets.itl_seconds * 1e3
-        ));
-        saturating_u32((concurrency / per_worker as f64).ceil().max(1.0))
+        match (1..=MAX_DECODE_SEARCH).find(|&n| itl_at(n) <= targets.itl_seconds) {
+            Some(n) => {
+                why.push(format!(
+                    "decode {concurrency:.1} sequences of {context:.0} tokens: {:.1} per worker keeps ITL {:.1} ms within {:.1} ms",
+                    concurrency / f64::from(n),
+                    itl_at(n) * 1e3,
+                    targets.itl_seconds * 1e3
+                ));
+                (n, concurrency / f64::from(n))
+            }
+            None => {
+                why.push(format!(
+                    "ITL target {:.1} ms unreachable for sequences of {context:.0} tokens",
+                    targets.itl_seconds * 1e3
+                ));
+                // Spread the sequences one per worker: as close as workers can get.
+                let n = saturating_u32(concurrency.ceil().max(1.0));
+                (n, 1.0)
+            }
+        }
     };
     Requirement {
         prefill,
         decode,
         prefill_tokens_per_second: demand,
         prefill_seconds,
+        aggregated,
         decode_concurrency: concurrency,
         sequences_per_decode_worker: per_worker,
         why: why.join("; "),
@@ -174,6 +213,11 @@ mod tests {
         PerformanceProfile::from_timing(&TimingModel::default(), 1.0, 8192)
     }
 
+    /// Sizing with every prompt disaggregated unless said otherwise.
+    fn required(load: &Load, observed: f64, p: &PerformanceProfile, t: &Targets) -> Requirement {
+        super::required(load, observed, p, t, 0.0)
+    }
+
     const TARGETS: Targets = Targets {
         ttft_seconds: 0.5,
         itl_seconds: 0.02,
@@ -229,6 +273,33 @@ mod tests {
         assert!(r.why.contains("TTFT target 10 ms unreachable"), "{}", r.why);
         assert!(r.why.contains("ITL target 1.0 ms unreachable"), "{}", r.why);
         assert!(r.prefill >= 1 && r.decode >= 1);
+    }
+
+    #[test]
+    fn short_prompts_prefilled_by_decode_workers_need_more_of_them() {
+        let p = profile();
+        let l = load(30.0, 200.0, 400.0, 0.0);
+        let split = super::required(&l, 0.0, &p, &TARGETS, 0.0);
+        let aggregated = super::required(&l, 0.0, &p, &TARGETS, 512.0);
+        assert!(aggregated.aggregated && !split.aggregated);
+        assert_eq!(aggregated.prefill, 0);
+        assert!(split.prefill >= 1);
+        assert!(aggregated.decode > split.decode, "{aggregated:?} vs {split:?}");
+    }
+
+    #[test]
+    fn the_chosen_decode_size_is_the_smallest_within_the_itl_target() {
+        let p = profile();
+        let l = load(30.0, 200.0, 400.0, 0.0);
+        let r = super::required(&l, 0.0, &p, &TARGETS, 512.0);
+        // The model written out: the decode workers also spend `share` of their time on the
+        // short prompts' prefill.
+        let share = 30.0 * (p.prefill_seconds(200.0) - p.prefill_seconds(0.0));
+        let itl = |n: f64| p.itl_seconds(r.decode_concurrency / n, 400.0) / (1.0 - share / n);
+        let n = f64::from(r.decode);
+        assert!(r.decode > 1, "{r:?}");
+        assert!(itl(n) <= TARGETS.itl_seconds, "{r:?}");
+        assert!(itl(n - 1.0) > TARGETS.itl_seconds || itl(n - 1.0) < 0.0, "{r:?}");
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub struct PlannerCommand {
     /// Bearer token the admin API requires.
     #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN")]
     admin_token: Option<String>,
+    /// The gateways' disaggregation threshold (their --disagg-min-uncached-tokens).
+    #[arg(long, env = "SWITCHYARD_DISAGG_MIN_UNCACHED_TOKENS")]
+    disagg_min_uncached_tokens: Option<u64>,
     /// Without --profile: the simulated workers' speedup.
     #[arg(long, env = "SWITCHYARD_SIM_SPEEDUP")]
     sim_speedup: Option<f64>,
@@ -42,6 +45,25 @@ pub struct PlannerCommand {
 enum PlannerAction {
     /// Measure a worker's performance profile over gRPC Generate and write it as JSON.
     Profile(ProfileArgs),
+    /// Offline benchmark in virtual time: TTFT/ITL target attainment of the planner and of
+    /// every fixed split over a decode-heavy then prefill-heavy workload.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// Seconds of each phase (decode-heavy, then prefill-heavy).
+    #[arg(long, default_value_t = 180.0)]
+    phase_secs: f64,
+    /// Workers in both pools together.
+    #[arg(long, default_value_t = 4)]
+    workers: u32,
+    /// Workload seed (arrivals and prompts).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the outcomes (with each run's pool timeline) as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -87,6 +109,9 @@ impl PlannerCommand {
         if let Some(token) = &self.admin_token {
             config.admin_token = Some(token.clone());
         }
+        if let Some(tokens) = self.disagg_min_uncached_tokens {
+            config.disagg_min_uncached_tokens = tokens;
+        }
         if let Some(speedup) = self.sim_speedup {
             config.sim_speedup = speedup;
         }
@@ -96,8 +121,10 @@ impl PlannerCommand {
 }
 
 pub fn run(command: PlannerCommand) -> ExitCode {
-    if let Some(PlannerAction::Profile(args)) = command.action {
-        return profile(args);
+    match command.action {
+        Some(PlannerAction::Profile(args)) => return profile(args),
+        Some(PlannerAction::Bench(args)) => return bench(args),
+        None => {}
     }
     let config = match command.resolve() {
         Ok(config) => config,
@@ -216,5 +243,47 @@ fn profile(args: ProfileArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     eprintln!("profile written to {}", args.out.display());
+    ExitCode::SUCCESS
+}
+
+fn bench(args: BenchArgs) -> ExitCode {
+    use switchyard_planner::shift::{self, ShiftSettings};
+    let mut settings = ShiftSettings {
+        workers: args.workers,
+        seed: args.seed,
+        ..ShiftSettings::default()
+    };
+    if !(args.phase_secs.is_finite() && args.phase_secs > 0.0) || args.workers < 2 {
+        eprintln!("switchyard planner bench: --phase-secs must be positive and --workers at least 2");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    for phase in &mut settings.phases {
+        phase.seconds = args.phase_secs;
+    }
+    eprintln!("phases: {:?}", settings.phases);
+    let outcomes = match shift::run_all(&settings) {
+        Ok(outcomes) => outcomes,
+        Err(err) => {
+            eprintln!("switchyard planner bench: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", shift::markdown(&settings, &outcomes));
+    for o in outcomes.iter().filter(|o| o.moves > 0) {
+        let steps: Vec<String> = o
+            .timeline
+            .windows(2)
+            .filter(|w| (w[0].1, w[0].2) != (w[1].1, w[1].2))
+            .map(|w| format!("t={:.0}s {}/{}", w[1].0, w[1].1, w[1].2))
+            .collect();
+        println!("{}: pools (prefill/decode) changed at {}", o.label, steps.join(", "));
+    }
+    if let Some(path) = args.json {
+        let json = serde_json::json!({"targets": settings.targets, "phases": settings.phases, "outcomes": outcomes});
+        if let Err(err) = std::fs::write(&path, json.to_string()) {
+            eprintln!("switchyard planner bench: cannot write {}: {err}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
     ExitCode::SUCCESS
 }

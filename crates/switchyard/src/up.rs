@@ -96,6 +96,7 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
         if args.gateway.disaggregation.is_none() {
             gateway.disaggregation = Disaggregation::Auto;
         }
+        config.disagg_min_uncached_tokens = gateway.disagg_min_uncached_tokens;
         Some(config)
     } else {
         None
