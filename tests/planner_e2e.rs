@@ -158,6 +158,8 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
             "1",
             "--sim-speedup",
             SPEEDUP,
+            "--disagg-min-uncached-tokens",
+            "512",
             "--admin-listen",
             "127.0.0.1:0",
             "--admin-token",

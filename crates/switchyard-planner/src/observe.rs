@@ -47,6 +47,8 @@ pub struct WorkerFigures {
     pub draining: u32,
     pub unreachable: u32,
     pub queued_prefill_tokens: u64,
+    /// Prefill tokens queued on the prefill pool's workers alone.
+    pub prefill_pool_queued_tokens: u64,
     pub active_decode_sequences: u64,
     pub running_requests: u64,
 }
@@ -199,6 +201,9 @@ impl Observer {
             figures.draining += u32::from(draining);
             if let Some(load) = &load {
                 figures.queued_prefill_tokens += load.queued_prefill_tokens;
+                if role == Role::Prefill {
+                    figures.prefill_pool_queued_tokens += load.queued_prefill_tokens;
+                }
                 figures.active_decode_sequences += load.active_decode_sequences;
                 figures.running_requests += load.running_requests;
             }

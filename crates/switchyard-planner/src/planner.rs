@@ -239,7 +239,11 @@ impl Planner {
         let settings = &self.state.settings;
         let required = sizing::required(
             &predicted,
-            observed.workers.active_decode_sequences as f64,
+            &sizing::Backlog {
+                active_decode_sequences: observed.workers.active_decode_sequences as f64,
+                queued_prefill_tokens: observed.workers.prefill_pool_queued_tokens as f64,
+                interval_seconds: settings.interval_seconds,
+            },
             &self.profile,
             &settings.targets,
             settings.disagg_min_uncached_tokens as f64,
@@ -250,9 +254,13 @@ impl Planner {
             capacity,
         );
         decision.wanted = Some(wanted);
-        let verdict = self
-            .stabilizer
-            .judge(current, wanted, &settings.limits, Instant::now());
+        let verdict = self.stabilizer.judge(
+            current,
+            wanted,
+            &settings.limits,
+            is_short(current, wanted, &required),
+            Instant::now(),
+        );
         let needs = format!(
             "needs {} prefill / {} decode ({})",
             required.prefill, required.decode, required.why
@@ -282,6 +290,12 @@ impl Planner {
             }
         }
     }
+}
+
+/// Whether a pool has fewer workers than the load needs (and than the budget allows).
+pub fn is_short(current: PoolSizes, wanted: PoolSizes, required: &Requirement) -> bool {
+    current.prefill < required.prefill.min(wanted.prefill)
+        || current.decode < required.decode.min(wanted.decode)
 }
 
 fn unix_ms() -> u64 {

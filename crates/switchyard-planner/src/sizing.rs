@@ -50,52 +50,80 @@ pub struct Requirement {
     pub why: String,
 }
 
+/// What the workers carry now, beside the predicted traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Backlog {
+    /// Sequences decoding on the decode workers: a floor for the decode concurrency, because
+    /// Little's law on a predicted rate can lag a burst.
+    pub active_decode_sequences: f64,
+    /// Prompt tokens queued on the prefill workers: cleared within `interval_seconds` on top
+    /// of the new traffic, so a pool that fell behind grows instead of staying behind.
+    pub queued_prefill_tokens: f64,
+    pub interval_seconds: f64,
+}
+
 /// Most decode workers the search considers; beyond that the target is called unreachable.
 const MAX_DECODE_SEARCH: u32 = 4096;
 
-/// Sizes both pools for `load`; `observed_decode_sequences` (what the workers decode now) is a
-/// floor for the decode concurrency, because Little's law on a predicted rate can lag a burst.
-/// Prompts whose uncached part is below `disagg_min_uncached_tokens` are prefilled by the
+/// Sizes both pools for `load` and the `backlog` the workers carry. Prompts whose uncached part is below `disagg_min_uncached_tokens` are prefilled by the
 /// decode workers (as the gateway's `auto` disaggregation does), which slows their decoding.
 pub fn required(
     load: &Load,
-    observed_decode_sequences: f64,
+    backlog: &Backlog,
     profile: &PerformanceProfile,
     targets: &Targets,
     disagg_min_uncached_tokens: f64,
 ) -> Requirement {
     let uncached = load.input_tokens * (1.0 - load.cache_hit_rate.clamp(0.0, 1.0));
-    let demand = load.request_rate * uncached;
+    let backlog_rate = if backlog.interval_seconds > 0.0 {
+        backlog.queued_prefill_tokens.max(0.0) / backlog.interval_seconds
+    } else {
+        0.0
+    };
     let aggregated = uncached < disagg_min_uncached_tokens;
+    let new_work = if aggregated {
+        0.0
+    } else {
+        load.request_rate * uncached
+    };
+    let demand = new_work + backlog_rate;
     let prefill_seconds = if uncached >= 1.0 {
         profile.prefill_seconds(uncached)
     } else {
         0.0
     };
     let mut why = Vec::new();
-    let prefill = if demand <= 0.0 || uncached < 1.0 {
-        why.push("no prefill work predicted".to_owned());
-        0
-    } else if aggregated {
+    if aggregated && uncached >= 1.0 {
         why.push(format!(
             "{uncached:.0} uncached prompt tokens stay on the decode workers (below {disagg_min_uncached_tokens:.0})"
         ));
+    }
+    let prefill = if demand <= 0.0 {
+        why.push("no prefill pool work predicted".to_owned());
         0
     } else {
-        let throughput = profile.prefill_throughput(uncached);
-        let max_utilisation = if prefill_seconds < targets.ttft_seconds {
-            1.0 - prefill_seconds / targets.ttft_seconds
+        // A backlog of prompts the prediction calls short was still sent to the pool: size
+        // it at the disaggregation threshold's length.
+        let length = if aggregated {
+            disagg_min_uncached_tokens.max(1.0)
+        } else {
+            uncached
+        };
+        let seconds = profile.prefill_seconds(length);
+        let throughput = profile.prefill_throughput(length);
+        let max_utilisation = if seconds < targets.ttft_seconds {
+            1.0 - seconds / targets.ttft_seconds
         } else {
             why.push(format!(
-                "TTFT target {:.0} ms unreachable: an idle worker needs {:.0} ms for {uncached:.0} uncached tokens",
+                "TTFT target {:.0} ms unreachable: an idle worker needs {:.0} ms for {length:.0} uncached tokens",
                 targets.ttft_seconds * 1e3,
-                prefill_seconds * 1e3
+                seconds * 1e3
             ));
             UNREACHABLE_TTFT_UTILISATION
         };
         let n = (demand / (throughput * max_utilisation)).ceil().max(1.0);
         why.push(format!(
-            "prefill {demand:.0} tok/s at {:.0} tok/s per worker, utilisation <= {:.2} for TTFT {:.0} ms",
+            "prefill {demand:.0} tok/s ({backlog_rate:.0} of them backlog) at {:.0} tok/s per worker, utilisation <= {:.2} for TTFT {:.0} ms",
             throughput,
             max_utilisation,
             targets.ttft_seconds * 1e3
@@ -111,7 +139,7 @@ pub fn required(
     };
     let context = load.input_tokens + load.output_tokens / 2.0;
     let concurrency = (load.request_rate * load.output_tokens * targets.itl_seconds)
-        .max(observed_decode_sequences.max(0.0));
+        .max(backlog.active_decode_sequences.max(0.0));
     let itl_at = |n: u32| {
         let n = f64::from(n);
         let busy = 1.0 - prefill_share / n;
@@ -215,7 +243,14 @@ mod tests {
 
     /// Sizing with every prompt disaggregated unless said otherwise.
     fn required(load: &Load, observed: f64, p: &PerformanceProfile, t: &Targets) -> Requirement {
-        super::required(load, observed, p, t, 0.0)
+        super::required(load, &sequences(observed), p, t, 0.0)
+    }
+
+    fn sequences(active: f64) -> Backlog {
+        Backlog {
+            active_decode_sequences: active,
+            ..Backlog::default()
+        }
     }
 
     const TARGETS: Targets = Targets {
@@ -271,16 +306,32 @@ mod tests {
         };
         let r = required(&load(1.0, 8000.0, 100.0, 0.0), 0.0, &p, &tight);
         assert!(r.why.contains("TTFT target 10 ms unreachable"), "{}", r.why);
+        assert!(r.why.contains("(0 of them backlog)"), "{}", r.why);
         assert!(r.why.contains("ITL target 1.0 ms unreachable"), "{}", r.why);
         assert!(r.prefill >= 1 && r.decode >= 1);
+    }
+
+    #[test]
+    fn a_prefill_backlog_is_cleared_within_the_interval() {
+        let p = profile();
+        let l = load(4.0, 6000.0, 20.0, 0.0);
+        let steady = required(&l, 0.0, &p, &TARGETS);
+        let behind = Backlog {
+            queued_prefill_tokens: 600_000.0,
+            interval_seconds: 10.0,
+            ..Backlog::default()
+        };
+        let catching_up = super::required(&l, &behind, &p, &TARGETS, 0.0);
+        assert!((catching_up.prefill_tokens_per_second - steady.prefill_tokens_per_second - 60_000.0).abs() < 1e-6);
+        assert!(catching_up.prefill > steady.prefill);
     }
 
     #[test]
     fn short_prompts_prefilled_by_decode_workers_need_more_of_them() {
         let p = profile();
         let l = load(30.0, 200.0, 400.0, 0.0);
-        let split = super::required(&l, 0.0, &p, &TARGETS, 0.0);
-        let aggregated = super::required(&l, 0.0, &p, &TARGETS, 512.0);
+        let split = super::required(&l, &sequences(0.0), &p, &TARGETS, 0.0);
+        let aggregated = super::required(&l, &sequences(0.0), &p, &TARGETS, 512.0);
         assert!(aggregated.aggregated && !split.aggregated);
         assert_eq!(aggregated.prefill, 0);
         assert!(split.prefill >= 1);
@@ -291,7 +342,7 @@ mod tests {
     fn the_chosen_decode_size_is_the_smallest_within_the_itl_target() {
         let p = profile();
         let l = load(30.0, 200.0, 400.0, 0.0);
-        let r = super::required(&l, 0.0, &p, &TARGETS, 512.0);
+        let r = super::required(&l, &sequences(0.0), &p, &TARGETS, 512.0);
         // The model written out: the decode workers also spend `share` of their time on the
         // short prompts' prefill.
         let share = 30.0 * (p.prefill_seconds(200.0) - p.prefill_seconds(0.0));

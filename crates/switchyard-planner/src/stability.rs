@@ -5,7 +5,8 @@
 //! its capacity on moves. So a new size is applied only when
 //!
 //! - **hysteresis**: the same target was wanted for `hysteresis_intervals` intervals in a row
-//!   (a one-interval spike does not move workers), and
+//!   (a one-interval spike does not move workers), unless a pool is *short* (it has fewer
+//!   workers than the load needs: waiting only lets its queue grow), and
 //! - **cooldown**: at least `cooldown` has passed since the last change (the previous move has
 //!   settled and shows in the figures).
 //!
@@ -53,12 +54,14 @@ impl Stabilizer {
         }
     }
 
-    /// Decides whether to move from `current` to `wanted` (already within `limits`) at `now`.
+    /// Decides whether to move from `current` to `wanted` (already within `limits`) at `now`;
+    /// `short`: a pool has fewer workers than the load needs.
     pub fn judge(
         &mut self,
         current: PoolSizes,
         wanted: PoolSizes,
         limits: &Limits,
+        short: bool,
         now: Instant,
     ) -> Verdict {
         if wanted == current {
@@ -82,7 +85,7 @@ impl Stabilizer {
             _ => 1,
         };
         self.streak = Some((wanted, count));
-        if count < self.settings.hysteresis_intervals {
+        if count < self.settings.hysteresis_intervals && !short {
             return Verdict::Hold {
                 why: format!(
                     "{} prefill / {} decode wanted for {count} of {} intervals (hysteresis)",
@@ -105,10 +108,17 @@ impl Stabilizer {
         self.changed(now);
         Verdict::Scale {
             target: wanted,
-            why: format!(
-                "{} prefill / {} decode wanted for {count} intervals",
-                wanted.prefill, wanted.decode
-            ),
+            why: if count < self.settings.hysteresis_intervals {
+                format!(
+                    "{} prefill / {} decode wanted now: a pool is short of what the load needs",
+                    wanted.prefill, wanted.decode
+                )
+            } else {
+                format!(
+                    "{} prefill / {} decode wanted for {count} intervals",
+                    wanted.prefill, wanted.decode
+                )
+            },
         }
     }
 
@@ -175,14 +185,14 @@ mod tests {
     async fn a_target_must_hold_for_the_hysteresis_intervals() {
         let mut s = stabilizer(0, 3);
         let now = Instant::now;
-        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, now()), Verdict::Hold { .. }));
-        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, now()), Verdict::Hold { .. }));
+        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()), Verdict::Hold { .. }));
+        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()), Verdict::Hold { .. }));
         // A different wish restarts the count.
-        assert!(matches!(s.judge(sizes(2, 2), sizes(1, 3), &LIMITS, now()), Verdict::Hold { .. }));
-        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, now()), Verdict::Hold { .. }));
-        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, now()), Verdict::Hold { .. }));
+        assert!(matches!(s.judge(sizes(2, 2), sizes(1, 3), &LIMITS, false, now()), Verdict::Hold { .. }));
+        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()), Verdict::Hold { .. }));
+        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()), Verdict::Hold { .. }));
         assert_eq!(
-            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, now()),
+            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()),
             Verdict::Scale {
                 target: sizes(3, 1),
                 why: "3 prefill / 1 decode wanted for 3 intervals".into()
@@ -194,18 +204,18 @@ mod tests {
     async fn no_change_within_the_cooldown() {
         let mut s = stabilizer(60, 1);
         assert!(matches!(
-            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, Instant::now()),
+            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, Instant::now()),
             Verdict::Scale { .. }
         ));
         tokio::time::advance(Duration::from_secs(30)).await;
-        let held = s.judge(sizes(3, 1), sizes(2, 2), &LIMITS, Instant::now());
+        let held = s.judge(sizes(3, 1), sizes(2, 2), &LIMITS, false, Instant::now());
         match held {
             Verdict::Hold { why } => assert!(why.starts_with("cooldown: 30.0 s of 60.0 s"), "{why}"),
             other => panic!("expected a hold, got {other:?}"),
         }
         tokio::time::advance(Duration::from_secs(31)).await;
         assert!(matches!(
-            s.judge(sizes(3, 1), sizes(2, 2), &LIMITS, Instant::now()),
+            s.judge(sizes(3, 1), sizes(2, 2), &LIMITS, false, Instant::now()),
             Verdict::Scale { .. }
         ));
     }
@@ -214,10 +224,10 @@ mod tests {
     async fn broken_limits_are_repaired_despite_cooldown_and_hysteresis() {
         let mut s = stabilizer(600, 5);
         assert!(matches!(
-            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, Instant::now()),
+            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, Instant::now()),
             Verdict::Hold { .. }
         ));
-        match s.judge(sizes(4, 0), sizes(3, 1), &LIMITS, Instant::now()) {
+        match s.judge(sizes(4, 0), sizes(3, 1), &LIMITS, false, Instant::now()) {
             Verdict::Scale { target, why } => {
                 assert_eq!(target, sizes(3, 1));
                 assert!(why.contains("decode pool has 0 workers"), "{why}");
@@ -225,8 +235,22 @@ mod tests {
             other => panic!("expected a repair, got {other:?}"),
         }
         assert!(matches!(
-            s.judge(sizes(0, 0), sizes(0, 1), &LIMITS, Instant::now()),
+            s.judge(sizes(0, 0), sizes(0, 1), &LIMITS, false, Instant::now()),
             Verdict::Scale { .. }
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_pool_skips_the_hysteresis_but_not_the_cooldown() {
+        let mut s = stabilizer(60, 3);
+        match s.judge(sizes(1, 3), sizes(3, 1), &LIMITS, true, Instant::now()) {
+            Verdict::Scale { why, .. } => assert!(why.contains("short"), "{why}"),
+            other => panic!("expected a move, got {other:?}"),
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(matches!(
+            s.judge(sizes(3, 1), sizes(1, 3), &LIMITS, true, Instant::now()),
+            Verdict::Hold { .. }
         ));
     }
 
@@ -234,12 +258,12 @@ mod tests {
     async fn a_failed_change_does_not_start_a_cooldown() {
         let mut s = stabilizer(600, 1);
         assert!(matches!(
-            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, Instant::now()),
+            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, Instant::now()),
             Verdict::Scale { .. }
         ));
         s.change_failed();
         assert!(matches!(
-            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, Instant::now()),
+            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, Instant::now()),
             Verdict::Scale { .. }
         ));
     }

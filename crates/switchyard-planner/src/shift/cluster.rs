@@ -320,6 +320,14 @@ impl Cluster {
             .sum()
     }
 
+    pub fn prefill_pool_queued_tokens(&self) -> u64 {
+        self.workers
+            .iter()
+            .filter(|w| w.role == Role::Prefill)
+            .map(|w| w.sim.load().queued_prefill_tokens)
+            .sum()
+    }
+
     pub fn in_flight(&self) -> usize {
         self.flights.len()
     }

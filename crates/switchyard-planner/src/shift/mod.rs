@@ -117,6 +117,8 @@ pub struct Outcome {
     /// (virtual seconds, prefill workers, decode workers) at every interval.
     pub timeline: Vec<(f64, u32, u32)>,
     pub moves: u32,
+    /// The planner's reasons at every interval: (virtual seconds, reason).
+    pub decisions: Vec<(f64, String)>,
 }
 
 /// SplitMix64: a small, seedable generator, so the workload is the same for every run.
@@ -200,6 +202,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
     let mut reported = 0usize;
     let mut timeline = vec![(0.0, cluster.pools().0, cluster.pools().1)];
     let mut moves = 0u32;
+    let mut decisions = Vec::new();
     let mut now = 0.0f64;
     loop {
         cluster.start_steps(now);
@@ -249,18 +252,28 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
                     };
                     let req = sizing::required(
                         &load,
-                        cluster.active_decode_sequences() as f64,
+                        &sizing::Backlog {
+                            active_decode_sequences: cluster.active_decode_sequences() as f64,
+                            queued_prefill_tokens: cluster.prefill_pool_queued_tokens() as f64,
+                            interval_seconds: settings.interval_seconds,
+                        },
                         &profile,
                         &settings.targets,
                         settings.disagg_min_tokens as f64,
                     );
                     let wanted = sizing::allocate((req.prefill, req.decode), &limits, Some(n));
                     let at = clock + Duration::from_secs_f64(now);
-                    if let Verdict::Scale { target, .. } =
-                        stabilizer.judge(current, wanted, &limits, at)
-                    {
-                        moves += start_moves(&mut cluster, current, target);
-                    }
+                    let short = crate::planner::is_short(current, wanted, &req);
+                    let why = match stabilizer.judge(current, wanted, &limits, short, at) {
+                        Verdict::Scale { target, why } => {
+                            moves += start_moves(&mut cluster, current, target);
+                            format!("scale to {}/{}: {why}", target.prefill, target.decode)
+                        }
+                        Verdict::Hold { why } => format!("hold: {why}"),
+                    };
+                    decisions.push((now, format!("{why}; needs {}/{} ({})", req.prefill, req.decode, req.why)));
+                } else if moving {
+                    decisions.push((now, "a move is under way".into()));
                 }
             }
             let (p, d) = cluster.pools();
@@ -288,6 +301,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
         failed,
         timeline,
         moves,
+        decisions,
     })
 }
 
