@@ -27,6 +27,10 @@ use crate::observe::{WorkerBoard, worker_endpoint};
 const DRAIN_POLL: Duration = Duration::from_secs(5);
 /// How long a new role may take to appear in the registry.
 const ROLE_PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Gateways learn the role through their own registry watch, a moment after it is stored;
+/// the worker stays drained that much longer so no request is routed by the old role (one
+/// would be retried elsewhere, but a retry costs latency).
+const ROLE_SETTLE: Duration = Duration::from_millis(250);
 
 #[derive(Debug)]
 pub struct LocalConnector {
@@ -137,6 +141,7 @@ impl LocalConnector {
             if let Ok(workers) = self.registry.list_workers().await
                 && workers.iter().any(|w| &w.id == id && w.role == role)
             {
+                tokio::time::sleep(ROLE_SETTLE).await;
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
