@@ -135,6 +135,8 @@ async fn a_moved_decode_worker_finishes_its_sequence_and_takes_the_new_role() {
         .unwrap()
         .into_inner();
     let report = reports.next().await.unwrap().unwrap();
+    // An open stream would hold the worker's graceful shutdown at the end.
+    drop(reports);
     assert_eq!(report.running_requests, 0, "{report:?}");
     let (tokens, finish) = generation.await.unwrap();
     assert_eq!(tokens, 150, "the sequence was decoded to the end");
