@@ -171,10 +171,15 @@ impl Planner {
         }
     }
 
-    /// One interval.
+    /// One interval: observe, then plan.
     pub async fn step(&mut self) -> Decision {
-        self.count += 1;
         let observed = self.observer.observe().await;
+        self.plan(observed).await
+    }
+
+    /// Plans from one interval's observation: predict, size, stabilise, act, record.
+    pub async fn plan(&mut self, observed: Observation) -> Decision {
+        self.count += 1;
         let mut decision = Decision {
             interval: self.count,
             at_unix_ms: unix_ms(),
