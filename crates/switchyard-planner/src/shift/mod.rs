@@ -392,7 +392,7 @@ pub fn run_all(settings: &ShiftSettings) -> Result<Vec<Outcome>, SimError> {
 pub fn markdown(settings: &ShiftSettings, outcomes: &[Outcome]) -> String {
     let pct = |x: f64| format!("{:.1} %", x * 100.0);
     let mut out = String::from(
-        "| configuration | requests | TTFT attained | ITL attained | both | per phase (both) | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | moves | failed |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| configuration | requests | TTFT attained | ITL attained | both | both, per phase | both, mean of phases | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | moves | failed |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for o in outcomes {
         let phases: Vec<String> = o
@@ -401,14 +401,16 @@ pub fn markdown(settings: &ShiftSettings, outcomes: &[Outcome]) -> String {
             .zip(&settings.phases)
             .map(|(a, p)| format!("{}: {}", p.name, pct(a.both)))
             .collect();
+        let mean = o.phases.iter().map(|a| a.both).sum::<f64>() / o.phases.len().max(1) as f64;
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {:.2} / {:.2} | {:.1} / {:.1} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} / {:.2} | {:.1} / {:.1} | {} | {} |\n",
             o.label,
             o.overall.requests,
             pct(o.overall.ttft),
             pct(o.overall.itl),
             pct(o.overall.both),
             phases.join(", "),
+            pct(mean),
             o.overall.ttft_p50,
             o.overall.ttft_p99,
             o.overall.itl_p50 * 1e3,
