@@ -90,8 +90,7 @@ async fn pools(planner: &Api) -> (u64, u64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_losing_a_request()
-{
+async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_losing_a_request() {
     let etcd = EtcdServer::start().expect("etcd");
     let endpoint = etcd.endpoint();
     let cluster = format!("planner-{}", std::process::id());
@@ -100,8 +99,20 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
     for (i, id) in ids.iter().enumerate() {
         let role = if i < 2 { "prefill" } else { "decode" };
         let args = [
-            "--etcd", &endpoint, "--cluster", &cluster, "--lease-ttl-secs", "2", "--speedup",
-            SPEEDUP, "--max-context", "8192", "--role", role, "--id", id,
+            "--etcd",
+            &endpoint,
+            "--cluster",
+            &cluster,
+            "--lease-ttl-secs",
+            "2",
+            "--speedup",
+            SPEEDUP,
+            "--max-context",
+            "8192",
+            "--role",
+            role,
+            "--id",
+            id,
         ];
         workers.push(SwitchyardProcess::start(&args).await);
     }
@@ -174,7 +185,14 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
     let seeds = Arc::new(AtomicU32::new(1));
     // Decode-heavy: short prompts, long outputs, many sequences decoding at once.
     let stop = Arc::new(AtomicBool::new(false));
-    let phase = client_phase(Arc::clone(&api), 16, 32, 200, Arc::clone(&seeds), Arc::clone(&stop));
+    let phase = client_phase(
+        Arc::clone(&api),
+        16,
+        32,
+        200,
+        Arc::clone(&seeds),
+        Arc::clone(&stop),
+    );
     let moved_to_decode = eventually(Duration::from_secs(90), || async {
         let (prefill, decode) = pools(&planner).await;
         prefill == 1 && decode == 3
@@ -190,7 +208,14 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
 
     // Prefill-heavy: long prompts, a few output tokens.
     let stop = Arc::new(AtomicBool::new(false));
-    let phase = client_phase(Arc::clone(&api), 8, 3000, 4, Arc::clone(&seeds), Arc::clone(&stop));
+    let phase = client_phase(
+        Arc::clone(&api),
+        8,
+        3000,
+        4,
+        Arc::clone(&seeds),
+        Arc::clone(&stop),
+    );
     let moved_to_prefill = eventually(Duration::from_secs(90), || async {
         let (prefill, decode) = pools(&planner).await;
         prefill == 3 && decode == 1
@@ -206,18 +231,30 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
 
     // Every request completed in full through both moves.
     assert!(sent_a > 0 && sent_b > 0);
-    assert!(failures_a.is_empty(), "decode-heavy failures: {failures_a:?}");
-    assert!(failures_b.is_empty(), "prefill-heavy failures: {failures_b:?}");
+    assert!(
+        failures_a.is_empty(),
+        "decode-heavy failures: {failures_a:?}"
+    );
+    assert!(
+        failures_b.is_empty(),
+        "prefill-heavy failures: {failures_b:?}"
+    );
 
     // The decisions say why: a scale toward decode, then one toward prefill.
     let body = overview(&planner).await;
     let decisions = body["decisions"].as_array().unwrap();
-    let scales: Vec<&Value> = decisions.iter().filter(|d| d["action"] == "scale").collect();
+    let scales: Vec<&Value> = decisions
+        .iter()
+        .filter(|d| d["action"] == "scale")
+        .collect();
     assert!(scales.len() >= 2, "two moves at least: {decisions:?}");
     let newest = scales[0];
     assert_eq!(newest["target"], json!({"prefill": 3, "decode": 1}));
     let reason = newest["reason"].as_str().unwrap();
-    assert!(reason.contains("needs") && reason.contains("tok/s"), "{reason}");
+    assert!(
+        reason.contains("needs") && reason.contains("tok/s"),
+        "{reason}"
+    );
     assert!(
         scales
             .iter()
@@ -227,7 +264,7 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
     assert_eq!(body["settings"]["connector"], "local");
 
     // The registry holds the plan and the desired roles, and the workers carry them.
-    let registry = EtcdRegistry::connect(&[endpoint.clone()], &cluster)
+    let registry = EtcdRegistry::connect(std::slice::from_ref(&endpoint), &cluster)
         .await
         .unwrap();
     let plan = registry.plan().await.unwrap().expect("a plan in etcd");
@@ -246,9 +283,15 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
     let live = registry.list_workers().await.unwrap();
     for worker in &live {
         let index = ids.iter().position(|id| *id == worker.id.as_str()).unwrap();
-        assert_eq!(worker.role, desired[index], "{} has its desired role", worker.id);
+        assert_eq!(
+            worker.role, desired[index],
+            "{} has its desired role",
+            worker.id
+        );
     }
-    let metrics = planner.metric("switchyard_planner_decisions_total{action=\"scale\"}").await;
+    let metrics = planner
+        .metric("switchyard_planner_decisions_total{action=\"scale\"}")
+        .await;
     assert!(metrics >= 2.0, "scale decisions counted: {metrics}");
     drop(workers);
 }

@@ -79,12 +79,10 @@ pub async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), Admin
             addr: listen,
             source,
         })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|source| AdminError::Bind {
-            addr: listen,
-            source,
-        })?;
+    let addr = listener.local_addr().map_err(|source| AdminError::Bind {
+        addr: listen,
+        source,
+    })?;
     Ok((listener, addr))
 }
 
@@ -96,12 +94,13 @@ pub async fn serve(
     metrics: Arc<PlannerMetrics>,
     shutdown: CancellationToken,
 ) -> Result<(), AdminError> {
-    let admin = Router::new()
-        .nest("/admin/planner", router(state))
-        .layer(middleware::from_fn_with_state(
-            Arc::new(token),
-            require_token,
-        ));
+    let admin =
+        Router::new()
+            .nest("/admin/planner", router(state))
+            .layer(middleware::from_fn_with_state(
+                Arc::new(token),
+                require_token,
+            ));
     let app = admin
         .route(
             "/metrics",

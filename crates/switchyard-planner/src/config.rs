@@ -150,8 +150,7 @@ impl PlannerConfig {
         if self.max_workers == 0 {
             return invalid("max_workers must be at least 1".into());
         }
-        if u64::from(self.min_prefill) + u64::from(self.min_decode) > u64::from(self.max_workers)
-        {
+        if u64::from(self.min_prefill) + u64::from(self.min_decode) > u64::from(self.max_workers) {
             return invalid(format!(
                 "min_prefill {} plus min_decode {} exceed max_workers {}",
                 self.min_prefill, self.min_decode, self.max_workers
@@ -165,7 +164,9 @@ impl PlannerConfig {
             return invalid("predictor_settings.alpha and beta must lie in (0, 1]".into());
         }
         if !positive(self.sim_speedup) || self.sim_max_batched_tokens == 0 {
-            return invalid("sim_speedup must be positive and sim_max_batched_tokens at least 1".into());
+            return invalid(
+                "sim_speedup must be positive and sim_max_batched_tokens at least 1".into(),
+            );
         }
         if !(self.cooldown_secs.is_finite() && self.cooldown_secs >= 0.0) {
             return invalid("cooldown must be a non-negative number of seconds".into());
@@ -178,12 +179,17 @@ impl PlannerConfig {
         }
         for url in &self.gateways {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return invalid(format!("gateway {url:?} must be an http:// or https:// URL"));
+                return invalid(format!(
+                    "gateway {url:?} must be an http:// or https:// URL"
+                ));
             }
         }
         if self.connector == ConnectorKind::Kubernetes {
             let k = &self.kubernetes;
-            if k.namespace.is_empty() || k.prefill_deployment.is_empty() || k.decode_deployment.is_empty() {
+            if k.namespace.is_empty()
+                || k.prefill_deployment.is_empty()
+                || k.decode_deployment.is_empty()
+            {
                 return invalid(
                     "the kubernetes connector needs --kube-namespace, --prefill-deployment and --decode-deployment".into(),
                 );

@@ -163,9 +163,8 @@ pub async fn measure(
     let tokens = settings.decode_tokens.max(4);
     for &context in &settings.decode_contexts {
         for &batch in &settings.decode_concurrency {
-            let runs = (0..batch.max(1)).map(|_| {
-                generate(channel.clone(), prompts.next(context), tokens, next_id())
-            });
+            let runs = (0..batch.max(1))
+                .map(|_| generate(channel.clone(), prompts.next(context), tokens, next_id()));
             let results = futures::future::join_all(runs.collect::<Vec<_>>()).await;
             let mut itls = Vec::new();
             for result in results {
@@ -181,7 +180,9 @@ pub async fn measure(
                 }
             }
             if itls.is_empty() {
-                progress(&format!("decode {batch} x {context} tokens: skipped (refused)"));
+                progress(&format!(
+                    "decode {batch} x {context} tokens: skipped (refused)"
+                ));
                 continue;
             }
             let itl = itls.iter().sum::<f64>() / itls.len() as f64;

@@ -187,7 +187,7 @@ impl Observer {
         let mut board = BTreeMap::new();
         for (info, report) in results {
             let (role, draining, load) = match &report {
-                Some((load, role, draining)) => (*role, *draining, Some(load.clone())),
+                Some((load, role, draining)) => (*role, *draining, Some(*load)),
                 None => {
                     figures.unreachable += 1;
                     (info.role, false, None)
@@ -235,11 +235,7 @@ impl Observer {
 /// The gRPC endpoint of a worker address (`host:port`).
 pub fn worker_endpoint(address: &str) -> Option<Endpoint> {
     match Endpoint::from_shared(format!("http://{address}")) {
-        Ok(endpoint) => Some(
-            endpoint
-                .connect_timeout(PROBE_TIMEOUT)
-                .tcp_nodelay(true),
-        ),
+        Ok(endpoint) => Some(endpoint.connect_timeout(PROBE_TIMEOUT).tcp_nodelay(true)),
         Err(err) => {
             tracing::warn!(address, error = %err, "worker address is not a valid endpoint");
             None
@@ -260,7 +256,10 @@ async fn one_report(channel: Channel) -> Option<(LoadStats, Role, bool)> {
         let role = switchyard_proto::convert::role_from_wire(report.role).ok()?;
         Some((LoadStats::from(&report), role, report.draining))
     };
-    tokio::time::timeout(PROBE_TIMEOUT, fetch).await.ok().flatten()
+    tokio::time::timeout(PROBE_TIMEOUT, fetch)
+        .await
+        .ok()
+        .flatten()
 }
 
 fn fill_traffic(obs: &mut Observation, delta: &Scrape) {

@@ -224,7 +224,10 @@ impl Planner {
     }
 
     async fn decide(&mut self, decision: &mut Decision, observed: &Observation) {
-        let (current, capacity) = match (self.connector.current().await, self.connector.capacity().await) {
+        let (current, capacity) = match (
+            self.connector.current().await,
+            self.connector.capacity().await,
+        ) {
             (Ok(current), Ok(capacity)) => (current, capacity),
             (Err(err), _) | (_, Err(err)) => {
                 decision.reason = "cannot read the pools".into();
@@ -234,7 +237,8 @@ impl Planner {
         };
         decision.current = Some(current);
         let Some(predicted) = decision.predicted else {
-            decision.reason = "no traffic figures yet (the first interval sets the baseline)".into();
+            decision.reason =
+                "no traffic figures yet (the first interval sets the baseline)".into();
             return;
         };
         if capacity == Some(0) {

@@ -221,7 +221,10 @@ mod tests {
         let holt_err = (holt.predict().unwrap().request_rate - next).abs();
         let const_err = (constant.predict().unwrap().request_rate - next).abs();
         assert!(holt_err < 0.5, "holt error {holt_err}");
-        assert!(const_err > 5.0 * holt_err, "constant {const_err} holt {holt_err}");
+        assert!(
+            const_err > 5.0 * holt_err,
+            "constant {const_err} holt {holt_err}"
+        );
     }
 
     #[test]

@@ -174,21 +174,39 @@ garbage line
         let s = Scrape::parse(TEXT);
         assert_eq!(s.value("switchyard_requests_total"), 10.0);
         assert_eq!(s.value("switchyard_requests_queued"), 2.0);
-        assert_eq!(s.value("switchyard_time_to_first_token_seconds_count"), 10.0);
-        let q = s.quantile("switchyard_time_to_first_token_seconds", 0.5).unwrap();
+        assert_eq!(
+            s.value("switchyard_time_to_first_token_seconds_count"),
+            10.0
+        );
+        let q = s
+            .quantile("switchyard_time_to_first_token_seconds", 0.5)
+            .unwrap();
         assert!((q - 0.15).abs() < 1e-9, "{q}");
         // The top 20 % lie past the last finite bound.
-        assert_eq!(s.quantile("switchyard_time_to_first_token_seconds", 0.99), Some(0.2));
+        assert_eq!(
+            s.quantile("switchyard_time_to_first_token_seconds", 0.99),
+            Some(0.2)
+        );
         assert_eq!(s.quantile("missing", 0.5), None);
     }
 
     #[test]
     fn deltas_between_scrapes_and_sums_across_gateways() {
         let before = Scrape::parse(TEXT);
-        let after = Scrape::parse(&TEXT.replace("} 7", "} 17").replace("le=\"0.1\"} 2", "le=\"0.1\"} 12").replace("le=\"0.2\"} 8", "le=\"0.2\"} 18").replace("le=\"+Inf\"} 10", "le=\"+Inf\"} 20"));
+        let after = Scrape::parse(
+            &TEXT
+                .replace("} 7", "} 17")
+                .replace("le=\"0.1\"} 2", "le=\"0.1\"} 12")
+                .replace("le=\"0.2\"} 8", "le=\"0.2\"} 18")
+                .replace("le=\"+Inf\"} 10", "le=\"+Inf\"} 20"),
+        );
         let d = after.since(&before);
         assert_eq!(d.value("switchyard_requests_total"), 10.0);
-        assert!(d.quantile("switchyard_time_to_first_token_seconds", 0.5).unwrap() <= 0.1);
+        assert!(
+            d.quantile("switchyard_time_to_first_token_seconds", 0.5)
+                .unwrap()
+                <= 0.1
+        );
         let mut both = before.clone();
         both.add(&after);
         assert_eq!(both.value("switchyard_requests_total"), 30.0);

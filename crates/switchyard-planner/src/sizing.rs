@@ -272,8 +272,14 @@ mod tests {
         let p = profile();
         let prefill_heavy = required(&load(20.0, 6000.0, 20.0, 0.0), 0.0, &p, &TARGETS);
         let decode_heavy = required(&load(20.0, 100.0, 1500.0, 0.0), 0.0, &p, &TARGETS);
-        assert!(prefill_heavy.prefill > prefill_heavy.decode, "{prefill_heavy:?}");
-        assert!(decode_heavy.decode > decode_heavy.prefill, "{decode_heavy:?}");
+        assert!(
+            prefill_heavy.prefill > prefill_heavy.decode,
+            "{prefill_heavy:?}"
+        );
+        assert!(
+            decode_heavy.decode > decode_heavy.prefill,
+            "{decode_heavy:?}"
+        );
     }
 
     #[test]
@@ -290,7 +296,9 @@ mod tests {
         let cold = required(&load(20.0, 8000.0, 10.0, 0.0), 0.0, &p, &TARGETS);
         let warm = required(&load(20.0, 8000.0, 10.0, 0.9), 0.0, &p, &TARGETS);
         assert!(warm.prefill < cold.prefill, "cold {cold:?} warm {warm:?}");
-        assert!((warm.prefill_tokens_per_second * 10.0 - cold.prefill_tokens_per_second).abs() < 1.0);
+        assert!(
+            (warm.prefill_tokens_per_second * 10.0 - cold.prefill_tokens_per_second).abs() < 1.0
+        );
     }
 
     #[test]
@@ -322,7 +330,11 @@ mod tests {
             ..Backlog::default()
         };
         let catching_up = super::required(&l, &behind, &p, &TARGETS, 0.0);
-        assert!((catching_up.prefill_tokens_per_second - steady.prefill_tokens_per_second - 60_000.0).abs() < 1e-6);
+        assert!(
+            (catching_up.prefill_tokens_per_second - steady.prefill_tokens_per_second - 60_000.0)
+                .abs()
+                < 1e-6
+        );
         assert!(catching_up.prefill > steady.prefill);
     }
 
@@ -335,7 +347,10 @@ mod tests {
         assert!(aggregated.aggregated && !split.aggregated);
         assert_eq!(aggregated.prefill, 0);
         assert!(split.prefill >= 1);
-        assert!(aggregated.decode > split.decode, "{aggregated:?} vs {split:?}");
+        assert!(
+            aggregated.decode > split.decode,
+            "{aggregated:?} vs {split:?}"
+        );
     }
 
     #[test]
@@ -350,7 +365,10 @@ mod tests {
         let n = f64::from(r.decode);
         assert!(r.decode > 1, "{r:?}");
         assert!(itl(n) <= TARGETS.itl_seconds, "{r:?}");
-        assert!(itl(n - 1.0) > TARGETS.itl_seconds || itl(n - 1.0) < 0.0, "{r:?}");
+        assert!(
+            itl(n - 1.0) > TARGETS.itl_seconds || itl(n - 1.0) < 0.0,
+            "{r:?}"
+        );
     }
 
     #[test]

@@ -185,12 +185,27 @@ mod tests {
     async fn a_target_must_hold_for_the_hysteresis_intervals() {
         let mut s = stabilizer(0, 3);
         let now = Instant::now;
-        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()), Verdict::Hold { .. }));
-        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()), Verdict::Hold { .. }));
+        assert!(matches!(
+            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()),
+            Verdict::Hold { .. }
+        ));
+        assert!(matches!(
+            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()),
+            Verdict::Hold { .. }
+        ));
         // A different wish restarts the count.
-        assert!(matches!(s.judge(sizes(2, 2), sizes(1, 3), &LIMITS, false, now()), Verdict::Hold { .. }));
-        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()), Verdict::Hold { .. }));
-        assert!(matches!(s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()), Verdict::Hold { .. }));
+        assert!(matches!(
+            s.judge(sizes(2, 2), sizes(1, 3), &LIMITS, false, now()),
+            Verdict::Hold { .. }
+        ));
+        assert!(matches!(
+            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()),
+            Verdict::Hold { .. }
+        ));
+        assert!(matches!(
+            s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()),
+            Verdict::Hold { .. }
+        ));
         assert_eq!(
             s.judge(sizes(2, 2), sizes(3, 1), &LIMITS, false, now()),
             Verdict::Scale {
@@ -210,7 +225,9 @@ mod tests {
         tokio::time::advance(Duration::from_secs(30)).await;
         let held = s.judge(sizes(3, 1), sizes(2, 2), &LIMITS, false, Instant::now());
         match held {
-            Verdict::Hold { why } => assert!(why.starts_with("cooldown: 30.0 s of 60.0 s"), "{why}"),
+            Verdict::Hold { why } => {
+                assert!(why.starts_with("cooldown: 30.0 s of 60.0 s"), "{why}")
+            }
             other => panic!("expected a hold, got {other:?}"),
         }
         tokio::time::advance(Duration::from_secs(31)).await;

@@ -27,12 +27,7 @@ struct Worker {
     task: tokio::task::JoinHandle<Result<(), switchyard_worker::AgentError>>,
 }
 
-async fn spawn_worker(
-    id: &str,
-    role: Role,
-    speedup: f64,
-    registry: Arc<dyn Registry>,
-) -> Worker {
+async fn spawn_worker(id: &str, role: Role, speedup: f64, registry: Arc<dyn Registry>) -> Worker {
     let mut config = WorkerConfig {
         id: Some(id.into()),
         role,
@@ -55,7 +50,9 @@ async fn spawn_worker(
         },
     ));
     let addr = ready_rx.await.expect("worker ready");
-    let client = WorkerClient::connect(format!("http://{addr}")).await.unwrap();
+    let client = WorkerClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
     Worker {
         client,
         shutdown,
@@ -104,8 +101,11 @@ fn board() -> switchyard_planner::observe::WorkerBoard {
 async fn a_moved_decode_worker_finishes_its_sequence_and_takes_the_new_role() {
     let etcd = EtcdServer::start().expect("etcd");
     let cluster = format!("local-connector-{}", std::process::id());
-    let registry: Arc<dyn Registry> =
-        Arc::new(EtcdRegistry::connect(&[etcd.endpoint()], &cluster).await.unwrap());
+    let registry: Arc<dyn Registry> = Arc::new(
+        EtcdRegistry::connect(&[etcd.endpoint()], &cluster)
+            .await
+            .unwrap(),
+    );
     let mut decode = spawn_worker("d-0", Role::Decode, 2.0, Arc::clone(&registry)).await;
     let prefill = spawn_worker("p-0", Role::Prefill, 2.0, Arc::clone(&registry)).await;
     let connector = LocalConnector::new(Arc::clone(&registry), board(), Duration::from_secs(60));
@@ -150,10 +150,18 @@ async fn a_moved_decode_worker_finishes_its_sequence_and_takes_the_new_role() {
         }
     );
     for id in ["d-0", "p-0"] {
-        let desired = registry.desired_role(&WorkerId::new(id).unwrap()).await.unwrap();
+        let desired = registry
+            .desired_role(&WorkerId::new(id).unwrap())
+            .await
+            .unwrap();
         assert_eq!(desired, Some(Role::Prefill), "{id}");
     }
-    let info = decode.client.info(v1::InfoRequest {}).await.unwrap().into_inner();
+    let info = decode
+        .client
+        .info(v1::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(info.role, v1::Role::Prefill as i32);
     assert!(!info.draining, "resumed after the move");
     let refused = decode
@@ -190,8 +198,11 @@ async fn a_moved_decode_worker_finishes_its_sequence_and_takes_the_new_role() {
 async fn a_worker_that_does_not_drain_in_time_stays_where_it_was() {
     let etcd = EtcdServer::start().expect("etcd");
     let cluster = format!("local-connector-timeout-{}", std::process::id());
-    let registry: Arc<dyn Registry> =
-        Arc::new(EtcdRegistry::connect(&[etcd.endpoint()], &cluster).await.unwrap());
+    let registry: Arc<dyn Registry> = Arc::new(
+        EtcdRegistry::connect(&[etcd.endpoint()], &cluster)
+            .await
+            .unwrap(),
+    );
     // Slowed down tenfold: 2,000 tokens take minutes, far past the one-second drain timeout.
     let mut decode = spawn_worker("d-0", Role::Decode, 0.1, Arc::clone(&registry)).await;
     let prefill = spawn_worker("p-0", Role::Prefill, 0.1, Arc::clone(&registry)).await;
@@ -206,11 +217,19 @@ async fn a_worker_that_does_not_drain_in_time_stays_where_it_was() {
         .unwrap_err();
     assert!(err.retryable(), "{err}");
     assert!(err.to_string().contains("still running"), "{err}");
-    let info = decode.client.info(v1::InfoRequest {}).await.unwrap().into_inner();
+    let info = decode
+        .client
+        .info(v1::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(info.role, v1::Role::Decode as i32, "not moved");
     assert!(!info.draining, "given back to its pool");
     assert_eq!(
-        registry.desired_role(&WorkerId::new("d-0").unwrap()).await.unwrap(),
+        registry
+            .desired_role(&WorkerId::new("d-0").unwrap())
+            .await
+            .unwrap(),
         Some(Role::Decode)
     );
     generation.abort();

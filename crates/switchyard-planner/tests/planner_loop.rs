@@ -79,7 +79,11 @@ fn planner(connector: Arc<RecordingConnector>, registry: Arc<dyn Registry>) -> P
     Planner::new(
         state,
         Arc::new(PlannerMetrics::new()),
-        Observer::new(Vec::new(), Arc::clone(&registry), Arc::new(Mutex::new(BTreeMap::new()))),
+        Observer::new(
+            Vec::new(),
+            Arc::clone(&registry),
+            Arc::new(Mutex::new(BTreeMap::new())),
+        ),
         Predictor::new(
             PredictorKind::Constant,
             &PredictorSettings {
@@ -130,28 +134,59 @@ async fn decisions_follow_the_load_within_hysteresis_and_cooldown_and_are_record
     // Without traffic figures there is nothing to plan with.
     let first = p.plan(Observation::default()).await;
     assert_eq!(first.action, "skip");
-    assert_eq!(first.current, Some(PoolSizes { prefill: 2, decode: 2 }));
+    assert_eq!(
+        first.current,
+        Some(PoolSizes {
+            prefill: 2,
+            decode: 2
+        })
+    );
 
     // Prefill-heavy: the prefill pool is short (2 of the 3 it needs), so the move skips the
     // hysteresis.
     let d = p.plan(prefill_heavy()).await;
-    assert_eq!(d.wanted, Some(PoolSizes { prefill: 3, decode: 1 }));
+    assert_eq!(
+        d.wanted,
+        Some(PoolSizes {
+            prefill: 3,
+            decode: 1
+        })
+    );
     assert_eq!(d.action, "scale", "{}", d.reason);
     assert!(d.reason.contains("short"), "{}", d.reason);
-    assert_eq!(connector.calls.lock().unwrap().clone(), vec![PoolSizes { prefill: 3, decode: 1 }]);
+    assert_eq!(
+        connector.calls.lock().unwrap().clone(),
+        vec![PoolSizes {
+            prefill: 3,
+            decode: 1
+        }]
+    );
     let plan = registry.plan().await.unwrap().unwrap();
-    assert_eq!(plan["target"], serde_json::json!({"prefill": 3, "decode": 1}));
+    assert_eq!(
+        plan["target"],
+        serde_json::json!({"prefill": 3, "decode": 1})
+    );
     assert_eq!(plan["action"], "scale");
 
     // Decode-heavy right after: the decode pool is short, but the cooldown holds.
     tokio::time::advance(Duration::from_secs(10)).await;
     let d = p.plan(decode_heavy()).await;
     assert_eq!(d.action, "hold");
-    assert!(d.reason.starts_with("cooldown: 10.0 s of 60.0 s"), "{}", d.reason);
+    assert!(
+        d.reason.starts_with("cooldown: 10.0 s of 60.0 s"),
+        "{}",
+        d.reason
+    );
     tokio::time::advance(Duration::from_secs(51)).await;
     let d = p.plan(decode_heavy()).await;
     assert_eq!(d.action, "scale", "{}", d.reason);
-    assert_eq!(d.target, Some(PoolSizes { prefill: 1, decode: 3 }));
+    assert_eq!(
+        d.target,
+        Some(PoolSizes {
+            prefill: 1,
+            decode: 3
+        })
+    );
 
     // A failed move is reported and retried at the next interval (no cooldown started).
     *connector.fail.lock().unwrap() = true;
@@ -169,8 +204,14 @@ async fn decisions_follow_the_load_within_hysteresis_and_cooldown_and_are_record
     assert!(log[0].interval > log[1].interval && log[1].interval > log[2].interval);
     assert_eq!(log[1].action, "failed");
     let text = p.metrics.encode();
-    assert!(text.contains("switchyard_planner_pool_workers{pool=\"prefill\",kind=\"current\"} 1"), "{text}");
-    assert!(text.contains("switchyard_planner_decisions_total{action=\"failed\"} 1"), "{text}");
+    assert!(
+        text.contains("switchyard_planner_pool_workers{pool=\"prefill\",kind=\"current\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("switchyard_planner_decisions_total{action=\"failed\"} 1"),
+        "{text}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -188,7 +229,13 @@ async fn a_small_shift_waits_for_the_hysteresis() {
     // Idle: one worker per pool is enough, so no pool is short; the spare workers would be
     // spread evenly (2/2), which is an improvement, not a shortage, and waits two intervals.
     let d = p.plan(interval(0.1, 100.0, 10.0)).await;
-    assert_eq!(d.wanted, Some(PoolSizes { prefill: 2, decode: 2 }));
+    assert_eq!(
+        d.wanted,
+        Some(PoolSizes {
+            prefill: 2,
+            decode: 2
+        })
+    );
     assert_eq!(d.action, "hold");
     assert!(d.reason.contains("1 of 2 intervals"), "{}", d.reason);
     let d = p.plan(interval(0.1, 100.0, 10.0)).await;

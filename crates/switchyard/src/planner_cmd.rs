@@ -254,7 +254,9 @@ fn bench(args: BenchArgs) -> ExitCode {
         ..ShiftSettings::default()
     };
     if !(args.phase_secs.is_finite() && args.phase_secs > 0.0) || args.workers < 2 {
-        eprintln!("switchyard planner bench: --phase-secs must be positive and --workers at least 2");
+        eprintln!(
+            "switchyard planner bench: --phase-secs must be positive and --workers at least 2"
+        );
         return ExitCode::from(EXIT_CONFIG);
     }
     for phase in &mut settings.phases {
@@ -276,12 +278,19 @@ fn bench(args: BenchArgs) -> ExitCode {
             .filter(|w| (w[0].1, w[0].2) != (w[1].1, w[1].2))
             .map(|w| format!("t={:.0}s {}/{}", w[1].0, w[1].1, w[1].2))
             .collect();
-        println!("{}: pools (prefill/decode) changed at {}", o.label, steps.join(", "));
+        println!(
+            "{}: pools (prefill/decode) changed at {}",
+            o.label,
+            steps.join(", ")
+        );
     }
     if let Some(path) = args.json {
         let json = serde_json::json!({"targets": settings.targets, "phases": settings.phases, "outcomes": outcomes});
         if let Err(err) = std::fs::write(&path, json.to_string()) {
-            eprintln!("switchyard planner bench: cannot write {}: {err}", path.display());
+            eprintln!(
+                "switchyard planner bench: cannot write {}: {err}",
+                path.display()
+            );
             return ExitCode::FAILURE;
         }
     }

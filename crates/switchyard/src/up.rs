@@ -88,7 +88,9 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
             .resolve_onto(PlannerConfig::default())
             .map_err(|e| e.to_string())?;
         if config.connector != switchyard_planner::ConnectorKind::Local {
-            return Err("switchyard up --planner moves its own workers: use --connector local".into());
+            return Err(
+                "switchyard up --planner moves its own workers: use --connector local".into(),
+            );
         }
         config.sim_speedup = args.speedup;
         config.admin_token = gateway.admin_token.clone();

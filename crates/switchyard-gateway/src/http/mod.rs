@@ -48,7 +48,10 @@ pub struct Extensions {
 impl std::fmt::Debug for Extensions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Extensions")
-            .field("admin", &self.admin.iter().map(|(p, _)| p).collect::<Vec<_>>())
+            .field(
+                "admin",
+                &self.admin.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+            )
             .field("metrics", &self.metrics.len())
             .finish()
     }

@@ -275,12 +275,36 @@ mod tests {
             "b" => 1,
             _ => 5,
         };
-        let moves = plan_moves(&workers, PoolSizes { prefill: 3, decode: 1 }, busy);
+        let moves = plan_moves(
+            &workers,
+            PoolSizes {
+                prefill: 3,
+                decode: 1,
+            },
+            busy,
+        );
         let ids: Vec<_> = moves.iter().map(|(w, r)| (w.id.as_str(), *r)).collect();
         assert_eq!(ids, vec![("b", Role::Prefill), ("c", Role::Prefill)]);
-        let back = plan_moves(&workers, PoolSizes { prefill: 0, decode: 4 }, busy);
+        let back = plan_moves(
+            &workers,
+            PoolSizes {
+                prefill: 0,
+                decode: 4,
+            },
+            busy,
+        );
         assert_eq!(back.len(), 1);
         assert_eq!(back[0].1, Role::Decode);
-        assert!(plan_moves(&workers, PoolSizes { prefill: 1, decode: 3 }, busy).is_empty());
+        assert!(
+            plan_moves(
+                &workers,
+                PoolSizes {
+                    prefill: 1,
+                    decode: 3
+                },
+                busy
+            )
+            .is_empty()
+        );
     }
 }

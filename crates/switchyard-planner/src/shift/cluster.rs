@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use switchyard_core::{Role, TokenId};
+use switchyard_core::{BlockHash, Role, TokenId};
 use switchyard_engine_sim::{SimConfig, SimError, SimRequest, Simulator, TokenOutput};
 
 /// One simulated worker.
@@ -49,14 +49,24 @@ pub(super) struct Finished {
     pub cached_tokens: u32,
 }
 
+/// A prompt's blocks on their way to a decode worker.
+#[derive(Debug)]
+struct Transfer {
+    /// Virtual time the blocks land.
+    at: f64,
+    request: u64,
+    decode_worker: usize,
+    blocks: Vec<(BlockHash, Vec<TokenId>)>,
+}
+
 #[derive(Debug)]
 pub(super) struct Cluster {
     pub workers: Vec<Worker>,
     flights: BTreeMap<u64, Flight>,
     /// Prefill ids → the request and the worker holding its blocks.
     prefills: BTreeMap<u64, (u64, usize)>,
-    /// KV transfers under way: (arrival time at the decode worker, request, decode worker, blocks).
-    transfers: Vec<(f64, u64, usize, Vec<(switchyard_core::BlockHash, Vec<TokenId>)>)>,
+    /// KV transfers under way.
+    transfers: Vec<Transfer>,
     pub finished: Vec<Finished>,
     pub failed: usize,
     next_prefill_id: u64,
@@ -115,8 +125,10 @@ impl Cluster {
 
     /// The decode worker with the fewest running sequences.
     fn pick_decode(&self) -> Option<usize> {
-        self.accepting(Role::Decode)
-            .min_by_key(|&i| self.workers[i].sim.load().running_requests + self.workers[i].sim.load().waiting_requests)
+        self.accepting(Role::Decode).min_by_key(|&i| {
+            self.workers[i].sim.load().running_requests
+                + self.workers[i].sim.load().waiting_requests
+        })
     }
 
     /// The prefill worker with the least queued prefill.
@@ -163,8 +175,11 @@ impl Cluster {
 
     /// The next time something happens inside the cluster (a step ends, a transfer lands).
     pub fn next_event(&self) -> Option<f64> {
-        let steps = self.workers.iter().filter_map(|w| w.step.as_ref().map(|s| s.0));
-        let transfers = self.transfers.iter().map(|t| t.0);
+        let steps = self
+            .workers
+            .iter()
+            .filter_map(|w| w.step.as_ref().map(|s| s.0));
+        let transfers = self.transfers.iter().map(|t| t.at);
         steps.chain(transfers).min_by(f64::total_cmp)
     }
 
@@ -194,11 +209,12 @@ impl Cluster {
                 self.token(i, now, &out);
             }
         }
-        let (ready, later): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.transfers).into_iter().partition(|t| t.0 <= now);
+        let (ready, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.transfers)
+            .into_iter()
+            .partition(|t| t.at <= now);
         self.transfers = later;
-        for (_, id, d, blocks) in ready {
-            self.land(id, d, &blocks);
+        for t in ready {
+            self.land(t.request, t.decode_worker, &t.blocks);
         }
         self.settle_moves();
     }
@@ -228,7 +244,12 @@ impl Cluster {
                         + tokens * self.transfer_per_token
                         + blocks.len() as f64 * self.transfer_per_block;
                     self.workers[d].assigned += 1;
-                    self.transfers.push((at, id, d, blocks));
+                    self.transfers.push(Transfer {
+                        at,
+                        request: id,
+                        decode_worker: d,
+                        blocks,
+                    });
                 }
                 None => {
                     self.flights.remove(&id);
@@ -252,7 +273,7 @@ impl Cluster {
         }
     }
 
-    fn land(&mut self, id: u64, d: usize, blocks: &[(switchyard_core::BlockHash, Vec<TokenId>)]) {
+    fn land(&mut self, id: u64, d: usize, blocks: &[(BlockHash, Vec<TokenId>)]) {
         let Some(flight) = self.flights.get(&id) else {
             return;
         };

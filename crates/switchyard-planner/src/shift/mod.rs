@@ -168,7 +168,13 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
         Sizing::Planner(_) => n / 2,
     };
     let roles: Vec<Role> = (0..n)
-        .map(|i| if i < start_prefill { Role::Prefill } else { Role::Decode })
+        .map(|i| {
+            if i < start_prefill {
+                Role::Prefill
+            } else {
+                Role::Decode
+            }
+        })
         .collect();
     let mut cluster = Cluster::new(
         &settings.sim,
@@ -271,7 +277,10 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
                         }
                         Verdict::Hold { why } => format!("hold: {why}"),
                     };
-                    decisions.push((now, format!("{why}; needs {}/{} ({})", req.prefill, req.decode, req.why)));
+                    decisions.push((
+                        now,
+                        format!("{why}; needs {}/{} ({})", req.prefill, req.decode, req.why),
+                    ));
                 } else if moving {
                     decisions.push((now, "a move is under way".into()));
                 }
@@ -316,7 +325,11 @@ fn observed(recent: &[Finished], seconds: f64) -> Load {
     Load {
         request_rate: count / seconds,
         input_tokens: prompt / count,
-        output_tokens: recent.iter().map(|f| f64::from(f.output_tokens)).sum::<f64>() / count,
+        output_tokens: recent
+            .iter()
+            .map(|f| f64::from(f.output_tokens))
+            .sum::<f64>()
+            / count,
         cache_hit_rate: if prompt > 0.0 { cached / prompt } else { 0.0 },
     }
 }
@@ -324,9 +337,17 @@ fn observed(recent: &[Finished], seconds: f64) -> Load {
 /// Starts the moves from `current` to `target`, least busy workers first; returns how many.
 fn start_moves(cluster: &mut Cluster, current: crate::PoolSizes, target: crate::PoolSizes) -> u32 {
     let (from, to, count) = if target.prefill > current.prefill {
-        (Role::Decode, Role::Prefill, target.prefill - current.prefill)
+        (
+            Role::Decode,
+            Role::Prefill,
+            target.prefill - current.prefill,
+        )
     } else {
-        (Role::Prefill, Role::Decode, current.prefill - target.prefill)
+        (
+            Role::Prefill,
+            Role::Decode,
+            current.prefill - target.prefill,
+        )
     };
     let mut candidates: Vec<(u64, usize)> = cluster
         .workers
@@ -336,7 +357,11 @@ fn start_moves(cluster: &mut Cluster, current: crate::PoolSizes, target: crate::
         .map(|(i, w)| (w.assigned as u64, i))
         .collect();
     candidates.sort_unstable();
-    let chosen: Vec<usize> = candidates.into_iter().take(count as usize).map(|c| c.1).collect();
+    let chosen: Vec<usize> = candidates
+        .into_iter()
+        .take(count as usize)
+        .map(|c| c.1)
+        .collect();
     for &i in &chosen {
         cluster.move_worker(i, to);
     }
@@ -446,8 +471,16 @@ mod tests {
                 .map(|(_, p, d)| (*p, *d))
                 .collect::<Vec<_>>()
         };
-        assert!(during(20.0, 60.0).iter().any(|(p, d)| d > p), "{:?}", planned.timeline);
-        assert!(during(80.0, 120.0).iter().any(|(p, d)| p > d), "{:?}", planned.timeline);
+        assert!(
+            during(20.0, 60.0).iter().any(|(p, d)| d > p),
+            "{:?}",
+            planned.timeline
+        );
+        assert!(
+            during(80.0, 120.0).iter().any(|(p, d)| p > d),
+            "{:?}",
+            planned.timeline
+        );
         let fixed = run(&settings, Sizing::Fixed { prefill: 2 }).unwrap();
         assert_eq!(fixed.overall.requests, planned.overall.requests);
         assert_eq!(fixed.moves, 0);
