@@ -295,3 +295,116 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
     assert!(metrics >= 2.0, "scale decisions counted: {metrics}");
     drop(workers);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_with_the_planner_serves_its_admin_api_and_metrics_through_the_gateway() {
+    let up = SwitchyardProcess::spawn(
+        "up",
+        &[
+            "--planner",
+            "--workers",
+            "2",
+            "--speedup",
+            "10",
+            "--interval",
+            "0.5",
+            "--http",
+            "127.0.0.1:0",
+            "--admin-token",
+            TOKEN,
+        ],
+    )
+    .await;
+    let api = Api::new(&up);
+    let (status, _) = api.get("/admin/planner").await;
+    assert_eq!(status, 401, "behind the gateway's admin token");
+    let (_, workers) = api
+        .send(
+            api.http
+                .get(format!("{}/admin/workers", api.base))
+                .bearer_auth(TOKEN),
+        )
+        .await;
+    let mut roles: Vec<&str> = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["role"].as_str().unwrap())
+        .collect();
+    roles.sort_unstable();
+    assert_eq!(roles, ["decode", "prefill"], "the workers start split");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            let body = overview(&api).await;
+            body["decisions"].as_array().is_some_and(|d| d.len() >= 2)
+        })
+        .await,
+        "the embedded planner decides every interval"
+    );
+    let body = overview(&api).await;
+    assert_eq!(body["settings"]["connector"], "local");
+    assert_eq!(body["plan"]["current"], json!({"prefill": 1, "decode": 1}));
+    let (status, decisions) = api
+        .send(
+            api.http
+                .get(format!("{}/admin/planner/decisions?limit=1", api.base))
+                .bearer_auth(TOKEN),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(decisions.as_array().unwrap().len(), 1);
+    let text = api
+        .http
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("switchyard_planner_decisions_total"),
+        "{text}"
+    );
+    assert!(text.contains("switchyard_requests_in_flight"), "{text}");
+    assert_eq!(
+        text.matches("# EOF").count(),
+        1,
+        "one exposition, one end marker"
+    );
+    assert!(text.trim_end().ends_with("# EOF"));
+}
+
+#[tokio::test]
+async fn the_planner_refuses_bad_configuration_with_exit_code_64() {
+    let run = |args: &'static [&'static str]| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .arg("planner")
+            .args(args)
+            .output()
+            .await
+            .unwrap()
+    };
+    let kubernetes = run(&[
+        "--etcd",
+        "http://127.0.0.1:1",
+        "--connector",
+        "kubernetes",
+        "--kube-namespace",
+        "ns",
+        "--prefill-deployment",
+        "prefill",
+        "--decode-deployment",
+        "decode",
+    ])
+    .await;
+    assert_eq!(kubernetes.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&kubernetes.stderr);
+    assert!(stderr.contains("not available in this build"), "{stderr}");
+    let no_etcd = run(&["--gateway", "http://127.0.0.1:8000"]).await;
+    assert_eq!(no_etcd.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&no_etcd.stderr).contains("--etcd"));
+    let bad_limits = run(&["--etcd", "http://127.0.0.1:1", "--max-workers", "1"]).await;
+    assert_eq!(bad_limits.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&bad_limits.stderr).contains("exceed max_workers"));
+}
