@@ -188,6 +188,7 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
         rx.await
             .map_err(|_| anyhow::anyhow!("a worker failed to start; see the log above"))?;
     }
+    let planning = planner.is_some();
     let mut extensions = Extensions::default();
     let mut planner = match &planner {
         Some(config) => {
@@ -219,7 +220,7 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
                 planner.set_gateways(vec![format!("http://{addr}")]);
                 tasks.spawn(planner.run(planner_stop));
             }
-            print_banner(addr, worker_count, &model)
+            print_banner(addr, worker_count, &model, planning)
         }
         Err(_) => {
             worker_stop.cancel();
@@ -241,7 +242,7 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
     }
 }
 
-fn print_banner(addr: SocketAddr, workers: usize, model: &str) {
+fn print_banner(addr: SocketAddr, workers: usize, model: &str, planner: bool) {
     let url = format!("http://{addr}/v1");
     let ready = serde_json::json!({
         "event": "ready",
@@ -263,4 +264,7 @@ fn print_banner(addr: SocketAddr, workers: usize, model: &str) {
     println!(
         "  admin: http://{addr}/admin/workers   metrics: http://{addr}/metrics   stop: Ctrl-C"
     );
+    if planner {
+        println!("  planner: http://{addr}/admin/planner (plan and decisions)");
+    }
 }
