@@ -388,6 +388,8 @@ async fn the_planner_refuses_bad_configuration_with_exit_code_64() {
     let kubernetes = run(&[
         "--etcd",
         "http://127.0.0.1:1",
+        "--gateway",
+        "http://127.0.0.1:8000",
         "--connector",
         "kubernetes",
         "--kube-namespace",
@@ -404,7 +406,15 @@ async fn the_planner_refuses_bad_configuration_with_exit_code_64() {
     let no_etcd = run(&["--gateway", "http://127.0.0.1:8000"]).await;
     assert_eq!(no_etcd.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&no_etcd.stderr).contains("--etcd"));
-    let bad_limits = run(&["--etcd", "http://127.0.0.1:1", "--max-workers", "1"]).await;
+    let bad_limits = run(&[
+        "--etcd",
+        "http://127.0.0.1:1",
+        "--gateway",
+        "http://127.0.0.1:8000",
+        "--max-workers",
+        "1",
+    ])
+    .await;
     assert_eq!(bad_limits.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&bad_limits.stderr).contains("exceed max_workers"));
 }

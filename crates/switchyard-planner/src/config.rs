@@ -141,6 +141,11 @@ impl PlannerConfig {
         if needs_etcd && self.etcd_endpoints.is_empty() {
             return invalid("the planner needs --etcd to find the workers".into());
         }
+        if needs_etcd && self.gateways.is_empty() {
+            return invalid(
+                "the planner needs at least one --gateway to read the traffic from".into(),
+            );
+        }
         if !positive(self.interval_secs) {
             return invalid("interval must be a positive number of seconds".into());
         }
@@ -330,7 +335,7 @@ mod tests {
         let path = dir.path().join("planner.toml");
         std::fs::write(
             &path,
-            "etcd_endpoints = [\"http://e:2379\"]\nttft_target_ms = 200.0\nmin_prefill = 2\n[kubernetes]\nnamespace = \"ns\"\n",
+            "etcd_endpoints = [\"http://e:2379\"]\ngateways = [\"http://gw:8000\"]\nttft_target_ms = 200.0\nmin_prefill = 2\n[kubernetes]\nnamespace = \"ns\"\n",
         )
         .unwrap();
         let args = PlannerArgs {
@@ -352,6 +357,7 @@ mod tests {
             c.validate(true).unwrap_err().to_string()
         };
         assert!(bad(&|c| c.etcd_endpoints.clear()).contains("--etcd"));
+        assert!(bad(&|c| c.gateways.clear()).contains("--gateway"));
         assert!(bad(&|c| c.interval_secs = 0.0).contains("interval"));
         assert!(bad(&|c| c.max_workers = 2).contains("exceed max_workers"));
         assert!(bad(&|c| c.gateways = vec!["localhost:8000".into()]).contains("http://"));

@@ -154,7 +154,9 @@ impl Planner {
     }
 
     /// Plans every interval until `shutdown`. The first observation only sets the baseline of
-    /// the gateways' counters; planning starts with the second.
+    /// the gateways' counters; planning starts with the second. A round under way when the
+    /// shutdown comes is finished first (a move is bounded by the drain timeout), so no worker
+    /// is left drained half-way through a move.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut ticker = tokio::time::interval(self.interval);
         // A slow move (a long drain) must not be followed by a burst of catch-up intervals.
@@ -164,10 +166,7 @@ impl Planner {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = self.step() => {}
-            }
+            self.step().await;
         }
     }
 
