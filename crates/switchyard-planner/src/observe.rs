@@ -29,6 +29,11 @@ pub struct Observation {
     pub requests: f64,
     /// Requests waiting for admission plus being served, summed over the gateways.
     pub queue_depth: f64,
+    /// Prompt and output length distribution of the interval's requests (tokens).
+    pub input_tokens_p50: Option<f64>,
+    pub input_tokens_p99: Option<f64>,
+    pub output_tokens_p50: Option<f64>,
+    pub output_tokens_p99: Option<f64>,
     pub ttft_p50_seconds: Option<f64>,
     pub ttft_p99_seconds: Option<f64>,
     pub itl_p50_seconds: Option<f64>,
@@ -109,7 +114,7 @@ impl Observer {
         let scrapes = self.scrape_gateways().await;
         let mut obs = Observation {
             gateways_answered: scrapes.len(),
-            gateways_failed: self.gateways.len() - scrapes.len(),
+            gateways_failed: self.gateways.len().saturating_sub(scrapes.len()),
             ..Observation::default()
         };
         let mut gauges = Scrape::default();
@@ -277,6 +282,12 @@ fn fill_traffic(obs: &mut Observation, delta: &Scrape) {
                 (delta.value("switchyard_cached_prompt_tokens_total") / prompt).clamp(0.0, 1.0);
         }
     }
+    let input = "switchyard_request_prompt_tokens";
+    let output = "switchyard_request_completion_tokens";
+    obs.input_tokens_p50 = delta.quantile(input, 0.5);
+    obs.input_tokens_p99 = delta.quantile(input, 0.99);
+    obs.output_tokens_p50 = delta.quantile(output, 0.5);
+    obs.output_tokens_p99 = delta.quantile(output, 0.99);
     let ttft = "switchyard_time_to_first_token_seconds";
     let itl = "switchyard_inter_token_latency_seconds";
     obs.ttft_p50_seconds = delta.quantile(ttft, 0.5);
