@@ -14,6 +14,8 @@
 //!
 //! Decisions and their reasons go to the registry (`plan`, `roles/<id>`), the admin API
 //! ([`admin`]) and Prometheus ([`metrics`]). [`config`] is the one configuration struct.
+//! [`shift`] is the benchmark: the same predictor, sizing and stabiliser against a cluster of
+//! simulators in virtual time, compared with fixed splits.
 
 pub mod admin;
 pub mod config;
