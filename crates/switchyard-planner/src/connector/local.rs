@@ -193,6 +193,8 @@ impl Connector for LocalConnector {
     async fn scale_to(&self, target: PoolSizes) -> Result<(), ConnectorError> {
         let workers = self.pool_workers().await?;
         if target.total() != workers.len() as u32 {
+            // The planner sizes for `capacity()`; a mismatch means workers came or went since,
+            // and the next interval plans for the new set.
             return Err(ConnectorError::Failed {
                 what: format!(
                     "the local connector moves the {} running pool workers between pools; it cannot make {} prefill + {} decode",
@@ -200,7 +202,7 @@ impl Connector for LocalConnector {
                     target.prefill,
                     target.decode
                 ),
-                retryable: false,
+                retryable: true,
             });
         }
         let moves = plan_moves(&workers, target, |id| self.busyness(id));
