@@ -188,7 +188,10 @@ async fn a_moved_decode_worker_finishes_its_sequence_and_takes_the_new_role() {
         .await
         .unwrap_err();
     assert!(err.retryable(), "{err}");
-    assert!(err.to_string().contains("cannot make 3 prefill + 0 decode"), "{err}");
+    assert!(
+        err.to_string().contains("cannot make 3 prefill + 0 decode"),
+        "{err}"
+    );
 
     for worker in [decode, prefill] {
         worker.shutdown.cancel();
