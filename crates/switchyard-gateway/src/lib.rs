@@ -37,6 +37,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{ConfigError, GatewayArgs, GatewayConfig};
+pub use http::Extensions;
 
 use crate::admission::Admission;
 use crate::http::AppState;
@@ -68,6 +69,18 @@ pub async fn run(
     config: GatewayConfig,
     registry: Arc<dyn Registry>,
     shutdown: CancellationToken,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), GatewayError> {
+    run_with(config, registry, shutdown, Extensions::default(), on_ready).await
+}
+
+/// [`run`] with parts of other roles served by the gateway's listener (the planner embedded in
+/// `switchyard up --planner`).
+pub async fn run_with(
+    config: GatewayConfig,
+    registry: Arc<dyn Registry>,
+    shutdown: CancellationToken,
+    extensions: Extensions,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), GatewayError> {
     let tokenizer_spec = config.tokenizer.clone();
@@ -118,6 +131,7 @@ pub async fn run(
         pool: Arc::clone(&pool),
         tokenizers,
         metrics,
+        extensions,
     });
     let app = http::router(state);
     tracing::info!(address = %local_addr, "gateway listening");

@@ -52,6 +52,11 @@ pub struct Metrics {
     pub prompt_blocks_cached: Counter,
     pub prompt_tokens: Counter,
     pub completion_tokens: Counter,
+    /// Per finished request: its prompt and generated lengths (the planner's load figures).
+    pub request_prompt_tokens: Histogram,
+    pub request_completion_tokens: Histogram,
+    /// Prompt tokens the serving worker had cached (usage `cached_tokens`).
+    pub cached_prompt_tokens: Counter,
     pub decisions: Family<PolicyLabels, Counter>,
     pub kv_events_applied: Counter,
     pub kv_events_invalid: Counter,
@@ -73,6 +78,11 @@ pub struct Metrics {
     pub worker_running_requests: Family<WorkerLabels, Gauge>,
     pub worker_active_blocks: Family<WorkerLabels, Gauge>,
     pub worker_indexed_blocks: Family<WorkerLabels, Gauge>,
+}
+
+fn length_histogram() -> Histogram {
+    // 1 to ~1M tokens.
+    Histogram::new(exponential_buckets(1.0, 2.0, 21))
 }
 
 fn latency_histogram() -> Histogram {
@@ -100,6 +110,9 @@ impl Metrics {
             prompt_blocks_cached: Counter::default(),
             prompt_tokens: Counter::default(),
             completion_tokens: Counter::default(),
+            request_prompt_tokens: length_histogram(),
+            request_completion_tokens: length_histogram(),
+            cached_prompt_tokens: Counter::default(),
             decisions: Family::default(),
             kv_events_applied: Counter::default(),
             kv_events_invalid: Counter::default(),
@@ -171,6 +184,21 @@ impl Metrics {
             "completion_tokens",
             "Tokens generated",
             m.completion_tokens.clone(),
+        );
+        registry.register(
+            "request_prompt_tokens",
+            "Prompt length of each finished request, tokens",
+            m.request_prompt_tokens.clone(),
+        );
+        registry.register(
+            "request_completion_tokens",
+            "Generated length of each finished request, tokens",
+            m.request_completion_tokens.clone(),
+        );
+        registry.register(
+            "cached_prompt_tokens",
+            "Prompt tokens served from the serving worker's prefix cache",
+            m.cached_prompt_tokens.clone(),
         );
         registry.register(
             "routing_decisions",
@@ -331,5 +359,8 @@ mod tests {
         assert!(text.contains("switchyard_time_to_first_token_seconds_bucket"));
         assert!(text.contains("switchyard_kv_events_applied_total"));
         assert!(text.contains("switchyard_admission_wait_seconds_bucket"));
+        assert!(text.contains("switchyard_request_prompt_tokens_bucket"));
+        assert!(text.contains("switchyard_request_completion_tokens_bucket"));
+        assert!(text.contains("switchyard_cached_prompt_tokens_total"));
     }
 }

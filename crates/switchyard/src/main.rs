@@ -6,6 +6,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod planner_cmd;
 mod replay_cmd;
 mod up;
 
@@ -37,6 +38,8 @@ enum Command {
     Gateway(GatewayCommand),
     /// Run a worker agent in front of an engine (the built-in simulator).
     Worker(WorkerArgs),
+    /// Size the prefill and decode pools to the load (or `planner profile`: measure a worker).
+    Planner(planner_cmd::PlannerCommand),
     /// Replay a trace offline (simulated cluster, several policies) or against an endpoint.
     Replay(replay_cmd::ReplayArgs),
     /// Measure the offline replayer's own speed on a trace.
@@ -59,8 +62,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Up(args) => {
-            let (gateway, workers) = match up::resolve(&args) {
-                Ok(configs) => configs,
+            let resolved = match up::resolve(&args) {
+                Ok(resolved) => resolved,
                 Err(err) => {
                     eprintln!("switchyard up: {err}");
                     return ExitCode::from(EXIT_CONFIG);
@@ -68,11 +71,11 @@ fn main() -> ExitCode {
             };
             // One process, both roles: its spans are exported as the gateway's and the workers'.
             let traces = trace_export(
-                &gateway.otlp_endpoint,
+                &resolved.gateway.otlp_endpoint,
                 &[switchyard_telemetry::GATEWAY, switchyard_telemetry::WORKER],
             );
             run_async(traces, async move {
-                up::run(gateway, workers, shutdown_on_signal()).await
+                up::run(resolved, shutdown_on_signal()).await
             })
         }
         Command::Gateway(args) => {
@@ -102,6 +105,10 @@ fn main() -> ExitCode {
             let traces = trace_export(&config.otlp_endpoint, &[switchyard_telemetry::WORKER]);
             run_async(traces, run_worker(config))
         }
+        Command::Planner(command) => match init_telemetry(None) {
+            Ok(_logs_only) => planner_cmd::run(command),
+            Err(code) => code,
+        },
         Command::Replay(args) => match init_telemetry(None) {
             Ok(_logs_only) => replay_cmd::run(args, false),
             Err(code) => code,
@@ -138,19 +145,26 @@ fn init_telemetry(
     })
 }
 
+/// The multi-threaded runtime every role runs on; `None` (reported) when it cannot start.
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(err) => {
+            eprintln!("switchyard: cannot start the async runtime: {err}");
+            None
+        }
+    }
+}
+
 fn run_async(
     traces: Option<switchyard_telemetry::TraceExport>,
     fut: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("switchyard: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
     };
     // The exporter's gRPC channel is spawned on this runtime.
     let telemetry = match runtime.block_on(async { init_telemetry(traces) }) {

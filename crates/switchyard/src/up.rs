@@ -3,13 +3,20 @@
 //! Starts a registry (in memory, or etcd with `--etcd`), N simulated workers registered in it,
 //! and the gateway that watches it. Ctrl-C or SIGTERM stops the gateway first, then drains the
 //! workers.
+//!
+//! With `--planner` the workers start split between a prefill and a decode pool, the gateway
+//! serves disaggregated (`auto` unless told otherwise), and a planner moves workers between
+//! the pools; its admin API is mounted at the gateway's `/admin/planner` and its metrics are
+//! appended to the gateway's `/metrics`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use switchyard_core::BlockSize;
-use switchyard_gateway::{GatewayArgs, GatewayConfig};
+use switchyard_core::{BlockSize, Role};
+use switchyard_gateway::disagg::Disaggregation;
+use switchyard_gateway::{Extensions, GatewayArgs, GatewayConfig};
+use switchyard_planner::{PlannerArgs, PlannerConfig};
 use switchyard_registry::{EtcdRegistry, MemoryRegistry, Registry};
 use switchyard_worker::WorkerConfig;
 use tokio::sync::oneshot;
@@ -43,12 +50,29 @@ pub struct UpArgs {
     /// Registry namespace.
     #[arg(long, default_value = "default", env = "SWITCHYARD_CLUSTER")]
     pub cluster: String,
+    /// Workers that start in the prefill pool (the rest decode); default: none, or half of
+    /// them with --planner.
+    #[arg(long, env = "SWITCHYARD_PREFILL_WORKERS")]
+    pub prefill_workers: Option<usize>,
+    /// Run the planner too: it moves the workers between the prefill and decode pools.
+    #[arg(long, env = "SWITCHYARD_PLANNER")]
+    pub planner: bool,
     #[command(flatten)]
     pub gateway: GatewayArgs,
+    #[command(flatten)]
+    pub planning: PlannerArgs,
 }
 
-/// Checks the flags and builds the gateway and worker configurations.
-pub fn resolve(args: &UpArgs) -> Result<(GatewayConfig, Vec<WorkerConfig>), String> {
+/// Everything `switchyard up` starts, checked.
+#[derive(Debug)]
+pub struct Resolved {
+    pub gateway: GatewayConfig,
+    pub workers: Vec<WorkerConfig>,
+    pub planner: Option<PlannerConfig>,
+}
+
+/// Checks the flags and builds the gateway, worker and planner configurations.
+pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
     if args.workers == 0 {
         return Err("--workers must be at least 1".into());
     }
@@ -57,12 +81,49 @@ pub fn resolve(args: &UpArgs) -> Result<(GatewayConfig, Vec<WorkerConfig>), Stri
         cluster: args.cluster.clone(),
         ..GatewayConfig::default()
     };
-    let gateway = args.gateway.resolve_onto(base).map_err(|e| e.to_string())?;
+    let mut gateway = args.gateway.resolve_onto(base).map_err(|e| e.to_string())?;
+    let planner = if args.planner {
+        let mut config = args
+            .planning
+            .resolve_onto(PlannerConfig::default())
+            .map_err(|e| e.to_string())?;
+        if config.connector != switchyard_planner::ConnectorKind::Local {
+            return Err(
+                "switchyard up --planner moves its own workers: use --connector local".into(),
+            );
+        }
+        config.sim_speedup = args.speedup;
+        config.admin_token = gateway.admin_token.clone();
+        config.validate(false).map_err(|e| e.to_string())?;
+        if args.gateway.disaggregation.is_none() {
+            gateway.disaggregation = Disaggregation::Auto;
+        }
+        config.disagg_min_uncached_tokens = gateway.disagg_min_uncached_tokens;
+        Some(config)
+    } else {
+        None
+    };
+    let prefill_workers = match (args.prefill_workers, args.planner) {
+        (Some(n), _) => n,
+        (None, true) => args.workers / 2,
+        (None, false) => 0,
+    };
+    if prefill_workers > args.workers {
+        return Err("--prefill-workers cannot exceed --workers".into());
+    }
     let block_size = BlockSize::new(args.block_size).map_err(|e| e.to_string())?;
     let mut workers = Vec::with_capacity(args.workers);
     for i in 0..args.workers {
+        let role = if i < prefill_workers {
+            Role::Prefill
+        } else if prefill_workers > 0 || args.planner {
+            Role::Decode
+        } else {
+            Role::Both
+        };
         let mut config = WorkerConfig {
             id: Some(format!("sim-{i}")),
+            role,
             model: args.model.clone(),
             cluster: args.cluster.clone(),
             etcd_endpoints: args.etcd.clone(),
@@ -77,14 +138,19 @@ pub fn resolve(args: &UpArgs) -> Result<(GatewayConfig, Vec<WorkerConfig>), Stri
         config.validate().map_err(|e| e.to_string())?;
         workers.push(config);
     }
-    Ok((gateway, workers))
+    Ok(Resolved {
+        gateway,
+        workers,
+        planner,
+    })
 }
 
-pub async fn run(
-    gateway: GatewayConfig,
-    workers: Vec<WorkerConfig>,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let Resolved {
+        gateway,
+        workers,
+        planner,
+    } = resolved;
     let registry: Arc<dyn Registry> = if gateway.etcd_endpoints.is_empty() {
         Arc::new(MemoryRegistry::new())
     } else {
@@ -99,6 +165,8 @@ pub async fn run(
     let model = workers.first().map(|w| w.model.clone()).unwrap_or_default();
     let worker_count = workers.len();
     let worker_stop = CancellationToken::new();
+    let planner_cancel = CancellationToken::new();
+    let planner_stop = planner_cancel.clone();
     let tasks = TaskTracker::new();
     let mut ready = Vec::new();
     for config in workers {
@@ -121,17 +189,40 @@ pub async fn run(
         rx.await
             .map_err(|_| anyhow::anyhow!("a worker failed to start; see the log above"))?;
     }
+    let planning = planner.is_some();
+    let mut extensions = Extensions::default();
+    let mut planner = match &planner {
+        Some(config) => {
+            let planner = switchyard_planner::build(config, Arc::clone(&registry))
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot start the planner: {e}"))?;
+            let admin = switchyard_planner::admin::router(Arc::clone(&planner.state));
+            extensions.admin.push(("planner", admin));
+            let metrics = Arc::clone(&planner.metrics);
+            extensions.metrics.push(Arc::new(move || metrics.encode()));
+            Some(planner)
+        }
+        None => None,
+    };
     let (addr_tx, addr_rx) = oneshot::channel::<SocketAddr>();
-    let gateway_task = tokio::spawn(switchyard_gateway::run(
+    let gateway_task = tokio::spawn(switchyard_gateway::run_with(
         gateway,
-        registry,
+        Arc::clone(&registry),
         shutdown.clone(),
+        extensions,
         move |addr| {
             let _ = addr_tx.send(addr);
         },
     ));
     match addr_rx.await {
-        Ok(addr) => print_banner(addr, worker_count, &model),
+        Ok(addr) => {
+            if let Some(mut planner) = planner.take() {
+                // The planner reads this gateway's /metrics, known once it listens.
+                planner.set_gateways(vec![format!("http://{addr}")]);
+                tasks.spawn(planner.run(planner_stop));
+            }
+            print_banner(addr, worker_count, &model, planning)
+        }
         Err(_) => {
             worker_stop.cancel();
             return match gateway_task.await {
@@ -141,6 +232,8 @@ pub async fn run(
         }
     }
     let gateway_result = gateway_task.await;
+    // The planner stops before the workers so no move is under way while they drain.
+    planner_cancel.cancel();
     worker_stop.cancel();
     tasks.close();
     tasks.wait().await;
@@ -150,7 +243,7 @@ pub async fn run(
     }
 }
 
-fn print_banner(addr: SocketAddr, workers: usize, model: &str) {
+fn print_banner(addr: SocketAddr, workers: usize, model: &str, planner: bool) {
     let url = format!("http://{addr}/v1");
     let ready = serde_json::json!({
         "event": "ready",
@@ -172,4 +265,7 @@ fn print_banner(addr: SocketAddr, workers: usize, model: &str) {
     println!(
         "  admin: http://{addr}/admin/workers   metrics: http://{addr}/metrics   stop: Ctrl-C"
     );
+    if planner {
+        println!("  planner: http://{addr}/admin/planner (plan and decisions)");
+    }
 }

@@ -37,7 +37,11 @@ use crate::recorder::{FORMAT, Header, Limits, RecordingError, RecordingStatus, V
 use crate::routing;
 
 pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
-    Router::new()
+    let mut admin = Router::new();
+    for (path, extension) in &state.extensions.admin {
+        admin = admin.nest(&format!("/{path}"), extension.clone().with_state(()));
+    }
+    admin
         .route("/workers", get(workers))
         .route("/workers/{id}/drain", post(drain))
         .route("/workers/{id}/resume", post(resume))

@@ -254,6 +254,13 @@ fn count_tokens(state: &AppState, usage: &Usage) {
         .metrics
         .completion_tokens
         .inc_by(u64::from(usage.completion_tokens));
+    let m = &state.metrics;
+    m.request_prompt_tokens
+        .observe(f64::from(usage.prompt_tokens));
+    m.request_completion_tokens
+        .observe(f64::from(usage.completion_tokens));
+    m.cached_prompt_tokens
+        .inc_by(u64::from(usage.prompt_tokens_details.cached_tokens));
 }
 
 /// Holds a concurrency slot and the in-flight gauge for as long as the response is produced.

@@ -30,6 +30,31 @@ pub struct AppState {
     pub tokenizers: Tokenizers,
     pub metrics: Arc<Metrics>,
     pub admission: Admission,
+    pub extensions: Extensions,
+}
+
+/// A text exposition of metrics another role exports (OpenMetrics, ending in `# EOF`).
+pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What other roles embedded in the same process serve on the gateway's listener.
+#[derive(Clone, Default)]
+pub struct Extensions {
+    /// Routers mounted under `/admin/<path>`, behind the admin token like the gateway's own.
+    pub admin: Vec<(&'static str, Router)>,
+    /// Metrics appended to `/metrics`.
+    pub metrics: Vec<MetricsSource>,
+}
+
+impl std::fmt::Debug for Extensions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extensions")
+            .field(
+                "admin",
+                &self.admin.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+            )
+            .field("metrics", &self.metrics.len())
+            .finish()
+    }
 }
 
 pub(crate) fn unix_now() -> u64 {
@@ -83,12 +108,20 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     state
         .metrics
         .observe_sessions(state.tokenizers.session_stats());
+    let mut text = state.metrics.encode();
+    for source in &state.extensions.metrics {
+        // One exposition has one `# EOF`, at its very end.
+        if let Some(body) = text.strip_suffix("# EOF\n") {
+            text.truncate(body.len());
+        }
+        text.push_str(&source());
+    }
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.metrics.encode(),
+        text,
     )
         .into_response()
 }

@@ -1,8 +1,11 @@
 //! Connectors: how a planner decision becomes prefill and decode workers.
 //!
-//! `kubernetes` scales two Deployments through their `scale` subresource.
+//! [`local::LocalConnector`] re-roles the workers that run (gRPC `Control`);
+//! [`kubernetes::KubernetesConnector`] scales a prefill and a decode Deployment through their
+//! `scale` subresource.
 
 pub mod kubernetes;
+pub mod local;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -46,6 +49,14 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
 
     /// The pool sizes the cluster has now, as this connector controls them.
     async fn current(&self) -> Result<PoolSizes, ConnectorError>;
+
+    /// How many workers the pools can hold in all when the connector cannot add or remove
+    /// workers (the local connector only moves the running ones between the pools): the
+    /// planner then places exactly that many. `None`: as many as the plan asks for, up to the
+    /// planner's maximum.
+    async fn capacity(&self) -> Result<Option<u32>, ConnectorError> {
+        Ok(None)
+    }
 
     /// Moves the pools to `target`. Returns once the change is requested and, where the
     /// connector can tell, under way; workers leaving a pool drain first.

@@ -1,0 +1,297 @@
+//! `switchyard planner`: the planner alone (etcd, gateways' `/metrics`, its own admin
+//! listener), and `switchyard planner profile`: measure a worker's performance profile.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use switchyard_planner::measure::{self, MeasureSettings};
+use switchyard_planner::{PlannerArgs, PlannerConfig, PlannerError};
+use switchyard_registry::{EtcdRegistry, Registry};
+
+use crate::{EXIT_CONFIG, runtime, shutdown_on_signal};
+
+#[derive(Debug, clap::Args)]
+pub struct PlannerCommand {
+    #[command(subcommand)]
+    action: Option<PlannerAction>,
+    /// etcd endpoints, comma-separated.
+    #[arg(long, value_delimiter = ',', env = "SWITCHYARD_ETCD")]
+    etcd: Vec<String>,
+    /// Registry namespace.
+    #[arg(long, env = "SWITCHYARD_CLUSTER")]
+    cluster: Option<String>,
+    /// A gateway's base URL whose /metrics to read (repeatable, or comma-separated).
+    #[arg(long = "gateway", value_delimiter = ',', env = "SWITCHYARD_GATEWAYS")]
+    gateways: Vec<String>,
+    /// Listen address of the planner's admin API (/admin/planner) and /metrics.
+    #[arg(long, env = "SWITCHYARD_PLANNER_ADMIN_LISTEN")]
+    admin_listen: Option<SocketAddr>,
+    /// Bearer token the admin API requires.
+    #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+    /// The gateways' disaggregation threshold (their --disagg-min-uncached-tokens).
+    #[arg(long, env = "SWITCHYARD_DISAGG_MIN_UNCACHED_TOKENS")]
+    disagg_min_uncached_tokens: Option<u64>,
+    /// Without --profile: the simulated workers' speedup.
+    #[arg(long, env = "SWITCHYARD_SIM_SPEEDUP")]
+    sim_speedup: Option<f64>,
+    #[command(flatten)]
+    planner: PlannerArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum PlannerAction {
+    /// Measure a worker's performance profile over gRPC Generate and write it as JSON.
+    Profile(ProfileArgs),
+    /// Offline benchmark in virtual time: TTFT/ITL target attainment of the planner and of
+    /// every fixed split over a decode-heavy then prefill-heavy workload.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// Seconds of each phase (decode-heavy, then prefill-heavy).
+    #[arg(long, default_value_t = 180.0)]
+    phase_secs: f64,
+    /// Workers in both pools together.
+    #[arg(long, default_value_t = 4)]
+    workers: u32,
+    /// Workload seed (arrivals and prompts).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the outcomes (with each run's pool timeline) as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct ProfileArgs {
+    /// The worker's gRPC address, host:port. Measure an idle worker.
+    #[arg(long)]
+    worker: String,
+    /// Where to write the profile.
+    #[arg(long)]
+    out: PathBuf,
+    /// Prompt lengths to time the prefill of.
+    #[arg(long, value_delimiter = ',', default_value = "256,1024,4096,8192")]
+    prefill_lengths: Vec<u64>,
+    /// Context lengths of the decode measurements.
+    #[arg(long, value_delimiter = ',', default_value = "512,2048,8192")]
+    contexts: Vec<u64>,
+    /// Sequences decoding together in the decode measurements.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+    concurrency: Vec<u64>,
+    /// Tokens each decode measurement generates per sequence.
+    #[arg(long, default_value_t = 64)]
+    decode_tokens: u32,
+    /// Prefill runs per length (the median is kept).
+    #[arg(long, default_value_t = 3)]
+    repeats: u32,
+}
+
+impl PlannerCommand {
+    fn resolve(&self) -> Result<PlannerConfig, switchyard_planner::ConfigError> {
+        let mut config = self.planner.resolve_onto(PlannerConfig::default())?;
+        if !self.etcd.is_empty() {
+            config.etcd_endpoints = self.etcd.clone();
+        }
+        if let Some(cluster) = &self.cluster {
+            config.cluster = cluster.clone();
+        }
+        if !self.gateways.is_empty() {
+            config.gateways = self.gateways.clone();
+        }
+        if let Some(addr) = self.admin_listen {
+            config.admin_listen = Some(addr);
+        }
+        if let Some(token) = &self.admin_token {
+            config.admin_token = Some(token.clone());
+        }
+        if let Some(tokens) = self.disagg_min_uncached_tokens {
+            config.disagg_min_uncached_tokens = tokens;
+        }
+        if let Some(speedup) = self.sim_speedup {
+            config.sim_speedup = speedup;
+        }
+        config.validate(true)?;
+        Ok(config)
+    }
+}
+
+pub fn run(command: PlannerCommand) -> ExitCode {
+    match command.action {
+        Some(PlannerAction::Profile(args)) => return profile(args),
+        Some(PlannerAction::Bench(args)) => return bench(args),
+        None => {}
+    }
+    let config = match command.resolve() {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("switchyard planner: {err}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    runtime.block_on(async move {
+        match serve(config).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(Failure::Planner(err)) if err.is_config() => {
+                eprintln!("switchyard planner: {err}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+            Err(err) => {
+                eprintln!("switchyard planner: {err}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    Planner(#[from] PlannerError),
+    #[error("cannot reach etcd at {endpoints}: {message}")]
+    Etcd { endpoints: String, message: String },
+}
+
+async fn serve(config: PlannerConfig) -> Result<(), Failure> {
+    let registry: Arc<dyn Registry> = Arc::new(
+        EtcdRegistry::connect(&config.etcd_endpoints, &config.cluster)
+            .await
+            .map_err(|e| Failure::Etcd {
+                endpoints: config.etcd_endpoints.join(","),
+                message: e.to_string(),
+            })?,
+    );
+    let planner = switchyard_planner::build(&config, registry).await?;
+    let shutdown = shutdown_on_signal();
+    let mut admin_addr = None;
+    let admin_task = match config.admin_listen {
+        Some(listen) => {
+            let (listener, addr) = switchyard_planner::admin::bind(listen)
+                .await
+                .map_err(PlannerError::from)?;
+            admin_addr = Some(addr);
+            Some(tokio::spawn(switchyard_planner::admin::serve(
+                listener,
+                config.admin_token.clone(),
+                Arc::clone(&planner.state),
+                Arc::clone(&planner.metrics),
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
+    let ready = serde_json::json!({
+        "event": "ready",
+        "address": admin_addr.map(|a| a.to_string()).unwrap_or_default(),
+        "connector": planner.state.settings.connector,
+        "predictor": planner.state.settings.predictor,
+        "gateways": config.gateways,
+    });
+    println!("{ready}");
+    planner.run(shutdown.clone()).await;
+    if let Some(task) = admin_task {
+        match task.await {
+            Ok(Err(err)) => tracing::warn!(error = %err, "planner admin listener failed"),
+            Err(err) => tracing::warn!(error = %err, "planner admin task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+    Ok(())
+}
+
+fn profile(args: ProfileArgs) -> ExitCode {
+    let settings = MeasureSettings {
+        prefill_lengths: args.prefill_lengths,
+        decode_contexts: args.contexts,
+        decode_concurrency: args.concurrency,
+        decode_tokens: args.decode_tokens,
+        repeats: args.repeats,
+    };
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let result = runtime.block_on(measure::measure(&args.worker, &settings, |line| {
+        eprintln!("{line}")
+    }));
+    let profile = match result {
+        Ok(profile) => profile,
+        Err(err) => {
+            eprintln!("switchyard planner profile: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let json = match serde_json::to_string_pretty(&profile) {
+        Ok(json) => json,
+        Err(err) => {
+            eprintln!("switchyard planner profile: cannot encode the profile: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(err) = std::fs::write(&args.out, json + "\n") {
+        eprintln!(
+            "switchyard planner profile: cannot write {}: {err}",
+            args.out.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    eprintln!("profile written to {}", args.out.display());
+    ExitCode::SUCCESS
+}
+
+fn bench(args: BenchArgs) -> ExitCode {
+    use switchyard_planner::shift::{self, ShiftSettings};
+    let mut settings = ShiftSettings {
+        workers: args.workers,
+        seed: args.seed,
+        ..ShiftSettings::default()
+    };
+    if !(args.phase_secs.is_finite() && args.phase_secs > 0.0) || args.workers < 2 {
+        eprintln!(
+            "switchyard planner bench: --phase-secs must be positive and --workers at least 2"
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    for phase in &mut settings.phases {
+        phase.seconds = args.phase_secs;
+    }
+    eprintln!("phases: {:?}", settings.phases);
+    let outcomes = match shift::run_all(&settings) {
+        Ok(outcomes) => outcomes,
+        Err(err) => {
+            eprintln!("switchyard planner bench: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{}", shift::markdown(&settings, &outcomes));
+    for o in outcomes.iter().filter(|o| o.moves > 0) {
+        let steps: Vec<String> = o
+            .timeline
+            .windows(2)
+            .filter(|w| (w[0].1, w[0].2) != (w[1].1, w[1].2))
+            .map(|w| format!("t={:.0}s {}/{}", w[1].0, w[1].1, w[1].2))
+            .collect();
+        println!(
+            "{}: pools (prefill/decode) changed at {}",
+            o.label,
+            steps.join(", ")
+        );
+    }
+    if let Some(path) = args.json {
+        let json = serde_json::json!({"targets": settings.targets, "phases": settings.phases, "outcomes": outcomes});
+        if let Err(err) = std::fs::write(&path, json.to_string()) {
+            eprintln!(
+                "switchyard planner bench: cannot write {}: {err}",
+                path.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
