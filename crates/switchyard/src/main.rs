@@ -51,11 +51,24 @@ struct GatewayCommand {
     /// etcd endpoints, comma-separated.
     #[arg(long, value_delimiter = ',', env = "SWITCHYARD_ETCD", required = true)]
     etcd: Vec<String>,
-    /// Registry namespace.
-    #[arg(long, default_value = "default", env = "SWITCHYARD_CLUSTER")]
-    cluster: String,
+    /// Registry namespace (default: the config file's, else `default`).
+    #[arg(long, env = "SWITCHYARD_CLUSTER")]
+    cluster: Option<String>,
     #[command(flatten)]
     gateway: GatewayArgs,
+}
+
+impl GatewayCommand {
+    /// The gateway's configuration: defaults, then the config file, then flags and environment
+    /// (`--etcd` and `--cluster` included: they win over the file like every other flag).
+    fn resolve(&self) -> Result<GatewayConfig, switchyard_gateway::ConfigError> {
+        let mut config = self.gateway.resolve_onto(GatewayConfig::default())?;
+        config.etcd_endpoints = self.etcd.clone();
+        if let Some(cluster) = &self.cluster {
+            config.cluster = cluster.clone();
+        }
+        Ok(config)
+    }
 }
 
 fn main() -> ExitCode {
@@ -79,12 +92,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Gateway(args) => {
-            let base = GatewayConfig {
-                etcd_endpoints: args.etcd.clone(),
-                cluster: args.cluster.clone(),
-                ..GatewayConfig::default()
-            };
-            let config = match args.gateway.resolve_onto(base) {
+            let config = match args.resolve() {
                 Ok(config) => config,
                 Err(err) => {
                     eprintln!("switchyard gateway: {err}");
@@ -272,4 +280,53 @@ async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
     })
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn gateway_flags_win_over_the_config_file_for_etcd_and_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("gateway.toml");
+        std::fs::write(
+            &file,
+            "etcd_endpoints = [\"http://file:2379\"]\ncluster = \"from-file\"\npolicy = \"round-robin\"\n",
+        )
+        .unwrap();
+        let file = file.to_str().unwrap();
+        let parse = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Gateway(command) => command.resolve().unwrap(),
+            other => panic!("parsed {other:?}"),
+        };
+        let config = parse(&[
+            "switchyard",
+            "gateway",
+            "--etcd",
+            "http://flag:2379",
+            "--cluster",
+            "from-flag",
+            "--gateway-config",
+            file,
+        ]);
+        assert_eq!(config.etcd_endpoints, vec!["http://flag:2379".to_string()]);
+        assert_eq!(config.cluster, "from-flag");
+        assert_eq!(
+            config.policy.to_string(),
+            "round-robin",
+            "the file still applies"
+        );
+        let config = parse(&[
+            "switchyard",
+            "gateway",
+            "--etcd",
+            "http://flag:2379",
+            "--gateway-config",
+            file,
+        ]);
+        assert_eq!(config.cluster, "from-file", "no --cluster keeps the file's");
+    }
 }

@@ -47,9 +47,9 @@ pub struct UpArgs {
     /// Use etcd at these endpoints instead of the in-memory registry.
     #[arg(long, value_delimiter = ',', env = "SWITCHYARD_ETCD")]
     pub etcd: Vec<String>,
-    /// Registry namespace.
-    #[arg(long, default_value = "default", env = "SWITCHYARD_CLUSTER")]
-    pub cluster: String,
+    /// Registry namespace (default: the gateway config file's, else `default`).
+    #[arg(long, env = "SWITCHYARD_CLUSTER")]
+    pub cluster: Option<String>,
     /// Workers that start in the prefill pool (the rest decode); default: none, or half of
     /// them with --planner.
     #[arg(long, env = "SWITCHYARD_PREFILL_WORKERS")]
@@ -76,12 +76,17 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
     if args.workers == 0 {
         return Err("--workers must be at least 1".into());
     }
-    let base = GatewayConfig {
-        etcd_endpoints: args.etcd.clone(),
-        cluster: args.cluster.clone(),
-        ..GatewayConfig::default()
-    };
-    let mut gateway = args.gateway.resolve_onto(base).map_err(|e| e.to_string())?;
+    let mut gateway = args
+        .gateway
+        .resolve_onto(GatewayConfig::default())
+        .map_err(|e| e.to_string())?;
+    // Like every flag, --etcd and --cluster win over the gateway's config file.
+    if !args.etcd.is_empty() {
+        gateway.etcd_endpoints = args.etcd.clone();
+    }
+    if let Some(cluster) = &args.cluster {
+        gateway.cluster = cluster.clone();
+    }
     let planner = if args.planner {
         let mut config = args
             .planning
@@ -125,8 +130,8 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
             id: Some(format!("sim-{i}")),
             role,
             model: args.model.clone(),
-            cluster: args.cluster.clone(),
-            etcd_endpoints: args.etcd.clone(),
+            cluster: gateway.cluster.clone(),
+            etcd_endpoints: gateway.etcd_endpoints.clone(),
             speedup: args.speedup,
             otlp_endpoint: gateway.otlp_endpoint.clone(),
             ..WorkerConfig::default()
