@@ -35,9 +35,10 @@ pub(crate) type ChunkStream =
     Pin<Box<dyn Stream<Item = Result<GenerationChunk, EngineError>> + Send + 'static>>;
 
 /// Pulls, imports and generates; see the module docs. Pull failures (prefill worker gone or
-/// hung, handle expired or already pulled, no chunk within `pull_timeout`) are `UNAVAILABLE`
-/// with a message starting `pulling kv`, so the caller can retry with another prefill worker;
-/// a source whose blocks are not the prompt's is `INVALID_ARGUMENT`.
+/// hung, handle expired or already pulled, no chunk within `pull_timeout`) are
+/// [`EngineError::KvSource`]: `UNAVAILABLE` marked as the KV source's fault, so the caller can
+/// retry with another prefill worker and keep this one; a source whose blocks are not the
+/// prompt's is `INVALID_ARGUMENT`.
 pub(crate) async fn generate_from_source(
     engine: &dyn Engine,
     params: GenerateParams,
@@ -97,7 +98,7 @@ pub(crate) async fn generate_from_source(
     drop(span);
     let (first, cached) = if source.pipelined {
         let first = end.first_token_id.ok_or_else(|| {
-            Status::unavailable(format!(
+            source_failed(format!(
                 "pulling kv from {}: the pipelined prefill's last chunk carries no first token",
                 source.address
             ))
@@ -166,6 +167,12 @@ pub(crate) async fn generate_from_source(
     Ok(Box::pin(head.chain(rest)))
 }
 
+/// A pull that failed on the prefill side, as the gateway must see it (see
+/// [`EngineError::KvSource`]).
+fn source_failed(message: String) -> Status {
+    Status::from(EngineError::KvSource(message))
+}
+
 /// What the last chunk of a pull said.
 struct PullEnd {
     first_token_id: Option<u32>,
@@ -183,8 +190,7 @@ async fn pull_and_import(
     import: &mut KvImport,
     pull_timeout: Duration,
 ) -> Result<PullEnd, Status> {
-    let unavailable =
-        |what: String| Status::unavailable(format!("pulling kv from {address}: {what}"));
+    let unavailable = |what: String| source_failed(format!("pulling kv from {address}: {what}"));
     let late = || unavailable(format!("no answer within {pull_timeout:?}"));
     let url = if address.starts_with("http://") || address.starts_with("https://") {
         address.to_owned()
