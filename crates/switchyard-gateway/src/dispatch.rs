@@ -104,6 +104,32 @@ enum AttemptEnd {
     Done,
 }
 
+/// Ends a `decode` span whose attempt was cut off: [`start`] drops the whole dispatch, mid
+/// attempt, at the request's deadline or when the consumer goes away, and the span would
+/// otherwise end looking like a success. Which of the two it was is told by the clock: the
+/// deadline's timer fires only once it has passed.
+struct UnfinishedAttempt {
+    span: tracing::Span,
+    deadline: Instant,
+    armed: bool,
+}
+
+impl Drop for UnfinishedAttempt {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if Instant::now() >= self.deadline {
+            record_error(
+                &self.span,
+                "the request's deadline passed during this attempt",
+            );
+        } else {
+            self.span.record("finish_reason", "cancelled");
+        }
+    }
+}
+
 /// Which worker a failed attempt is held against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Blame {
@@ -271,6 +297,11 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             completion_tokens = Empty,
             finish_reason = Empty,
         );
+        let mut unfinished = UnfinishedAttempt {
+            span: decode_span.clone(),
+            deadline: job.deadline,
+            armed: true,
+        };
         let generated_before = generated.len();
         let request = GenerateRequest {
             request_id: job.request_id.clone(),
@@ -372,6 +403,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             AttemptEnd::WorkerFailed { reason, .. } => record_error(&decode_span, reason.as_str()),
             AttemptEnd::Refused(err) => record_error(&decode_span, err.to_string()),
         }
+        unfinished.armed = false;
         drop(decode_span);
         drop(running_prefill);
         match end {

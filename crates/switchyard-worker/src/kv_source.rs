@@ -205,12 +205,15 @@ async fn pull_and_import(
         .map_err(|e| unavailable(e.to_string()))?;
     let mut client =
         v1::worker_client::WorkerClient::new(channel).max_decoding_message_size(256 * 1024 * 1024);
-    let call = client.pull_kv(v1::PullKvRequest {
+    let mut request = tonic::Request::new(v1::PullKvRequest {
         handle: Some(v1::KvHandle {
             id: handle.to_owned(),
         }),
         blocks_per_chunk: 0,
     });
+    // This runs in the `transfer` span: the prefill worker's `serve_pull` becomes its child.
+    switchyard_telemetry::inject_context(&tracing::Span::current(), request.metadata_mut());
+    let call = client.pull_kv(request);
     let mut chunks = tokio::time::timeout(pull_timeout, call)
         .await
         .map_err(|_| late())?

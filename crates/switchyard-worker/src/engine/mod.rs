@@ -195,6 +195,7 @@ pub struct KvPiece {
 #[derive(Debug)]
 pub struct KvPull {
     pieces: mpsc::UnboundedReceiver<Result<KvPiece, EngineError>>,
+    pipelined: bool,
     _release: DropGuard,
 }
 
@@ -209,6 +210,7 @@ impl KvPull {
         }));
         Self {
             pieces,
+            pipelined: false,
             _release: release,
         }
     }
@@ -220,8 +222,14 @@ impl KvPull {
     ) -> Self {
         Self {
             pieces,
+            pipelined: true,
             _release: release,
         }
+    }
+
+    /// Whether the pieces come from a prefill still running (the trace tells the two apart).
+    pub fn pipelined(&self) -> bool {
+        self.pipelined
     }
 
     /// The next piece; `None` when the engine went away before the last one.
