@@ -2,7 +2,8 @@
 //! collector's `TraceService/Export`) on a loopback port, and `switchyard` processes pointed at
 //! it with `--otlp-endpoint`. Each request is one trace: the gateway's request span, its
 //! `preprocess`, `route`, `prefill` and `decode` children, and under those the workers' spans
-//! (`prefill` on the prefill worker; `generate` and its `transfer` on the decode worker),
+//! (`prefill` on the prefill worker; `generate` and its `transfer` on the decode worker, and
+//! under the transfer the prefill worker's `serve_pull`),
 //! exported by services named `switchyard-gateway` and `switchyard-worker`. The processes are
 //! stopped with SIGTERM, which must flush their last spans.
 
@@ -191,7 +192,17 @@ async fn switchyard_up_exports_one_trace_per_request_as_gateway_and_worker() {
     // The standard variable names the collector as well as the flag does.
     let mut up = SwitchyardProcess::spawn_with_env(
         "up",
-        &["--http", "127.0.0.1:0", "--workers", "1", "--speedup", "50"],
+        &[
+            "--http",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--speedup",
+            "50",
+            // Short enough that the long request below runs into it.
+            "--request-timeout-secs",
+            "2",
+        ],
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)],
     )
     .await;
@@ -234,6 +245,26 @@ async fn switchyard_up_exports_one_trace_per_request_as_gateway_and_worker() {
         )
         .await;
     assert_eq!(status, 404);
+    // A tokenizer failure (here the request's own: a content part the template cannot take)
+    // marks the `preprocess` span.
+    let (status, body) = api
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "sim-8b", "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}}]}]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    // 30,000 tokens take the simulated worker many seconds even at speed-up 50: the gateway's
+    // 2 s deadline ends the request mid-decode.
+    let (status, body) = api
+        .post(
+            "/v1/completions",
+            &json!({"model": "sim-8b", "prompt": "Count the wagons.", "max_tokens": 30000,
+                    "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(status, 504, "{body}");
 
     // SIGTERM flushes the batch exporter: everything is there once the process has exited.
     assert!(up.terminate().await.success());
@@ -241,7 +272,30 @@ async fn switchyard_up_exports_one_trace_per_request_as_gateway_and_worker() {
     stop.cancel();
 
     let roots = requests(&all, "POST /v1/chat/completions");
-    assert_eq!(roots.len(), 3, "three requests, three traces: {all:#?}");
+    assert_eq!(roots.len(), 4, "four requests, four traces: {all:#?}");
+
+    let refused = roots
+        .iter()
+        .find(|r| r.attr("http.response.status_code") == &json!(400))
+        .unwrap();
+    assert_ne!(refused.status_code, STATUS_ERROR, "a client error");
+    let trace = Trace::of(&all, &refused.trace_id);
+    let preprocess = trace.child(refused, "preprocess", &[]);
+    assert_eq!(preprocess.status_code, STATUS_ERROR, "{preprocess:?}");
+    assert!(trace.children(refused, "decode").is_empty());
+
+    let timed_out = requests(&all, "POST /v1/completions");
+    assert_eq!(timed_out.len(), 1, "{all:#?}");
+    let timed_out = &timed_out[0];
+    assert_eq!(timed_out.attr("http.response.status_code"), &json!(504));
+    assert_eq!(timed_out.status_code, STATUS_ERROR);
+    let trace = Trace::of(&all, &timed_out.trace_id);
+    let decode = trace.child(timed_out, "decode", &[]);
+    assert_eq!(decode.status_code, STATUS_ERROR, "{decode:?}");
+    assert_ne!(
+        trace.child(timed_out, "preprocess", &[]).status_code,
+        STATUS_ERROR
+    );
     let not_found = roots
         .iter()
         .find(|r| r.attr("gen_ai.request.model") == "no-such-model")
@@ -251,7 +305,7 @@ async fn switchyard_up_exports_one_trace_per_request_as_gateway_and_worker() {
 
     let served: Vec<&Span> = roots
         .iter()
-        .filter(|r| r.attr("gen_ai.request.model") == "sim-8b")
+        .filter(|r| r.attr("http.response.status_code") == &json!(200))
         .collect();
     assert_eq!(served.len(), 2);
     let mut hits = Vec::new();
@@ -467,6 +521,19 @@ async fn disaggregated_requests_trace_through_prefill_transfer_and_decode_and_re
         assert_eq!(transfer.attr("source"), &json!(prefill.address));
         assert_eq!(transfer.attr("blocks"), &json!(600 / 16));
         assert_eq!(transfer.attr("tokens"), &json!(600 / 16 * 16));
+        // The prefill worker served the pull under the decode worker's transfer.
+        let serve_pull = trace.child(&transfer, "serve_pull", &[]);
+        assert_eq!(serve_pull.service, "switchyard-worker");
+        assert_eq!(serve_pull.attr("worker"), "prefill-a");
+        assert_eq!(serve_pull.attr("blocks"), &json!(600 / 16));
+        assert_eq!(serve_pull.attr("bytes"), transfer.attr("bytes"));
+        assert_eq!(serve_pull.attr("pipelined"), transfer.attr("pipelined"));
+        assert!(
+            serve_pull.attr("chunks").as_i64().unwrap() >= 1,
+            "{serve_pull:?}"
+        );
+        assert!(serve_pull.attr("handle").is_string(), "{serve_pull:?}");
+        assert_ne!(serve_pull.status_code, STATUS_ERROR);
 
         // An attempt on the ghost failed, shows as its own failed span, and was retried.
         if decodes.len() > 1 {

@@ -10,7 +10,8 @@
 //! handle pins nothing for long. By default the prefill is pipelined ([`KvTransfer`]): the
 //! prefill worker answers at once and the decode worker pulls the KV chunk by chunk while the
 //! prefill runs, so a prefill worker that dies mid-way surfaces as a failed pull on the decode
-//! worker (`pulling kv …`), which dispatch retries with another prefill worker.
+//! worker, marked as the KV source's fault (`switchyard_proto::fault`), which dispatch retries
+//! with another prefill worker on the same decode worker.
 
 use std::str::FromStr;
 use std::sync::Arc;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use switchyard_core::{TokenId, WorkerId};
+use switchyard_proto::fault::{Fault, fault_of};
 use switchyard_proto::v1::{self, GenerateRequest, SamplingParams};
 use switchyard_router::RouteError;
 use switchyard_telemetry::{GATEWAY_SPANS, record_error};
@@ -93,11 +94,59 @@ pub fn start(pool: &Arc<WorkerPool>, job: GenerateJob) -> mpsc::Receiver<Dispatc
 enum AttemptEnd {
     /// The consumer is gone; stop quietly.
     ConsumerGone,
-    /// The worker failed; another may succeed.
-    WorkerFailed(String),
+    /// A worker failed; another may succeed. `blame` says which one to avoid next.
+    WorkerFailed {
+        reason: String,
+        blame: Blame,
+    },
     /// The request itself is bad; no worker will take it.
     Refused(ApiError),
     Done,
+}
+
+/// Ends a `decode` span whose attempt was cut off: [`start`] drops the whole dispatch, mid
+/// attempt, at the request's deadline or when the consumer goes away, and the span would
+/// otherwise end looking like a success. Which of the two it was is told by the clock: the
+/// deadline's timer fires only once it has passed.
+struct UnfinishedAttempt {
+    span: tracing::Span,
+    deadline: Instant,
+    armed: bool,
+}
+
+impl Drop for UnfinishedAttempt {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if Instant::now() >= self.deadline {
+            record_error(
+                &self.span,
+                "the request's deadline passed during this attempt",
+            );
+        } else {
+            self.span.record("finish_reason", "cancelled");
+        }
+    }
+}
+
+/// Which worker a failed attempt is held against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blame {
+    /// The worker that answered (the decode worker, or the only one when aggregated).
+    Answering,
+    /// The KV source: the decode worker could not get the prompt's KV from the prefill worker,
+    /// so the prefill worker is excluded and the decode worker stays eligible.
+    KvSource,
+}
+
+impl AttemptEnd {
+    fn worker_failed(reason: impl Into<String>) -> Self {
+        AttemptEnd::WorkerFailed {
+            reason: reason.into(),
+            blame: Blame::Answering,
+        }
+    }
 }
 
 async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<DispatchEvent>) {
@@ -248,6 +297,11 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             completion_tokens = Empty,
             finish_reason = Empty,
         );
+        let mut unfinished = UnfinishedAttempt {
+            span: decode_span.clone(),
+            deadline: job.deadline,
+            armed: true,
+        };
         let generated_before = generated.len();
         let request = GenerateRequest {
             request_id: job.request_id.clone(),
@@ -268,7 +322,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             Err(status) => classify(status),
             Ok(response) => {
                 let mut stream = response.into_inner();
-                let mut end = AttemptEnd::WorkerFailed("worker closed the stream early".into());
+                let mut end = AttemptEnd::worker_failed("worker closed the stream early");
                 while let Some(message) = stream.next().await {
                     let message = match message {
                         Ok(message) => message,
@@ -315,7 +369,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                         Ok(v1::FinishReason::Length) => Some(Finish::Length),
                         Ok(v1::FinishReason::Stop) => Some(Finish::Stop),
                         Ok(v1::FinishReason::Aborted) => {
-                            end = AttemptEnd::WorkerFailed("worker aborted the request".into());
+                            end = AttemptEnd::worker_failed("worker aborted the request");
                             break;
                         }
                         _ => None,
@@ -346,9 +400,10 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             AttemptEnd::ConsumerGone => {
                 decode_span.record("finish_reason", "cancelled");
             }
-            AttemptEnd::WorkerFailed(reason) => record_error(&decode_span, reason.as_str()),
+            AttemptEnd::WorkerFailed { reason, .. } => record_error(&decode_span, reason.as_str()),
             AttemptEnd::Refused(err) => record_error(&decode_span, err.to_string()),
         }
+        unfinished.armed = false;
         drop(decode_span);
         drop(running_prefill);
         match end {
@@ -357,14 +412,9 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 let _ = tx.send(DispatchEvent::Failed(err)).await;
                 return;
             }
-            AttemptEnd::WorkerFailed(reason) => {
-                // A decode worker that could not pull the KV (its message starts with
-                // `pulling kv`, see the worker's kv_source module) is not at fault: the prefill
-                // worker is, so that one is excluded and the decode worker stays eligible.
-                match prefill_worker.take() {
-                    Some(prefill) if reason.contains("pulling kv") => {
-                        excluded_prefill.push(prefill);
-                    }
+            AttemptEnd::WorkerFailed { reason, blame } => {
+                match (blame, prefill_worker.take()) {
+                    (Blame::KvSource, Some(prefill)) => excluded_prefill.push(prefill),
                     _ => excluded.push(worker_id.clone()),
                 }
                 if generated.is_empty() {
@@ -400,11 +450,68 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
     }
 }
 
+/// What a worker's failed `Generate` means for the request. The one place the gateway reads
+/// the worker's fault mark (`switchyard_proto::fault`): the message is for people and is only
+/// passed on.
 fn classify(status: tonic::Status) -> AttemptEnd {
     match status.code() {
         Code::InvalidArgument | Code::OutOfRange => {
             AttemptEnd::Refused(ApiError::bad_request(status.message().to_owned()))
         }
-        _ => AttemptEnd::WorkerFailed(format!("{:?}: {}", status.code(), status.message())),
+        code => AttemptEnd::WorkerFailed {
+            reason: format!("{code:?}: {}", status.message()),
+            blame: match fault_of(&status) {
+                Some(Fault::KvSource) => Blame::KvSource,
+                None => Blame::Answering,
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use switchyard_proto::fault::kv_source_unavailable;
+
+    use super::*;
+
+    fn blame(status: tonic::Status) -> Option<Blame> {
+        match classify(status) {
+            AttemptEnd::WorkerFailed { blame, .. } => Some(blame),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_fault_mark_not_the_wording_decides_who_is_blamed() {
+        assert_eq!(
+            blame(kv_source_unavailable("the engine went quiet")),
+            Some(Blame::KvSource)
+        );
+        assert_eq!(
+            blame(tonic::Status::unavailable(
+                "pulling kv from 10.0.0.1:7000: no answer within 30s"
+            )),
+            Some(Blame::Answering)
+        );
+        assert_eq!(
+            blame(tonic::Status::internal("worker crashed")),
+            Some(Blame::Answering)
+        );
+    }
+
+    #[test]
+    fn the_human_message_is_kept() {
+        match classify(kv_source_unavailable("pulling kv from p:1: stream ended")) {
+            AttemptEnd::WorkerFailed { reason, .. } => {
+                assert_eq!(reason, "Unavailable: pulling kv from p:1: stream ended");
+            }
+            _ => panic!("a marked unavailable status is a failed attempt"),
+        }
+        assert!(matches!(
+            classify(tonic::Status::invalid_argument("prompt is empty")),
+            AttemptEnd::Refused(_)
+        ));
     }
 }

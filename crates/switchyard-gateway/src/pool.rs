@@ -15,7 +15,7 @@ use serde::Serialize;
 use switchyard_core::{BlockSize, WorkerId, WorkerInfo};
 use switchyard_proto::v1::worker_client::WorkerClient;
 use switchyard_router::{
-    Explanation, IndexConfig, LoadConfig, LoadView, Policy, PolicyConfig, PolicyKind, PrefixIndex,
+    Decision, IndexConfig, LoadConfig, LoadView, Policy, PolicyConfig, PolicyKind, PrefixIndex,
     RouteError, Tick,
 };
 use tokio_util::sync::CancellationToken;
@@ -34,7 +34,17 @@ pub struct DecisionRecord {
     pub attempt: u32,
     /// The pool chosen from: `decode` (generation) or `prefill` (disaggregated prefill).
     pub stage: crate::routing::Stage,
-    pub explanation: Explanation,
+    /// The routed request's own decision, shared rather than copied (its explanation holds a
+    /// breakdown per candidate worker); only its explanation is shown.
+    #[serde(rename = "explanation", serialize_with = "explanation_of")]
+    pub decision: Arc<Decision>,
+}
+
+fn explanation_of<S: serde::Serializer>(
+    decision: &Arc<Decision>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    decision.explanation.serialize(serializer)
 }
 
 /// The routing state of one model: its index, load view, policy and decision log.

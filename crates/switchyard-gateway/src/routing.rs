@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use switchyard_core::{BlockHash, EngineKind, Role, TokenId, WorkerId, block_hashes};
+use switchyard_core::{BlockHash, EngineKind, Role, TokenId, WorkerId, WorkerInfo, block_hashes};
 use switchyard_router::{Candidate, Decision, PolicyConfig, PolicyKind, RouteError, RouteRequest};
 
 use crate::metrics::PolicyLabels;
@@ -20,7 +20,9 @@ static NEXT_ROUTE: AtomicU64 = AtomicU64::new(1);
 pub struct RoutedRequest {
     pub worker: Arc<WorkerHandle>,
     pub worker_id: WorkerId,
-    pub decision: Decision,
+    /// Shared with the decision log, which keeps the same explanation: copying its per-worker
+    /// breakdown was most of a route's allocations with many workers.
+    pub decision: Arc<Decision>,
     /// Leading prompt blocks the chosen worker holds in its device tier.
     pub cached_blocks: u32,
     routes: Arc<ModelRoutes>,
@@ -81,27 +83,60 @@ impl Drop for RoutedRequest {
     }
 }
 
-/// Workers of the model that can take a generation now.
-pub fn candidates(
-    pool: &WorkerPool,
-    routes: &ModelRoutes,
-    exclude: &[WorkerId],
-) -> Vec<(Candidate, Arc<WorkerHandle>)> {
-    // Read each worker's info in place: cloning it (three strings) per worker per request was
-    // the larger part of routing with many workers.
-    pool.workers()
-        .into_iter()
-        .filter_map(|w| {
+/// The workers a request may go to: what the policy sees, and their handles in the same
+/// order. Two lists rather than pairs, so the policy gets its slice without a copy of every
+/// worker id.
+#[derive(Debug, Default)]
+pub struct Candidates {
+    ids: Vec<Candidate>,
+    handles: Vec<Arc<WorkerHandle>>,
+}
+
+impl Candidates {
+    /// The workers of `pool` for which `eligible` holds and that are not draining.
+    fn select(pool: &WorkerPool, eligible: impl Fn(&WorkerInfo) -> bool) -> Self {
+        let workers = pool.workers();
+        let mut out = Candidates {
+            ids: Vec::with_capacity(workers.len()),
+            handles: Vec::with_capacity(workers.len()),
+        };
+        for w in workers {
+            // Read each worker's info in place: cloning it (three strings) per worker per
+            // request was the larger part of routing with many workers.
             let id = {
                 let info = w.info.read().unwrap_or_else(|p| p.into_inner());
-                let eligible = info.model == routes.model
-                    && info.role.serves_decode()
-                    && !exclude.contains(&info.id);
-                eligible.then(|| info.id.clone())
-            }?;
-            (!w.is_draining()).then(|| (Candidate::from(id), w))
-        })
-        .collect()
+                eligible(&info).then(|| info.id.clone())
+            };
+            if let Some(id) = id
+                && !w.is_draining()
+            {
+                out.ids.push(Candidate::from(id));
+                out.handles.push(w);
+            }
+        }
+        out
+    }
+
+    pub fn ids(&self) -> &[Candidate] {
+        &self.ids
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The handle of the chosen worker.
+    fn take(mut self, worker: &WorkerId) -> Option<Arc<WorkerHandle>> {
+        let at = self.ids.iter().position(|c| c.worker == *worker)?;
+        Some(self.handles.swap_remove(at))
+    }
+}
+
+/// Workers of the model that can take a generation now.
+pub fn candidates(pool: &WorkerPool, routes: &ModelRoutes, exclude: &[WorkerId]) -> Candidates {
+    Candidates::select(pool, |info| {
+        info.model == routes.model && info.role.serves_decode() && !exclude.contains(&info.id)
+    })
 }
 
 /// The route request for `tokens` (hashing happens here, outside any lock).
@@ -139,14 +174,15 @@ pub fn route(
     if candidates.is_empty() {
         return Err(RouteError::NoCandidates);
     }
-    let only: Vec<Candidate> = candidates.iter().map(|(c, _)| c.clone()).collect();
+    let only = &candidates.ids;
     let block_size = u64::from(routes.block_size.get());
     let (decision, cached_blocks, key) = {
         let mut core = routes.lock();
         let core = &mut *core;
-        let decision = core
-            .policy
-            .choose(&request, &only, &core.index, &core.load)?;
+        let decision = Arc::new(
+            core.policy
+                .choose(&request, only, &core.index, &core.load)?,
+        );
         let chosen = decision.chosen();
         let uncached = chosen.map_or(request.prompt_tokens, |c| c.uncached_prompt_tokens);
         let cached_blocks = chosen.map_or(0, |c| c.overlap.device);
@@ -158,7 +194,7 @@ pub fn route(
             route_record(
                 routes,
                 &request,
-                &only,
+                only,
                 max_tokens,
                 key,
                 attempt,
@@ -172,7 +208,7 @@ pub fn route(
             at_unix_ms: unix_ms(),
             attempt,
             stage: Stage::Decode,
-            explanation: decision.explanation.clone(),
+            decision: Arc::clone(&decision),
         });
         (decision, cached_blocks, key)
     };
@@ -215,21 +251,13 @@ pub fn prefill_candidates(
     routes: &ModelRoutes,
     engine: EngineKind,
     exclude: &[WorkerId],
-) -> Vec<(Candidate, Arc<WorkerHandle>)> {
-    pool.workers()
-        .into_iter()
-        .filter_map(|w| {
-            let id = {
-                let info = w.info.read().unwrap_or_else(|p| p.into_inner());
-                let eligible = info.model == routes.model
-                    && info.role == Role::Prefill
-                    && info.engine == engine
-                    && !exclude.contains(&info.id);
-                eligible.then(|| info.id.clone())
-            }?;
-            (!w.is_draining()).then(|| (Candidate::from(id), w))
-        })
-        .collect()
+) -> Candidates {
+    Candidates::select(pool, |info| {
+        info.model == routes.model
+            && info.role == Role::Prefill
+            && info.engine == engine
+            && !exclude.contains(&info.id)
+    })
 }
 
 /// The KV-aware choice among prefill workers: the kv policy's cost (uncached tokens after
@@ -254,10 +282,7 @@ pub fn explain_prefill(
     tokens: &[TokenId],
 ) -> Result<Decision, RouteError> {
     let request = route_request(pool, routes, tokens, None);
-    let only: Vec<Candidate> = prefill_candidates(pool, routes, engine, &[])
-        .into_iter()
-        .map(|(c, _)| c)
-        .collect();
+    let only = prefill_candidates(pool, routes, engine, &[]).ids;
     if only.is_empty() {
         return Err(RouteError::NoCandidates);
     }
@@ -281,8 +306,7 @@ pub fn route_prefill(
     if candidates.is_empty() {
         return Err(RouteError::NoCandidates);
     }
-    let only: Vec<Candidate> = candidates.iter().map(|(c, _)| c.clone()).collect();
-    let decision = prefill_decision(routes, &request, &only)?;
+    let decision = Arc::new(prefill_decision(routes, &request, &candidates.ids)?);
     let chosen = decision.chosen();
     let uncached = chosen.map_or(request.prompt_tokens, |c| c.uncached_prompt_tokens);
     let cached_blocks = chosen.map_or(0, |c| c.overlap.device);
@@ -300,7 +324,7 @@ pub fn route_prefill(
             at_unix_ms: unix_ms(),
             attempt,
             stage: Stage::Prefill,
-            explanation: decision.explanation.clone(),
+            decision: Arc::clone(&decision),
         });
     }
     routed_request(
@@ -319,16 +343,14 @@ pub fn route_prefill(
 fn routed_request(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
-    candidates: Vec<(Candidate, Arc<WorkerHandle>)>,
-    decision: Decision,
+    candidates: Candidates,
+    decision: Arc<Decision>,
     cached_blocks: u32,
     key: u64,
     recorded: bool,
 ) -> Result<RoutedRequest, RouteError> {
     let worker = candidates
-        .into_iter()
-        .find(|(c, _)| c.worker == decision.worker)
-        .map(|(_, w)| w)
+        .take(&decision.worker)
         .ok_or(RouteError::NoCandidates)?;
     Ok(RoutedRequest {
         worker_id: decision.worker.clone(),
@@ -383,10 +405,7 @@ pub fn explain(
     session: Option<String>,
 ) -> Result<Decision, RouteError> {
     let request = route_request(pool, routes, tokens, session);
-    let only: Vec<Candidate> = candidates(pool, routes, &[])
-        .into_iter()
-        .map(|(c, _)| c)
-        .collect();
+    let only = candidates(pool, routes, &[]).ids;
     if only.is_empty() {
         return Err(RouteError::NoCandidates);
     }

@@ -2,9 +2,12 @@
 //!
 //! [`v1`] is the code tonic/prost generate from `proto/switchyard/v1/worker.proto`;
 //! [`convert`] maps its messages to and from `switchyard-core` types, refusing messages that
-//! would break a core invariant (an invalid worker id, a zero block size, a missing oneof).
+//! would break a core invariant (an invalid worker id, a zero block size, a missing oneof);
+//! [`fault`] is the status mark that says a failure is the KV source's, not the answering
+//! worker's.
 
 pub mod convert;
+pub mod fault;
 
 /// Generated protocol types, package `switchyard.v1`.
 #[allow(

@@ -10,8 +10,8 @@
 //!
 //! An engine that aborts the request before its first token most likely never got the KV (the
 //! prefill engine died after its worker answered, an SGLang room nobody filled): that is
-//! reported as a failed pull (`pulling kv …`, as the simulator's pull failures are), so the
-//! gateway blames the prefill worker and keeps this decode worker eligible for the retry.
+//! reported as a failed pull ([`EngineError::KvSource`], as the simulator's pull failures are),
+//! so the gateway blames the prefill worker and keeps this decode worker eligible for the retry.
 
 use futures::StreamExt;
 use serde_json::Value;
@@ -55,7 +55,7 @@ pub(crate) async fn generate(
                     && chunk.tokens.is_empty()
                     && chunk.finish == Some(FinishReason::Aborted) =>
             {
-                Err(EngineError::Unavailable(format!(
+                Err(EngineError::KvSource(format!(
                     "pulling kv through the {kind} engine's own transfer failed: the engine \
                      aborted the request before its first token"
                 )))
@@ -230,7 +230,23 @@ mod tests {
         let items: Vec<_> = stream.collect().await;
         let status = Status::from(items[0].clone().unwrap_err());
         assert_eq!(status.code(), tonic::Code::Unavailable);
-        // The gateway's dispatch tells a failed pull by these words and blames the prefill.
+        // The gateway's dispatch tells a failed pull by this mark and blames the prefill.
+        assert_eq!(
+            switchyard_proto::fault::fault_of(&status),
+            Some(switchyard_proto::fault::Fault::KvSource),
+            "{status:?}"
+        );
         assert!(status.message().contains("pulling kv"), "{status:?}");
+    }
+
+    #[tokio::test]
+    async fn an_engine_failure_that_is_not_a_missing_transfer_stays_unmarked() {
+        // An engine that cannot be reached at all is this worker's problem, whatever its
+        // message says: the gateway must not keep retrying this decode worker for it.
+        let status = Status::from(EngineError::Unavailable(
+            "pulling kv is what we were doing when the engine went away".into(),
+        ));
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(switchyard_proto::fault::fault_of(&status), None);
     }
 }

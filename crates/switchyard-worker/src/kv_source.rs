@@ -35,9 +35,10 @@ pub(crate) type ChunkStream =
     Pin<Box<dyn Stream<Item = Result<GenerationChunk, EngineError>> + Send + 'static>>;
 
 /// Pulls, imports and generates; see the module docs. Pull failures (prefill worker gone or
-/// hung, handle expired or already pulled, no chunk within `pull_timeout`) are `UNAVAILABLE`
-/// with a message starting `pulling kv`, so the caller can retry with another prefill worker;
-/// a source whose blocks are not the prompt's is `INVALID_ARGUMENT`.
+/// hung, handle expired or already pulled, no chunk within `pull_timeout`) are
+/// [`EngineError::KvSource`]: `UNAVAILABLE` marked as the KV source's fault, so the caller can
+/// retry with another prefill worker and keep this one; a source whose blocks are not the
+/// prompt's is `INVALID_ARGUMENT`.
 pub(crate) async fn generate_from_source(
     engine: &dyn Engine,
     params: GenerateParams,
@@ -97,7 +98,7 @@ pub(crate) async fn generate_from_source(
     drop(span);
     let (first, cached) = if source.pipelined {
         let first = end.first_token_id.ok_or_else(|| {
-            Status::unavailable(format!(
+            source_failed(format!(
                 "pulling kv from {}: the pipelined prefill's last chunk carries no first token",
                 source.address
             ))
@@ -166,6 +167,12 @@ pub(crate) async fn generate_from_source(
     Ok(Box::pin(head.chain(rest)))
 }
 
+/// A pull that failed on the prefill side, as the gateway must see it (see
+/// [`EngineError::KvSource`]).
+fn source_failed(message: String) -> Status {
+    Status::from(EngineError::KvSource(message))
+}
+
 /// What the last chunk of a pull said.
 struct PullEnd {
     first_token_id: Option<u32>,
@@ -183,8 +190,7 @@ async fn pull_and_import(
     import: &mut KvImport,
     pull_timeout: Duration,
 ) -> Result<PullEnd, Status> {
-    let unavailable =
-        |what: String| Status::unavailable(format!("pulling kv from {address}: {what}"));
+    let unavailable = |what: String| source_failed(format!("pulling kv from {address}: {what}"));
     let late = || unavailable(format!("no answer within {pull_timeout:?}"));
     let url = if address.starts_with("http://") || address.starts_with("https://") {
         address.to_owned()
@@ -199,12 +205,15 @@ async fn pull_and_import(
         .map_err(|e| unavailable(e.to_string()))?;
     let mut client =
         v1::worker_client::WorkerClient::new(channel).max_decoding_message_size(256 * 1024 * 1024);
-    let call = client.pull_kv(v1::PullKvRequest {
+    let mut request = tonic::Request::new(v1::PullKvRequest {
         handle: Some(v1::KvHandle {
             id: handle.to_owned(),
         }),
         blocks_per_chunk: 0,
     });
+    // This runs in the `transfer` span: the prefill worker's `serve_pull` becomes its child.
+    switchyard_telemetry::inject_context(&tracing::Span::current(), request.metadata_mut());
+    let call = client.pull_kv(request);
     let mut chunks = tokio::time::timeout(pull_timeout, call)
         .await
         .map_err(|_| late())?

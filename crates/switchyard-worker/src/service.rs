@@ -222,6 +222,50 @@ impl WorkerService {
     }
 }
 
+impl WorkerService {
+    /// `PullKv` inside its `serve_pull` span, which the returned stream holds until it ends.
+    async fn start_pull(
+        &self,
+        req: v1::PullKvRequest,
+        span: tracing::Span,
+    ) -> Result<Response<BoxStream<v1::KvChunk>>, Status> {
+        let handle = req
+            .handle
+            .map(|h| h.id)
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| Status::invalid_argument("handle is missing"))?;
+        span.record("handle", handle.as_str());
+        let per_chunk = match req.blocks_per_chunk {
+            0 => self.limits.default_blocks_per_chunk,
+            n => n,
+        } as usize;
+        let in_flight = self.state.begin_request();
+        let pull = self.engine.pull_kv(&handle).await?;
+        span.record("pipelined", pull.pipelined());
+        let state = PullState {
+            pull,
+            per_chunk: per_chunk.max(1),
+            bytes_per_token: self.engine.spec().kv_bytes_per_token,
+            next_block: 0,
+            pending: std::collections::VecDeque::new(),
+            done: false,
+            sent: PullSent::default(),
+            span,
+        };
+        // The pull (and with it the hold on the blocks) ends when the stream is dropped.
+        let stream = stream::unfold(state, |mut st| async move {
+            let item = st.next_chunk().await?;
+            st.note(&item);
+            Some((item, st))
+        })
+        .map(move |item| {
+            let _ = &in_flight;
+            item
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
 fn finish_to_wire(finish: Option<FinishReason>) -> i32 {
     let reason = match finish {
         None => v1::FinishReason::Unspecified,
@@ -323,36 +367,28 @@ impl v1::worker_server::Worker for WorkerService {
         &self,
         request: Request<v1::PullKvRequest>,
     ) -> Result<Response<Self::PullKvStream>, Status> {
-        let req = request.into_inner();
-        let handle = req
-            .handle
-            .map(|h| h.id)
-            .filter(|id| !id.is_empty())
-            .ok_or_else(|| Status::invalid_argument("handle is missing"))?;
-        let per_chunk = match req.blocks_per_chunk {
-            0 => self.limits.default_blocks_per_chunk,
-            n => n,
-        } as usize;
-        let in_flight = self.state.begin_request();
-        let pull = self.engine.pull_kv(&handle).await?;
-        let state = PullState {
-            pull,
-            per_chunk: per_chunk.max(1),
-            bytes_per_token: self.engine.spec().kv_bytes_per_token,
-            next_block: 0,
-            pending: std::collections::VecDeque::new(),
-            done: false,
-        };
-        // The pull (and with it the hold on the blocks) ends when the stream is dropped.
-        let stream = stream::unfold(state, |mut st| async move {
-            let item = st.next_chunk().await?;
-            Some((item, st))
-        })
-        .map(move |item| {
-            let _ = &in_flight;
-            item
-        });
-        Ok(Response::new(Box::pin(stream)))
+        // The decode worker's `transfer` span is the caller; the span lasts as long as the
+        // stream, so its duration is the time the decode side spent pulling.
+        let span = tracing::info_span!(
+            target: WORKER_SPANS,
+            "serve_pull",
+            otel.kind = "server",
+            worker = self.info.id.as_str(),
+            handle = Empty,
+            pipelined = Empty,
+            chunks = Empty,
+            blocks = Empty,
+            bytes = Empty,
+        );
+        extract_parent(&span, request.metadata());
+        let started = self
+            .start_pull(request.into_inner(), span.clone())
+            .instrument(span.clone())
+            .await;
+        if let Err(status) = &started {
+            record_error(&span, status.message());
+        }
+        started
     }
 
     type KvEventsStream = BoxStream<v1::KvEventsResponse>;
@@ -482,6 +518,17 @@ struct PullState {
     next_block: usize,
     pending: std::collections::VecDeque<v1::KvChunk>,
     done: bool,
+    sent: PullSent,
+    /// `serve_pull`: ends when the stream is dropped.
+    span: tracing::Span,
+}
+
+/// What a pull has sent so far, for its span.
+#[derive(Debug, Default)]
+struct PullSent {
+    chunks: u64,
+    blocks: u64,
+    bytes: u64,
 }
 
 impl PullState {
@@ -506,6 +553,22 @@ impl PullState {
                 }
                 Some(Ok(piece)) => self.split(piece),
             }
+        }
+    }
+
+    /// Counts what went out on the span (as it goes, so a pull the decode side abandons still
+    /// shows how far it got) and marks the span failed on an error.
+    fn note(&mut self, item: &Result<v1::KvChunk, Status>) {
+        match item {
+            Ok(chunk) => {
+                self.sent.chunks += 1;
+                self.sent.blocks += chunk.blocks.len() as u64;
+                self.sent.bytes += chunk.bytes;
+                self.span.record("chunks", self.sent.chunks as i64);
+                self.span.record("blocks", self.sent.blocks as i64);
+                self.span.record("bytes", self.sent.bytes as i64);
+            }
+            Err(status) => record_error(&self.span, status.message()),
         }
     }
 

@@ -265,6 +265,8 @@ async fn control_changes_role_drains_and_resumes() {
         .await
         .expect_err("draining worker refuses work");
     assert_eq!(err.code(), Code::Unavailable);
+    // The worker itself refuses: nothing to blame on a KV source.
+    assert_eq!(switchyard_proto::fault::fault_of(&err), None, "{err:?}");
     let info = h
         .client
         .info(v1::InfoRequest {})

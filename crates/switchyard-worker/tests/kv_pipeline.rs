@@ -13,6 +13,7 @@ mod support;
 use futures::StreamExt;
 use support::{InProcessWorker as Worker, spawn_worker};
 use switchyard_core::{BlockSize, Role, block_hashes};
+use switchyard_proto::fault::{Fault, fault_of};
 use switchyard_proto::v1::{
     self, GenerateRequest, KvEventsRequest, KvSource, PrefillRequest, PullKvRequest,
     SamplingParams, kv_event, kv_events_response,
@@ -308,6 +309,7 @@ async fn a_prefill_worker_lost_mid_pipeline_fails_the_pull_and_frees_both_sides(
         let err = call.await.unwrap().expect_err("the pull cannot finish");
         assert_eq!(err.code(), Code::Unavailable, "{link:?}: {err:?}");
         assert!(err.message().starts_with("pulling kv"), "{err:?}");
+        assert_eq!(fault_of(&err), Some(Fault::KvSource), "{link:?}: {err:?}");
         // The decode side released what it had imported; nothing runs there.
         assert!(nothing_held(&mut b).await, "{link:?}: {:?}", b.load().await);
         if link == Link::Cut {

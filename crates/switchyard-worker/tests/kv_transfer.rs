@@ -11,6 +11,7 @@ mod support;
 use futures::StreamExt;
 use support::{InProcessWorker as Worker, spawn_worker};
 use switchyard_core::{BlockSize, Role, block_hashes};
+use switchyard_proto::fault::{Fault, fault_of};
 use switchyard_proto::v1::{
     self, GenerateRequest, KvEventsRequest, KvHandle, KvSource, PrefillRequest, PullKvRequest,
     SamplingParams, kv_event, kv_events_response, worker_client::WorkerClient,
@@ -203,6 +204,9 @@ async fn a_missing_handle_or_a_dead_prefill_worker_is_unavailable() {
         .await
         .expect_err("unknown handle");
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    // Over real gRPC the failure arrives marked as the prefill side's, which is what the
+    // gateway goes by.
+    assert_eq!(fault_of(&err), Some(Fault::KvSource), "{err:?}");
 
     let dead = a.addr;
     a.stop().await;
@@ -221,6 +225,7 @@ async fn a_missing_handle_or_a_dead_prefill_worker_is_unavailable() {
     .await
     .expect_err("dead prefill worker");
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert_eq!(fault_of(&err), Some(Fault::KvSource), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(5));
     // Nothing stuck on B.
     assert_eq!(b.load().await.running_requests, 0);

@@ -341,7 +341,10 @@ async fn serve<T: DeserializeOwned>(
             }
         }
         .instrument(preprocess_span.clone())
-        .await?;
+        .await
+        // The request span follows HTTP's rule (only a 5xx is its failure); this step failed
+        // whoever's fault it was, and the trace should show where.
+        .inspect_err(|err| switchyard_telemetry::record_error(&preprocess_span, err.to_string()))?;
         preprocess_span.record("prompt_tokens", prompt.len() as i64);
         drop(preprocess_span);
         let model_dir = Arc::clone(&tokenizer.dir);

@@ -195,6 +195,7 @@ pub struct KvPiece {
 #[derive(Debug)]
 pub struct KvPull {
     pieces: mpsc::UnboundedReceiver<Result<KvPiece, EngineError>>,
+    pipelined: bool,
     _release: DropGuard,
 }
 
@@ -209,6 +210,7 @@ impl KvPull {
         }));
         Self {
             pieces,
+            pipelined: false,
             _release: release,
         }
     }
@@ -220,8 +222,14 @@ impl KvPull {
     ) -> Self {
         Self {
             pieces,
+            pipelined: true,
             _release: release,
         }
+    }
+
+    /// Whether the pieces come from a prefill still running (the trace tells the two apart).
+    pub fn pipelined(&self) -> bool {
+        self.pipelined
     }
 
     /// The next piece; `None` when the engine went away before the last one.
@@ -281,6 +289,12 @@ pub enum EngineError {
     /// This engine cannot do what was asked; retrying on it cannot help.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// A disaggregated request's KV could not be had from its source (the prefill worker or,
+    /// for engines that move KV themselves, the prefill engine): the source's fault, not this
+    /// worker's, and a retry with another prefill worker can help. The message says what
+    /// failed (`pulling kv from …`).
+    #[error("{0}")]
+    KvSource(String),
 }
 
 impl From<EngineError> for tonic::Status {
@@ -292,6 +306,11 @@ impl From<EngineError> for tonic::Status {
                 tonic::Status::unavailable(err.to_string())
             }
             EngineError::Unsupported(_) => tonic::Status::unimplemented(err.to_string()),
+            // The one place a worker marks a failure as the KV source's: the gateway reads
+            // the mark, not the message, to blame the prefill worker.
+            EngineError::KvSource(message) => {
+                switchyard_proto::fault::kv_source_unavailable(message.clone())
+            }
         }
     }
 }
