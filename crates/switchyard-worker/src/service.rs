@@ -24,7 +24,8 @@ use tracing::field::Empty;
 use crate::engine::{Engine, FinishReason, GenerateParams, KvPiece, KvPull, PrefillParams};
 use crate::event_log::{SequencedEvent, Subscription, SubscriptionStart};
 use crate::kv_source::{ChunkStream, generate_from_source};
-use crate::state::WorkerState;
+use crate::metrics::{RequestKind, RequestRecord, WorkerMetrics};
+use crate::state::{InFlightGuard, WorkerState};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -60,6 +61,7 @@ pub struct WorkerService {
     info: WorkerInfo,
     engine: Arc<dyn Engine>,
     state: WorkerState,
+    metrics: Arc<WorkerMetrics>,
     limits: ServiceLimits,
 }
 
@@ -68,12 +70,14 @@ impl WorkerService {
         info: WorkerInfo,
         engine: Arc<dyn Engine>,
         state: WorkerState,
+        metrics: Arc<WorkerMetrics>,
         limits: ServiceLimits,
     ) -> Self {
         Self {
             info,
             engine,
             state,
+            metrics,
             limits,
         }
     }
@@ -112,7 +116,29 @@ impl WorkerService {
         &self,
         req: v1::GenerateRequest,
         span: tracing::Span,
+        record: RequestRecord,
     ) -> Result<Response<BoxStream<v1::GenerateResponse>>, Status> {
+        match self.open_generate(req, &span).await {
+            Ok((engine_stream, in_flight)) => Ok(Response::new(stream_generate(
+                engine_stream,
+                in_flight,
+                span,
+                record,
+            ))),
+            Err(status) => {
+                record.finish(status.code());
+                Err(status)
+            }
+        }
+    }
+
+    /// Checks a `Generate` and starts it in the engine (after pulling its KV, if it has a
+    /// source).
+    async fn open_generate(
+        &self,
+        req: v1::GenerateRequest,
+        span: &tracing::Span,
+    ) -> Result<(ChunkStream, InFlightGuard), Status> {
         span.record("request_id", req.request_id.as_str());
         span.record("prompt_tokens", req.prompt_token_ids.len() as i64);
         span.record("disaggregated", req.kv_source.is_some());
@@ -145,38 +171,18 @@ impl WorkerService {
         };
         let engine_stream: ChunkStream = match req.kv_source {
             Some(source) => {
-                generate_from_source(&*self.engine, params, source, self.limits.kv_pull_timeout)
-                    .await?
+                generate_from_source(
+                    &*self.engine,
+                    params,
+                    source,
+                    self.limits.kv_pull_timeout,
+                    &self.metrics,
+                )
+                .await?
             }
             None => Box::pin(self.engine.generate(params).await?),
         };
-        let stream = engine_stream.map(move |item| {
-            // The guard lives as long as the stream: the request is in flight until then. So
-            // does the span, which ends with the generation.
-            let _ = &in_flight;
-            if let Ok(chunk) = &item
-                && let Some(finish) = chunk.finish
-            {
-                span.record(
-                    "cached_prompt_tokens",
-                    i64::from(chunk.cached_prompt_tokens),
-                );
-                span.record("completion_tokens", i64::from(chunk.completion_tokens));
-                span.record("finish_reason", finish_name(finish));
-            }
-            if let Err(err) = &item {
-                record_error(&span, err.to_string());
-            }
-            item.map(|chunk| v1::GenerateResponse {
-                token_ids: chunk.tokens,
-                finish_reason: finish_to_wire(chunk.finish),
-                cached_prompt_tokens: chunk.cached_prompt_tokens,
-                prompt_tokens: chunk.prompt_tokens,
-                completion_tokens: chunk.completion_tokens,
-            })
-            .map_err(Status::from)
-        });
-        Ok(Response::new(Box::pin(stream)))
+        Ok((engine_stream, in_flight))
     }
 
     /// `Prefill` inside its `prefill` span.
@@ -219,6 +225,67 @@ impl WorkerService {
             engine_transfer_params: outcome.engine_transfer_params.unwrap_or_default(),
             pipelined: outcome.pipelined,
         }))
+    }
+}
+
+/// The gRPC stream of a started generation. It holds the in-flight guard and the span until it
+/// ends, and counts the request: at its end, its error, or its drop (`cancelled`).
+fn stream_generate(
+    engine_stream: ChunkStream,
+    in_flight: InFlightGuard,
+    span: tracing::Span,
+    record: RequestRecord,
+) -> BoxStream<v1::GenerateResponse> {
+    let mut record = Some(record);
+    let stream = engine_stream.map(move |item| {
+        // The guard lives as long as the stream: the request is in flight until then. So
+        // does the span, which ends with the generation.
+        let _ = &in_flight;
+        if let Ok(chunk) = &item {
+            if let Some(r) = record.as_mut() {
+                r.tokens_sent(chunk.tokens.len());
+            }
+            if let Some(finish) = chunk.finish {
+                span.record(
+                    "cached_prompt_tokens",
+                    i64::from(chunk.cached_prompt_tokens),
+                );
+                span.record("completion_tokens", i64::from(chunk.completion_tokens));
+                span.record("finish_reason", finish_name(finish));
+                if let Some(r) = record.take() {
+                    r.metrics().tokens(
+                        RequestKind::Generate,
+                        chunk.prompt_tokens,
+                        chunk.cached_prompt_tokens,
+                        chunk.completion_tokens,
+                    );
+                    r.finish(finish_code(finish));
+                }
+            }
+        }
+        if let Err(err) = &item {
+            record_error(&span, err.to_string());
+            if let Some(r) = record.take() {
+                r.finish(Status::from(err.clone()).code());
+            }
+        }
+        item.map(|chunk| v1::GenerateResponse {
+            token_ids: chunk.tokens,
+            finish_reason: finish_to_wire(chunk.finish),
+            cached_prompt_tokens: chunk.cached_prompt_tokens,
+            prompt_tokens: chunk.prompt_tokens,
+            completion_tokens: chunk.completion_tokens,
+        })
+        .map_err(Status::from)
+    });
+    Box::pin(stream)
+}
+
+/// The outcome a finished generation is counted with: an engine that gave up on it aborted it.
+fn finish_code(finish: FinishReason) -> tonic::Code {
+    match finish {
+        FinishReason::Length | FinishReason::Stop => tonic::Code::Ok,
+        FinishReason::Aborted => tonic::Code::Aborted,
     }
 }
 
@@ -277,8 +344,10 @@ impl v1::worker_server::Worker for WorkerService {
             finish_reason = Empty,
         );
         extract_parent(&span, request.metadata());
+        // Arrival: the time to first token counts from here.
+        let record = self.metrics.request(RequestKind::Generate);
         let started = self
-            .start_generate(request.into_inner(), span.clone())
+            .start_generate(request.into_inner(), span.clone(), record)
             .instrument(span.clone())
             .await;
         if let Err(status) = &started {
@@ -301,18 +370,31 @@ impl v1::worker_server::Worker for WorkerService {
             cached_prompt_tokens = Empty,
         );
         extract_parent(&span, request.metadata());
+        let record = self.metrics.request(RequestKind::Prefill);
         let answer = self
             .run_prefill(request.into_inner())
             .instrument(span.clone())
             .await;
         match &answer {
             Ok(response) => {
+                let response = response.get_ref();
                 span.record(
                     "cached_prompt_tokens",
-                    i64::from(response.get_ref().cached_prompt_tokens),
+                    i64::from(response.cached_prompt_tokens),
                 );
+                // A pipelined prefill's cached count comes with the last piece of its pull.
+                self.metrics.tokens(
+                    RequestKind::Prefill,
+                    response.prompt_tokens,
+                    response.cached_prompt_tokens,
+                    0,
+                );
+                record.finish(tonic::Code::Ok);
             }
-            Err(status) => record_error(&span, status.message()),
+            Err(status) => {
+                record_error(&span, status.message());
+                record.finish(status.code());
+            }
         }
         answer
     }
@@ -323,19 +405,28 @@ impl v1::worker_server::Worker for WorkerService {
         &self,
         request: Request<v1::PullKvRequest>,
     ) -> Result<Response<Self::PullKvStream>, Status> {
+        let record = self.metrics.request(RequestKind::Pull);
         let req = request.into_inner();
-        let handle = req
-            .handle
-            .map(|h| h.id)
-            .filter(|id| !id.is_empty())
-            .ok_or_else(|| Status::invalid_argument("handle is missing"))?;
+        let Some(handle) = req.handle.map(|h| h.id).filter(|id| !id.is_empty()) else {
+            record.finish(tonic::Code::InvalidArgument);
+            return Err(Status::invalid_argument("handle is missing"));
+        };
         let per_chunk = match req.blocks_per_chunk {
             0 => self.limits.default_blocks_per_chunk,
             n => n,
         } as usize;
         let in_flight = self.state.begin_request();
-        let pull = self.engine.pull_kv(&handle).await?;
+        let pull = match self.engine.pull_kv(&handle).await {
+            Ok(pull) => pull,
+            Err(err) => {
+                let status = Status::from(err);
+                record.finish(status.code());
+                return Err(status);
+            }
+        };
+        self.metrics.pull_served();
         let state = PullState {
+            record: Some(record),
             pull,
             per_chunk: per_chunk.max(1),
             bytes_per_token: self.engine.spec().kv_bytes_per_token,
@@ -474,8 +565,10 @@ fn start_messages(start: SubscriptionStart) -> Vec<v1::kv_events_response::Paylo
 
 /// Drives one KV pull: each piece the engine hands over (all blocks at once, or one prefill
 /// chunk's blocks while a pipelined prefill runs) goes out in chunks of at most `per_chunk`
-/// blocks as soon as it arrives; only that piece's blocks are converted.
+/// blocks as soon as it arrives; only that piece's blocks are converted. The request is
+/// counted when its last chunk goes out (the puller drops the stream then) or it fails.
 struct PullState {
+    record: Option<RequestRecord>,
     pull: KvPull,
     per_chunk: usize,
     bytes_per_token: u64,
@@ -488,28 +581,45 @@ impl PullState {
     async fn next_chunk(&mut self) -> Option<Result<v1::KvChunk, Status>> {
         loop {
             if let Some(chunk) = self.pending.pop_front() {
+                if chunk.last {
+                    self.finish(tonic::Code::Ok);
+                }
                 return Some(Ok(chunk));
             }
             if self.done {
                 return None;
             }
-            match self.pull.next_piece().await {
-                None => {
-                    self.done = true;
-                    return Some(Err(Status::unavailable(
-                        "the prefill ended before its last kv chunk (engine stopped)",
-                    )));
+            let status = match self.pull.next_piece().await {
+                None => Status::unavailable(
+                    "the prefill ended before its last kv chunk (engine stopped)",
+                ),
+                Some(Err(err)) => err.into(),
+                Some(Ok(piece)) => {
+                    self.split(piece);
+                    continue;
                 }
-                Some(Err(err)) => {
-                    self.done = true;
-                    return Some(Err(err.into()));
-                }
-                Some(Ok(piece)) => self.split(piece),
-            }
+            };
+            self.done = true;
+            self.finish(status.code());
+            return Some(Err(status));
+        }
+    }
+
+    fn finish(&mut self, code: tonic::Code) {
+        if let Some(record) = self.record.take() {
+            record.finish(code);
         }
     }
 
     fn split(&mut self, piece: KvPiece) {
+        if let Some(record) = &self.record {
+            let tokens: u64 = piece.blocks.iter().map(|b| b.tokens.len() as u64).sum();
+            let metrics = record.metrics();
+            metrics.blocks_served(piece.blocks.len() as u64, tokens * self.bytes_per_token);
+            if piece.last {
+                metrics.tokens(RequestKind::Prefill, 0, piece.cached_prompt_tokens, 0);
+            }
+        }
         for blocks in piece.blocks.chunks(self.per_chunk) {
             let tokens: u64 = blocks.iter().map(|b| b.tokens.len() as u64).sum();
             self.pending.push_back(v1::KvChunk {
