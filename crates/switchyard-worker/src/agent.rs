@@ -147,7 +147,7 @@ pub async fn run(
     let metrics_stop = CancellationToken::new();
     let metrics_addr = metrics_listener.as_ref().map(|(_, addr)| *addr);
     let metrics_server = metrics_listener.map(|(listener, addr)| {
-        tracing::info!(worker = %id, %addr, "metrics at http://{addr}/metrics");
+        tracing::info!(worker = %id, url = %format!("http://{addr}/metrics"), "serving metrics");
         tokio::spawn(crate::metrics::serve(
             listener,
             Arc::clone(&metrics),

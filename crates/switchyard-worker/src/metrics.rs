@@ -181,6 +181,16 @@ impl WorkerMetrics {
                 reason: reason.as_str(),
             });
         }
+        for kind in [RequestKind::Generate, RequestKind::Prefill] {
+            let labels = KindLabels {
+                kind: kind.as_str(),
+            };
+            let _ = m.prompt_tokens.get_or_create(&labels);
+            let _ = m.cached_prompt_tokens.get_or_create(&labels);
+        }
+        for stage in ["planned", "issued"] {
+            let _ = m.kv_descriptors.get_or_create(&StageLabels { stage });
+        }
         for direction in ["served", "received"] {
             let labels = DirectionLabels { direction };
             let _ = m.kv_pulls.get_or_create(&labels);

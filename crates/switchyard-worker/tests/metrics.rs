@@ -233,7 +233,10 @@ async fn a_stream_in_flight_then_dropped_counts_as_cancelled() {
         running.get("switchyard_worker_requests_in_flight", &[]),
         1.0
     );
-    assert_eq!(running.get("switchyard_worker_running_requests", &[]), 1.0);
+    assert_eq!(
+        running.get("switchyard_worker_engine_running_requests", &[]),
+        1.0
+    );
     assert_eq!(running.requests("generate", "cancelled"), 0.0);
     drop(stream);
     until(&w, "switchyard_worker_requests_in_flight", &[], 0.0).await;

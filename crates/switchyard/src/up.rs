@@ -1,7 +1,8 @@
 //! `switchyard up`: the whole system in one process, ready for an OpenAI client.
 //!
 //! Starts a registry (in memory, or etcd with `--etcd`), N simulated workers registered in it,
-//! and the gateway that watches it. Ctrl-C or SIGTERM stops the gateway first, then drains the
+//! and the gateway that watches it. Each worker serves its own `/metrics` on a free loopback
+//! port, printed in the banner. Ctrl-C or SIGTERM stops the gateway first, then drains the
 //! workers.
 
 use std::net::SocketAddr;
@@ -68,6 +69,8 @@ pub fn resolve(args: &UpArgs) -> Result<(GatewayConfig, Vec<WorkerConfig>), Stri
             etcd_endpoints: args.etcd.clone(),
             speedup: args.speedup,
             otlp_endpoint: gateway.otlp_endpoint.clone(),
+            // One process, many workers: each gets its own free port for /metrics.
+            metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             ..WorkerConfig::default()
         };
         config.sim.block_size = block_size;
@@ -108,7 +111,7 @@ pub async fn run(
         let stop = worker_stop.clone();
         tasks.spawn(async move {
             let result = switchyard_worker::run(config, Some(registry), stop, move |w| {
-                let _ = tx.send(w.info.id.to_string());
+                let _ = tx.send((w.info.id.to_string(), w.metrics_addr));
             })
             .await;
             if let Err(err) = &result {
@@ -117,9 +120,14 @@ pub async fn run(
             result
         });
     }
+    let mut worker_metrics = Vec::with_capacity(ready.len());
     for rx in ready {
-        rx.await
+        let (id, metrics) = rx
+            .await
             .map_err(|_| anyhow::anyhow!("a worker failed to start; see the log above"))?;
+        if let Some(addr) = metrics {
+            worker_metrics.push((id, format!("http://{addr}/metrics")));
+        }
     }
     let (addr_tx, addr_rx) = oneshot::channel::<SocketAddr>();
     let gateway_task = tokio::spawn(switchyard_gateway::run(
@@ -131,7 +139,7 @@ pub async fn run(
         },
     ));
     match addr_rx.await {
-        Ok(addr) => print_banner(addr, worker_count, &model),
+        Ok(addr) => print_banner(addr, worker_count, &model, &worker_metrics),
         Err(_) => {
             worker_stop.cancel();
             return match gateway_task.await {
@@ -150,7 +158,12 @@ pub async fn run(
     }
 }
 
-fn print_banner(addr: SocketAddr, workers: usize, model: &str) {
+fn print_banner(
+    addr: SocketAddr,
+    workers: usize,
+    model: &str,
+    worker_metrics: &[(String, String)],
+) {
     let url = format!("http://{addr}/v1");
     let ready = serde_json::json!({
         "event": "ready",
@@ -158,6 +171,10 @@ fn print_banner(addr: SocketAddr, workers: usize, model: &str) {
         "address": addr.to_string(),
         "workers": workers,
         "model": model,
+        "worker_metrics": worker_metrics
+            .iter()
+            .map(|(id, url)| (id.clone(), serde_json::Value::from(url.as_str())))
+            .collect::<serde_json::Map<_, _>>(),
     });
     println!("{ready}");
     println!(
@@ -172,4 +189,7 @@ fn print_banner(addr: SocketAddr, workers: usize, model: &str) {
     println!(
         "  admin: http://{addr}/admin/workers   metrics: http://{addr}/metrics   stop: Ctrl-C"
     );
+    for (id, url) in worker_metrics {
+        println!("  worker {id} metrics: {url}");
+    }
 }

@@ -1,5 +1,9 @@
 //! The metrics read at scrape time from what the worker keeps anyway: the engine's load and
 //! telemetry, the role and drain state, the KV event log.
+//!
+//! The load gauges are `engine_*` because the gateway already exports its own view of each
+//! worker's load as `switchyard_worker_running_requests{worker}` and the like: same names with
+//! the same `worker` label would mix the two in every query.
 
 use std::sync::Arc;
 
@@ -26,14 +30,18 @@ impl ScrapeCollector {
     }
 }
 
+// Help texts end with a period, as the registry writes those of registered metrics.
+
 fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
     let metric = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
-    metric.encode(enc.encode_descriptor(name, help, None, metric.metric_type())?)
+    let help = format!("{help}.");
+    metric.encode(enc.encode_descriptor(name, &help, None, metric.metric_type())?)
 }
 
 fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
     let metric = ConstCounter::new(v);
-    metric.encode(enc.encode_descriptor(name, help, None, metric.metric_type())?)
+    let help = format!("{help}.");
+    metric.encode(enc.encode_descriptor(name, &help, None, metric.metric_type())?)
 }
 
 /// A labelled family: one series per `(label name, label value, value)` row.
@@ -46,7 +54,8 @@ fn family<M: EncodeMetric>(
     let Some((_, first)) = rows.first() else {
         return Ok(());
     };
-    let mut family = enc.encode_descriptor(name, help, None, first.metric_type())?;
+    let help = format!("{help}.");
+    let mut family = enc.encode_descriptor(name, &help, None, first.metric_type())?;
     for (labels, metric) in &rows {
         metric.encode(family.encode_family(labels)?)?;
     }
@@ -139,25 +148,25 @@ impl Collector for ScrapeCollector {
         let load = self.engine.load();
         gauge(
             e,
-            "queued_prefill_tokens",
+            "engine_queued_prefill_tokens",
             "Prompt tokens admitted but not yet prefilled",
             load.queued_prefill_tokens,
         )?;
         gauge(
             e,
-            "waiting_requests",
+            "engine_waiting_requests",
             "Requests waiting in the engine for admission",
             load.waiting_requests,
         )?;
         gauge(
             e,
-            "running_requests",
+            "engine_running_requests",
             "Sequences in the engine's running batch",
             load.running_requests,
         )?;
         gauge(
             e,
-            "decode_sequences",
+            "engine_decode_sequences",
             "Sequences decoding",
             load.active_decode_sequences,
         )?;
