@@ -173,13 +173,15 @@ impl VllmEngine {
         });
         let scrapes = Arc::new(EngineScrapeCounters::default());
         tasks.spawn(scrape_load(
-            Arc::clone(&scrapes),
-            http.clone(),
-            format!("{base_url}/metrics"),
-            kind,
-            kv_blocks,
-            Duration::from_millis(config.metrics_interval_ms),
+            LoadSource {
+                http: http.clone(),
+                url: format!("{base_url}/metrics"),
+                kind,
+                capacity: kv_blocks,
+                every: Duration::from_millis(config.metrics_interval_ms),
+            },
             load_tx,
+            Arc::clone(&scrapes),
             cancel.clone(),
         ));
         tasks.spawn(log_stats(Arc::clone(&counters), cancel.clone()));
@@ -359,16 +361,28 @@ async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, String> {
     serde_json::from_str(&text).map_err(|e| format!("{url}: {e}"))
 }
 
-async fn scrape_load(
-    scrapes: Arc<EngineScrapeCounters>,
+/// Where and how often the engine's load is read.
+struct LoadSource {
     http: reqwest::Client,
     url: String,
     kind: EngineKind,
     capacity: u64,
     every: Duration,
+}
+
+async fn scrape_load(
+    source: LoadSource,
     load_tx: watch::Sender<LoadStats>,
+    scrapes: Arc<EngineScrapeCounters>,
     cancel: CancellationToken,
 ) {
+    let LoadSource {
+        http,
+        url,
+        kind,
+        capacity,
+        every,
+    } = source;
     let mut failing = false;
     loop {
         match get_text(&http, &url).await {

@@ -62,8 +62,11 @@ fn family<M: EncodeMetric>(
     Ok(())
 }
 
-/// The relay counters per rank: (metric, help, field).
-const RELAY: [(&str, &str, fn(&AdapterStats) -> u64); 10] = [
+/// One relay counter: (metric, help, its field).
+type RelayCounter = (&'static str, &'static str, fn(&AdapterStats) -> u64);
+
+/// The relay counters, exported per rank.
+const RELAY: [RelayCounter; 10] = [
     (
         "engine_kv_batches",
         "Engine KV event batches applied (live or replayed), per data-parallel rank",
