@@ -8,7 +8,7 @@
 #   3. helm lint --strict, and helm template for the default values and every ci/*.yaml variant
 #      and every Kubernetes version from the chart's floor (1.30) to the newest that
 #      kubernetes-validate ships, each checked by kubernetes-validate --strict; ServiceMonitor
-#      (a CRD it has no schema for) is checked against deploy/helm/schemas/ instead
+#      and PodMonitor (CRDs it has no schema for) are checked against deploy/helm/schemas/ instead
 #   4. the planner (ci/planner-values.yaml): its Role grants only get and patch on
 #      deployments/scale of the two worker Deployments it scales, nothing cluster-wide, and its
 #      --prefill-deployment/--decode-deployment name prefill and decode pools the chart renders
@@ -185,12 +185,15 @@ refuse "a vLLM pool is prefill-only" "must have role both" --set workers.pools.s
 refuse "etcd is off and no endpoint is given" "etcd.endpoints" --set etcd.enabled=false
 refuse "the routing policy is unknown" "gateway/policy" --set gateway.policy=fifo
 refuse "the OTLP endpoint is not a plain http:// URL" "otlpEndpoint" --set otlpEndpoint=https://collector:4317
+refuse "the worker's metrics port is its gRPC port" "port of their own" --set workers.defaults.metricsPort=7000
+refuse "the worker's metrics port is a vLLM engine's KV event port" "port of their own" \
+  -f "$CHART/ci/vllm-sidecar-values.yaml" --set workers.defaults.metricsPort=5557
 refuse "the planner has no prefill and decode pools" "planner.decodePool" --set planner.enabled=true
 refuse "the planner's prefill pool is not prefill-only" "must have role prefill" \
   -f "$CHART/ci/planner-values.yaml" --set workers.pools.prefill.role=both
 refuse "the planner's minimums exceed its budget" "must not exceed planner.maxWorkers" \
   -f "$CHART/ci/planner-values.yaml" --set planner.maxWorkers=2
-say "refused: 11 bad value sets, each with its reason"
+say "refused: 13 bad value sets, each with its reason"
 
 # ---- 5. the image ----
 step="Dockerfile"

@@ -27,7 +27,10 @@ import jsonschema
 import yaml
 
 # Kinds kubernetes-validate has no schema for, checked against our own subset schemas.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json"}
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring.coreos.com-v1.json",
+}
 
 # Shared libraries gcr.io/distroless/cc-debian12 provides (glibc, libgcc, libstdc++, OpenSSL 3).
 RUNTIME_LIBS = {

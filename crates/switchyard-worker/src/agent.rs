@@ -14,6 +14,7 @@ use crate::config::WorkerConfig;
 use crate::engine::Engine;
 use crate::engine::sim::SimEngine;
 use crate::engine::vllm::VllmEngine;
+use crate::metrics::WorkerMetrics;
 use crate::service::{ServiceLimits, WorkerService};
 use crate::state::WorkerState;
 
@@ -35,11 +36,20 @@ pub enum AgentError {
     Serve(#[from] tonic::transport::Error),
 }
 
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AgentError> {
+    let bind_error = |source| AgentError::Bind { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
+    let local_addr = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, local_addr))
+}
+
 /// A started worker: what it is and where it listens.
 #[derive(Debug)]
 pub struct RunningWorker {
     pub info: WorkerInfo,
     pub local_addr: SocketAddr,
+    /// Where `GET /metrics` is served, when it is.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// A random 64-bit value from the standard library's per-process hasher keys.
@@ -63,16 +73,12 @@ pub async fn run(
     shutdown: CancellationToken,
     on_ready: impl FnOnce(&RunningWorker),
 ) -> Result<(), AgentError> {
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| AgentError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let local_addr = listener.local_addr().map_err(|source| AgentError::Bind {
-        addr: config.listen,
-        source,
-    })?;
+    let (listener, local_addr) = bind(config.listen).await?;
+    // Bound before the engine starts, so a port already taken fails at once.
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(bind(addr).await?),
+        None => None,
+    };
     let address = config
         .advertise_address
         .clone()
@@ -132,10 +138,27 @@ pub async fn run(
         .map_err(|e| AgentError::Describe(e.to_string()))?;
 
     let state = WorkerState::new(config.role);
+    let metrics = Arc::new(WorkerMetrics::new(
+        id.as_str(),
+        Arc::clone(&engine),
+        state.clone(),
+    ));
+    // Serves until the very end, so a scrape still sees the drain.
+    let metrics_stop = CancellationToken::new();
+    let metrics_addr = metrics_listener.as_ref().map(|(_, addr)| *addr);
+    let metrics_server = metrics_listener.map(|(listener, addr)| {
+        tracing::info!(worker = %id, url = %format!("http://{addr}/metrics"), "serving metrics");
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            Arc::clone(&metrics),
+            metrics_stop.clone(),
+        ))
+    });
     let service = WorkerService::new(
         info.clone(),
         Arc::clone(&engine),
         state.clone(),
+        Arc::clone(&metrics),
         ServiceLimits {
             kv_pull_timeout: std::time::Duration::from_millis(config.kv_pull_timeout_ms),
             ..ServiceLimits::default()
@@ -173,6 +196,7 @@ pub async fn run(
     on_ready(&RunningWorker {
         info: info.clone(),
         local_addr,
+        metrics_addr,
     });
 
     let registration = follow_until_shutdown(registration, role_follower, &shutdown).await;
@@ -196,9 +220,17 @@ pub async fn run(
     // Phase 4: stop serving and the engine.
     engine.shutdown();
     server_stop.cancel();
+    metrics_stop.cancel();
     match server.await {
         Ok(result) => result?,
         Err(join) => tracing::error!(error = %join, "grpc server task failed"),
+    }
+    if let Some(server) = metrics_server {
+        match server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(error = %err, "metrics server failed"),
+            Err(join) => tracing::error!(error = %join, "metrics server task failed"),
+        }
     }
     tracing::info!(worker = %id, "worker stopped");
     Ok(())

@@ -40,6 +40,9 @@ pub struct WorkerConfig {
     pub listen: SocketAddr,
     /// Address others dial, when it differs from `listen` (required with a wildcard listen).
     pub advertise_address: Option<String>,
+    /// Where `GET /metrics` (Prometheus) is served (`host:port`; port 0 picks a free one);
+    /// none serves no metrics.
+    pub metrics_listen: Option<SocketAddr>,
     /// Model name clients ask for.
     pub model: String,
     pub role: Role,
@@ -180,6 +183,7 @@ impl Default for WorkerConfig {
             id: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             advertise_address: None,
+            metrics_listen: None,
             model: "sim-8b".to_owned(),
             role: Role::Both,
             cluster: "default".to_owned(),
@@ -251,6 +255,12 @@ impl WorkerConfig {
                 self.listen
             ));
         }
+        if self.metrics_listen == Some(self.listen) && self.listen.port() != 0 {
+            return invalid(format!(
+                "metrics_listen {} is the gRPC listen address; give metrics their own port",
+                self.listen
+            ));
+        }
         if let Some(endpoint) = &self.otlp_endpoint {
             switchyard_telemetry::validate_endpoint(endpoint)
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -304,6 +314,9 @@ pub struct WorkerArgs {
     /// Address other processes dial, when it differs from --listen.
     #[arg(long, env = "SWITCHYARD_ADVERTISE_ADDRESS")]
     pub advertise_address: Option<String>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (default: not served).
+    #[arg(long, env = "SWITCHYARD_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Model name served.
     #[arg(long, env = "SWITCHYARD_MODEL")]
     pub model: Option<String>,
@@ -430,6 +443,9 @@ impl WorkerArgs {
         if let Some(addr) = &self.advertise_address {
             config.advertise_address = Some(addr.clone());
         }
+        if self.metrics_listen.is_some() {
+            config.metrics_listen = self.metrics_listen;
+        }
         set!(model => config.model);
         set!(role => config.role);
         set!(cluster => config.cluster);
@@ -513,6 +529,7 @@ mod tests {
         };
         let config = args.resolve().unwrap();
         assert_eq!(config.model, "from-file");
+        assert_eq!(config.metrics_listen, None);
         assert_eq!(config.role, Role::Decode);
         assert_eq!(config.sim.block_size.get(), 32);
     }
@@ -545,6 +562,15 @@ mod tests {
         .resolve()
         .unwrap_err();
         assert!(err.to_string().contains("advertise"), "{err}");
+
+        let err = WorkerArgs {
+            listen: Some("127.0.0.1:7000".parse().unwrap()),
+            metrics_listen: Some("127.0.0.1:7000".parse().unwrap()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.to_string().contains("own port"), "{err}");
 
         let err = WorkerArgs {
             otlp_endpoint: Some("https://collector:4317".into()),

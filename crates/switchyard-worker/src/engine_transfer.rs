@@ -13,6 +13,8 @@
 //! reported as a failed pull ([`EngineError::KvSource`], as the simulator's pull failures are),
 //! so the gateway blames the prefill worker and keeps this decode worker eligible for the retry.
 
+use std::sync::Arc;
+
 use futures::StreamExt;
 use serde_json::Value;
 use switchyard_proto::v1;
@@ -20,6 +22,7 @@ use tonic::Status;
 
 use crate::engine::{Engine, EngineError, FinishReason, GenerateParams, GenerationChunk};
 use crate::kv_source::ChunkStream;
+use crate::metrics::{PullFailure, WorkerMetrics};
 
 /// Generates from `source`'s engine transfer parameters. A source without them (a simulator
 /// prefill worker's handle) cannot feed an engine that moves KV itself: refused before anything
@@ -28,6 +31,7 @@ pub(crate) async fn generate(
     engine: &dyn Engine,
     params: GenerateParams,
     source: v1::KvSource,
+    metrics: &Arc<WorkerMetrics>,
 ) -> Result<ChunkStream, Status> {
     let kind = engine.spec().kind;
     if source.engine_transfer_params.is_empty() {
@@ -46,7 +50,9 @@ pub(crate) async fn generate(
     };
     let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
     let cached = source.cached_prompt_tokens.min(prompt_tokens);
+    metrics.pull_received();
     let stream = engine.generate_with_transfer(params, transfer).await?;
+    let metrics = Arc::clone(metrics);
     let mut started = false;
     Ok(Box::pin(stream.map(move |item| {
         let item = match item {
@@ -55,6 +61,7 @@ pub(crate) async fn generate(
                     && chunk.tokens.is_empty()
                     && chunk.finish == Some(FinishReason::Aborted) =>
             {
+                metrics.pull_failed(PullFailure::EngineTransfer);
                 Err(EngineError::KvSource(format!(
                     "pulling kv through the {kind} engine's own transfer failed: the engine \
                      aborted the request before its first token"
@@ -161,6 +168,24 @@ mod tests {
         fn shutdown(&self) {}
     }
 
+    fn metrics() -> Arc<WorkerMetrics> {
+        let engine: Arc<dyn Engine> = Arc::new(Receiving::new());
+        Arc::new(WorkerMetrics::new(
+            "w",
+            engine,
+            crate::state::WorkerState::new(switchyard_core::Role::Both),
+        ))
+    }
+
+    fn failures(metrics: &WorkerMetrics) -> f64 {
+        crate::metrics::sample(
+            &metrics.encode(),
+            "switchyard_worker_kv_pull_failures_total",
+            &[("reason", "engine_transfer")],
+        )
+        .unwrap()
+    }
+
     fn params() -> GenerateParams {
         GenerateParams {
             request_id: "r".into(),
@@ -186,9 +211,15 @@ mod tests {
     #[tokio::test]
     async fn the_engine_stream_passes_through_with_the_prefills_cached_count() {
         let engine = Receiving::new();
-        let stream = generate(&engine, params(), source(r#"{"remote_block_ids":[3]}"#, 4))
-            .await
-            .unwrap();
+        let metrics = metrics();
+        let stream = generate(
+            &engine,
+            params(),
+            source(r#"{"remote_block_ids":[3]}"#, 4),
+            &metrics,
+        )
+        .await
+        .unwrap();
         let chunks: Vec<GenerationChunk> = stream.map(Result::unwrap).collect().await;
         // Nothing added: the first token is the engine's, counted once.
         let tokens: Vec<u32> = chunks.iter().flat_map(|c| c.tokens.clone()).collect();
@@ -199,22 +230,24 @@ mod tests {
             engine.given.lock().unwrap()[0]["remote_block_ids"],
             serde_json::json!([3])
         );
+        assert_eq!(failures(&metrics), 0.0);
     }
 
     #[tokio::test]
     async fn sources_without_usable_parameters_are_refused_before_the_engine() {
         let engine = Receiving::new();
+        let metrics = metrics();
         let code = |r: Result<ChunkStream, Status>| r.err().map(|s| s.code());
         assert_eq!(
-            code(generate(&engine, params(), source("", 0)).await),
+            code(generate(&engine, params(), source("", 0), &metrics).await),
             Some(tonic::Code::FailedPrecondition)
         );
         assert_eq!(
-            code(generate(&engine, params(), source("[1,2]", 0)).await),
+            code(generate(&engine, params(), source("[1,2]", 0), &metrics).await),
             Some(tonic::Code::InvalidArgument)
         );
         assert_eq!(
-            code(generate(&engine, params(), source("{not json", 0)).await),
+            code(generate(&engine, params(), source("{not json", 0), &metrics).await),
             Some(tonic::Code::InvalidArgument)
         );
         assert!(engine.given.lock().unwrap().is_empty());
@@ -226,8 +259,12 @@ mod tests {
             abort: true,
             ..Receiving::new()
         };
-        let stream = generate(&engine, params(), source("{}", 0)).await.unwrap();
+        let metrics = metrics();
+        let stream = generate(&engine, params(), source("{}", 0), &metrics)
+            .await
+            .unwrap();
         let items: Vec<_> = stream.collect().await;
+        assert_eq!(failures(&metrics), 1.0);
         let status = Status::from(items[0].clone().unwrap_err());
         assert_eq!(status.code(), tonic::Code::Unavailable);
         // The gateway's dispatch tells a failed pull by this mark and blames the prefill.

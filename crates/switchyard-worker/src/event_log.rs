@@ -7,6 +7,7 @@
 //! subscription are taken under one lock, so a consumer sees neither a gap nor a duplicate.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use switchyard_core::{
@@ -56,6 +57,9 @@ pub struct EventLog {
     capacity: usize,
     state: Mutex<LogState>,
     live_tx: broadcast::Sender<Arc<SequencedEvent>>,
+    /// Subscriptions that started with a snapshot, and with a replay from the buffer.
+    snapshots: AtomicU64,
+    replays: AtomicU64,
 }
 
 impl EventLog {
@@ -73,6 +77,8 @@ impl EventLog {
                 blocks: BTreeMap::new(),
             }),
             live_tx,
+            snapshots: AtomicU64::new(0),
+            replays: AtomicU64::new(0),
         }
     }
 
@@ -92,6 +98,19 @@ impl EventLog {
     /// Number of blocks (per tier) the published events leave in place.
     pub fn block_count(&self) -> usize {
         self.lock().blocks.len()
+    }
+
+    /// Subscriptions served since start: (started from a snapshot, resumed from the buffer).
+    pub fn subscriptions(&self) -> (u64, u64) {
+        (
+            self.snapshots.load(Ordering::Relaxed),
+            self.replays.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Consumers following the live events now.
+    pub fn subscribers(&self) -> usize {
+        self.live_tx.receiver_count()
     }
 
     /// Publishes events in order and returns the sequence number of the last one.
@@ -127,16 +146,20 @@ impl EventLog {
                 if incarnation == self.incarnation && from >= oldest && from <= state.next_seq =>
             {
                 let skip = (from - oldest) as usize;
+                self.replays.fetch_add(1, Ordering::Relaxed);
                 SubscriptionStart::Replay(state.buffer.iter().skip(skip).cloned().collect())
             }
-            _ => SubscriptionStart::Snapshot {
-                next_seq: state.next_seq,
-                blocks: state
-                    .blocks
-                    .iter()
-                    .map(|(&(hash, tier), &parent)| SnapshotBlock { hash, parent, tier })
-                    .collect(),
-            },
+            _ => {
+                self.snapshots.fetch_add(1, Ordering::Relaxed);
+                SubscriptionStart::Snapshot {
+                    next_seq: state.next_seq,
+                    blocks: state
+                        .blocks
+                        .iter()
+                        .map(|(&(hash, tier), &parent)| SnapshotBlock { hash, parent, tier })
+                        .collect(),
+                }
+            }
         };
         Subscription { start, live }
     }

@@ -14,6 +14,7 @@
 //! original prompt, completion tokens including the first.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, stream};
@@ -29,6 +30,10 @@ use crate::engine::pd::moves_kv_itself;
 use crate::engine::{
     Engine, EngineError, FinishReason, GenerateParams, GenerationChunk, HeldBlock, KvImport,
 };
+use crate::metrics::{PullFailure, WorkerMetrics};
+
+/// A failed pull: why (for the metrics) and what the caller is told.
+type PullError = (PullFailure, Status);
 
 /// The engine's chunks, whichever path produced them.
 pub(crate) type ChunkStream =
@@ -44,10 +49,11 @@ pub(crate) async fn generate_from_source(
     params: GenerateParams,
     source: v1::KvSource,
     pull_timeout: Duration,
+    metrics: &Arc<WorkerMetrics>,
 ) -> Result<ChunkStream, Status> {
     // Engines that move KV themselves take the prefill engine's parameters instead of a pull.
     if !source.engine_transfer_params.is_empty() || moves_kv_itself(engine.spec().kind) {
-        return crate::engine_transfer::generate(engine, params, source).await;
+        return crate::engine_transfer::generate(engine, params, source, metrics).await;
     }
     let handle = source
         .handle
@@ -70,7 +76,15 @@ pub(crate) async fn generate_from_source(
         raw_descriptors = Empty,
     );
     let expected = block_hashes(&params.prompt, engine.spec().block_size);
-    let mut import = engine.start_import()?;
+    metrics.pull_received();
+    let pull_started = tokio::time::Instant::now();
+    let failed = |(reason, status): PullError| {
+        metrics.pull_failed(reason);
+        status
+    };
+    let mut import = engine
+        .start_import()
+        .map_err(|e| failed((PullFailure::Import, e.into())))?;
     let end = async {
         let end = pull_and_import(
             engine,
@@ -82,10 +96,11 @@ pub(crate) async fn generate_from_source(
         )
         .await?;
         import.settle().await;
-        Ok::<_, Status>(end)
+        Ok::<_, PullError>(end)
     }
     .instrument(span.clone())
     .await
+    .map_err(failed)
     .inspect_err(|status| record_error(&span, status.message()))?;
     span.record("blocks", import.imported as i64);
     span.record(
@@ -98,15 +113,19 @@ pub(crate) async fn generate_from_source(
     drop(span);
     let (first, cached) = if source.pipelined {
         let first = end.first_token_id.ok_or_else(|| {
-            source_failed(format!(
-                "pulling kv from {}: the pipelined prefill's last chunk carries no first token",
-                source.address
+            failed((
+                PullFailure::Source,
+                source_failed(format!(
+                    "pulling kv from {}: the pipelined prefill's last chunk carries no first token",
+                    source.address
+                )),
             ))
         })?;
         (first, end.cached_prompt_tokens)
     } else {
         (source.first_token_id, source.cached_prompt_tokens)
     };
+    metrics.import_done(import.imported as u64, import.stats, pull_started.elapsed());
     tracing::info!(
         request = %params.request_id,
         prefill = %source.address,
@@ -189,20 +208,36 @@ async fn pull_and_import(
     expected: &[BlockHash],
     import: &mut KvImport,
     pull_timeout: Duration,
-) -> Result<PullEnd, Status> {
+) -> Result<PullEnd, PullError> {
     let unavailable = |what: String| source_failed(format!("pulling kv from {address}: {what}"));
-    let late = || unavailable(format!("no answer within {pull_timeout:?}"));
+    let late = || {
+        (
+            PullFailure::Timeout,
+            unavailable(format!("no answer within {pull_timeout:?}")),
+        )
+    };
+    let source_error = |s: Status| {
+        (
+            PullFailure::Source,
+            unavailable(format!("{:?}: {}", s.code(), s.message())),
+        )
+    };
     let url = if address.starts_with("http://") || address.starts_with("https://") {
         address.to_owned()
     } else {
         format!("http://{address}")
     };
     let channel = Endpoint::from_shared(url)
-        .map_err(|e| Status::invalid_argument(format!("kv_source.address {address:?}: {e}")))?
+        .map_err(|e| {
+            (
+                PullFailure::Connect,
+                Status::invalid_argument(format!("kv_source.address {address:?}: {e}")),
+            )
+        })?
         .connect_timeout(pull_timeout.min(Duration::from_secs(2)))
         .connect()
         .await
-        .map_err(|e| unavailable(e.to_string()))?;
+        .map_err(|e| (PullFailure::Connect, unavailable(e.to_string())))?;
     let mut client =
         v1::worker_client::WorkerClient::new(channel).max_decoding_message_size(256 * 1024 * 1024);
     let mut request = tonic::Request::new(v1::PullKvRequest {
@@ -217,7 +252,7 @@ async fn pull_and_import(
     let mut chunks = tokio::time::timeout(pull_timeout, call)
         .await
         .map_err(|_| late())?
-        .map_err(|s| unavailable(format!("{:?}: {}", s.code(), s.message())))?
+        .map_err(source_error)?
         .into_inner();
     let mut next_block = 0usize;
     loop {
@@ -225,10 +260,13 @@ async fn pull_and_import(
         // prefill worker that stops sending (hung, or its host gone) fails the pull in time.
         let chunk = match tokio::time::timeout(pull_timeout, chunks.next()).await {
             Err(_) => return Err(late()),
-            Ok(None) => return Err(unavailable("stream ended before the last chunk".into())),
-            Ok(Some(Err(s))) => {
-                return Err(unavailable(format!("{:?}: {}", s.code(), s.message())));
+            Ok(None) => {
+                return Err((
+                    PullFailure::Truncated,
+                    unavailable("stream ended before the last chunk".into()),
+                ));
             }
+            Ok(Some(Err(s))) => return Err(source_error(s)),
             Ok(Some(Ok(chunk))) => chunk,
         };
         let blocks: Vec<HeldBlock> = chunk
@@ -245,9 +283,13 @@ async fn pull_and_import(
             next_block,
             expected,
             engine.spec().block_size,
-        )?;
+        )
+        .map_err(|s| (PullFailure::Mismatch, s))?;
         next_block += blocks.len();
-        engine.import_kv(import, blocks).await?;
+        engine
+            .import_kv(import, blocks)
+            .await
+            .map_err(|e| (PullFailure::Import, e.into()))?;
         if chunk.last {
             return Ok(PullEnd {
                 first_token_id: chunk.first_token_id,

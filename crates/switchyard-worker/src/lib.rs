@@ -6,7 +6,8 @@
 //! [`event_log::EventLog`] that lets consumers resume or resynchronise; it registers itself in
 //! the registry with a lease and keeps its role there up to date; and on shutdown it drains
 //! before it deregisters ([`agent`]). [`config`] holds the one configuration struct and its
-//! flag/environment layer; [`state`] the role, drain flag and in-flight count shared by all.
+//! flag/environment layer; [`state`] the role, drain flag and in-flight count shared by all;
+//! [`metrics`] the Prometheus metrics and their `/metrics` listener.
 
 pub mod agent;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod engine;
 mod engine_transfer;
 pub mod event_log;
 mod kv_source;
+pub mod metrics;
 pub mod service;
 pub mod state;
 mod transfer_config;

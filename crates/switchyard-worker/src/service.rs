@@ -3,7 +3,8 @@
 //! Validates requests (bad input is `INVALID_ARGUMENT` with a sentence, never a panic), enforces
 //! role and drain state, counts requests in flight, and turns engine streams into gRPC streams.
 //! Dropping a response stream (the caller went away) drops the engine stream, which aborts the
-//! request in the engine.
+//! request in the engine. Each call is counted in the worker's metrics when it ends; the
+//! response streams themselves live in [`streams`].
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,20 +12,22 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{Stream, StreamExt, stream};
 use switchyard_core::WorkerInfo;
-use switchyard_proto::convert::{
-    kv_event_to_wire, load_to_wire, role_from_wire, snapshot_block_to_wire, worker_info_to_wire,
-};
+use switchyard_proto::convert::{load_to_wire, role_from_wire, worker_info_to_wire};
 use switchyard_proto::v1;
 use switchyard_telemetry::{WORKER_SPANS, extract_parent, record_error};
-use tokio::sync::broadcast;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::engine::{Engine, FinishReason, GenerateParams, KvPiece, KvPull, PrefillParams};
-use crate::event_log::{SequencedEvent, Subscription, SubscriptionStart};
+use crate::engine::{Engine, FinishReason, GenerateParams, PrefillParams};
+use crate::event_log::SubscriptionStart;
 use crate::kv_source::{ChunkStream, generate_from_source};
-use crate::state::WorkerState;
+use crate::metrics::{RequestKind, RequestRecord, WorkerMetrics};
+
+mod streams;
+
+use crate::state::{InFlightGuard, WorkerState};
+use streams::{EventStreamState, PullSent, PullState, start_messages, stream_generate};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -60,6 +63,7 @@ pub struct WorkerService {
     info: WorkerInfo,
     engine: Arc<dyn Engine>,
     state: WorkerState,
+    metrics: Arc<WorkerMetrics>,
     limits: ServiceLimits,
 }
 
@@ -68,12 +72,14 @@ impl WorkerService {
         info: WorkerInfo,
         engine: Arc<dyn Engine>,
         state: WorkerState,
+        metrics: Arc<WorkerMetrics>,
         limits: ServiceLimits,
     ) -> Self {
         Self {
             info,
             engine,
             state,
+            metrics,
             limits,
         }
     }
@@ -112,7 +118,29 @@ impl WorkerService {
         &self,
         req: v1::GenerateRequest,
         span: tracing::Span,
+        record: RequestRecord,
     ) -> Result<Response<BoxStream<v1::GenerateResponse>>, Status> {
+        match self.open_generate(req, &span).await {
+            Ok((engine_stream, in_flight)) => Ok(Response::new(stream_generate(
+                engine_stream,
+                in_flight,
+                span,
+                record,
+            ))),
+            Err(status) => {
+                record.finish(status.code());
+                Err(status)
+            }
+        }
+    }
+
+    /// Checks a `Generate` and starts it in the engine (after pulling its KV, if it has a
+    /// source).
+    async fn open_generate(
+        &self,
+        req: v1::GenerateRequest,
+        span: &tracing::Span,
+    ) -> Result<(ChunkStream, InFlightGuard), Status> {
         span.record("request_id", req.request_id.as_str());
         span.record("prompt_tokens", req.prompt_token_ids.len() as i64);
         span.record("disaggregated", req.kv_source.is_some());
@@ -145,38 +173,18 @@ impl WorkerService {
         };
         let engine_stream: ChunkStream = match req.kv_source {
             Some(source) => {
-                generate_from_source(&*self.engine, params, source, self.limits.kv_pull_timeout)
-                    .await?
+                generate_from_source(
+                    &*self.engine,
+                    params,
+                    source,
+                    self.limits.kv_pull_timeout,
+                    &self.metrics,
+                )
+                .await?
             }
             None => Box::pin(self.engine.generate(params).await?),
         };
-        let stream = engine_stream.map(move |item| {
-            // The guard lives as long as the stream: the request is in flight until then. So
-            // does the span, which ends with the generation.
-            let _ = &in_flight;
-            if let Ok(chunk) = &item
-                && let Some(finish) = chunk.finish
-            {
-                span.record(
-                    "cached_prompt_tokens",
-                    i64::from(chunk.cached_prompt_tokens),
-                );
-                span.record("completion_tokens", i64::from(chunk.completion_tokens));
-                span.record("finish_reason", finish_name(finish));
-            }
-            if let Err(err) = &item {
-                record_error(&span, err.to_string());
-            }
-            item.map(|chunk| v1::GenerateResponse {
-                token_ids: chunk.tokens,
-                finish_reason: finish_to_wire(chunk.finish),
-                cached_prompt_tokens: chunk.cached_prompt_tokens,
-                prompt_tokens: chunk.prompt_tokens,
-                completion_tokens: chunk.completion_tokens,
-            })
-            .map_err(Status::from)
-        });
-        Ok(Response::new(Box::pin(stream)))
+        Ok((engine_stream, in_flight))
     }
 
     /// `Prefill` inside its `prefill` span.
@@ -229,20 +237,29 @@ impl WorkerService {
         req: v1::PullKvRequest,
         span: tracing::Span,
     ) -> Result<Response<BoxStream<v1::KvChunk>>, Status> {
-        let handle = req
-            .handle
-            .map(|h| h.id)
-            .filter(|id| !id.is_empty())
-            .ok_or_else(|| Status::invalid_argument("handle is missing"))?;
+        let record = self.metrics.request(RequestKind::Pull);
+        let Some(handle) = req.handle.map(|h| h.id).filter(|id| !id.is_empty()) else {
+            record.finish(tonic::Code::InvalidArgument);
+            return Err(Status::invalid_argument("handle is missing"));
+        };
         span.record("handle", handle.as_str());
         let per_chunk = match req.blocks_per_chunk {
             0 => self.limits.default_blocks_per_chunk,
             n => n,
         } as usize;
         let in_flight = self.state.begin_request();
-        let pull = self.engine.pull_kv(&handle).await?;
+        let pull = match self.engine.pull_kv(&handle).await {
+            Ok(pull) => pull,
+            Err(err) => {
+                let status = Status::from(err);
+                record.finish(status.code());
+                return Err(status);
+            }
+        };
+        self.metrics.pull_served();
         span.record("pipelined", pull.pipelined());
         let state = PullState {
+            record: Some(record),
             pull,
             per_chunk: per_chunk.max(1),
             bytes_per_token: self.engine.spec().kv_bytes_per_token,
@@ -263,6 +280,14 @@ impl WorkerService {
             item
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// The outcome a finished generation is counted with: an engine that gave up on it aborted it.
+fn finish_code(finish: FinishReason) -> tonic::Code {
+    match finish {
+        FinishReason::Length | FinishReason::Stop => tonic::Code::Ok,
+        FinishReason::Aborted => tonic::Code::Aborted,
     }
 }
 
@@ -321,8 +346,10 @@ impl v1::worker_server::Worker for WorkerService {
             finish_reason = Empty,
         );
         extract_parent(&span, request.metadata());
+        // Arrival: the time to first token counts from here.
+        let record = self.metrics.request(RequestKind::Generate);
         let started = self
-            .start_generate(request.into_inner(), span.clone())
+            .start_generate(request.into_inner(), span.clone(), record)
             .instrument(span.clone())
             .await;
         if let Err(status) = &started {
@@ -345,18 +372,31 @@ impl v1::worker_server::Worker for WorkerService {
             cached_prompt_tokens = Empty,
         );
         extract_parent(&span, request.metadata());
+        let record = self.metrics.request(RequestKind::Prefill);
         let answer = self
             .run_prefill(request.into_inner())
             .instrument(span.clone())
             .await;
         match &answer {
             Ok(response) => {
+                let response = response.get_ref();
                 span.record(
                     "cached_prompt_tokens",
-                    i64::from(response.get_ref().cached_prompt_tokens),
+                    i64::from(response.cached_prompt_tokens),
                 );
+                // A pipelined prefill's cached count comes with the last piece of its pull.
+                self.metrics.tokens(
+                    RequestKind::Prefill,
+                    response.prompt_tokens,
+                    response.cached_prompt_tokens,
+                    0,
+                );
+                record.finish(tonic::Code::Ok);
             }
-            Err(status) => record_error(&span, status.message()),
+            Err(status) => {
+                record_error(&span, status.message());
+                record.finish(status.code());
+            }
         }
         answer
     }
@@ -490,169 +530,5 @@ impl v1::worker_server::Worker for WorkerService {
             draining: self.state.is_draining(),
             in_flight: self.state.in_flight(),
         }))
-    }
-}
-
-fn start_messages(start: SubscriptionStart) -> Vec<v1::kv_events_response::Payload> {
-    match start {
-        SubscriptionStart::Replay(events) => events
-            .iter()
-            .map(|e| v1::kv_events_response::Payload::Event(kv_event_to_wire(e.seq, &e.event)))
-            .collect(),
-        SubscriptionStart::Snapshot { next_seq, blocks } => {
-            vec![v1::kv_events_response::Payload::Snapshot(v1::Snapshot {
-                next_seq,
-                blocks: blocks.iter().map(snapshot_block_to_wire).collect(),
-            })]
-        }
-    }
-}
-
-/// Drives one KV pull: each piece the engine hands over (all blocks at once, or one prefill
-/// chunk's blocks while a pipelined prefill runs) goes out in chunks of at most `per_chunk`
-/// blocks as soon as it arrives; only that piece's blocks are converted.
-struct PullState {
-    pull: KvPull,
-    per_chunk: usize,
-    bytes_per_token: u64,
-    next_block: usize,
-    pending: std::collections::VecDeque<v1::KvChunk>,
-    done: bool,
-    sent: PullSent,
-    /// `serve_pull`: ends when the stream is dropped.
-    span: tracing::Span,
-}
-
-/// What a pull has sent so far, for its span.
-#[derive(Debug, Default)]
-struct PullSent {
-    chunks: u64,
-    blocks: u64,
-    bytes: u64,
-}
-
-impl PullState {
-    async fn next_chunk(&mut self) -> Option<Result<v1::KvChunk, Status>> {
-        loop {
-            if let Some(chunk) = self.pending.pop_front() {
-                return Some(Ok(chunk));
-            }
-            if self.done {
-                return None;
-            }
-            match self.pull.next_piece().await {
-                None => {
-                    self.done = true;
-                    return Some(Err(Status::unavailable(
-                        "the prefill ended before its last kv chunk (engine stopped)",
-                    )));
-                }
-                Some(Err(err)) => {
-                    self.done = true;
-                    return Some(Err(err.into()));
-                }
-                Some(Ok(piece)) => self.split(piece),
-            }
-        }
-    }
-
-    /// Counts what went out on the span (as it goes, so a pull the decode side abandons still
-    /// shows how far it got) and marks the span failed on an error.
-    fn note(&mut self, item: &Result<v1::KvChunk, Status>) {
-        match item {
-            Ok(chunk) => {
-                self.sent.chunks += 1;
-                self.sent.blocks += chunk.blocks.len() as u64;
-                self.sent.bytes += chunk.bytes;
-                self.span.record("chunks", self.sent.chunks as i64);
-                self.span.record("blocks", self.sent.blocks as i64);
-                self.span.record("bytes", self.sent.bytes as i64);
-            }
-            Err(status) => record_error(&self.span, status.message()),
-        }
-    }
-
-    fn split(&mut self, piece: KvPiece) {
-        for blocks in piece.blocks.chunks(self.per_chunk) {
-            let tokens: u64 = blocks.iter().map(|b| b.tokens.len() as u64).sum();
-            self.pending.push_back(v1::KvChunk {
-                first_block: self.next_block as u32,
-                bytes: tokens * self.bytes_per_token,
-                blocks: blocks
-                    .iter()
-                    .map(|b| v1::KvBlock {
-                        hash: b.hash.get(),
-                        token_ids: b.tokens.clone(),
-                    })
-                    .collect(),
-                ..Default::default()
-            });
-            self.next_block += blocks.len();
-        }
-        if !piece.last {
-            return;
-        }
-        self.done = true;
-        if self.pending.is_empty() {
-            self.pending.push_back(v1::KvChunk {
-                first_block: self.next_block as u32,
-                ..Default::default()
-            });
-        }
-        if let Some(last) = self.pending.back_mut() {
-            last.last = true;
-            last.first_token_id = piece.first_token;
-            last.cached_prompt_tokens = piece.cached_prompt_tokens;
-        }
-    }
-}
-
-/// Drives one KV event stream: the start (replay or snapshot), then live events; when the
-/// consumer lags behind the live channel it resumes from the log itself, so it never skips.
-struct EventStreamState {
-    log: Arc<crate::event_log::EventLog>,
-    pending: std::collections::VecDeque<v1::kv_events_response::Payload>,
-    live: broadcast::Receiver<Arc<SequencedEvent>>,
-    /// Sequence number the consumer expects next, once known.
-    next_seq: Option<u64>,
-}
-
-impl EventStreamState {
-    async fn next_payload(&mut self) -> Option<v1::kv_events_response::Payload> {
-        loop {
-            if let Some(payload) = self.pending.pop_front() {
-                self.note_sent(&payload);
-                return Some(payload);
-            }
-            match self.live.recv().await {
-                Ok(event) => {
-                    // Events already covered by the replay or snapshot are skipped.
-                    if self.next_seq.is_some_and(|next| event.seq < next) {
-                        continue;
-                    }
-                    let payload = v1::kv_events_response::Payload::Event(kv_event_to_wire(
-                        event.seq,
-                        &event.event,
-                    ));
-                    self.note_sent(&payload);
-                    return Some(payload);
-                }
-                Err(broadcast::error::RecvError::Lagged(skipped)) => {
-                    tracing::debug!(skipped, "kv event consumer lagged; resuming from the log");
-                    let Subscription { start, live } =
-                        self.log.subscribe(self.next_seq, self.log.incarnation());
-                    self.live = live;
-                    self.pending = start_messages(start).into();
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    }
-
-    fn note_sent(&mut self, payload: &v1::kv_events_response::Payload) {
-        self.next_seq = Some(match payload {
-            v1::kv_events_response::Payload::Event(e) => e.seq + 1,
-            v1::kv_events_response::Payload::Snapshot(s) => s.next_seq,
-        });
     }
 }

@@ -7,147 +7,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use switchyard_core::{BlockHash, BlockSize, EngineKind, WorkerId, block_hashes};
-use switchyard_worker::config::EngineConfig;
-use switchyard_worker::engine::vllm::VllmEngine;
+use switchyard_core::{BlockSize, EngineKind, Role, block_hashes};
 use switchyard_worker::engine::{Engine, EngineError, FinishReason, GenerateParams, PrefillParams};
-use switchyard_worker::event_log::SubscriptionStart;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use switchyard_worker::metrics::{WorkerMetrics, sample};
+use switchyard_worker::state::WorkerState;
 
-const SCRIPT: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../tests/python/fake_vllm.py"
-);
+mod support;
 
-struct Fake {
-    _child: Child,
-    http: String,
-    zmq: u16,
-    replay: u16,
-    bootstrap: u16,
-    client: reqwest::Client,
-}
-
-impl Fake {
-    async fn start(extra: &[&str]) -> Fake {
-        let mut child = Command::new("python3")
-            .arg(SCRIPT)
-            .args(extra)
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 runs the stand-in (pip install pyzmq msgpack)");
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("stand-in starts")
-            .unwrap()
-            .expect("stand-in prints READY");
-        let ports: Value = serde_json::from_str(line.strip_prefix("READY ").unwrap()).unwrap();
-        Fake {
-            _child: child,
-            http: format!("http://127.0.0.1:{}", ports["http"]),
-            zmq: ports["zmq"].as_u64().unwrap() as u16,
-            replay: ports["replay"].as_u64().unwrap() as u16,
-            bootstrap: ports["bootstrap"].as_u64().unwrap() as u16,
-            client: reqwest::Client::new(),
-        }
-    }
-
-    async fn admin(&self, what: &str, body: Value) -> Value {
-        self.client
-            .post(format!("{}/admin/{what}", self.http))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
-    async fn store(&self, tokens: Vec<u32>, rank: u32) {
-        self.admin("store", json!({"tokens": tokens, "rank": rank}))
-            .await;
-    }
-
-    /// Switchyard's hashes of every block the stand-in holds, over all ranks.
-    async fn held(&self, bs: BlockSize) -> BTreeSet<BlockHash> {
-        let state = self.admin("state", json!({})).await;
-        let mut held = BTreeSet::new();
-        for rank in state["ranks"].as_array().unwrap() {
-            for prefix in rank.as_array().unwrap() {
-                let tokens: Vec<u32> = serde_json::from_value(prefix.clone()).unwrap();
-                held.insert(*block_hashes(&tokens, bs).last().unwrap());
-            }
-        }
-        held
-    }
-
-    fn config(&self, kind: EngineKind, ranks: u32, replay: bool) -> EngineConfig {
-        EngineConfig {
-            kind,
-            url: Some(self.http.clone()),
-            kv_events: Some(format!("tcp://127.0.0.1:{}", self.zmq)),
-            kv_replay: replay.then(|| format!("tcp://127.0.0.1:{}", self.replay)),
-            dp_ranks: ranks,
-            metrics_interval_ms: 50,
-            startup_timeout_secs: 20,
-            ..EngineConfig::default()
-        }
-    }
-}
-
-async fn start(config: EngineConfig) -> VllmEngine {
-    let engine = VllmEngine::start(
-        WorkerId::new("w").unwrap(),
-        1,
-        "fake-model",
-        &config,
-        1,
-        4096,
-    )
-    .await
-    .unwrap();
-    // Let the SUB sockets connect before the stand-in publishes (PUB drops unsent messages).
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    engine
-}
-
-fn logged(engine: &VllmEngine) -> BTreeSet<BlockHash> {
-    match engine.events().subscribe(None, 0).start {
-        SubscriptionStart::Snapshot { blocks, .. } => blocks.iter().map(|b| b.hash).collect(),
-        SubscriptionStart::Replay(_) => unreachable!("no resume point was given"),
-    }
-}
-
-/// Waits until the adapter's view equals what the stand-in holds.
-async fn assert_mirrors(fake: &Fake, engine: &VllmEngine) {
-    let bs = engine.spec().block_size;
-    let want = fake.held(bs).await;
-    for _ in 0..100 {
-        if logged(engine) == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "adapter view {:?} != engine {:?} (stats {:?})",
-        logged(engine),
-        want,
-        engine.stats()
-    );
-}
-
-fn seq(start: u32, n: u32) -> Vec<u32> {
-    (start..start + n).collect()
-}
+use support::fake_vllm::{Fake, assert_mirrors, logged, seq, start};
 
 fn params(prompt: Vec<u32>, max_tokens: u32) -> GenerateParams {
     GenerateParams {
@@ -247,6 +119,108 @@ async fn a_gap_replay_cannot_cover_clears_the_rank_and_rebuilds() {
     assert_eq!(logged(&engine), fresh);
     let stats = engine.stats();
     assert_eq!((stats.gaps, stats.resyncs, stats.replays), (1, 1, 0));
+    let engine: Arc<dyn Engine> = Arc::new(engine);
+    let scrape =
+        WorkerMetrics::new("w", Arc::clone(&engine), WorkerState::new(Role::Both)).encode();
+    let rank0 = [("rank", "0")];
+    assert_eq!(
+        sample(
+            &scrape,
+            "switchyard_worker_engine_kv_replay_failures_total",
+            &rank0
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&scrape, "switchyard_worker_engine_kv_replays_total", &rank0),
+        Some(0.0)
+    );
+    engine.shutdown();
+}
+
+/// The relay counters that were only logged reach `/metrics`, per rank: a gap replayed on rank
+/// 1, bad frames on rank 0, a restart seen by both, and the engine's own `/metrics` going away.
+#[tokio::test]
+async fn relay_counters_and_engine_scrapes_reach_the_metrics_per_rank() {
+    let fake = Fake::start(&["--dp-ranks", "2", "--block-size", "4"]).await;
+    let vllm = Arc::new(start(fake.config(EngineKind::Vllm, 2, true)).await);
+    let engine: Arc<dyn Engine> = vllm.clone();
+    let metrics = WorkerMetrics::new("w", Arc::clone(&engine), WorkerState::new(Role::Both));
+    let value = |name: &str, rank: &str| {
+        let name = format!("switchyard_worker_{name}");
+        sample(&metrics.encode(), &name, &[("rank", rank)]).unwrap_or_else(|| panic!("no {name}"))
+    };
+    assert_eq!(engine.telemetry().relay_ranks.len(), 2);
+    assert_eq!(value("engine_kv_gaps_total", "0"), 0.0);
+
+    fake.store(seq(1, 8), 0).await;
+    fake.store(seq(50, 8), 1).await;
+    // Rank 1 misses one batch, which its replay buffer still has.
+    fake.admin("drop_next", json!({"count": 1})).await;
+    fake.store(seq(100, 8), 1).await;
+    fake.store(seq(200, 8), 1).await;
+    fake.admin("drop_next", json!({"count": 0})).await;
+    // Three bad messages on rank 0 (frame count, sequence frame, payload).
+    fake.admin("malformed", json!({"rank": 0})).await;
+    fake.store(seq(300, 8), 0).await;
+    assert_mirrors(&fake, &vllm).await;
+    fake.admin("restart", json!({})).await;
+    fake.store(seq(500, 8), 0).await;
+    fake.store(seq(600, 8), 1).await;
+    assert_mirrors(&fake, &vllm).await;
+
+    assert_eq!(
+        (
+            value("engine_kv_gaps_total", "0"),
+            value("engine_kv_gaps_total", "1")
+        ),
+        (0.0, 1.0)
+    );
+    assert_eq!(value("engine_kv_replays_total", "1"), 1.0);
+    assert_eq!(value("engine_kv_replayed_batches_total", "1"), 1.0);
+    assert_eq!(value("engine_kv_replay_failures_total", "1"), 0.0);
+    assert_eq!(value("engine_kv_malformed_frames_total", "0"), 3.0);
+    assert_eq!(value("engine_kv_malformed_frames_total", "1"), 0.0);
+    assert_eq!(
+        (
+            value("engine_restarts_total", "0"),
+            value("engine_restarts_total", "1")
+        ),
+        (1.0, 1.0)
+    );
+    // Rank 0: two stores, the unreadable payload is not a batch, the restart's store.
+    assert_eq!(value("engine_kv_batches_total", "0"), 3.0);
+    assert!(value("engine_kv_events_relayed_total", "0") >= 3.0);
+    assert_eq!(value("engine_kv_batches_total", "1"), 4.0);
+
+    // The engine's own /metrics answers, then stops answering when the engine is gone.
+    let scrapes = |outcome: &str| {
+        sample(
+            &metrics.encode(),
+            "switchyard_worker_engine_metrics_scrapes_total",
+            &[("outcome", outcome)],
+        )
+        .unwrap()
+    };
+    let up = || {
+        sample(
+            &metrics.encode(),
+            "switchyard_worker_engine_metrics_up",
+            &[],
+        )
+        .unwrap()
+    };
+    assert!(scrapes("ok") >= 1.0);
+    assert_eq!(up(), 1.0);
+    drop(fake);
+    for _ in 0..200 {
+        if up() == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(up(), 0.0);
+    assert!(scrapes("error") >= 1.0);
     engine.shutdown();
 }
 

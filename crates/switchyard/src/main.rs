@@ -253,6 +253,7 @@ async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
             "block_size": running.info.block_size.get(),
             "kv_capacity_blocks": running.info.kv_capacity_blocks,
             "incarnation": running.info.incarnation,
+            "metrics": running.metrics_addr.map(|a| format!("http://{a}/metrics")),
         });
         println!("{ready}");
     })

@@ -1,7 +1,8 @@
 //! `switchyard up`: the whole system in one process, ready for an OpenAI client.
 //!
 //! Starts a registry (in memory, or etcd with `--etcd`), N simulated workers registered in it,
-//! and the gateway that watches it. Ctrl-C or SIGTERM stops the gateway first, then drains the
+//! and the gateway that watches it. Each worker serves its own `/metrics` on a free loopback
+//! port, printed in the banner. Ctrl-C or SIGTERM stops the gateway first, then drains the
 //! workers.
 //!
 //! With `--planner` the workers start split between a prefill and a decode pool, the gateway
@@ -134,6 +135,8 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
             etcd_endpoints: gateway.etcd_endpoints.clone(),
             speedup: args.speedup,
             otlp_endpoint: gateway.otlp_endpoint.clone(),
+            // One process, many workers: each gets its own free port for /metrics.
+            metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             ..WorkerConfig::default()
         };
         config.sim.block_size = block_size;
@@ -181,7 +184,7 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
         let stop = worker_stop.clone();
         tasks.spawn(async move {
             let result = switchyard_worker::run(config, Some(registry), stop, move |w| {
-                let _ = tx.send(w.info.id.to_string());
+                let _ = tx.send((w.info.id.to_string(), w.metrics_addr));
             })
             .await;
             if let Err(err) = &result {
@@ -190,9 +193,14 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
             result
         });
     }
+    let mut worker_metrics = Vec::with_capacity(ready.len());
     for rx in ready {
-        rx.await
+        let (id, metrics) = rx
+            .await
             .map_err(|_| anyhow::anyhow!("a worker failed to start; see the log above"))?;
+        if let Some(addr) = metrics {
+            worker_metrics.push((id, format!("http://{addr}/metrics")));
+        }
     }
     let planning = planner.is_some();
     let mut extensions = Extensions::default();
@@ -226,7 +234,7 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
                 planner.set_gateways(vec![format!("http://{addr}")]);
                 tasks.spawn(planner.run(planner_stop));
             }
-            print_banner(addr, worker_count, &model, planning)
+            print_banner(addr, worker_count, &model, planning, &worker_metrics)
         }
         Err(_) => {
             worker_stop.cancel();
@@ -248,7 +256,13 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
     }
 }
 
-fn print_banner(addr: SocketAddr, workers: usize, model: &str, planner: bool) {
+fn print_banner(
+    addr: SocketAddr,
+    workers: usize,
+    model: &str,
+    planner: bool,
+    worker_metrics: &[(String, String)],
+) {
     let url = format!("http://{addr}/v1");
     let ready = serde_json::json!({
         "event": "ready",
@@ -256,6 +270,10 @@ fn print_banner(addr: SocketAddr, workers: usize, model: &str, planner: bool) {
         "address": addr.to_string(),
         "workers": workers,
         "model": model,
+        "worker_metrics": worker_metrics
+            .iter()
+            .map(|(id, url)| (id.clone(), serde_json::Value::from(url.as_str())))
+            .collect::<serde_json::Map<_, _>>(),
     });
     println!("{ready}");
     println!(
@@ -272,5 +290,8 @@ fn print_banner(addr: SocketAddr, workers: usize, model: &str, planner: bool) {
     );
     if planner {
         println!("  planner: http://{addr}/admin/planner (plan and decisions)");
+    }
+    for (id, url) in worker_metrics {
+        println!("  worker {id} metrics: {url}");
     }
 }

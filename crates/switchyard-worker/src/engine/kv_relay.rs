@@ -12,7 +12,7 @@ use switchyard_core::{BlockHash, BlockSize, KvEvent, StorageTier};
 use switchyard_router::EngineHashMap;
 
 use super::kv_decode::{EngineBatch, EngineEvent};
-use super::stats::AdapterCounters;
+use super::stats::{AdapterCounters, RankCounters};
 use crate::event_log::EventLog;
 
 type BlockKey = (BlockHash, StorageTier);
@@ -57,6 +57,7 @@ impl KvRelay {
 
     /// Applies one engine batch from `rank` and publishes the resulting events.
     pub fn apply(&mut self, rank: u32, batch: &EngineBatch, log: &EventLog, c: &AdapterCounters) {
+        let c = c.rank(rank);
         let mut out = Vec::new();
         for event in &batch.events {
             match event {
@@ -110,7 +111,7 @@ impl KvRelay {
         hashes: &[u64],
         tokens: &[u32],
         tier: StorageTier,
-        c: &AdapterCounters,
+        c: &RankCounters,
     ) -> Option<KvEvent> {
         let bs = self.block_size.as_usize();
         // Only full blocks have keys: SGLang may send a partial last page, which is skipped.

@@ -367,6 +367,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// Current load.
     fn load(&self) -> LoadStats;
 
+    /// What the engine counts beyond its load (held handles, its event relay), read at each
+    /// scrape of the worker's `/metrics`.
+    fn telemetry(&self) -> stats::EngineTelemetry {
+        stats::EngineTelemetry::default()
+    }
+
     /// The engine's KV event log.
     fn events(&self) -> &Arc<EventLog>;
 

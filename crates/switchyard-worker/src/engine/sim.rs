@@ -92,6 +92,8 @@ pub struct SimEngine {
     events: Arc<EventLog>,
     next_request: AtomicU64,
     handles: Arc<Mutex<HashMap<String, HeldHandle>>>,
+    /// Handles that expired unpulled since start.
+    expired_handles: Arc<AtomicU64>,
     tasks: TaskTracker,
     cancel: CancellationToken,
     /// Charges KV imports their transfer time.
@@ -162,6 +164,7 @@ impl SimEngine {
             events,
             next_request: AtomicU64::new(1),
             handles: Arc::new(Mutex::new(HashMap::new())),
+            expired_handles: Arc::new(AtomicU64::new(0)),
             tasks,
             cancel,
             timing,
@@ -209,6 +212,7 @@ impl SimEngine {
             },
         );
         let handles = Arc::clone(&self.handles);
+        let expired_count = Arc::clone(&self.expired_handles);
         let cmd_tx = self.cmd_tx.clone();
         let expiring = handle.clone();
         let cancel = self.cancel.clone();
@@ -222,6 +226,7 @@ impl SimEngine {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&expiring);
             if let Some(held) = expired {
+                expired_count.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(handle = %expiring, "kv handle expired unpulled; releasing blocks");
                 let _ = cmd_tx.send(Command::Abort(held.request));
                 let _ = cmd_tx.send(Command::Release(held.request));
@@ -377,6 +382,14 @@ impl Engine for SimEngine {
 
     fn load(&self) -> LoadStats {
         *self.load_rx.borrow()
+    }
+
+    fn telemetry(&self) -> super::stats::EngineTelemetry {
+        super::stats::EngineTelemetry {
+            held_kv_handles: Some(self.held_handles() as u64),
+            expired_kv_handles: Some(self.expired_handles.load(Ordering::Relaxed)),
+            ..Default::default()
+        }
     }
 
     fn events(&self) -> &Arc<EventLog> {

@@ -1,8 +1,9 @@
-//! Counters of the engine adapter's KV event relay, readable at any time as [`AdapterStats`].
+//! Counters of the engine adapter's KV event relay, kept per data-parallel rank and readable at
+//! any time as [`AdapterStats`] (the worker's `/metrics` exports them per rank).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What the KV event relay has seen since the adapter started.
+/// What the KV event relay has seen since the adapter started (one rank, or all summed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AdapterStats {
     /// Engine batches applied (live or replayed).
@@ -28,9 +29,26 @@ pub struct AdapterStats {
     pub unrelatable: u64,
 }
 
-/// The live counters behind [`AdapterStats`].
+impl AdapterStats {
+    fn plus(self, o: Self) -> Self {
+        Self {
+            batches: self.batches + o.batches,
+            events: self.events + o.events,
+            gaps: self.gaps + o.gaps,
+            replays: self.replays + o.replays,
+            replayed_batches: self.replayed_batches + o.replayed_batches,
+            resyncs: self.resyncs + o.resyncs,
+            restarts: self.restarts + o.restarts,
+            malformed: self.malformed + o.malformed,
+            partial_blocks: self.partial_blocks + o.partial_blocks,
+            unrelatable: self.unrelatable + o.unrelatable,
+        }
+    }
+}
+
+/// The live counters of one rank.
 #[derive(Debug, Default)]
-pub struct AdapterCounters {
+pub struct RankCounters {
     pub batches: AtomicU64,
     pub events: AtomicU64,
     pub gaps: AtomicU64,
@@ -43,7 +61,7 @@ pub struct AdapterCounters {
     pub unrelatable: AtomicU64,
 }
 
-impl AdapterCounters {
+impl RankCounters {
     pub fn add(&self, counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
@@ -62,5 +80,89 @@ impl AdapterCounters {
             partial_blocks: get(&self.partial_blocks),
             unrelatable: get(&self.unrelatable),
         }
+    }
+}
+
+/// The live counters behind [`AdapterStats`], one set per data-parallel rank.
+#[derive(Debug)]
+pub struct AdapterCounters {
+    /// Never empty.
+    ranks: Vec<RankCounters>,
+}
+
+impl AdapterCounters {
+    pub fn new(dp_ranks: u32) -> Self {
+        Self {
+            ranks: (0..dp_ranks.max(1))
+                .map(|_| RankCounters::default())
+                .collect(),
+        }
+    }
+
+    /// The counters of `rank`; a rank past the configured ones (which the followers never
+    /// produce) is counted on the last rank rather than lost.
+    pub fn rank(&self, rank: u32) -> &RankCounters {
+        let last = self.ranks.len().saturating_sub(1);
+        &self.ranks[(rank as usize).min(last)]
+    }
+
+    /// Every rank's figures, in rank order.
+    pub fn per_rank(&self) -> Vec<AdapterStats> {
+        self.ranks.iter().map(RankCounters::snapshot).collect()
+    }
+
+    /// All ranks summed.
+    pub fn snapshot(&self) -> AdapterStats {
+        self.ranks
+            .iter()
+            .map(RankCounters::snapshot)
+            .fold(AdapterStats::default(), AdapterStats::plus)
+    }
+}
+
+impl Default for AdapterCounters {
+    fn default() -> Self {
+        Self::new(1)
+    }
+}
+
+/// How the adapter's periodic scrape of the engine's own `/metrics` is going.
+#[derive(Debug, Default)]
+pub struct EngineScrapeCounters {
+    pub ok: AtomicU64,
+    pub failed: AtomicU64,
+    /// 1 while the last scrape succeeded.
+    pub up: AtomicU64,
+}
+
+/// Figures an engine keeps beyond its load, for the worker's `/metrics`; what an engine does
+/// not have stays `None` or empty and is not exported.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineTelemetry {
+    /// KV handles held for a decode worker to pull.
+    pub held_kv_handles: Option<u64>,
+    /// KV handles that expired unpulled since start.
+    pub expired_kv_handles: Option<u64>,
+    /// The KV event relay's counters, per data-parallel rank.
+    pub relay_ranks: Vec<AdapterStats>,
+    /// Scrapes of the engine's `/metrics`: (succeeded, failed, last one succeeded).
+    pub engine_scrapes: Option<(u64, u64, bool)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_count_apart_and_sum_up() {
+        let c = AdapterCounters::new(2);
+        c.rank(0).add(&c.rank(0).gaps, 1);
+        c.rank(1).add(&c.rank(1).gaps, 2);
+        // Past the configured ranks: kept on the last one.
+        c.rank(7).add(&c.rank(7).restarts, 1);
+        let ranks = c.per_rank();
+        assert_eq!((ranks[0].gaps, ranks[1].gaps), (1, 2));
+        assert_eq!(ranks[1].restarts, 1);
+        assert_eq!(c.snapshot().gaps, 3);
     }
 }

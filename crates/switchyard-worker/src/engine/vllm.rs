@@ -12,6 +12,7 @@
 //! prefill answer carries the engine's transfer parameters and the decode side hands them to its
 //! engine, so [`Engine::pull_kv`] answers [`EngineError::Unsupported`].
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use super::engine_metrics::Scrape;
 use super::kv_relay::KvRelay;
 use super::openai_http::{self, Dialect};
-use super::stats::{AdapterCounters, AdapterStats};
+use super::stats::{AdapterCounters, AdapterStats, EngineScrapeCounters, EngineTelemetry};
 use super::zmq_events::{RankEndpoints, RelayShared, follow_rank, rank_endpoint};
 use super::{
     DropGuard, Engine, EngineError, EngineSpec, GenerateParams, GenerationStream, KvPull,
@@ -74,6 +75,7 @@ pub struct VllmEngine {
     load_rx: watch::Receiver<LoadStats>,
     events: Arc<EventLog>,
     counters: Arc<AdapterCounters>,
+    scrapes: Arc<EngineScrapeCounters>,
     shared: Option<Arc<RelayShared>>,
     pub(super) tasks: TaskTracker,
     pub(super) cancel: CancellationToken,
@@ -124,7 +126,7 @@ impl VllmEngine {
         tracing::info!(%kind, url = %base_url, block_size = block_size.get(), kv_blocks, max_context = spec.max_context_tokens, "engine found");
 
         let events = Arc::new(EventLog::new(worker, incarnation, event_buffer));
-        let counters = Arc::new(AdapterCounters::default());
+        let counters = Arc::new(AdapterCounters::new(config.dp_ranks));
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         let shared = match &config.kv_events {
@@ -169,13 +171,17 @@ impl VllmEngine {
             capacity_blocks: kv_blocks,
             ..LoadStats::default()
         });
+        let scrapes = Arc::new(EngineScrapeCounters::default());
         tasks.spawn(scrape_load(
-            http.clone(),
-            format!("{base_url}/metrics"),
-            kind,
-            kv_blocks,
-            Duration::from_millis(config.metrics_interval_ms),
+            LoadSource {
+                http: http.clone(),
+                url: format!("{base_url}/metrics"),
+                kind,
+                capacity: kv_blocks,
+                every: Duration::from_millis(config.metrics_interval_ms),
+            },
             load_tx,
+            Arc::clone(&scrapes),
             cancel.clone(),
         ));
         tasks.spawn(log_stats(Arc::clone(&counters), cancel.clone()));
@@ -192,6 +198,7 @@ impl VllmEngine {
             load_rx,
             events,
             counters,
+            scrapes,
             shared,
             tasks,
             cancel,
@@ -354,27 +361,46 @@ async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, String> {
     serde_json::from_str(&text).map_err(|e| format!("{url}: {e}"))
 }
 
-async fn scrape_load(
+/// Where and how often the engine's load is read.
+struct LoadSource {
     http: reqwest::Client,
     url: String,
     kind: EngineKind,
     capacity: u64,
     every: Duration,
+}
+
+async fn scrape_load(
+    source: LoadSource,
     load_tx: watch::Sender<LoadStats>,
+    scrapes: Arc<EngineScrapeCounters>,
     cancel: CancellationToken,
 ) {
+    let LoadSource {
+        http,
+        url,
+        kind,
+        capacity,
+        every,
+    } = source;
     let mut failing = false;
     loop {
         match get_text(&http, &url).await {
             Ok(text) => {
                 load_tx.send_replace(Scrape::from_text(&text).load(kind, capacity));
+                scrapes.ok.fetch_add(1, Ordering::Relaxed);
+                scrapes.up.store(1, Ordering::Relaxed);
                 failing = false;
             }
-            Err(err) if !failing => {
-                tracing::warn!(%url, error = %err, "engine metrics scrape failed; keeping the last load");
+            Err(err) => {
+                scrapes.failed.fetch_add(1, Ordering::Relaxed);
+                scrapes.up.store(0, Ordering::Relaxed);
+                // Logged once per outage; the metrics count every failure.
+                if !failing {
+                    tracing::warn!(%url, error = %err, "engine metrics scrape failed; keeping the last load");
+                }
                 failing = true;
             }
-            Err(_) => {}
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -437,6 +463,24 @@ impl Engine for VllmEngine {
 
     fn load(&self) -> LoadStats {
         *self.load_rx.borrow()
+    }
+
+    fn telemetry(&self) -> EngineTelemetry {
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        EngineTelemetry {
+            // Without --kv-events there is no relay, and no zeros that look like a healthy one.
+            relay_ranks: if self.shared.is_some() {
+                self.counters.per_rank()
+            } else {
+                Vec::new()
+            },
+            engine_scrapes: Some((
+                get(&self.scrapes.ok),
+                get(&self.scrapes.failed),
+                get(&self.scrapes.up) == 1,
+            )),
+            ..EngineTelemetry::default()
+        }
     }
 
     fn events(&self) -> &Arc<EventLog> {

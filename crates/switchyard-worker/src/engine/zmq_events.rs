@@ -75,11 +75,13 @@ impl RelayShared {
     pub fn apply(&self, rank: u32, seq: u64, payload: &[u8]) {
         match decode_batch(payload) {
             Ok(batch) => {
-                self.counters.add(&self.counters.batches, 1);
+                let c = self.counters.rank(rank);
+                c.add(&c.batches, 1);
                 self.lock().apply(rank, &batch, &self.log, &self.counters);
             }
             Err(err) => {
-                self.counters.add(&self.counters.malformed, 1);
+                let c = self.counters.rank(rank);
+                c.add(&c.malformed, 1);
                 tracing::warn!(rank, seq, error = %err, "malformed kv event batch skipped");
             }
         }
@@ -163,14 +165,15 @@ pub async fn follow_rank(
             }
         };
         let Some((seq, payload)) = split_message(message) else {
-            shared.counters.add(&shared.counters.malformed, 1);
+            let c = shared.counters.rank(rank);
+            c.add(&c.malformed, 1);
             tracing::warn!(
                 rank,
                 "kv event message without 3 frames and an 8-byte sequence"
             );
             continue;
         };
-        let c = &shared.counters;
+        let c = shared.counters.rank(rank);
         match classify(last, seq) {
             SeqStep::InOrder => {}
             SeqStep::First => {
@@ -208,7 +211,7 @@ async fn catch_up(
     reset_on_failure: bool,
 ) {
     let rank = endpoints.rank;
-    let c = &shared.counters;
+    let c = shared.counters.rank(rank);
     let replayed = match &endpoints.replay {
         Some(replay) => {
             match tokio::time::timeout(REPLAY_TIMEOUT, fetch(replay, from, until)).await {

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_vllm;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -16,6 +18,8 @@ use tonic::transport::Channel;
 /// A running `switchyard_worker::run` and a client connected to it.
 pub struct InProcessWorker {
     pub addr: SocketAddr,
+    /// Where `/metrics` is served, when the config asked for it.
+    pub metrics_addr: Option<SocketAddr>,
     pub client: WorkerClient<Channel>,
     pub shutdown: CancellationToken,
     pub task: tokio::task::JoinHandle<Result<(), switchyard_worker::AgentError>>,
@@ -33,15 +37,16 @@ pub async fn spawn_worker(
         registry,
         shutdown.clone(),
         move |running| {
-            let _ = ready_tx.send(running.local_addr);
+            let _ = ready_tx.send((running.local_addr, running.metrics_addr));
         },
     ));
-    let addr = ready_rx.await.expect("worker ready");
+    let (addr, metrics_addr) = ready_rx.await.expect("worker ready");
     let client = WorkerClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
     InProcessWorker {
         addr,
+        metrics_addr,
         client,
         shutdown,
         task,
@@ -53,6 +58,24 @@ impl InProcessWorker {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.expect("join").expect("clean shutdown");
+    }
+
+    /// The worker's `/metrics` text, fetched over HTTP.
+    pub async fn scrape(&self) -> String {
+        let addr = self.metrics_addr.expect("started with metrics_listen");
+        let response = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .expect("metrics answer");
+        assert!(response.status().is_success(), "{response:?}");
+        let content_type = response.headers()[reqwest::header::CONTENT_TYPE].clone();
+        assert!(
+            content_type
+                .to_str()
+                .unwrap()
+                .starts_with("application/openmetrics-text"),
+            "{content_type:?}"
+        );
+        response.text().await.expect("metrics text")
     }
 
     /// One load report, fresh.
