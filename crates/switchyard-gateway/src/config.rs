@@ -13,19 +13,7 @@ use switchyard_router::{PolicyConfig, PolicyKind};
 
 use crate::disagg::{DisaggSettings, Disaggregation, KvTransfer};
 
-/// A configuration problem, always the operator's to fix.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("config file {path} is invalid: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("invalid configuration: {0}")]
-    Invalid(String),
-}
+pub use switchyard_config::ConfigError;
 
 /// Everything the gateway needs to run.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -161,14 +149,7 @@ impl Default for GatewayConfig {
 
 impl GatewayConfig {
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            path: path.to_owned(),
-            message: e.message().to_owned(),
-        })
+        switchyard_config::load_toml(path)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {

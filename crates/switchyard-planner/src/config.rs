@@ -13,19 +13,7 @@ use crate::predict::{PredictorKind, PredictorSettings};
 use crate::sizing::{Limits, Targets};
 use crate::stability::StabilitySettings;
 
-/// A configuration problem, always the operator's to fix.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("config file {path} is invalid: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("invalid configuration: {0}")]
-    Invalid(String),
-}
+pub use switchyard_config::ConfigError;
 
 /// Which connector acts on the plans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
@@ -123,14 +111,7 @@ impl Default for PlannerConfig {
 
 impl PlannerConfig {
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            path: path.to_owned(),
-            message: e.message().to_owned(),
-        })
+        switchyard_config::load_toml(path)
     }
 
     /// Checks the values. `needs_etcd`: the stand-alone planner finds workers through etcd;
