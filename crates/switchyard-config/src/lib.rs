@@ -59,7 +59,10 @@ mod tests {
         let unknown = dir.path().join("unknown.toml");
         std::fs::write(&unknown, "listen = \"x\"\nlisten_port = 1\n").unwrap();
         let err = load_toml::<Sample>(&unknown).unwrap_err().to_string();
-        assert!(err.contains("unknown.toml") && err.contains("listen_port"), "{err}");
+        assert!(
+            err.contains("unknown.toml") && err.contains("listen_port"),
+            "{err}"
+        );
 
         let missing = dir.path().join("missing.toml");
         let err = load_toml::<Sample>(&missing).unwrap_err();

@@ -73,22 +73,11 @@ impl VllmEngine {
             "remote_host": null,
             "remote_port": null,
         });
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base_url))
-            .header("X-Request-Id", &params.request_id)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| EngineError::Unavailable(format!("engine unreachable: {e}")))?;
-        let status = response.status();
+        let response = self.post(path, &params.request_id, &body).await?;
         let text = response
             .text()
             .await
             .map_err(|e| EngineError::Unavailable(format!("engine answer broke off: {e}")))?;
-        if !status.is_success() {
-            return Err(openai_http::http_error(status, &text));
-        }
         let answer: Value = serde_json::from_str(&text).map_err(|e| {
             EngineError::Unavailable(format!("engine sent an unreadable prefill answer: {e}"))
         })?;
@@ -148,6 +137,7 @@ impl VllmEngine {
             "bootstrap_port": port,
             "bootstrap_room": room,
         });
+        // Not `post`: this request outlives the call (it finishes in the background task).
         let mut send = Box::pin(
             self.http
                 .post(format!("{}/generate", self.base_url))

@@ -222,9 +222,32 @@ impl VllmEngine {
 }
 
 impl VllmEngine {
-    /// Posts one generation and streams the engine's answer back. The request id goes in the
-    /// body and as `X-Request-Id`, as vLLM's disaggregation proxy does, so both halves of a
-    /// disaggregated request carry the same id.
+    /// Posts `body` to the engine. The request id goes as `X-Request-Id` (and in the body), as
+    /// vLLM's disaggregation proxy does, so both halves of a disaggregated request carry the
+    /// same id. An unreachable engine, or one that refuses the request, is the engine's error.
+    pub(super) async fn post(
+        &self,
+        path: &str,
+        request_id: &str,
+        body: &Value,
+    ) -> Result<reqwest::Response, EngineError> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base_url))
+            .header("X-Request-Id", request_id)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("engine unreachable: {e}")))?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            return Err(openai_http::http_error(status, &text));
+        }
+        Ok(response)
+    }
+
+    /// Posts one generation and streams the engine's answer back.
     pub(super) async fn stream_request(
         &self,
         path: &str,
@@ -235,19 +258,7 @@ impl VllmEngine {
             return Err(EngineError::Stopped);
         }
         let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base_url))
-            .header("X-Request-Id", &params.request_id)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| EngineError::Unavailable(format!("engine unreachable: {e}")))?;
-        if !response.status().is_success() {
-            let status = response.status();
-            let text = response.text().await.unwrap_or_default();
-            return Err(openai_http::http_error(status, &text));
-        }
+        let response = self.post(path, &params.request_id, &body).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let dialect = self.dialect;
         let cancel = self.cancel.clone();
