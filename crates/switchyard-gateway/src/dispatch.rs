@@ -455,6 +455,12 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
 /// passed on.
 fn classify(status: tonic::Status) -> AttemptEnd {
     match status.code() {
+        // The decode worker cannot use the prefill worker's KV (another model shape): the
+        // deployment pairs workers that must not pair. Not the client's fault (so not a 400),
+        // and not a transient one of either worker (so no retry that would hide it).
+        Code::InvalidArgument if fault_of(&status) == Some(Fault::KvLayout) => {
+            AttemptEnd::Refused(ApiError::Upstream(status.message().to_owned()))
+        }
         Code::InvalidArgument | Code::OutOfRange => {
             AttemptEnd::Refused(ApiError::bad_request(status.message().to_owned()))
         }
@@ -462,7 +468,7 @@ fn classify(status: tonic::Status) -> AttemptEnd {
             reason: format!("{code:?}: {}", status.message()),
             blame: match fault_of(&status) {
                 Some(Fault::KvSource) => Blame::KvSource,
-                None => Blame::Answering,
+                Some(Fault::KvLayout) | None => Blame::Answering,
             },
         },
     }
@@ -511,7 +517,16 @@ mod tests {
         }
         assert!(matches!(
             classify(tonic::Status::invalid_argument("prompt is empty")),
-            AttemptEnd::Refused(_)
+            AttemptEnd::Refused(ApiError::BadRequest { .. })
         ));
+        // A layout mismatch is refused too, but as the deployment's error, not the client's.
+        match classify(switchyard_proto::fault::kv_layout_mismatch(
+            "prefill p:1 announces 40 layers; this decode worker has 32",
+        )) {
+            AttemptEnd::Refused(ApiError::Upstream(message)) => {
+                assert!(message.contains("40 layers"), "{message}");
+            }
+            _ => panic!("a layout mismatch is refused as an upstream error"),
+        }
     }
 }
