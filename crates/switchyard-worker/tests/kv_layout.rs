@@ -1,21 +1,30 @@
 //! KV layout negotiation between two real workers over loopback gRPC: the prefill worker
 //! announces its layout on the first chunk of `PullKv`, and the decode worker plans its copy
 //! descriptors from that, not from its own configuration; a layout of another model shape is
-//! refused before a block is imported. The descriptor counts in the decode worker's `/metrics`
+//! refused before a block is imported; a source that announces nothing (a worker from before the
+//! announcement, stood in for by a proxy that strips it) is planned from the configured
+//! `prefill_tensor_parallel`, as before. The descriptor counts in the decode worker's `/metrics`
 //! show which plan ran.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
 mod support;
 
-use futures::StreamExt;
+use std::net::SocketAddr;
+use std::pin::Pin;
+
+use futures::{Stream, StreamExt};
 use support::{InProcessWorker as Worker, spawn_worker};
 use switchyard_core::{BlockSize, Role};
 use switchyard_proto::fault::{Fault, fault_of};
-use switchyard_proto::v1::{GenerateRequest, KvSource, PrefillRequest, SamplingParams};
+use switchyard_proto::v1::worker_client::WorkerClient;
+use switchyard_proto::v1::worker_server::{Worker as WorkerRpc, WorkerServer};
+use switchyard_proto::v1::{self, GenerateRequest, KvSource, PrefillRequest, SamplingParams};
 use switchyard_worker::WorkerConfig;
 use switchyard_worker::metrics::sample;
-use tonic::Code;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status};
 
 const BLOCK: u32 = 16;
 /// Default layout (8 KV heads of 128 dims, fp16, 32 layers), TP1 → TP2: each destination rank
@@ -50,6 +59,18 @@ async fn disaggregated(
     decode: &mut Worker,
     prompt: &[u32],
 ) -> Result<Vec<u32>, tonic::Status> {
+    let address = prefill.addr;
+    disaggregated_via(prefill, address, decode, prompt).await
+}
+
+/// [`disaggregated`], with the decode worker pulling from `pull_from` (the prefill worker, or a
+/// proxy in front of it).
+async fn disaggregated_via(
+    prefill: &mut Worker,
+    pull_from: SocketAddr,
+    decode: &mut Worker,
+    prompt: &[u32],
+) -> Result<Vec<u32>, tonic::Status> {
     let pre = prefill
         .client
         .prefill(PrefillRequest {
@@ -70,7 +91,7 @@ async fn disaggregated(
             ..Default::default()
         }),
         kv_source: Some(KvSource {
-            address: prefill.addr.to_string(),
+            address: pull_from.to_string(),
             handle: pre.handle,
             first_token_id: pre.first_token_id,
             cached_prompt_tokens: pre.cached_prompt_tokens,
@@ -188,4 +209,126 @@ async fn a_layout_of_another_model_shape_is_refused_naming_both_sides() {
 
 async fn start(config: WorkerConfig) -> Worker {
     spawn_worker(config, None).await
+}
+
+type Chunks = Pin<Box<dyn Stream<Item = Result<v1::KvChunk, Status>> + Send + 'static>>;
+
+/// A prefill worker from before the announcement: forwards `PullKv` to a real one and strips
+/// the layout from its chunks. Nothing else is asked of it.
+struct SilentPeer {
+    upstream: WorkerClient<Channel>,
+}
+
+fn not_here<T>() -> Result<T, Status> {
+    Err(Status::unimplemented(
+        "the silent peer only forwards PullKv",
+    ))
+}
+
+#[tonic::async_trait]
+impl WorkerRpc for SilentPeer {
+    type GenerateStream =
+        Pin<Box<dyn Stream<Item = Result<v1::GenerateResponse, Status>> + Send + 'static>>;
+    type PullKvStream = Chunks;
+    type KvEventsStream =
+        Pin<Box<dyn Stream<Item = Result<v1::KvEventsResponse, Status>> + Send + 'static>>;
+    type LoadStatsStream =
+        Pin<Box<dyn Stream<Item = Result<v1::LoadReport, Status>> + Send + 'static>>;
+
+    async fn info(&self, _: Request<v1::InfoRequest>) -> Result<Response<v1::WorkerInfo>, Status> {
+        not_here()
+    }
+    async fn generate(
+        &self,
+        _: Request<v1::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        not_here()
+    }
+    async fn prefill(
+        &self,
+        _: Request<v1::PrefillRequest>,
+    ) -> Result<Response<v1::PrefillResponse>, Status> {
+        not_here()
+    }
+    async fn pull_kv(
+        &self,
+        request: Request<v1::PullKvRequest>,
+    ) -> Result<Response<Chunks>, Status> {
+        let chunks = self
+            .upstream
+            .clone()
+            .pull_kv(request.into_inner())
+            .await?
+            .into_inner()
+            .map(|chunk| chunk.map(|c| v1::KvChunk { layout: None, ..c }));
+        Ok(Response::new(Box::pin(chunks)))
+    }
+    async fn kv_events(
+        &self,
+        _: Request<v1::KvEventsRequest>,
+    ) -> Result<Response<Self::KvEventsStream>, Status> {
+        not_here()
+    }
+    async fn load_stats(
+        &self,
+        _: Request<v1::LoadStatsRequest>,
+    ) -> Result<Response<Self::LoadStatsStream>, Status> {
+        not_here()
+    }
+    async fn control(
+        &self,
+        _: Request<v1::ControlRequest>,
+    ) -> Result<Response<v1::ControlResponse>, Status> {
+        not_here()
+    }
+}
+
+/// Serves a [`SilentPeer`] in front of `upstream` on a loopback port until `stop`.
+async fn silent_peer(upstream: &Worker, stop: CancellationToken) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let peer = SilentPeer {
+        upstream: upstream.client.clone(),
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(WorkerServer::new(peer))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                stop.cancelled_owned(),
+            ),
+    );
+    addr
+}
+
+#[tokio::test]
+async fn a_source_that_announces_nothing_is_planned_from_the_configured_split() {
+    let mut prefill = start(config("prefill-tp1", Role::Prefill, 1)).await;
+    let stop = CancellationToken::new();
+    let silent = silent_peer(&prefill, stop.clone()).await;
+    // Told the truth about the (silent) prefill side: the strided TP1 → TP2 plan.
+    let mut told = config("decode-told", Role::Decode, 2);
+    told.kv_transfer.prefill_tensor_parallel = Some(1);
+    let mut told = start(told).await;
+    // Told nothing: it assumes its own split, as it always did.
+    let mut untold = start(config("decode-untold", Role::Decode, 2)).await;
+
+    disaggregated_via(&mut prefill, silent, &mut told, &prompt(20 * BLOCK, 11))
+        .await
+        .unwrap();
+    assert_eq!(
+        descriptors(&told, "planned").await,
+        20.0 * STRIDED_FRAGMENTS_PER_BLOCK
+    );
+    disaggregated_via(&mut prefill, silent, &mut untold, &prompt(20 * BLOCK, 12))
+        .await
+        .unwrap();
+    assert_eq!(
+        descriptors(&untold, "planned").await,
+        20.0 * MATCHING_FRAGMENTS_PER_BLOCK
+    );
+    stop.cancel();
+    for w in [prefill, told, untold] {
+        w.shutdown.cancel();
+    }
 }
