@@ -86,6 +86,7 @@ fn main() {
                     "b",
                     1,
                     false,
+                    None,
                 )
                 .unwrap();
                 let elapsed = t.elapsed();

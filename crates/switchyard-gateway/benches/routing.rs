@@ -45,6 +45,7 @@ fn routing_overhead(c: &mut Criterion) {
                             "b",
                             1,
                             false,
+                            None,
                         )
                         .unwrap()
                     })

@@ -204,6 +204,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 &job.request_id,
                 attempt,
                 aggregated_only,
+                rerouted.as_deref(),
             )
         });
         if let Err(err) = &routed {

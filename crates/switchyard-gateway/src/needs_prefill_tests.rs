@@ -239,3 +239,43 @@ async fn without_a_prefill_or_an_aggregated_worker_the_request_fails_with_a_reas
     assert_eq!(log, ["sglang-decode"], "{log:?}");
     p.shutdown().await;
 }
+
+/// A rerouted request's second decode decision goes to a worker that serves aggregated and
+/// carries the reason in the decision log.
+#[tokio::test]
+async fn a_rerouted_request_lands_on_an_aggregated_worker_with_the_reason_logged() {
+    let (p, r) = pool(&[
+        info("sglang-decode", Role::Decode, EngineKind::Sglang),
+        info("sglang-both", Role::Both, EngineKind::Sglang),
+    ]);
+    // Queued prefill work on the `both` worker makes the SGLang decode worker the policy's
+    // choice, so the request needs a prefill, gets none, and is rerouted.
+    r.lock().load.on_routed(
+        &WorkerId::new("sglang-both").unwrap(),
+        u64::MAX,
+        10_000,
+        10,
+        p.now_tick(),
+    );
+    // The `both` worker listens nowhere, so the request then fails as that worker's fault;
+    // the decision log is what this checks.
+    let _ = failure(&p, job(&r, Disaggregation::Auto)).await;
+    let log: Vec<(String, Option<String>)> = r
+        .lock()
+        .log
+        .iter()
+        .map(|d| (d.decision.worker.to_string(), d.note.clone()))
+        .collect();
+    assert_eq!(log[0], ("sglang-decode".to_owned(), None), "{log:?}");
+    assert!(log.len() >= 2, "the request was routed again: {log:?}");
+    for (worker, note) in &log[1..] {
+        assert_eq!(worker, "sglang-both", "{log:?}");
+        let note = note.as_deref().unwrap_or_default();
+        assert!(
+            note.contains("decode worker sglang-decode (sglang, role decode)")
+                && note.contains("no prefill worker"),
+            "{log:?}"
+        );
+    }
+    p.shutdown().await;
+}

@@ -176,7 +176,8 @@ pub fn route_request(
 }
 
 /// Chooses a worker for `tokens` and records the decision; `aggregated_only` leaves out the
-/// workers that need a prefill worker (the request will not get one).
+/// workers that need a prefill worker (the request will not get one), and `note` says why in
+/// the decision log when an earlier attempt decided it.
 #[allow(clippy::too_many_arguments)]
 pub fn route(
     pool: &WorkerPool,
@@ -188,6 +189,7 @@ pub fn route(
     request_id: &str,
     attempt: u32,
     aggregated_only: bool,
+    note: Option<&str>,
 ) -> Result<RoutedRequest, RouteError> {
     let started = Instant::now();
     let request = route_request(pool, routes, tokens, session);
@@ -230,6 +232,7 @@ pub fn route(
             attempt,
             stage: Stage::Decode,
             decision: Arc::clone(&decision),
+            note: note.map(str::to_owned),
         });
         (decision, cached_blocks, key)
     };
@@ -346,6 +349,7 @@ pub fn route_prefill(
             attempt,
             stage: Stage::Prefill,
             decision: Arc::clone(&decision),
+            note: None,
         });
     }
     routed_request(
