@@ -403,3 +403,153 @@ async fn a_prefill_worker_killed_mid_pipeline_costs_a_retry_not_the_request() {
         "decode workers released the imported blocks"
     );
 }
+
+/// `/metrics` of a worker started with `--metrics-listen`, sample by sample.
+async fn worker_sample(worker: &SwitchyardProcess, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let url = worker.ready["metrics"].as_str().expect("metrics url");
+    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+    switchyard_worker::metrics::sample(&text, name, labels).unwrap_or(0.0)
+}
+
+/// Prefill at `--tensor-parallel 1`, decode at `--tensor-parallel 2` with nothing configured
+/// about the prefill side: the decode worker plans the strided TP1 → TP2 copy from the layout
+/// the prefill worker announces. Then a prefill worker of another model shape (40 layers) is
+/// refused with a 502 naming both layouts, and not retried as if it had failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_plans_from_the_prefill_workers_announced_layout() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("layout-{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("deep.toml");
+    // 40 layers of the same heads: 160 KiB of KV a token instead of 128 KiB.
+    std::fs::write(
+        &deep,
+        "kv_bytes_per_token = 163840\n[kv_layout]\nlayers = 40\n",
+    )
+    .unwrap();
+    let deep = deep.to_str().unwrap().to_owned();
+    let start = |id: &'static str, extra: Vec<String>| {
+        let mut args: Vec<String> = [
+            "--etcd",
+            &endpoint,
+            "--cluster",
+            &cluster,
+            "--speedup",
+            "20",
+            "--max-context",
+            "8192",
+            "--block-size",
+            "16",
+            "--id",
+            id,
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(extra);
+        async move {
+            SwitchyardProcess::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
+        }
+    };
+    let flags = |f: &[&str]| f.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let mut prefill = start(
+        "prefill-tp1",
+        flags(&["--role", "prefill", "--tensor-parallel", "1"]),
+    )
+    .await;
+    let decode = start(
+        "decode-tp2",
+        flags(&[
+            "--role",
+            "decode",
+            "--tensor-parallel",
+            "2",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]),
+    )
+    .await;
+    let gateway = SwitchyardProcess::spawn(
+        "gateway",
+        &[
+            "--etcd",
+            &endpoint,
+            "--cluster",
+            &cluster,
+            "--http",
+            "127.0.0.1:0",
+            "--disaggregation",
+            "enforce",
+        ],
+    )
+    .await;
+    let api = Api::new(&gateway);
+    let sees = |ids: &'static [&'static str]| {
+        let api = &api;
+        async move {
+            eventually(Duration::from_secs(10), || async {
+                let (_, workers) = api.get("/admin/workers").await;
+                let mut seen: Vec<String> = workers
+                    .as_array()
+                    .map(|w| {
+                        w.iter()
+                            .filter_map(|w| w["id"].as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                seen.sort();
+                seen == ids
+            })
+            .await
+        }
+    };
+    assert!(sees(&["decode-tp2", "prefill-tp1"]).await);
+
+    let (status, body) = complete(&api, tokens(41, 640), 4).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(decisions(&api, "prefill").await.len(), 1);
+    let received = worker_sample(
+        &decode,
+        "switchyard_worker_kv_transfer_blocks_total",
+        &[("direction", "received")],
+    )
+    .await;
+    let planned = worker_sample(
+        &decode,
+        "switchyard_worker_kv_transfer_descriptors_total",
+        &[("stage", "planned")],
+    )
+    .await;
+    assert_eq!(received, 40.0, "640 tokens in blocks of 16");
+    // TP1 → TP2 of the default layout: 2,048 strided fragments a block (TP2 → TP2, which the
+    // decode worker assumed before layouts were announced, would be 2 a block).
+    assert_eq!(planned, received * 2048.0);
+
+    // Another model shape behind the only prefill worker: refused, not retried.
+    assert!(prefill.terminate().await.success());
+    let _deep = start(
+        "prefill-deep",
+        flags(&["--role", "prefill", "--config", &deep]),
+    )
+    .await;
+    assert!(sees(&["decode-tp2", "prefill-deep"]).await);
+    let (status, body) = complete(&api, tokens(42, 640), 4).await;
+    assert_eq!(status, 502, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("holds KV for 40 layers"), "{message}");
+    assert!(
+        message.contains("this decode worker holds 32 layers"),
+        "{message}"
+    );
+    let prefills = decisions(&api, "prefill").await;
+    assert_eq!(prefills.len(), 2, "one prefill, no retry: {prefills:?}");
+    assert_eq!(
+        worker_sample(
+            &decode,
+            "switchyard_worker_kv_pull_failures_total",
+            &[("reason", "layout_mismatch")],
+        )
+        .await,
+        1.0
+    );
+}

@@ -298,7 +298,9 @@ async fn sglang_prefill_and_decode_workers_share_a_bootstrap_room() {
     .await;
     let _d = worker(args(&fake_d, "decode"), &["--role", "decode"]).await;
     let (_enforce, strict) = gateway(&endpoint, &cluster, "enforce").await;
+    let (_auto, auto) = gateway(&endpoint, &cluster, "auto").await;
     sees_workers(&strict, &["prefill-a", "prefill-b", "decode"]).await;
+    sees_workers(&auto, &["prefill-a", "prefill-b", "decode"]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // The stand-in's prefill only finishes once the decode engine took the room: this works
@@ -388,4 +390,65 @@ async fn sglang_prefill_and_decode_workers_share_a_bootstrap_room() {
     assert_eq!(tried[0]["explanation"]["chosen"], "prefill-b", "{tried:?}");
     let last = received(&fake_d, 5).await;
     assert_eq!(last[4]["params"]["bootstrap_port"], json!(fake_b.bootstrap));
+
+    // `auto` in front of an SGLang decode server, which serves only bootstrapped requests: a
+    // prompt below the threshold still goes through the prefill pool (prefill-b, the one whose
+    // engine lives) instead of being sent alone to the decode server.
+    let short = tokens(6, 8);
+    let (status, body) = complete(&auto, &short, 3).await;
+    assert_eq!(status, 200, "{body}");
+    let explained = explain(&auto.base, &short).await;
+    assert_eq!(
+        explained["disaggregation"]["mode"], "disaggregated",
+        "{explained}"
+    );
+    assert!(
+        explained["disaggregation"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("whatever the threshold"),
+        "{explained}"
+    );
+    let handed = fake_d.admin("transfers", json!({})).await["received"].clone();
+    let last = handed.as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["outcome"], "pulled", "{handed}");
+    assert_eq!(last["params"]["bootstrap_port"], json!(fake_b.bootstrap));
+
+    // No prefill engine left and no worker that serves aggregated: a 503 that says why, not a
+    // bare prompt sent to the decode server (which would answer 400).
+    drop(fake_b);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = fake_d.admin("transfers", json!({})).await["received"]
+        .as_array()
+        .map_or(0, Vec::len);
+    let (status, body) = complete(&auto, &tokens(7, 8), 3).await;
+    assert_eq!(status, 503, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("decode worker decode (sglang, role decode) serves only requests"),
+        "{message}"
+    );
+    assert!(
+        message.contains("no worker that serves without a prefill worker"),
+        "{message}"
+    );
+    // Whatever the dead prefill workers cost, no request reached the decode engine without a
+    // bootstrap room (the stand-in would have answered 400 and recorded nothing).
+    let after = fake_d.admin("transfers", json!({})).await["received"].clone();
+    assert!(
+        after.as_array().unwrap()[before..]
+            .iter()
+            .all(|t| t["params"]["bootstrap_room"].is_u64()),
+        "{after}"
+    );
+
+    // A worker that serves aggregated (an SGLang server without disaggregation, role both)
+    // joins: the request is routed there instead.
+    let fake_both = Fake::start(&["--flavor", "sglang"]).await;
+    let _both = worker(args(&fake_both, "both"), &["--role", "both"]).await;
+    sees_workers(&auto, &["both"]).await;
+    let (status, body) = complete(&auto, &tokens(8, 8), 3).await;
+    assert_eq!(status, 200, "{body}");
+    let served = decisions(&auto, "decode").await;
+    assert_eq!(served[0]["explanation"]["chosen"], "both", "{served:?}");
 }

@@ -76,9 +76,19 @@ fn main() {
             for i in 0..iters + iters / 10 {
                 let before = slices();
                 let t = Instant::now();
-                let routed =
-                    routing::route(&pool, &routes, black_box(&prompt), 4, None, &[], "b", 1)
-                        .unwrap();
+                let routed = routing::route(
+                    &pool,
+                    &routes,
+                    black_box(&prompt),
+                    4,
+                    None,
+                    &[],
+                    "b",
+                    1,
+                    false,
+                    None,
+                )
+                .unwrap();
                 let elapsed = t.elapsed();
                 let preempted = slices() != before;
                 // Releasing the load count is the request's end, not part of its routing.

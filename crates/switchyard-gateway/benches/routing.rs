@@ -35,8 +35,19 @@ fn routing_overhead(c: &mut Criterion) {
                 &prompt,
                 |b, prompt| {
                     b.iter(|| {
-                        routing::route(&pool, &routes, black_box(prompt), 4, None, &[], "b", 1)
-                            .unwrap()
+                        routing::route(
+                            &pool,
+                            &routes,
+                            black_box(prompt),
+                            4,
+                            None,
+                            &[],
+                            "b",
+                            1,
+                            false,
+                            None,
+                        )
+                        .unwrap()
                     })
                 },
             );

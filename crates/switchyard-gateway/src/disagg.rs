@@ -12,6 +12,13 @@
 //! prefill runs, so a prefill worker that dies mid-way surfaces as a failed pull on the decode
 //! worker, marked as the KV source's fault (`switchyard_proto::fault`), which dispatch retries
 //! with another prefill worker on the same decode worker.
+//!
+//! Some decode workers cannot serve aggregated at all ([`routing::needs_prefill`]: SGLang
+//! servers in `--disaggregation-mode decode` only take bootstrapped requests). Under `auto`
+//! such a worker's requests always go through the prefill pool, whatever the threshold or the
+//! pool's queue; when no prefill worker can serve one, the stage says [`Prefilled::Reroute`] and
+//! dispatch routes the request again among workers that serve aggregated (or answers 503),
+//! rather than send a bare prompt to a server that would reject it.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -110,7 +117,8 @@ impl Default for DisaggSettings {
 /// How a request is served and why, as the admin explain shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeExplanation {
-    /// `aggregated` or `disaggregated`.
+    /// `aggregated`, `disaggregated`, or `rerouted` (the decode worker serves only with a
+    /// prefill worker and none is available).
     pub mode: &'static str,
     pub why: String,
     /// The prefill worker decision, when the prefill pool was consulted.
@@ -118,11 +126,17 @@ pub struct ModeExplanation {
 }
 
 /// The first, synchronous part of the choice: whether the prefill pool should be tried at all.
-/// `Err` carries the reason to stay aggregated.
-fn wants_prefill(settings: &DisaggSettings, uncached: u64) -> Result<(), String> {
+/// `Err` carries the reason to stay aggregated. A decode worker that `needs_prefill` always
+/// tries it under `auto` (dispatch never routes to one when disaggregation is off).
+fn wants_prefill(
+    settings: &DisaggSettings,
+    uncached: u64,
+    needs_prefill: bool,
+) -> Result<(), String> {
     match settings.mode {
         Disaggregation::Off => Err("disaggregation is off".into()),
         Disaggregation::Enforce => Ok(()),
+        Disaggregation::Auto if needs_prefill => Ok(()),
         Disaggregation::Auto if uncached < settings.min_uncached_tokens => Err(format!(
             "{uncached} uncached prompt tokens on the decode worker, below the threshold of {}",
             settings.min_uncached_tokens
@@ -131,10 +145,18 @@ fn wants_prefill(settings: &DisaggSettings, uncached: u64) -> Result<(), String>
     }
 }
 
-/// Saturation applies to `auto` only: `enforce` queues behind a busy prefill worker.
-fn saturated(settings: &DisaggSettings, decision: &Decision) -> Option<String> {
+/// Saturation applies to `auto` only: `enforce` queues behind a busy prefill worker, and so
+/// does a decode worker that cannot serve without one (`needs_prefill`).
+fn saturated(
+    settings: &DisaggSettings,
+    decision: &Decision,
+    needs_prefill: bool,
+) -> Option<String> {
     let queued = decision.chosen().map_or(0, |c| c.queued_prefill_tokens);
-    (settings.mode == Disaggregation::Auto && queued > settings.max_prefill_queue_tokens).then(
+    (settings.mode == Disaggregation::Auto
+        && !needs_prefill
+        && queued > settings.max_prefill_queue_tokens)
+        .then(
         || {
             format!(
                 "prefill pool saturated: the best prefill worker {} has {queued} prefill tokens queued (limit {})",
@@ -166,18 +188,27 @@ pub fn explain(
         why,
         prefill: None,
     };
-    if let Err(why) = wants_prefill(settings, uncached) {
+    let info = pool.worker(decode_worker).map(|w| w.info());
+    let engine = info.as_ref().map_or(EngineKind::Sim, |i| i.engine);
+    let needs = info.as_ref().is_some_and(routing::needs_prefill);
+    if let Err(why) = wants_prefill(settings, uncached, needs) {
         return aggregated(why);
     }
-    let engine = pool
-        .worker(decode_worker)
-        .map_or(EngineKind::Sim, |w| w.info().engine);
+    let forced = needs && settings.mode == Disaggregation::Auto;
     match routing::explain_prefill(pool, routes, engine, tokens) {
         Err(RouteError::NoCandidates) if settings.mode == Disaggregation::Enforce => {
             aggregated(no_prefill_worker(&routes.model, engine).to_string())
         }
+        Err(err) if forced => ModeExplanation {
+            mode: "rerouted",
+            why: format!(
+                "{}, and no prefill worker: {err}; the request goes to a worker that serves without one, or fails with 503",
+                serves_only_with_prefill(decode_worker)
+            ),
+            prefill: None,
+        },
         Err(err) => aggregated(format!("no prefill worker: {err}")),
-        Ok(decision) => match saturated(settings, &decision) {
+        Ok(decision) => match saturated(settings, &decision, needs) {
             Some(why) => ModeExplanation {
                 mode: "aggregated",
                 why,
@@ -185,14 +216,29 @@ pub fn explain(
             },
             None => ModeExplanation {
                 mode: "disaggregated",
-                why: format!(
-                    "{uncached} uncached prompt tokens on the decode worker; prefill on {}",
-                    decision.worker
-                ),
+                why: if forced {
+                    format!(
+                        "{}, so through the prefill pool whatever the threshold; prefill on {}",
+                        serves_only_with_prefill(decode_worker),
+                        decision.worker
+                    )
+                } else {
+                    format!(
+                        "{uncached} uncached prompt tokens on the decode worker; prefill on {}",
+                        decision.worker
+                    )
+                },
                 prefill: Some(decision),
             },
         },
     }
+}
+
+/// Why a worker that [`routing::needs_prefill`] is treated apart, for explanations and errors.
+pub fn serves_only_with_prefill(worker: &WorkerId) -> String {
+    format!(
+        "decode worker {worker} (sglang, role decode) serves only requests whose KV comes from a prefill worker"
+    )
 }
 
 /// The outcome of the prefill stage of one attempt.
@@ -210,6 +256,10 @@ pub enum Prefilled {
     },
     /// The request cannot be served (`enforce` without a working prefill worker).
     Fail(ApiError),
+    /// The decode worker serves only with a prefill worker's KV ([`routing::needs_prefill`]) and
+    /// no prefill worker could provide it (`auto`): route the request again among workers that
+    /// serve aggregated. The reason says what the prefill pool lacked.
+    Reroute(String),
 }
 
 /// Closes the attempt's `route` span with the serving mode it chose, the first time only: later
@@ -226,14 +276,18 @@ fn decided(route_span: &mut Option<Span>, mode: &str, why: &str, prefill_worker:
 
 /// The prefill stage of one attempt: chooses a prefill worker KV-aware among those of the
 /// decode worker's engine kind, runs Prefill there with a timeout, and on failure tries another
-/// (`excluded` collects the failed ones across the request's attempts). `route_span` is the attempt's routing span: it ends with the mode
-/// decision, before any Prefill call; each call has its own `prefill` span.
+/// (`excluded` collects the failed ones across the request's attempts). `route_span` is the
+/// attempt's routing span: it ends with the mode decision, before any Prefill call; each call
+/// has its own `prefill` span. `needs_prefill` says the decode worker cannot serve without a
+/// prefill worker ([`routing::needs_prefill`]): under `auto` it then never falls back to
+/// aggregated but answers [`Prefilled::Reroute`].
 #[allow(clippy::too_many_arguments)]
 pub async fn prefill_stage(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
     settings: &DisaggSettings,
     engine: EngineKind,
+    needs_prefill: bool,
     request_id: &str,
     prompt: &[TokenId],
     uncached: u64,
@@ -243,10 +297,21 @@ pub async fn prefill_stage(
 ) -> Prefilled {
     let request_span = Span::current();
     let mut route_span = Some(route_span);
-    if let Err(why) = wants_prefill(settings, uncached) {
+    if let Err(why) = wants_prefill(settings, uncached, needs_prefill) {
         decided(&mut route_span, "aggregated", &why, None);
         return Prefilled::Aggregated(why);
     }
+    // Where `auto` would fall back to aggregated, a decode worker that cannot serve that way
+    // sends the request elsewhere instead.
+    let fall_back = |route_span: &mut Option<Span>, why: String| {
+        if needs_prefill {
+            decided(route_span, "rerouted", &why, None);
+            Prefilled::Reroute(why)
+        } else {
+            decided(route_span, "aggregated", &why, None);
+            Prefilled::Aggregated(why)
+        }
+    };
     let mut last_failure = None;
     for attempt in 1..=attempts.max(1) {
         let routed = match &route_span {
@@ -276,11 +341,10 @@ pub async fn prefill_stage(
                     None => format!("no prefill worker: {err}"),
                     Some(last) => format!("prefill failed everywhere, last: {last}"),
                 };
-                decided(&mut route_span, "aggregated", &why, None);
-                return Prefilled::Aggregated(why);
+                return fall_back(&mut route_span, why);
             }
         };
-        if let Some(why) = saturated(settings, &routed.decision) {
+        if let Some(why) = saturated(settings, &routed.decision, needs_prefill) {
             decided(&mut route_span, "aggregated", &why, None);
             return Prefilled::Aggregated(why);
         }
@@ -356,10 +420,13 @@ pub async fn prefill_stage(
                 // The prompt does not fit this prefill worker (e.g. a shorter context); the
                 // decode worker already accepted it, so serve it there.
                 record_error(&prefill_span, status.message());
-                return Prefilled::Aggregated(format!(
-                    "prefill worker {worker} refused the prompt: {}",
-                    status.message()
-                ));
+                return fall_back(
+                    &mut route_span,
+                    format!(
+                        "prefill worker {worker} refused the prompt: {}",
+                        status.message()
+                    ),
+                );
             }
             Ok(Err(status)) => format!("{worker}: {:?}: {}", status.code(), status.message()),
             Err(_) => format!("{worker}: no answer within {:?}", settings.prefill_timeout),
@@ -377,6 +444,12 @@ pub async fn prefill_stage(
             "disaggregation is enforced and {} prefill attempts failed; last: {last}",
             attempts.max(1)
         )));
+    }
+    if needs_prefill {
+        return Prefilled::Reroute(format!(
+            "{} prefill attempts failed; last: {last}",
+            attempts.max(1)
+        ));
     }
     Prefilled::Aggregated(format!(
         "prefill failed, falling back to aggregated; last: {last}"
@@ -396,14 +469,16 @@ mod tests {
             min_uncached_tokens: 1000,
             ..DisaggSettings::default()
         };
-        assert!(wants_prefill(&auto, 999).is_err());
-        assert!(wants_prefill(&auto, 1000).is_ok());
+        assert!(wants_prefill(&auto, 999, false).is_err());
+        assert!(wants_prefill(&auto, 1000, false).is_ok());
+        // A decode worker that cannot serve aggregated goes through the pool below it too.
+        assert!(wants_prefill(&auto, 0, true).is_ok());
         let enforce = DisaggSettings {
             mode: Disaggregation::Enforce,
             ..auto
         };
-        assert!(wants_prefill(&enforce, 0).is_ok());
-        assert!(wants_prefill(&DisaggSettings::default(), u64::MAX).is_err());
+        assert!(wants_prefill(&enforce, 0, false).is_ok());
+        assert!(wants_prefill(&DisaggSettings::default(), u64::MAX, false).is_err());
         assert_eq!(
             "after-prefill".parse::<KvTransfer>(),
             Ok(KvTransfer::AfterPrefill)

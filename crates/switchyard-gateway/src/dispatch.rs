@@ -21,10 +21,12 @@ use tonic::Code;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::disagg::{DisaggSettings, Prefilled, prefill_stage};
+use crate::disagg::{
+    DisaggSettings, Disaggregation, Prefilled, prefill_stage, serves_only_with_prefill,
+};
 use crate::error::ApiError;
 use crate::pool::{ModelRoutes, WorkerPool};
-use crate::routing::route;
+use crate::routing::{needs_prefill, route};
 
 /// One generation to run.
 #[derive(Debug, Clone)]
@@ -157,8 +159,16 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
     let mut migrations = 0u32;
     let mut started = false;
     let mut attempt = 0u32;
+    // Set when a decode worker that serves only with a prefill worker's KV could get none:
+    // from then on the request goes only to workers that serve aggregated.
+    let mut rerouted: Option<String> = None;
     loop {
         attempt += 1;
+        // Workers that cannot serve without a prefill worker (SGLang decode servers) are left
+        // out whenever this attempt cannot give them one: with disaggregation off, for a
+        // migration (which continues aggregated), and after a reroute.
+        let aggregated_only =
+            job.disagg.mode == Disaggregation::Off || !generated.is_empty() || rerouted.is_some();
         let attempt_kind = if attempt == 1 {
             "first"
         } else if generated.is_empty() {
@@ -193,6 +203,8 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 &excluded,
                 &job.request_id,
                 attempt,
+                aggregated_only,
+                rerouted.as_deref(),
             )
         });
         if let Err(err) = &routed {
@@ -201,7 +213,27 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         let routed = match routed {
             Ok(routed) => routed,
             Err(RouteError::NoCandidates) => {
-                let message = if excluded.is_empty() {
+                let message = if let Some(why) = &rerouted {
+                    format!(
+                        "{why}, and no worker that serves without a prefill worker (role both, or \
+                         a vllm or sim decode worker) is available for model `{}`",
+                        job.routes.model
+                    )
+                } else if aggregated_only
+                    && excluded.is_empty()
+                    && any_needs_prefill(pool, &job.routes.model)
+                {
+                    format!(
+                        "no worker that serves without a prefill worker is available for model \
+                         `{}` ({}; its sglang decode workers serve only with one)",
+                        job.routes.model,
+                        if generated.is_empty() {
+                            "disaggregation is off"
+                        } else {
+                            "a migration continues on one worker"
+                        }
+                    )
+                } else if excluded.is_empty() {
                     format!("no worker is available for model `{}`", job.routes.model)
                 } else {
                     format!(
@@ -238,17 +270,16 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         let mut prefill_worker: Option<WorkerId> = None;
         let mut running_prefill = None;
         let kv_source = if generated.is_empty() {
-            let engine = routed
-                .worker
-                .info
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .engine;
+            let (engine, needs_prefill) = {
+                let info = routed.worker.info.read().unwrap_or_else(|p| p.into_inner());
+                (info.engine, needs_prefill(&info))
+            };
             match prefill_stage(
                 pool,
                 &job.routes,
                 &job.disagg,
                 engine,
+                needs_prefill,
                 &job.request_id,
                 &context,
                 uncached,
@@ -275,6 +306,13 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 Prefilled::Fail(err) => {
                     let _ = tx.send(DispatchEvent::Failed(err)).await;
                     return;
+                }
+                Prefilled::Reroute(why) => {
+                    let why = format!("{}, and {why}", serves_only_with_prefill(&worker_id));
+                    tracing::warn!(request = %job.request_id, worker = %worker_id, %why, "rerouting to a worker that serves without a prefill worker");
+                    rerouted = Some(why);
+                    // Dropping `routed` releases the load counted on the decode worker.
+                    continue;
                 }
             }
         } else {
@@ -450,11 +488,25 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
     }
 }
 
+/// Whether a worker of `model` that serves only with a prefill worker is registered (what a 503
+/// for want of an aggregated worker should then explain).
+fn any_needs_prefill(pool: &WorkerPool, model: &str) -> bool {
+    pool.workers_of(model)
+        .iter()
+        .any(|w| needs_prefill(&w.info()))
+}
+
 /// What a worker's failed `Generate` means for the request. The one place the gateway reads
 /// the worker's fault mark (`switchyard_proto::fault`): the message is for people and is only
 /// passed on.
 fn classify(status: tonic::Status) -> AttemptEnd {
     match status.code() {
+        // The decode worker cannot use the prefill worker's KV (another model shape): the
+        // deployment pairs workers that must not pair. Not the client's fault (so not a 400),
+        // and not a transient one of either worker (so no retry that would hide it).
+        Code::InvalidArgument if fault_of(&status) == Some(Fault::KvLayout) => {
+            AttemptEnd::Refused(ApiError::Upstream(status.message().to_owned()))
+        }
         Code::InvalidArgument | Code::OutOfRange => {
             AttemptEnd::Refused(ApiError::bad_request(status.message().to_owned()))
         }
@@ -462,7 +514,7 @@ fn classify(status: tonic::Status) -> AttemptEnd {
             reason: format!("{code:?}: {}", status.message()),
             blame: match fault_of(&status) {
                 Some(Fault::KvSource) => Blame::KvSource,
-                None => Blame::Answering,
+                Some(Fault::KvLayout) | None => Blame::Answering,
             },
         },
     }
@@ -511,7 +563,16 @@ mod tests {
         }
         assert!(matches!(
             classify(tonic::Status::invalid_argument("prompt is empty")),
-            AttemptEnd::Refused(_)
+            AttemptEnd::Refused(ApiError::BadRequest { .. })
         ));
+        // A layout mismatch is refused too, but as the deployment's error, not the client's.
+        match classify(switchyard_proto::fault::kv_layout_mismatch(
+            "prefill p:1 announces 40 layers; this decode worker has 32",
+        )) {
+            AttemptEnd::Refused(ApiError::Upstream(message)) => {
+                assert!(message.contains("40 layers"), "{message}");
+            }
+            _ => panic!("a layout mismatch is refused as an upstream error"),
+        }
     }
 }

@@ -17,6 +17,8 @@ pub mod dispatch;
 pub mod error;
 pub mod http;
 pub mod metrics;
+#[cfg(test)]
+mod needs_prefill_tests;
 pub mod openai;
 pub mod pool;
 pub mod preprocess;

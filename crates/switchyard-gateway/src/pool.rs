@@ -38,6 +38,10 @@ pub struct DecisionRecord {
     /// breakdown per candidate worker); only its explanation is shown.
     #[serde(rename = "explanation", serialize_with = "explanation_of")]
     pub decision: Arc<Decision>,
+    /// Why the candidates were narrowed, when an earlier attempt of the request says so (a
+    /// reroute: its decode worker serves only with a prefill worker and none could serve).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 fn explanation_of<S: serde::Serializer>(

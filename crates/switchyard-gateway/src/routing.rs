@@ -132,10 +132,29 @@ impl Candidates {
     }
 }
 
-/// Workers of the model that can take a generation now.
-pub fn candidates(pool: &WorkerPool, routes: &ModelRoutes, exclude: &[WorkerId]) -> Candidates {
+/// Whether `info`'s worker can generate only from a prefill worker's KV, never from a bare
+/// prompt. An SGLang worker of role `decode` fronts a server started with
+/// `--disaggregation-mode decode`, which rejects requests without bootstrap fields, so it must
+/// never be sent an aggregated request. vLLM decode engines and the simulator compute a prompt
+/// themselves when no KV comes, and role `both` serves anything. The gateway learns this from
+/// the registry entry alone (engine kind and role), so it holds for workers of any version.
+pub fn needs_prefill(info: &WorkerInfo) -> bool {
+    info.engine == EngineKind::Sglang && info.role == Role::Decode
+}
+
+/// Workers of the model that can take a generation now; with `aggregated_only`, only those
+/// that can run it without a prefill worker (see [`needs_prefill`]).
+pub fn candidates(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    exclude: &[WorkerId],
+    aggregated_only: bool,
+) -> Candidates {
     Candidates::select(pool, |info| {
-        info.model == routes.model && info.role.serves_decode() && !exclude.contains(&info.id)
+        info.model == routes.model
+            && info.role.serves_decode()
+            && !(aggregated_only && needs_prefill(info))
+            && !exclude.contains(&info.id)
     })
 }
 
@@ -156,7 +175,9 @@ pub fn route_request(
     }
 }
 
-/// Chooses a worker for `tokens` and records the decision.
+/// Chooses a worker for `tokens` and records the decision; `aggregated_only` leaves out the
+/// workers that need a prefill worker (the request will not get one), and `note` says why in
+/// the decision log when an earlier attempt decided it.
 #[allow(clippy::too_many_arguments)]
 pub fn route(
     pool: &WorkerPool,
@@ -167,10 +188,12 @@ pub fn route(
     exclude: &[WorkerId],
     request_id: &str,
     attempt: u32,
+    aggregated_only: bool,
+    note: Option<&str>,
 ) -> Result<RoutedRequest, RouteError> {
     let started = Instant::now();
     let request = route_request(pool, routes, tokens, session);
-    let candidates = candidates(pool, routes, exclude);
+    let candidates = candidates(pool, routes, exclude, aggregated_only);
     if candidates.is_empty() {
         return Err(RouteError::NoCandidates);
     }
@@ -209,6 +232,7 @@ pub fn route(
             attempt,
             stage: Stage::Decode,
             decision: Arc::clone(&decision),
+            note: note.map(str::to_owned),
         });
         (decision, cached_blocks, key)
     };
@@ -325,6 +349,7 @@ pub fn route_prefill(
             attempt,
             stage: Stage::Prefill,
             decision: Arc::clone(&decision),
+            note: None,
         });
     }
     routed_request(
@@ -403,9 +428,10 @@ pub fn explain(
     routes: &ModelRoutes,
     tokens: &[TokenId],
     session: Option<String>,
+    aggregated_only: bool,
 ) -> Result<Decision, RouteError> {
     let request = route_request(pool, routes, tokens, session);
-    let only = candidates(pool, routes, &[]).ids;
+    let only = candidates(pool, routes, &[], aggregated_only).ids;
     if only.is_empty() {
         return Err(RouteError::NoCandidates);
     }

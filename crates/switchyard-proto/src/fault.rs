@@ -21,6 +21,10 @@ pub enum Fault {
     /// provide the prompt's KV. The worker that answered is not at fault; retrying it with
     /// another prefill worker can help.
     KvSource,
+    /// The KV source's layout describes another model shape than the answering worker's (a
+    /// deployment error: the two were never meant to pair). Neither worker is faulty and no
+    /// retry of the same pairing can help, so the request is refused rather than retried.
+    KvLayout,
 }
 
 impl Fault {
@@ -28,12 +32,14 @@ impl Fault {
     pub const fn as_str(self) -> &'static str {
         match self {
             Fault::KvSource => "kv-source",
+            Fault::KvLayout => "kv-layout",
         }
     }
 
     fn parse(value: &str) -> Option<Fault> {
         match value {
             "kv-source" => Some(Fault::KvSource),
+            "kv-layout" => Some(Fault::KvLayout),
             _ => None,
         }
     }
@@ -45,6 +51,16 @@ pub fn kv_source_unavailable(message: impl Into<String>) -> Status {
     status.metadata_mut().insert(
         FAULT_KEY,
         MetadataValue::from_static(Fault::KvSource.as_str()),
+    );
+    status
+}
+
+/// `INVALID_ARGUMENT` with `message`, marked as a KV layout mismatch between the two workers.
+pub fn kv_layout_mismatch(message: impl Into<String>) -> Status {
+    let mut status = Status::new(Code::InvalidArgument, message);
+    status.metadata_mut().insert(
+        FAULT_KEY,
+        MetadataValue::from_static(Fault::KvLayout.as_str()),
     );
     status
 }
@@ -80,5 +96,8 @@ mod tests {
             .metadata_mut()
             .insert(FAULT_KEY, MetadataValue::from_static("someone-else"));
         assert_eq!(fault_of(&unknown), None);
+        let layout = kv_layout_mismatch("32 layers here, 40 there");
+        assert_eq!(layout.code(), Code::InvalidArgument);
+        assert_eq!(fault_of(&layout), Some(Fault::KvLayout));
     }
 }

@@ -340,7 +340,7 @@ pub struct WorkerArgs {
     /// Tensor-parallel degree of this worker's KV layout.
     #[arg(long, env = "SWITCHYARD_TENSOR_PARALLEL")]
     pub tensor_parallel: Option<u32>,
-    /// Decode side: tensor-parallel degree of the prefill workers KV is pulled from.
+    /// Decode side: tensor-parallel degree of prefill workers that announce no KV layout.
     #[arg(long, env = "SWITCHYARD_PREFILL_TENSOR_PARALLEL")]
     pub prefill_tensor_parallel: Option<u32>,
     /// Decode side: coalesce KV fragments through the staging area (true or false).

@@ -11,7 +11,9 @@
 //! `max_tokens - 1` more tokens. The imported blocks stay held until that continuation has
 //! been admitted, so requests queued meanwhile cannot evict them; a pull that fails half way
 //! releases them. Counts are rewritten so the client sees one request: prompt tokens of the
-//! original prompt, completion tokens including the first.
+//! original prompt, completion tokens including the first. The first chunk carries the prefill
+//! worker's KV layout: the import is planned from it (see `kv_layout`), and one of another model
+//! shape refuses the request before a block is imported.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -43,7 +45,7 @@ pub(crate) type ChunkStream =
 /// hung, handle expired or already pulled, no chunk within `pull_timeout`) are
 /// [`EngineError::KvSource`]: `UNAVAILABLE` marked as the KV source's fault, so the caller can
 /// retry with another prefill worker and keep this one; a source whose blocks are not the
-/// prompt's is `INVALID_ARGUMENT`.
+/// prompt's, or whose announced layout is another model shape's, is `INVALID_ARGUMENT`.
 pub(crate) async fn generate_from_source(
     engine: &dyn Engine,
     params: GenerateParams,
@@ -74,6 +76,7 @@ pub(crate) async fn generate_from_source(
         bytes = Empty,
         descriptors = Empty,
         raw_descriptors = Empty,
+        source_tensor_parallel = Empty,
     );
     let expected = block_hashes(&params.prompt, engine.spec().block_size);
     metrics.pull_received();
@@ -110,6 +113,9 @@ pub(crate) async fn generate_from_source(
     span.record("bytes", import.stats.bytes as i64);
     span.record("descriptors", import.stats.descriptors as i64);
     span.record("raw_descriptors", import.stats.raw_descriptors as i64);
+    if let Some(tp) = import.announced_tensor_parallel() {
+        span.record("source_tensor_parallel", i64::from(tp));
+    }
     drop(span);
     let (first, cached) = if source.pipelined {
         let first = end.first_token_id.ok_or_else(|| {
@@ -134,6 +140,8 @@ pub(crate) async fn generate_from_source(
         bytes = import.stats.bytes,
         raw_descriptors = import.stats.raw_descriptors,
         coalesced_descriptors = import.stats.descriptors,
+        // Absent: the source announced no layout and the configured one was planned from.
+        source_tensor_parallel = import.announced_tensor_parallel(),
         "kv imported"
     );
 
@@ -277,6 +285,14 @@ async fn pull_and_import(
                 tokens: b.token_ids,
             })
             .collect();
+        // The layout comes on the first chunk; a newer source might repeat it, which is
+        // harmless as long as it still fits.
+        if let (Some(announced), Some(own)) = (&chunk.layout, engine.kv_layout()) {
+            let source =
+                crate::kv_layout::accept(announced, &own, engine.spec().block_size.get(), address)
+                    .map_err(|s| (PullFailure::Layout, s))?;
+            import.plan_from(source);
+        }
         check_continues(
             &blocks,
             chunk.first_block as usize,

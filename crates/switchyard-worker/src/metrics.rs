@@ -61,6 +61,8 @@ pub enum PullFailure {
     Truncated,
     /// The blocks were not the prompt's (another block size, a wrong handle).
     Mismatch,
+    /// The prefill worker announced a KV layout of another model shape.
+    Layout,
     /// This worker's engine could not take the blocks.
     Import,
     /// An engine that moves KV itself aborted the request before its first token.
@@ -68,12 +70,13 @@ pub enum PullFailure {
 }
 
 impl PullFailure {
-    const ALL: [PullFailure; 7] = [
+    const ALL: [PullFailure; 8] = [
         Self::Connect,
         Self::Timeout,
         Self::Source,
         Self::Truncated,
         Self::Mismatch,
+        Self::Layout,
         Self::Import,
         Self::EngineTransfer,
     ];
@@ -85,6 +88,7 @@ impl PullFailure {
             Self::Source => "source_error",
             Self::Truncated => "truncated",
             Self::Mismatch => "block_mismatch",
+            Self::Layout => "layout_mismatch",
             Self::Import => "import",
             Self::EngineTransfer => "engine_transfer",
         }

@@ -266,6 +266,10 @@ impl WorkerService {
             next_block: 0,
             pending: std::collections::VecDeque::new(),
             done: false,
+            layout: self
+                .engine
+                .kv_layout()
+                .map(|l| crate::kv_layout::announce(&l, self.engine.spec().block_size.get())),
             sent: PullSent::default(),
             span,
         };

@@ -10,8 +10,10 @@ use crate::engine::sim::TransferSetup;
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvTransferConfig {
-    /// Tensor-parallel degree of the prefill workers KV is pulled from (default: this worker's
-    /// own, so the layouts match and blocks move as contiguous regions).
+    /// Tensor-parallel degree assumed for prefill workers that do not announce their KV layout
+    /// (workers older than the announcement). Sources that announce it are planned from what
+    /// they say, whatever this is. Default: this worker's own, so blocks move as contiguous
+    /// regions.
     pub prefill_tensor_parallel: Option<u32>,
     /// Coalesce small strided fragments through the staging area into few descriptors.
     pub coalesce: bool,

@@ -169,15 +169,25 @@ async fn explain(
             ));
         }
     };
-    let decision = routing::explain(&state.pool, &routes, &tokens, request.session_id)
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let settings = state.config.disagg();
+    // With disaggregation off no request gets a prefill worker, so none goes to a worker that
+    // needs one (as dispatch routes it).
+    let aggregated_only = settings.mode == crate::disagg::Disaggregation::Off;
+    let decision = routing::explain(
+        &state.pool,
+        &routes,
+        &tokens,
+        request.session_id,
+        aggregated_only,
+    )
+    .map_err(|e| ApiError::Unavailable(e.to_string()))?;
     let uncached = decision
         .chosen()
         .map_or(tokens.len() as u64, |c| c.uncached_prompt_tokens);
     let disaggregation = crate::disagg::explain(
         &state.pool,
         &routes,
-        &state.config.disagg(),
+        &settings,
         &decision.worker,
         &tokens,
         uncached,

@@ -257,10 +257,22 @@ pub struct KvImport {
     pub(crate) link_free_at: Option<tokio::time::Instant>,
     /// Bytes and descriptors moved, before and after coalescing.
     pub stats: switchyard_engine_sim::PlanStats,
+    /// The source's layout as it announced it; `None` plans from the configured one.
+    pub(crate) source_layout: Option<switchyard_engine_sim::KvLayout>,
     pub(crate) _release: DropGuard,
 }
 
 impl KvImport {
+    /// Plans this import's remaining chunks from `layout`, the one its source announced.
+    pub fn plan_from(&mut self, layout: switchyard_engine_sim::KvLayout) {
+        self.source_layout = Some(layout);
+    }
+
+    /// The source tensor-parallel degree the chunks were planned from, when announced.
+    pub fn announced_tensor_parallel(&self) -> Option<u32> {
+        self.source_layout.map(|l| l.tensor_parallel)
+    }
+
     /// Waits until the link has moved everything handed to it (imports may carry a short
     /// transfer debt rather than sleep sub-millisecond amounts chunk by chunk).
     pub async fn settle(&self) {
@@ -328,6 +340,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
 
     /// Claims the blocks held under `handle`; a second claim of the same handle fails.
     async fn pull_kv(&self, handle: &str) -> Result<KvPull, EngineError>;
+
+    /// How this engine lays out its KV cache, when it knows (the simulator does): announced to
+    /// the decode workers that pull from it, and checked against what their sources announce.
+    fn kv_layout(&self) -> Option<switchyard_engine_sim::KvLayout> {
+        None
+    }
 
     /// Starts importing a prompt's KV blocks pulled from a prefill worker.
     fn start_import(&self) -> Result<KvImport, EngineError> {

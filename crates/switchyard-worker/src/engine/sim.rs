@@ -356,6 +356,11 @@ impl Engine for SimEngine {
         Ok(KvPull::complete(to_held(blocks), release))
     }
 
+    fn kv_layout(&self) -> Option<switchyard_engine_sim::KvLayout> {
+        // The destination side of its transfer setup is this worker's own layout.
+        Some(self.transfer.dest)
+    }
+
     fn start_import(&self) -> Result<KvImport, EngineError> {
         let hold = self.next_request.fetch_add(1, Ordering::Relaxed);
         let tx = self.cmd_tx.clone();
@@ -366,6 +371,7 @@ impl Engine for SimEngine {
             stopped: false,
             link_free_at: None,
             stats: Default::default(),
+            source_layout: None,
             _release: DropGuard::new(move || {
                 let _ = tx.send(Command::Release(hold));
             }),

@@ -98,6 +98,9 @@ pub(super) struct PullState {
     pub(super) next_block: usize,
     pub(super) pending: std::collections::VecDeque<v1::KvChunk>,
     pub(super) done: bool,
+    /// This worker's KV layout, announced on the first chunk (then `None`); `None` from the
+    /// start for engines without one.
+    pub(super) layout: Option<v1::KvLayout>,
     pub(super) sent: PullSent,
     /// `serve_pull`: ends when the stream is dropped.
     pub(super) span: tracing::Span,
@@ -114,7 +117,10 @@ pub(super) struct PullSent {
 impl PullState {
     pub(super) async fn next_chunk(&mut self) -> Option<Result<v1::KvChunk, Status>> {
         loop {
-            if let Some(chunk) = self.pending.pop_front() {
+            if let Some(mut chunk) = self.pending.pop_front() {
+                if let Some(layout) = self.layout.take() {
+                    chunk.layout = Some(layout);
+                }
                 if chunk.last {
                     self.finish(tonic::Code::Ok);
                 }

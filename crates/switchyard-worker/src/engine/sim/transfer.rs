@@ -49,8 +49,10 @@ impl SimEngine {
         // that overlaps the engine's steps, so it delays this request only, not the batch.
         let plan = {
             let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+            // The layout the source announced, else the configured one (a silent, older peer).
+            let source = import.source_layout.unwrap_or(self.transfer.source);
             staging.plan(
-                &self.transfer.source,
+                &source,
                 &self.transfer.dest,
                 self.spec.block_size.get(),
                 blocks.len() as u32,
