@@ -8,6 +8,12 @@
 //! rate, lengths and cached tokens; the decode workers' active sequences), and its moves behave
 //! like the local connector's (drain, switch when idle). Arrivals are open-loop (Poisson), so
 //! every configuration sees exactly the same requests.
+//!
+//! `profile_speedup` makes the planner's profile wrong on purpose: it is derived from the
+//! simulators' timing model divided by that factor, so at 2 the planner believes the engine is
+//! twice as fast as the simulated one. The [`Correction`] then has something to correct; it is
+//! fed the mean TTFT and ITL (per token gap, as the gateway's histograms count them) of the
+//! requests that finished in the interval.
 
 mod cluster;
 
@@ -17,6 +23,7 @@ use serde::Serialize;
 use switchyard_core::Role;
 use switchyard_engine_sim::{SimConfig, SimError};
 
+use crate::correction::{Correction, CorrectionFactors, CorrectionSettings, Served};
 use crate::predict::{Load, Predictor, PredictorKind, PredictorSettings};
 use crate::profile::PerformanceProfile;
 use crate::sizing::{self, Limits, Targets};
@@ -45,6 +52,10 @@ pub struct ShiftSettings {
     pub sim: SimConfig,
     pub disagg_min_tokens: usize,
     pub kv_bytes_per_token: f64,
+    /// How much faster than the simulated engine the planner's profile believes it is (1: the
+    /// profile is right).
+    pub profile_speedup: f64,
+    pub correction: CorrectionSettings,
 }
 
 impl Default for ShiftSettings {
@@ -80,6 +91,8 @@ impl Default for ShiftSettings {
             sim: SimConfig::default(),
             disagg_min_tokens: 512,
             kv_bytes_per_token: 131_072.0,
+            profile_speedup: 1.0,
+            correction: CorrectionSettings::default(),
         }
     }
 }
@@ -87,8 +100,14 @@ impl Default for ShiftSettings {
 /// How the pools are sized in one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sizing {
-    Fixed { prefill: u32 },
-    Planner(PredictorKind),
+    Fixed {
+        prefill: u32,
+    },
+    /// The planner with a predictor, correcting its profile or trusting it.
+    Planner {
+        predictor: PredictorKind,
+        correction: bool,
+    },
 }
 
 /// Target attainment of a set of requests.
@@ -119,6 +138,8 @@ pub struct Outcome {
     pub moves: u32,
     /// The planner's reasons at every interval: (virtual seconds, reason).
     pub decisions: Vec<(f64, String)>,
+    /// The planner's profile correction at the end of the run.
+    pub correction: Option<CorrectionFactors>,
 }
 
 /// SplitMix64: a small, seedable generator, so the workload is the same for every run.
@@ -165,7 +186,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
     let n = settings.workers.max(2);
     let start_prefill = match sizing {
         Sizing::Fixed { prefill } => prefill.min(n - 1),
-        Sizing::Planner(_) => n / 2,
+        Sizing::Planner { .. } => n / 2,
     };
     let roles: Vec<Role> = (0..n)
         .map(|i| {
@@ -184,7 +205,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
     )?;
     let profile = PerformanceProfile::from_timing(
         &settings.sim.timing,
-        1.0,
+        settings.profile_speedup,
         settings.sim.max_batched_tokens as u64,
     );
     let limits = Limits {
@@ -193,9 +214,16 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
         max_total: n,
     };
     let mut planner = match sizing {
-        Sizing::Planner(kind) => Some((
-            Predictor::new(kind, &PredictorSettings::default()),
+        Sizing::Planner {
+            predictor,
+            correction,
+        } => Some((
+            Predictor::new(predictor, &PredictorSettings::default()),
             Stabilizer::new(settings.stability),
+            Correction::new(CorrectionSettings {
+                enabled: correction,
+                ..settings.correction
+            }),
         )),
         Sizing::Fixed { .. } => None,
     };
@@ -206,6 +234,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
     let mut next = 0usize;
     let mut tick = settings.interval_seconds;
     let mut reported = 0usize;
+    let mut last_pools = None;
     let mut timeline = vec![(0.0, cluster.pools().0, cluster.pools().1)];
     let mut moves = 0u32;
     let mut decisions = Vec::new();
@@ -245,17 +274,31 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
             next += 1;
         }
         if planning.is_some_and(|p| p <= now) {
-            if let Some((predictor, stabilizer)) = planner.as_mut() {
+            if let Some((predictor, stabilizer, correction)) = planner.as_mut() {
                 let recent = &cluster.finished[reported..];
-                predictor.observe(&observed(recent, settings.interval_seconds));
+                let load = observed(recent, settings.interval_seconds);
+                predictor.observe(&load);
                 reported = cluster.finished.len();
                 let moving = cluster.workers.iter().any(|w| w.moving_to.is_some());
+                let (p, d) = cluster.pools();
+                let pools = crate::PoolSizes {
+                    prefill: p,
+                    decode: d,
+                };
+                let (ttft_mean_seconds, itl_mean_seconds) = mean_latencies(recent);
+                let served = Served {
+                    load,
+                    requests: recent.len() as f64,
+                    ttft_mean_seconds,
+                    itl_mean_seconds,
+                    pools,
+                    steady: !moving && last_pools == Some(pools),
+                };
+                last_pools = Some(pools);
+                let factors =
+                    correction.observe(&served, &profile, settings.disagg_min_tokens as f64);
                 if let (Some(load), false) = (predictor.predict(), moving) {
-                    let (p, d) = cluster.pools();
-                    let current = crate::PoolSizes {
-                        prefill: p,
-                        decode: d,
-                    };
+                    let current = pools;
                     let req = sizing::required(
                         &load,
                         &sizing::Backlog {
@@ -263,7 +306,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
                             queued_prefill_tokens: cluster.prefill_pool_queued_tokens() as f64,
                             interval_seconds: settings.interval_seconds,
                         },
-                        &profile,
+                        &correction.apply(&profile),
                         &settings.targets,
                         settings.disagg_min_tokens as f64,
                     );
@@ -279,7 +322,13 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
                     };
                     decisions.push((
                         now,
-                        format!("{why}; needs {}/{} ({})", req.prefill, req.decode, req.why),
+                        format!(
+                            "{why}; needs {}/{} ({}; {})",
+                            req.prefill,
+                            req.decode,
+                            req.why,
+                            factors.describe()
+                        ),
                     ));
                 } else if moving {
                     decisions.push((now, "a move is under way".into()));
@@ -301,8 +350,16 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
         .collect();
     let label = match sizing {
         Sizing::Fixed { prefill } => format!("fixed {prefill} prefill / {} decode", n - prefill),
-        Sizing::Planner(kind) => format!("planner ({})", kind.as_str()),
+        Sizing::Planner {
+            predictor,
+            correction: true,
+        } => format!("planner ({})", predictor.as_str()),
+        Sizing::Planner {
+            predictor,
+            correction: false,
+        } => format!("planner ({}, no correction)", predictor.as_str()),
     };
+    let correction = planner.map(|(_, _, c)| c.factors());
     Ok(Outcome {
         label,
         overall: attainment(finished, &settings.targets),
@@ -311,7 +368,26 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
         timeline,
         moves,
         decisions,
+        correction,
     })
+}
+
+/// Mean TTFT of the requests and mean time between their tokens, per token gap (as the
+/// gateway's ITL histogram counts them).
+fn mean_latencies(recent: &[Finished]) -> (Option<f64>, Option<f64>) {
+    if recent.is_empty() {
+        return (None, None);
+    }
+    let ttft = recent.iter().map(|f| f.ttft).sum::<f64>() / recent.len() as f64;
+    let (mut gaps, mut seconds) = (0.0, 0.0);
+    for f in recent {
+        if let Some(itl) = f.itl {
+            let n = f64::from(f.output_tokens.saturating_sub(1));
+            gaps += n;
+            seconds += itl * n;
+        }
+    }
+    (Some(ttft), (gaps > 0.0).then(|| seconds / gaps))
 }
 
 /// What the gateways would report for an interval that finished `recent`.
@@ -404,12 +480,21 @@ fn attainment(finished: &[Finished], targets: &Targets) -> Attainment {
     }
 }
 
-/// Every fixed split (at least one worker per pool) and the planner with each predictor.
+/// Every fixed split (at least one worker per pool), the planner with each predictor, and the
+/// constant-predictor planner trusting its profile (no correction).
 pub fn run_all(settings: &ShiftSettings) -> Result<Vec<Outcome>, SimError> {
     let n = settings.workers.max(2);
     let mut sizings: Vec<Sizing> = (1..n).map(|prefill| Sizing::Fixed { prefill }).collect();
-    sizings.push(Sizing::Planner(PredictorKind::Constant));
-    sizings.push(Sizing::Planner(PredictorKind::Holt));
+    for (predictor, correction) in [
+        (PredictorKind::Constant, true),
+        (PredictorKind::Holt, true),
+        (PredictorKind::Constant, false),
+    ] {
+        sizings.push(Sizing::Planner {
+            predictor,
+            correction,
+        });
+    }
     sizings.into_iter().map(|s| run(settings, s)).collect()
 }
 
@@ -461,7 +546,14 @@ mod tests {
             p.seconds = 60.0;
         }
         settings.stability.cooldown = Duration::from_secs(10);
-        let planned = run(&settings, Sizing::Planner(PredictorKind::Constant)).unwrap();
+        let planned = run(
+            &settings,
+            Sizing::Planner {
+                predictor: PredictorKind::Constant,
+                correction: true,
+            },
+        )
+        .unwrap();
         assert_eq!(planned.failed, 0);
         let during = |from: f64, to: f64| {
             planned
