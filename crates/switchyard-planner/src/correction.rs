@@ -7,15 +7,21 @@
 //! bounded, scales the profile the sizing uses ([`Correction::apply`]): every prefill figure by
 //! the prefill factor, every decode figure by the decode factor.
 //!
-//! **Inverting the queueing model, not dividing by it.** The sizing treats a prefill worker as a
-//! queue: TTFT = `t / (1 − ρ)` with `t` the idle prefill time and `ρ = rate · t / n`. If the
-//! engine is really `k` times slower, both `t` and `ρ` grow by `k`, so the observed TTFT is
-//! `k·t / (1 − k·ρ)`, not `k` times the prediction: under load the plain ratio overstates `k`
-//! (at ρ = 0.4 a 2× slower engine would read as 6×). Solving for `k` gives
-//! `k = TTFT / (t + TTFT·ρ)`, exact under the model and finite for any observation. ITL is
-//! inverted the same way through the decode pool's share of time spent prefilling aggregated
-//! prompts. The decode concurrency comes from Little's law with the *observed* ITL
-//! (`rate × output × ITL`), so the profile is evaluated at the batch the workers really ran.
+//! **Inverting a queueing model, not dividing by it.** If the engine is `k` times slower than
+//! its profile, both the idle prefill time `t` and the utilisation `ρ = rate · t / n` of the
+//! prefill pool grow by `k`, and the queueing delay grows faster still: the observed TTFT is
+//! not `k` times the prediction (at ρ = 0.4 a 2× slower engine reads as about 4×). So the
+//! round's estimate is the `k` that explains the observed mean TTFT under a queueing model. The
+//! model is M/D/1 (Poisson arrivals, one prompt length takes one time; Pollaczek–Khinchine):
+//! TTFT = `k·t · (2 − k·ρ) / (2 · (1 − k·ρ))`, solved in closed form,
+//! `k = 2·TTFT / (t + TTFT·ρ + √(t² + TTFT²·ρ²))`. The sizing itself keeps the more cautious
+//! M/M/1 `t / (1 − ρ)`: that margin is what keeps the TTFT *tail* within target, and
+//! estimating `k` with the sizing's own M/M/1 would read that margin as a fast engine (with a
+//! right profile the simulator then reads as 0.75×) and size it away. ITL is inverted through
+//! the decode pool's share of time spent prefilling aggregated prompts: ITL =
+//! `k·step / (1 − k·share)`, so `k = ITL / (step + ITL·share)`. The decode concurrency comes
+//! from Little's law with the *observed* ITL (`rate × output × ITL`), so the profile is
+//! evaluated at the batch the workers really ran.
 //!
 //! **Choices**, each a constant of [`CorrectionSettings`]:
 //! - EWMA with weight 0.5 on the new interval: converges to within 6 % in 4 intervals, while one
@@ -178,7 +184,7 @@ impl Correction {
             if served.pools.prefill > 0 && uncached >= 1.0 {
                 let t = profile.prefill_seconds(uncached);
                 let rho = load.request_rate * t / f64::from(served.pools.prefill);
-                self.factors.prefill_sample = invert(ttft, t, rho);
+                self.factors.prefill_sample = invert_md1(ttft, t, rho);
             }
         }
         if let Some(itl) = served.itl_mean_seconds {
@@ -197,7 +203,7 @@ impl Correction {
                 } else {
                     0.0
                 };
-                self.factors.decode_sample = invert(itl, step, share);
+                self.factors.decode_sample = invert_busy(itl, step, share);
             }
         }
         let (alpha, lo, hi) = (
@@ -226,13 +232,35 @@ impl Correction {
     }
 }
 
-/// `k` such that `observed = k·base / (1 − k·load)`: the slowdown that explains an observation
-/// under the queueing model (`load` is the utilisation the profile predicts). `None` when the
+/// `k` such that `observed = k·base / (1 − k·share)`: the slowdown that explains a decode
+/// step stretched by the share of time the worker spends on other work. `None` when the
 /// figures are not usable (zero, negative, not finite).
-fn invert(observed: f64, base: f64, load: f64) -> Option<f64> {
-    let denominator = base + observed * load.max(0.0);
-    let k = observed / denominator;
+fn invert_busy(observed: f64, base: f64, share: f64) -> Option<f64> {
+    usable(
+        observed / (base + observed * share.max(0.0)),
+        observed,
+        base,
+    )
+}
+
+/// `k` such that the M/D/1 time in system of a service `k·base` at utilisation `k·load` is
+/// `observed`: the smaller root of `base·load·k² − 2·(base + observed·load)·k + 2·observed = 0`
+/// (the one with `k·load < 1`), written so that it cannot cancel.
+fn invert_md1(observed: f64, base: f64, load: f64) -> Option<f64> {
+    let load = load.max(0.0);
+    let k = 2.0 * observed
+        / (base + observed * load + (base * base + observed * observed * load * load).sqrt());
+    usable(k, observed, base)
+}
+
+fn usable(k: f64, observed: f64, base: f64) -> Option<f64> {
     (observed.is_finite() && observed > 0.0 && base > 0.0 && k.is_finite() && k > 0.0).then_some(k)
+}
+
+/// The M/D/1 mean time in system of a service time `t` at utilisation `rho` (< 1): what
+/// [`invert_md1`] inverts; for the tests and the benchmark's synthetic streams.
+pub fn md1_time_in_system(t: f64, rho: f64) -> f64 {
+    t * (2.0 - rho) / (2.0 * (1.0 - rho))
 }
 
 #[cfg(test)]
@@ -263,7 +291,7 @@ mod tests {
         let uncached = 3000.0;
         let t = slow * p.prefill_seconds(uncached);
         let rho = load.request_rate * t / 3.0;
-        let ttft = t / (1.0 - rho) * noise;
+        let ttft = md1_time_in_system(t, rho) * noise;
         // Solve the ITL fixed point: concurrency depends on the ITL by Little's law.
         let mut itl = 0.02;
         for _ in 0..200 {
@@ -300,14 +328,49 @@ mod tests {
                 "truth {truth}: decode factor {f:?}"
             );
             assert_eq!(f.prefill_intervals, 30);
-            // The plain ratio (observed / profile's prediction) would be far off under load.
+            // The plain ratio (observed / profile's prediction) overstates the slowdown under
+            // load; the inverted model gets it exactly.
             let s = served(&p, truth, 1.0, 100.0);
-            let predicted =
-                p.prefill_seconds(3000.0) / (1.0 - 3.0 * p.prefill_seconds(3000.0) / 3.0);
+            let t = p.prefill_seconds(3000.0);
+            let plain = s.ttft_mean_seconds.unwrap() / md1_time_in_system(t, t);
             if truth > 1.0 {
-                assert!(s.ttft_mean_seconds.unwrap() / predicted > truth * 1.2);
+                assert!(plain > truth * 1.1, "truth {truth}: plain ratio {plain}");
+            }
+            let mut once = Correction::new(CorrectionSettings {
+                smoothing: 1.0,
+                ..CorrectionSettings::default()
+            });
+            let exact = once.observe(&s, &p, DISAGG);
+            assert!((exact.prefill / truth - 1.0).abs() < 1e-6, "{exact:?}");
+            assert!((exact.decode / truth - 1.0).abs() < 1e-6, "{exact:?}");
+        }
+    }
+
+    #[test]
+    fn the_queueing_models_are_inverted_exactly() {
+        for t in [0.01, 0.2, 1.5] {
+            for rho in [0.0, 0.1, 0.45] {
+                for k in [0.3, 1.0, 2.0] {
+                    if k * rho >= 1.0 {
+                        continue;
+                    }
+                    let observed = md1_time_in_system(k * t, k * rho);
+                    let got = invert_md1(observed, t, rho).unwrap();
+                    assert!(
+                        (got / k - 1.0).abs() < 1e-9,
+                        "t {t} rho {rho}: {got} for {k}"
+                    );
+                    let observed = k * t / (1.0 - k * rho);
+                    let got = invert_busy(observed, t, rho).unwrap();
+                    assert!(
+                        (got / k - 1.0).abs() < 1e-9,
+                        "t {t} share {rho}: {got} for {k}"
+                    );
+                }
             }
         }
+        assert_eq!(invert_md1(1.0, 0.0, 0.5), None);
+        assert_eq!(invert_busy(f64::INFINITY, 1.0, 0.0), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use switchyard_engine_sim::TimingModel;
+use switchyard_planner::correction::md1_time_in_system;
 use switchyard_planner::observe::{Observation, Observer, WorkerFigures};
 use switchyard_planner::predict::PredictorSettings;
 use switchyard_planner::sizing::{Limits, Targets};
@@ -102,7 +103,7 @@ fn planner(
 }
 
 /// What the gateways report for an interval of `LOAD` served by `pools` of the engine whose
-/// real speed is `engine`: mean TTFT from the queueing model of the prefill pool (saturated
+/// real speed is `engine`: mean TTFT from an M/D/1 queue per prefill worker (saturated
 /// pools report a long, finite TTFT, as a real queue does within one interval), mean ITL from
 /// the engine's decode step at the batch Little's law gives.
 fn observation(engine: &PerformanceProfile, pools: PoolSizes) -> Observation {
@@ -118,7 +119,7 @@ fn observation(engine: &PerformanceProfile, pools: PoolSizes) -> Observation {
         seconds: 10.0,
         load: LOAD,
         requests: LOAD.request_rate * 10.0,
-        ttft_mean_seconds: Some(t / (1.0 - rho)),
+        ttft_mean_seconds: Some(md1_time_in_system(t, rho)),
         itl_mean_seconds: Some(itl),
         gateways_answered: 1,
         workers: WorkerFigures {
