@@ -16,6 +16,7 @@
 //! requests that finished in the interval.
 
 mod cluster;
+mod report;
 
 use std::time::Duration;
 
@@ -29,6 +30,8 @@ use crate::profile::PerformanceProfile;
 use crate::sizing::{self, Limits, Targets};
 use crate::stability::{StabilitySettings, Stabilizer, Verdict};
 use cluster::{Cluster, Finished, Flight};
+use report::attainment;
+pub use report::markdown;
 
 /// One stretch of steady traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -444,42 +447,6 @@ fn start_moves(cluster: &mut Cluster, current: crate::PoolSizes, target: crate::
     chosen.len() as u32
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn attainment(finished: &[Finished], targets: &Targets) -> Attainment {
-    if finished.is_empty() {
-        return Attainment::default();
-    }
-    let n = finished.len() as f64;
-    let ttft_ok = |f: &Finished| f.ttft <= targets.ttft_seconds;
-    let itl_ok = |f: &Finished| f.itl.is_none_or(|i| i <= targets.itl_seconds);
-    let multi = finished.iter().filter(|f| f.itl.is_some()).count().max(1) as f64;
-    let mut ttfts: Vec<f64> = finished.iter().map(|f| f.ttft).collect();
-    let mut itls: Vec<f64> = finished.iter().filter_map(|f| f.itl).collect();
-    ttfts.sort_by(f64::total_cmp);
-    itls.sort_by(f64::total_cmp);
-    Attainment {
-        requests: finished.len(),
-        ttft: finished.iter().filter(|f| ttft_ok(f)).count() as f64 / n,
-        itl: finished
-            .iter()
-            .filter(|f| f.itl.is_some() && itl_ok(f))
-            .count() as f64
-            / multi,
-        both: finished.iter().filter(|f| ttft_ok(f) && itl_ok(f)).count() as f64 / n,
-        ttft_p50: percentile(&ttfts, 0.5),
-        ttft_p99: percentile(&ttfts, 0.99),
-        itl_p50: percentile(&itls, 0.5),
-        itl_p99: percentile(&itls, 0.99),
-    }
-}
-
 /// Every fixed split (at least one worker per pool), the planner with each predictor, and the
 /// constant-predictor planner trusting its profile (no correction).
 pub fn run_all(settings: &ShiftSettings) -> Result<Vec<Outcome>, SimError> {
@@ -496,40 +463,6 @@ pub fn run_all(settings: &ShiftSettings) -> Result<Vec<Outcome>, SimError> {
         });
     }
     sizings.into_iter().map(|s| run(settings, s)).collect()
-}
-
-/// A Markdown table of the outcomes, one row per configuration.
-pub fn markdown(settings: &ShiftSettings, outcomes: &[Outcome]) -> String {
-    let pct = |x: f64| format!("{:.1} %", x * 100.0);
-    let mut out = String::from(
-        "| configuration | requests | TTFT attained | ITL attained | both | both, per phase | both, mean of phases | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | moves | failed |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for o in outcomes {
-        let phases: Vec<String> = o
-            .phases
-            .iter()
-            .zip(&settings.phases)
-            .map(|(a, p)| format!("{}: {}", p.name, pct(a.both)))
-            .collect();
-        let mean = o.phases.iter().map(|a| a.both).sum::<f64>() / o.phases.len().max(1) as f64;
-        out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.2} / {:.2} | {:.1} / {:.1} | {} | {} |\n",
-            o.label,
-            o.overall.requests,
-            pct(o.overall.ttft),
-            pct(o.overall.itl),
-            pct(o.overall.both),
-            phases.join(", "),
-            pct(mean),
-            o.overall.ttft_p50,
-            o.overall.ttft_p99,
-            o.overall.itl_p50 * 1e3,
-            o.overall.itl_p99 * 1e3,
-            o.moves,
-            o.failed,
-        ));
-    }
-    out
 }
 
 #[cfg(test)]
@@ -576,5 +509,47 @@ mod tests {
         let fixed = run(&settings, Sizing::Fixed { prefill: 2 }).unwrap();
         assert_eq!(fixed.overall.requests, planned.overall.requests);
         assert_eq!(fixed.moves, 0);
+    }
+
+    /// A profile twice too optimistic: trusting it keeps the decode pool too small for the
+    /// decode-heavy phase; the correction learns the factor and moves sooner and further. With
+    /// the right profile the factors stay near 1.
+    #[test]
+    fn the_correction_recovers_from_a_wrong_profile() {
+        let mut settings = ShiftSettings::default();
+        for p in &mut settings.phases {
+            p.seconds = 60.0;
+        }
+        settings.profile_speedup = 2.0;
+        let planner = |correction| Sizing::Planner {
+            predictor: PredictorKind::Constant,
+            correction,
+        };
+        let learning = run(&settings, planner(true)).unwrap();
+        let trusting = run(&settings, planner(false)).unwrap();
+        let f = learning.correction.unwrap();
+        assert!(f.prefill > 1.5 && f.decode > 1.5, "{f:?}");
+        assert!(!trusting.correction.unwrap().enabled);
+        assert!(
+            learning.overall.both > trusting.overall.both + 0.2,
+            "learning {:?}, trusting {:?}",
+            learning.overall,
+            trusting.overall
+        );
+        assert!(
+            learning
+                .decisions
+                .iter()
+                .any(|(_, why)| why.contains("profile corrected x")),
+            "{:?}",
+            learning.decisions
+        );
+
+        settings.profile_speedup = 1.0;
+        let right = run(&settings, planner(true)).unwrap().correction.unwrap();
+        assert!(
+            (0.8..1.25).contains(&right.prefill) && (0.8..1.25).contains(&right.decode),
+            "{right:?}"
+        );
     }
 }
