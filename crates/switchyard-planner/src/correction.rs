@@ -180,31 +180,32 @@ impl Correction {
         let load = &served.load;
         let uncached = load.input_tokens * (1.0 - load.cache_hit_rate.clamp(0.0, 1.0));
         let aggregated = uncached < disagg_min_uncached_tokens;
-        if let (false, Some(ttft)) = (aggregated, served.ttft_mean_seconds) {
-            if served.pools.prefill > 0 && uncached >= 1.0 {
-                let t = profile.prefill_seconds(uncached);
-                let rho = load.request_rate * t / f64::from(served.pools.prefill);
-                self.factors.prefill_sample = invert_md1(ttft, t, rho);
-            }
+        if let (false, Some(ttft)) = (aggregated, served.ttft_mean_seconds)
+            && served.pools.prefill > 0
+            && uncached >= 1.0
+        {
+            let t = profile.prefill_seconds(uncached);
+            let rho = load.request_rate * t / f64::from(served.pools.prefill);
+            self.factors.prefill_sample = invert_md1(ttft, t, rho);
         }
-        if let Some(itl) = served.itl_mean_seconds {
-            if served.pools.decode > 0 && load.output_tokens > 1.0 {
-                let decode = f64::from(served.pools.decode);
-                let concurrency = load.request_rate * load.output_tokens * itl;
-                let context = load.input_tokens + load.output_tokens / 2.0;
-                let step = profile.itl_seconds((concurrency / decode).max(1.0), context);
-                // Share of each decode worker's time spent prefilling the aggregated prompts
-                // (their marginal cost, as the sizing counts it).
-                let share = if aggregated && uncached >= 1.0 {
-                    load.request_rate
-                        * (profile.prefill_seconds(uncached) - profile.prefill_seconds(0.0))
-                            .max(0.0)
-                        / decode
-                } else {
-                    0.0
-                };
-                self.factors.decode_sample = invert_busy(itl, step, share);
-            }
+        if let Some(itl) = served.itl_mean_seconds
+            && served.pools.decode > 0
+            && load.output_tokens > 1.0
+        {
+            let decode = f64::from(served.pools.decode);
+            let concurrency = load.request_rate * load.output_tokens * itl;
+            let context = load.input_tokens + load.output_tokens / 2.0;
+            let step = profile.itl_seconds((concurrency / decode).max(1.0), context);
+            // Share of each decode worker's time spent prefilling the aggregated prompts
+            // (their marginal cost, as the sizing counts it).
+            let share = if aggregated && uncached >= 1.0 {
+                load.request_rate
+                    * (profile.prefill_seconds(uncached) - profile.prefill_seconds(0.0)).max(0.0)
+                    / decode
+            } else {
+                0.0
+            };
+            self.factors.decode_sample = invert_busy(itl, step, share);
         }
         let (alpha, lo, hi) = (
             self.settings.smoothing,
