@@ -344,6 +344,11 @@ async fn up_with_the_planner_serves_its_admin_api_and_metrics_through_the_gatewa
     let body = overview(&api).await;
     assert_eq!(body["settings"]["connector"], "local");
     assert_eq!(body["plan"]["current"], json!({"prefill": 1, "decode": 1}));
+    assert_eq!(
+        body["settings"]["correction"]["enabled"], true,
+        "the profile correction is on by default"
+    );
+    assert!(body["plan"]["correction"]["prefill"].is_f64(), "{body}");
     let (status, decisions) = api
         .send(
             api.http
@@ -364,6 +369,10 @@ async fn up_with_the_planner_serves_its_admin_api_and_metrics_through_the_gatewa
         .unwrap();
     assert!(
         text.contains("switchyard_planner_decisions_total"),
+        "{text}"
+    );
+    assert!(
+        text.contains("switchyard_planner_correction_factor{pool=\"decode\"}"),
         "{text}"
     );
     assert!(text.contains("switchyard_requests_in_flight"), "{text}");

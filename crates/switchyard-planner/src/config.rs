@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::correction::CorrectionSettings;
 use crate::predict::{PredictorKind, PredictorSettings};
 use crate::sizing::{Limits, Targets};
 use crate::stability::StabilitySettings;
@@ -67,6 +68,8 @@ pub struct PlannerConfig {
     pub cooldown_secs: f64,
     /// Intervals a new size must be wanted in a row before it is applied.
     pub hysteresis_intervals: u32,
+    /// Correcting the profile by the observed TTFT/ITL (`[correction]`).
+    pub correction: CorrectionSettings,
     /// Longest a worker may take to finish its requests before a move is given up.
     pub drain_timeout_secs: u64,
     /// Decisions kept for the admin API.
@@ -99,6 +102,7 @@ impl Default for PlannerConfig {
             disagg_min_uncached_tokens: 2048,
             cooldown_secs: 30.0,
             hysteresis_intervals: 2,
+            correction: CorrectionSettings::default(),
             drain_timeout_secs: 120,
             decision_log_size: 100,
             admin_listen: None,
@@ -159,6 +163,9 @@ impl PlannerConfig {
         }
         if self.hysteresis_intervals == 0 {
             return invalid("hysteresis_intervals must be at least 1".into());
+        }
+        if let Some(problem) = self.correction.problem() {
+            return invalid(problem);
         }
         if self.decision_log_size == 0 {
             return invalid("decision_log_size must be at least 1".into());
@@ -251,6 +258,9 @@ pub struct PlannerArgs {
     /// Intervals a new size must be wanted in a row before it is applied.
     #[arg(long, env = "SWITCHYARD_HYSTERESIS_INTERVALS")]
     pub hysteresis_intervals: Option<u32>,
+    /// Correct the profile by the observed TTFT/ITL: true (default) or false.
+    #[arg(long, env = "SWITCHYARD_PLANNER_CORRECTION", value_name = "BOOL")]
+    pub correction: Option<bool>,
     /// Connector: local (re-role running workers) or kubernetes (scale Deployments).
     #[arg(long, env = "SWITCHYARD_CONNECTOR")]
     pub connector: Option<ConnectorKind>,
@@ -295,6 +305,9 @@ impl PlannerArgs {
             prefill_deployment => c.kubernetes.prefill_deployment,
             decode_deployment => c.kubernetes.decode_deployment,
         );
+        if let Some(on) = self.correction {
+            c.correction.enabled = on;
+        }
         if let Some(p) = &self.profile {
             c.profile = Some(p.clone());
         }
@@ -316,13 +329,14 @@ mod tests {
         let path = dir.path().join("planner.toml");
         std::fs::write(
             &path,
-            "etcd_endpoints = [\"http://e:2379\"]\ngateways = [\"http://gw:8000\"]\nttft_target_ms = 200.0\nmin_prefill = 2\n[kubernetes]\nnamespace = \"ns\"\n",
+            "etcd_endpoints = [\"http://e:2379\"]\ngateways = [\"http://gw:8000\"]\nttft_target_ms = 200.0\nmin_prefill = 2\n[correction]\nmax_factor = 3.0\n[kubernetes]\nnamespace = \"ns\"\n",
         )
         .unwrap();
         let args = PlannerArgs {
             config: Some(path.clone()),
             ttft_target_ms: Some(300.0),
             predictor: Some(PredictorKind::Holt),
+            correction: Some(false),
             ..PlannerArgs::default()
         };
         let c = args.resolve_onto(PlannerConfig::default()).unwrap();
@@ -330,6 +344,11 @@ mod tests {
         assert_eq!(c.min_prefill, 2);
         assert_eq!(c.predictor, PredictorKind::Holt);
         assert_eq!(c.kubernetes.namespace, "ns");
+        assert!(!c.correction.enabled, "--correction false turns it off");
+        assert_eq!(
+            c.correction.max_factor, 3.0,
+            "the file's [correction] table is read"
+        );
         c.validate(true).unwrap();
 
         let bad = |f: &dyn Fn(&mut PlannerConfig)| {
@@ -342,6 +361,7 @@ mod tests {
         assert!(bad(&|c| c.interval_secs = 0.0).contains("interval"));
         assert!(bad(&|c| c.max_workers = 2).contains("exceed max_workers"));
         assert!(bad(&|c| c.gateways = vec!["localhost:8000".into()]).contains("http://"));
+        assert!(bad(&|c| c.correction.smoothing = 2.0).contains("correction.smoothing"));
         assert!(bad(&|c| c.connector = ConnectorKind::Kubernetes).contains("--prefill-deployment"));
 
         std::fs::write(&path, "no_such_key = 1\n").unwrap();

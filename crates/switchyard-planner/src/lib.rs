@@ -6,8 +6,10 @@
 //!   rate, queue depth, TTFT/ITL percentiles, parsed by [`promtext`] from their `/metrics`) and
 //!   every worker's load (its `LoadStats` stream);
 //! - [`predict`]: the next interval's load (constant or Holt's trend-following);
+//! - [`correction`]: the profile's error, learnt from the observed TTFT/ITL against what the
+//!   profile predicts for the served load (smoothed, bounded factors);
 //! - [`sizing`]: the workers each pool needs, from a [`profile`] of the engine's speed (the
-//!   simulator's timing model, or a file measured by [`measure`]);
+//!   simulator's timing model, or a file measured by [`measure`]) scaled by those factors;
 //! - [`stability`]: hysteresis, cooldown, minimums, maximum, never both pools empty;
 //! - [`connector`]: acting ([`connector::local::LocalConnector`] re-roles running workers over
 //!   gRPC; the Kubernetes connector scales two Deployments).
@@ -20,6 +22,7 @@
 pub mod admin;
 pub mod config;
 pub mod connector;
+pub mod correction;
 pub mod measure;
 pub mod metrics;
 pub mod observe;
@@ -40,6 +43,7 @@ use switchyard_registry::Registry;
 
 pub use config::{ConfigError, ConnectorKind, PlannerArgs, PlannerConfig};
 pub use connector::{Connector, ConnectorError, PoolSizes};
+pub use correction::{CorrectionFactors, CorrectionSettings};
 pub use metrics::PlannerMetrics;
 pub use planner::{Decision, PlanSettings, Planner, PlannerState};
 pub use predict::{Load, Predictor, PredictorKind};
@@ -133,6 +137,7 @@ pub async fn build(
         limits: config.limits(),
         profile_source: profile.source.clone(),
         disagg_min_uncached_tokens: config.disagg_min_uncached_tokens,
+        correction: config.correction,
         decision_log_size: config.decision_log_size,
     }));
     Ok(Planner::new(

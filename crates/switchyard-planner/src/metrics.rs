@@ -31,6 +31,12 @@ pub struct FigureLabels {
     pub figure: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FactorLabels {
+    /// `prefill` (TTFT) or `decode` (ITL).
+    pub pool: &'static str,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Debug)]
@@ -42,6 +48,8 @@ pub struct PlannerMetrics {
     predicted: Family<FigureLabels, FloatGauge>,
     ttft_p99: FloatGauge,
     itl_p99: FloatGauge,
+    correction: Family<FactorLabels, FloatGauge>,
+    correction_updates: Family<FactorLabels, Counter>,
 }
 
 impl Default for PlannerMetrics {
@@ -60,6 +68,8 @@ impl PlannerMetrics {
             predicted: Family::default(),
             ttft_p99: FloatGauge::default(),
             itl_p99: FloatGauge::default(),
+            correction: Family::default(),
+            correction_updates: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -91,6 +101,16 @@ impl PlannerMetrics {
             "observed_itl_p99_seconds",
             "Last interval's 99th-percentile inter-token latency",
             m.itl_p99.clone(),
+        );
+        registry.register(
+            "correction_factor",
+            "Observed over profiled latency the sizing scales the profile by (1: trusted as is)",
+            m.correction.clone(),
+        );
+        registry.register(
+            "correction_updates",
+            "Intervals that updated a correction factor (thin or unsteady ones do not)",
+            m.correction_updates.clone(),
         );
         Self { registry, ..m }
     }
@@ -132,6 +152,21 @@ impl PlannerMetrics {
         }
         if let Some(v) = d.observed.itl_p99_seconds {
             self.itl_p99.set(v);
+        }
+        let c = &d.correction;
+        for (pool, factor, updated) in [
+            ("prefill", c.prefill, c.prefill_sample.is_some()),
+            ("decode", c.decode, c.decode_sample.is_some()),
+        ] {
+            self.correction
+                .get_or_create(&FactorLabels { pool })
+                .set(factor);
+            let updates = self
+                .correction_updates
+                .get_or_create(&FactorLabels { pool });
+            if updated {
+                updates.inc();
+            }
         }
     }
 

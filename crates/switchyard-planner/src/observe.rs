@@ -38,6 +38,10 @@ pub struct Observation {
     pub ttft_p99_seconds: Option<f64>,
     pub itl_p50_seconds: Option<f64>,
     pub itl_p99_seconds: Option<f64>,
+    /// Mean TTFT and ITL of the interval (histogram sum over count): what the profile
+    /// correction compares with the profile's prediction.
+    pub ttft_mean_seconds: Option<f64>,
+    pub itl_mean_seconds: Option<f64>,
     pub gateways_answered: usize,
     pub gateways_failed: usize,
     pub workers: WorkerFigures,
@@ -294,4 +298,13 @@ fn fill_traffic(obs: &mut Observation, delta: &Scrape) {
     obs.ttft_p99_seconds = delta.quantile(ttft, 0.99);
     obs.itl_p50_seconds = delta.quantile(itl, 0.5);
     obs.itl_p99_seconds = delta.quantile(itl, 0.99);
+    obs.ttft_mean_seconds = mean(delta, ttft);
+    obs.itl_mean_seconds = mean(delta, itl);
+}
+
+/// A histogram's mean over the interval; `None` without observations.
+fn mean(delta: &Scrape, histogram: &str) -> Option<f64> {
+    let count = delta.value(&format!("{histogram}_count"));
+    let sum = delta.value(&format!("{histogram}_sum"));
+    (count > 0.0 && sum.is_finite() && sum >= 0.0).then(|| sum / count)
 }

@@ -11,6 +11,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::connector::{Connector, PoolSizes};
+use crate::correction::{Correction, CorrectionFactors, CorrectionSettings, Served};
 use crate::metrics::PlannerMetrics;
 use crate::observe::{Observation, Observer};
 use crate::predict::{Load, Predictor};
@@ -27,6 +28,8 @@ pub struct Decision {
     pub observed: Observation,
     pub predicted: Option<Load>,
     pub required: Option<Requirement>,
+    /// The profile correction factors the sizing used (after this interval's update).
+    pub correction: CorrectionFactors,
     pub current: Option<PoolSizes>,
     /// The sizes the load asks for, within the limits.
     pub wanted: Option<PoolSizes>,
@@ -63,6 +66,8 @@ pub struct PlanSettings {
     pub profile_source: String,
     /// The gateways' disaggregation threshold: shorter uncached prompts prefill on decode workers.
     pub disagg_min_uncached_tokens: u64,
+    /// How the profile is corrected by the observed latencies.
+    pub correction: CorrectionSettings,
     #[serde(skip)]
     pub decision_log_size: usize,
 }
@@ -116,6 +121,10 @@ pub struct Planner {
     connector: Arc<dyn Connector>,
     registry: Arc<dyn Registry>,
     profile: PerformanceProfile,
+    correction: Correction,
+    /// The pools the previous observation saw: an interval whose pools differ at its end was
+    /// served by two shapes.
+    last_pools: Option<PoolSizes>,
     interval: Duration,
     count: u64,
 }
@@ -133,6 +142,7 @@ impl Planner {
         profile: PerformanceProfile,
         interval: Duration,
     ) -> Self {
+        let correction = Correction::new(state.settings.correction);
         Self {
             state,
             metrics,
@@ -142,6 +152,8 @@ impl Planner {
             connector,
             registry,
             profile,
+            correction,
+            last_pools: None,
             interval,
             count: 0,
         }
@@ -179,12 +191,14 @@ impl Planner {
     /// Plans from one interval's observation: predict, size, stabilise, act, record.
     pub async fn plan(&mut self, observed: Observation) -> Decision {
         self.count += 1;
+        let correction = self.correct(&observed);
         let mut decision = Decision {
             interval: self.count,
             at_unix_ms: unix_ms(),
             observed: observed.clone(),
             predicted: None,
             required: None,
+            correction,
             current: None,
             wanted: None,
             action: "skip",
@@ -206,6 +220,7 @@ impl Planner {
             "target": decision.target.or(decision.current),
             "action": decision.action,
             "reason": decision.reason,
+            "correction": decision.correction,
         });
         if let Err(err) = self.registry.put_plan(&plan).await {
             tracing::warn!(error = %err, "cannot record the plan in the registry");
@@ -220,6 +235,35 @@ impl Planner {
         );
         self.state.record(decision.clone(), plan);
         decision
+    }
+
+    /// Updates the profile correction from the interval just observed: the load it actually
+    /// served on the pools the workers reported.
+    fn correct(&mut self, observed: &Observation) -> CorrectionFactors {
+        let pools = PoolSizes {
+            prefill: observed.workers.prefill,
+            decode: observed.workers.decode,
+        };
+        let steady = self.last_pools == Some(pools)
+            && observed.workers.draining == 0
+            && observed.workers.unreachable == 0;
+        self.last_pools = Some(pools);
+        if observed.seconds <= 0.0 || observed.gateways_answered == 0 {
+            return self.correction.factors();
+        }
+        let served = Served {
+            load: observed.load,
+            requests: observed.requests,
+            ttft_mean_seconds: observed.ttft_mean_seconds,
+            itl_mean_seconds: observed.itl_mean_seconds,
+            pools,
+            steady,
+        };
+        self.correction.observe(
+            &served,
+            &self.profile,
+            self.state.settings.disagg_min_uncached_tokens as f64,
+        )
     }
 
     async fn decide(&mut self, decision: &mut Decision, observed: &Observation) {
@@ -252,7 +296,7 @@ impl Planner {
                 queued_prefill_tokens: observed.workers.prefill_pool_queued_tokens as f64,
                 interval_seconds: settings.interval_seconds,
             },
-            &self.profile,
+            &self.correction.apply(&self.profile),
             &settings.targets,
             settings.disagg_min_uncached_tokens as f64,
         );
@@ -270,8 +314,11 @@ impl Planner {
             Instant::now(),
         );
         let needs = format!(
-            "needs {} prefill / {} decode ({})",
-            required.prefill, required.decode, required.why
+            "needs {} prefill / {} decode ({}; {})",
+            required.prefill,
+            required.decode,
+            required.why,
+            decision.correction.describe()
         );
         decision.required = Some(required);
         match verdict {

@@ -120,6 +120,21 @@ impl PerformanceProfile {
         }
     }
 
+    /// The same profile with every prefill time multiplied by `prefill` and every decode step
+    /// by `decode` (the planner's correction factors; non-positive factors leave it as it is).
+    pub fn scaled(&self, prefill: f64, decode: f64) -> Self {
+        let factor = |f: f64| if f.is_finite() && f > 0.0 { f } else { 1.0 };
+        let (prefill, decode) = (factor(prefill), factor(decode));
+        let mut out = self.clone();
+        for point in &mut out.prefill {
+            point.seconds *= prefill;
+        }
+        for point in &mut out.decode {
+            point.itl_seconds *= decode;
+        }
+        out
+    }
+
     /// Reads and checks a profile file.
     pub fn load(path: &Path) -> Result<Self, ProfileError> {
         let shown = path.display().to_string();

@@ -13,7 +13,7 @@ use switchyard_planner::observe::Observer;
 use switchyard_registry::{MemoryRegistry, Registry};
 
 /// A gateway exposition after `requests` requests of 1,000 prompt tokens (250 of them cached)
-/// and 10 output tokens each, with first tokens after 0.05–0.1 s.
+/// and 10 output tokens each, with first tokens after 0.05–0.1 s (0.08 s on average).
 fn exposition(requests: u64) -> String {
     let r = requests;
     format!(
@@ -29,6 +29,8 @@ switchyard_request_completion_tokens_bucket{{le=\"8.0\"}} 0\n\
 switchyard_request_completion_tokens_bucket{{le=\"16.0\"}} {r}\n\
 switchyard_request_completion_tokens_bucket{{le=\"+Inf\"}} {r}\n\
 switchyard_cached_prompt_tokens_total {}\n\
+switchyard_time_to_first_token_seconds_sum {}\n\
+switchyard_time_to_first_token_seconds_count {r}\n\
 switchyard_time_to_first_token_seconds_bucket{{le=\"0.05\"}} 0\n\
 switchyard_time_to_first_token_seconds_bucket{{le=\"0.1\"}} {r}\n\
 switchyard_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {r}\n\
@@ -37,7 +39,8 @@ switchyard_requests_in_flight 4\n\
 # EOF\n",
         r * 1000,
         r * 10,
-        r * 250
+        r * 250,
+        r as f64 * 0.08
     )
 }
 
@@ -84,6 +87,12 @@ async fn interval_figures_are_the_differences_between_scrapes() {
     assert!((second.load.request_rate * second.seconds - 40.0).abs() < 1e-9);
     let ttft = second.ttft_p50_seconds.unwrap();
     assert!(ttft > 0.05 && ttft <= 0.1, "{ttft}");
+    let mean = second.ttft_mean_seconds.unwrap();
+    assert!(
+        (mean - 0.08).abs() < 1e-9,
+        "the interval's mean TTFT: {mean}"
+    );
+    assert_eq!(second.itl_mean_seconds, None);
     let input = second.input_tokens_p50.unwrap();
     assert!(input > 512.0 && input <= 1024.0, "{input}");
     assert_eq!(

@@ -15,8 +15,8 @@ use switchyard_planner::predict::PredictorSettings;
 use switchyard_planner::sizing::{Limits, Targets};
 use switchyard_planner::stability::{StabilitySettings, Stabilizer};
 use switchyard_planner::{
-    Connector, ConnectorError, Load, PerformanceProfile, PlanSettings, Planner, PlannerMetrics,
-    PlannerState, PoolSizes, Predictor, PredictorKind,
+    Connector, ConnectorError, CorrectionSettings, Load, PerformanceProfile, PlanSettings, Planner,
+    PlannerMetrics, PlannerState, PoolSizes, Predictor, PredictorKind,
 };
 use switchyard_registry::{MemoryRegistry, Registry};
 
@@ -74,6 +74,7 @@ fn planner(connector: Arc<RecordingConnector>, registry: Arc<dyn Registry>) -> P
         limits,
         profile_source: "test".into(),
         disagg_min_uncached_tokens: 512,
+        correction: CorrectionSettings::default(),
         decision_log_size: 3,
     }));
     Planner::new(

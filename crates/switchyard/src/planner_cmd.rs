@@ -61,6 +61,10 @@ struct BenchArgs {
     /// Workload seed (arrivals and prompts).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// How many times faster than the simulated engine the planner's profile believes it is
+    /// (1: the profile is right; 2: twice too optimistic).
+    #[arg(long, default_value_t = 1.0)]
+    profile_error: f64,
     /// Write the outcomes (with each run's pool timeline) as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -250,11 +254,13 @@ fn bench(args: BenchArgs) -> ExitCode {
     let mut settings = ShiftSettings {
         workers: args.workers,
         seed: args.seed,
+        profile_speedup: args.profile_error,
         ..ShiftSettings::default()
     };
-    if !(args.phase_secs.is_finite() && args.phase_secs > 0.0) || args.workers < 2 {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(args.phase_secs) || !positive(args.profile_error) || args.workers < 2 {
         eprintln!(
-            "switchyard planner bench: --phase-secs must be positive and --workers at least 2"
+            "switchyard planner bench: --phase-secs and --profile-error must be positive and --workers at least 2"
         );
         return ExitCode::from(EXIT_CONFIG);
     }
@@ -283,8 +289,13 @@ fn bench(args: BenchArgs) -> ExitCode {
             steps.join(", ")
         );
     }
+    for o in &outcomes {
+        if let Some(c) = o.correction.filter(|c| c.enabled) {
+            println!("{}: {}", o.label, c.describe());
+        }
+    }
     if let Some(path) = args.json {
-        let json = serde_json::json!({"targets": settings.targets, "phases": settings.phases, "outcomes": outcomes});
+        let json = serde_json::json!({"targets": settings.targets, "phases": settings.phases, "profile_error": settings.profile_speedup, "outcomes": outcomes});
         if let Err(err) = std::fs::write(&path, json.to_string()) {
             eprintln!(
                 "switchyard planner bench: cannot write {}: {err}",

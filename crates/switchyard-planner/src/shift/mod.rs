@@ -8,8 +8,15 @@
 //! rate, lengths and cached tokens; the decode workers' active sequences), and its moves behave
 //! like the local connector's (drain, switch when idle). Arrivals are open-loop (Poisson), so
 //! every configuration sees exactly the same requests.
+//!
+//! `profile_speedup` makes the planner's profile wrong on purpose: it is derived from the
+//! simulators' timing model divided by that factor, so at 2 the planner believes the engine is
+//! twice as fast as the simulated one. The [`Correction`] then has something to correct; it is
+//! fed the mean TTFT and ITL (per token gap, as the gateway's histograms count them) of the
+//! requests that finished in the interval.
 
 mod cluster;
+mod report;
 
 use std::time::Duration;
 
@@ -17,11 +24,14 @@ use serde::Serialize;
 use switchyard_core::Role;
 use switchyard_engine_sim::{SimConfig, SimError};
 
+use crate::correction::{Correction, CorrectionFactors, CorrectionSettings, Served};
 use crate::predict::{Load, Predictor, PredictorKind, PredictorSettings};
 use crate::profile::PerformanceProfile;
 use crate::sizing::{self, Limits, Targets};
 use crate::stability::{StabilitySettings, Stabilizer, Verdict};
 use cluster::{Cluster, Finished, Flight};
+use report::attainment;
+pub use report::markdown;
 
 /// One stretch of steady traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -45,6 +55,10 @@ pub struct ShiftSettings {
     pub sim: SimConfig,
     pub disagg_min_tokens: usize,
     pub kv_bytes_per_token: f64,
+    /// How much faster than the simulated engine the planner's profile believes it is (1: the
+    /// profile is right).
+    pub profile_speedup: f64,
+    pub correction: CorrectionSettings,
 }
 
 impl Default for ShiftSettings {
@@ -80,6 +94,8 @@ impl Default for ShiftSettings {
             sim: SimConfig::default(),
             disagg_min_tokens: 512,
             kv_bytes_per_token: 131_072.0,
+            profile_speedup: 1.0,
+            correction: CorrectionSettings::default(),
         }
     }
 }
@@ -87,8 +103,14 @@ impl Default for ShiftSettings {
 /// How the pools are sized in one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sizing {
-    Fixed { prefill: u32 },
-    Planner(PredictorKind),
+    Fixed {
+        prefill: u32,
+    },
+    /// The planner with a predictor, correcting its profile or trusting it.
+    Planner {
+        predictor: PredictorKind,
+        correction: bool,
+    },
 }
 
 /// Target attainment of a set of requests.
@@ -119,6 +141,8 @@ pub struct Outcome {
     pub moves: u32,
     /// The planner's reasons at every interval: (virtual seconds, reason).
     pub decisions: Vec<(f64, String)>,
+    /// The planner's profile correction at the end of the run.
+    pub correction: Option<CorrectionFactors>,
 }
 
 /// SplitMix64: a small, seedable generator, so the workload is the same for every run.
@@ -165,7 +189,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
     let n = settings.workers.max(2);
     let start_prefill = match sizing {
         Sizing::Fixed { prefill } => prefill.min(n - 1),
-        Sizing::Planner(_) => n / 2,
+        Sizing::Planner { .. } => n / 2,
     };
     let roles: Vec<Role> = (0..n)
         .map(|i| {
@@ -184,7 +208,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
     )?;
     let profile = PerformanceProfile::from_timing(
         &settings.sim.timing,
-        1.0,
+        settings.profile_speedup,
         settings.sim.max_batched_tokens as u64,
     );
     let limits = Limits {
@@ -193,9 +217,16 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
         max_total: n,
     };
     let mut planner = match sizing {
-        Sizing::Planner(kind) => Some((
-            Predictor::new(kind, &PredictorSettings::default()),
+        Sizing::Planner {
+            predictor,
+            correction,
+        } => Some((
+            Predictor::new(predictor, &PredictorSettings::default()),
             Stabilizer::new(settings.stability),
+            Correction::new(CorrectionSettings {
+                enabled: correction,
+                ..settings.correction
+            }),
         )),
         Sizing::Fixed { .. } => None,
     };
@@ -206,6 +237,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
     let mut next = 0usize;
     let mut tick = settings.interval_seconds;
     let mut reported = 0usize;
+    let mut last_pools = None;
     let mut timeline = vec![(0.0, cluster.pools().0, cluster.pools().1)];
     let mut moves = 0u32;
     let mut decisions = Vec::new();
@@ -245,17 +277,31 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
             next += 1;
         }
         if planning.is_some_and(|p| p <= now) {
-            if let Some((predictor, stabilizer)) = planner.as_mut() {
+            if let Some((predictor, stabilizer, correction)) = planner.as_mut() {
                 let recent = &cluster.finished[reported..];
-                predictor.observe(&observed(recent, settings.interval_seconds));
+                let load = observed(recent, settings.interval_seconds);
+                predictor.observe(&load);
                 reported = cluster.finished.len();
                 let moving = cluster.workers.iter().any(|w| w.moving_to.is_some());
+                let (p, d) = cluster.pools();
+                let pools = crate::PoolSizes {
+                    prefill: p,
+                    decode: d,
+                };
+                let (ttft_mean_seconds, itl_mean_seconds) = mean_latencies(recent);
+                let served = Served {
+                    load,
+                    requests: recent.len() as f64,
+                    ttft_mean_seconds,
+                    itl_mean_seconds,
+                    pools,
+                    steady: !moving && last_pools == Some(pools),
+                };
+                last_pools = Some(pools);
+                let factors =
+                    correction.observe(&served, &profile, settings.disagg_min_tokens as f64);
                 if let (Some(load), false) = (predictor.predict(), moving) {
-                    let (p, d) = cluster.pools();
-                    let current = crate::PoolSizes {
-                        prefill: p,
-                        decode: d,
-                    };
+                    let current = pools;
                     let req = sizing::required(
                         &load,
                         &sizing::Backlog {
@@ -263,7 +309,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
                             queued_prefill_tokens: cluster.prefill_pool_queued_tokens() as f64,
                             interval_seconds: settings.interval_seconds,
                         },
-                        &profile,
+                        &correction.apply(&profile),
                         &settings.targets,
                         settings.disagg_min_tokens as f64,
                     );
@@ -279,7 +325,13 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
                     };
                     decisions.push((
                         now,
-                        format!("{why}; needs {}/{} ({})", req.prefill, req.decode, req.why),
+                        format!(
+                            "{why}; needs {}/{} ({}; {})",
+                            req.prefill,
+                            req.decode,
+                            req.why,
+                            factors.describe()
+                        ),
                     ));
                 } else if moving {
                     decisions.push((now, "a move is under way".into()));
@@ -301,8 +353,16 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
         .collect();
     let label = match sizing {
         Sizing::Fixed { prefill } => format!("fixed {prefill} prefill / {} decode", n - prefill),
-        Sizing::Planner(kind) => format!("planner ({})", kind.as_str()),
+        Sizing::Planner {
+            predictor,
+            correction: true,
+        } => format!("planner ({})", predictor.as_str()),
+        Sizing::Planner {
+            predictor,
+            correction: false,
+        } => format!("planner ({}, no correction)", predictor.as_str()),
     };
+    let correction = planner.map(|(_, _, c)| c.factors());
     Ok(Outcome {
         label,
         overall: attainment(finished, &settings.targets),
@@ -311,7 +371,26 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
         timeline,
         moves,
         decisions,
+        correction,
     })
+}
+
+/// Mean TTFT of the requests and mean time between their tokens, per token gap (as the
+/// gateway's ITL histogram counts them).
+fn mean_latencies(recent: &[Finished]) -> (Option<f64>, Option<f64>) {
+    if recent.is_empty() {
+        return (None, None);
+    }
+    let ttft = recent.iter().map(|f| f.ttft).sum::<f64>() / recent.len() as f64;
+    let (mut gaps, mut seconds) = (0.0, 0.0);
+    for f in recent {
+        if let Some(itl) = f.itl {
+            let n = f64::from(f.output_tokens.saturating_sub(1));
+            gaps += n;
+            seconds += itl * n;
+        }
+    }
+    (Some(ttft), (gaps > 0.0).then(|| seconds / gaps))
 }
 
 /// What the gateways would report for an interval that finished `recent`.
@@ -368,83 +447,22 @@ fn start_moves(cluster: &mut Cluster, current: crate::PoolSizes, target: crate::
     chosen.len() as u32
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn attainment(finished: &[Finished], targets: &Targets) -> Attainment {
-    if finished.is_empty() {
-        return Attainment::default();
-    }
-    let n = finished.len() as f64;
-    let ttft_ok = |f: &Finished| f.ttft <= targets.ttft_seconds;
-    let itl_ok = |f: &Finished| f.itl.is_none_or(|i| i <= targets.itl_seconds);
-    let multi = finished.iter().filter(|f| f.itl.is_some()).count().max(1) as f64;
-    let mut ttfts: Vec<f64> = finished.iter().map(|f| f.ttft).collect();
-    let mut itls: Vec<f64> = finished.iter().filter_map(|f| f.itl).collect();
-    ttfts.sort_by(f64::total_cmp);
-    itls.sort_by(f64::total_cmp);
-    Attainment {
-        requests: finished.len(),
-        ttft: finished.iter().filter(|f| ttft_ok(f)).count() as f64 / n,
-        itl: finished
-            .iter()
-            .filter(|f| f.itl.is_some() && itl_ok(f))
-            .count() as f64
-            / multi,
-        both: finished.iter().filter(|f| ttft_ok(f) && itl_ok(f)).count() as f64 / n,
-        ttft_p50: percentile(&ttfts, 0.5),
-        ttft_p99: percentile(&ttfts, 0.99),
-        itl_p50: percentile(&itls, 0.5),
-        itl_p99: percentile(&itls, 0.99),
-    }
-}
-
-/// Every fixed split (at least one worker per pool) and the planner with each predictor.
+/// Every fixed split (at least one worker per pool), the planner with each predictor, and the
+/// constant-predictor planner trusting its profile (no correction).
 pub fn run_all(settings: &ShiftSettings) -> Result<Vec<Outcome>, SimError> {
     let n = settings.workers.max(2);
     let mut sizings: Vec<Sizing> = (1..n).map(|prefill| Sizing::Fixed { prefill }).collect();
-    sizings.push(Sizing::Planner(PredictorKind::Constant));
-    sizings.push(Sizing::Planner(PredictorKind::Holt));
-    sizings.into_iter().map(|s| run(settings, s)).collect()
-}
-
-/// A Markdown table of the outcomes, one row per configuration.
-pub fn markdown(settings: &ShiftSettings, outcomes: &[Outcome]) -> String {
-    let pct = |x: f64| format!("{:.1} %", x * 100.0);
-    let mut out = String::from(
-        "| configuration | requests | TTFT attained | ITL attained | both | both, per phase | both, mean of phases | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | moves | failed |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for o in outcomes {
-        let phases: Vec<String> = o
-            .phases
-            .iter()
-            .zip(&settings.phases)
-            .map(|(a, p)| format!("{}: {}", p.name, pct(a.both)))
-            .collect();
-        let mean = o.phases.iter().map(|a| a.both).sum::<f64>() / o.phases.len().max(1) as f64;
-        out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.2} / {:.2} | {:.1} / {:.1} | {} | {} |\n",
-            o.label,
-            o.overall.requests,
-            pct(o.overall.ttft),
-            pct(o.overall.itl),
-            pct(o.overall.both),
-            phases.join(", "),
-            pct(mean),
-            o.overall.ttft_p50,
-            o.overall.ttft_p99,
-            o.overall.itl_p50 * 1e3,
-            o.overall.itl_p99 * 1e3,
-            o.moves,
-            o.failed,
-        ));
+    for (predictor, correction) in [
+        (PredictorKind::Constant, true),
+        (PredictorKind::Holt, true),
+        (PredictorKind::Constant, false),
+    ] {
+        sizings.push(Sizing::Planner {
+            predictor,
+            correction,
+        });
     }
-    out
+    sizings.into_iter().map(|s| run(settings, s)).collect()
 }
 
 #[cfg(test)]
@@ -461,7 +479,14 @@ mod tests {
             p.seconds = 60.0;
         }
         settings.stability.cooldown = Duration::from_secs(10);
-        let planned = run(&settings, Sizing::Planner(PredictorKind::Constant)).unwrap();
+        let planned = run(
+            &settings,
+            Sizing::Planner {
+                predictor: PredictorKind::Constant,
+                correction: true,
+            },
+        )
+        .unwrap();
         assert_eq!(planned.failed, 0);
         let during = |from: f64, to: f64| {
             planned
@@ -484,5 +509,47 @@ mod tests {
         let fixed = run(&settings, Sizing::Fixed { prefill: 2 }).unwrap();
         assert_eq!(fixed.overall.requests, planned.overall.requests);
         assert_eq!(fixed.moves, 0);
+    }
+
+    /// A profile twice too optimistic: trusting it keeps the decode pool too small for the
+    /// decode-heavy phase; the correction learns the factor and moves sooner and further. With
+    /// the right profile the factors stay near 1.
+    #[test]
+    fn the_correction_recovers_from_a_wrong_profile() {
+        let mut settings = ShiftSettings::default();
+        for p in &mut settings.phases {
+            p.seconds = 60.0;
+        }
+        settings.profile_speedup = 2.0;
+        let planner = |correction| Sizing::Planner {
+            predictor: PredictorKind::Constant,
+            correction,
+        };
+        let learning = run(&settings, planner(true)).unwrap();
+        let trusting = run(&settings, planner(false)).unwrap();
+        let f = learning.correction.unwrap();
+        assert!(f.prefill > 1.5 && f.decode > 1.5, "{f:?}");
+        assert!(!trusting.correction.unwrap().enabled);
+        assert!(
+            learning.overall.both > trusting.overall.both + 0.2,
+            "learning {:?}, trusting {:?}",
+            learning.overall,
+            trusting.overall
+        );
+        assert!(
+            learning
+                .decisions
+                .iter()
+                .any(|(_, why)| why.contains("profile corrected x")),
+            "{:?}",
+            learning.decisions
+        );
+
+        settings.profile_speedup = 1.0;
+        let right = run(&settings, planner(true)).unwrap().correction.unwrap();
+        assert!(
+            (0.8..1.25).contains(&right.prefill) && (0.8..1.25).contains(&right.decode),
+            "{right:?}"
+        );
     }
 }
