@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Api, SwitchyardProcess, eventually, tokens};
+use support::{Api, Launch, SwitchyardProcess, eventually, tokens};
 use switchyard_core::{Role, WorkerId};
 use switchyard_registry::{EtcdRegistry, Registry};
 use switchyard_testkit::EtcdServer;
@@ -98,40 +98,19 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
     let mut workers = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         let role = if i < 2 { "prefill" } else { "decode" };
-        let args = [
-            "--etcd",
-            &endpoint,
-            "--cluster",
-            &cluster,
-            "--lease-ttl-secs",
-            "2",
-            "--speedup",
-            SPEEDUP,
-            "--max-context",
-            "8192",
-            "--role",
-            role,
-            "--id",
-            id,
-        ];
-        workers.push(SwitchyardProcess::start(&args).await);
+        let worker = Launch::worker(&endpoint, &cluster)
+            .arg("--lease-ttl-secs", "2")
+            .arg("--speedup", SPEEDUP)
+            .arg("--max-context", "8192")
+            .role(role)
+            .id(id);
+        workers.push(worker.start().await);
     }
-    let gateway = SwitchyardProcess::spawn(
-        "gateway",
-        &[
-            "--etcd",
-            &endpoint,
-            "--cluster",
-            &cluster,
-            "--http",
-            "127.0.0.1:0",
-            "--disaggregation",
-            "auto",
-            "--disagg-min-uncached-tokens",
-            "512",
-        ],
-    )
-    .await;
+    let gateway = Launch::gateway(&endpoint, &cluster)
+        .arg("--disaggregation", "auto")
+        .arg("--disagg-min-uncached-tokens", "512")
+        .start()
+        .await;
     let api = Arc::new(Api::new(&gateway));
     assert!(
         eventually(Duration::from_secs(10), || async {
@@ -298,23 +277,13 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_with_the_planner_serves_its_admin_api_and_metrics_through_the_gateway() {
-    let up = SwitchyardProcess::spawn(
-        "up",
-        &[
-            "--planner",
-            "--workers",
-            "2",
-            "--speedup",
-            "10",
-            "--interval",
-            "0.5",
-            "--http",
-            "127.0.0.1:0",
-            "--admin-token",
-            TOKEN,
-        ],
-    )
-    .await;
+    let up = Launch::up(2)
+        .args(["--planner"])
+        .arg("--speedup", "10")
+        .arg("--interval", "0.5")
+        .arg("--admin-token", TOKEN)
+        .start()
+        .await;
     let api = Api::new(&up);
     let (status, _) = api.get("/admin/planner").await;
     assert_eq!(status, 401, "behind the gateway's admin token");

@@ -4,6 +4,9 @@
 #![allow(dead_code)]
 
 pub mod fake_engine;
+mod launch;
+
+pub use launch::Launch;
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -193,6 +196,16 @@ impl Api {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
+}
+
+/// A chat completion request of one user message that decodes exactly `max_tokens`.
+pub fn chat(content: &str, max_tokens: u32) -> Value {
+    serde_json::json!({
+        "model": "sim-8b",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+    })
 }
 
 /// Deterministic token ids: same seed, same prompt.
