@@ -72,14 +72,7 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
     };
     let auto = gateway("auto").await;
     let api = Api::new(&auto);
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = api.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 4
-        })
-        .await,
-        "gateway sees all four workers"
-    );
+    assert!(api.lists_workers(4).await, "gateway sees all four workers");
     let prefill_pool = ["prefill-a", "prefill-b"];
     let decode_pool = ["decode-a", "decode-b"];
 
@@ -235,13 +228,7 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
     // `enforce` with no working prefill worker refuses clearly; `auto` serves aggregated.
     let enforce = gateway("enforce").await;
     let strict = Api::new(&enforce);
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = strict.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 3
-        })
-        .await
-    );
+    assert!(strict.lists_workers(3).await);
     let (status, body) = complete(&strict, tokens(30, 1500), 4).await;
     assert_eq!(status, 503, "{body}");
     assert!(body.to_string().contains("prefill"), "{body}");
@@ -295,14 +282,7 @@ async fn a_prefill_worker_killed_mid_pipeline_costs_a_retry_not_the_request() {
         .start()
         .await;
     let api = Api::new(&gateway);
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = api.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 4
-        })
-        .await,
-        "gateway sees all four workers"
-    );
+    assert!(api.lists_workers(4).await, "gateway sees all four workers");
 
     let long = tokens(40, 6000);
     let request = {

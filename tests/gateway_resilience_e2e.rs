@@ -9,7 +9,8 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Api, Launch, chat, eventually, tokens};
+use support::{Api, Launch, chat, eventually, register_ghost, tokens};
+use switchyard_registry::Registry as _;
 use switchyard_testkit::EtcdServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -29,43 +30,20 @@ async fn a_killed_worker_is_migrated_away_and_a_dropped_client_cancels() {
     let mut b = worker("worker-b").await;
     let gateway = Launch::gateway(&endpoint, &cluster).start().await;
     let api = Api::new(&gateway);
-    let both = eventually(Duration::from_secs(10), || async {
-        let (_, workers) = api.get("/admin/workers").await;
-        workers.as_array().map_or(0, Vec::len) == 2
-    })
-    .await;
+    let both = api.lists_workers(2).await;
     assert!(both, "gateway sees both workers");
 
     // A registered worker that does not answer (its process is gone, its lease not yet expired)
     // costs a retry, not a failed request. Round-robin makes sure it gets picked.
-    let registry =
-        switchyard_registry::EtcdRegistry::connect(std::slice::from_ref(&endpoint), &cluster)
-            .await
-            .unwrap();
-    let dead_port = switchyard_testkit::free_port();
-    let ghost = switchyard_core::WorkerInfo {
-        id: switchyard_core::WorkerId::new("worker-ghost").unwrap(),
-        address: format!("127.0.0.1:{dead_port}"),
-        model: "sim-8b".into(),
-        role: switchyard_core::Role::Both,
-        block_size: switchyard_core::BlockSize::new(16).unwrap(),
-        kv_capacity_blocks: 8192,
-        max_context_tokens: 8192,
-        engine: switchyard_core::EngineKind::Sim,
-        incarnation: 1,
-    };
-    use switchyard_registry::Registry as _;
-    let ghost_registration = registry
-        .register(ghost, Duration::from_secs(30))
-        .await
-        .unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = api.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 3
-        })
-        .await
-    );
+    let ghost_registration = register_ghost(
+        &endpoint,
+        &cluster,
+        "worker-ghost",
+        switchyard_core::Role::Both,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(api.lists_workers(3).await);
     let (status, _) = api
         .post("/admin/policy", &json!({"policy": "round-robin"}))
         .await;
@@ -81,13 +59,7 @@ async fn a_killed_worker_is_migrated_away_and_a_dropped_client_cancels() {
     }
     assert!(api.metric("switchyard_dispatch_retries_total").await >= 1.0);
     ghost_registration.deregister().await.unwrap();
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = api.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 2
-        })
-        .await
-    );
+    assert!(api.lists_workers(2).await);
     let (status, _) = api.post("/admin/policy", &json!({"policy": "kv"})).await;
     assert_eq!(status, 200);
 

@@ -112,14 +112,7 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
         .start()
         .await;
     let api = Arc::new(Api::new(&gateway));
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = api.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 4
-        })
-        .await,
-        "gateway sees all four workers"
-    );
+    assert!(api.lists_workers(4).await, "gateway sees all four workers");
     let gateway_url = format!("http://{}", gateway.address);
     let planner_process = SwitchyardProcess::spawn(
         "planner",

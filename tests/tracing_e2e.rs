@@ -23,7 +23,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use serde_json::{Value, json};
-use support::{Api, Launch, eventually, tokens};
+use support::{Api, Launch, register_ghost, tokens};
 use switchyard_testkit::EtcdServer;
 use tokio_util::sync::CancellationToken;
 
@@ -387,32 +387,16 @@ async fn disaggregated_requests_trace_through_prefill_transfer_and_decode_and_re
 
     // A registered decode worker whose process is gone: round-robin sends some attempt to it,
     // which fails and is retried on decode-a as a second attempt.
-    let registry =
-        switchyard_registry::EtcdRegistry::connect(std::slice::from_ref(&endpoint), &cluster)
-            .await
-            .unwrap();
-    let ghost = switchyard_core::WorkerInfo {
-        id: switchyard_core::WorkerId::new("decode-ghost").unwrap(),
-        address: format!("127.0.0.1:{}", switchyard_testkit::free_port()),
-        model: "sim-8b".into(),
-        role: switchyard_core::Role::Decode,
-        block_size: switchyard_core::BlockSize::new(16).unwrap(),
-        kv_capacity_blocks: 8192,
-        max_context_tokens: 8192,
-        engine: switchyard_core::EngineKind::Sim,
-        incarnation: 1,
-    };
-    use switchyard_registry::Registry as _;
-    let _ghost = registry
-        .register(ghost, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let _ghost = register_ghost(
+        &endpoint,
+        &cluster,
+        "decode-ghost",
+        switchyard_core::Role::Decode,
+        Duration::from_secs(60),
+    )
+    .await;
     assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = api.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 3
-        })
-        .await,
+        api.lists_workers(3).await,
         "gateway sees both workers and the ghost"
     );
 

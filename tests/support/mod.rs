@@ -116,6 +116,33 @@ where
     }
 }
 
+/// Registers in etcd a `sim-8b` worker that nobody answers at, as if its process were gone
+/// and its lease not yet expired; it stays listed while the registration is held.
+pub async fn register_ghost(
+    etcd: &str,
+    cluster: &str,
+    id: &str,
+    role: switchyard_core::Role,
+    ttl: Duration,
+) -> switchyard_registry::Registration {
+    use switchyard_registry::Registry as _;
+    let registry = switchyard_registry::EtcdRegistry::connect(&[etcd.to_owned()], cluster)
+        .await
+        .expect("connect to etcd");
+    let ghost = switchyard_core::WorkerInfo {
+        id: switchyard_core::WorkerId::new(id).expect("worker id"),
+        address: format!("127.0.0.1:{}", switchyard_testkit::free_port()),
+        model: "sim-8b".into(),
+        role,
+        block_size: switchyard_core::BlockSize::new(16).expect("block size"),
+        kv_capacity_blocks: 8192,
+        max_context_tokens: 8192,
+        engine: switchyard_core::EngineKind::Sim,
+        incarnation: 1,
+    };
+    registry.register(ghost, ttl).await.expect("register ghost")
+}
+
 /// An HTTP client of one gateway, for the end-to-end tests.
 #[derive(Debug)]
 pub struct Api {
@@ -162,6 +189,15 @@ impl Api {
     pub async fn get(&self, path: &str) -> (u16, Value) {
         self.send(self.http.get(format!("{}{path}", self.base)))
             .await
+    }
+
+    /// Whether `/admin/workers` comes to list exactly `count` workers within 10 s.
+    pub async fn lists_workers(&self, count: usize) -> bool {
+        eventually(Duration::from_secs(10), || async {
+            let (_, workers) = self.get("/admin/workers").await;
+            workers.as_array().map_or(0, Vec::len) == count
+        })
+        .await
     }
 
     /// Streams and returns every `data:` payload, `[DONE]` included.
