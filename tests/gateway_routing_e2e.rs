@@ -18,11 +18,7 @@ async fn kv_routing_follows_prefixes_and_beats_round_robin() {
         .start()
         .await;
     let api = Api::new(&up);
-    let admin = |path: &str| {
-        api.http
-            .get(format!("{}{path}", api.base))
-            .bearer_auth("s3cret")
-    };
+    let admin = Api::new(&up).with_token("s3cret");
     // The admin API wants the token.
     let (status, err) = api.get("/admin/workers").await;
     assert_eq!(status, 401);
@@ -34,13 +30,7 @@ async fn kv_routing_follows_prefixes_and_beats_round_robin() {
     let first = json!({"model": "sim-8b", "prompt": prefix, "max_tokens": 2, "ignore_eos": true});
     let (status, body) = api.post("/v1/completions", &first).await;
     assert_eq!(status, 200, "{body}");
-    let decisions: Value = admin("/admin/decisions?limit=1")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, decisions) = admin.get("/admin/decisions?limit=1").await;
     let holder = decisions[0]["explanation"]["chosen"]
         .as_str()
         .unwrap()
@@ -48,13 +38,7 @@ async fn kv_routing_follows_prefixes_and_beats_round_robin() {
     // Wait until the holder's KV events reached the index.
     let indexed =
         eventually(Duration::from_secs(10), || async {
-            let workers: Value = admin("/admin/workers")
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let (_, workers) = admin.get("/admin/workers").await;
             workers.as_array().unwrap().iter().any(|w| {
                 w["id"] == holder.as_str() && w["indexed_blocks"].as_u64().unwrap_or(0) >= 64
             })
@@ -63,17 +47,12 @@ async fn kv_routing_follows_prefixes_and_beats_round_robin() {
     assert!(indexed, "the prompt's blocks reached the index");
     let mut second_prompt = prefix.clone();
     second_prompt.extend(tokens(4, 100));
-    let explain: Value = api
-        .http
-        .post(format!("{}/admin/explain", api.base))
-        .bearer_auth("s3cret")
-        .json(&json!({"model": "sim-8b", "prompt": second_prompt}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, explain) = admin
+        .post(
+            "/admin/explain",
+            &json!({"model": "sim-8b", "prompt": second_prompt}),
+        )
+        .await;
     let decision = &explain["decision"];
     assert_eq!(decision["worker"], holder.as_str(), "{explain}");
     let holder_score = decision["explanation"]["workers"]
@@ -106,7 +85,7 @@ async fn kv_routing_follows_prefixes_and_beats_round_robin() {
 
     // Shared-prefix workload: 5 groups of 4 requests sharing a 512-token prefix, interleaved.
     // (5 groups over 4 workers: round-robin never sends a group back to the same worker.)
-    async fn workload(api: &Api, seed: u32) -> f64 {
+    async fn workload(api: &Api, admin: &Api, seed: u32) -> f64 {
         let mut cached = 0u64;
         let mut total = 0u64;
         for round in 0..4 {
@@ -127,17 +106,12 @@ async fn kv_routing_follows_prefixes_and_beats_round_robin() {
                 // Wait until this request's KV events reached the gateway: some worker's
                 // indexed prefix covers the whole prompt (36 blocks of 16).
                 let indexed = eventually(Duration::from_secs(10), || async {
-                    let explain: Value = api
-                        .http
-                        .post(format!("{}/admin/explain", api.base))
-                        .bearer_auth("s3cret")
-                        .json(&json!({"model": "sim-8b", "prompt": prompt}))
-                        .send()
-                        .await
-                        .unwrap()
-                        .json()
-                        .await
-                        .unwrap();
+                    let (_, explain) = admin
+                        .post(
+                            "/admin/explain",
+                            &json!({"model": "sim-8b", "prompt": prompt}),
+                        )
+                        .await;
                     explain["decision"]["explanation"]["workers"]
                         .as_array()
                         .unwrap()
@@ -150,18 +124,12 @@ async fn kv_routing_follows_prefixes_and_beats_round_robin() {
         }
         cached as f64 / total as f64
     }
-    let kv_hit = workload(&api, 10).await;
-    let status = api
-        .http
-        .put(format!("{}/admin/policy", api.base))
-        .bearer_auth("s3cret")
-        .json(&json!({"policy": "round-robin"}))
-        .send()
-        .await
-        .unwrap()
-        .status();
+    let kv_hit = workload(&api, &admin, 10).await;
+    let (status, _) = admin
+        .put("/admin/policy", &json!({"policy": "round-robin"}))
+        .await;
     assert_eq!(status, 200);
-    let rr_hit = workload(&api, 20).await;
+    let rr_hit = workload(&api, &admin, 20).await;
     eprintln!("cache hit rate: kv {kv_hit:.3}, round-robin {rr_hit:.3}");
     assert!(
         kv_hit > 0.5 && kv_hit > rr_hit + 0.3,
@@ -181,24 +149,25 @@ async fn a_kv_recording_replays_offline_and_kv_agrees_with_the_live_decisions() 
         .start()
         .await;
     let api = Api::new(&up);
-    let admin = |path: &str, body: Value| {
-        let request = api
-            .http
-            .post(format!("{}{path}", api.base))
-            .bearer_auth("s3cret")
-            .json(&body);
-        api.send(request)
-    };
+    let admin = Api::new(&up).with_token("s3cret");
     // The token is required, and paths outside the recording directory are refused.
     assert_eq!(api.post("/admin/recording/start", &json!({})).await.0, 401);
-    let (status, err) = admin("/admin/recording/start", json!({"path": "../x.jsonl"})).await;
+    let (status, err) = admin
+        .post("/admin/recording/start", &json!({"path": "../x.jsonl"}))
+        .await;
     assert_eq!(status, 400, "{err}");
-    let (status, err) = admin("/admin/recording/start", json!({"path": "/tmp/x.jsonl"})).await;
+    let (status, err) = admin
+        .post("/admin/recording/start", &json!({"path": "/tmp/x.jsonl"}))
+        .await;
     assert_eq!(status, 400, "{err}");
-    let (status, started) = admin("/admin/recording/start", json!({"path": "run.jsonl"})).await;
+    let (status, started) = admin
+        .post("/admin/recording/start", &json!({"path": "run.jsonl"}))
+        .await;
     assert_eq!(status, 200, "{started}");
     assert_eq!(started["active"], true);
-    let (status, again) = admin("/admin/recording/start", json!({"path": "other.jsonl"})).await;
+    let (status, again) = admin
+        .post("/admin/recording/start", &json!({"path": "other.jsonl"}))
+        .await;
     assert_eq!(status, 400, "one recording at a time: {again}");
 
     // Shared-prefix workload: 4 groups of 5 requests sharing a 512-token prefix, interleaved
@@ -213,11 +182,12 @@ async fn a_kv_recording_replays_offline_and_kv_agrees_with_the_live_decisions() 
             assert_eq!(status, 200, "{body}");
             // Let the request's KV events reach the index before the next one.
             let indexed = eventually(Duration::from_secs(10), || async {
-                let (_, explain) = admin(
-                    "/admin/explain",
-                    json!({"model": "sim-8b", "prompt": prompt}),
-                )
-                .await;
+                let (_, explain) = admin
+                    .post(
+                        "/admin/explain",
+                        &json!({"model": "sim-8b", "prompt": prompt}),
+                    )
+                    .await;
                 explain["decision"]["explanation"]["workers"]
                     .as_array()
                     .is_some_and(|ws| ws.iter().any(|w| w["overlap"]["device"] == 36))
@@ -226,18 +196,9 @@ async fn a_kv_recording_replays_offline_and_kv_agrees_with_the_live_decisions() 
             assert!(indexed, "the request's blocks reached the index");
         }
     }
-    let status: Value = api
-        .http
-        .get(format!("{}/admin/recording", api.base))
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, status) = admin.get("/admin/recording").await;
     assert_eq!(status["active"], true, "{status}");
-    let (code, stopped) = admin("/admin/recording/stop", json!({})).await;
+    let (code, stopped) = admin.post("/admin/recording/stop", &json!({})).await;
     assert_eq!(code, 200, "{stopped}");
     assert_eq!(stopped["dropped"], 0, "{stopped}");
     assert_eq!(stopped["complete"], true, "{stopped}");

@@ -148,6 +148,9 @@ pub async fn register_ghost(
 pub struct Api {
     pub base: String,
     pub http: reqwest::Client,
+    /// Sent as `Authorization: Bearer` by [`get`](Self::get), [`post`](Self::post) and
+    /// [`put`](Self::put).
+    token: Option<String>,
 }
 
 impl Api {
@@ -158,6 +161,21 @@ impl Api {
                 .timeout(Duration::from_secs(120))
                 .build()
                 .expect("http client"),
+            token: None,
+        }
+    }
+
+    /// The same client, authenticated with an admin token.
+    pub fn with_token(mut self, token: &str) -> Self {
+        self.token = Some(token.to_owned());
+        self
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
         }
     }
 
@@ -173,7 +191,12 @@ impl Api {
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+        self.send(self.request(reqwest::Method::POST, path).json(body))
+            .await
+    }
+
+    pub async fn put(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.send(self.request(reqwest::Method::PUT, path).json(body))
             .await
     }
 
@@ -187,8 +210,7 @@ impl Api {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.http.get(format!("{}{path}", self.base)))
-            .await
+        self.send(self.request(reqwest::Method::GET, path)).await
     }
 
     /// Whether `/admin/workers` comes to list exactly `count` workers within 10 s.
