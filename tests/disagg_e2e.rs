@@ -12,7 +12,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Api, SwitchyardProcess, eventually, tokens};
+use support::{Api, Launch, SwitchyardProcess, eventually, tokens};
 use switchyard_testkit::EtcdServer;
 
 async fn complete(api: &Api, prompt: Vec<u32>, max_tokens: u32) -> (u16, Value) {
@@ -50,64 +50,29 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
     let etcd = EtcdServer::start().expect("etcd");
     let endpoint = etcd.endpoint();
     let cluster = format!("disagg-{}", std::process::id());
-    let start = |id: &'static str, role: &'static str| {
-        let args = vec![
-            "--etcd".to_owned(),
-            endpoint.clone(),
-            "--cluster".to_owned(),
-            cluster.clone(),
-            "--lease-ttl-secs".to_owned(),
-            "2".to_owned(),
-            "--speedup".to_owned(),
-            "20".to_owned(),
-            "--max-context".to_owned(),
-            "8192".to_owned(),
-            "--role".to_owned(),
-            role.to_owned(),
-            "--id".to_owned(),
-            id.to_owned(),
-        ];
-        async move {
-            SwitchyardProcess::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
-        }
+    let start = |id: &str, role: &str| {
+        Launch::worker(&endpoint, &cluster)
+            .arg("--lease-ttl-secs", "2")
+            .arg("--speedup", "20")
+            .arg("--max-context", "8192")
+            .role(role)
+            .id(id)
+            .start()
     };
     let mut prefill_a = start("prefill-a", "prefill").await;
     let mut prefill_b = start("prefill-b", "prefill").await;
     let _decode_a = start("decode-a", "decode").await;
     let _decode_b = start("decode-b", "decode").await;
-    let gateway = |mode: &'static str| {
-        let (endpoint, cluster) = (endpoint.clone(), cluster.clone());
-        async move {
-            SwitchyardProcess::spawn(
-                "gateway",
-                &[
-                    "--etcd",
-                    &endpoint,
-                    "--cluster",
-                    &cluster,
-                    "--http",
-                    "127.0.0.1:0",
-                    "--disaggregation",
-                    mode,
-                    "--disagg-min-uncached-tokens",
-                    "512",
-                    "--prefill-timeout-secs",
-                    "1",
-                ],
-            )
-            .await
-        }
+    let gateway = |mode: &str| {
+        Launch::gateway(&endpoint, &cluster)
+            .arg("--disaggregation", mode)
+            .arg("--disagg-min-uncached-tokens", "512")
+            .arg("--prefill-timeout-secs", "1")
+            .start()
     };
     let auto = gateway("auto").await;
     let api = Api::new(&auto);
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = api.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 4
-        })
-        .await,
-        "gateway sees all four workers"
-    );
+    assert!(api.lists_workers(4).await, "gateway sees all four workers");
     let prefill_pool = ["prefill-a", "prefill-b"];
     let decode_pool = ["decode-a", "decode-b"];
 
@@ -263,13 +228,7 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
     // `enforce` with no working prefill worker refuses clearly; `auto` serves aggregated.
     let enforce = gateway("enforce").await;
     let strict = Api::new(&enforce);
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = strict.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 3
-        })
-        .await
-    );
+    assert!(strict.lists_workers(3).await);
     let (status, body) = complete(&strict, tokens(30, 1500), 4).await;
     assert_eq!(status, 503, "{body}");
     assert!(body.to_string().contains("prefill"), "{body}");
@@ -300,61 +259,30 @@ async fn a_prefill_worker_killed_mid_pipeline_costs_a_retry_not_the_request() {
     let slow = dir.path().join("slow-prefill.toml");
     std::fs::write(&slow, "speedup = 0.2\n[sim]\nmax_batched_tokens = 256\n").unwrap();
     let slow = slow.to_str().unwrap().to_owned();
-    let start = |id: &'static str, role: &'static str| {
-        let mut args = vec![
-            "--etcd".to_owned(),
-            endpoint.clone(),
-            "--cluster".to_owned(),
-            cluster.clone(),
-            "--lease-ttl-secs".to_owned(),
-            "2".to_owned(),
-            "--max-context".to_owned(),
-            "8192".to_owned(),
-            "--role".to_owned(),
-            role.to_owned(),
-            "--id".to_owned(),
-            id.to_owned(),
-        ];
+    let start = |id: &str, role: &str| {
+        let worker = Launch::worker(&endpoint, &cluster)
+            .arg("--lease-ttl-secs", "2")
+            .arg("--max-context", "8192")
+            .role(role)
+            .id(id);
         if role == "prefill" {
-            args.extend(["--config".to_owned(), slow.clone()]);
+            worker.arg("--config", &slow).start()
         } else {
-            args.extend(["--speedup".to_owned(), "20".to_owned()]);
-        }
-        async move {
-            SwitchyardProcess::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
+            worker.arg("--speedup", "20").start()
         }
     };
     let mut prefill_a = start("prefill-a", "prefill").await;
     let mut prefill_b = start("prefill-b", "prefill").await;
     let _decode_a = start("decode-a", "decode").await;
     let _decode_b = start("decode-b", "decode").await;
-    let gateway = SwitchyardProcess::spawn(
-        "gateway",
-        &[
-            "--etcd",
-            &endpoint,
-            "--cluster",
-            &cluster,
-            "--http",
-            "127.0.0.1:0",
-            "--disaggregation",
-            "auto",
-            "--disagg-min-uncached-tokens",
-            "512",
-            "--kv-transfer",
-            "pipelined",
-        ],
-    )
-    .await;
+    let gateway = Launch::gateway(&endpoint, &cluster)
+        .arg("--disaggregation", "auto")
+        .arg("--disagg-min-uncached-tokens", "512")
+        .arg("--kv-transfer", "pipelined")
+        .start()
+        .await;
     let api = Api::new(&gateway);
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = api.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 4
-        })
-        .await,
-        "gateway sees all four workers"
-    );
+    assert!(api.lists_workers(4).await, "gateway sees all four workers");
 
     let long = tokens(40, 6000);
     let request = {
@@ -429,60 +357,28 @@ async fn decode_plans_from_the_prefill_workers_announced_layout() {
     )
     .unwrap();
     let deep = deep.to_str().unwrap().to_owned();
-    let start = |id: &'static str, extra: Vec<String>| {
-        let mut args: Vec<String> = [
-            "--etcd",
-            &endpoint,
-            "--cluster",
-            &cluster,
-            "--speedup",
-            "20",
-            "--max-context",
-            "8192",
-            "--block-size",
-            "16",
-            "--id",
-            id,
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        args.extend(extra);
-        async move {
-            SwitchyardProcess::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
-        }
+    let worker = |id: &str| {
+        Launch::worker(&endpoint, &cluster)
+            .arg("--speedup", "20")
+            .arg("--max-context", "8192")
+            .arg("--block-size", "16")
+            .id(id)
     };
-    let flags = |f: &[&str]| f.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-    let mut prefill = start(
-        "prefill-tp1",
-        flags(&["--role", "prefill", "--tensor-parallel", "1"]),
-    )
-    .await;
-    let decode = start(
-        "decode-tp2",
-        flags(&[
-            "--role",
-            "decode",
-            "--tensor-parallel",
-            "2",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ]),
-    )
-    .await;
-    let gateway = SwitchyardProcess::spawn(
-        "gateway",
-        &[
-            "--etcd",
-            &endpoint,
-            "--cluster",
-            &cluster,
-            "--http",
-            "127.0.0.1:0",
-            "--disaggregation",
-            "enforce",
-        ],
-    )
-    .await;
+    let mut prefill = worker("prefill-tp1")
+        .role("prefill")
+        .arg("--tensor-parallel", "1")
+        .start()
+        .await;
+    let decode = worker("decode-tp2")
+        .role("decode")
+        .arg("--tensor-parallel", "2")
+        .arg("--metrics-listen", "127.0.0.1:0")
+        .start()
+        .await;
+    let gateway = Launch::gateway(&endpoint, &cluster)
+        .arg("--disaggregation", "enforce")
+        .start()
+        .await;
     let api = Api::new(&gateway);
     let sees = |ids: &'static [&'static str]| {
         let api = &api;
@@ -527,11 +423,11 @@ async fn decode_plans_from_the_prefill_workers_announced_layout() {
 
     // Another model shape behind the only prefill worker: refused, not retried.
     assert!(prefill.terminate().await.success());
-    let _deep = start(
-        "prefill-deep",
-        flags(&["--role", "prefill", "--config", &deep]),
-    )
-    .await;
+    let _deep = worker("prefill-deep")
+        .role("prefill")
+        .arg("--config", &deep)
+        .start()
+        .await;
     assert!(sees(&["decode-tp2", "prefill-deep"]).await);
     let (status, body) = complete(&api, tokens(42, 640), 4).await;
     assert_eq!(status, 502, "{body}");

@@ -18,36 +18,18 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::fake_engine::{Fake, assert_mirrored, explain, indexed, overlap};
-use support::{Api, SwitchyardProcess, eventually, tokens};
+use support::{Api, Launch, SwitchyardProcess, eventually, tokens};
 use switchyard_testkit::EtcdServer;
 
 const BLOCK: u64 = 4;
 
-async fn worker(args: Vec<String>, extra: &[&str]) -> SwitchyardProcess {
-    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
-    all.extend_from_slice(extra);
-    SwitchyardProcess::start(&all).await
-}
-
 async fn gateway(etcd: &str, cluster: &str, mode: &str) -> (SwitchyardProcess, Api) {
-    let process = SwitchyardProcess::spawn(
-        "gateway",
-        &[
-            "--etcd",
-            etcd,
-            "--cluster",
-            cluster,
-            "--http",
-            "127.0.0.1:0",
-            "--disaggregation",
-            mode,
-            "--disagg-min-uncached-tokens",
-            "16",
-            "--prefill-timeout-secs",
-            "10",
-        ],
-    )
-    .await;
+    let process = Launch::gateway(etcd, cluster)
+        .arg("--disaggregation", mode)
+        .arg("--disagg-min-uncached-tokens", "16")
+        .arg("--prefill-timeout-secs", "10")
+        .start()
+        .await;
     let api = Api::new(&process);
     (process, api)
 }
@@ -136,30 +118,24 @@ async fn vllm_prefill_and_decode_workers_hand_kv_over_through_the_engines() {
     let fake_a = Fake::start(&["--kv-transfer"]).await;
     let fake_b = Fake::start(&["--kv-transfer"]).await;
     let fake_d = Fake::start(&["--kv-transfer"]).await;
-    let args = |fake: &Fake, id| fake.worker_args("vllm", id, &endpoint, &cluster);
-    let _pa = worker(args(&fake_a, "prefill-a"), &["--role", "prefill"]).await;
-    let _pb = worker(args(&fake_b, "prefill-b"), &["--role", "prefill"]).await;
-    let _d = worker(args(&fake_d, "decode"), &["--role", "decode"]).await;
+    let worker = |fake: &Fake, id, role| {
+        fake.worker("vllm", id, &endpoint, &cluster)
+            .role(role)
+            .start()
+    };
+    let _pa = worker(&fake_a, "prefill-a", "prefill").await;
+    let _pb = worker(&fake_b, "prefill-b", "prefill").await;
+    let _d = worker(&fake_d, "decode", "decode").await;
     // A healthy simulator prefill worker of the same model: never paired with a vLLM decode.
-    let _sim = SwitchyardProcess::start(&[
-        "--etcd",
-        &endpoint,
-        "--cluster",
-        &cluster,
-        "--id",
-        "prefill-sim",
-        "--role",
-        "prefill",
-        "--model",
-        "fake-model",
-        "--block-size",
-        "4",
-        "--max-context",
-        "4096",
-        "--speedup",
-        "50",
-    ])
-    .await;
+    let _sim = Launch::worker(&endpoint, &cluster)
+        .id("prefill-sim")
+        .role("prefill")
+        .arg("--model", "fake-model")
+        .arg("--block-size", "4")
+        .arg("--max-context", "4096")
+        .arg("--speedup", "50")
+        .start()
+        .await;
     let (_enforce, strict) = gateway(&endpoint, &cluster, "enforce").await;
     let (_auto, auto) = gateway(&endpoint, &cluster, "auto").await;
     let all = ["prefill-a", "prefill-b", "decode", "prefill-sim"];
@@ -281,22 +257,15 @@ async fn sglang_prefill_and_decode_workers_share_a_bootstrap_room() {
         "2",
     ])
     .await;
-    let args = |fake: &Fake, id| fake.worker_args("sglang", id, &endpoint, &cluster);
-    let (port_a, port_b) = (fake_a.bootstrap.to_string(), fake_b.bootstrap.to_string());
-    let prefill =
-        |port: &str| ["--role", "prefill", "--engine-bootstrap-port", port].map(str::to_owned);
-    let (flags_a, flags_b) = (prefill(&port_a), prefill(&port_b));
-    let _pa = worker(
-        args(&fake_a, "prefill-a"),
-        &flags_a.each_ref().map(String::as_str),
-    )
-    .await;
-    let _pb = worker(
-        args(&fake_b, "prefill-b"),
-        &flags_b.each_ref().map(String::as_str),
-    )
-    .await;
-    let _d = worker(args(&fake_d, "decode"), &["--role", "decode"]).await;
+    let worker = |fake: &Fake, id, role| fake.worker("sglang", id, &endpoint, &cluster).role(role);
+    let prefill = |fake: &Fake, id| {
+        worker(fake, id, "prefill")
+            .arg("--engine-bootstrap-port", &fake.bootstrap.to_string())
+            .start()
+    };
+    let _pa = prefill(&fake_a, "prefill-a").await;
+    let _pb = prefill(&fake_b, "prefill-b").await;
+    let _d = worker(&fake_d, "decode", "decode").start().await;
     let (_enforce, strict) = gateway(&endpoint, &cluster, "enforce").await;
     let (_auto, auto) = gateway(&endpoint, &cluster, "auto").await;
     sees_workers(&strict, &["prefill-a", "prefill-b", "decode"]).await;
@@ -445,7 +414,7 @@ async fn sglang_prefill_and_decode_workers_share_a_bootstrap_room() {
     // A worker that serves aggregated (an SGLang server without disaggregation, role both)
     // joins: the request is routed there instead.
     let fake_both = Fake::start(&["--flavor", "sglang"]).await;
-    let _both = worker(args(&fake_both, "both"), &["--role", "both"]).await;
+    let _both = worker(&fake_both, "both", "both").start().await;
     sees_workers(&auto, &["both"]).await;
     let (status, body) = complete(&auto, &tokens(8, 8), 3).await;
     assert_eq!(status, 200, "{body}");

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Api, SwitchyardProcess, eventually, tokens};
+use support::{Api, Launch, SwitchyardProcess, eventually, tokens};
 use switchyard_core::{Role, WorkerId};
 use switchyard_registry::{EtcdRegistry, Registry};
 use switchyard_testkit::EtcdServer;
@@ -66,16 +66,9 @@ fn client_phase(
     })
 }
 
-/// The planner's admin overview.
+/// The planner's admin overview, through an [`Api`] that carries the admin token.
 async fn overview(planner: &Api) -> Value {
-    let (status, body) = planner
-        .send(
-            planner
-                .http
-                .get(format!("{}/admin/planner?limit=200", planner.base))
-                .bearer_auth(TOKEN),
-        )
-        .await;
+    let (status, body) = planner.get("/admin/planner?limit=200").await;
     assert_eq!(status, 200, "{body}");
     body
 }
@@ -98,49 +91,21 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
     let mut workers = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         let role = if i < 2 { "prefill" } else { "decode" };
-        let args = [
-            "--etcd",
-            &endpoint,
-            "--cluster",
-            &cluster,
-            "--lease-ttl-secs",
-            "2",
-            "--speedup",
-            SPEEDUP,
-            "--max-context",
-            "8192",
-            "--role",
-            role,
-            "--id",
-            id,
-        ];
-        workers.push(SwitchyardProcess::start(&args).await);
+        let worker = Launch::worker(&endpoint, &cluster)
+            .arg("--lease-ttl-secs", "2")
+            .arg("--speedup", SPEEDUP)
+            .arg("--max-context", "8192")
+            .role(role)
+            .id(id);
+        workers.push(worker.start().await);
     }
-    let gateway = SwitchyardProcess::spawn(
-        "gateway",
-        &[
-            "--etcd",
-            &endpoint,
-            "--cluster",
-            &cluster,
-            "--http",
-            "127.0.0.1:0",
-            "--disaggregation",
-            "auto",
-            "--disagg-min-uncached-tokens",
-            "512",
-        ],
-    )
-    .await;
+    let gateway = Launch::gateway(&endpoint, &cluster)
+        .arg("--disaggregation", "auto")
+        .arg("--disagg-min-uncached-tokens", "512")
+        .start()
+        .await;
     let api = Arc::new(Api::new(&gateway));
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = api.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 4
-        })
-        .await,
-        "gateway sees all four workers"
-    );
+    assert!(api.lists_workers(4).await, "gateway sees all four workers");
     let gateway_url = format!("http://{}", gateway.address);
     let planner_process = SwitchyardProcess::spawn(
         "planner",
@@ -178,9 +143,9 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
         ],
     )
     .await;
-    let planner = Api::new(&planner_process);
-    let (status, _) = planner.get("/admin/planner").await;
+    let (status, _) = Api::new(&planner_process).get("/admin/planner").await;
     assert_eq!(status, 401, "the planner's admin API needs its token");
+    let planner = Api::new(&planner_process).with_token(TOKEN);
 
     let seeds = Arc::new(AtomicU32::new(1));
     // Decode-heavy: short prompts, long outputs, many sequences decoding at once.
@@ -298,33 +263,18 @@ async fn the_planner_follows_a_shift_from_decode_heavy_to_prefill_heavy_without_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_with_the_planner_serves_its_admin_api_and_metrics_through_the_gateway() {
-    let up = SwitchyardProcess::spawn(
-        "up",
-        &[
-            "--planner",
-            "--workers",
-            "2",
-            "--speedup",
-            "10",
-            "--interval",
-            "0.5",
-            "--http",
-            "127.0.0.1:0",
-            "--admin-token",
-            TOKEN,
-        ],
-    )
-    .await;
+    let up = Launch::up(2)
+        .args(["--planner"])
+        .arg("--speedup", "10")
+        .arg("--interval", "0.5")
+        .arg("--admin-token", TOKEN)
+        .start()
+        .await;
     let api = Api::new(&up);
     let (status, _) = api.get("/admin/planner").await;
     assert_eq!(status, 401, "behind the gateway's admin token");
-    let (_, workers) = api
-        .send(
-            api.http
-                .get(format!("{}/admin/workers", api.base))
-                .bearer_auth(TOKEN),
-        )
-        .await;
+    let admin = Api::new(&up).with_token(TOKEN);
+    let (_, workers) = admin.get("/admin/workers").await;
     let mut roles: Vec<&str> = workers
         .as_array()
         .unwrap()
@@ -335,13 +285,13 @@ async fn up_with_the_planner_serves_its_admin_api_and_metrics_through_the_gatewa
     assert_eq!(roles, ["decode", "prefill"], "the workers start split");
     assert!(
         eventually(Duration::from_secs(20), || async {
-            let body = overview(&api).await;
+            let body = overview(&admin).await;
             body["decisions"].as_array().is_some_and(|d| d.len() >= 2)
         })
         .await,
         "the embedded planner decides every interval"
     );
-    let body = overview(&api).await;
+    let body = overview(&admin).await;
     assert_eq!(body["settings"]["connector"], "local");
     assert_eq!(body["plan"]["current"], json!({"prefill": 1, "decode": 1}));
     assert_eq!(
@@ -349,13 +299,7 @@ async fn up_with_the_planner_serves_its_admin_api_and_metrics_through_the_gatewa
         "the profile correction is on by default"
     );
     assert!(body["plan"]["correction"]["prefill"].is_f64(), "{body}");
-    let (status, decisions) = api
-        .send(
-            api.http
-                .get(format!("{}/admin/planner/decisions?limit=1", api.base))
-                .bearer_auth(TOKEN),
-        )
-        .await;
+    let (status, decisions) = admin.get("/admin/planner/decisions?limit=1").await;
     assert_eq!(status, 200);
     assert_eq!(decisions.as_array().unwrap().len(), 1);
     let text = api
@@ -503,7 +447,7 @@ async fn the_kubernetes_connector_reads_the_pools_from_the_deployments_scale() {
         ],
     )
     .await;
-    let planner = Api::new(&planner_process);
+    let planner = Api::new(&planner_process).with_token(TOKEN);
     let read = |name: &str| format!("GET /apis/apps/v1/namespaces/ns/deployments/{name}/scale");
     assert!(
         eventually(Duration::from_secs(30), || async {

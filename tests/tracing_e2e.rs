@@ -23,7 +23,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use serde_json::{Value, json};
-use support::{Api, SwitchyardProcess, eventually, tokens};
+use support::{Api, Launch, register_ghost, tokens};
 use switchyard_testkit::EtcdServer;
 use tokio_util::sync::CancellationToken;
 
@@ -190,22 +190,13 @@ async fn switchyard_up_exports_one_trace_per_request_as_gateway_and_worker() {
     let stop = CancellationToken::new();
     let (receiver, otlp) = Receiver::start(stop.clone()).await;
     // The standard variable names the collector as well as the flag does.
-    let mut up = SwitchyardProcess::spawn_with_env(
-        "up",
-        &[
-            "--http",
-            "127.0.0.1:0",
-            "--workers",
-            "1",
-            "--speedup",
-            "50",
-            // Short enough that the long request below runs into it.
-            "--request-timeout-secs",
-            "2",
-        ],
-        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)],
-    )
-    .await;
+    let mut up = Launch::up(1)
+        .arg("--speedup", "50")
+        // Short enough that the long request below runs into it.
+        .arg("--request-timeout-secs", "2")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)
+        .start()
+        .await;
     let api = Api::new(&up);
     let mut messages = vec![json!({"role": "user", "content": "Tell me about rail yards."})];
     let turn = |messages: &Vec<Value>, stream: bool| {
@@ -375,77 +366,37 @@ async fn disaggregated_requests_trace_through_prefill_transfer_and_decode_and_re
     let etcd = EtcdServer::start().expect("etcd");
     let endpoint = etcd.endpoint();
     let cluster = format!("traces-{}", std::process::id());
-    let start = |id: &'static str, role: &'static str| {
-        let args = vec![
-            "--etcd".to_owned(),
-            endpoint.clone(),
-            "--cluster".to_owned(),
-            cluster.clone(),
-            "--speedup".to_owned(),
-            "20".to_owned(),
-            "--max-context".to_owned(),
-            "8192".to_owned(),
-            "--role".to_owned(),
-            role.to_owned(),
-            "--id".to_owned(),
-            id.to_owned(),
-            "--otlp-endpoint".to_owned(),
-            otlp.clone(),
-        ];
-        async move {
-            SwitchyardProcess::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
-        }
+    let start = |id: &str, role: &str| {
+        Launch::worker(&endpoint, &cluster)
+            .arg("--speedup", "20")
+            .arg("--max-context", "8192")
+            .role(role)
+            .id(id)
+            .arg("--otlp-endpoint", &otlp)
+            .start()
     };
     let mut prefill = start("prefill-a", "prefill").await;
     let mut decode = start("decode-a", "decode").await;
-    let mut gateway = SwitchyardProcess::spawn(
-        "gateway",
-        &[
-            "--etcd",
-            &endpoint,
-            "--cluster",
-            &cluster,
-            "--http",
-            "127.0.0.1:0",
-            "--disaggregation",
-            "enforce",
-            "--policy",
-            "round-robin",
-            "--otlp-endpoint",
-            &otlp,
-        ],
-    )
-    .await;
+    let mut gateway = Launch::gateway(&endpoint, &cluster)
+        .arg("--disaggregation", "enforce")
+        .arg("--policy", "round-robin")
+        .arg("--otlp-endpoint", &otlp)
+        .start()
+        .await;
     let api = Api::new(&gateway);
 
     // A registered decode worker whose process is gone: round-robin sends some attempt to it,
     // which fails and is retried on decode-a as a second attempt.
-    let registry =
-        switchyard_registry::EtcdRegistry::connect(std::slice::from_ref(&endpoint), &cluster)
-            .await
-            .unwrap();
-    let ghost = switchyard_core::WorkerInfo {
-        id: switchyard_core::WorkerId::new("decode-ghost").unwrap(),
-        address: format!("127.0.0.1:{}", switchyard_testkit::free_port()),
-        model: "sim-8b".into(),
-        role: switchyard_core::Role::Decode,
-        block_size: switchyard_core::BlockSize::new(16).unwrap(),
-        kv_capacity_blocks: 8192,
-        max_context_tokens: 8192,
-        engine: switchyard_core::EngineKind::Sim,
-        incarnation: 1,
-    };
-    use switchyard_registry::Registry as _;
-    let _ghost = registry
-        .register(ghost, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let _ghost = register_ghost(
+        &endpoint,
+        &cluster,
+        "decode-ghost",
+        switchyard_core::Role::Decode,
+        Duration::from_secs(60),
+    )
+    .await;
     assert!(
-        eventually(Duration::from_secs(10), || async {
-            let (_, workers) = api.get("/admin/workers").await;
-            workers.as_array().map_or(0, Vec::len) == 3
-        })
-        .await,
+        api.lists_workers(3).await,
         "gateway sees both workers and the ghost"
     );
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::fake_engine::{Fake, assert_mirrored, indexed, overlap};
-use support::{SwitchyardProcess, eventually};
+use support::{Launch, eventually};
 use switchyard_testkit::EtcdServer;
 
 const BLOCK: usize = 4;
@@ -29,22 +29,10 @@ async fn gateway_and_vllm_workers_stream_and_mirror_the_engines_through_gap_and_
     let cluster = format!("vllm-{}", std::process::id());
     let fake_a = Fake::start(&[]).await;
     let fake_b = Fake::start(&["--encoding", "map", "--hash-bytes"]).await;
-    let worker = |id: &str, fake: &Fake| fake.worker_args("vllm", id, &endpoint, &cluster);
-    let (args_a, args_b) = (worker("vllm-a", &fake_a), worker("vllm-b", &fake_b));
-    let _a = SwitchyardProcess::start(&args_a.iter().map(String::as_str).collect::<Vec<_>>()).await;
-    let _b = SwitchyardProcess::start(&args_b.iter().map(String::as_str).collect::<Vec<_>>()).await;
-    let gateway = SwitchyardProcess::spawn(
-        "gateway",
-        &[
-            "--etcd",
-            &endpoint,
-            "--cluster",
-            &cluster,
-            "--http",
-            "127.0.0.1:0",
-        ],
-    )
-    .await;
+    let worker = |id: &str, fake: &Fake| fake.worker("vllm", id, &endpoint, &cluster).start();
+    let _a = worker("vllm-a", &fake_a).await;
+    let _b = worker("vllm-b", &fake_b).await;
+    let gateway = Launch::gateway(&endpoint, &cluster).start().await;
     let api = format!("http://{}", gateway.address);
     let both = eventually(Duration::from_secs(15), || async {
         indexed(&api, "vllm-a").await.is_some() && indexed(&api, "vllm-b").await.is_some()

@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use futures::StreamExt;
-use support::{WorkerProcess, eventually};
+use support::{Launch, WorkerProcess, eventually};
 use switchyard_core::{Role, WorkerId};
 use switchyard_proto::v1::{
     self, GenerateRequest, KvEventsRequest, SamplingParams, kv_events_response::Payload,
@@ -79,32 +79,16 @@ async fn two_workers_register_generate_publish_events_and_expire() {
     let cluster = format!("e2e-{}", std::process::id());
     let ttl = TTL_SECS.to_string();
     let endpoint = etcd.endpoint();
-    let common = [
-        "--etcd",
-        endpoint.as_str(),
-        "--cluster",
-        cluster.as_str(),
-        "--lease-ttl-secs",
-        ttl.as_str(),
-        "--listen",
-        "127.0.0.1:0",
-        "--speedup",
-        "50",
-        "--block-size",
-        "16",
-        "--kv-blocks",
-        "64",
-        "--max-context",
-        "4096",
-        "--event-buffer",
-        "8",
-    ];
-    let mut a =
-        WorkerProcess::start(&[&common[..], &["--id", "worker-a", "--role", "both"]].concat())
-            .await;
-    let mut b =
-        WorkerProcess::start(&[&common[..], &["--id", "worker-b", "--role", "decode"]].concat())
-            .await;
+    let common = Launch::worker(&endpoint, &cluster)
+        .arg("--lease-ttl-secs", &ttl)
+        .arg("--listen", "127.0.0.1:0")
+        .arg("--speedup", "50")
+        .arg("--block-size", "16")
+        .arg("--kv-blocks", "64")
+        .arg("--max-context", "4096")
+        .arg("--event-buffer", "8");
+    let mut a = common.clone().id("worker-a").role("both").start().await;
+    let mut b = common.id("worker-b").role("decode").start().await;
 
     // Both are registered with what they are.
     let registry = EtcdRegistry::connect(std::slice::from_ref(&endpoint), &cluster)

@@ -8,6 +8,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use super::Launch;
+
 const SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../tests/python/fake_vllm.py"
@@ -72,29 +74,15 @@ impl Fake {
         state["ranks"][0].as_array().map_or(0, |r| r.len() as u64)
     }
 
-    /// `switchyard worker` flags for a worker with id `id` in front of this stand-in.
-    pub fn worker_args(&self, engine: &str, id: &str, etcd: &str, cluster: &str) -> Vec<String> {
-        [
-            "--engine",
-            engine,
-            "--engine-url",
-            &self.http,
-            "--kv-events",
-            &format!("tcp://127.0.0.1:{}", self.zmq),
-            "--kv-replay",
-            &format!("tcp://127.0.0.1:{}", self.replay),
-            "--model",
-            "fake-model",
-            "--etcd",
-            etcd,
-            "--cluster",
-            cluster,
-            "--id",
-            id,
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect()
+    /// `switchyard worker` with id `id` in front of this stand-in.
+    pub fn worker(&self, engine: &str, id: &str, etcd: &str, cluster: &str) -> Launch {
+        Launch::worker(etcd, cluster)
+            .arg("--engine", engine)
+            .arg("--engine-url", &self.http)
+            .arg("--kv-events", &format!("tcp://127.0.0.1:{}", self.zmq))
+            .arg("--kv-replay", &format!("tcp://127.0.0.1:{}", self.replay))
+            .arg("--model", "fake-model")
+            .id(id)
     }
 }
 

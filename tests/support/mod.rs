@@ -4,6 +4,9 @@
 #![allow(dead_code)]
 
 pub mod fake_engine;
+mod launch;
+
+pub use launch::Launch;
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -113,11 +116,41 @@ where
     }
 }
 
+/// Registers in etcd a `sim-8b` worker that nobody answers at, as if its process were gone
+/// and its lease not yet expired; it stays listed while the registration is held.
+pub async fn register_ghost(
+    etcd: &str,
+    cluster: &str,
+    id: &str,
+    role: switchyard_core::Role,
+    ttl: Duration,
+) -> switchyard_registry::Registration {
+    use switchyard_registry::Registry as _;
+    let registry = switchyard_registry::EtcdRegistry::connect(&[etcd.to_owned()], cluster)
+        .await
+        .expect("connect to etcd");
+    let ghost = switchyard_core::WorkerInfo {
+        id: switchyard_core::WorkerId::new(id).expect("worker id"),
+        address: format!("127.0.0.1:{}", switchyard_testkit::free_port()),
+        model: "sim-8b".into(),
+        role,
+        block_size: switchyard_core::BlockSize::new(16).expect("block size"),
+        kv_capacity_blocks: 8192,
+        max_context_tokens: 8192,
+        engine: switchyard_core::EngineKind::Sim,
+        incarnation: 1,
+    };
+    registry.register(ghost, ttl).await.expect("register ghost")
+}
+
 /// An HTTP client of one gateway, for the end-to-end tests.
 #[derive(Debug)]
 pub struct Api {
     pub base: String,
     pub http: reqwest::Client,
+    /// Sent as `Authorization: Bearer` by [`get`](Self::get), [`post`](Self::post) and
+    /// [`put`](Self::put).
+    token: Option<String>,
 }
 
 impl Api {
@@ -128,6 +161,21 @@ impl Api {
                 .timeout(Duration::from_secs(120))
                 .build()
                 .expect("http client"),
+            token: None,
+        }
+    }
+
+    /// The same client, authenticated with an admin token.
+    pub fn with_token(mut self, token: &str) -> Self {
+        self.token = Some(token.to_owned());
+        self
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
         }
     }
 
@@ -143,7 +191,12 @@ impl Api {
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+        self.send(self.request(reqwest::Method::POST, path).json(body))
+            .await
+    }
+
+    pub async fn put(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.send(self.request(reqwest::Method::PUT, path).json(body))
             .await
     }
 
@@ -157,8 +210,16 @@ impl Api {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.http.get(format!("{}{path}", self.base)))
-            .await
+        self.send(self.request(reqwest::Method::GET, path)).await
+    }
+
+    /// Whether `/admin/workers` comes to list exactly `count` workers within 10 s.
+    pub async fn lists_workers(&self, count: usize) -> bool {
+        eventually(Duration::from_secs(10), || async {
+            let (_, workers) = self.get("/admin/workers").await;
+            workers.as_array().map_or(0, Vec::len) == count
+        })
+        .await
     }
 
     /// Streams and returns every `data:` payload, `[DONE]` included.
@@ -193,6 +254,16 @@ impl Api {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
+}
+
+/// A chat completion request of one user message that decodes exactly `max_tokens`.
+pub fn chat(content: &str, max_tokens: u32) -> Value {
+    serde_json::json!({
+        "model": "sim-8b",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+    })
 }
 
 /// Deterministic token ids: same seed, same prompt.

@@ -4,10 +4,16 @@
 //! defaults < config file < `SWITCHYARD_*` environment < flags, validated once at start. This
 //! crate holds the two pieces that are the same for all of them: [`ConfigError`], the
 //! one-sentence error a bad configuration exits with (code 64), and [`load_toml`], the file layer.
+//! [`admin_authorized`] checks a request against the `admin_token` setting the gateway and the
+//! planner both carry.
+
+mod admin_token;
 
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
+
+pub use admin_token::admin_authorized;
 
 /// A configuration problem, always the operator's to fix.
 #[derive(Debug, thiserror::Error)]

@@ -22,6 +22,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
+use switchyard_config::admin_authorized;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -124,32 +125,23 @@ pub async fn serve(
         .map_err(AdminError::Serve)
 }
 
-/// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn require_token(
     State(token): State<Arc<Option<String>>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if let Some(token) = token.as_ref() {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !same(given.trim().as_bytes(), token.as_bytes()) {
-            let body = serde_json::json!({"error": {
-                "message": "missing or wrong admin token",
-                "type": "authentication_error",
-                "param": null,
-                "code": "unauthorized",
-            }});
-            return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
-        }
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !admin_authorized(token.as_deref(), authorization) {
+        let body = serde_json::json!({"error": {
+            "message": "missing or wrong admin token",
+            "type": "authentication_error",
+            "param": null,
+            "code": "unauthorized",
+        }});
+        return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
     }
     next.run(request).await
 }

@@ -24,6 +24,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
+use switchyard_config::admin_authorized;
 use switchyard_core::{Role, WorkerId};
 use switchyard_proto::v1::{self, ControlRequest, control_request::Command};
 use switchyard_router::{IndexStats, PolicyKind, WorkerLoad};
@@ -55,26 +56,17 @@ pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .layer(middleware::from_fn_with_state(state, require_token))
 }
 
-/// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn require_token(
     State(state): State<Arc<AppState>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if let Some(token) = &state.config.admin_token {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !same(given.trim().as_bytes(), token.as_bytes()) {
-            return ApiError::Unauthorized.into_response();
-        }
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !admin_authorized(state.config.admin_token.as_deref(), authorization) {
+        return ApiError::Unauthorized.into_response();
     }
     next.run(request).await
 }

@@ -4,11 +4,30 @@
 
 use super::explain::{self, thousands};
 use super::kv::{KvConfig, check_inputs, finish, index_overlap};
-use super::{Candidate, Decision, Policy, RouteRequest};
+use super::{Candidate, Decision, Policy, RouteRequest, WorkerScore};
 use crate::error::RouteError;
 use crate::index::PrefixIndex;
 use crate::load::LoadView;
 use crate::rng::SplitMix64;
+
+/// What each of these policies starts from: the inputs checked, then every candidate's full
+/// breakdown (overlap included), whose `score` the policy then overwrites with its own.
+fn checked_breakdown(
+    config: &KvConfig,
+    request: &RouteRequest,
+    candidates: &[Candidate],
+    index: &PrefixIndex,
+    load: &LoadView,
+) -> Result<Vec<WorkerScore>, RouteError> {
+    check_inputs(request, candidates, index)?;
+    Ok(explain::breakdown(
+        request,
+        candidates,
+        load,
+        config,
+        index_overlap(request, index),
+    ))
+}
 
 /// Candidates in turn, in the order the caller gives them. `score` is each candidate's distance
 /// (in turns) from the one whose turn it is.
@@ -41,17 +60,10 @@ impl Policy for RoundRobinPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
-        check_inputs(request, candidates, index)?;
+        let mut scores = checked_breakdown(&self.config, request, candidates, index, load)?;
         let n = candidates.len() as u64;
         let chosen = (self.next % n) as usize;
         self.next = self.next.wrapping_add(1);
-        let mut scores = explain::breakdown(
-            request,
-            candidates,
-            load,
-            &self.config,
-            index_overlap(request, index),
-        );
         for (i, s) in scores.iter_mut().enumerate() {
             s.score = ((i as u64 + n - chosen as u64) % n) as f64;
         }
@@ -98,15 +110,8 @@ impl Policy for RandomPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
-        check_inputs(request, candidates, index)?;
+        let mut scores = checked_breakdown(&self.config, request, candidates, index, load)?;
         let chosen = self.rng.below(candidates.len());
-        let mut scores = explain::breakdown(
-            request,
-            candidates,
-            load,
-            &self.config,
-            index_overlap(request, index),
-        );
         let p = 1.0 / candidates.len() as f64;
         for s in &mut scores {
             s.score = 0.0;
@@ -151,14 +156,7 @@ impl Policy for LeastLoadedPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
-        check_inputs(request, candidates, index)?;
-        let mut scores = explain::breakdown(
-            request,
-            candidates,
-            load,
-            &self.config,
-            index_overlap(request, index),
-        );
+        let mut scores = checked_breakdown(&self.config, request, candidates, index, load)?;
         for s in &mut scores {
             s.score = self.config.prefill_weight * s.queued_prefill_tokens as f64 + s.decode_term;
         }
