@@ -54,6 +54,8 @@ pub struct Targets {
     pub itl_s: f64,
     /// Prompts of at least this many tokens are "long".
     pub long_prompt_tokens: u64,
+    /// A gap between two tokens at least this long counts as a stall.
+    pub stall_s: f64,
 }
 
 impl Default for Targets {
@@ -63,6 +65,7 @@ impl Default for Targets {
             long_ttft_s: 5.0,
             itl_s: 0.030,
             long_prompt_tokens: 8192,
+            stall_s: 0.1,
         }
     }
 }
@@ -74,6 +77,9 @@ pub struct ClassFigures {
     pub ttft_ms: Percentiles,
     /// Gaps between consecutive tokens, over every token of the class.
     pub itl_ms: Percentiles,
+    pub itl_p999_ms: f64,
+    /// Gaps of at least [`Targets::stall_s`].
+    pub stalls: u64,
     /// Fractions of the class's requests (failed ones count as missed).
     pub ttft_attained: f64,
     pub itl_attained: f64,
@@ -152,10 +158,19 @@ fn row(setup: &Setup, workers: usize, run: &ClusterRun, targets: &Targets) -> Ro
             .filter(|g| pick(u64::from(g.prompt_tokens)))
             .map(|g| f64::from(g.gap_us) / 1e3)
             .collect();
+        let stalls = gaps.iter().filter(|&&g| g >= targets.stall_s * 1e3).count() as u64;
+        let itl_ms = Percentiles::of(&mut gaps);
+        // `of` sorted the gaps: nearest rank.
+        let itl_p999_ms = match gaps.len() {
+            0 => 0.0,
+            len => gaps[((len as f64 * 0.999).ceil() as usize).clamp(1, len) - 1],
+        };
         ClassFigures {
             requests: n,
             ttft_ms: Percentiles::of(&mut ttft),
-            itl_ms: Percentiles::of(&mut gaps),
+            itl_ms,
+            itl_p999_ms,
+            stalls,
             ttft_attained: frac(records.iter().filter(|r| ttft_ok(r)).count()),
             itl_attained: frac(records.iter().filter(|r| itl_ok(r)).count()),
             both_attained: frac(records.iter().filter(|r| ttft_ok(r) && itl_ok(r)).count()),
@@ -209,16 +224,18 @@ pub fn markdown(rows: &[Row]) -> String {
         }
     };
     let mut out = String::from(
-        "| setup | short TTFT p50 / p99 (ms) | short ITL p50 / p99 (ms) | long TTFT p50 / p99 (ms) | long ITL p99 (ms) | short: TTFT / ITL / both attained | long: both attained | all: both attained |\n|---|---|---|---|---|---|---|---|\n",
+        "| setup | short TTFT p50 / p99 (ms) | short ITL p50 / p99 / p99.9 (ms) | short stalls | long TTFT p50 / p99 (ms) | long ITL p99 (ms) | short: TTFT / ITL / both attained | long: both attained | all: both attained |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} / {} | {:.1} / {:.1} | {} / {} | {:.1} | {} / {} / {} | {} | {} |\n",
+            "| {} | {} / {} | {:.1} / {:.1} / {:.0} | {} | {} / {} | {:.1} | {} / {} / {} | {} | {} |\n",
             r.label,
             ms(r.short.ttft_ms.p50),
             ms(r.short.ttft_ms.p99),
             r.short.itl_ms.p50,
             r.short.itl_ms.p99,
+            r.short.itl_p999_ms,
+            r.short.stalls,
             ms(r.long.ttft_ms.p50),
             ms(r.long.ttft_ms.p99),
             r.long.itl_ms.p99,

@@ -71,6 +71,9 @@ pub struct DisaggArgs {
     /// Prompts of at least this many tokens are long.
     #[arg(long, default_value_t = 8192)]
     long_tokens: u64,
+    /// A gap between two tokens of at least this many ms counts as a stall.
+    #[arg(long, default_value_t = 100.0)]
+    stall_ms: f64,
     /// Seed of the workload and the simulators.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -160,6 +163,7 @@ pub fn run(args: &DisaggArgs) -> Result<(), ReplayError> {
         long_ttft_s: args.long_ttft_ms / 1e3,
         itl_s: args.itl_ms / 1e3,
         long_prompt_tokens: args.long_tokens,
+        stall_s: args.stall_ms / 1e3,
     };
     let requests = match args.workload {
         Source::Mix => Requests::Mix(MixConfig {

@@ -109,13 +109,13 @@ impl MixWorkload {
         let mut draw = Draw(config.seed.wrapping_mul(0x2545_F491_4F6C_DD1D));
         let mut arrivals: Vec<(f64, bool)> = Vec::new();
         for (rate, long) in [(config.chat_rate, false), (config.long_rate, true)] {
-            let mut t = 0.0;
-            while rate > 0.0 {
-                t += -draw.unit().ln() / rate;
-                if t >= config.seconds {
-                    break;
-                }
+            if rate <= 0.0 {
+                continue;
+            }
+            let mut t = -draw.unit().ln() / rate;
+            while t < config.seconds {
                 arrivals.push((t, long));
+                t += -draw.unit().ln() / rate;
             }
         }
         arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
