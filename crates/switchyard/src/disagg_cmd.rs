@@ -203,3 +203,48 @@ pub fn run(args: &DisaggArgs) -> Result<(), ReplayError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DisaggArgs,
+    }
+
+    fn parse(flags: &[&str]) -> DisaggArgs {
+        Cli::try_parse_from(std::iter::once("disagg").chain(flags.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn prefill_pools_are_rounded_and_leave_a_decode_worker() {
+        let args = parse(&["--prefill-fractions", "0.25,0.5,0.9"]);
+        assert_eq!(prefill_pools(&args, 4), vec![1, 2, 3]);
+        assert_eq!(prefill_pools(&args, 8), vec![2, 4, 7]);
+        let args = parse(&["--prefill-fractions", "0.1,0.2"]);
+        assert_eq!(prefill_pools(&args, 4), vec![1]);
+    }
+
+    #[test]
+    fn bad_settings_are_configuration_errors() {
+        for flags in [
+            &["--workers", "1"][..],
+            &["--prefill-fractions", "1.5"],
+            &["--seconds", "0"],
+            &["--chat-rate=-1"],
+        ] {
+            let err = run(&parse(flags)).unwrap_err();
+            assert!(
+                matches!(err, ReplayError::InvalidConfig(_)),
+                "{flags:?}: {err}"
+            );
+        }
+    }
+}
