@@ -40,7 +40,8 @@ pub enum DisaggMode {
     /// When the decode worker's uncached prompt is at least `min_uncached_tokens` and the
     /// best prefill worker has at most `max_prefill_queue_tokens` queued.
     Auto,
-    /// Every request.
+    /// Every request. (Without a prefill worker the request is served aggregated here, where
+    /// the gateway would answer 503; the benchmark's splits always have one.)
     Enforce,
 }
 
@@ -277,8 +278,8 @@ impl Cluster {
         Ok(())
     }
 
-    /// Puts the blocks a step of worker `w` exported on their requests' links.
-    pub(super) fn export(&mut self, _w: usize, exports: &[BlockExport]) {
+    /// Puts the blocks a prefill step exported on their requests' links.
+    pub(super) fn export(&mut self, exports: &[BlockExport]) {
         let Some(settings) = self.config.disagg.as_ref() else {
             return;
         };

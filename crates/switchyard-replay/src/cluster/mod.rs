@@ -402,7 +402,7 @@ impl Cluster {
         stats.prefill_tokens += outcome.prefill_tokens as u64;
         stats.preempted += outcome.preempted as u64;
         self.publish(w, outcome.events);
-        self.export(w, &outcome.exports);
+        self.export(&outcome.exports);
         for token in &outcome.outputs {
             if token.completion_tokens == 1 {
                 // A sequence's first token: what it had to compute on this worker.
