@@ -4,9 +4,14 @@
 //! - [`synth`]: deterministic synthetic prompts from trace hash ids (same id, same tokens).
 //! - [`workload`]: what to send when — [`workload::mooncake`] (open loop at recorded
 //!   timestamps) and [`workload::weka`] (closed-loop agent session trees with subagents and
-//!   think times) — behind the completion-driven [`Workload`] trait.
+//!   think times) and [`workload::mix`] (synthetic chat plus long prompts, open loop) —
+//!   behind the completion-driven [`Workload`] trait.
 //! - [`cluster`]: the offline [`Cluster`]: N engine simulators behind the real prefix index,
-//!   load view and policy, in deterministic virtual time.
+//!   load view and policy, in deterministic virtual time; optionally with prefill and decode
+//!   pools served disaggregated, the KV transfer costed as the workers cost it.
+//! - [`disagg_bench`]: the same open-loop workload served aggregated and disaggregated
+//!   (fixed splits, `enforce` and `auto`) on the same workers, compared on TTFT, ITL, target
+//!   attainment and throughput (`switchyard replay disagg`).
 //! - [`live`]: the same workloads against an OpenAI-compatible endpoint over HTTP (the only
 //!   network code here).
 //! - [`metrics`], [`report`], [`plot`]: per-request records, per-run [`Summary`] figures,
@@ -16,6 +21,7 @@
 //! - [`error`] holds [`ReplayError`].
 
 pub mod cluster;
+pub mod disagg_bench;
 pub mod error;
 pub mod events;
 pub mod live;
@@ -29,7 +35,10 @@ use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-pub use cluster::{Cluster, ClusterConfig, ClusterRun};
+pub use cluster::{
+    Cluster, ClusterConfig, ClusterRun, DisaggConfig, DisaggMode, DisaggStats, TokenGap,
+    WorkerStats,
+};
 pub use error::ReplayError;
 pub use events::{EventsReport, replay_recording};
 pub use metrics::{Percentiles, RequestRecord, Summary};

@@ -6,6 +6,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod disagg_cmd;
 mod planner_cmd;
 mod replay_cmd;
 mod up;

@@ -37,6 +37,9 @@ enum WorkloadCommand {
     Agentx(AgentxArgs),
     /// A gateway's KV recording (admin API), replayed against several policies side by side.
     Events(EventsArgs),
+    /// The same open-loop workload served aggregated and disaggregated (fixed splits,
+    /// `enforce` and `auto`) on the same simulated workers: TTFT, ITL, attainment, throughput.
+    Disagg(crate::disagg_cmd::DisaggArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -245,6 +248,8 @@ fn cluster_config(
         },
         event_delay_us: ms_to_us(common.event_delay_ms)?,
         load_report_interval_us: ms_to_us(common.load_report_ms)?,
+        disagg: None,
+        token_gaps: false,
     })
 }
 
@@ -271,6 +276,9 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
                 common: a.common,
             })
         }
+        WorkloadCommand::Disagg(_) => Err(ReplayError::InvalidConfig(
+            "the disaggregation comparison has its own plan; see `replay disagg`".into(),
+        )),
         WorkloadCommand::Events(_) => Err(ReplayError::InvalidConfig(
             "a recording has no workload plan; see `replay events`".into(),
         )),
@@ -342,6 +350,9 @@ pub fn run(args: ReplayArgs, bench: bool) -> ExitCode {
     let command = if bench { "bench" } else { "replay" };
     if let WorkloadCommand::Events(events) = &args.workload {
         return exit(command, run_events(events));
+    }
+    if let WorkloadCommand::Disagg(disagg) = &args.workload {
+        return exit(command, crate::disagg_cmd::run(disagg));
     }
     let plan = match plan(args) {
         Ok(plan) => plan,

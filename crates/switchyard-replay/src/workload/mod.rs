@@ -5,6 +5,7 @@
 //! answers with requests to send at given times through an [`Outbox`]. So open-loop traces
 //! ([`mooncake`]) and closed-loop agent sessions ([`weka`]) run unchanged in both modes.
 
+pub mod mix;
 pub mod mooncake;
 pub mod weka;
 

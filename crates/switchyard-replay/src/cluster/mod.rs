@@ -8,13 +8,20 @@
 //! work, each step lasting its simulated duration; a step's outputs and events become visible
 //! when it ends. Nothing iterates a hash map, and ties break on the insertion sequence, so a
 //! run is a pure function of its inputs and seed.
+//!
+//! With a [`DisaggConfig`] the workers take roles and requests are served the way the gateway
+//! serves them disaggregated ([`disagg`]): the decode worker is chosen first among the workers
+//! that decode, and a long uncached prompt is prefilled on a prefill worker whose KV then moves
+//! to it, chunk by chunk, on a simulated link costed from the same transfer plan the workers use.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use indicatif::ProgressBar;
-use switchyard_core::{BlockSize, KvEvent, WorkerId, block_hashes};
-use switchyard_engine_sim::{SimConfig, SimRequest, Simulator, StepOutcome};
+mod disagg;
+
+use switchyard_core::{BlockHash, BlockSize, KvEvent, Role, TokenId, WorkerId, block_hashes};
+use switchyard_engine_sim::{SimConfig, SimRequest, Simulator, StagingArea, StepOutcome};
 use switchyard_router::{
     Candidate, IndexConfig, LoadConfig, LoadView, Policy, PolicyConfig, PolicyKind, PrefixIndex,
     RouteRequest,
@@ -23,6 +30,7 @@ use switchyard_router::{
 use crate::error::ReplayError;
 use crate::metrics::RequestRecord;
 use crate::workload::{Micros, Outbox, RequestSpec, Workload};
+pub use disagg::{DisaggConfig, DisaggMode, DisaggStats, WorkerStats};
 
 /// Shape of the simulated cluster.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +45,11 @@ pub struct ClusterConfig {
     /// Workers report their load at most this often (0: a fresh report before every routing
     /// decision); between reports the load view adds the router's in-flight bookkeeping.
     pub load_report_interval_us: Micros,
+    /// Worker roles and how requests use the prefill pool; `None`: every worker serves
+    /// aggregated (role `both`).
+    pub disagg: Option<DisaggConfig>,
+    /// Record every gap between two tokens of a request ([`ClusterRun::token_gaps`]).
+    pub token_gaps: bool,
 }
 
 /// What a replay produced.
@@ -48,6 +61,20 @@ pub struct ClusterRun {
     pub kv_events: u64,
     /// Virtual time of the last event.
     pub end: Micros,
+    /// Per worker, in worker order.
+    pub workers: Vec<WorkerStats>,
+    pub disagg: DisaggStats,
+    /// Every gap between consecutive tokens of a request, with that request's prompt length,
+    /// when [`ClusterConfig::token_gaps`] is set: a stall shows here even where a request's
+    /// mean time per token hides it.
+    pub token_gaps: Vec<TokenGap>,
+}
+
+/// One gap between two consecutive tokens of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenGap {
+    pub prompt_tokens: u32,
+    pub gap_us: u32,
 }
 
 #[derive(Debug)]
@@ -55,6 +82,10 @@ enum Event {
     Arrival(Box<RequestSpec>),
     StepDone(usize),
     KvEvents(usize, Vec<KvEvent>),
+    /// A chunk of a disaggregated request's KV lands on its decode worker.
+    Import(u64, Vec<(BlockHash, Vec<TokenId>)>),
+    /// A disaggregated request's KV has all landed after its prefill: first token, decode.
+    Emit(u64),
 }
 
 #[derive(Debug)]
@@ -90,6 +121,10 @@ struct Worker {
     pending: Option<StepOutcome>,
     next_event_seq: u64,
     last_report: Option<Micros>,
+    role: Role,
+    /// Plans the KV transfers into this worker (one staging area per worker, as live).
+    staging: StagingArea,
+    stats: WorkerStats,
 }
 
 /// The simulated cluster; see the module docs.
@@ -98,13 +133,21 @@ pub struct Cluster {
     config: ClusterConfig,
     block_size: BlockSize,
     workers: Vec<Worker>,
+    /// Workers that decode (roles `both` and `decode`), and the prefill pool.
     candidates: Vec<Candidate>,
+    prefill_candidates: Vec<Candidate>,
     index: PrefixIndex,
     load: LoadView,
     policy: Box<dyn Policy>,
+    /// The prefill pool's policy: `kv`, as the gateway's.
+    prefill_policy: Box<dyn Policy>,
+    flows: disagg::Flows,
     heap: BinaryHeap<Scheduled>,
     seq: u64,
     records: Vec<RequestRecord>,
+    /// Per record: when its last token came out (for the token gaps).
+    last_token_at: Vec<Micros>,
+    token_gaps: Vec<TokenGap>,
     /// Request id → index in `records`, for requests in flight.
     live: HashMap<u64, usize>,
     steps: u64,
@@ -119,8 +162,9 @@ impl Cluster {
                 "at least one worker is needed".into(),
             ));
         }
+        let roles = disagg::roles(&config)?;
         let mut workers = Vec::with_capacity(config.workers);
-        for i in 0..config.workers {
+        for (i, role) in roles.into_iter().enumerate() {
             let sim = Simulator::new(SimConfig {
                 seed: config.sim.seed.wrapping_add(i as u64),
                 ..config.sim.clone()
@@ -134,6 +178,12 @@ impl Cluster {
                 pending: None,
                 next_event_seq: 0,
                 last_report: None,
+                role,
+                staging: StagingArea::new(config.disagg.as_ref().map_or(1, |d| d.staging_bytes)),
+                stats: WorkerStats {
+                    role: role.as_str(),
+                    ..WorkerStats::default()
+                },
             });
         }
         let policy = config
@@ -152,11 +202,28 @@ impl Cluster {
             report_lag: 0,
             ..LoadConfig::default()
         });
-        Ok(Self {
-            candidates: workers
+        let pool = |pred: fn(Role) -> bool| -> Vec<Candidate> {
+            workers
                 .iter()
+                .filter(|w| pred(w.role))
                 .map(|w| Candidate::from(w.id.clone()))
-                .collect(),
+                .collect()
+        };
+        let candidates = pool(|r| r != Role::Prefill);
+        let prefill_candidates = pool(|r| r == Role::Prefill);
+        if candidates.is_empty() {
+            return Err(ReplayError::InvalidConfig(
+                "at least one worker must decode (role both or decode)".into(),
+            ));
+        }
+        let prefill_policy = PolicyKind::Kv
+            .build(&PolicyConfig::default())
+            .map_err(|e| ReplayError::Cluster(e.to_string()))?;
+        Ok(Self {
+            candidates,
+            prefill_candidates,
+            prefill_policy,
+            flows: disagg::Flows::default(),
             config,
             block_size,
             workers,
@@ -166,6 +233,8 @@ impl Cluster {
             heap: BinaryHeap::new(),
             seq: 0,
             records: Vec::new(),
+            last_token_at: Vec::new(),
+            token_gaps: Vec::new(),
             live: HashMap::new(),
             steps: 0,
             kv_events: 0,
@@ -205,6 +274,8 @@ impl Cluster {
                 Event::Arrival(spec) => self.arrive(*spec, workload, &mut out, progress)?,
                 Event::StepDone(w) => self.complete_step(w, workload, &mut out, progress),
                 Event::KvEvents(w, events) => self.apply_events(w, &events)?,
+                Event::Import(request, blocks) => self.import(request, &blocks),
+                Event::Emit(request) => self.emit(request, workload, &mut out, progress),
             }
             self.flush(&mut out);
         }
@@ -215,6 +286,9 @@ impl Cluster {
             steps: self.steps,
             kv_events: self.kv_events,
             end: self.now,
+            workers: self.workers.into_iter().map(|w| w.stats).collect(),
+            disagg: self.flows.stats,
+            token_gaps: self.token_gaps,
         })
     }
 
@@ -265,6 +339,9 @@ impl Cluster {
             .prompt_tokens
             .div_ceil(u64::from(self.block_size.get()));
         let prompt_tokens = tokens.len() as u64;
+        if let Some(prefill) = self.wants_prefill(&request, uncached) {
+            return self.start_disaggregated(spec, tokens, w, prefill, workload, out, progress);
+        }
         let sim_request = SimRequest {
             ignore_eos: true,
             ..SimRequest::new(spec.id, tokens, spec.max_tokens)
@@ -281,6 +358,7 @@ impl Cluster {
             ok: false,
         });
         let slot = self.records.len() - 1;
+        self.last_token_at.push(self.now);
         let worker = &mut self.workers[w];
         if worker.sim.add_request(sim_request).is_err() {
             // Refused by the engine (too long for its context or cache): a failed request.
@@ -318,31 +396,54 @@ impl Cluster {
             return;
         };
         self.steps += 1;
-        if !outcome.events.is_empty() {
-            if self.config.event_delay_us == 0 {
-                // In-process events are well formed; an error here would be a simulator bug,
-                // and the index leaves itself unchanged on one.
-                let _ = self.apply_events(w, &outcome.events);
-            } else {
-                let at = self.now + self.config.event_delay_us;
-                self.schedule(at, Event::KvEvents(w, outcome.events));
-            }
-        }
+        let stats = &mut self.workers[w].stats;
+        stats.steps += 1;
+        stats.busy_s += outcome.duration.as_secs_f64();
+        stats.prefill_tokens += outcome.prefill_tokens as u64;
+        stats.preempted += outcome.preempted as u64;
+        self.publish(w, outcome.events);
+        self.export(&outcome.exports);
         for token in &outcome.outputs {
+            if token.completion_tokens == 1 {
+                // A sequence's first token: what it had to compute on this worker.
+                let computed = token
+                    .prompt_tokens
+                    .saturating_sub(token.cached_prompt_tokens);
+                let stats = &mut self.workers[w].stats;
+                stats.longest_prefill = stats.longest_prefill.max(u64::from(computed));
+            }
+            if self.prefill_done(w, token) {
+                continue;
+            }
             let Some(&slot) = self.live.get(&token.id) else {
                 continue;
             };
+            // A disaggregated request's continuation: its first token was emitted already.
+            let offset = self.continued(w, token.id);
             let record = &mut self.records[slot];
             if record.first_token.is_none() {
                 record.first_token = Some(self.now);
                 record.cached_tokens = u64::from(token.cached_prompt_tokens);
                 self.load.on_prefill_done(&self.workers[w].id, token.id);
             }
-            record.output_tokens = u64::from(token.completion_tokens);
+            record.output_tokens = u64::from(token.completion_tokens) + offset;
+            if self.config.token_gaps {
+                let last = self.last_token_at.get(slot).copied().unwrap_or(self.now);
+                if record.output_tokens > 1 {
+                    self.token_gaps.push(TokenGap {
+                        prompt_tokens: record.prompt_tokens.min(u64::from(u32::MAX)) as u32,
+                        gap_us: self.now.saturating_sub(last).min(u64::from(u32::MAX)) as u32,
+                    });
+                }
+                if let Some(at) = self.last_token_at.get_mut(slot) {
+                    *at = self.now;
+                }
+            }
             if token.finish.is_some() {
                 record.finished = Some(self.now);
                 record.ok = true;
                 self.live.remove(&token.id);
+                self.flows.continuations.remove(&token.id);
                 self.load.on_finished(&self.workers[w].id, token.id);
                 progress.inc(1);
                 workload.on_finished(token.id, true, self.now, out);
@@ -350,6 +451,21 @@ impl Cluster {
         }
         if self.workers[w].sim.has_work() {
             self.start_step(w);
+        }
+    }
+
+    /// Hands a step's (or an import's) KV events to the index, now or after the delay.
+    fn publish(&mut self, w: usize, events: Vec<KvEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        if self.config.event_delay_us == 0 {
+            // In-process events are well formed; an error here would be a simulator bug, and
+            // the index leaves itself unchanged on one.
+            let _ = self.apply_events(w, &events);
+        } else {
+            let at = self.now + self.config.event_delay_us;
+            self.schedule(at, Event::KvEvents(w, events));
         }
     }
 
