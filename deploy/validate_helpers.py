@@ -113,8 +113,16 @@ def check_dockerfile(dockerfile, root):
 
     builder = [(ins, rest) for stage, ins, rest in instructions if stage == 0]
     runs = " ".join(rest for ins, rest in builder if ins == "RUN")
-    if "protobuf-compiler" not in runs:
-        problems.append("the builder does not install protobuf-compiler (protoc)")
+    # The build's system packages come from the one dependency script, copied in before it runs.
+    deps_at = next((i for i, (ins, rest) in enumerate(builder)
+                    if ins == "RUN" and re.search(r"(?:^|&&|;)\s*bash deploy/build-deps\.sh build\b", rest)), None)
+    if deps_at is None:
+        problems.append("the builder does not install its packages with `bash deploy/build-deps.sh build`")
+    elif not any(ins == "COPY" and ("deploy/build-deps.sh" in rest.split()[:-1] or rest.split()[0] == ".")
+                 for ins, rest in builder[:deps_at]):
+        problems.append("the builder runs deploy/build-deps.sh before copying it in")
+    else:
+        print("  ok   the builder installs its packages through deploy/build-deps.sh build")
     build = re.search(r"cargo build ([^&;]*)", runs)
     build_args = shlex.split(build.group(1)) if build else []
     if not build or "--release" not in build_args or not ({"-p", "switchyard"} <= set(build_args) or "--package=switchyard" in build_args):

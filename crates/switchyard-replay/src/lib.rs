@@ -27,13 +27,12 @@ pub mod events;
 pub mod live;
 pub mod metrics;
 pub mod plot;
+pub mod progress;
 pub mod report;
 pub mod synth;
 pub mod workload;
 
-use std::io::IsTerminal;
-
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 
 pub use cluster::{
     Cluster, ClusterConfig, ClusterRun, DisaggConfig, DisaggMode, DisaggStats, TokenGap,
@@ -42,6 +41,7 @@ pub use cluster::{
 pub use error::ReplayError;
 pub use events::{EventsReport, replay_recording};
 pub use metrics::{Percentiles, RequestRecord, Summary};
+pub use progress::progress_bar;
 pub use report::Report;
 pub use workload::{Micros, Outbox, RequestSpec, Workload};
 
@@ -68,23 +68,4 @@ pub fn replay_offline(
         &run.records,
     );
     Ok(OfflineRun { summary, run })
-}
-
-/// A progress bar over `len` requests, drawn on stderr only when stdout is a terminal.
-pub fn progress_bar(len: Option<u64>, message: String) -> ProgressBar {
-    let bar = match len {
-        Some(n) => ProgressBar::new(n),
-        None => ProgressBar::no_length(),
-    };
-    if std::io::stdout().is_terminal() {
-        if let Ok(style) =
-            ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} req {elapsed}")
-        {
-            bar.set_style(style.progress_chars("=> "));
-        }
-    } else {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    bar.set_message(message);
-    bar
 }

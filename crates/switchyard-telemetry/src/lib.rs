@@ -18,6 +18,7 @@
 
 pub mod propagation;
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
@@ -158,8 +159,12 @@ pub fn init(
         |e: tracing_subscriber::filter::ParseError| TelemetryError::Filter(e.to_string()),
     )?;
     let log_filter = log_filter.add_directive(quiet);
+    // Colours only for a person at a terminal: a log file, a pipe or a container's log
+    // collector gets plain text (and NO_COLOR turns them off anywhere).
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_filter(log_filter)
         .boxed();
     let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![log];

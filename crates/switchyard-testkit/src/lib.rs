@@ -158,6 +158,36 @@ impl EtcdServer {
         }
     }
 
+    /// Freezes etcd (SIGSTOP), as a stalled disk, a long GC pause or a frozen VM would: its
+    /// sockets stay open but nothing answers. [`resume`](Self::resume) thaws it.
+    pub fn pause(&mut self) -> Result<(), TestkitError> {
+        self.signal("STOP")
+    }
+
+    /// Thaws etcd after [`pause`](Self::pause) (SIGCONT).
+    pub fn resume(&mut self) -> Result<(), TestkitError> {
+        self.signal("CONT")
+    }
+
+    fn signal(&mut self, signal: &str) -> Result<(), TestkitError> {
+        let Some(child) = self.child.as_ref() else {
+            return Ok(());
+        };
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .map_err(io_error(format!("cannot send SIG{signal} to etcd")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(TestkitError::Io {
+                context: format!("cannot send SIG{signal} to etcd"),
+                source: std::io::Error::other(format!("kill exited with {status}")),
+            })
+        }
+    }
+
     /// Stops etcd if it runs, then starts it again on the same ports and data directory.
     pub fn restart(&mut self) -> Result<(), TestkitError> {
         self.stop();

@@ -183,8 +183,16 @@ pub async fn run(
             )
     });
 
+    // etcd may be down when the worker starts: it waits for it (saying so) rather than exit.
+    // `None` here with a registry means a shutdown came while waiting.
     let registration = match &registry {
-        Some(registry) => Some(registry.register(info.clone(), config.lease_ttl()).await?),
+        Some(registry) => {
+            let ttl = config.lease_ttl();
+            switchyard_registry::retry::until_available("register the worker", &shutdown, || {
+                registry.register(info.clone(), ttl)
+            })
+            .await?
+        }
         None => None,
     };
     let role_follower = registration
@@ -192,12 +200,14 @@ pub async fn run(
         .map(|_| state.watch_role())
         .map(|rx| (rx, info.clone()));
 
-    tracing::info!(worker = %id, address = %info.address, role = %info.role, model = %info.model, "worker ready");
-    on_ready(&RunningWorker {
-        info: info.clone(),
-        local_addr,
-        metrics_addr,
-    });
+    if !shutdown.is_cancelled() {
+        tracing::info!(worker = %id, address = %info.address, role = %info.role, model = %info.model, "worker ready");
+        on_ready(&RunningWorker {
+            info: info.clone(),
+            local_addr,
+            metrics_addr,
+        });
+    }
 
     let registration = follow_until_shutdown(registration, role_follower, &shutdown).await;
 

@@ -25,11 +25,13 @@ pub struct WorkerConfig {
     /// Stable worker name; generated from the host and process when absent.
     pub id: Option<String>,
     /// Address the gRPC server binds (`host:port`; port 0 picks a free one).
+    #[serde(deserialize_with = "switchyard_config::listen_addr::deserialize")]
     pub listen: SocketAddr,
     /// Address others dial, when it differs from `listen` (required with a wildcard listen).
     pub advertise_address: Option<String>,
     /// Where `GET /metrics` (Prometheus) is served (`host:port`; port 0 picks a free one);
     /// none serves no metrics.
+    #[serde(deserialize_with = "switchyard_config::listen_addr::deserialize_opt")]
     pub metrics_listen: Option<SocketAddr>,
     /// Model name clients ask for.
     pub model: String,
@@ -190,13 +192,13 @@ pub struct WorkerArgs {
     #[arg(long, env = "SWITCHYARD_WORKER_ID")]
     pub id: Option<String>,
     /// gRPC listen address, host:port (port 0 = any free port).
-    #[arg(long, env = "SWITCHYARD_LISTEN")]
+    #[arg(long, env = "SWITCHYARD_LISTEN", value_parser = switchyard_config::parse_listen_addr)]
     pub listen: Option<SocketAddr>,
     /// Address other processes dial, when it differs from --listen.
     #[arg(long, env = "SWITCHYARD_ADVERTISE_ADDRESS")]
     pub advertise_address: Option<String>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (default: not served).
-    #[arg(long, env = "SWITCHYARD_METRICS_LISTEN")]
+    #[arg(long, env = "SWITCHYARD_METRICS_LISTEN", value_parser = switchyard_config::parse_listen_addr)]
     pub metrics_listen: Option<SocketAddr>,
     /// Model name served.
     #[arg(long, env = "SWITCHYARD_MODEL")]

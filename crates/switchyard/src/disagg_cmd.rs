@@ -16,6 +16,8 @@ use switchyard_replay::workload::mooncake::{self, MooncakeRecord, MooncakeWorklo
 use switchyard_replay::{ClusterConfig, ReplayError, Workload};
 use switchyard_router::{PolicyConfig, PolicyKind};
 
+use crate::shared_data::{self, resolve_trace};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Source {
     /// Synthetic: steady short chat requests plus long prompts (16k–32k tokens).
@@ -47,12 +49,14 @@ pub struct DisaggArgs {
     /// Mix: long prompts per second per 4 workers (scaled with the cluster).
     #[arg(long, default_value_t = 0.25)]
     long_rate: f64,
-    /// Mooncake JSONL trace.
-    #[arg(
-        long,
-        default_value = "../shared/data/traces/mooncake/conversation_trace.jsonl"
-    )]
-    trace: PathBuf,
+    /// Mooncake JSONL trace (default: traces/mooncake/conversation_trace.jsonl in the shared
+    /// data directory).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// The shared data directory the default trace is read from (default: ../shared/data from
+    /// the current directory, else beside the checkout the binary was built from).
+    #[arg(long, env = "SWITCHYARD_DATA")]
+    data_dir: Option<PathBuf>,
     /// Mooncake: requests from the start of the trace.
     #[arg(long, default_value_t = 1500)]
     limit: usize,
@@ -173,7 +177,16 @@ pub fn run(args: &DisaggArgs) -> Result<(), ReplayError> {
             seed: args.seed,
             ..MixConfig::default()
         }),
-        Source::Mooncake => Requests::Mooncake(mooncake::load(&args.trace, Some(args.limit))?),
+        Source::Mooncake => {
+            let trace = resolve_trace(
+                args.trace.clone(),
+                shared_data::MOONCAKE_TRACE,
+                args.data_dir.as_deref(),
+                "--trace",
+            )
+            .map_err(ReplayError::InvalidConfig)?;
+            Requests::Mooncake(mooncake::load(&trace, Some(args.limit))?)
+        }
     };
     let mut all: Vec<Row> = Vec::new();
     for &workers in &args.workers {

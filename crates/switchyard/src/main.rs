@@ -9,6 +9,7 @@ use std::sync::Arc;
 mod disagg_cmd;
 mod planner_cmd;
 mod replay_cmd;
+mod shared_data;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -20,10 +21,18 @@ use tokio_util::sync::CancellationToken;
 /// Exit code for configuration errors (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
 
+/// `switchyard --version`: the crate version and the git revision it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("SWITCHYARD_GIT_REV"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "switchyard",
-    version,
+    version = VERSION,
     about = "Prefill/decode orchestration for LLM inference"
 )]
 struct Cli {
@@ -228,21 +237,31 @@ async fn wait_for_signal() {
     }
 }
 
+/// Connects to etcd, waiting (and saying so in the log) while it is unreachable; `None` when a
+/// shutdown signal comes first. A bad cluster name fails at once.
+pub(crate) async fn connect_etcd(
+    endpoints: &[String],
+    cluster: &str,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<EtcdRegistry>> {
+    let what = format!("connect to etcd at {}", endpoints.join(","));
+    switchyard_registry::retry::until_available(&what, shutdown, || {
+        EtcdRegistry::connect(endpoints, cluster)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("cannot use etcd at {}: {e}", endpoints.join(",")))
+}
+
 async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
+    let shutdown = shutdown_on_signal();
     let registry: Option<Arc<dyn Registry>> = if config.etcd_endpoints.is_empty() {
         None
     } else {
-        let registry = EtcdRegistry::connect(&config.etcd_endpoints, &config.cluster)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot reach etcd at {}: {e}",
-                    config.etcd_endpoints.join(",")
-                )
-            })?;
-        Some(Arc::new(registry))
+        match connect_etcd(&config.etcd_endpoints, &config.cluster, &shutdown).await? {
+            Some(registry) => Some(Arc::new(registry)),
+            None => return Ok(()),
+        }
     };
-    let shutdown = shutdown_on_signal();
     switchyard_worker::run(config, registry, shutdown, |running| {
         // One JSON line on stdout tells scripts and tests where the worker is.
         let ready = serde_json::json!({
@@ -263,15 +282,11 @@ async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
 }
 
 async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
-    let registry = EtcdRegistry::connect(&config.etcd_endpoints, &config.cluster)
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot reach etcd at {}: {e}",
-                config.etcd_endpoints.join(",")
-            )
-        })?;
     let shutdown = shutdown_on_signal();
+    let Some(registry) = connect_etcd(&config.etcd_endpoints, &config.cluster, &shutdown).await?
+    else {
+        return Ok(());
+    };
     switchyard_gateway::run(config, Arc::new(registry), shutdown, |addr| {
         let ready = serde_json::json!({
             "event": "ready",

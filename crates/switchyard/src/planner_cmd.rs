@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use switchyard_planner::measure::{self, MeasureSettings};
 use switchyard_planner::{PlannerArgs, PlannerConfig, PlannerError};
-use switchyard_registry::{EtcdRegistry, Registry};
+use switchyard_registry::Registry;
 
 use crate::{EXIT_CONFIG, runtime, shutdown_on_signal};
 
@@ -26,7 +26,7 @@ pub struct PlannerCommand {
     #[arg(long = "gateway", value_delimiter = ',', env = "SWITCHYARD_GATEWAYS")]
     gateways: Vec<String>,
     /// Listen address of the planner's admin API (/admin/planner) and /metrics.
-    #[arg(long, env = "SWITCHYARD_PLANNER_ADMIN_LISTEN")]
+    #[arg(long, env = "SWITCHYARD_PLANNER_ADMIN_LISTEN", value_parser = switchyard_config::parse_listen_addr)]
     admin_listen: Option<SocketAddr>,
     /// Bearer token the admin API requires.
     #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN")]
@@ -164,16 +164,18 @@ enum Failure {
 }
 
 async fn serve(config: PlannerConfig) -> Result<(), Failure> {
-    let registry: Arc<dyn Registry> = Arc::new(
-        EtcdRegistry::connect(&config.etcd_endpoints, &config.cluster)
-            .await
-            .map_err(|e| Failure::Etcd {
-                endpoints: config.etcd_endpoints.join(","),
-                message: e.to_string(),
-            })?,
-    );
-    let planner = switchyard_planner::build(&config, registry).await?;
     let shutdown = shutdown_on_signal();
+    let connected = crate::connect_etcd(&config.etcd_endpoints, &config.cluster, &shutdown)
+        .await
+        .map_err(|e| Failure::Etcd {
+            endpoints: config.etcd_endpoints.join(","),
+            message: format!("{e:#}"),
+        })?;
+    let Some(registry) = connected else {
+        return Ok(());
+    };
+    let registry: Arc<dyn Registry> = Arc::new(registry);
+    let planner = switchyard_planner::build(&config, registry).await?;
     let mut admin_addr = None;
     let admin_task = match config.admin_listen {
         Some(listen) => {

@@ -22,6 +22,7 @@ use switchyard_replay::{
 use switchyard_router::{PolicyConfig, PolicyKind};
 
 use crate::EXIT_CONFIG;
+use crate::shared_data::{self, resolve_trace};
 
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
@@ -67,12 +68,14 @@ struct EventsArgs {
 
 #[derive(Debug, clap::Args)]
 struct MooncakeArgs {
-    /// Mooncake JSONL trace.
-    #[arg(
-        long,
-        default_value = "../shared/data/traces/mooncake/conversation_trace.jsonl"
-    )]
-    trace: PathBuf,
+    /// Mooncake JSONL trace (default: traces/mooncake/conversation_trace.jsonl in the shared
+    /// data directory).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// The shared data directory the default trace is read from (default: ../shared/data from
+    /// the current directory, else beside the checkout the binary was built from).
+    #[arg(long, env = "SWITCHYARD_DATA")]
+    data_dir: Option<PathBuf>,
     /// Arrival-rate multipliers to sweep (1 = recorded timestamps).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     speed: Vec<f64>,
@@ -85,12 +88,14 @@ struct MooncakeArgs {
 
 #[derive(Debug, clap::Args)]
 struct AgentxArgs {
-    /// Weka-format traces, one per line (`.jsonl` or `.jsonl.gz`).
-    #[arg(
-        long,
-        default_value = "../shared/data/agentx/weka_kv_cache_tester/dev_120.jsonl.gz"
-    )]
-    trace: PathBuf,
+    /// Weka-format traces, one per line (`.jsonl` or `.jsonl.gz`; default:
+    /// agentx/weka_kv_cache_tester/dev_120.jsonl.gz in the shared data directory).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// The shared data directory the default trace is read from (default: ../shared/data from
+    /// the current directory, else beside the checkout the binary was built from).
+    #[arg(long, env = "SWITCHYARD_DATA")]
+    data_dir: Option<PathBuf>,
     /// Concurrency levels (live session trees) to sweep.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
     concurrency: Vec<usize>,
@@ -262,10 +267,17 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
                 ));
             }
             let cluster = cluster_config(&a.common, mooncake::MOONCAKE_BLOCK_SIZE, 4096, 262_144)?;
-            let records = mooncake::load(&a.trace, a.limit)?;
+            let trace = resolve_trace(
+                a.trace,
+                shared_data::MOONCAKE_TRACE,
+                a.data_dir.as_deref(),
+                "--trace",
+            )
+            .map_err(ReplayError::InvalidConfig)?;
+            let records = mooncake::load(&trace, a.limit)?;
             Ok(Plan {
                 name: "mooncake",
-                trace: a.trace,
+                trace,
                 level_kind: "speed",
                 extra: json!({ "limit": a.limit, "requests": records.len() }),
                 source: Source::Mooncake {
@@ -289,7 +301,14 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
                 ));
             }
             let cluster = cluster_config(&a.common, 64, 16_384, 1_048_576)?;
-            let traces = weka::load(&a.trace, a.limit)?;
+            let trace = resolve_trace(
+                a.trace,
+                shared_data::AGENTX_TRACE,
+                a.data_dir.as_deref(),
+                "--trace",
+            )
+            .map_err(ReplayError::InvalidConfig)?;
+            let traces = weka::load(&trace, a.limit)?;
             let config = WekaConfig {
                 concurrency: 1,
                 time_scale: a.time_scale,
@@ -299,7 +318,7 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
             };
             Ok(Plan {
                 name: "agentx",
-                trace: a.trace,
+                trace,
                 level_kind: "concurrency",
                 extra: json!({
                     "traces": traces.len(),

@@ -13,12 +13,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context;
 use switchyard_core::{BlockSize, Role};
 use switchyard_gateway::disagg::Disaggregation;
 use switchyard_gateway::{Extensions, GatewayArgs, GatewayConfig};
 use switchyard_planner::{PlannerArgs, PlannerConfig};
-use switchyard_registry::{EtcdRegistry, MemoryRegistry, Registry};
+use switchyard_registry::{MemoryRegistry, Registry};
 use switchyard_worker::WorkerConfig;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -162,13 +161,10 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
     let registry: Arc<dyn Registry> = if gateway.etcd_endpoints.is_empty() {
         Arc::new(MemoryRegistry::new())
     } else {
-        Arc::new(
-            EtcdRegistry::connect(&gateway.etcd_endpoints, &gateway.cluster)
-                .await
-                .with_context(|| {
-                    format!("cannot reach etcd at {}", gateway.etcd_endpoints.join(","))
-                })?,
-        )
+        match crate::connect_etcd(&gateway.etcd_endpoints, &gateway.cluster, &shutdown).await? {
+            Some(registry) => Arc::new(registry),
+            None => return Ok(()),
+        }
     };
     let model = workers.first().map(|w| w.model.clone()).unwrap_or_default();
     let worker_count = workers.len();

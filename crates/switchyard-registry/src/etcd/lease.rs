@@ -130,14 +130,10 @@ impl LeaseHandle for EtcdLease {
         // key (a key of the same name under another lease belongs to someone else).
         let mut client = conn.client.clone();
         match conn
-            .call("revoke a lease", client.lease_revoke(lease_id))
+            .call_on_lease("revoke a lease", lease_id, client.lease_revoke(lease_id))
             .await
         {
-            Ok(_) => {}
-            Err(RegistryError::Unavailable {
-                source: etcd_client::Error::GRpcStatus(status),
-                ..
-            }) if status.message().contains("lease not found") => {}
+            Ok(_) | Err(RegistryError::LeaseNotFound { .. }) => {}
             Err(error) => return Err(error),
         }
         tracing::info!(key = %shared.key, "worker deregistered");
@@ -203,23 +199,35 @@ async fn session(shared: &LeaseShared, backoff: &mut Duration) -> SessionEnd {
     let lease_id = *shared.lease_id.lock().await;
     let conn = &shared.conn;
     let mut client = conn.client.clone();
+    let action = "keep a lease alive";
     let (mut keeper, mut responses) = match conn
-        .call("keep a lease alive", client.lease_keep_alive(lease_id))
+        .call_on_lease(action, lease_id, client.lease_keep_alive(lease_id))
         .await
     {
         Ok(streams) => streams,
+        Err(RegistryError::LeaseNotFound { .. }) => return SessionEnd::LeaseGone,
         Err(error) => return SessionEnd::Failed(error),
     };
     loop {
-        if let Err(error) = conn.call("keep a lease alive", keeper.keep_alive()).await {
-            return SessionEnd::Failed(error);
+        match conn
+            .call_on_lease(action, lease_id, keeper.keep_alive())
+            .await
+        {
+            Ok(()) => {}
+            Err(RegistryError::LeaseNotFound { .. }) => return SessionEnd::LeaseGone,
+            Err(error) => return SessionEnd::Failed(error),
         }
-        match conn.call("keep a lease alive", responses.message()).await {
+        match conn
+            .call_on_lease(action, lease_id, responses.message())
+            .await
+        {
             Ok(Some(response)) if response.ttl() > 0 => {
                 shared.set_status(LeaseState::Live);
                 *backoff = MIN_BACKOFF;
             }
-            Ok(Some(_)) => return SessionEnd::LeaseGone,
+            // A keep-alive answered with TTL 0, or etcd's "lease not found": the lease expired
+            // while etcd was out of reach (a stall longer than the TTL) or was revoked.
+            Ok(Some(_)) | Err(RegistryError::LeaseNotFound { .. }) => return SessionEnd::LeaseGone,
             Ok(None) => {
                 return SessionEnd::Failed(RegistryError::Unavailable {
                     action: "keep a lease alive",

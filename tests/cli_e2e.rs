@@ -1,0 +1,134 @@
+//! The command line as a new user meets it, with the real binary: `--version` names the build's
+//! git revision, replays find their default traces from any directory and show progress when
+//! nothing is a terminal, logs carry no colour codes when stderr is a pipe, and listen
+//! addresses take host names (`--http localhost:PORT`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
+
+#[tokio::test]
+async fn version_names_the_git_revision() {
+    let out = Command::new(BIN).arg("--version").output().await.unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let expected_rev = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8(o.stdout).unwrap().trim().to_owned());
+    assert!(
+        text.starts_with(&format!("switchyard {} (git ", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    if let Some(rev) = expected_rev {
+        assert!(text.contains(&rev), "{text} should name {rev}");
+    }
+}
+
+#[tokio::test]
+async fn replay_finds_its_default_trace_from_any_directory_and_shows_progress_in_a_pipe() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["replay", "mooncake", "--limit", "40", "--policies", "kv"])
+        .current_dir(elsewhere.path())
+        .env_remove("SWITCHYARD_DATA")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("conversation_trace.jsonl"),
+        "the default trace is named: {stdout}"
+    );
+    assert!(
+        stderr.contains("/40 requests (") && stderr.contains("ETA"),
+        "a progress line on stderr: {stderr}"
+    );
+    assert!(!stderr.contains('\u{1b}'), "no escape codes: {stderr:?}");
+}
+
+#[tokio::test]
+async fn a_missing_trace_names_the_flag() {
+    let out = Command::new(BIN)
+        .args([
+            "replay",
+            "agentx",
+            "--trace",
+            "/nonexistent/sessions.jsonl.gz",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("/nonexistent/sessions.jsonl.gz"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_listens_on_a_host_name_and_logs_plain_text_to_a_pipe() {
+    let mut child = Command::new(BIN)
+        .args(["up", "--http", "localhost:0", "--workers", "1"])
+        .env("SWITCHYARD_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("ready within 60 s")
+        .unwrap()
+        .expect("a ready line");
+    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let address = ready["address"].as_str().unwrap();
+    assert!(
+        address.starts_with("127.0.0.1:"),
+        "localhost resolves to IPv4 loopback: {ready}"
+    );
+    let models = reqwest::get(format!("http://{address}/v1/models"))
+        .await
+        .unwrap();
+    assert_eq!(models.status(), 200);
+
+    let pid = child.id().unwrap() as i32;
+    // SIGTERM: a clean shutdown, so every log line is written.
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .unwrap();
+    assert!(stderr.contains("INFO"), "some log lines: {stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "no colour codes in piped logs: {stderr:?}"
+    );
+}
