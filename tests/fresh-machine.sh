@@ -201,9 +201,12 @@ fi
 step "copy the checkout"
 mkdir -p "$root/root"
 git clone --quiet --no-local --no-hardlinks "$checkout" "$root/root/switchyard"
-git ls-files -z --modified --others --exclude-standard |
-  (cd "$checkout" && xargs -0 -r cp --parents -a -t "$root/root/switchyard")
-git ls-files -z --deleted | (cd "$root/root/switchyard" && xargs -0 -r rm -f)
+# Changed (staged or not) and untracked files over the clone; files deleted since HEAD go.
+{
+  git diff -z --name-only --diff-filter=d HEAD
+  git ls-files -z --others --exclude-standard
+} | tar --null -T - -cf - | tar -xf - -C "$root/root/switchyard"
+git diff -z --name-only --diff-filter=D HEAD | (cd "$root/root/switchyard" && xargs -0 -r rm -f)
 
 # ---- into the root: private mounts, read-only toolchain, fresh CARGO_HOME ----
 rustup_home="${RUSTUP_HOME:-$HOME/.rustup}"

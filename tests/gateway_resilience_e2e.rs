@@ -99,16 +99,17 @@ async fn a_killed_worker_is_migrated_away_and_a_dropped_client_cancels() {
     while let Some(chunk) = response.chunk().await.unwrap() {
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
-    let payloads: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
-    assert_eq!(payloads.last(), Some(&"[DONE]"), "{text}");
+    let payloads = switchyard_core::sse::events(&text);
+    assert_eq!(
+        payloads.last().map(String::as_str),
+        Some("[DONE]"),
+        "{text}"
+    );
     assert!(
         !text.contains("\"error\""),
         "the client saw an error: {text}"
     );
-    let usage: Value = serde_json::from_str(payloads[payloads.len() - 2]).unwrap();
+    let usage: Value = serde_json::from_str(&payloads[payloads.len() - 2]).unwrap();
     assert_eq!(
         usage["usage"]["completion_tokens"], 120,
         "complete answer: {usage}"

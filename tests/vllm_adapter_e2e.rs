@@ -55,11 +55,8 @@ async fn gateway_and_vllm_workers_stream_and_mirror_the_engines_through_gap_and_
             .unwrap();
         assert_eq!(response.status(), 200);
         let text = response.text().await.unwrap();
-        let data: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .collect();
-        assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+        let data = switchyard_core::sse::events(&text);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
         let finish = data
             .iter()
             .filter_map(|d| serde_json::from_str::<Value>(d).ok())

@@ -233,10 +233,7 @@ impl Api {
             .expect("send");
         assert_eq!(response.status(), 200);
         let text = response.text().await.expect("sse body");
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .map(str::to_owned)
-            .collect()
+        switchyard_core::sse::events(&text)
     }
 
     pub async fn metric(&self, name: &str) -> f64 {
@@ -249,9 +246,19 @@ impl Api {
             .text()
             .await
             .expect("text");
-        text.lines()
-            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        // `name` is a series selector, `metric` or `metric{label="value",...}`: the sum of every
+        // series whose name starts with the metric's (a counter's `_total` included) and whose
+        // labels include the selector's.
+        let selector = switchyard_core::promtext::parse(&format!("{name} 0"))
+            .pop()
+            .expect("a series selector");
+        switchyard_core::promtext::parse(&text)
+            .iter()
+            .filter(|s| {
+                s.name.starts_with(&selector.name)
+                    && selector.labels.iter().all(|(k, v)| s.label(k) == Some(v))
+            })
+            .map(|s| s.value)
             .sum()
     }
 }

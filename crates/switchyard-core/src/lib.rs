@@ -8,12 +8,17 @@
 //! - [`event`]: the KV event model (`Stored`, `Removed`, `Cleared`) with per-incarnation
 //!   sequence numbers.
 //! - [`load`]: the load figures a worker reports.
+//! - [`rng`], [`promtext`], [`sse`]: the workspace's one seeded generator, one Prometheus text
+//!   reader and one server-sent-events decoder (pure functions every crate shares).
 //! - [`error`]: the validation errors of this crate.
 
 pub mod error;
 pub mod event;
 pub mod hash;
 pub mod load;
+pub mod promtext;
+pub mod rng;
+pub mod sse;
 pub mod tokens;
 pub mod worker;
 

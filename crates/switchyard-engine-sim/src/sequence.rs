@@ -4,13 +4,8 @@ use switchyard_core::{BlockHash, BlockSize, TokenId, chain_hash, hash::extend_bl
 
 use crate::{FinishReason, SimRequest, kv_cache::BlockId};
 
-/// SplitMix64's finaliser: a cheap, well-mixed 64-bit hash.
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+/// A cheap, well-mixed 64-bit hash (the workspace's SplitMix64).
+use switchyard_core::rng::splitmix as mix;
 
 #[derive(Debug)]
 pub(crate) struct Sequence {

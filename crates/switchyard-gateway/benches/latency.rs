@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use switchyard_gateway::routing;
+use switchyard_router::serve::DecodeFilter;
 use switchyard_tokenize::ModelDir;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -79,13 +80,12 @@ fn main() {
                 let routed = routing::route(
                     &pool,
                     &routes,
-                    black_box(&prompt),
+                    // Hashing the prompt is part of routing's cost, as dispatch pays it per attempt.
+                    &routing::route_request(&pool, &routes, black_box(&prompt), None),
                     4,
-                    None,
-                    &[],
+                    DecodeFilter::default(),
                     "b",
                     1,
-                    false,
                     None,
                 )
                 .unwrap();

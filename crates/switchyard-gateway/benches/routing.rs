@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use switchyard_gateway::routing;
+use switchyard_router::serve::DecodeFilter;
 use switchyard_tokenize::ModelDir;
 
 fn routing_overhead(c: &mut Criterion) {
@@ -38,13 +39,12 @@ fn routing_overhead(c: &mut Criterion) {
                         routing::route(
                             &pool,
                             &routes,
-                            black_box(prompt),
+                            // Hashing the prompt is part of routing's cost, as dispatch pays it per attempt.
+                            &routing::route_request(&pool, &routes, black_box(prompt), None),
                             4,
-                            None,
-                            &[],
+                            DecodeFilter::default(),
                             "b",
                             1,
-                            false,
                             None,
                         )
                         .unwrap()

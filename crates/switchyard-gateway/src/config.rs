@@ -11,7 +11,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use switchyard_router::{PolicyConfig, PolicyKind};
 
-use crate::disagg::{DisaggSettings, Disaggregation, KvTransfer};
+use switchyard_router::serve::{
+    DEFAULT_MAX_PREFILL_QUEUE_TOKENS, DEFAULT_MIN_UNCACHED_TOKENS, ServeSettings,
+};
+
+use crate::disagg::{DEFAULT_PREFILL_TIMEOUT, DisaggSettings, Disaggregation, KvTransfer};
 
 pub use switchyard_config::ConfigError;
 
@@ -139,9 +143,9 @@ impl Default for GatewayConfig {
             load_interval_ms: 100,
             recording_dir: None,
             disaggregation: Disaggregation::Off,
-            disagg_min_uncached_tokens: 2048,
-            disagg_max_prefill_queue_tokens: 262_144,
-            prefill_timeout_secs: 60,
+            disagg_min_uncached_tokens: DEFAULT_MIN_UNCACHED_TOKENS,
+            disagg_max_prefill_queue_tokens: DEFAULT_MAX_PREFILL_QUEUE_TOKENS,
+            prefill_timeout_secs: DEFAULT_PREFILL_TIMEOUT.as_secs(),
             otlp_endpoint: None,
             kv_transfer: KvTransfer::Pipelined,
         }
@@ -200,9 +204,11 @@ impl GatewayConfig {
     /// The disaggregation settings each request carries.
     pub fn disagg(&self) -> DisaggSettings {
         DisaggSettings {
-            mode: self.disaggregation,
-            min_uncached_tokens: self.disagg_min_uncached_tokens,
-            max_prefill_queue_tokens: self.disagg_max_prefill_queue_tokens,
+            serve: ServeSettings {
+                disaggregation: self.disaggregation,
+                min_uncached_tokens: self.disagg_min_uncached_tokens,
+                max_prefill_queue_tokens: self.disagg_max_prefill_queue_tokens,
+            },
             prefill_timeout: Duration::from_secs(self.prefill_timeout_secs),
             kv_transfer: self.kv_transfer,
         }

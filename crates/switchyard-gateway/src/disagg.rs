@@ -27,7 +27,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use switchyard_core::{EngineKind, TokenId, WorkerId};
 use switchyard_proto::v1::{self, PrefillRequest};
-use switchyard_router::{Decision, RouteError};
+use switchyard_router::serve::{ModeChoice, PrefillChoice, ServeSettings, serving_mode};
+use switchyard_router::{Decision, RouteError, RouteRequest};
 use switchyard_telemetry::{GATEWAY_SPANS, record_error};
 use tonic::Code;
 use tracing::field::Empty;
@@ -35,36 +36,9 @@ use tracing::{Instrument, Span};
 
 use crate::error::ApiError;
 use crate::pool::{ModelRoutes, WorkerPool};
-use crate::routing::{self, RoutedRequest};
+use crate::routing::{self, PrefillRoute, RoutedRequest};
 
-/// Whether the gateway uses the prefill pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Disaggregation {
-    /// Every request prefills on its decode worker.
-    #[default]
-    Off,
-    /// Per request: through the prefill pool when the uncached prompt is long enough and the
-    /// pool has a worker that is not saturated; aggregated otherwise.
-    Auto,
-    /// Every request through the prefill pool; 503 when it has no worker.
-    Enforce,
-}
-
-impl FromStr for Disaggregation {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "off" => Ok(Self::Off),
-            "auto" => Ok(Self::Auto),
-            "enforce" => Ok(Self::Enforce),
-            _ => Err(format!(
-                "unknown disaggregation mode {s:?} (off, auto or enforce)"
-            )),
-        }
-    }
-}
+pub use switchyard_router::serve::Disaggregation;
 
 /// When the decode worker pulls a disaggregated prompt's KV.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -92,25 +66,31 @@ impl FromStr for KvTransfer {
     }
 }
 
-/// The disaggregation settings a request runs under (from the gateway configuration).
+/// The disaggregation settings a request runs under (from the gateway configuration): the
+/// serving core's decision settings, and how the gateway carries a prefill out.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DisaggSettings {
-    pub mode: Disaggregation,
-    pub min_uncached_tokens: u64,
-    pub max_prefill_queue_tokens: u64,
+    pub serve: ServeSettings,
     pub prefill_timeout: Duration,
     pub kv_transfer: KvTransfer,
 }
 
+/// Default [`DisaggSettings::prefill_timeout`].
+pub const DEFAULT_PREFILL_TIMEOUT: Duration = Duration::from_secs(60);
+
 impl Default for DisaggSettings {
     fn default() -> Self {
         Self {
-            mode: Disaggregation::Off,
-            min_uncached_tokens: 2048,
-            max_prefill_queue_tokens: 262_144,
-            prefill_timeout: Duration::from_secs(60),
-            kv_transfer: KvTransfer::Pipelined,
+            serve: ServeSettings::default(),
+            prefill_timeout: DEFAULT_PREFILL_TIMEOUT,
+            kv_transfer: KvTransfer::default(),
         }
+    }
+}
+
+impl DisaggSettings {
+    pub fn mode(&self) -> Disaggregation {
+        self.serve.disaggregation
     }
 }
 
@@ -125,47 +105,6 @@ pub struct ModeExplanation {
     pub prefill: Option<Decision>,
 }
 
-/// The first, synchronous part of the choice: whether the prefill pool should be tried at all.
-/// `Err` carries the reason to stay aggregated. A decode worker that `needs_prefill` always
-/// tries it under `auto` (dispatch never routes to one when disaggregation is off).
-fn wants_prefill(
-    settings: &DisaggSettings,
-    uncached: u64,
-    needs_prefill: bool,
-) -> Result<(), String> {
-    match settings.mode {
-        Disaggregation::Off => Err("disaggregation is off".into()),
-        Disaggregation::Enforce => Ok(()),
-        Disaggregation::Auto if needs_prefill => Ok(()),
-        Disaggregation::Auto if uncached < settings.min_uncached_tokens => Err(format!(
-            "{uncached} uncached prompt tokens on the decode worker, below the threshold of {}",
-            settings.min_uncached_tokens
-        )),
-        Disaggregation::Auto => Ok(()),
-    }
-}
-
-/// Saturation applies to `auto` only: `enforce` queues behind a busy prefill worker, and so
-/// does a decode worker that cannot serve without one (`needs_prefill`).
-fn saturated(
-    settings: &DisaggSettings,
-    decision: &Decision,
-    needs_prefill: bool,
-) -> Option<String> {
-    let queued = decision.chosen().map_or(0, |c| c.queued_prefill_tokens);
-    (settings.mode == Disaggregation::Auto
-        && !needs_prefill
-        && queued > settings.max_prefill_queue_tokens)
-        .then(
-        || {
-            format!(
-                "prefill pool saturated: the best prefill worker {} has {queued} prefill tokens queued (limit {})",
-                decision.worker, settings.max_prefill_queue_tokens
-            )
-        },
-    )
-}
-
 fn no_prefill_worker(model: &str, engine: EngineKind) -> ApiError {
     ApiError::Unavailable(format!(
         "disaggregation is enforced but no prefill worker is available for model `{model}` \
@@ -173,14 +112,14 @@ fn no_prefill_worker(model: &str, engine: EngineKind) -> ApiError {
     ))
 }
 
-/// What the admin explain shows for `tokens` when the decode worker would compute `uncached`
-/// of them. Changes nothing.
+/// What the admin explain shows for `request` when `decode_worker` would compute `uncached` of
+/// its tokens. Changes nothing.
 pub fn explain(
     pool: &WorkerPool,
     routes: &ModelRoutes,
     settings: &DisaggSettings,
     decode_worker: &WorkerId,
-    tokens: &[TokenId],
+    request: &RouteRequest,
     uncached: u64,
 ) -> ModeExplanation {
     let aggregated = |why| ModeExplanation {
@@ -191,15 +130,17 @@ pub fn explain(
     let info = pool.worker(decode_worker).map(|w| w.info());
     let engine = info.as_ref().map_or(EngineKind::Sim, |i| i.engine);
     let needs = info.as_ref().is_some_and(routing::needs_prefill);
-    if let Err(why) = wants_prefill(settings, uncached, needs) {
-        return aggregated(why);
-    }
-    let forced = needs && settings.mode == Disaggregation::Auto;
-    match routing::explain_prefill(pool, routes, engine, tokens) {
-        Err(RouteError::NoCandidates) if settings.mode == Disaggregation::Enforce => {
+    let forced = match serving_mode(&settings.serve, uncached, needs) {
+        ModeChoice::Aggregated(why) => return aggregated(why),
+        ModeChoice::TryPrefill { forced } => forced,
+    };
+    match routing::explain_prefill(pool, routes, &settings.serve, request, engine, needs) {
+        PrefillChoice::Unavailable(RouteError::NoCandidates)
+            if settings.mode() == Disaggregation::Enforce =>
+        {
             aggregated(no_prefill_worker(&routes.model, engine).to_string())
         }
-        Err(err) if forced => ModeExplanation {
+        PrefillChoice::Unavailable(err) if forced => ModeExplanation {
             mode: "rerouted",
             why: format!(
                 "{}, and no prefill worker: {err}; the request goes to a worker that serves without one, or fails with 503",
@@ -207,29 +148,27 @@ pub fn explain(
             ),
             prefill: None,
         },
-        Err(err) => aggregated(format!("no prefill worker: {err}")),
-        Ok(decision) => match saturated(settings, &decision, needs) {
-            Some(why) => ModeExplanation {
-                mode: "aggregated",
-                why,
-                prefill: Some(decision),
+        PrefillChoice::Unavailable(err) => aggregated(format!("no prefill worker: {err}")),
+        PrefillChoice::Saturated { decision, why } => ModeExplanation {
+            mode: "aggregated",
+            why,
+            prefill: Some(decision),
+        },
+        PrefillChoice::Chosen(decision) => ModeExplanation {
+            mode: "disaggregated",
+            why: if forced {
+                format!(
+                    "{}, so through the prefill pool whatever the threshold; prefill on {}",
+                    serves_only_with_prefill(decode_worker),
+                    decision.worker
+                )
+            } else {
+                format!(
+                    "{uncached} uncached prompt tokens on the decode worker; prefill on {}",
+                    decision.worker
+                )
             },
-            None => ModeExplanation {
-                mode: "disaggregated",
-                why: if forced {
-                    format!(
-                        "{}, so through the prefill pool whatever the threshold; prefill on {}",
-                        serves_only_with_prefill(decode_worker),
-                        decision.worker
-                    )
-                } else {
-                    format!(
-                        "{uncached} uncached prompt tokens on the decode worker; prefill on {}",
-                        decision.worker
-                    )
-                },
-                prefill: Some(decision),
-            },
+            prefill: Some(decision),
         },
     }
 }
@@ -274,30 +213,36 @@ fn decided(route_span: &mut Option<Span>, mode: &str, why: &str, prefill_worker:
     }
 }
 
-/// The prefill stage of one attempt: chooses a prefill worker KV-aware among those of the
-/// decode worker's engine kind, runs Prefill there with a timeout, and on failure tries another
-/// (`excluded` collects the failed ones across the request's attempts). `route_span` is the
-/// attempt's routing span: it ends with the mode decision, before any Prefill call; each call
-/// has its own `prefill` span. `needs_prefill` says the decode worker cannot serve without a
-/// prefill worker ([`routing::needs_prefill`]): under `auto` it then never falls back to
-/// aggregated but answers [`Prefilled::Reroute`].
+/// The prefill stage of one attempt, for `decode` (the attempt's routed decode worker): from
+/// what that worker would compute, the serving core says whether to use the prefill pool; if
+/// so a prefill worker is chosen KV-aware among those of the decode worker's engine kind and
+/// booked (the decode worker's booking then counts no prefill), Prefill runs there with a
+/// timeout, and on failure another is tried (`excluded` collects the failed ones across the
+/// request's attempts) while the decode worker's booking is aggregated again. `route_span` is
+/// the attempt's routing span: it ends with the mode decision, before any Prefill call; each
+/// call has its own `prefill` span. A decode worker that [`routing::needs_prefill`] never falls
+/// back to aggregated under `auto`: the stage answers [`Prefilled::Reroute`].
 #[allow(clippy::too_many_arguments)]
 pub async fn prefill_stage(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
     settings: &DisaggSettings,
-    engine: EngineKind,
-    needs_prefill: bool,
-    request_id: &str,
+    request: &RouteRequest,
     prompt: &[TokenId],
-    uncached: u64,
+    decode: &mut RoutedRequest,
+    request_id: &str,
     attempts: u32,
     excluded: &mut Vec<WorkerId>,
     route_span: Span,
 ) -> Prefilled {
     let request_span = Span::current();
     let mut route_span = Some(route_span);
-    if let Err(why) = wants_prefill(settings, uncached, needs_prefill) {
+    let (engine, needs_prefill) = {
+        let info = decode.worker.info.read().unwrap_or_else(|p| p.into_inner());
+        (info.engine, routing::needs_prefill(&info))
+    };
+    let uncached = decode.uncached_prompt_tokens();
+    if let ModeChoice::Aggregated(why) = serving_mode(&settings.serve, uncached, needs_prefill) {
         decided(&mut route_span, "aggregated", &why, None);
         return Prefilled::Aggregated(why);
     }
@@ -314,18 +259,34 @@ pub async fn prefill_stage(
     };
     let mut last_failure = None;
     for attempt in 1..=attempts.max(1) {
-        let routed = match &route_span {
-            Some(span) => span.in_scope(|| {
-                routing::route_prefill(pool, routes, engine, prompt, excluded, request_id, attempt)
-            }),
-            None => {
-                routing::route_prefill(pool, routes, engine, prompt, excluded, request_id, attempt)
+        let routed = {
+            let mut route = || {
+                routing::route_prefill(
+                    pool,
+                    routes,
+                    &settings.serve,
+                    request,
+                    engine,
+                    needs_prefill,
+                    excluded,
+                    decode,
+                    request_id,
+                    attempt,
+                )
+            };
+            match &route_span {
+                Some(span) => span.in_scope(route),
+                None => route(),
             }
         };
-        let mut routed = match routed {
-            Ok(routed) => routed,
-            Err(err) => {
-                if settings.mode == Disaggregation::Enforce {
+        let prefill = match routed {
+            PrefillRoute::Routed(prefill) => prefill,
+            PrefillRoute::Saturated(why) => {
+                decided(&mut route_span, "aggregated", &why, None);
+                return Prefilled::Aggregated(why);
+            }
+            PrefillRoute::Unavailable(err) => {
+                if settings.mode() == Disaggregation::Enforce {
                     let err = match last_failure {
                         None => no_prefill_worker(&routes.model, engine),
                         Some(last) => ApiError::Unavailable(format!(
@@ -344,102 +305,49 @@ pub async fn prefill_stage(
                 return fall_back(&mut route_span, why);
             }
         };
-        if let Some(why) = saturated(settings, &routed.decision, needs_prefill) {
-            decided(&mut route_span, "aggregated", &why, None);
-            return Prefilled::Aggregated(why);
-        }
-        let worker = routed.worker_id.clone();
+        let worker = prefill.worker_id.clone();
         decided(
             &mut route_span,
             "disaggregated",
             &format!("{uncached} uncached prompt tokens on the decode worker"),
             Some(worker.as_str()),
         );
-        let prefill_span = tracing::info_span!(
-            target: GATEWAY_SPANS,
-            parent: &request_span,
-            "prefill",
-            otel.kind = "client",
-            prefill_attempt = i64::from(attempt),
-            worker = worker.as_str(),
-            prompt_tokens = prompt.len() as i64,
-            overlap_blocks = i64::from(routed.cached_blocks),
-            cached_prompt_tokens = Empty,
-        );
-        let address = routed.worker.info().address;
-        let mut client = routed.worker.client.clone();
-        let mut request = tonic::Request::new(PrefillRequest {
-            request_id: request_id.to_owned(),
-            prompt_token_ids: prompt.to_vec(),
-            hold_ms: 0,
-            // A worker that cannot pipeline answers when done (response.pipelined = false).
-            pipelined: settings.kv_transfer == KvTransfer::Pipelined,
-        });
-        switchyard_telemetry::inject_context(&prefill_span, request.metadata_mut());
-        let call = client.prefill(request);
-        let answer = tokio::time::timeout(settings.prefill_timeout, call)
-            .instrument(prefill_span.clone())
-            .await;
-        let failure = match answer {
-            Ok(Ok(response)) => {
-                let response = response.into_inner();
-                prefill_span.record(
-                    "cached_prompt_tokens",
-                    i64::from(response.cached_prompt_tokens),
-                );
-                let kv_transfer = if response.pipelined {
-                    "pipelined"
-                } else {
-                    "after-prefill"
-                };
-                pool.metrics
-                    .disagg_prefills
-                    .get_or_create(&crate::metrics::KvTransferLabels { kv_transfer })
-                    .inc();
-                let source = v1::KvSource {
-                    address,
-                    handle: response.handle,
-                    first_token_id: response.first_token_id,
-                    cached_prompt_tokens: response.cached_prompt_tokens,
-                    engine_transfer_params: response.engine_transfer_params,
-                    pipelined: response.pipelined,
-                };
-                let running = if response.pipelined {
-                    Some(Box::new(routed))
-                } else {
-                    routed.prefill_done();
-                    None
-                };
-                return Prefilled::Source {
-                    source,
-                    worker,
-                    running,
-                };
+        let failure = match run_prefill(
+            pool,
+            settings,
+            &request_span,
+            prefill,
+            prompt,
+            request_id,
+            attempt,
+        )
+        .await
+        {
+            Ok(done) => return done,
+            Err((prefill, failure)) => {
+                prefill.prefill_failed(decode);
+                failure
             }
-            Ok(Err(status)) if status.code() == Code::InvalidArgument => {
+        };
+        match failure {
+            PrefillFailure::Refused(message) => {
                 // The prompt does not fit this prefill worker (e.g. a shorter context); the
                 // decode worker already accepted it, so serve it there.
-                record_error(&prefill_span, status.message());
                 return fall_back(
                     &mut route_span,
-                    format!(
-                        "prefill worker {worker} refused the prompt: {}",
-                        status.message()
-                    ),
+                    format!("prefill worker {worker} refused the prompt: {message}"),
                 );
             }
-            Ok(Err(status)) => format!("{worker}: {:?}: {}", status.code(), status.message()),
-            Err(_) => format!("{worker}: no answer within {:?}", settings.prefill_timeout),
-        };
-        record_error(&prefill_span, failure.as_str());
-        drop(prefill_span);
-        tracing::warn!(request = %request_id, %failure, "prefill failed; trying another prefill worker");
-        pool.metrics.retries.inc();
-        excluded.push(worker);
-        last_failure = Some(failure);
+            PrefillFailure::Failed(failure) => {
+                tracing::warn!(request = %request_id, %failure, "prefill failed; trying another prefill worker");
+                pool.metrics.retries.inc();
+                excluded.push(worker);
+                last_failure = Some(failure);
+            }
+        }
     }
     let last = last_failure.unwrap_or_default();
-    if settings.mode == Disaggregation::Enforce {
+    if settings.mode() == Disaggregation::Enforce {
         return Prefilled::Fail(ApiError::Upstream(format!(
             "disaggregation is enforced and {} prefill attempts failed; last: {last}",
             attempts.max(1)
@@ -456,34 +364,122 @@ pub async fn prefill_stage(
     ))
 }
 
+/// Why one Prefill call did not give a KV source.
+enum PrefillFailure {
+    /// The worker refused the prompt (InvalidArgument): no other prefill worker is tried.
+    Refused(String),
+    /// It failed or did not answer in time; another may succeed.
+    Failed(String),
+}
+
+/// Runs Prefill on the routed prefill worker through the pool's transport. On success, the
+/// [`Prefilled::Source`] to generate with; on failure the route back (so the caller can undo its
+/// booking) and what went wrong.
+async fn run_prefill(
+    pool: &WorkerPool,
+    settings: &DisaggSettings,
+    request_span: &Span,
+    mut prefill: RoutedRequest,
+    prompt: &[TokenId],
+    request_id: &str,
+    attempt: u32,
+) -> Result<Prefilled, (RoutedRequest, PrefillFailure)> {
+    let worker = prefill.worker_id.clone();
+    let prefill_span = tracing::info_span!(
+        target: GATEWAY_SPANS,
+        parent: request_span,
+        "prefill",
+        otel.kind = "client",
+        prefill_attempt = i64::from(attempt),
+        worker = worker.as_str(),
+        prompt_tokens = prompt.len() as i64,
+        overlap_blocks = i64::from(prefill.cached_blocks),
+        cached_prompt_tokens = Empty,
+    );
+    let address = prefill.worker.info().address;
+    let mut call = tonic::Request::new(PrefillRequest {
+        request_id: request_id.to_owned(),
+        prompt_token_ids: prompt.to_vec(),
+        hold_ms: 0,
+        // A worker that cannot pipeline answers when done (response.pipelined = false).
+        pipelined: settings.kv_transfer == KvTransfer::Pipelined,
+    });
+    switchyard_telemetry::inject_context(&prefill_span, call.metadata_mut());
+    let answer = tokio::time::timeout(
+        settings.prefill_timeout,
+        pool.transport.prefill(&prefill.worker, call),
+    )
+    .instrument(prefill_span.clone())
+    .await;
+    let failure = match answer {
+        Ok(Ok(response)) => {
+            prefill_span.record(
+                "cached_prompt_tokens",
+                i64::from(response.cached_prompt_tokens),
+            );
+            let kv_transfer = if response.pipelined {
+                "pipelined"
+            } else {
+                "after-prefill"
+            };
+            pool.metrics
+                .disagg_prefills
+                .get_or_create(&crate::metrics::KvTransferLabels { kv_transfer })
+                .inc();
+            let source = v1::KvSource {
+                address,
+                handle: response.handle,
+                first_token_id: response.first_token_id,
+                cached_prompt_tokens: response.cached_prompt_tokens,
+                engine_transfer_params: response.engine_transfer_params,
+                pipelined: response.pipelined,
+            };
+            let running = if response.pipelined {
+                Some(Box::new(prefill))
+            } else {
+                prefill.prefill_done();
+                None
+            };
+            return Ok(Prefilled::Source {
+                source,
+                worker,
+                running,
+            });
+        }
+        Ok(Err(status)) if status.code() == Code::InvalidArgument => {
+            record_error(&prefill_span, status.message());
+            PrefillFailure::Refused(status.message().to_owned())
+        }
+        Ok(Err(status)) => {
+            let failure = format!("{worker}: {:?}: {}", status.code(), status.message());
+            record_error(&prefill_span, failure.as_str());
+            PrefillFailure::Failed(failure)
+        }
+        Err(_) => {
+            let failure = format!("{worker}: no answer within {:?}", settings.prefill_timeout);
+            record_error(&prefill_span, failure.as_str());
+            PrefillFailure::Failed(failure)
+        }
+    };
+    Err((prefill, failure))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn modes_parse_and_thresholds_decide() {
+    fn modes_parse_and_settings_default_to_the_cores() {
         assert_eq!("AUTO".parse::<Disaggregation>(), Ok(Disaggregation::Auto));
         assert!("sometimes".parse::<Disaggregation>().is_err());
-        let auto = DisaggSettings {
-            mode: Disaggregation::Auto,
-            min_uncached_tokens: 1000,
-            ..DisaggSettings::default()
-        };
-        assert!(wants_prefill(&auto, 999, false).is_err());
-        assert!(wants_prefill(&auto, 1000, false).is_ok());
-        // A decode worker that cannot serve aggregated goes through the pool below it too.
-        assert!(wants_prefill(&auto, 0, true).is_ok());
-        let enforce = DisaggSettings {
-            mode: Disaggregation::Enforce,
-            ..auto
-        };
-        assert!(wants_prefill(&enforce, 0, false).is_ok());
-        assert!(wants_prefill(&DisaggSettings::default(), u64::MAX, false).is_err());
         assert_eq!(
             "after-prefill".parse::<KvTransfer>(),
             Ok(KvTransfer::AfterPrefill)
         );
         assert!("eventually".parse::<KvTransfer>().is_err());
-        assert_eq!(DisaggSettings::default().kv_transfer, KvTransfer::Pipelined);
+        let defaults = DisaggSettings::default();
+        assert_eq!(defaults.kv_transfer, KvTransfer::Pipelined);
+        assert_eq!(defaults.serve, ServeSettings::default());
+        assert_eq!(defaults.prefill_timeout, DEFAULT_PREFILL_TIMEOUT);
     }
 }

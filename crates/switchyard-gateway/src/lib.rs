@@ -26,6 +26,7 @@ pub mod recorder;
 pub mod routing;
 pub mod stop;
 pub mod subscriber;
+pub mod transport;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

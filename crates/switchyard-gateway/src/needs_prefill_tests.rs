@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_core::{BlockSize, EngineKind, Role, WorkerId, WorkerInfo};
+use switchyard_router::serve::{DecodeFilter, ServeSettings};
 use switchyard_router::{PolicyConfig, PolicyKind};
 use tokio::time::Instant;
 use tracing::Span;
@@ -54,8 +55,11 @@ fn pool(workers: &[WorkerInfo]) -> (Arc<WorkerPool>, Arc<ModelRoutes>) {
 
 fn auto() -> DisaggSettings {
     DisaggSettings {
-        mode: Disaggregation::Auto,
-        min_uncached_tokens: 1000,
+        serve: ServeSettings {
+            disaggregation: Disaggregation::Auto,
+            min_uncached_tokens: 1000,
+            ..ServeSettings::default()
+        },
         prefill_timeout: Duration::from_secs(5),
         ..DisaggSettings::default()
     }
@@ -83,11 +87,19 @@ async fn aggregated_routes_leave_out_workers_that_need_a_prefill() {
         info("vllm-decode", Role::Decode, EngineKind::Vllm),
     ]);
     assert_eq!(
-        ids(&routing::candidates(&pool, &routes, &[], false)),
+        ids(&routing::candidates(
+            &pool,
+            &routes,
+            DecodeFilter::default()
+        )),
         ["sglang-both", "sglang-decode", "vllm-decode"]
     );
+    let aggregated = DecodeFilter {
+        exclude: &[],
+        aggregated_only: true,
+    };
     assert_eq!(
-        ids(&routing::candidates(&pool, &routes, &[], true)),
+        ids(&routing::candidates(&pool, &routes, aggregated)),
         ["sglang-both", "vllm-decode"]
     );
     pool.shutdown().await;
@@ -96,33 +108,54 @@ async fn aggregated_routes_leave_out_workers_that_need_a_prefill() {
 /// Under `auto`, a short prompt on a decode worker that needs a prefill still tries the prefill
 /// pool; without a prefill worker (none registered, or every one failing) the stage reroutes
 /// instead of falling back to aggregated, and `enforce` still fails as before.
+/// The prefill stage of a first attempt whose decode worker is the pool's only decode worker.
+async fn stage(
+    pool: &Arc<WorkerPool>,
+    routes: &Arc<ModelRoutes>,
+    settings: DisaggSettings,
+) -> Prefilled {
+    let tokens: Vec<u32> = (0..16).collect();
+    let request = routing::route_request(pool, routes, &tokens, None);
+    let mut decode = routing::route(
+        pool,
+        routes,
+        &request,
+        4,
+        DecodeFilter::default(),
+        "r",
+        1,
+        None,
+    )
+    .unwrap();
+    let mut excluded = Vec::new();
+    prefill_stage(
+        pool,
+        routes,
+        &settings,
+        &request,
+        &tokens,
+        &mut decode,
+        "r",
+        2,
+        &mut excluded,
+        Span::none(),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn the_prefill_stage_reroutes_instead_of_falling_back_to_aggregated() {
-    let stage = |pool: Arc<WorkerPool>, routes: Arc<ModelRoutes>, settings, needs| async move {
-        let mut excluded = Vec::new();
-        prefill_stage(
-            &pool,
-            &routes,
-            &settings,
-            EngineKind::Sglang,
-            needs,
-            "r",
-            &(0..16).collect::<Vec<u32>>(),
-            16,
-            2,
-            &mut excluded,
-            Span::none(),
-        )
-        .await
-    };
     // No prefill worker at all.
     let (p, r) = pool(&[info("d", Role::Decode, EngineKind::Sglang)]);
-    match stage(Arc::clone(&p), Arc::clone(&r), auto(), true).await {
+    match stage(&p, &r, auto()).await {
         Prefilled::Reroute(why) => assert!(why.contains("no prefill worker"), "{why}"),
         other => panic!("expected a reroute, got {other:?}"),
     }
-    // A worker that can serve aggregated keeps the old behaviour (short prompt: aggregated).
-    match stage(Arc::clone(&p), Arc::clone(&r), auto(), false).await {
+    p.shutdown().await;
+    // A decode worker that can serve aggregated keeps the old behaviour (short prompt:
+    // aggregated).
+    let (p, r) = pool(&[info("v", Role::Decode, EngineKind::Vllm)]);
+    match stage(&p, &r, auto()).await {
         Prefilled::Aggregated(why) => assert!(why.contains("below the threshold"), "{why}"),
         other => panic!("expected aggregated, got {other:?}"),
     }
@@ -134,20 +167,20 @@ async fn the_prefill_stage_reroutes_instead_of_falling_back_to_aggregated() {
         info("d", Role::Decode, EngineKind::Sglang),
         info("p", Role::Prefill, EngineKind::Sglang),
     ]);
-    match stage(Arc::clone(&p), Arc::clone(&r), auto(), true).await {
+    match stage(&p, &r, auto()).await {
         Prefilled::Reroute(why) => assert!(why.contains("prefill failed everywhere"), "{why}"),
         other => panic!("expected a reroute, got {other:?}"),
     }
-    let enforce = DisaggSettings {
-        mode: Disaggregation::Enforce,
-        ..auto()
-    };
-    match stage(Arc::clone(&p), Arc::clone(&r), enforce, true).await {
+    let mut enforce = auto();
+    enforce.serve.disaggregation = Disaggregation::Enforce;
+    match stage(&p, &r, enforce).await {
         Prefilled::Fail(ApiError::Unavailable(message)) => {
             assert!(message.contains("every prefill worker failed"), "{message}")
         }
         other => panic!("expected a 503, got {other:?}"),
     }
+    // Every booking of those attempts is released.
+    assert!(r.lock().serving.load.bookings().is_empty());
     p.shutdown().await;
 }
 
@@ -156,7 +189,8 @@ async fn explain_shows_the_forced_prefill_and_the_reroute() {
     let d = WorkerId::new("d").unwrap();
     let tokens: Vec<u32> = (0..16).collect();
     let (p, r) = pool(&[info("d", Role::Decode, EngineKind::Sglang)]);
-    let explained = disagg::explain(&p, &r, &auto(), &d, &tokens, 16);
+    let request = routing::route_request(&p, &r, &tokens, None);
+    let explained = disagg::explain(&p, &r, &auto(), &d, &request, 16);
     assert_eq!(explained.mode, "rerouted");
     assert!(
         explained
@@ -166,7 +200,7 @@ async fn explain_shows_the_forced_prefill_and_the_reroute() {
         explained.why
     );
     p.upsert_worker(info("p", Role::Prefill, EngineKind::Sglang));
-    let explained = disagg::explain(&p, &r, &auto(), &d, &tokens, 16);
+    let explained = disagg::explain(&p, &r, &auto(), &d, &request, 16);
     assert_eq!(explained.mode, "disaggregated");
     assert!(
         explained.why.contains("whatever the threshold"),
@@ -190,7 +224,13 @@ fn job(routes: &Arc<ModelRoutes>, mode: Disaggregation) -> GenerateJob {
         deadline: Instant::now() + Duration::from_secs(30),
         max_retries: 1,
         max_migrations: 0,
-        disagg: DisaggSettings { mode, ..auto() },
+        disagg: DisaggSettings {
+            serve: ServeSettings {
+                disaggregation: mode,
+                ..auto().serve
+            },
+            ..auto()
+        },
         span: Span::none(),
     }
 }
@@ -250,7 +290,7 @@ async fn a_rerouted_request_lands_on_an_aggregated_worker_with_the_reason_logged
     ]);
     // Queued prefill work on the `both` worker makes the SGLang decode worker the policy's
     // choice, so the request needs a prefill, gets none, and is rerouted.
-    r.lock().load.on_routed(
+    r.lock().serving.load.on_routed(
         &WorkerId::new("sglang-both").unwrap(),
         u64::MAX,
         10_000,

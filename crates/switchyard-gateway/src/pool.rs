@@ -2,28 +2,31 @@
 //!
 //! The registry watch adds, updates and removes workers here. Each worker gets a lazily
 //! connected gRPC client and two subscriber tasks ([`crate::subscriber`]): its KV events feed
-//! the model's [`PrefixIndex`], its load reports feed the model's [`LoadView`]. A worker that
+//! the model's prefix index, its load reports feed the model's load view (both in the
+//! [`ServingCore`]). A worker that
 //! leaves is dropped from both at once. Routing ([`crate::routing`]) locks a model's
 //! [`RouterCore`] for the few microseconds a decision takes; nothing awaits under that lock.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use serde::Serialize;
 use switchyard_core::{BlockSize, WorkerId, WorkerInfo};
 use switchyard_proto::v1::worker_client::WorkerClient;
+use switchyard_router::serve::ServingCore;
 use switchyard_router::{
-    Decision, IndexConfig, LoadConfig, LoadView, Policy, PolicyConfig, PolicyKind, PrefixIndex,
-    RouteError, Tick,
+    Decision, IndexConfig, LoadConfig, PolicyConfig, PolicyKind, RouteError, Tick,
 };
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::metrics::Metrics;
 use crate::recorder::{Record, Recorder};
+use crate::transport::{GrpcTransport, WorkerTransport};
 
 /// One routing decision as the decision log keeps it.
 #[derive(Debug, Clone, Serialize)]
@@ -51,13 +54,11 @@ fn explanation_of<S: serde::Serializer>(
     decision.explanation.serialize(serializer)
 }
 
-/// The routing state of one model: its index, load view, policy and decision log.
+/// The routing state of one model: the serving core (index, load view, policies) and the
+/// decision log.
 #[derive(Debug)]
 pub struct RouterCore {
-    pub index: PrefixIndex,
-    pub load: LoadView,
-    pub policy: Box<dyn Policy>,
-    pub policy_kind: PolicyKind,
+    pub serving: ServingCore,
     pub log: VecDeque<DecisionRecord>,
     log_size: usize,
 }
@@ -77,13 +78,14 @@ pub struct ModelRoutes {
     pub model: String,
     pub block_size: BlockSize,
     pub max_context_tokens: u64,
-    pub core: Mutex<RouterCore>,
+    pub core: parking_lot::Mutex<RouterCore>,
 }
 
 impl ModelRoutes {
-    pub fn lock(&self) -> std::sync::MutexGuard<'_, RouterCore> {
-        // The core is left consistent between calls; a panic elsewhere must not stop routing.
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    /// The model's routing state; held for the microseconds a decision takes, never across an
+    /// await. (`parking_lot`: a panic elsewhere does not poison routing.)
+    pub fn lock(&self) -> parking_lot::MutexGuard<'_, RouterCore> {
+        self.core.lock()
     }
 }
 
@@ -131,6 +133,8 @@ pub struct WorkerPool {
     pub(crate) tasks: TaskTracker,
     /// Records the router's inputs while a recording runs (admin API).
     pub recorder: Arc<Recorder>,
+    /// How dispatch calls the workers.
+    pub transport: Arc<dyn WorkerTransport>,
 }
 
 impl WorkerPool {
@@ -156,10 +160,18 @@ impl WorkerPool {
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
             recorder: Arc::new(Recorder::new(epoch)),
+            transport: Arc::new(GrpcTransport),
         })
     }
 
-    /// Microseconds since the pool started: the router's clock.
+    /// The same pool calling its workers through `transport` (dispatch's tests script it).
+    pub fn with_transport(mut self, transport: Arc<dyn WorkerTransport>) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// Microseconds since the pool started: the router's clock (tokio's, so tests can pause
+    /// and advance it).
     pub fn now_tick(&self) -> Tick {
         self.epoch.elapsed().as_micros() as Tick
     }
@@ -177,9 +189,7 @@ impl WorkerPool {
             built.push(kind.build(&self.policy_settings)?);
         }
         for (routes, policy) in models.iter().zip(built) {
-            let mut core = routes.lock();
-            core.policy = policy;
-            core.policy_kind = kind;
+            routes.lock().serving.set_policy(kind, policy);
         }
         *self.policy_kind.write().unwrap_or_else(|p| p.into_inner()) = kind;
         tracing::info!(policy = %kind, "routing policy switched");
@@ -237,19 +247,20 @@ impl WorkerPool {
             }
             return Ok(Arc::clone(routes));
         }
-        let kind = self.policy_kind();
-        let policy = kind
-            .build(&self.policy_settings)
-            .map_err(|e| e.to_string())?;
+        let serving = ServingCore::new(
+            info.block_size,
+            IndexConfig::new(info.block_size),
+            LoadConfig::default(),
+            self.policy_kind(),
+            &self.policy_settings,
+        )
+        .map_err(|e| e.to_string())?;
         let routes = Arc::new(ModelRoutes {
             model: info.model.clone(),
             block_size: info.block_size,
             max_context_tokens: info.max_context_tokens,
-            core: Mutex::new(RouterCore {
-                index: PrefixIndex::new(IndexConfig::new(info.block_size)),
-                load: LoadView::new(LoadConfig::default()),
-                policy,
-                policy_kind: kind,
+            core: parking_lot::Mutex::new(RouterCore {
+                serving,
                 log: VecDeque::new(),
                 log_size: self.decision_log_size,
             }),
@@ -321,9 +332,7 @@ impl WorkerPool {
         let model = handle.info().model;
         if let Some(routes) = self.model(&model) {
             let mut core = routes.lock();
-            core.index.remove_worker(id);
-            core.load.remove_worker(id);
-            core.policy.worker_removed(id);
+            core.serving.remove_worker(id);
             self.recorder.record(|| Record::WorkerLeft {
                 tick: self.now_tick(),
                 model,

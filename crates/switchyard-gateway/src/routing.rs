@@ -1,21 +1,24 @@
-//! Routing glue: candidates for a model, the policy's decision, in-flight bookkeeping, the
-//! decision log and the routing metrics.
+//! Routing glue: the serving core's steps ([`switchyard_router::serve`]) over the gateway's
+//! workers — candidates read from the pool, bookings held by guards that release them when the
+//! request ends, the decision log, the KV recording and the routing metrics. What is decided
+//! and what is booked is the core's; this file only supplies the gateway's inputs.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use switchyard_core::{BlockHash, EngineKind, Role, TokenId, WorkerId, WorkerInfo, block_hashes};
-use switchyard_router::{Candidate, Decision, PolicyConfig, PolicyKind, RouteError, RouteRequest};
+use switchyard_core::{EngineKind, TokenId, WorkerId, WorkerInfo};
+use switchyard_router::serve::{
+    self, Booking, DecodeFilter, PrefillChoice, ServeSettings, WorkerFacts, may_decode,
+    may_prefill_for,
+};
+use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
 
 use crate::metrics::PolicyLabels;
 use crate::pool::{DecisionRecord, ModelRoutes, WorkerHandle, WorkerPool};
 use crate::recorder::{Record, Recorder, RouteRecord};
 
-static NEXT_ROUTE: AtomicU64 = AtomicU64::new(1);
-
-/// A routed request. While it lives, the model's load view counts it on the chosen worker;
-/// dropping it releases that count.
+/// A routed request. While it lives, the model's load view counts its [`Booking`] on the
+/// chosen worker; dropping it releases that count.
 #[derive(Debug)]
 pub struct RoutedRequest {
     pub worker: Arc<WorkerHandle>,
@@ -25,8 +28,9 @@ pub struct RoutedRequest {
     pub decision: Arc<Decision>,
     /// Leading prompt blocks the chosen worker holds in its device tier.
     pub cached_blocks: u32,
+    /// What the core booked for this request on the worker.
+    pub booking: Booking,
     routes: Arc<ModelRoutes>,
-    key: u64,
     prefill_done: bool,
     recorder: Arc<Recorder>,
     /// Whether the KV recording sees this request. Prefill-pool routes are left out: a
@@ -39,12 +43,26 @@ impl RoutedRequest {
     pub fn prefill_done(&mut self) {
         if !self.prefill_done {
             self.prefill_done = true;
-            let mut core = self.routes.lock();
-            core.load.on_prefill_done(&self.worker_id, self.key);
+            self.routes.lock().serving.prefill_done(&self.booking);
             if self.recorded {
                 self.recorder.record(|| self.bookkeeping_record(true));
             }
         }
+    }
+
+    /// The uncached prompt tokens the chosen worker would compute itself.
+    pub fn uncached_prompt_tokens(&self) -> u64 {
+        self.booking.uncached_prompt_tokens
+    }
+
+    /// This prefill failed or was given up: its booking goes, and `decode` computes its prompt
+    /// itself again (until another prefill worker is booked for it).
+    pub fn prefill_failed(self, decode: &mut RoutedRequest) {
+        self.routes
+            .lock()
+            .serving
+            .prefill_failed(&self.booking, &mut decode.booking);
+        // Dropping `self` releases nothing more: its booking is gone already.
     }
 
     /// The recorder's `prefill_done` or `finished` record of this request.
@@ -52,7 +70,7 @@ impl RoutedRequest {
         let (tick, model, key, worker) = (
             self.recorder.now_tick(),
             self.routes.model.clone(),
-            self.key,
+            self.booking.key,
             Some(self.worker_id.clone()),
         );
         if prefill_done {
@@ -75,8 +93,7 @@ impl RoutedRequest {
 
 impl Drop for RoutedRequest {
     fn drop(&mut self) {
-        let mut core = self.routes.lock();
-        core.load.on_finished(&self.worker_id, self.key);
+        self.routes.lock().serving.finished(&self.booking);
         if self.recorded {
             self.recorder.record(|| self.bookkeeping_record(false));
         }
@@ -93,8 +110,12 @@ pub struct Candidates {
 }
 
 impl Candidates {
-    /// The workers of `pool` for which `eligible` holds and that are not draining.
-    fn select(pool: &WorkerPool, eligible: impl Fn(&WorkerInfo) -> bool) -> Self {
+    /// The workers of `routes`' model for which the core's filter `eligible` holds.
+    fn select(
+        pool: &WorkerPool,
+        routes: &ModelRoutes,
+        eligible: impl Fn(WorkerFacts<'_>) -> bool,
+    ) -> Self {
         let workers = pool.workers();
         let mut out = Candidates {
             ids: Vec::with_capacity(workers.len()),
@@ -105,11 +126,10 @@ impl Candidates {
             // request was the larger part of routing with many workers.
             let id = {
                 let info = w.info.read().unwrap_or_else(|p| p.into_inner());
-                eligible(&info).then(|| info.id.clone())
+                (info.model == routes.model && eligible(facts(&info, w.is_draining())))
+                    .then(|| info.id.clone())
             };
-            if let Some(id) = id
-                && !w.is_draining()
-            {
+            if let Some(id) = id {
                 out.ids.push(Candidate::from(id));
                 out.handles.push(w);
             }
@@ -132,30 +152,37 @@ impl Candidates {
     }
 }
 
-/// Whether `info`'s worker can generate only from a prefill worker's KV, never from a bare
-/// prompt. An SGLang worker of role `decode` fronts a server started with
-/// `--disaggregation-mode decode`, which rejects requests without bootstrap fields, so it must
-/// never be sent an aggregated request. vLLM decode engines and the simulator compute a prompt
-/// themselves when no KV comes, and role `both` serves anything. The gateway learns this from
-/// the registry entry alone (engine kind and role), so it holds for workers of any version.
-pub fn needs_prefill(info: &WorkerInfo) -> bool {
-    info.engine == EngineKind::Sglang && info.role == Role::Decode
+/// The serving core's view of a registered worker.
+fn facts(info: &WorkerInfo, draining: bool) -> WorkerFacts<'_> {
+    WorkerFacts {
+        id: &info.id,
+        role: info.role,
+        engine: info.engine,
+        draining,
+    }
 }
 
-/// Workers of the model that can take a generation now; with `aggregated_only`, only those
-/// that can run it without a prefill worker (see [`needs_prefill`]).
-pub fn candidates(
+/// Whether `info`'s worker can generate only from a prefill worker's KV
+/// ([`serve::needs_prefill`]). The gateway learns this from the registry entry alone (engine
+/// kind and role), so it holds for workers of any version.
+pub fn needs_prefill(info: &WorkerInfo) -> bool {
+    serve::needs_prefill(info.role, info.engine)
+}
+
+/// Workers of the model that can take a generation now under `filter`.
+pub fn candidates(pool: &WorkerPool, routes: &ModelRoutes, filter: DecodeFilter<'_>) -> Candidates {
+    Candidates::select(pool, routes, |w| may_decode(w, filter))
+}
+
+/// Prefill-pool workers of the model that can prefill now for a decode worker in front of
+/// `engine`.
+pub fn prefill_candidates(
     pool: &WorkerPool,
     routes: &ModelRoutes,
+    engine: EngineKind,
     exclude: &[WorkerId],
-    aggregated_only: bool,
 ) -> Candidates {
-    Candidates::select(pool, |info| {
-        info.model == routes.model
-            && info.role.serves_decode()
-            && !(aggregated_only && needs_prefill(info))
-            && !exclude.contains(&info.id)
-    })
+    Candidates::select(pool, routes, |w| may_prefill_for(w, engine, exclude))
 }
 
 /// The route request for `tokens` (hashing happens here, outside any lock).
@@ -165,61 +192,38 @@ pub fn route_request(
     tokens: &[TokenId],
     session: Option<String>,
 ) -> RouteRequest {
-    let hashes: Vec<BlockHash> = block_hashes(tokens, routes.block_size);
-    RouteRequest {
-        block_hashes: hashes,
-        prompt_tokens: tokens.len() as u64,
-        block_size: routes.block_size,
-        session,
-        now: pool.now_tick(),
-    }
+    serve::route_request(tokens, routes.block_size, session, pool.now_tick())
 }
 
-/// Chooses a worker for `tokens` and records the decision; `aggregated_only` leaves out the
-/// workers that need a prefill worker (the request will not get one), and `note` says why in
-/// the decision log when an earlier attempt decided it.
+/// Step 1 of the serving core: chooses the generating worker for `request` among the
+/// candidates `filter` leaves, books it, and records the decision; `note` says in the decision
+/// log why the candidates were narrowed when an earlier attempt decided it.
 #[allow(clippy::too_many_arguments)]
 pub fn route(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
-    tokens: &[TokenId],
+    request: &RouteRequest,
     max_tokens: u32,
-    session: Option<String>,
-    exclude: &[WorkerId],
+    filter: DecodeFilter<'_>,
     request_id: &str,
     attempt: u32,
-    aggregated_only: bool,
     note: Option<&str>,
 ) -> Result<RoutedRequest, RouteError> {
     let started = Instant::now();
-    let request = route_request(pool, routes, tokens, session);
-    let candidates = candidates(pool, routes, exclude, aggregated_only);
-    if candidates.is_empty() {
-        return Err(RouteError::NoCandidates);
-    }
+    let candidates = candidates(pool, routes, filter);
     let only = &candidates.ids;
-    let block_size = u64::from(routes.block_size.get());
-    let (decision, cached_blocks, key) = {
+    let (decision, booking) = {
         let mut core = routes.lock();
-        let core = &mut *core;
-        let decision = Arc::new(
-            core.policy
-                .choose(&request, only, &core.index, &core.load)?,
-        );
-        let chosen = decision.chosen();
-        let uncached = chosen.map_or(request.prompt_tokens, |c| c.uncached_prompt_tokens);
-        let cached_blocks = chosen.map_or(0, |c| c.overlap.device);
-        let key = NEXT_ROUTE.fetch_add(1, Ordering::Relaxed);
-        let blocks = (request.prompt_tokens + u64::from(max_tokens)).div_ceil(block_size);
-        core.load
-            .on_routed(&decision.worker, key, uncached, blocks, request.now);
+        let (decision, booking) = core.serving.route_decode(request, only, max_tokens)?;
+        let decision = Arc::new(decision);
+        let cached_blocks = cached_blocks(&decision);
         pool.recorder.record(|| {
             route_record(
                 routes,
-                &request,
+                request,
                 only,
                 max_tokens,
-                key,
+                booking.key,
                 attempt,
                 &decision,
                 cached_blocks,
@@ -234,7 +238,7 @@ pub fn route(
             decision: Arc::clone(&decision),
             note: note.map(str::to_owned),
         });
-        (decision, cached_blocks, key)
+        (decision, booking)
     };
     let m = &pool.metrics;
     m.routing_overhead.observe(started.elapsed().as_secs_f64());
@@ -245,8 +249,13 @@ pub fn route(
         .inc();
     m.prompt_blocks_requested
         .inc_by(request.block_hashes.len() as u64);
-    m.prompt_blocks_cached.inc_by(u64::from(cached_blocks));
-    routed_request(pool, routes, candidates, decision, cached_blocks, key, true)
+    m.prompt_blocks_cached
+        .inc_by(u64::from(cached_blocks(&decision)));
+    routed_request(pool, routes, candidates, decision, booking, true)
+}
+
+fn cached_blocks(decision: &Decision) -> u32 {
+    decision.chosen().map_or(0, |c| c.overlap.device)
 }
 
 fn unix_ms() -> u64 {
@@ -266,82 +275,50 @@ pub enum Stage {
     Prefill,
 }
 
-/// Prefill-pool workers (role prefill) of the model that can take a prefill now for a decode
-/// worker in front of `engine`. Only workers of the same engine kind pair up: the KV moves
-/// between the engines (the simulator's blocks over `PullKv`, vLLM's and SGLang's through the
-/// engines' own transfer), and neither side can read the other kind's.
-pub fn prefill_candidates(
-    pool: &WorkerPool,
-    routes: &ModelRoutes,
-    engine: EngineKind,
-    exclude: &[WorkerId],
-) -> Candidates {
-    Candidates::select(pool, |info| {
-        info.model == routes.model
-            && info.role == Role::Prefill
-            && info.engine == engine
-            && !exclude.contains(&info.id)
-    })
+/// The outcome of a prefill route.
+#[derive(Debug)]
+pub enum PrefillRoute {
+    /// Booked: the prefill runs on this worker, and the decode worker's booking says it
+    /// computes none of the prompt.
+    Routed(RoutedRequest),
+    /// `auto`, and even the best prefill worker is too busy: stay aggregated (the reason).
+    Saturated(String),
+    /// No prefill worker can be chosen.
+    Unavailable(RouteError),
 }
 
-/// The KV-aware choice among prefill workers: the kv policy's cost (uncached tokens after
-/// overlap plus queued prefill) over the prefill pool. A fresh kv policy rather than the live
-/// one, whatever it is: the live policy's per-request state (session pins, predicted caches,
-/// turns) describes the decode pool and must not be moved by prefill choices.
-fn prefill_decision(
-    routes: &ModelRoutes,
-    request: &RouteRequest,
-    candidates: &[Candidate],
-) -> Result<Decision, RouteError> {
-    let mut policy = PolicyKind::Kv.build(&PolicyConfig::default())?;
-    let core = routes.lock();
-    policy.choose(request, candidates, &core.index, &core.load)
-}
-
-/// What a prefill-pool route would decide for `tokens`, without routing (admin explain).
-pub fn explain_prefill(
-    pool: &WorkerPool,
-    routes: &ModelRoutes,
-    engine: EngineKind,
-    tokens: &[TokenId],
-) -> Result<Decision, RouteError> {
-    let request = route_request(pool, routes, tokens, None);
-    let only = prefill_candidates(pool, routes, engine, &[]).ids;
-    if only.is_empty() {
-        return Err(RouteError::NoCandidates);
-    }
-    prefill_decision(routes, &request, &only)
-}
-
-/// Chooses a prefill worker for `tokens`, counts the prefill on it in the load view (until
-/// the returned request is dropped) and logs the decision.
+/// Steps 3 and 4 of the serving core: chooses a prefill worker for `request` among those of
+/// the decode worker's `engine`, books it, makes `decode`'s booking disaggregated, and logs the
+/// decision.
 #[allow(clippy::too_many_arguments)]
 pub fn route_prefill(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
+    settings: &ServeSettings,
+    request: &RouteRequest,
     engine: EngineKind,
-    tokens: &[TokenId],
+    needs_prefill: bool,
     exclude: &[WorkerId],
+    decode: &mut RoutedRequest,
     request_id: &str,
     attempt: u32,
-) -> Result<RoutedRequest, RouteError> {
-    let request = route_request(pool, routes, tokens, None);
+) -> PrefillRoute {
     let candidates = prefill_candidates(pool, routes, engine, exclude);
-    if candidates.is_empty() {
-        return Err(RouteError::NoCandidates);
-    }
-    let decision = Arc::new(prefill_decision(routes, &request, &candidates.ids)?);
-    let chosen = decision.chosen();
-    let uncached = chosen.map_or(request.prompt_tokens, |c| c.uncached_prompt_tokens);
-    let cached_blocks = chosen.map_or(0, |c| c.overlap.device);
-    let key = NEXT_ROUTE.fetch_add(1, Ordering::Relaxed);
-    {
+    let (decision, booking) = {
         let mut core = routes.lock();
-        let blocks = request
-            .prompt_tokens
-            .div_ceil(u64::from(routes.block_size.get()));
-        core.load
-            .on_routed(&decision.worker, key, uncached, blocks, request.now);
+        let decision =
+            match core
+                .serving
+                .choose_prefill(settings, request, &candidates.ids, needs_prefill)
+            {
+                PrefillChoice::Chosen(decision) => decision,
+                PrefillChoice::Saturated { why, .. } => return PrefillRoute::Saturated(why),
+                PrefillChoice::Unavailable(err) => return PrefillRoute::Unavailable(err),
+            };
+        let booking = core
+            .serving
+            .book_prefill(&decision, request, &mut decode.booking);
+        let decision = Arc::new(decision);
         core.record(DecisionRecord {
             request_id: request_id.to_owned(),
             model: routes.model.clone(),
@@ -351,39 +328,52 @@ pub fn route_prefill(
             decision: Arc::clone(&decision),
             note: None,
         });
+        (decision, booking)
+    };
+    match routed_request(pool, routes, candidates, decision, booking, false) {
+        Ok(routed) => PrefillRoute::Routed(routed),
+        Err(err) => PrefillRoute::Unavailable(err),
     }
-    routed_request(
-        pool,
-        routes,
-        candidates,
-        decision,
-        cached_blocks,
-        key,
-        false,
-    )
 }
 
-/// The [`RoutedRequest`] for `decision`, whose load the caller already counted under `key`.
-/// `recorded` says whether the recorder was told of the route (its bookkeeping then follows).
+/// What a prefill route would decide for `request`, without routing (admin explain).
+pub fn explain_prefill(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    settings: &ServeSettings,
+    request: &RouteRequest,
+    engine: EngineKind,
+    needs_prefill: bool,
+) -> PrefillChoice {
+    let only = prefill_candidates(pool, routes, engine, &[]).ids;
+    routes
+        .lock()
+        .serving
+        .explain_prefill(settings, request, &only, needs_prefill)
+}
+
+/// The [`RoutedRequest`] for `decision`, whose booking the core made. `recorded` says whether
+/// the recorder was told of the route (its bookkeeping then follows).
 fn routed_request(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
     candidates: Candidates,
     decision: Arc<Decision>,
-    cached_blocks: u32,
-    key: u64,
+    booking: Booking,
     recorded: bool,
 ) -> Result<RoutedRequest, RouteError> {
-    let worker = candidates
-        .take(&decision.worker)
-        .ok_or(RouteError::NoCandidates)?;
+    let Some(worker) = candidates.take(&decision.worker) else {
+        // Cannot happen (the policy chooses among the candidates); release what was booked.
+        routes.lock().serving.finished(&booking);
+        return Err(RouteError::NoCandidates);
+    };
     Ok(RoutedRequest {
         worker_id: decision.worker.clone(),
+        cached_blocks: cached_blocks(&decision),
         worker,
         decision,
-        cached_blocks,
+        booking,
         routes: Arc::clone(routes),
-        key,
         prefill_done: false,
         recorder: Arc::clone(&pool.recorder),
         recorded,
@@ -426,16 +416,9 @@ fn route_record(
 pub fn explain(
     pool: &WorkerPool,
     routes: &ModelRoutes,
-    tokens: &[TokenId],
-    session: Option<String>,
-    aggregated_only: bool,
+    request: &RouteRequest,
+    filter: DecodeFilter<'_>,
 ) -> Result<Decision, RouteError> {
-    let request = route_request(pool, routes, tokens, session);
-    let only = candidates(pool, routes, &[], aggregated_only).ids;
-    if only.is_empty() {
-        return Err(RouteError::NoCandidates);
-    }
-    let core = routes.lock();
-    let mut preview = core.policy.clone_box();
-    preview.choose(&request, &only, &core.index, &core.load)
+    let only = candidates(pool, routes, filter).ids;
+    routes.lock().serving.explain_decode(request, &only)
 }

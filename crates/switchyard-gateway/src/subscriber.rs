@@ -122,7 +122,7 @@ fn apply(
                 Err(err) => {
                     tracing::warn!(worker = %id, error = %err, "invalid snapshot; dropping the worker's blocks");
                     let mut core = routes.lock();
-                    core.index.remove_worker(id);
+                    core.serving.index.remove_worker(id);
                     pool.recorder.record(|| Record::IndexDropped {
                         tick: pool.now_tick(),
                         model: routes.model.clone(),
@@ -133,6 +133,7 @@ fn apply(
             };
             let mut core = routes.lock();
             match core
+                .serving
                 .index
                 .apply_snapshot(id, incarnation, snapshot.next_seq, &blocks)
             {
@@ -146,7 +147,7 @@ fn apply(
                         next_seq: snapshot.next_seq,
                         blocks: blocks.clone(),
                     });
-                    let entries = core.index.worker_entries(id);
+                    let entries = core.serving.index.worker_entries(id);
                     drop(core);
                     set_indexed(pool, id, entries);
                     *cursor = Cursor {
@@ -172,7 +173,7 @@ fn apply(
                 }
             };
             let mut core = routes.lock();
-            match core.index.apply(id, incarnation, seq, &event) {
+            match core.serving.index.apply(id, incarnation, seq, &event) {
                 Ok(ApplyOutcome::Applied) => {
                     pool.metrics.kv_events_applied.inc();
                     pool.recorder.record(|| Record::KvEvent {
@@ -183,7 +184,7 @@ fn apply(
                         seq,
                         event,
                     });
-                    let entries = core.index.worker_entries(id);
+                    let entries = core.serving.index.worker_entries(id);
                     drop(core);
                     set_indexed(pool, id, entries);
                     *cursor = Cursor {
@@ -236,7 +237,7 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
                 let stats = LoadStats::from(&report);
                 let tick = pool.now_tick();
                 let mut core = routes.lock();
-                core.load.report(&id, stats, tick);
+                core.serving.load.report(&id, stats, tick);
                 pool.recorder.record(|| Record::Load {
                     tick,
                     model: routes.model.clone(),
@@ -355,7 +356,7 @@ mod tests {
             snapshot(1, 5, &first)
         ));
         assert_eq!(cursor.next_seq, Some(5));
-        assert_eq!(routes.lock().index.worker_entries(&id), 1);
+        assert_eq!(routes.lock().serving.index.worker_entries(&id), 1);
 
         assert!(apply(
             &pool,
@@ -365,7 +366,7 @@ mod tests {
             event(1, 5, &stored(&[9, 9, 9, 9, 8, 8, 8, 8]))
         ));
         assert_eq!(cursor.next_seq, Some(6));
-        assert_eq!(routes.lock().index.worker_entries(&id), 3);
+        assert_eq!(routes.lock().serving.index.worker_entries(&id), 3);
 
         // A stale duplicate changes nothing and needs nothing.
         assert!(apply(
@@ -375,7 +376,7 @@ mod tests {
             &mut cursor,
             event(1, 4, &stored(&[7, 7, 7, 7]))
         ));
-        assert_eq!(routes.lock().index.worker_entries(&id), 3);
+        assert_eq!(routes.lock().serving.index.worker_entries(&id), 3);
 
         // A gap: the subscriber must resync, and the event is not applied.
         assert!(!apply(
@@ -385,7 +386,7 @@ mod tests {
             &mut cursor,
             event(1, 7, &stored(&[6, 6, 6, 6]))
         ));
-        assert_eq!(routes.lock().index.worker_entries(&id), 3);
+        assert_eq!(routes.lock().serving.index.worker_entries(&id), 3);
 
         // The resync snapshot replaces what was known.
         assert!(apply(
@@ -395,7 +396,7 @@ mod tests {
             &mut cursor,
             snapshot(1, 9, &first)
         ));
-        assert_eq!(routes.lock().index.worker_entries(&id), 1);
+        assert_eq!(routes.lock().serving.index.worker_entries(&id), 1);
         assert_eq!(cursor.next_seq, Some(9));
     }
 
@@ -420,7 +421,7 @@ mod tests {
             event(1, 0, &forged)
         ));
         assert_eq!(pool.metrics.kv_events_invalid.get(), 1);
-        assert_eq!(routes.lock().index.worker_entries(&id), 0);
+        assert_eq!(routes.lock().serving.index.worker_entries(&id), 0);
         // An event without a payload kind is undecodable: resync, counted.
         let empty = v1::KvEventsResponse {
             worker_id: "w".into(),
@@ -443,9 +444,9 @@ mod tests {
             &mut cursor,
             event(1, 0, &stored(&[1, 1, 1, 1]))
         ));
-        assert_eq!(routes.lock().index.worker_entries(&id), 1);
+        assert_eq!(routes.lock().serving.index.worker_entries(&id), 1);
         assert!(apply(&pool, &routes, &id, &mut cursor, snapshot(2, 0, &[])));
         assert_eq!(cursor.incarnation, 2);
-        assert_eq!(routes.lock().index.worker_entries(&id), 0);
+        assert_eq!(routes.lock().serving.index.worker_entries(&id), 0);
     }
 }

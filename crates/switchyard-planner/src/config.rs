@@ -100,7 +100,7 @@ impl Default for PlannerConfig {
             profile: None,
             sim_speedup: 1.0,
             sim_max_batched_tokens: 8192,
-            disagg_min_uncached_tokens: 2048,
+            disagg_min_uncached_tokens: switchyard_router::serve::DEFAULT_MIN_UNCACHED_TOKENS,
             cooldown_secs: 30.0,
             hysteresis_intervals: 2,
             correction: CorrectionSettings::default(),

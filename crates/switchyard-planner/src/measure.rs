@@ -13,6 +13,7 @@
 //! shows up in the figures.
 
 use futures::StreamExt;
+use switchyard_core::rng::SplitMix64;
 use switchyard_proto::v1;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -61,7 +62,7 @@ impl Default for MeasureSettings {
 /// Fresh, distinct prompts.
 #[derive(Debug)]
 struct Prompts {
-    state: u64,
+    rng: SplitMix64,
 }
 
 impl Prompts {
@@ -69,11 +70,7 @@ impl Prompts {
         (0..len)
             .map(|_| {
                 // SplitMix64: cheap, and no two prompts share a leading block.
-                self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = self.state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                100 + ((z ^ (z >> 31)) % 29_900) as u32
+                100 + (self.rng.next_u64() % 29_900) as u32
             })
             .collect()
     }
@@ -125,7 +122,9 @@ pub async fn measure(
             address: address.to_owned(),
             source,
         })?;
-    let mut prompts = Prompts { state: 0x5157 };
+    let mut prompts = Prompts {
+        rng: SplitMix64::new(0x5157),
+    };
     let mut seq = 0u64;
     let mut next_id = || {
         seq += 1;

@@ -1,4 +1,5 @@
-//! Reading the figures the planner needs out of a gateway's Prometheus text exposition.
+//! Reading the figures the planner needs out of a gateway's Prometheus text exposition (parsed
+//! by the workspace's one reader, `switchyard_core::promtext`).
 //!
 //! Only what the planner reads is kept: counters and gauges by name (summed over their label
 //! sets) and histograms as cumulative `le` buckets. Lines that do not parse are skipped: a
@@ -17,37 +18,18 @@ pub struct Scrape {
 impl Scrape {
     pub fn parse(text: &str) -> Self {
         let mut scrape = Self::default();
-        for line in text.lines() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let Some((series, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            // A timestamp may follow the value; the exposition here has none, but be lenient.
-            let (series, value) = match series.rsplit_once(' ') {
-                Some((s, v)) if !series.ends_with('}') && v.parse::<f64>().is_ok() => (s, v),
-                _ => (series, value),
-            };
-            let Ok(value) = value.parse::<f64>() else {
-                continue;
-            };
-            let (name, labels) = match series.split_once('{') {
-                Some((name, rest)) => (name, rest.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            if let Some(hist) = name.strip_suffix("_bucket") {
-                let Some(le) = label(labels, "le").and_then(parse_bound) else {
+        for sample in switchyard_core::promtext::parse(text) {
+            if let Some(hist) = sample.name.strip_suffix("_bucket") {
+                let Some(le) = sample.label("le").and_then(parse_bound) else {
                     continue;
                 };
                 let buckets = scrape.buckets.entry(hist.to_owned()).or_default();
                 match buckets.iter_mut().find(|(b, _)| *b == le) {
-                    Some((_, count)) => *count += value,
-                    None => buckets.push((le, value)),
+                    Some((_, count)) => *count += sample.value,
+                    None => buckets.push((le, sample.value)),
                 }
             } else {
-                *scrape.values.entry(name.to_owned()).or_default() += value;
+                *scrape.values.entry(sample.name).or_default() += sample.value;
             }
         }
         for buckets in scrape.buckets.values_mut() {
@@ -134,13 +116,6 @@ impl Scrape {
         }
         Some(lower.0)
     }
-}
-
-fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    labels.split(',').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k.trim() == key).then(|| v.trim().trim_matches('"'))
-    })
 }
 
 fn parse_bound(s: &str) -> Option<f64> {

@@ -30,6 +30,7 @@ use crate::metrics::Percentiles;
 /// The format name a recording's header must carry.
 pub use switchyard_router::recording::{FORMAT, VERSION};
 use switchyard_router::recording::{Record as Line, RouteRecord};
+use switchyard_router::serve::Booking;
 
 /// What the index made of the recorded events (all but `applied` should be rare: gaps appear
 /// before a worker's first recorded snapshot or where the recording dropped records).
@@ -277,8 +278,6 @@ impl Replayer {
             .map(Candidate::from)
             .collect();
         self.live.add(record, &record.chosen, record.cached_blocks);
-        let blocks = (record.prompt_tokens + u64::from(record.max_tokens))
-            .div_ceil(u64::from(record.block_size));
         let model = self.model(&record.model, block_size)?;
         let mut outcomes = Vec::with_capacity(model.lanes.len());
         for lane in &mut model.lanes {
@@ -287,15 +286,15 @@ impl Replayer {
                 .choose(&request, &candidates, &model.index, &lane.load)
             {
                 Ok(decision) => {
-                    let chosen = decision.chosen();
-                    let uncached =
-                        chosen.map_or(request.prompt_tokens, |c| c.uncached_prompt_tokens);
-                    let cached_blocks = chosen.map_or(0, |c| c.overlap.device);
+                    let cached_blocks = decision.chosen().map_or(0, |c| c.overlap.device);
+                    // Booked by the serving core's rule, as the live gateway booked it.
+                    let booking =
+                        Booking::aggregated(record.key, &decision, &request, record.max_tokens);
                     lane.load.on_routed(
-                        &decision.worker,
-                        record.key,
-                        uncached,
-                        blocks,
+                        &booking.worker,
+                        booking.key,
+                        booking.prefill_tokens,
+                        booking.blocks,
                         request.now,
                     );
                     lane.routed.insert(record.key, decision.worker.clone());

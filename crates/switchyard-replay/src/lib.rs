@@ -35,8 +35,8 @@ pub mod workload;
 use indicatif::ProgressBar;
 
 pub use cluster::{
-    Cluster, ClusterConfig, ClusterRun, DisaggConfig, DisaggMode, DisaggStats, TokenGap,
-    WorkerStats,
+    Cluster, ClusterConfig, ClusterRun, Control, Controller, DisaggConfig, DisaggMode, DisaggStats,
+    TokenGap, WorkerStats,
 };
 pub use error::ReplayError;
 pub use events::{EventsReport, replay_recording};

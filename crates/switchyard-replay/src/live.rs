@@ -8,6 +8,7 @@
 
 use std::collections::BinaryHeap;
 use std::time::Duration;
+use switchyard_core::sse::SseDecoder;
 
 use futures::StreamExt;
 use indicatif::ProgressBar;
@@ -165,18 +166,12 @@ async fn send_one(
         return record;
     }
     let mut stream = response.bytes_stream();
-    let mut buffer = Vec::new();
+    let mut events = SseDecoder::new();
     let mut last_token = None;
     let mut chunks = 0u64;
     let mut done = false;
     while let Some(Ok(bytes)) = stream.next().await {
-        buffer.extend_from_slice(&bytes);
-        while let Some(pos) = buffer.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = buffer.drain(..=pos).collect();
-            let line = String::from_utf8_lossy(&line);
-            let Some(data) = line.trim().strip_prefix("data:") else {
-                continue;
-            };
+        for data in events.push(&bytes) {
             let data = data.trim();
             if data == "[DONE]" {
                 done = true;

@@ -13,13 +13,8 @@ use switchyard_core::TokenId;
 pub const TOKEN_BASE: u32 = 1000;
 pub const TOKEN_SPAN: u32 = 30_000;
 
-/// SplitMix64's finaliser.
-pub(crate) fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+/// A stable 64-bit hash (the workspace's SplitMix64).
+pub(crate) use switchyard_core::rng::splitmix as mix;
 
 /// How to build one request's prompt: the trace's block ids plus the prompt length.
 #[derive(Debug, Clone, PartialEq, Eq)]

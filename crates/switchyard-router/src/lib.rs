@@ -9,6 +9,9 @@
 //! - [`policy`]: the [`Policy`] trait, the routing policies and the [`Explanation`] every
 //!   decision carries.
 //! - [`recording`]: the KV recording format a gateway writes and offline replay reads.
+//! - [`serve`]: the serving core — candidates, aggregated or disaggregated, the prefill and
+//!   decode choices and what is booked for them — written once for the gateway, the replay
+//!   lab and the planner's bench.
 //! - [`error`]: [`IndexError`] and [`RouteError`].
 
 pub mod engine_map;
@@ -18,14 +21,14 @@ pub mod index;
 pub mod load;
 pub mod policy;
 pub mod recording;
-mod rng;
+pub mod serve;
 
 pub use engine_map::EngineHashMap;
 pub use error::{IndexError, RouteError};
 pub use index::{
     ApplyOutcome, IndexConfig, IndexStats, OverlapScores, PrefixIndex, TierOverlap, WorkerKey,
 };
-pub use load::{LoadConfig, LoadView, RequestId, Tick, WorkerLoad};
+pub use load::{BookedRequest, LoadConfig, LoadView, RequestId, Tick, WorkerLoad};
 pub use policy::{
     Candidate, Decision, Explanation, Policy, PolicyConfig, PolicyKind, RouteRequest, WorkerScore,
 };

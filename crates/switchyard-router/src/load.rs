@@ -75,6 +75,17 @@ impl WorkerLoad {
     }
 }
 
+/// One request the router counts on a worker ([`LoadView::bookings`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BookedRequest {
+    pub worker: WorkerId,
+    pub request: RequestId,
+    pub routed_at: Tick,
+    pub prefill_tokens: u64,
+    pub blocks: u64,
+    pub prefill_done: bool,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
     routed_at: Tick,
@@ -151,6 +162,24 @@ impl LoadView {
         );
     }
 
+    /// `request`, still in flight on `worker`, now has `prefill_tokens` to compute there (its
+    /// serving mode changed: the prefill moved to another worker, or came back). Its routing
+    /// time, blocks and state stay.
+    pub fn set_prefill_tokens(
+        &mut self,
+        worker: &WorkerId,
+        request: RequestId,
+        prefill_tokens: u64,
+    ) {
+        if let Some(r) = self
+            .workers
+            .get_mut(worker)
+            .and_then(|e| e.in_flight.get_mut(&request))
+        {
+            r.prefill_tokens = prefill_tokens;
+        }
+    }
+
     /// `request`'s prefill finished: it now decodes.
     pub fn on_prefill_done(&mut self, worker: &WorkerId, request: RequestId) {
         if let Some(r) = self
@@ -167,6 +196,27 @@ impl LoadView {
         if let Some(e) = self.workers.get_mut(worker) {
             e.in_flight.remove(&request);
         }
+    }
+
+    /// Every request the router still counts on a worker, sorted by worker and request: what
+    /// was booked, for the admin API and for tests that compare two routers' bookkeeping.
+    pub fn bookings(&self) -> Vec<BookedRequest> {
+        let mut out: Vec<BookedRequest> = self
+            .workers
+            .iter()
+            .flat_map(|(worker, e)| {
+                e.in_flight.iter().map(|(request, r)| BookedRequest {
+                    worker: worker.clone(),
+                    request: *request,
+                    routed_at: r.routed_at,
+                    prefill_tokens: r.prefill_tokens,
+                    blocks: r.blocks,
+                    prefill_done: r.prefill_done,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.worker, a.request).cmp(&(&b.worker, b.request)));
+        out
     }
 
     /// Forgets a worker that left.

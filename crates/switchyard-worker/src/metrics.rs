@@ -435,7 +435,7 @@ impl Drop for RequestRecord {
 /// The value of the series `name` whose labels include `labels`, in an exposition `text` (for
 /// tests and tools reading a scrape).
 pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    crate::engine::engine_metrics::parse(text)
+    switchyard_core::promtext::parse(text)
         .into_iter()
         .find(|s| {
             s.name == name

@@ -38,7 +38,7 @@ pub struct DisaggArgs {
     prefill_fractions: Vec<f64>,
     /// `auto` sends a prompt to the prefill pool from this many uncached tokens (gateway
     /// default).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = switchyard_router::serve::DEFAULT_MIN_UNCACHED_TOKENS)]
     min_uncached_tokens: u64,
     /// Mix: seconds of arrivals.
     #[arg(long, default_value_t = 120.0)]

@@ -93,7 +93,10 @@ pub fn pool(workers: usize, prompt: &[TokenId]) -> (Arc<WorkerPool>, Arc<ModelRo
                     tier: StorageTier::Device,
                 });
             }
-            core.index.apply_snapshot(id, 1, 0, &blocks).unwrap();
+            core.serving
+                .index
+                .apply_snapshot(id, 1, 0, &blocks)
+                .unwrap();
         }
     }
     (pool, routes)

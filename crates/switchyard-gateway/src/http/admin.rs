@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use switchyard_config::admin_authorized;
 use switchyard_core::{Role, WorkerId};
 use switchyard_proto::v1::{self, ControlRequest, control_request::Command};
+use switchyard_router::serve::{DecodeFilter, aggregated_only};
 use switchyard_router::{IndexStats, PolicyKind, WorkerLoad};
 
 use super::AppState;
@@ -92,7 +93,10 @@ async fn workers(State(state): State<Arc<AppState>>) -> axum::Json<Vec<WorkerVie
         let (load, indexed_blocks) = match state.pool.model(&info.model) {
             Some(routes) => {
                 let core = routes.lock();
-                (core.load.get(&info.id), core.index.worker_entries(&info.id))
+                (
+                    core.serving.load.get(&info.id),
+                    core.serving.index.worker_entries(&info.id),
+                )
             }
             None => (WorkerLoad::default(), 0),
         };
@@ -162,17 +166,15 @@ async fn explain(
         }
     };
     let settings = state.config.disagg();
-    // With disaggregation off no request gets a prefill worker, so none goes to a worker that
-    // needs one (as dispatch routes it).
-    let aggregated_only = settings.mode == crate::disagg::Disaggregation::Off;
-    let decision = routing::explain(
-        &state.pool,
-        &routes,
-        &tokens,
-        request.session_id,
-        aggregated_only,
-    )
-    .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    // As dispatch routes a first attempt: with disaggregation off no request gets a prefill
+    // worker, so none goes to a worker that needs one.
+    let filter = DecodeFilter {
+        exclude: &[],
+        aggregated_only: aggregated_only(&settings.serve, false, false),
+    };
+    let route_request = routing::route_request(&state.pool, &routes, &tokens, request.session_id);
+    let decision = routing::explain(&state.pool, &routes, &route_request, filter)
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
     let uncached = decision
         .chosen()
         .map_or(tokens.len() as u64, |c| c.uncached_prompt_tokens);
@@ -181,7 +183,7 @@ async fn explain(
         &routes,
         &settings,
         &decision.worker,
-        &tokens,
+        &route_request,
         uncached,
     );
     Ok(axum::Json(ExplainResponse {
@@ -230,8 +232,8 @@ async fn index(State(state): State<Arc<AppState>>) -> axum::Json<Vec<ModelIndex>
             ModelIndex {
                 model,
                 block_size: routes.block_size.get(),
-                policy: core.policy_kind,
-                stats: core.index.stats(),
+                policy: core.serving.policy_kind(),
+                stats: core.serving.index.stats(),
             }
         })
         .collect();

@@ -1,13 +1,15 @@
 //! The planner benchmark: a workload that shifts between phases (decode-heavy, then
-//! prefill-heavy) served by a cluster of simulated workers in virtual time, once per fixed
-//! prefill/decode split and once with the planner moving workers; reported as TTFT and ITL
-//! target attainment (`switchyard planner bench`).
+//! prefill-heavy) served by the replay lab's simulated cluster in virtual time — the same
+//! serving core as the gateway (KV-aware decode choice, `auto` disaggregation by uncached
+//! tokens, the prefill pool's choice, pipelined KV transfer) — once per fixed prefill/decode
+//! split and once with the planner moving workers; reported as TTFT and ITL target attainment
+//! (`switchyard planner bench`).
 //!
-//! The planner here is the real one minus I/O: the same [`Predictor`], [`sizing`] and
-//! [`Stabilizer`], fed each interval with what the gateway would report (finished requests'
-//! rate, lengths and cached tokens; the decode workers' active sequences), and its moves behave
-//! like the local connector's (drain, switch when idle). Arrivals are open-loop (Poisson), so
-//! every configuration sees exactly the same requests.
+//! The planner here is the real one minus I/O ([`controller`]): the same predictor, sizing and
+//! stabiliser, fed each interval with what the gateway would report (finished requests' rate,
+//! lengths and cached tokens; the decode workers' active sequences), and its moves behave like
+//! the local connector's (drain, switch when idle). Arrivals are open-loop (Poisson,
+//! [`workload`]), so every configuration sees exactly the same requests.
 //!
 //! `profile_speedup` makes the planner's profile wrong on purpose: it is derived from the
 //! simulators' timing model divided by that factor, so at 2 the planner believes the engine is
@@ -15,23 +17,26 @@
 //! fed the mean TTFT and ITL (per token gap, as the gateway's histograms count them) of the
 //! requests that finished in the interval.
 
-mod cluster;
+mod controller;
 mod report;
+mod workload;
 
 use std::time::Duration;
 
+use indicatif::ProgressBar;
 use serde::Serialize;
 use switchyard_core::Role;
-use switchyard_engine_sim::{SimConfig, SimError};
+use switchyard_engine_sim::{KvLayout, SimConfig};
+use switchyard_replay::{Cluster, ClusterConfig, DisaggConfig, DisaggMode, ReplayError};
+use switchyard_router::{PolicyConfig, PolicyKind};
 
-use crate::correction::{Correction, CorrectionFactors, CorrectionSettings, Served};
-use crate::predict::{Load, Predictor, PredictorKind, PredictorSettings};
-use crate::profile::PerformanceProfile;
-use crate::sizing::{self, Limits, Targets};
-use crate::stability::{StabilitySettings, Stabilizer, Verdict};
-use cluster::{Cluster, Finished, Flight};
-use report::attainment;
+use crate::correction::{CorrectionFactors, CorrectionSettings};
+use crate::predict::PredictorKind;
+use crate::sizing::Targets;
+use crate::stability::StabilitySettings;
+use controller::PlannerController;
 pub use report::markdown;
+use report::{Finished, attainment};
 
 /// One stretch of steady traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -53,8 +58,13 @@ pub struct ShiftSettings {
     pub stability: StabilitySettings,
     pub seed: u64,
     pub sim: SimConfig,
-    pub disagg_min_tokens: usize,
-    pub kv_bytes_per_token: f64,
+    /// The gateways' `auto` threshold: a prompt with at least this many uncached tokens on its
+    /// decode worker is prefilled in the prefill pool.
+    pub disagg_min_uncached_tokens: u64,
+    /// The model's KV layout: what a transfer moves per token.
+    pub kv_layout: KvLayout,
+    /// Workers report their load this often (the gateway's default 100 ms).
+    pub load_report_ms: u64,
     /// How much faster than the simulated engine the planner's profile believes it is (1: the
     /// profile is right).
     pub profile_speedup: f64,
@@ -92,8 +102,9 @@ impl Default for ShiftSettings {
             },
             seed: 1,
             sim: SimConfig::default(),
-            disagg_min_tokens: 512,
-            kv_bytes_per_token: 131_072.0,
+            disagg_min_uncached_tokens: 512,
+            kv_layout: KvLayout::default(),
+            load_report_ms: 100,
             profile_speedup: 1.0,
             correction: CorrectionSettings::default(),
         }
@@ -145,47 +156,8 @@ pub struct Outcome {
     pub correction: Option<CorrectionFactors>,
 }
 
-/// SplitMix64: a small, seedable generator, so the workload is the same for every run.
-#[derive(Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-}
-
-/// The requests of the whole run: (arrival, phase, input tokens, output tokens), in order.
-fn arrivals(settings: &ShiftSettings) -> Vec<(f64, usize, u32, u32)> {
-    let mut rng = Rng(settings.seed);
-    let mut out = Vec::new();
-    let mut start = 0.0;
-    for (i, phase) in settings.phases.iter().enumerate() {
-        let mut t = start;
-        if phase.rate > 0.0 {
-            loop {
-                t += -rng.unit().ln() / phase.rate;
-                if t >= start + phase.seconds {
-                    break;
-                }
-                out.push((t, i, phase.input_tokens, phase.output_tokens));
-            }
-        }
-        start += phase.seconds;
-    }
-    out
-}
-
 /// Runs the shift once with `sizing`.
-pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError> {
+pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, ReplayError> {
     let n = settings.workers.max(2);
     let start_prefill = match sizing {
         Sizing::Fixed { prefill } => prefill.min(n - 1),
@@ -200,151 +172,32 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
             }
         })
         .collect();
-    let mut cluster = Cluster::new(
-        &settings.sim,
-        &roles,
-        settings.disagg_min_tokens,
-        settings.kv_bytes_per_token,
-    )?;
-    let profile = PerformanceProfile::from_timing(
-        &settings.sim.timing,
-        settings.profile_speedup,
-        settings.sim.max_batched_tokens as u64,
-    );
-    let limits = Limits {
-        min_prefill: 1,
-        min_decode: 1,
-        max_total: n,
-    };
-    let mut planner = match sizing {
-        Sizing::Planner {
-            predictor,
-            correction,
-        } => Some((
-            Predictor::new(predictor, &PredictorSettings::default()),
-            Stabilizer::new(settings.stability),
-            Correction::new(CorrectionSettings {
-                enabled: correction,
-                ..settings.correction
-            }),
-        )),
-        Sizing::Fixed { .. } => None,
-    };
-    let clock = tokio::time::Instant::now();
-    let requests = arrivals(settings);
-    let end: f64 = settings.phases.iter().map(|p| p.seconds).sum();
-    let mut token_rng = Rng(settings.seed ^ 0xA5A5);
-    let mut next = 0usize;
-    let mut tick = settings.interval_seconds;
-    let mut reported = 0usize;
-    let mut last_pools = None;
-    let mut timeline = vec![(0.0, cluster.pools().0, cluster.pools().1)];
-    let mut moves = 0u32;
-    let mut decisions = Vec::new();
-    let mut now = 0.0f64;
-    loop {
-        cluster.start_steps(now);
-        let arrival = requests.get(next).map(|r| r.0);
-        let planning = (tick <= end).then_some(tick);
-        let Some(t) = [arrival, cluster.next_event(), planning]
-            .into_iter()
-            .flatten()
-            .min_by(f64::total_cmp)
-        else {
-            break;
-        };
-        now = t;
-        cluster.complete(now);
-        while let Some(&(at, phase, input, output)) = requests.get(next) {
-            if at > now {
-                break;
-            }
-            let prompt = (0..input)
-                .map(|_| 100 + (token_rng.next_u64() % 29_900) as u32)
-                .collect();
-            let flight = Flight {
-                arrival: at,
-                phase,
-                prompt,
-                prompt_tokens: input,
-                max_tokens: output.max(1),
-                first_token: None,
-                last_token: None,
-                tokens: 0,
-                cached: 0,
-            };
-            cluster.admit(next as u64, flight);
-            next += 1;
-        }
-        if planning.is_some_and(|p| p <= now) {
-            if let Some((predictor, stabilizer, correction)) = planner.as_mut() {
-                let recent = &cluster.finished[reported..];
-                let load = observed(recent, settings.interval_seconds);
-                predictor.observe(&load);
-                reported = cluster.finished.len();
-                let moving = cluster.workers.iter().any(|w| w.moving_to.is_some());
-                let (p, d) = cluster.pools();
-                let pools = crate::PoolSizes {
-                    prefill: p,
-                    decode: d,
-                };
-                let (ttft_mean_seconds, itl_mean_seconds) = mean_latencies(recent);
-                let served = Served {
-                    load,
-                    requests: recent.len() as f64,
-                    ttft_mean_seconds,
-                    itl_mean_seconds,
-                    pools,
-                    steady: !moving && last_pools == Some(pools),
-                };
-                last_pools = Some(pools);
-                let factors =
-                    correction.observe(&served, &profile, settings.disagg_min_tokens as f64);
-                if let (Some(load), false) = (predictor.predict(), moving) {
-                    let current = pools;
-                    let req = sizing::required(
-                        &load,
-                        &sizing::Backlog {
-                            active_decode_sequences: cluster.active_decode_sequences() as f64,
-                            queued_prefill_tokens: cluster.prefill_pool_queued_tokens() as f64,
-                            interval_seconds: settings.interval_seconds,
-                        },
-                        &correction.apply(&profile),
-                        &settings.targets,
-                        settings.disagg_min_tokens as f64,
-                    );
-                    let wanted = sizing::allocate((req.prefill, req.decode), &limits, Some(n));
-                    let at = clock + Duration::from_secs_f64(now);
-                    let short = crate::planner::is_short(current, wanted, &req);
-                    let why = match stabilizer.judge(current, wanted, &limits, short, at) {
-                        Verdict::Scale { target, why } => {
-                            moves += start_moves(&mut cluster, current, target);
-                            format!("scale to {}/{}: {why}", target.prefill, target.decode)
-                        }
-                        Verdict::Hold { why } => format!("hold: {why}"),
-                    };
-                    decisions.push((
-                        now,
-                        format!(
-                            "{why}; needs {}/{} ({}; {})",
-                            req.prefill,
-                            req.decode,
-                            req.why,
-                            factors.describe()
-                        ),
-                    ));
-                } else if moving {
-                    decisions.push((now, "a move is under way".into()));
-                }
-            }
-            let (p, d) = cluster.pools();
-            timeline.push((now, p, d));
-            tick += settings.interval_seconds;
-        }
-    }
-    let failed = cluster.failed + cluster.in_flight();
-    let finished = &cluster.finished;
-    let phases = (0..settings.phases.len())
+    let mut disagg = DisaggConfig::split(0, 0, DisaggMode::Auto);
+    disagg.roles = roles;
+    disagg.min_uncached_tokens = settings.disagg_min_uncached_tokens;
+    disagg.layout = settings.kv_layout;
+    let cluster = Cluster::new(ClusterConfig {
+        workers: n as usize,
+        sim: settings.sim.clone(),
+        policy: PolicyKind::Kv,
+        policy_config: PolicyConfig::default(),
+        event_delay_us: 0,
+        load_report_interval_us: settings.load_report_ms * 1000,
+        disagg: Some(disagg),
+        token_gaps: false,
+    })?;
+    let arrivals = workload::arrivals(settings);
+    let phases: Vec<usize> = arrivals.iter().map(|a| a.phase).collect();
+    let mut load = workload::PhaseWorkload::new(arrivals, settings.seed ^ 0xA5A5);
+    let mut controller = PlannerController::new(settings, sizing, n, phases.clone());
+    let run = cluster.run_with(&mut load, &ProgressBar::hidden(), &mut controller)?;
+    let finished: Vec<Finished> = run
+        .records
+        .iter()
+        .filter_map(|r| controller::finished(r, &phases))
+        .collect();
+    let failed = run.records.len() - finished.len();
+    let phase_attainment = (0..settings.phases.len())
         .map(|i| {
             let of_phase: Vec<Finished> =
                 finished.iter().filter(|f| f.phase == i).copied().collect();
@@ -362,94 +215,22 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, SimError
             correction: false,
         } => format!("planner ({}, no correction)", predictor.as_str()),
     };
-    let correction = planner.map(|(_, _, c)| c.factors());
+    let correction = controller.correction();
     Ok(Outcome {
         label,
-        overall: attainment(finished, &settings.targets),
-        phases,
+        overall: attainment(&finished, &settings.targets),
+        phases: phase_attainment,
         failed,
-        timeline,
-        moves,
-        decisions,
+        timeline: controller.timeline,
+        moves: controller.moves,
+        decisions: controller.decisions,
         correction,
     })
 }
 
-/// Mean TTFT of the requests and mean time between their tokens, per token gap (as the
-/// gateway's ITL histogram counts them).
-fn mean_latencies(recent: &[Finished]) -> (Option<f64>, Option<f64>) {
-    if recent.is_empty() {
-        return (None, None);
-    }
-    let ttft = recent.iter().map(|f| f.ttft).sum::<f64>() / recent.len() as f64;
-    let (mut gaps, mut seconds) = (0.0, 0.0);
-    for f in recent {
-        if let Some(itl) = f.itl {
-            let n = f64::from(f.output_tokens.saturating_sub(1));
-            gaps += n;
-            seconds += itl * n;
-        }
-    }
-    (Some(ttft), (gaps > 0.0).then(|| seconds / gaps))
-}
-
-/// What the gateways would report for an interval that finished `recent`.
-fn observed(recent: &[Finished], seconds: f64) -> Load {
-    let count = recent.len() as f64;
-    if count == 0.0 {
-        return Load::default();
-    }
-    let prompt: f64 = recent.iter().map(|f| f64::from(f.prompt_tokens)).sum();
-    let cached: f64 = recent.iter().map(|f| f64::from(f.cached_tokens)).sum();
-    Load {
-        request_rate: count / seconds,
-        input_tokens: prompt / count,
-        output_tokens: recent
-            .iter()
-            .map(|f| f64::from(f.output_tokens))
-            .sum::<f64>()
-            / count,
-        cache_hit_rate: if prompt > 0.0 { cached / prompt } else { 0.0 },
-    }
-}
-
-/// Starts the moves from `current` to `target`, least busy workers first; returns how many.
-fn start_moves(cluster: &mut Cluster, current: crate::PoolSizes, target: crate::PoolSizes) -> u32 {
-    let (from, to, count) = if target.prefill > current.prefill {
-        (
-            Role::Decode,
-            Role::Prefill,
-            target.prefill - current.prefill,
-        )
-    } else {
-        (
-            Role::Prefill,
-            Role::Decode,
-            current.prefill - target.prefill,
-        )
-    };
-    let mut candidates: Vec<(u64, usize)> = cluster
-        .workers
-        .iter()
-        .enumerate()
-        .filter(|(_, w)| w.role == from && w.moving_to.is_none())
-        .map(|(i, w)| (w.assigned as u64, i))
-        .collect();
-    candidates.sort_unstable();
-    let chosen: Vec<usize> = candidates
-        .into_iter()
-        .take(count as usize)
-        .map(|c| c.1)
-        .collect();
-    for &i in &chosen {
-        cluster.move_worker(i, to);
-    }
-    chosen.len() as u32
-}
-
 /// Every fixed split (at least one worker per pool), the planner with each predictor, and the
 /// constant-predictor planner trusting its profile (no correction).
-pub fn run_all(settings: &ShiftSettings) -> Result<Vec<Outcome>, SimError> {
+pub fn run_all(settings: &ShiftSettings) -> Result<Vec<Outcome>, ReplayError> {
     let n = settings.workers.max(2);
     let mut sizings: Vec<Sizing> = (1..n).map(|prefill| Sizing::Fixed { prefill }).collect();
     for (predictor, correction) in [

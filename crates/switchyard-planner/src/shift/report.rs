@@ -1,8 +1,19 @@
 //! Target attainment of a run's requests and the Markdown table `planner bench` prints.
 
-use super::cluster::Finished;
 use super::{Attainment, Outcome, ShiftSettings};
 use crate::sizing::Targets;
+
+/// A finished request's figures.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Finished {
+    pub phase: usize,
+    pub ttft: f64,
+    /// Mean time between tokens after the first; `None` for one-token outputs.
+    pub itl: Option<f64>,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    pub cached_tokens: u32,
+}
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {

@@ -21,7 +21,10 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 use switchyard_core::{BlockHash, Role, TokenId};
 use switchyard_engine_sim::{BlockExport, KvLayout, SimRequest, TokenOutput};
-use switchyard_router::RouteRequest;
+use switchyard_router::serve::{
+    Booking, DEFAULT_MAX_PREFILL_QUEUE_TOKENS, DEFAULT_MIN_UNCACHED_TOKENS, Disaggregation,
+    ServeSettings,
+};
 
 use super::{Cluster, ClusterConfig, Event};
 use crate::error::ReplayError;
@@ -40,8 +43,7 @@ pub enum DisaggMode {
     /// When the decode worker's uncached prompt is at least `min_uncached_tokens` and the
     /// best prefill worker has at most `max_prefill_queue_tokens` queued.
     Auto,
-    /// Every request. (Without a prefill worker the request is served aggregated here, where
-    /// the gateway would answer 503; the benchmark's splits always have one.)
+    /// Every request; without a prefill worker it fails, as the gateway answers 503.
     Enforce,
 }
 
@@ -50,6 +52,15 @@ impl DisaggMode {
         match self {
             DisaggMode::Auto => "auto",
             DisaggMode::Enforce => "enforce",
+        }
+    }
+}
+
+impl From<DisaggMode> for Disaggregation {
+    fn from(mode: DisaggMode) -> Self {
+        match mode {
+            DisaggMode::Auto => Disaggregation::Auto,
+            DisaggMode::Enforce => Disaggregation::Enforce,
         }
     }
 }
@@ -78,8 +89,8 @@ impl DisaggConfig {
         Self {
             roles,
             mode,
-            min_uncached_tokens: 2048,
-            max_prefill_queue_tokens: 262_144,
+            min_uncached_tokens: DEFAULT_MIN_UNCACHED_TOKENS,
+            max_prefill_queue_tokens: DEFAULT_MAX_PREFILL_QUEUE_TOKENS,
             blocks_per_chunk: 32,
             layout: KvLayout::default(),
             staging_bytes: 8 << 20,
@@ -125,6 +136,9 @@ struct Flow {
     decode: usize,
     prefill: usize,
     prefill_id: u64,
+    /// The prefill's booking on its worker, released when the decode worker's first token
+    /// shows the pull is done (what the gateway sees too).
+    prefill_booking: Booking,
     hold: u64,
     prompt: Vec<TokenId>,
     max_tokens: u32,
@@ -174,34 +188,21 @@ pub(super) fn roles(config: &ClusterConfig) -> Result<Vec<Role>, ReplayError> {
 }
 
 impl Cluster {
-    /// The prefill worker for a request whose decode worker would compute `uncached` tokens,
-    /// or `None` to serve it aggregated there.
-    pub(super) fn wants_prefill(&mut self, request: &RouteRequest, uncached: u64) -> Option<usize> {
-        let settings = self.config.disagg.as_ref()?;
-        let (mode, min, max_queue) = (
-            settings.mode,
-            settings.min_uncached_tokens,
-            settings.max_prefill_queue_tokens,
-        );
-        if mode == DisaggMode::Auto && uncached < min {
-            return None;
+    /// The serving core's settings for this cluster (disaggregation off without a
+    /// [`DisaggConfig`]).
+    pub(super) fn serve_settings(&self) -> ServeSettings {
+        match &self.config.disagg {
+            None => ServeSettings::default(),
+            Some(d) => ServeSettings {
+                disaggregation: d.mode.into(),
+                min_uncached_tokens: d.min_uncached_tokens,
+                max_prefill_queue_tokens: d.max_prefill_queue_tokens,
+            },
         }
-        let decision = self
-            .prefill_policy
-            .choose(request, &self.prefill_candidates, &self.index, &self.load)
-            .ok();
-        let saturated = |queued: u64| mode == DisaggMode::Auto && queued > max_queue;
-        let chosen = decision.as_ref().and_then(|d| {
-            let queued = d.chosen().map_or(0, |c| c.queued_prefill_tokens);
-            (!saturated(queued)).then(|| self.workers.iter().position(|w| w.id == d.worker))?
-        });
-        if chosen.is_none() {
-            self.flows.stats.kept_aggregated += 1;
-        }
-        chosen
     }
 
-    /// Queues the prefill of `spec` on worker `p` for decode worker `d`.
+    /// Queues the prefill of `spec` on worker `p` for decode worker `d`, with the bookings the
+    /// serving core made for them.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn start_disaggregated(
         &mut self,
@@ -209,6 +210,8 @@ impl Cluster {
         tokens: Vec<TokenId>,
         d: usize,
         p: usize,
+        decode_booking: Booking,
+        prefill_booking: Booking,
         workload: &mut dyn Workload,
         out: &mut Outbox,
         progress: &ProgressBar,
@@ -243,16 +246,13 @@ impl Cluster {
             .checked_sub(tokens.len() as u64)
             .is_some_and(|room| room >= u64::from(spec.max_tokens));
         if !fits || self.workers[p].sim.add_request(prefill).is_err() {
+            self.release(&prefill_booking);
+            self.release(&decode_booking);
             progress.inc(1);
             workload.on_finished(spec.id, false, self.now, out);
             return Ok(());
         }
-        let blocks = (tokens.len() as u64).div_ceil(u64::from(self.block_size.get()));
-        let uncached = tokens.len() as u64;
-        self.load
-            .on_routed(&self.workers[p].id, prefill_id, uncached, blocks, self.now);
-        self.load
-            .on_routed(&self.workers[d].id, spec.id, 0, blocks, self.now);
+        self.bookings.insert(spec.id, decode_booking);
         self.live.insert(spec.id, slot);
         self.flows.by_prefill.insert(prefill_id, spec.id);
         self.flows.flows.insert(
@@ -261,6 +261,7 @@ impl Cluster {
                 decode: d,
                 prefill: p,
                 prefill_id,
+                prefill_booking,
                 hold: HOLD_ID_BASE + n,
                 prompt: tokens,
                 max_tokens: spec.max_tokens,
@@ -336,11 +337,12 @@ impl Cluster {
     }
 
     /// Whether `token` is a prefill's; if so its request emits once its KV has landed.
-    pub(super) fn prefill_done(&mut self, w: usize, token: &TokenOutput) -> bool {
+    pub(super) fn prefill_done(&mut self, token: &TokenOutput) -> bool {
         let Some(request) = self.flows.by_prefill.remove(&token.id) else {
             return false;
         };
-        self.load.on_prefill_done(&self.workers[w].id, token.id);
+        // The prefill's booking stays until the decode worker's first token: the gateway
+        // learns that the prefill ended no sooner.
         if let Some(flow) = self.flows.flows.get_mut(&request) {
             flow.first = Some(token.token);
             flow.cached = token.cached_prompt_tokens;
@@ -364,10 +366,13 @@ impl Cluster {
         let Some(first) = flow.first else {
             return;
         };
-        // The pull is done: the prefill worker's hold goes.
-        let p = &mut self.workers[flow.prefill];
-        p.sim.release_hold(flow.prefill_id);
-        self.load.on_finished(&p.id, flow.prefill_id);
+        // The pull is done: the prefill worker's hold goes, and with the decode worker's first
+        // token its booking ends and the decode worker's request is decoding.
+        self.workers[flow.prefill].sim.release_hold(flow.prefill_id);
+        self.release(&flow.prefill_booking);
+        if let Some(booking) = self.bookings.get(&request) {
+            self.core.prefill_done(booking);
+        }
         let Some(&slot) = self.live.get(&request) else {
             return;
         };
@@ -404,7 +409,12 @@ impl Cluster {
         record.ok = ok;
         record.finished = ok.then_some(self.now);
         self.live.remove(&request);
-        self.load.on_finished(&self.workers[d].id, request);
+        if let Some(booking) = self.bookings.remove(&request) {
+            self.release(&booking);
+        }
+        if ok {
+            self.finished.push(slot);
+        }
         progress.inc(1);
         workload.on_finished(request, ok, self.now, out);
     }

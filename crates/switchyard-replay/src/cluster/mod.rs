@@ -18,18 +18,18 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use indicatif::ProgressBar;
+mod control;
 mod disagg;
 
-use switchyard_core::{BlockHash, BlockSize, KvEvent, Role, TokenId, WorkerId, block_hashes};
+use switchyard_core::{BlockHash, BlockSize, EngineKind, KvEvent, Role, TokenId, WorkerId};
 use switchyard_engine_sim::{SimConfig, SimRequest, Simulator, StagingArea, StepOutcome};
-use switchyard_router::{
-    Candidate, IndexConfig, LoadConfig, LoadView, Policy, PolicyConfig, PolicyKind, PrefixIndex,
-    RouteRequest,
-};
+use switchyard_router::serve::{self, Booking, Served, ServingCore, WorkerFacts};
+use switchyard_router::{IndexConfig, LoadConfig, PolicyConfig, PolicyKind};
 
 use crate::error::ReplayError;
 use crate::metrics::RequestRecord;
 use crate::workload::{Micros, Outbox, RequestSpec, Workload};
+pub use control::{Control, Controller};
 pub use disagg::{DisaggConfig, DisaggMode, DisaggStats, WorkerStats};
 
 /// Shape of the simulated cluster.
@@ -86,6 +86,8 @@ enum Event {
     Import(u64, Vec<(BlockHash, Vec<TokenId>)>),
     /// A disaggregated request's KV has all landed after its prefill: first token, decode.
     Emit(u64),
+    /// The controller's turn ([`Cluster::run_with`]).
+    Tick,
 }
 
 #[derive(Debug)]
@@ -125,6 +127,10 @@ struct Worker {
     /// Plans the KV transfers into this worker (one staging area per worker, as live).
     staging: StagingArea,
     stats: WorkerStats,
+    /// The role it moves to once idle; while set it takes no new work (draining).
+    moving_to: Option<Role>,
+    /// Bookings the serving core holds on it (its requests not yet ended).
+    booked: usize,
 }
 
 /// The simulated cluster; see the module docs.
@@ -133,14 +139,12 @@ pub struct Cluster {
     config: ClusterConfig,
     block_size: BlockSize,
     workers: Vec<Worker>,
-    /// Workers that decode (roles `both` and `decode`), and the prefill pool.
-    candidates: Vec<Candidate>,
-    prefill_candidates: Vec<Candidate>,
-    index: PrefixIndex,
-    load: LoadView,
-    policy: Box<dyn Policy>,
-    /// The prefill pool's policy: `kv`, as the gateway's.
-    prefill_policy: Box<dyn Policy>,
+    /// The serving decision, as the gateway makes it: index, load view, policies, bookings.
+    core: ServingCore,
+    /// Each request's booking on its generating worker, while it runs.
+    bookings: HashMap<u64, Booking>,
+    /// Record slots in the order their requests finished.
+    finished: Vec<usize>,
     flows: disagg::Flows,
     heap: BinaryHeap<Scheduled>,
     seq: u64,
@@ -184,52 +188,41 @@ impl Cluster {
                     role: role.as_str(),
                     ..WorkerStats::default()
                 },
+                moving_to: None,
+                booked: 0,
             });
         }
-        let policy = config
-            .policy
-            .build(&config.policy_config)
-            .map_err(|e| ReplayError::Cluster(e.to_string()))?;
         let block_size = config.sim.block_size;
-        let index = PrefixIndex::new(IndexConfig {
-            // Events come from the in-process simulators: known good.
-            verify_hashes: false,
-            ..IndexConfig::new(block_size)
-        });
-        // Requests reach a simulator the instant they are routed, so a report reflects every
-        // request routed before it.
-        let load = LoadView::new(LoadConfig {
-            report_lag: 0,
-            ..LoadConfig::default()
-        });
-        let pool = |pred: fn(Role) -> bool| -> Vec<Candidate> {
-            workers
-                .iter()
-                .filter(|w| pred(w.role))
-                .map(|w| Candidate::from(w.id.clone()))
-                .collect()
-        };
-        let candidates = pool(|r| r != Role::Prefill);
-        let prefill_candidates = pool(|r| r == Role::Prefill);
-        if candidates.is_empty() {
+        let core = ServingCore::new(
+            block_size,
+            IndexConfig {
+                // Events come from the in-process simulators: known good.
+                verify_hashes: false,
+                ..IndexConfig::new(block_size)
+            },
+            // Requests reach a simulator the instant they are routed, so a report reflects
+            // every request routed before it.
+            LoadConfig {
+                report_lag: 0,
+                ..LoadConfig::default()
+            },
+            config.policy,
+            &config.policy_config,
+        )
+        .map_err(|e| ReplayError::Cluster(e.to_string()))?;
+        if !workers.iter().any(|w| w.role.serves_decode()) {
             return Err(ReplayError::InvalidConfig(
                 "at least one worker must decode (role both or decode)".into(),
             ));
         }
-        let prefill_policy = PolicyKind::Kv
-            .build(&PolicyConfig::default())
-            .map_err(|e| ReplayError::Cluster(e.to_string()))?;
         Ok(Self {
-            candidates,
-            prefill_candidates,
-            prefill_policy,
+            core,
+            bookings: HashMap::new(),
+            finished: Vec::new(),
             flows: disagg::Flows::default(),
             config,
             block_size,
             workers,
-            index,
-            load,
-            policy,
             heap: BinaryHeap::new(),
             seq: 0,
             records: Vec::new(),
@@ -261,13 +254,36 @@ impl Cluster {
 
     /// Runs `workload` to completion.
     pub fn run(
+        self,
+        workload: &mut dyn Workload,
+        progress: &ProgressBar,
+    ) -> Result<ClusterRun, ReplayError> {
+        self.run_controlled(workload, progress, None)
+    }
+
+    /// Runs `workload` to completion while `controller` acts on the cluster at the times it
+    /// asks for (the planner's bench moving workers between the pools).
+    pub fn run_with(
+        self,
+        workload: &mut dyn Workload,
+        progress: &ProgressBar,
+        controller: &mut dyn Controller,
+    ) -> Result<ClusterRun, ReplayError> {
+        self.run_controlled(workload, progress, Some(controller))
+    }
+
+    fn run_controlled(
         mut self,
         workload: &mut dyn Workload,
         progress: &ProgressBar,
+        mut controller: Option<&mut dyn Controller>,
     ) -> Result<ClusterRun, ReplayError> {
         let mut out = Outbox::default();
         workload.start(&mut out);
         self.flush(&mut out);
+        if controller.is_some() {
+            self.schedule(0, Event::Tick);
+        }
         while let Some(Scheduled { at, event, .. }) = self.heap.pop() {
             self.now = at;
             match event {
@@ -276,7 +292,16 @@ impl Cluster {
                 Event::KvEvents(w, events) => self.apply_events(w, &events)?,
                 Event::Import(request, blocks) => self.import(request, &blocks),
                 Event::Emit(request) => self.emit(request, workload, &mut out, progress),
+                Event::Tick => {
+                    if let Some(controller) = controller.as_deref_mut() {
+                        let next = controller.tick(self.now, &mut Control { cluster: &mut self });
+                        if let Some(next) = next {
+                            self.schedule(next.max(self.now + 1), Event::Tick);
+                        }
+                    }
+                }
             }
+            self.settle_moves();
             self.flush(&mut out);
         }
         let mut records = self.records;
@@ -301,10 +326,25 @@ impl Cluster {
                 Some(last) => interval == 0 || now.saturating_sub(last) >= interval,
             };
             if due {
-                self.load.report(&w.id, w.sim.load(), now);
+                self.core.load.report(&w.id, w.sim.load(), now);
                 w.last_report = Some(now);
             }
         }
+    }
+
+    /// The booked request ended: the core releases it, and its worker has one fewer.
+    fn release(&mut self, booking: &Booking) {
+        self.core.finished(booking);
+        if let Ok(w) = self.worker_index(&booking.worker) {
+            self.workers[w].booked = self.workers[w].booked.saturating_sub(1);
+        }
+    }
+
+    fn worker_index(&self, id: &WorkerId) -> Result<usize, ReplayError> {
+        self.workers
+            .iter()
+            .position(|w| w.id == *id)
+            .ok_or_else(|| ReplayError::Cluster("the router chose an unknown worker".into()))
     }
 
     fn arrive(
@@ -315,33 +355,74 @@ impl Cluster {
         progress: &ProgressBar,
     ) -> Result<(), ReplayError> {
         let tokens = spec.prompt.tokens();
-        let request = RouteRequest {
-            block_hashes: block_hashes(&tokens, self.block_size),
-            prompt_tokens: tokens.len() as u64,
-            block_size: self.block_size,
-            session: spec.session.clone(),
-            now: self.now,
-        };
+        let request =
+            serve::route_request(&tokens, self.block_size, spec.session.clone(), self.now);
         self.refresh_loads();
-        let decision = self
-            .policy
-            .choose(&request, &self.candidates, &self.index, &self.load)
-            .map_err(|e| ReplayError::Cluster(e.to_string()))?;
-        let w = self
+        let settings = self.serve_settings();
+        // The serving core's one decision, exactly as the gateway takes it (tested against the
+        // gateway's path in `switchyard-gateway/tests/fidelity.rs`).
+        let facts: Vec<WorkerFacts<'_>> = self
             .workers
             .iter()
-            .position(|w| w.id == decision.worker)
-            .ok_or_else(|| ReplayError::Cluster("policy chose an unknown worker".into()))?;
-        let uncached = decision
-            .chosen()
-            .map_or(request.prompt_tokens, |s| s.uncached_prompt_tokens);
-        let blocks = request
-            .prompt_tokens
-            .div_ceil(u64::from(self.block_size.get()));
+            .map(|w| WorkerFacts {
+                id: &w.id,
+                role: w.role,
+                engine: EngineKind::Sim,
+                draining: w.moving_to.is_some(),
+            })
+            .collect();
+        let served = self
+            .core
+            .serve(&settings, &request, spec.max_tokens, &facts)
+            .map_err(|e| ReplayError::Cluster(e.to_string()))?
+            .served;
+        drop(facts);
         let prompt_tokens = tokens.len() as u64;
-        if let Some(prefill) = self.wants_prefill(&request, uncached) {
-            return self.start_disaggregated(spec, tokens, w, prefill, workload, out, progress);
-        }
+        let (w, booking) = match served {
+            Served::Aggregated {
+                decision,
+                booking,
+                wanted_prefill,
+            } => {
+                if wanted_prefill {
+                    self.flows.stats.kept_aggregated += 1;
+                }
+                (self.worker_index(&decision.worker)?, booking)
+            }
+            Served::Disaggregated {
+                decision,
+                decode,
+                prefill_decision,
+                prefill,
+            } => {
+                let d = self.worker_index(&decision.worker)?;
+                let p = self.worker_index(&prefill_decision.worker)?;
+                self.workers[d].booked += 1;
+                self.workers[p].booked += 1;
+                return self.start_disaggregated(
+                    spec, tokens, d, p, decode, prefill, workload, out, progress,
+                );
+            }
+            Served::Refused { .. } => {
+                // `enforce` without a prefill worker: refused, as the gateway refuses it (503).
+                self.records.push(RequestRecord {
+                    id: spec.id,
+                    worker: 0,
+                    arrival: self.now,
+                    first_token: None,
+                    finished: None,
+                    prompt_tokens,
+                    cached_tokens: 0,
+                    output_tokens: 0,
+                    ok: false,
+                });
+                self.last_token_at.push(self.now);
+                progress.inc(1);
+                workload.on_finished(spec.id, false, self.now, out);
+                return Ok(());
+            }
+        };
+        self.workers[w].booked += 1;
         let sim_request = SimRequest {
             ignore_eos: true,
             ..SimRequest::new(spec.id, tokens, spec.max_tokens)
@@ -362,12 +443,12 @@ impl Cluster {
         let worker = &mut self.workers[w];
         if worker.sim.add_request(sim_request).is_err() {
             // Refused by the engine (too long for its context or cache): a failed request.
+            self.release(&booking);
             progress.inc(1);
             workload.on_finished(spec.id, false, self.now, out);
             return Ok(());
         }
-        self.load
-            .on_routed(&worker.id, spec.id, uncached, blocks, self.now);
+        self.bookings.insert(spec.id, booking);
         self.live.insert(spec.id, slot);
         if worker.pending.is_none() {
             self.start_step(w);
@@ -412,7 +493,7 @@ impl Cluster {
                 let stats = &mut self.workers[w].stats;
                 stats.longest_prefill = stats.longest_prefill.max(u64::from(computed));
             }
-            if self.prefill_done(w, token) {
+            if self.prefill_done(token) {
                 continue;
             }
             let Some(&slot) = self.live.get(&token.id) else {
@@ -424,7 +505,9 @@ impl Cluster {
             if record.first_token.is_none() {
                 record.first_token = Some(self.now);
                 record.cached_tokens = u64::from(token.cached_prompt_tokens);
-                self.load.on_prefill_done(&self.workers[w].id, token.id);
+                if let Some(booking) = self.bookings.get(&token.id) {
+                    self.core.prefill_done(booking);
+                }
             }
             record.output_tokens = u64::from(token.completion_tokens) + offset;
             if self.config.token_gaps {
@@ -444,7 +527,10 @@ impl Cluster {
                 record.ok = true;
                 self.live.remove(&token.id);
                 self.flows.continuations.remove(&token.id);
-                self.load.on_finished(&self.workers[w].id, token.id);
+                if let Some(booking) = self.bookings.remove(&token.id) {
+                    self.release(&booking);
+                }
+                self.finished.push(slot);
                 progress.inc(1);
                 workload.on_finished(token.id, true, self.now, out);
             }
@@ -475,7 +561,8 @@ impl Cluster {
             let seq = worker.next_event_seq;
             worker.next_event_seq += 1;
             self.kv_events += 1;
-            self.index
+            self.core
+                .index
                 .apply(&worker.id, 0, seq, event)
                 .map_err(|e| ReplayError::Cluster(e.to_string()))?;
         }

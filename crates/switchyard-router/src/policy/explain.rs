@@ -11,7 +11,7 @@ use super::{Candidate, RouteRequest};
 use crate::hasher::FxHasher;
 use crate::index::TierOverlap;
 use crate::load::LoadView;
-use crate::rng::{SplitMix64, mix64};
+use switchyard_core::rng::{SplitMix64, mix64};
 
 /// Why a request went where it went: the admin API returns this as JSON.
 #[derive(Debug, Clone, PartialEq, Serialize)]

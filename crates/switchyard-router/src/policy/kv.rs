@@ -29,7 +29,7 @@ use super::{Candidate, Decision, Policy, RouteRequest};
 use crate::error::RouteError;
 use crate::index::{PrefixIndex, TierOverlap};
 use crate::load::LoadView;
-use crate::rng::SplitMix64;
+use switchyard_core::rng::SplitMix64;
 
 /// Settings of the `kv` policy (also the load terms of the other policies).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

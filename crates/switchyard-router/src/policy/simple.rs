@@ -8,7 +8,7 @@ use super::{Candidate, Decision, Policy, RouteRequest, WorkerScore};
 use crate::error::RouteError;
 use crate::index::PrefixIndex;
 use crate::load::LoadView;
-use crate::rng::SplitMix64;
+use switchyard_core::rng::SplitMix64;
 
 /// What each of these policies starts from: the inputs checked, then every candidate's full
 /// breakdown (overlap included), whose `score` the policy then overwrites with its own.

@@ -9,84 +9,8 @@
 //! its page size is not a metric and comes from `/get_server_info` (see `vllm.rs`).
 //! Values are summed over label sets (one per model or engine index).
 
+use switchyard_core::promtext::{Sample, parse};
 use switchyard_core::{EngineKind, LoadStats};
-
-/// One sample line: `name{labels} value`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: Vec<(String, String)>,
-    pub value: f64,
-}
-
-/// Parses the Prometheus text format; lines that do not parse are skipped.
-pub fn parse(text: &str) -> Vec<Sample> {
-    text.lines().filter_map(parse_line).collect()
-}
-
-fn parse_line(line: &str) -> Option<Sample> {
-    let line = line.trim();
-    if line.is_empty() || line.starts_with('#') {
-        return None;
-    }
-    let (name, labels, rest) = match line.find('{') {
-        Some(open) => {
-            let close = line[open..].rfind('}')? + open;
-            (
-                &line[..open],
-                parse_labels(&line[open + 1..close]),
-                &line[close + 1..],
-            )
-        }
-        None => {
-            let (name, rest) = line.split_once(char::is_whitespace)?;
-            (name, Vec::new(), rest)
-        }
-    };
-    let value = rest.split_whitespace().next()?;
-    let value = match value {
-        "+Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        v => v.parse().ok()?,
-    };
-    Some(Sample {
-        name: name.trim().to_owned(),
-        labels,
-        value,
-    })
-}
-
-fn parse_labels(s: &str) -> Vec<(String, String)> {
-    let mut labels = Vec::new();
-    let mut rest = s;
-    while let Some(eq) = rest.find('=') {
-        let key = rest[..eq].trim().trim_start_matches(',').trim().to_owned();
-        let after = rest[eq + 1..].trim_start();
-        let Some(body) = after.strip_prefix('"') else {
-            break;
-        };
-        let mut value = String::new();
-        let mut chars = body.char_indices();
-        let mut end = body.len();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, n)) = chars.next() {
-                        value.push(if n == 'n' { '\n' } else { n });
-                    }
-                }
-                '"' => {
-                    end = i + 1;
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        labels.push((key, value));
-        rest = &body[end.min(body.len())..];
-    }
-    labels
-}
 
 /// The parsed samples of one scrape.
 #[derive(Debug, Clone, Default)]

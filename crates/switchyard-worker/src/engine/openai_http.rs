@@ -14,6 +14,7 @@
 //! request.
 
 use serde_json::{Value, json};
+use switchyard_core::sse::SseDecoder;
 use tokio::sync::mpsc;
 
 use super::{EngineError, FinishReason, GenerateParams, GenerationChunk};
@@ -126,7 +127,7 @@ pub async fn pump(
     tx: mpsc::UnboundedSender<Result<GenerationChunk, EngineError>>,
 ) {
     let mut state = StreamState::new(dialect, prompt_tokens);
-    let mut buffer: Vec<u8> = Vec::new();
+    let mut events = SseDecoder::new();
     loop {
         let bytes = match response.chunk().await {
             Ok(Some(bytes)) => bytes,
@@ -138,10 +139,8 @@ pub async fn pump(
                 return;
             }
         };
-        buffer.extend_from_slice(&bytes);
-        while let Some((end, sep)) = find_event_end(&buffer) {
-            let event: Vec<u8> = buffer.drain(..end + sep).take(end).collect();
-            for item in state.on_event(&event) {
+        for data in events.push(&bytes) {
+            for item in state.on_data(&data) {
                 let done = matches!(&item, Ok(c) if c.finish.is_some()) || item.is_err();
                 if tx.send(item).is_err() || done {
                     return;
@@ -151,18 +150,6 @@ pub async fn pump(
     }
     if let Some(item) = state.finish() {
         let _ = tx.send(item);
-    }
-}
-
-fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
     }
 }
 
@@ -200,22 +187,15 @@ impl StreamState {
         }
     }
 
-    /// Handles one SSE event (the bytes between blank lines).
-    pub fn on_event(&mut self, event: &[u8]) -> Vec<Result<GenerationChunk, EngineError>> {
-        let text = String::from_utf8_lossy(event);
-        let data: String = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(str::trim_start)
-            .collect::<Vec<_>>()
-            .join("\n");
+    /// Handles one SSE event's data.
+    pub fn on_data(&mut self, data: &str) -> Vec<Result<GenerationChunk, EngineError>> {
         if data.is_empty() || self.done {
             return Vec::new();
         }
         if data.trim() == "[DONE]" {
             return self.finish().into_iter().collect();
         }
-        let value: Value = match serde_json::from_str(&data) {
+        let value: Value = match serde_json::from_str(data) {
             Ok(v) => v,
             Err(err) => {
                 self.done = true;
@@ -393,7 +373,10 @@ mod tests {
     use super::*;
 
     fn sse(state: &mut StreamState, data: &str) -> Vec<Result<GenerationChunk, EngineError>> {
-        state.on_event(format!("data: {data}").as_bytes())
+        switchyard_core::sse::events(&format!("data: {data}\n\n"))
+            .iter()
+            .flat_map(|d| state.on_data(d))
+            .collect()
     }
 
     #[test]

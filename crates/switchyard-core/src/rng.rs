@@ -1,7 +1,8 @@
-//! A tiny seeded random number generator (SplitMix64).
+//! The workspace's one seeded random number generator (SplitMix64) and its mixing function.
 //!
-//! Policies that sample (random, kv with a temperature) must give the same choices for the same
-//! seed in every build, so an offline replay can be rerun and compared years later. `rand`'s
+//! Policies that sample (random, kv with a temperature), the simulator's token sampler, the
+//! replay lab's synthetic prompts and the benchmarks' workloads must give the same values for
+//! the same seed in every build, so an offline replay can be rerun and compared years later. `rand`'s
 //! generators do not promise a stable stream across its versions; SplitMix64 is a fixed,
 //! published algorithm of a few lines, so it is written here.
 
@@ -23,10 +24,20 @@ impl SplitMix64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
+    /// Uniform in `(0, 1)`: never 0, so its logarithm is finite (exponential gaps).
+    pub fn next_f64_open(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
     /// Uniform in `0..n`; `n` must be non-zero.
     pub fn below(&mut self, n: usize) -> usize {
         ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
     }
+}
+
+/// The first value of SplitMix64 seeded with `x`: a stable 64-bit hash of `x`.
+pub fn splitmix(x: u64) -> u64 {
+    mix64(x.wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
 /// The SplitMix64 finaliser: a good 64-bit mixing function, also used for stable tie-breaks.
@@ -49,8 +60,11 @@ mod tests {
         assert_eq!(xs, ys);
         // Published SplitMix64 reference value for seed 1234567.
         assert_eq!(xs[0], 6457827717110365317);
+        assert_eq!(splitmix(1234567), 6457827717110365317);
         for _ in 0..1000 {
             assert!(a.below(7) < 7);
+            let open = a.next_f64_open();
+            assert!(open > 0.0 && open < 1.0);
             let f = a.next_f64();
             assert!((0.0..1.0).contains(&f));
         }

@@ -1,0 +1,434 @@
+//! Dispatch: run a generation on a worker and stream its tokens back, hiding worker failures.
+//!
+//! Each attempt goes `route → prefill? → stream`, and its end decides what follows
+//! (`done | retry | migrate | reroute | fail`): a worker that fails before the first token is
+//! replaced by another (up to `max_retries`); a worker that fails mid-stream is replaced by
+//! another that continues from the prompt plus the tokens generated so far (up to
+//! `max_migrations`). The transitions are pure ([`attempts`]); this module runs them over the
+//! pool's [`WorkerTransport`](crate::transport::WorkerTransport). When the consumer drops its
+//! receiver (the client went away, or a stop string matched) the task ends, which drops the
+//! worker stream, which aborts the request on the worker. Every generation ends with
+//! `Finished` or `Failed` before the deadline: none hangs.
+
+mod attempts;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use switchyard_core::{TokenId, WorkerId};
+use switchyard_proto::v1::{self, GenerateRequest, SamplingParams};
+use switchyard_router::RouteError;
+use switchyard_router::serve::DecodeFilter;
+use switchyard_telemetry::{GATEWAY_SPANS, record_error};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use crate::disagg::{DisaggSettings, Prefilled, prefill_stage, serves_only_with_prefill};
+use crate::error::ApiError;
+use crate::pool::{ModelRoutes, WorkerPool};
+use crate::routing::{self, RoutedRequest, needs_prefill};
+use attempts::{AttemptEnd, AttemptKind, Attempts, Next, classify};
+
+/// One generation to run.
+#[derive(Debug, Clone)]
+pub struct GenerateJob {
+    pub request_id: String,
+    pub routes: Arc<ModelRoutes>,
+    pub prompt: Vec<TokenId>,
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub seed: Option<u64>,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<TokenId>,
+    pub session: Option<String>,
+    pub deadline: Instant,
+    pub max_retries: u32,
+    pub max_migrations: u32,
+    pub disagg: DisaggSettings,
+    /// The request's trace span: the parent of each attempt's `route`, `prefill` and `decode`.
+    pub span: tracing::Span,
+}
+
+/// Why generation ended by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Length,
+    Stop,
+}
+
+/// What the consumer receives, in order: `Started`, any number of `Tokens`, then `Finished`;
+/// or `Failed` at any point.
+#[derive(Debug, Clone)]
+pub enum DispatchEvent {
+    Started {
+        worker: WorkerId,
+        prompt_tokens: u32,
+        cached_prompt_tokens: u32,
+    },
+    Tokens(Vec<TokenId>),
+    Finished(Finish),
+    Failed(ApiError),
+}
+
+/// Starts `job` on the pool's task tracker; events arrive on the returned receiver.
+pub fn start(pool: &Arc<WorkerPool>, job: GenerateJob) -> mpsc::Receiver<DispatchEvent> {
+    let (tx, rx) = mpsc::channel(64);
+    let pool = Arc::clone(pool);
+    // Its warnings (a retry, a migration) are events of the request's span.
+    let span = job.span.clone();
+    pool.clone().tasks.spawn(
+        async move {
+            let deadline = job.deadline;
+            let timeout = deadline.saturating_duration_since(Instant::now()).as_secs();
+            tokio::select! {
+                _ = run(&pool, job, &tx) => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    let _ = tx.send(DispatchEvent::Failed(ApiError::Timeout(timeout.max(1)))).await;
+                }
+                _ = tx.closed() => {}
+            }
+        }
+        .instrument(span),
+    );
+    rx
+}
+
+/// Ends a `decode` span whose attempt was cut off: [`start`] drops the whole dispatch, mid
+/// attempt, at the request's deadline or when the consumer goes away, and the span would
+/// otherwise end looking like a success. Which of the two it was is told by the clock: the
+/// deadline's timer fires only once it has passed.
+struct UnfinishedAttempt {
+    span: tracing::Span,
+    deadline: Instant,
+    armed: bool,
+}
+
+impl Drop for UnfinishedAttempt {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if Instant::now() >= self.deadline {
+            record_error(
+                &self.span,
+                "the request's deadline passed during this attempt",
+            );
+        } else {
+            self.span.record("finish_reason", "cancelled");
+        }
+    }
+}
+
+/// Runs attempts until one finishes the generation or the request fails.
+async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<DispatchEvent>) {
+    let mut attempts = Attempts::new(job.max_tokens, job.max_retries, job.max_migrations);
+    loop {
+        let attempt = attempts.begin();
+        let kind = attempts.kind();
+        let context = attempts.context(&job.prompt);
+        let aggregated_only = attempts.aggregated_only(&job.disagg.serve);
+        let route_span = tracing::info_span!(
+            target: GATEWAY_SPANS,
+            parent: &job.span,
+            "route",
+            attempt = i64::from(attempt),
+            attempt.kind = kind.as_str(),
+            policy = Empty,
+            worker = Empty,
+            overlap_blocks = Empty,
+            uncached_prompt_tokens = Empty,
+            mode = Empty,
+            mode_reason = Empty,
+            prefill_worker = Empty,
+        );
+        // Hashing happens here, outside the model's lock.
+        let request = routing::route_request(pool, &job.routes, &context, job.session.clone());
+        let filter = DecodeFilter {
+            exclude: &attempts.excluded,
+            aggregated_only,
+        };
+        let routed = route_span.in_scope(|| {
+            routing::route(
+                pool,
+                &job.routes,
+                &request,
+                attempts.remaining(),
+                filter,
+                &job.request_id,
+                attempt,
+                attempts.rerouted.as_deref(),
+            )
+        });
+        let mut routed = match routed {
+            Ok(routed) => routed,
+            Err(err) => {
+                record_error(&route_span, err.to_string());
+                let err = match err {
+                    RouteError::NoCandidates => attempts.no_candidates(
+                        &job.routes.model,
+                        aggregated_only,
+                        any_needs_prefill(pool, &job.routes.model),
+                    ),
+                    err => ApiError::Internal(err.to_string()),
+                };
+                let _ = tx.send(DispatchEvent::Failed(err)).await;
+                return;
+            }
+        };
+        let worker_id = routed.worker_id.clone();
+        route_span.record("policy", routed.decision.explanation.policy);
+        route_span.record("worker", worker_id.as_str());
+        route_span.record("overlap_blocks", i64::from(routed.cached_blocks));
+        route_span.record(
+            "uncached_prompt_tokens",
+            routed.uncached_prompt_tokens() as i64,
+        );
+        tracing::debug!(request = %job.request_id, worker = %worker_id, attempt, "dispatching");
+
+        let source = if attempts.may_use_prefill_pool() {
+            let prefilled = prefill_stage(
+                pool,
+                &job.routes,
+                &job.disagg,
+                &request,
+                &context,
+                &mut routed,
+                &job.request_id,
+                job.max_retries + 1,
+                &mut attempts.excluded_prefill,
+                route_span,
+            )
+            .await;
+            match prefilled {
+                Prefilled::Aggregated(why) => {
+                    tracing::debug!(request = %job.request_id, worker = %worker_id, %why, "aggregated");
+                    KvSource::default()
+                }
+                Prefilled::Source {
+                    source,
+                    worker,
+                    running,
+                } => {
+                    tracing::debug!(request = %job.request_id, prefill = %worker, decode = %worker_id, pipelined = source.pipelined, "disaggregated");
+                    KvSource {
+                        source: Some(source),
+                        prefill_worker: Some(worker),
+                        running,
+                    }
+                }
+                Prefilled::Fail(err) => {
+                    let _ = tx.send(DispatchEvent::Failed(err)).await;
+                    return;
+                }
+                Prefilled::Reroute(why) => {
+                    let why = format!("{}, and {why}", serves_only_with_prefill(&worker_id));
+                    tracing::warn!(request = %job.request_id, worker = %worker_id, %why, "rerouting to a worker that serves without a prefill worker");
+                    attempts.reroute(why);
+                    // Dropping `routed` releases the load booked on the decode worker.
+                    continue;
+                }
+            }
+        } else {
+            route_span.record("mode", "aggregated");
+            route_span.record("mode_reason", "a migration continues on one worker");
+            drop(route_span);
+            KvSource::default()
+        };
+        let prefill_worker = source.prefill_worker.clone();
+        let end = stream_attempt(
+            pool,
+            &job,
+            &mut attempts,
+            attempt,
+            kind,
+            routed,
+            context,
+            source,
+            tx,
+        )
+        .await;
+        match attempts.ended(end, &worker_id, prefill_worker) {
+            Next::Stop => return,
+            Next::Fail(err) => {
+                let _ = tx.send(DispatchEvent::Failed(err)).await;
+                return;
+            }
+            Next::Finish(finish) => {
+                let _ = tx.send(DispatchEvent::Finished(finish)).await;
+                return;
+            }
+            Next::Retry { reason } => {
+                pool.metrics.retries.inc();
+                tracing::warn!(request = %job.request_id, worker = %worker_id, %reason, "worker failed before the first token; retrying elsewhere");
+            }
+            Next::Migrate { reason } => {
+                pool.metrics.migrations.inc();
+                tracing::warn!(request = %job.request_id, worker = %worker_id, generated = attempts.generated.len(), %reason, "worker failed mid-stream; migrating");
+            }
+        }
+    }
+}
+
+/// Where an attempt's prompt KV comes from: nowhere (aggregated), or a prefill worker.
+#[derive(Default)]
+struct KvSource {
+    source: Option<v1::KvSource>,
+    prefill_worker: Option<WorkerId>,
+    /// A pipelined prefill still running: booked on its worker until the decode worker's first
+    /// token says it finished.
+    running: Option<Box<RoutedRequest>>,
+}
+
+/// The `stream` stage of one attempt: `Generate` on the routed worker through the pool's
+/// transport, relaying tokens to the consumer and appending them to `attempts.generated`.
+#[allow(clippy::too_many_arguments)]
+async fn stream_attempt(
+    pool: &WorkerPool,
+    job: &GenerateJob,
+    attempts: &mut Attempts,
+    attempt: u32,
+    kind: AttemptKind,
+    mut routed: RoutedRequest,
+    context: Vec<TokenId>,
+    source: KvSource,
+    tx: &mpsc::Sender<DispatchEvent>,
+) -> AttemptEnd {
+    let KvSource {
+        source: kv_source,
+        prefill_worker,
+        mut running,
+    } = source;
+    let worker_id = routed.worker_id.clone();
+    let decode_span = tracing::info_span!(
+        target: GATEWAY_SPANS,
+        parent: &job.span,
+        "decode",
+        otel.kind = "client",
+        attempt = i64::from(attempt),
+        attempt.kind = kind.as_str(),
+        worker = worker_id.as_str(),
+        mode = if kv_source.is_some() { "disaggregated" } else { "aggregated" },
+        prefill_worker = prefill_worker.as_ref().map(WorkerId::as_str),
+        cached_prompt_tokens = Empty,
+        completion_tokens = Empty,
+        finish_reason = Empty,
+    );
+    let mut unfinished = UnfinishedAttempt {
+        span: decode_span.clone(),
+        deadline: job.deadline,
+        armed: true,
+    };
+    let generated_before = attempts.generated.len();
+    let request = GenerateRequest {
+        request_id: job.request_id.clone(),
+        prompt_token_ids: context,
+        sampling: Some(SamplingParams {
+            max_tokens: attempts.remaining(),
+            temperature: job.temperature,
+            seed: job.seed,
+            ignore_eos: job.ignore_eos,
+            stop_token_ids: job.stop_token_ids.clone(),
+        }),
+        kv_source,
+    };
+    let mut request = tonic::Request::new(request);
+    switchyard_telemetry::inject_context(&decode_span, request.metadata_mut());
+    let end = match pool.transport.generate(&routed.worker, request).await {
+        Err(status) => classify(status),
+        Ok(mut stream) => {
+            let mut end = AttemptEnd::worker_failed("worker closed the stream early");
+            while let Some(message) = stream.next().await {
+                let message = match message {
+                    Ok(message) => message,
+                    Err(status) => {
+                        end = classify(status);
+                        break;
+                    }
+                };
+                if let Some(mut prefill) = running.take() {
+                    // The decode worker's first token ends the pipelined prefill.
+                    prefill.prefill_done();
+                }
+                routed.prefill_done();
+                if !attempts.started {
+                    attempts.started = true;
+                    decode_span.record(
+                        "cached_prompt_tokens",
+                        i64::from(message.cached_prompt_tokens),
+                    );
+                    let event = DispatchEvent::Started {
+                        worker: worker_id.clone(),
+                        prompt_tokens: job.prompt.len() as u32,
+                        cached_prompt_tokens: message.cached_prompt_tokens,
+                    };
+                    if tx.send(event).await.is_err() {
+                        end = AttemptEnd::ConsumerGone;
+                        break;
+                    }
+                }
+                if !message.token_ids.is_empty() {
+                    attempts.generated.extend_from_slice(&message.token_ids);
+                    if tx
+                        .send(DispatchEvent::Tokens(message.token_ids))
+                        .await
+                        .is_err()
+                    {
+                        end = AttemptEnd::ConsumerGone;
+                        break;
+                    }
+                }
+                let finish = match v1::FinishReason::try_from(message.finish_reason) {
+                    Ok(v1::FinishReason::Length) => Some(Finish::Length),
+                    Ok(v1::FinishReason::Stop) => Some(Finish::Stop),
+                    Ok(v1::FinishReason::Aborted) => {
+                        end = AttemptEnd::worker_failed("worker aborted the request");
+                        break;
+                    }
+                    _ => None,
+                };
+                if let Some(finish) = finish {
+                    decode_span.record(
+                        "finish_reason",
+                        match finish {
+                            Finish::Length => "length",
+                            Finish::Stop => "stop",
+                        },
+                    );
+                    let _ = tx.send(DispatchEvent::Finished(finish)).await;
+                    end = AttemptEnd::Done;
+                    break;
+                }
+            }
+            end
+        }
+    };
+    // Releases the decode worker's booking (and a pipelined prefill's, if it never finished).
+    drop(routed);
+    drop(running);
+    decode_span.record(
+        "completion_tokens",
+        (attempts.generated.len() - generated_before) as i64,
+    );
+    match &end {
+        AttemptEnd::Done => {}
+        AttemptEnd::ConsumerGone => {
+            decode_span.record("finish_reason", "cancelled");
+        }
+        AttemptEnd::WorkerFailed { reason, .. } => record_error(&decode_span, reason.as_str()),
+        AttemptEnd::Refused(err) => record_error(&decode_span, err.to_string()),
+    }
+    unfinished.armed = false;
+    end
+}
+
+/// Whether a worker of `model` that serves only with a prefill worker is registered (what a 503
+/// for want of an aggregated worker should then explain).
+fn any_needs_prefill(pool: &WorkerPool, model: &str) -> bool {
+    pool.workers_of(model)
+        .iter()
+        .any(|w| needs_prefill(&w.info()))
+}

@@ -1,0 +1,124 @@
+//! Which workers a request may go to: the one candidate filter of the gateway, the replay lab
+//! and the planner's bench. The model is the caller's to match (routing state is per model).
+
+use switchyard_core::{EngineKind, Role, WorkerId};
+
+/// What candidate filtering needs to know of a worker.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerFacts<'a> {
+    pub id: &'a WorkerId,
+    pub role: Role,
+    pub engine: EngineKind,
+    /// Draining (or being moved to another role): it takes no new work.
+    pub draining: bool,
+}
+
+/// Whether a worker can generate only from a prefill worker's KV, never from a bare prompt.
+/// An SGLang worker of role `decode` fronts a server started with `--disaggregation-mode
+/// decode`, which rejects requests without bootstrap fields, so it must never be sent an
+/// aggregated request. vLLM decode engines and the simulator compute a prompt themselves when
+/// no KV comes, and role `both` serves anything.
+pub fn needs_prefill(role: Role, engine: EngineKind) -> bool {
+    engine == EngineKind::Sglang && role == Role::Decode
+}
+
+/// Which generating workers an attempt may use.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DecodeFilter<'a> {
+    /// Workers that failed this request already.
+    pub exclude: &'a [WorkerId],
+    /// The attempt will not get a prefill worker (disaggregation off, a migration, a reroute):
+    /// leave out the workers that [`needs_prefill`].
+    pub aggregated_only: bool,
+}
+
+/// Whether `worker` may generate for the request.
+pub fn may_decode(worker: WorkerFacts<'_>, filter: DecodeFilter<'_>) -> bool {
+    let unusable_aggregated = filter.aggregated_only && needs_prefill(worker.role, worker.engine);
+    !worker.draining
+        && worker.role.serves_decode()
+        && !unusable_aggregated
+        && !filter.exclude.contains(worker.id)
+}
+
+/// Whether `worker` may prefill for a decode worker in front of `engine`. Only workers of the
+/// same engine kind pair up: the KV moves between the engines (the simulator's blocks over
+/// `PullKv`, vLLM's and SGLang's through the engines' own transfer), and neither side can read
+/// the other kind's.
+pub fn may_prefill_for(worker: WorkerFacts<'_>, engine: EngineKind, exclude: &[WorkerId]) -> bool {
+    !worker.draining
+        && worker.role == Role::Prefill
+        && worker.engine == engine
+        && !exclude.contains(worker.id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(id: &WorkerId, role: Role, engine: EngineKind) -> WorkerFacts<'_> {
+        WorkerFacts {
+            id,
+            role,
+            engine,
+            draining: false,
+        }
+    }
+
+    #[test]
+    fn decode_candidates_follow_role_draining_exclusion_and_pairing() {
+        let w = WorkerId::new("w").unwrap();
+        let open = DecodeFilter::default();
+        assert!(may_decode(facts(&w, Role::Both, EngineKind::Sim), open));
+        assert!(may_decode(facts(&w, Role::Decode, EngineKind::Vllm), open));
+        assert!(!may_decode(facts(&w, Role::Prefill, EngineKind::Sim), open));
+        let draining = WorkerFacts {
+            draining: true,
+            ..facts(&w, Role::Both, EngineKind::Sim)
+        };
+        assert!(!may_decode(draining, open));
+        let excluded = [w.clone()];
+        let filter = DecodeFilter {
+            exclude: &excluded,
+            aggregated_only: false,
+        };
+        assert!(!may_decode(facts(&w, Role::Both, EngineKind::Sim), filter));
+        // SGLang decode servers only with a prefill worker.
+        let sglang_decode = facts(&w, Role::Decode, EngineKind::Sglang);
+        assert!(may_decode(sglang_decode, open));
+        let aggregated = DecodeFilter {
+            exclude: &[],
+            aggregated_only: true,
+        };
+        assert!(!may_decode(sglang_decode, aggregated));
+        assert!(may_decode(
+            facts(&w, Role::Decode, EngineKind::Vllm),
+            aggregated
+        ));
+    }
+
+    #[test]
+    fn prefill_candidates_pair_engine_kinds() {
+        let p = WorkerId::new("p").unwrap();
+        assert!(may_prefill_for(
+            facts(&p, Role::Prefill, EngineKind::Vllm),
+            EngineKind::Vllm,
+            &[]
+        ));
+        assert!(!may_prefill_for(
+            facts(&p, Role::Prefill, EngineKind::Vllm),
+            EngineKind::Sglang,
+            &[]
+        ));
+        assert!(!may_prefill_for(
+            facts(&p, Role::Both, EngineKind::Sim),
+            EngineKind::Sim,
+            &[]
+        ));
+        assert!(!may_prefill_for(
+            facts(&p, Role::Prefill, EngineKind::Sim),
+            EngineKind::Sim,
+            std::slice::from_ref(&p)
+        ));
+    }
+}

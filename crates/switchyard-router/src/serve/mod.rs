@@ -1,0 +1,385 @@
+//! The serving core: how one request is served, written once. The live gateway, the replay
+//! lab's cluster and the planner's bench all call it, so a policy studied offline is the policy
+//! that runs live.
+//!
+//! A request is served in steps, each a method of [`ServingCore`] (pure: no I/O, no async, the
+//! caller's clock in [`RouteRequest::now`]):
+//!
+//! 1. **Decode worker** ([`ServingCore::route_decode`]): the live policy chooses among the
+//!    candidates ([`candidates`]: role, draining, exclusions, engine pairing) and the request
+//!    is booked on it as aggregated ([`BookingKind::Aggregated`]).
+//! 2. **Mode** ([`serving_mode`]): from what that worker would compute (its uncached prompt
+//!    tokens) and the [`ServeSettings`], stay aggregated or try the prefill pool.
+//! 3. **Prefill worker** ([`ServingCore::choose_prefill`]): the `kv` policy over the prefill
+//!    candidates of the decode worker's engine; under `auto` a saturated pool keeps the request
+//!    aggregated.
+//! 4. **Disaggregated booking** ([`ServingCore::book_prefill`]): the prefill worker is booked
+//!    with its own uncached tokens, and the decode worker's booking becomes
+//!    [`BookingKind::DisaggregatedDecode`] (it computes none of the prompt). A prefill that
+//!    fails is undone with [`ServingCore::prefill_failed`] (the decode worker is aggregated
+//!    again until another prefill worker is booked).
+//! 5. **Progress** ([`ServingCore::prefill_done`], [`ServingCore::finished`]).
+//!
+//! [`ServingCore::serve`] takes the steps in one call for callers with no I/O between them (the
+//! replay lab, the planner's bench); the gateway takes them one by one around its calls.
+//!
+//! What a booking counts is decided in one place ([`Booking`]'s constructors): a generating
+//! worker holds `prompt + max_tokens` tokens of KV, a prefill worker `prompt` tokens; a
+//! worker's queued prefill is what it computes of the prompt.
+
+mod candidates;
+mod offline;
+mod settings;
+
+use serde::Serialize;
+use switchyard_core::{BlockSize, TokenId, WorkerId, block_hashes};
+
+use crate::error::RouteError;
+use crate::index::{IndexConfig, PrefixIndex};
+use crate::load::{LoadConfig, LoadView, RequestId, Tick};
+use crate::policy::{Candidate, Decision, Policy, PolicyConfig, PolicyKind, RouteRequest};
+
+pub use candidates::{DecodeFilter, WorkerFacts, may_decode, may_prefill_for, needs_prefill};
+pub use offline::{ServeOutcome, Served};
+pub use settings::{
+    DEFAULT_MAX_PREFILL_QUEUE_TOKENS, DEFAULT_MIN_UNCACHED_TOKENS, Disaggregation, ServeSettings,
+};
+
+/// The route request for `tokens`: their chained block hashes and length.
+pub fn route_request(
+    tokens: &[TokenId],
+    block_size: BlockSize,
+    session: Option<String>,
+    now: Tick,
+) -> RouteRequest {
+    RouteRequest {
+        block_hashes: block_hashes(tokens, block_size),
+        prompt_tokens: tokens.len() as u64,
+        block_size,
+        session,
+        now,
+    }
+}
+
+/// What a booking stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BookingKind {
+    /// The worker computes the uncached prompt and generates.
+    Aggregated,
+    /// The worker generates from KV a prefill worker computes: no prefill of its own.
+    DisaggregatedDecode,
+    /// A prefill-pool worker computing the prompt's KV for a decode worker.
+    Prefill,
+}
+
+/// A request's place in the load view, from routing until it ends. Plain data: the caller
+/// gives it back to [`ServingCore::prefill_done`] and [`ServingCore::finished`] (the gateway
+/// wraps it in a guard that does so when the request ends).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Booking {
+    pub worker: WorkerId,
+    /// The load view's request id, unique per core.
+    pub key: RequestId,
+    pub kind: BookingKind,
+    /// Prompt tokens this worker would compute itself (its uncached part).
+    pub uncached_prompt_tokens: u64,
+    /// Prefill tokens counted in the worker's queue.
+    pub prefill_tokens: u64,
+    /// KV blocks the request will occupy there.
+    pub blocks: u64,
+}
+
+impl Booking {
+    /// What a request routed to `decision`'s worker books there when that worker computes its
+    /// prompt and generates `max_tokens`: its uncached prompt tokens queue as prefill, and it
+    /// will hold `prompt + max_tokens` tokens of KV. (Also the rule `switchyard replay events`
+    /// books by, replaying a recording against other policies.)
+    pub fn aggregated(
+        key: RequestId,
+        decision: &Decision,
+        request: &RouteRequest,
+        max_tokens: u32,
+    ) -> Self {
+        let uncached = uncached_of(decision, request);
+        Self {
+            worker: decision.worker.clone(),
+            key,
+            kind: BookingKind::Aggregated,
+            uncached_prompt_tokens: uncached,
+            prefill_tokens: uncached,
+            blocks: (request.prompt_tokens + u64::from(max_tokens))
+                .div_ceil(u64::from(request.block_size.get())),
+        }
+    }
+}
+
+/// Why the first step chose the mode it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModeChoice {
+    /// Prefill on the decode worker; the reason is for logs and explanations.
+    Aggregated(String),
+    /// Try the prefill pool. `forced`: the decode worker serves only with a prefill worker
+    /// ([`needs_prefill`]) and `auto` must not fall back to aggregated on it.
+    TryPrefill { forced: bool },
+}
+
+/// Step 2: whether the prefill pool should be tried, from what the decode worker would
+/// compute (`uncached`) and whether it [`needs_prefill`].
+pub fn serving_mode(settings: &ServeSettings, uncached: u64, needs_prefill: bool) -> ModeChoice {
+    match settings.disaggregation {
+        Disaggregation::Off => ModeChoice::Aggregated("disaggregation is off".into()),
+        Disaggregation::Enforce => ModeChoice::TryPrefill { forced: false },
+        Disaggregation::Auto if needs_prefill => ModeChoice::TryPrefill { forced: true },
+        Disaggregation::Auto if uncached < settings.min_uncached_tokens => {
+            ModeChoice::Aggregated(format!(
+                "{uncached} uncached prompt tokens on the decode worker, below the threshold of {}",
+                settings.min_uncached_tokens
+            ))
+        }
+        Disaggregation::Auto => ModeChoice::TryPrefill { forced: false },
+    }
+}
+
+/// Whether an attempt can only use workers that serve without a prefill worker: with
+/// disaggregation off, for a migration (it continues from generated tokens on one worker), and
+/// after a reroute (a decode worker that needed a prefill worker could get none).
+pub fn aggregated_only(settings: &ServeSettings, migrating: bool, rerouted: bool) -> bool {
+    settings.disaggregation == Disaggregation::Off || migrating || rerouted
+}
+
+/// The outcome of step 3.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PrefillChoice {
+    /// Prefill on the decision's worker.
+    Chosen(Decision),
+    /// `auto` and even the best prefill worker has too much queued: stay aggregated.
+    Saturated { decision: Decision, why: String },
+    /// No prefill worker could be chosen.
+    Unavailable(RouteError),
+}
+
+/// One model's routing state and the serving decision over it: the prefix index, the load
+/// view, the live policy and the prefill pool's policy.
+#[derive(Debug)]
+pub struct ServingCore {
+    pub index: PrefixIndex,
+    pub load: LoadView,
+    policy: Box<dyn Policy>,
+    policy_kind: PolicyKind,
+    /// The prefill pool's choice: `kv` cost (uncached tokens plus queued prefill), whatever the
+    /// live policy is; its per-request state (session pins, predicted caches, turns) describes
+    /// the decode pool and must not be moved by prefill choices.
+    prefill_policy: Box<dyn Policy>,
+    block_size: BlockSize,
+    next_key: RequestId,
+}
+
+impl ServingCore {
+    pub fn new(
+        block_size: BlockSize,
+        index: IndexConfig,
+        load: LoadConfig,
+        policy_kind: PolicyKind,
+        policy_config: &PolicyConfig,
+    ) -> Result<Self, RouteError> {
+        Ok(Self {
+            index: PrefixIndex::new(index),
+            load: LoadView::new(load),
+            policy: policy_kind.build(policy_config)?,
+            policy_kind,
+            prefill_policy: PolicyKind::Kv.build(&PolicyConfig::default())?,
+            block_size,
+            next_key: 1,
+        })
+    }
+
+    pub fn block_size(&self) -> BlockSize {
+        self.block_size
+    }
+
+    pub fn policy_kind(&self) -> PolicyKind {
+        self.policy_kind
+    }
+
+    /// Replaces the live policy (it starts fresh: pins and predictions belong to the old one).
+    pub fn set_policy(&mut self, kind: PolicyKind, policy: Box<dyn Policy>) {
+        self.policy = policy;
+        self.policy_kind = kind;
+    }
+
+    /// A worker left: forget its blocks, its load and whatever the policies remember of it.
+    pub fn remove_worker(&mut self, worker: &WorkerId) {
+        self.index.remove_worker(worker);
+        self.load.remove_worker(worker);
+        self.policy.worker_removed(worker);
+        self.prefill_policy.worker_removed(worker);
+    }
+
+    fn next_key(&mut self) -> RequestId {
+        let key = self.next_key;
+        self.next_key += 1;
+        key
+    }
+
+    /// Step 1: the live policy chooses the generating worker among `candidates`, and the
+    /// request is booked there as [`BookingKind::Aggregated`] with `max_tokens` to generate.
+    pub fn route_decode(
+        &mut self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        max_tokens: u32,
+    ) -> Result<(Decision, Booking), RouteError> {
+        if candidates.is_empty() {
+            return Err(RouteError::NoCandidates);
+        }
+        let decision = self
+            .policy
+            .choose(request, candidates, &self.index, &self.load)?;
+        let booking = Booking::aggregated(self.next_key(), &decision, request, max_tokens);
+        self.book(&booking, request.now);
+        Ok((decision, booking))
+    }
+
+    /// What step 1 would decide, on a copy of the live policy: nothing changes (admin explain).
+    pub fn explain_decode(
+        &self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+    ) -> Result<Decision, RouteError> {
+        if candidates.is_empty() {
+            return Err(RouteError::NoCandidates);
+        }
+        let mut preview = self.policy.clone_box();
+        preview.choose(request, candidates, &self.index, &self.load)
+    }
+
+    /// Step 3: the prefill worker among `candidates` (the prefill pool of the decode worker's
+    /// engine), or why there is none. Books nothing.
+    pub fn choose_prefill(
+        &mut self,
+        settings: &ServeSettings,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        needs_prefill: bool,
+    ) -> PrefillChoice {
+        if candidates.is_empty() {
+            return PrefillChoice::Unavailable(RouteError::NoCandidates);
+        }
+        let decision =
+            match self
+                .prefill_policy
+                .choose(request, candidates, &self.index, &self.load)
+            {
+                Ok(decision) => decision,
+                Err(err) => return PrefillChoice::Unavailable(err),
+            };
+        saturation(settings, decision, needs_prefill)
+    }
+
+    /// What step 3 would decide; nothing changes (admin explain).
+    pub fn explain_prefill(
+        &self,
+        settings: &ServeSettings,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        needs_prefill: bool,
+    ) -> PrefillChoice {
+        if candidates.is_empty() {
+            return PrefillChoice::Unavailable(RouteError::NoCandidates);
+        }
+        let mut preview = self.prefill_policy.clone_box();
+        match preview.choose(request, candidates, &self.index, &self.load) {
+            Ok(decision) => saturation(settings, decision, needs_prefill),
+            Err(err) => PrefillChoice::Unavailable(err),
+        }
+    }
+
+    /// Step 4: books the prompt's prefill on the prefill decision's worker and makes `decode`
+    /// (the request's generating worker) a [`BookingKind::DisaggregatedDecode`]: its KV comes
+    /// from the prefill worker.
+    pub fn book_prefill(
+        &mut self,
+        prefill: &Decision,
+        request: &RouteRequest,
+        decode: &mut Booking,
+    ) -> Booking {
+        let uncached = uncached_of(prefill, request);
+        let booking = Booking {
+            worker: prefill.worker.clone(),
+            key: self.next_key(),
+            kind: BookingKind::Prefill,
+            uncached_prompt_tokens: uncached,
+            prefill_tokens: uncached,
+            blocks: request
+                .prompt_tokens
+                .div_ceil(u64::from(self.block_size.get())),
+        };
+        self.book(&booking, request.now);
+        decode.kind = BookingKind::DisaggregatedDecode;
+        decode.prefill_tokens = 0;
+        self.load
+            .set_prefill_tokens(&decode.worker, decode.key, decode.prefill_tokens);
+        booking
+    }
+
+    /// A booked prefill failed (or was given up): its booking goes, and `decode` computes its
+    /// prompt itself again until another prefill worker is booked.
+    pub fn prefill_failed(&mut self, prefill: &Booking, decode: &mut Booking) {
+        self.finished(prefill);
+        decode.kind = BookingKind::Aggregated;
+        decode.prefill_tokens = decode.uncached_prompt_tokens;
+        self.load
+            .set_prefill_tokens(&decode.worker, decode.key, decode.prefill_tokens);
+    }
+
+    /// The booked request's prefill finished on its worker (a first token, or the end of a
+    /// prefill): it no longer queues prefill there.
+    pub fn prefill_done(&mut self, booking: &Booking) {
+        self.load.on_prefill_done(&booking.worker, booking.key);
+    }
+
+    /// The booked request ended on its worker (finished, failed or cancelled).
+    pub fn finished(&mut self, booking: &Booking) {
+        self.load.on_finished(&booking.worker, booking.key);
+    }
+
+    fn book(&mut self, booking: &Booking, now: Tick) {
+        self.load.on_routed(
+            &booking.worker,
+            booking.key,
+            booking.prefill_tokens,
+            booking.blocks,
+            now,
+        );
+    }
+}
+
+/// What the decision's worker would compute of the prompt (all of it when the policy gave no
+/// breakdown).
+fn uncached_of(decision: &Decision, request: &RouteRequest) -> u64 {
+    decision
+        .chosen()
+        .map_or(request.prompt_tokens, |c| c.uncached_prompt_tokens)
+}
+
+/// Saturation applies to `auto` only: `enforce` queues behind a busy prefill worker, and so
+/// does a decode worker that cannot serve without one (`needs_prefill`).
+fn saturation(settings: &ServeSettings, decision: Decision, needs_prefill: bool) -> PrefillChoice {
+    let queued = decision.chosen().map_or(0, |c| c.queued_prefill_tokens);
+    if settings.disaggregation == Disaggregation::Auto
+        && !needs_prefill
+        && queued > settings.max_prefill_queue_tokens
+    {
+        let why = format!(
+            "prefill pool saturated: the best prefill worker {} has {queued} prefill tokens queued (limit {})",
+            decision.worker, settings.max_prefill_queue_tokens
+        );
+        PrefillChoice::Saturated { decision, why }
+    } else {
+        PrefillChoice::Chosen(decision)
+    }
+}
+
+#[cfg(test)]
+mod tests;
