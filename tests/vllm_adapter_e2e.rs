@@ -111,3 +111,115 @@ async fn gateway_and_vllm_workers_stream_and_mirror_the_engines_through_gap_and_
     assert_eq!(overlap(&api, "vllm-b", &prompt).await, 0);
     assert_eq!(overlap(&api, "vllm-b", &after).await, (24 / BLOCK) as u64);
 }
+
+/// The OpenAI sampling fields (and vLLM's extensions) a client sends reach the engine in the
+/// engine's own names through the real gateway and worker; unset ones stay unset; an unknown
+/// field and an out-of-range one are 400s naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampling_fields_reach_the_engine_through_the_gateway_and_bad_ones_are_named() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("sampling-{}", std::process::id());
+    let fake = Fake::start(&[]).await;
+    let _worker = fake
+        .worker("vllm", "vllm-s", &endpoint, &cluster)
+        .start()
+        .await;
+    let gateway = Launch::gateway(&endpoint, &cluster).start().await;
+    let api = format!("http://{}", gateway.address);
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            indexed(&api, "vllm-s").await.is_some()
+        })
+        .await
+    );
+    let http = reqwest::Client::new();
+    let post = |body: Value| {
+        let http = http.clone();
+        let url = format!("{api}/v1/completions");
+        async move {
+            let response = http.post(url).json(&body).send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let last = || async {
+        fake.admin("requests", json!({})).await["requests"]
+            .as_array()
+            .and_then(|r| r.last())
+            .cloned()
+            .unwrap()
+    };
+    let (status, body) = post(json!({
+        "model": "fake-model", "prompt": tokens(3, 20), "max_tokens": 6,
+        "temperature": 0.3, "top_p": 0.8, "top_k": 20, "min_p": 0.1,
+        "presence_penalty": 0.2, "frequency_penalty": 0.4, "repetition_penalty": 1.2,
+        "logit_bias": {"17": 5.0}, "seed": 7, "stop_token_ids": [3],
+        "min_tokens": 1, "ignore_eos": true
+    }))
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let sent = last().await;
+    for (field, want) in [
+        ("temperature", 0.3),
+        ("top_p", 0.8),
+        ("top_k", 20.0),
+        ("min_p", 0.1),
+        ("presence_penalty", 0.2),
+        ("frequency_penalty", 0.4),
+        ("repetition_penalty", 1.2),
+        ("seed", 7.0),
+        ("min_tokens", 1.0),
+    ] {
+        let got = sent[field].as_f64().unwrap_or(f64::NAN);
+        assert!((got - want).abs() < 1e-6, "{field}: {got} in {sent}");
+    }
+    assert_eq!(sent["logit_bias"], json!({"17": 5.0}), "{sent}");
+    assert_eq!(sent["ignore_eos"], true);
+    assert!(
+        sent["stop_token_ids"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(3))
+    );
+
+    // Nothing set: the engine's own defaults apply (no temperature of 1.0 forced on it).
+    let (status, body) =
+        post(json!({"model": "fake-model", "prompt": tokens(4, 20), "max_tokens": 3})).await;
+    assert_eq!(status, 200, "{body}");
+    let sent = last().await;
+    for field in [
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "logit_bias",
+        "min_tokens",
+    ] {
+        assert!(sent.get(field).is_none(), "{field} sent unset: {sent}");
+    }
+
+    // Refused by name.
+    for (body, param) in [
+        (
+            json!({"model": "fake-model", "prompt": [1, 2], "store": true}),
+            "store",
+        ),
+        (
+            json!({"model": "fake-model", "prompt": [1, 2], "top_p": 0}),
+            "top_p",
+        ),
+        (
+            json!({"model": "fake-model", "prompt": [1, 2], "logit_bias": {"x": 1}}),
+            "logit_bias",
+        ),
+        (
+            json!({"model": "fake-model", "prompt": [1, 2], "presence_penalty": 9}),
+            "presence_penalty",
+        ),
+    ] {
+        let (status, answer) = post(body).await;
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["error"]["param"], param, "{answer}");
+    }
+}

@@ -27,6 +27,8 @@ Test control (POST, JSON body, answers JSON):
                            prefill stand-in completed (see fake_pd.py)
   /admin/lose_rooms        {"count": n}: SGLang prefill accepts n requests but never offers
                            their rooms (an engine failing after it accepted them)
+  /admin/requests          the bodies of the generation requests received, oldest first (the
+                           last 64): what a real engine would have been asked
 
 Disaggregated prefill/decode (vLLM `kv_transfer_params`, SGLang bootstrap): see fake_pd.py.
 
@@ -185,6 +187,8 @@ class Engine:
     def __init__(self, args):
         self.args = args
         self.lock = threading.Lock()
+        # The generation requests received (the last 64), for tests asking what arrived.
+        self.requests = collections.deque(maxlen=64)
         self.ctx = zmq.Context()
         self.next_rank = 0
         self.stats = {"prompt": 0, "cached": 0, "running": 0}
@@ -304,8 +308,10 @@ def make_handler(engine):
             if self.path.startswith("/admin/"):
                 return self.admin(self.path[len("/admin/"):], body)
             if self.path == "/v1/completions":
+                engine.requests.append(body)
                 return self.completions(body, sglang=False)
             if self.path == "/generate" and args.flavor == "sglang":
+                engine.requests.append(body)
                 return self.completions(body, sglang=True)
             self.reply(404, {"error": {"message": "not found"}})
 
@@ -332,6 +338,8 @@ def make_handler(engine):
                 if what == "transfers":
                     return self.reply(200, {"received": engine.pd.received, "handed_over": engine.pd.handed_over,
                                             "engine_id": engine.pd.engine_id})
+                if what == "requests":
+                    return self.reply(200, {"requests": list(engine.requests)})
                 if what == "lose_rooms":
                     engine.pd.lose_rooms = body.get("count", 1)
                     return self.reply(200, {})

@@ -55,6 +55,50 @@ fn hash_into(buf: &mut Vec<u8>, parent: BlockHash, tokens: &[TokenId]) -> BlockH
     BlockHash(xxhash_rust::xxh3::xxh3_64_with_seed(buf, HASH_SEED))
 }
 
+/// What besides its tokens names a block — a LoRA adapter, a cache salt, multimodal inputs —
+/// folded to 64 bits; `None` when nothing does. Blocks of the same tokens under different keys
+/// never share a hash, so a request is only routed to KV it can reuse. Each part is length-
+/// prefixed, so no two different part lists fold alike by concatenation.
+pub fn block_key(parts: &[Option<&[u8]>]) -> Option<u64> {
+    if parts.iter().all(Option::is_none) {
+        return None;
+    }
+    let mut buf = Vec::new();
+    buf.extend_from_slice(b"SWYDKEY1");
+    for part in parts {
+        match part {
+            None => buf.push(0),
+            Some(bytes) => {
+                buf.push(1);
+                buf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+                buf.extend_from_slice(bytes);
+            }
+        }
+    }
+    Some(xxhash_rust::xxh3::xxh3_64_with_seed(&buf, HASH_SEED))
+}
+
+/// [`chain_hash`] of a block that also has a [`block_key`]: with `None` it is exactly
+/// [`chain_hash`]; with a key, the key's eight bytes follow the tokens in the hashed input
+/// (a longer input than any plain block of the same size, so the two never coincide by
+/// construction).
+pub fn chain_hash_keyed(
+    parent: Option<BlockHash>,
+    tokens: &[TokenId],
+    key: Option<u64>,
+) -> BlockHash {
+    let Some(key) = key else {
+        return chain_hash(parent, tokens);
+    };
+    let mut buf = Vec::with_capacity(16 + tokens.len() * 4);
+    buf.extend_from_slice(&parent.unwrap_or(BlockHash::ROOT).0.to_le_bytes());
+    for t in tokens {
+        buf.extend_from_slice(&t.to_le_bytes());
+    }
+    buf.extend_from_slice(&key.to_le_bytes());
+    BlockHash(xxhash_rust::xxh3::xxh3_64_with_seed(&buf, HASH_SEED))
+}
+
 /// Hashes of every full block of `tokens`, in order. The partial tail is ignored.
 pub fn block_hashes(tokens: &[TokenId], block_size: BlockSize) -> Vec<BlockHash> {
     let mut hashes = Vec::with_capacity(block_size.full_blocks(tokens.len()));
@@ -145,5 +189,28 @@ mod tests {
             extend_block_hashes(&mut inc, parent, &tokens[cut..], size);
             prop_assert_eq!(inc, full);
         }
+    }
+
+    #[test]
+    fn keyed_blocks_differ_from_plain_ones_and_by_key() {
+        let tokens: Vec<TokenId> = (0..16).collect();
+        let plain = chain_hash(None, &tokens);
+        assert_eq!(chain_hash_keyed(None, &tokens, None), plain);
+        let lora = block_key(&[Some(b"adapter-a"), None]);
+        let salt = block_key(&[None, Some(b"adapter-a")]);
+        assert!(lora.is_some() && lora != salt, "parts are positional");
+        assert_eq!(block_key(&[None, None]), None);
+        let a = chain_hash_keyed(None, &tokens, lora);
+        assert_ne!(a, plain);
+        assert_ne!(a, chain_hash_keyed(None, &tokens, salt));
+        assert_eq!(
+            a,
+            chain_hash_keyed(None, &tokens, block_key(&[Some(b"adapter-a"), None]))
+        );
+        // Length prefixes: ("ab", "c") and ("a", "bc") fold apart.
+        assert_ne!(
+            block_key(&[Some(b"ab"), Some(b"c")]),
+            block_key(&[Some(b"a"), Some(b"bc")])
+        );
     }
 }

@@ -8,6 +8,7 @@
 //! - [`event`]: the KV event model (`Stored`, `Removed`, `Cleared`) with per-incarnation
 //!   sequence numbers.
 //! - [`load`]: the load figures a worker reports.
+//! - [`sampling`]: a request's sampling settings ([`Sampling`]), validated once.
 //! - [`rng`], [`promtext`], [`sse`]: the workspace's one seeded generator, one Prometheus text
 //!   reader and one server-sent-events decoder (pure functions every crate shares).
 //! - [`error`]: the validation errors of this crate.
@@ -18,6 +19,7 @@ pub mod hash;
 pub mod load;
 pub mod promtext;
 pub mod rng;
+pub mod sampling;
 pub mod sse;
 pub mod tokens;
 pub mod worker;
@@ -26,7 +28,8 @@ pub use error::CoreError;
 pub use event::{
     EventSeq, Incarnation, KvEvent, KvEventEnvelope, SnapshotBlock, StorageTier, StoredBlock,
 };
-pub use hash::{BlockHash, block_hashes, chain_hash};
+pub use hash::{BlockHash, block_hashes, block_key, chain_hash, chain_hash_keyed};
 pub use load::LoadStats;
+pub use sampling::{Sampling, SamplingError};
 pub use tokens::{BlockSize, TokenId};
 pub use worker::{EngineKind, Role, WorkerId, WorkerInfo};

@@ -17,9 +17,21 @@ pub struct SimRequest {
     pub ignore_eos: bool,
     /// Sampling any of these ends the sequence with [`FinishReason::Stop`].
     pub stop_token_ids: Vec<TokenId>,
-    /// Per-request sampling seed: the same seed and prompt give the same tokens. Without one the
-    /// request id seeds the stream.
+    /// Per-request sampling seed: the same seed and prompt give the same tokens, on any
+    /// simulator. Without one the engine's seed and the request id seed the stream.
     pub seed: Option<u64>,
+    /// Greedy decoding (temperature 0): the prompt alone decides the tokens, on any simulator.
+    #[serde(default)]
+    pub greedy: bool,
+    /// End-of-sequence and stop tokens do not end the sequence before this many tokens.
+    #[serde(default)]
+    pub min_tokens: u32,
+    /// Never sampled (a logit bias of -100).
+    #[serde(default)]
+    pub banned: Vec<TokenId>,
+    /// When not empty, only these are sampled (a logit bias of +100).
+    #[serde(default)]
+    pub forced: Vec<TokenId>,
     /// Prefill-only (the prefill side of disaggregated serving): generate exactly one token,
     /// finish with [`FinishReason::Length`], and keep the prompt's full blocks referenced until
     /// [`crate::Simulator::release_hold`] so a decode worker can pull them.

@@ -7,6 +7,10 @@ use crate::{FinishReason, SimRequest, kv_cache::BlockId};
 /// A cheap, well-mixed 64-bit hash (the workspace's SplitMix64).
 use switchyard_core::rng::splitmix as mix;
 
+/// Stream salts of seeded and greedy sequences (no engine seed in them).
+const SEEDED: u64 = 0x5345_4544_4544_0001;
+const GREEDY: u64 = 0x4752_4545_4459_0001;
+
 #[derive(Debug)]
 pub(crate) struct Sequence {
     pub(crate) id: u64,
@@ -14,6 +18,9 @@ pub(crate) struct Sequence {
     pub(crate) max_tokens: u32,
     pub(crate) ignore_eos: bool,
     pub(crate) stop_token_ids: Vec<TokenId>,
+    pub(crate) min_tokens: u32,
+    pub(crate) banned: Vec<TokenId>,
+    pub(crate) forced: Vec<TokenId>,
     pub(crate) hold_blocks: bool,
     pub(crate) pipeline: bool,
     /// Leading prompt blocks already exported (pipelined prefill); survives preemption, so a
@@ -43,13 +50,23 @@ impl Sequence {
         // The prompt takes part so that two requests sharing a seed but not a prompt differ,
         // as they would with a real model's logits.
         let prompt_print = chain_hash(None, &req.prompt).get();
-        let stream = mix(engine_seed ^ mix(req.seed.unwrap_or(req.id) ^ mix(prompt_print)));
+        let stream = match (req.seed, req.greedy) {
+            // Seeded: the seed and the prompt alone decide, so any simulator gives the same
+            // tokens (as an engine with the same weights would).
+            (Some(seed), _) => mix(SEEDED ^ mix(seed ^ mix(prompt_print))),
+            // Greedy: the prompt alone decides.
+            (None, true) => mix(GREEDY ^ mix(prompt_print)),
+            (None, false) => mix(engine_seed ^ mix(req.id ^ mix(prompt_print))),
+        };
         Self {
             id: req.id,
             prompt_len: req.prompt.len(),
             max_tokens: req.max_tokens,
             ignore_eos: req.ignore_eos,
             stop_token_ids: req.stop_token_ids,
+            min_tokens: req.min_tokens,
+            banned: req.banned,
+            forced: req.forced,
             hold_blocks: req.hold_blocks,
             pipeline: req.hold_blocks && req.pipeline,
             exported: 0,
@@ -65,16 +82,34 @@ impl Sequence {
         }
     }
 
-    /// The token this request samples at position `tokens.len()`.
+    /// The token this request samples at position `tokens.len()`: among the forced tokens when
+    /// there are some, never a banned one.
     pub(crate) fn sample(&self, vocab_size: u32) -> TokenId {
         let position = self.tokens.len() as u64;
-        (mix(self.stream ^ mix(position)) % u64::from(vocab_size)) as TokenId
+        let mut draw = mix(self.stream ^ mix(position));
+        if !self.forced.is_empty() {
+            return self.forced[(draw % self.forced.len() as u64) as usize];
+        }
+        for _ in 0..64 {
+            let token = (draw % u64::from(vocab_size)) as TokenId;
+            if !self.banned.contains(&token) {
+                return token;
+            }
+            draw = mix(draw);
+        }
+        // Nearly everything banned: the first token that is not.
+        (0..vocab_size)
+            .find(|t| !self.banned.contains(t))
+            .unwrap_or(0)
     }
 
     /// Whether sampling `token` (already counted in `completion_tokens`) ends the sequence.
     pub(crate) fn finish_on(&self, token: TokenId, eos: TokenId) -> Option<FinishReason> {
         if self.hold_blocks {
             return Some(FinishReason::Length);
+        }
+        if self.completion_tokens < self.min_tokens {
+            return None;
         }
         if (token == eos && !self.ignore_eos) || self.stop_token_ids.contains(&token) {
             return Some(FinishReason::Stop);
@@ -137,5 +172,59 @@ mod tests {
         assert_eq!(a.sample(v), same.sample(v));
         assert_ne!(a.sample(v), other_seed.sample(v));
         assert_ne!(a.sample(v), other_prompt.sample(v));
+    }
+
+    #[test]
+    fn a_seed_or_greedy_decoding_gives_the_same_tokens_on_any_engine() {
+        let v = 32_000;
+        let prompt: Vec<TokenId> = (1..40).collect();
+        let req = |id, seed, greedy| SimRequest {
+            seed,
+            greedy,
+            ..SimRequest::new(id, prompt.clone(), 4)
+        };
+        // Two engines (seeds 1 and 2), two request ids.
+        let on = |r: SimRequest, engine| Sequence::new(r, engine, bs(4)).sample(v);
+        assert_eq!(on(req(1, Some(7), false), 1), on(req(9, Some(7), false), 2));
+        assert_eq!(on(req(1, None, true), 1), on(req(9, None, true), 2));
+        assert_ne!(on(req(1, None, false), 1), on(req(1, None, false), 2));
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces_and_min_tokens_hold_off_the_end() {
+        let v = 16;
+        let banned: Vec<TokenId> = (0..15).collect();
+        let seq = Sequence::new(
+            SimRequest {
+                banned,
+                ..SimRequest::new(1, vec![1, 2, 3], 4)
+            },
+            0,
+            bs(4),
+        );
+        assert_eq!(seq.sample(v), 15, "only token 15 is left");
+        let seq = Sequence::new(
+            SimRequest {
+                forced: vec![5, 6],
+                ..SimRequest::new(1, vec![1, 2, 3], 4)
+            },
+            0,
+            bs(4),
+        );
+        assert!([5, 6].contains(&seq.sample(v)));
+        let mut seq = Sequence::new(
+            SimRequest {
+                min_tokens: 2,
+                stop_token_ids: vec![9],
+                ..SimRequest::new(1, vec![1, 2, 3], 4)
+            },
+            0,
+            bs(4),
+        );
+        seq.completion_tokens = 1;
+        assert_eq!(seq.finish_on(9, 0), None, "held off before min_tokens");
+        assert_eq!(seq.finish_on(0, 0), None);
+        seq.completion_tokens = 2;
+        assert_eq!(seq.finish_on(9, 0), Some(FinishReason::Stop));
     }
 }

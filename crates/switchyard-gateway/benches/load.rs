@@ -243,10 +243,11 @@ async fn worker_ttft(
         prompt_token_ids: prompt.to_vec(),
         sampling: Some(SamplingParams {
             max_tokens: 1 + (i % 4) as u32,
-            temperature: 0.0,
+            temperature: Some(0.0),
             seed: None,
             ignore_eos: true,
             stop_token_ids: Vec::new(),
+            ..Default::default()
         }),
         kv_source: None,
     };

@@ -11,7 +11,7 @@ pub enum ApiError {
     #[error("{message}")]
     BadRequest {
         message: String,
-        param: Option<&'static str>,
+        param: Option<String>,
     },
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
@@ -59,10 +59,10 @@ impl ApiError {
         }
     }
 
-    pub fn bad_param(param: &'static str, message: impl Into<String>) -> Self {
+    pub fn bad_param(param: impl Into<String>, message: impl Into<String>) -> Self {
         ApiError::BadRequest {
             message: message.into(),
-            param: Some(param),
+            param: Some(param.into()),
         }
     }
 
@@ -99,7 +99,7 @@ impl ApiError {
     pub fn to_json(&self) -> serde_json::Value {
         let (kind, code) = self.kind_and_code();
         let param = match self {
-            ApiError::BadRequest { param, .. } => *param,
+            ApiError::BadRequest { param, .. } => param.as_deref(),
             ApiError::ModelNotFound(_) => Some("model"),
             _ => None,
         };

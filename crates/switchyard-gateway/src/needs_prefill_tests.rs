@@ -215,11 +215,12 @@ fn job(routes: &Arc<ModelRoutes>, mode: Disaggregation) -> GenerateJob {
         request_id: "r".into(),
         routes: Arc::clone(routes),
         prompt: (0..16).collect(),
-        max_tokens: 4,
-        temperature: 0.0,
-        seed: None,
-        ignore_eos: true,
-        stop_token_ids: Vec::new(),
+        sampling: switchyard_core::Sampling {
+            max_tokens: 4,
+            temperature: Some(0.0),
+            ignore_eos: true,
+            ..switchyard_core::Sampling::default()
+        },
         session: None,
         deadline: Instant::now() + Duration::from_secs(30),
         max_retries: 1,

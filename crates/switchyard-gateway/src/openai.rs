@@ -1,8 +1,11 @@
 //! OpenAI API bodies: what clients send and what the gateway answers.
 //!
-//! Requests ignore fields they do not know (OpenAI clients send many), but refuse values the
-//! gateway cannot honour (several choices, several prompts) with a clear error instead of
-//! silently doing something else.
+//! Nothing a client sends is dropped silently: every field is either carried to the engine (the
+//! sampling fields, in `switchyard_core::Sampling`), honoured by the gateway (stop strings,
+//! `user`, streaming), or refused with a 400 naming it — an unknown field included
+//! (`docs/openai-api.md` lists every field and what happens to it).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -29,7 +32,7 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// Fields shared by chat and text completions.
+/// Fields shared by chat and text completions (OpenAI's, and vLLM's sampling extensions).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 pub struct SamplingFields {
     pub max_tokens: Option<u32>,
@@ -38,6 +41,10 @@ pub struct SamplingFields {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub seed: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Token id (as a string, OpenAI's form) → bias.
+    pub logit_bias: Option<BTreeMap<String, f32>>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
@@ -46,6 +53,17 @@ pub struct SamplingFields {
     /// vLLM extension: keep generating past end-of-sequence.
     #[serde(default)]
     pub ignore_eos: bool,
+    /// vLLM extensions.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub min_tokens: Option<u32>,
+    pub skip_special_tokens: Option<bool>,
+    pub include_stop_str_in_output: Option<bool>,
+    /// Accepted only when off (`false`/`null`): log probabilities are not returned yet.
+    pub logprobs: Option<serde_json::Value>,
+    pub top_logprobs: Option<u32>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -57,6 +75,9 @@ pub struct ChatCompletionRequest {
     pub tools: Option<Vec<serde_json::Value>>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    /// Fields the gateway does not take: refused with a 400 naming the first.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 /// `prompt` of a text completion: text or token ids.
@@ -78,6 +99,9 @@ pub struct CompletionRequest {
     pub echo: bool,
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    /// Fields the gateway does not take: refused with a 400 naming the first.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -195,13 +219,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chat_request_accepts_unknown_fields_and_both_stop_forms() {
+    fn chat_request_keeps_unknown_fields_apart_and_takes_both_stop_forms() {
         let req: ChatCompletionRequest = serde_json::from_str(
             r#"{"model":"m","messages":[{"role":"user","content":"hi"}],
-                "stop":"x","frequency_penalty":0.5,"stream":true,
-                "stream_options":{"include_usage":true}}"#,
+                "stop":"x","frequency_penalty":0.5,"stream":true,"top_k":5,
+                "stream_options":{"include_usage":true},"store":true}"#,
         )
         .unwrap();
+        assert_eq!(req.sampling.frequency_penalty, Some(0.5));
+        assert_eq!(req.sampling.top_k, Some(5));
+        assert_eq!(req.unknown.keys().collect::<Vec<_>>(), ["store"]);
         assert_eq!(req.sampling.stop, Some(StopSpec::One("x".into())));
         assert!(req.sampling.stream);
         assert!(req.sampling.stream_options.unwrap().include_usage);

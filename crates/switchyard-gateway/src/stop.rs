@@ -10,6 +10,9 @@ pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
     longest: usize,
+    /// Keep the matched stop string at the end of the text (vLLM's
+    /// `include_stop_str_in_output`).
+    include_stop: bool,
 }
 
 /// What to do with a piece of text.
@@ -29,7 +32,14 @@ impl StopMatcher {
             stops,
             held: String::new(),
             longest,
+            include_stop: false,
         }
+    }
+
+    /// The same matcher, keeping a matched stop string in the text when `include`.
+    pub fn including_the_stop(mut self, include: bool) -> Self {
+        self.include_stop = include;
+        self
     }
 
     pub fn is_empty(&self) -> bool {
@@ -46,10 +56,11 @@ impl StopMatcher {
         let hit = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s.len())))
             .min();
-        if let Some(at) = hit {
-            let out = self.held[..at].to_owned();
+        if let Some((at, len)) = hit {
+            let end = if self.include_stop { at + len } else { at };
+            let out = self.held[..end].to_owned();
             self.held.clear();
             return StopOutcome::Stopped(out);
         }
@@ -126,5 +137,12 @@ mod tests {
     #[test]
     fn no_stops_passes_everything_through() {
         assert_eq!(run(&[], &["a", "b"]), ("ab".into(), false));
+    }
+
+    #[test]
+    fn the_stop_string_is_kept_when_asked() {
+        let mut m = StopMatcher::new(vec!["END".into()]).including_the_stop(true);
+        assert_eq!(m.push("abc EN"), StopOutcome::Continue("abc ".into()));
+        assert_eq!(m.push("D tail"), StopOutcome::Stopped("END".into()));
     }
 }

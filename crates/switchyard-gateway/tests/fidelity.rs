@@ -295,11 +295,12 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     request_id: id.clone(),
                     routes: Arc::clone(&routes),
                     prompt: tokens.clone(),
-                    max_tokens,
-                    temperature: 0.0,
-                    seed: None,
-                    ignore_eos: true,
-                    stop_token_ids: Vec::new(),
+                    sampling: switchyard_core::Sampling {
+                        max_tokens,
+                        temperature: Some(0.0),
+                        ignore_eos: true,
+                        ..switchyard_core::Sampling::default()
+                    },
                     session: session.clone(),
                     deadline: tokio::time::Instant::now() + Duration::from_secs(100_000),
                     max_retries: 2,

@@ -90,7 +90,7 @@ async fn generate(
             prompt_token_ids: prompt,
             sampling: Some(v1::SamplingParams {
                 max_tokens,
-                temperature: 0.0,
+                temperature: Some(0.0),
                 ignore_eos: true,
                 ..Default::default()
             }),

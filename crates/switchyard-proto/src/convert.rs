@@ -1,8 +1,8 @@
 //! Conversions between protocol messages and core types.
 
 use switchyard_core::{
-    BlockHash, BlockSize, CoreError, EngineKind, KvEvent, LoadStats, Role, SnapshotBlock,
-    StorageTier, StoredBlock, WorkerId, WorkerInfo,
+    BlockHash, BlockSize, CoreError, EngineKind, KvEvent, LoadStats, Role, Sampling, SamplingError,
+    SnapshotBlock, StorageTier, StoredBlock, WorkerId, WorkerInfo,
 };
 
 use crate::v1;
@@ -16,11 +16,64 @@ pub enum ProtoError {
     UnknownEngine(String),
     #[error(transparent)]
     Invalid(#[from] CoreError),
+    #[error("invalid sampling: {0}")]
+    Sampling(#[from] SamplingError),
 }
 
 impl From<ProtoError> for tonic::Status {
     fn from(err: ProtoError) -> Self {
         tonic::Status::invalid_argument(err.to_string())
+    }
+}
+
+impl From<&Sampling> for v1::SamplingParams {
+    fn from(s: &Sampling) -> Self {
+        Self {
+            max_tokens: s.max_tokens,
+            temperature: s.temperature,
+            seed: s.seed,
+            ignore_eos: s.ignore_eos,
+            stop_token_ids: s.stop_token_ids.clone(),
+            top_p: s.top_p,
+            top_k: s.top_k,
+            min_p: s.min_p,
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            repetition_penalty: s.repetition_penalty,
+            logit_bias: s.logit_bias.iter().map(|(t, b)| (*t, *b)).collect(),
+            stop: s.stop.clone(),
+            min_tokens: s.min_tokens,
+            skip_special_tokens: s.skip_special_tokens,
+            include_stop_str_in_output: s.include_stop_str_in_output,
+        }
+    }
+}
+
+/// The sampling of a request off the wire, validated ([`Sampling::validate`]).
+impl TryFrom<v1::SamplingParams> for Sampling {
+    type Error = ProtoError;
+
+    fn try_from(p: v1::SamplingParams) -> Result<Self, ProtoError> {
+        let sampling = Sampling {
+            max_tokens: p.max_tokens,
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: p.top_k,
+            min_p: p.min_p,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            repetition_penalty: p.repetition_penalty,
+            logit_bias: p.logit_bias.into_iter().collect(),
+            seed: p.seed,
+            stop: p.stop,
+            stop_token_ids: p.stop_token_ids,
+            min_tokens: p.min_tokens,
+            ignore_eos: p.ignore_eos,
+            skip_special_tokens: p.skip_special_tokens,
+            include_stop_str_in_output: p.include_stop_str_in_output,
+        };
+        sampling.validate()?;
+        Ok(sampling)
     }
 }
 

@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 
 use switchyard_core::{
-    BlockHash, BlockSize, KvEvent, StorageTier, StoredBlock, TokenId, chain_hash,
+    BlockHash, BlockSize, KvEvent, StorageTier, StoredBlock, TokenId, chain_hash_keyed,
 };
 
 use crate::error::IndexError;
@@ -63,6 +63,14 @@ impl EngineHashMap {
         self.map.get(&engine_hash).map(|(h, _)| *h)
     }
 
+    /// Whether the engine holds `engine_hash` in `tier` as far as this map knows (a `Stored`
+    /// of it there already came, and no `Removed` since).
+    pub fn holds(&self, engine_hash: u64, tier: StorageTier) -> bool {
+        self.map
+            .get(&engine_hash)
+            .is_some_and(|(_, tiers)| tiers & tier_bit(tier) != 0)
+    }
+
     /// Forgets everything (engine restart or `Cleared`).
     pub fn clear(&mut self) {
         self.map.clear();
@@ -78,6 +86,20 @@ impl EngineHashMap {
         tokens: &[TokenId],
         tier: StorageTier,
     ) -> Result<KvEvent, IndexError> {
+        self.stored_keyed(engine_parent, engine_hashes, tokens, &[], tier)
+    }
+
+    /// [`stored`](Self::stored) for blocks that carry a key besides their tokens
+    /// ([`switchyard_core::block_key`]: an adapter, a cache salt, multimodal inputs), one per
+    /// block; an empty `keys` means none does.
+    pub fn stored_keyed(
+        &mut self,
+        engine_parent: Option<u64>,
+        engine_hashes: &[u64],
+        tokens: &[TokenId],
+        keys: &[Option<u64>],
+        tier: StorageTier,
+    ) -> Result<KvEvent, IndexError> {
         let bs = self.block_size.as_usize();
         if tokens.len() != engine_hashes.len() * bs {
             return Err(IndexError::EngineBlockCountMismatch {
@@ -91,8 +113,13 @@ impl EngineHashMap {
         };
         let mut prev = parent;
         let mut blocks = Vec::with_capacity(engine_hashes.len());
-        for (&engine_hash, block_tokens) in engine_hashes.iter().zip(tokens.chunks_exact(bs)) {
-            let hash = chain_hash(prev, block_tokens);
+        for (i, (&engine_hash, block_tokens)) in engine_hashes
+            .iter()
+            .zip(tokens.chunks_exact(bs))
+            .enumerate()
+        {
+            let key = keys.get(i).copied().flatten();
+            let hash = chain_hash_keyed(prev, block_tokens, key);
             self.remember(engine_hash, hash, tier_bit(tier));
             blocks.push(StoredBlock {
                 hash,
@@ -107,21 +134,21 @@ impl EngineHashMap {
         })
     }
 
-    /// Turns an engine `Removed` event into a Switchyard [`KvEvent::Removed`]; unknown engine
-    /// hashes are skipped and counted.
+    /// Turns an engine `Removed` event into a Switchyard [`KvEvent::Removed`] of the blocks the
+    /// map knew held in `tier`; engine hashes it did not know there are skipped and counted.
     pub fn removed(&mut self, engine_hashes: &[u64], tier: StorageTier) -> KvEvent {
         let bit = tier_bit(tier);
         let mut blocks = Vec::with_capacity(engine_hashes.len());
         for engine_hash in engine_hashes {
             match self.map.get_mut(engine_hash) {
-                Some((hash, tiers)) => {
+                Some((hash, tiers)) if *tiers & bit != 0 => {
                     blocks.push(*hash);
                     *tiers &= !bit;
                     if *tiers == 0 {
                         self.map.remove(engine_hash);
                     }
                 }
-                None => self.unknown_removed += 1,
+                _ => self.unknown_removed += 1,
             }
         }
         if self.order.len() > 2 * self.map.len() + 64 {

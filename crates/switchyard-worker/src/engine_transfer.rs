@@ -190,11 +190,12 @@ mod tests {
         GenerateParams {
             request_id: "r".into(),
             prompt: (1..=10).collect(),
-            max_tokens: 2,
-            temperature: 0.0,
-            seed: None,
-            ignore_eos: true,
-            stop_token_ids: Vec::new(),
+            sampling: switchyard_core::Sampling {
+                max_tokens: 2,
+                temperature: Some(0.0),
+                ignore_eos: true,
+                ..switchyard_core::Sampling::default()
+            },
         }
     }
 

@@ -155,14 +155,16 @@ pub(crate) async fn generate_from_source(
         completion_tokens,
     };
     // A stop token ends the request at once and, like any stop token, is not emitted.
-    if params.stop_token_ids.contains(&first) {
+    if params.sampling.stop_token_ids.contains(&first)
+        && params.sampling.min_tokens.unwrap_or(0) == 0
+    {
         return Ok(Box::pin(stream::iter([Ok(chunk(
             Vec::new(),
             Some(FinishReason::Stop),
             0,
         ))])));
     }
-    if params.max_tokens <= 1 {
+    if params.sampling.max_tokens <= 1 {
         return Ok(Box::pin(stream::iter([Ok(chunk(
             vec![first],
             Some(FinishReason::Length),
@@ -174,7 +176,12 @@ pub(crate) async fn generate_from_source(
     let rest = engine
         .generate(GenerateParams {
             prompt,
-            max_tokens: params.max_tokens - 1,
+            // The first token is already out: one fewer to generate, and to hold off the end.
+            sampling: switchyard_core::Sampling {
+                max_tokens: params.sampling.max_tokens - 1,
+                min_tokens: params.sampling.min_tokens.map(|m| m.saturating_sub(1)),
+                ..params.sampling
+            },
             ..params
         })
         .await?;

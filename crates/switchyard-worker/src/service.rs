@@ -144,15 +144,8 @@ impl WorkerService {
         span.record("request_id", req.request_id.as_str());
         span.record("prompt_tokens", req.prompt_token_ids.len() as i64);
         span.record("disaggregated", req.kv_source.is_some());
-        let sampling = req.sampling.unwrap_or_default();
-        if sampling.max_tokens == 0 {
-            return Err(Status::invalid_argument("max_tokens must be at least 1"));
-        }
-        if !sampling.temperature.is_finite() || sampling.temperature < 0.0 {
-            return Err(Status::invalid_argument(
-                "temperature must be a finite number >= 0",
-            ));
-        }
+        let sampling = switchyard_core::Sampling::try_from(req.sampling.unwrap_or_default())
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.check_prompt(&req.prompt_token_ids, sampling.max_tokens)?;
         if !self.state.role().serves_decode() {
             return Err(Status::failed_precondition(format!(
@@ -165,11 +158,7 @@ impl WorkerService {
         let params = GenerateParams {
             request_id: req.request_id,
             prompt: req.prompt_token_ids,
-            max_tokens: sampling.max_tokens,
-            temperature: sampling.temperature,
-            seed: sampling.seed,
-            ignore_eos: sampling.ignore_eos,
-            stop_token_ids: sampling.stop_token_ids,
+            sampling,
         };
         let engine_stream: ChunkStream = match req.kv_source {
             Some(source) => {

@@ -341,7 +341,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
             prompt_token_ids: prompt(4),
             sampling: Some(SamplingParams {
                 max_tokens: 1,
-                temperature: f32::NAN,
+                temperature: Some(f32::NAN),
                 ..Default::default()
             }),
             kv_source: None,

@@ -25,11 +25,12 @@ fn params(prompt: Vec<u32>, max_tokens: u32) -> GenerateParams {
     GenerateParams {
         request_id: "r1".into(),
         prompt,
-        max_tokens,
-        temperature: 0.0,
-        seed: None,
-        ignore_eos: true,
-        stop_token_ids: Vec::new(),
+        sampling: switchyard_core::Sampling {
+            max_tokens,
+            temperature: Some(0.0),
+            ignore_eos: true,
+            ..switchyard_core::Sampling::default()
+        },
     }
 }
 
@@ -506,4 +507,167 @@ async fn sglang_prefill_answers_at_once_and_the_decode_engine_takes_the_room() {
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::Unavailable);
     prefill.shutdown();
     decode.shutdown();
+}
+
+/// Every sampling field set, and the engine's own field name each must arrive under (vLLM's
+/// OpenAI completions body; SGLang's `sampling_params`).
+fn full_sampling() -> switchyard_core::Sampling {
+    switchyard_core::Sampling {
+        max_tokens: 6,
+        temperature: Some(0.7),
+        top_p: Some(0.9),
+        top_k: Some(40),
+        min_p: Some(0.05),
+        presence_penalty: Some(0.5),
+        frequency_penalty: Some(-0.5),
+        repetition_penalty: Some(1.1),
+        logit_bias: std::collections::BTreeMap::from([(11, -100.0), (12, 2.5)]),
+        seed: Some(1234),
+        stop: vec!["END".into()],
+        stop_token_ids: vec![99],
+        min_tokens: Some(2),
+        ignore_eos: true,
+        skip_special_tokens: Some(true),
+        include_stop_str_in_output: Some(true),
+    }
+}
+
+async fn last_request(fake: &Fake) -> Value {
+    let requests = fake.admin("requests", json!({})).await;
+    requests["requests"]
+        .as_array()
+        .and_then(|r| r.last())
+        .cloned()
+        .expect("the engine received a request")
+}
+
+async fn run(
+    engine: &switchyard_worker::engine::vllm::VllmEngine,
+    sampling: switchyard_core::Sampling,
+) {
+    let mut stream = engine
+        .generate(GenerateParams {
+            request_id: "sampled".into(),
+            prompt: seq(1, 10),
+            sampling,
+        })
+        .await
+        .unwrap();
+    while let Some(chunk) = stream.next().await {
+        chunk.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn every_sampling_field_reaches_vllm_in_its_own_name_and_unset_ones_stay_unset() {
+    let fake = Fake::start(&["--block-size", "4"]).await;
+    let engine = start(fake.config(EngineKind::Vllm, 1, false)).await;
+    run(&engine, full_sampling()).await;
+    let body = last_request(&fake).await;
+    for (field, want) in [
+        ("max_tokens", json!(6)),
+        ("temperature", json!(0.7)),
+        ("top_p", json!(0.9)),
+        ("top_k", json!(40)),
+        ("min_p", json!(0.05)),
+        ("presence_penalty", json!(0.5)),
+        ("frequency_penalty", json!(-0.5)),
+        ("repetition_penalty", json!(1.1)),
+        ("logit_bias", json!({"11": -100.0, "12": 2.5})),
+        ("seed", json!(1234)),
+        ("stop", json!(["END"])),
+        ("stop_token_ids", json!([99])),
+        ("min_tokens", json!(2)),
+        ("ignore_eos", json!(true)),
+    ] {
+        let got = &body[field];
+        let close = match (got.as_f64(), want.as_f64()) {
+            (Some(a), Some(b)) => (a - b).abs() < 1e-6,
+            _ => *got == want,
+        };
+        assert!(close, "{field}: sent {got}, want {want} in {body}");
+    }
+    // Only the base case: a bare request leaves every sampling field to the engine's defaults.
+    run(
+        &engine,
+        switchyard_core::Sampling {
+            max_tokens: 3,
+            ..switchyard_core::Sampling::default()
+        },
+    )
+    .await;
+    let body = last_request(&fake).await;
+    for field in [
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "seed",
+        "stop",
+        "min_tokens",
+        "ignore_eos",
+    ] {
+        assert!(body.get(field).is_none(), "{field} sent unset: {body}");
+    }
+    assert_eq!(body["max_tokens"], 3);
+}
+
+#[tokio::test]
+async fn every_sampling_field_reaches_sglang_in_its_own_name_and_unset_ones_stay_unset() {
+    let fake = Fake::start(&["--flavor", "sglang", "--encoding", "map"]).await;
+    let engine = start(fake.config(EngineKind::Sglang, 1, false)).await;
+    run(&engine, full_sampling()).await;
+    let params = last_request(&fake).await["sampling_params"].clone();
+    for (field, want) in [
+        ("max_new_tokens", json!(6)),
+        ("temperature", json!(0.7)),
+        ("top_p", json!(0.9)),
+        ("top_k", json!(40)),
+        ("min_p", json!(0.05)),
+        ("presence_penalty", json!(0.5)),
+        ("frequency_penalty", json!(-0.5)),
+        ("repetition_penalty", json!(1.1)),
+        ("logit_bias", json!({"11": -100.0, "12": 2.5})),
+        ("sampling_seed", json!(1234)),
+        ("stop", json!(["END"])),
+        ("stop_token_ids", json!([99])),
+        ("min_new_tokens", json!(2)),
+        ("ignore_eos", json!(true)),
+    ] {
+        let got = &params[field];
+        let close = match (got.as_f64(), want.as_f64()) {
+            (Some(a), Some(b)) => (a - b).abs() < 1e-6,
+            _ => *got == want,
+        };
+        assert!(close, "{field}: sent {got}, want {want} in {params}");
+    }
+    run(
+        &engine,
+        switchyard_core::Sampling {
+            max_tokens: 3,
+            ..switchyard_core::Sampling::default()
+        },
+    )
+    .await;
+    let params = last_request(&fake).await["sampling_params"].clone();
+    for field in [
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "sampling_seed",
+        "stop",
+        "min_new_tokens",
+        "ignore_eos",
+    ] {
+        assert!(params.get(field).is_none(), "{field} sent unset: {params}");
+    }
 }

@@ -2,7 +2,7 @@
 //! what an attempt's end means — done, retry elsewhere, migrate mid-stream, reroute, or fail.
 //! No I/O here: the driver in [`super`] runs each attempt and feeds its end back.
 
-use switchyard_core::{TokenId, WorkerId};
+use switchyard_core::{Sampling, TokenId, WorkerId};
 use switchyard_proto::fault::{Fault, fault_of};
 use switchyard_router::serve::{self, ServeSettings};
 use tonic::Code;
@@ -148,6 +148,17 @@ impl Attempts {
     /// Tokens still to generate.
     pub fn remaining(&self) -> u32 {
         self.max_tokens.saturating_sub(self.generated.len() as u32)
+    }
+
+    /// The request's sampling for this attempt: a migration continues with what is left to
+    /// generate, and with what is left of `min_tokens`.
+    pub fn sampling(&self, request: &Sampling) -> Sampling {
+        let done = self.generated.len() as u32;
+        Sampling {
+            max_tokens: self.remaining(),
+            min_tokens: request.min_tokens.map(|m| m.saturating_sub(done)),
+            ..request.clone()
+        }
     }
 
     /// Whether this attempt can use a prefill worker at all: only a fresh start can (a

@@ -17,7 +17,7 @@ mod tests;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use switchyard_core::{TokenId, WorkerId};
+use switchyard_core::{Sampling, TokenId, WorkerId};
 use switchyard_proto::v1::{self, GenerateRequest, SamplingParams};
 use switchyard_router::RouteError;
 use switchyard_router::serve::DecodeFilter;
@@ -39,11 +39,8 @@ pub struct GenerateJob {
     pub request_id: String,
     pub routes: Arc<ModelRoutes>,
     pub prompt: Vec<TokenId>,
-    pub max_tokens: u32,
-    pub temperature: f32,
-    pub seed: Option<u64>,
-    pub ignore_eos: bool,
-    pub stop_token_ids: Vec<TokenId>,
+    /// How to sample, validated; its `max_tokens` is the whole request's.
+    pub sampling: Sampling,
     pub session: Option<String>,
     pub deadline: Instant,
     pub max_retries: u32,
@@ -125,7 +122,7 @@ impl Drop for UnfinishedAttempt {
 
 /// Runs attempts until one finishes the generation or the request fails.
 async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<DispatchEvent>) {
-    let mut attempts = Attempts::new(job.max_tokens, job.max_retries, job.max_migrations);
+    let mut attempts = Attempts::new(job.sampling.max_tokens, job.max_retries, job.max_migrations);
     loop {
         let attempt = attempts.begin();
         let kind = attempts.kind();
@@ -326,13 +323,7 @@ async fn stream_attempt(
     let request = GenerateRequest {
         request_id: job.request_id.clone(),
         prompt_token_ids: context,
-        sampling: Some(SamplingParams {
-            max_tokens: attempts.remaining(),
-            temperature: job.temperature,
-            seed: job.seed,
-            ignore_eos: job.ignore_eos,
-            stop_token_ids: job.stop_token_ids.clone(),
-        }),
+        sampling: Some(SamplingParams::from(&attempts.sampling(&job.sampling))),
         kv_source,
     };
     let mut request = tonic::Request::new(request);

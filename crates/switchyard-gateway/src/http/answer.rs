@@ -41,9 +41,10 @@ impl TextAssembler {
         Self {
             decoder: Some(IncrementalDecoder::new(
                 Arc::clone(p.model_dir.tokenizer()),
-                true,
+                p.sampling.skip_special_tokens.unwrap_or(true),
             )),
-            stop: StopMatcher::new(p.stops.clone()),
+            stop: StopMatcher::new(p.sampling.stop.clone())
+                .including_the_stop(p.sampling.include_stop_str_in_output.unwrap_or(false)),
             prompt_tokens: p.prompt.len() as u32,
             cached_tokens: 0,
             completion_tokens: 0,
@@ -122,21 +123,22 @@ pub(super) async fn respond(
     p: Prepared,
     permit: OwnedSemaphorePermit,
 ) -> Response {
-    let stop_token_ids = if p.sampling.ignore_eos {
-        Vec::new()
-    } else {
-        p.model_dir.eos_token_ids().to_vec()
-    };
+    let mut sampling = p.sampling.clone();
+    if !sampling.ignore_eos {
+        // The model's end-of-sequence tokens, as the tokenizer names them, end the generation
+        // on any engine (the simulator has no model of its own to know them).
+        for eos in p.model_dir.eos_token_ids() {
+            if !sampling.stop_token_ids.contains(eos) {
+                sampling.stop_token_ids.push(*eos);
+            }
+        }
+    }
     let job = GenerateJob {
         request_id: p.request_id.clone(),
         routes: Arc::clone(&p.routes),
         prompt: p.prompt.clone(),
-        max_tokens: p.max_tokens,
-        temperature: p.sampling.temperature.unwrap_or(1.0),
-        seed: p.sampling.seed,
-        ignore_eos: p.sampling.ignore_eos,
-        stop_token_ids,
-        session: p.session.clone().or_else(|| p.sampling.user.clone()),
+        sampling,
+        session: p.session.clone().or_else(|| p.user.clone()),
         deadline: tokio::time::Instant::from_std(p.arrived + state.config.request_timeout()),
         max_retries: state.config.max_retries,
         max_migrations: state.config.max_migrations,

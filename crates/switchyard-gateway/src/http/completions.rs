@@ -16,7 +16,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
-use switchyard_core::TokenId;
+use switchyard_core::{Sampling, TokenId};
 use switchyard_telemetry::GATEWAY_SPANS;
 use switchyard_tokenize::{ChatMessage, ModelDir};
 use tracing::Instrument;
@@ -123,51 +123,96 @@ pub(super) struct Prepared {
     pub(super) model_dir: Arc<ModelDir>,
     pub(super) routes: Arc<ModelRoutes>,
     pub(super) prompt: Vec<TokenId>,
-    pub(super) max_tokens: u32,
-    pub(super) stops: Vec<String>,
+    /// Validated, with `max_tokens` settled against the context.
+    pub(super) sampling: Sampling,
     pub(super) stream: bool,
     pub(super) include_usage: bool,
-    pub(super) sampling: SamplingFields,
+    /// OpenAI's `user`: the fairness tenant, and the session when no `x-session-id` names one.
+    pub(super) user: Option<String>,
     pub(super) session: Option<String>,
     pub(super) arrived: Instant,
     /// The request's trace span, held until the answer (a whole stream) is written.
     pub(super) span: tracing::Span,
 }
 
-/// Checks the sampling fields the gateway honours, refusing what it cannot do.
-fn validate_sampling(s: &SamplingFields) -> Result<(), ApiError> {
+/// The request's sampling, validated once (`switchyard_core::Sampling::validate`), with the
+/// fields the gateway cannot honour yet refused by name.
+fn sampling_of(s: &SamplingFields, max_tokens: u32) -> Result<Sampling, ApiError> {
     if s.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_param("n", "only n = 1 is supported"));
     }
-    if let Some(t) = s.temperature
-        && !(t.is_finite() && (0.0..=2.0).contains(&t))
-    {
+    let logprobs_on = match &s.logprobs {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => false,
+        Some(_) => true,
+    };
+    if logprobs_on || s.top_logprobs.is_some_and(|n| n > 0) {
         return Err(ApiError::bad_param(
-            "temperature",
-            "temperature must be between 0 and 2",
+            if logprobs_on {
+                "logprobs"
+            } else {
+                "top_logprobs"
+            },
+            "log probabilities are not returned yet",
         ));
     }
-    if let Some(p) = s.top_p
-        && !(p.is_finite() && p > 0.0 && p <= 1.0)
-    {
-        return Err(ApiError::bad_param("top_p", "top_p must be in (0, 1]"));
-    }
-    if s.max_tokens == Some(0) || s.max_completion_tokens == Some(0) {
-        return Err(ApiError::bad_param(
-            "max_tokens",
-            "max_tokens must be at least 1",
-        ));
-    }
-    if let Some(stop) = &s.stop {
-        let stops = stop.clone().into_vec();
-        if stops.len() > 4 {
+    let top_k = match s.top_k {
+        // vLLM's and SGLang's "disabled".
+        None | Some(-1) | Some(0) => None,
+        Some(k) if k > 0 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
+        Some(_) => {
             return Err(ApiError::bad_param(
-                "stop",
-                "at most 4 stop sequences are allowed",
+                "top_k",
+                "`top_k` must be at least 1 (or -1 to disable it)",
             ));
         }
+    };
+    let mut logit_bias = std::collections::BTreeMap::new();
+    for (token, bias) in s.logit_bias.iter().flatten() {
+        let token: TokenId = token.parse().map_err(|_| {
+            ApiError::bad_param(
+                "logit_bias",
+                format!("`logit_bias` keys are token ids; {token:?} is not one"),
+            )
+        })?;
+        logit_bias.insert(token, *bias);
     }
-    Ok(())
+    let sampling = Sampling {
+        max_tokens,
+        temperature: s.temperature,
+        top_p: s.top_p,
+        top_k,
+        min_p: s.min_p,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        repetition_penalty: s.repetition_penalty,
+        logit_bias,
+        seed: s.seed,
+        stop: s.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+        stop_token_ids: s.stop_token_ids.clone().unwrap_or_default(),
+        min_tokens: s.min_tokens,
+        ignore_eos: s.ignore_eos,
+        skip_special_tokens: s.skip_special_tokens,
+        include_stop_str_in_output: s.include_stop_str_in_output,
+    };
+    sampling
+        .validate()
+        .map_err(|e| ApiError::bad_param(e.field, e.to_string()))?;
+    Ok(sampling)
+}
+
+/// A field the gateway does not take is refused by name rather than dropped.
+fn refuse_unknown(
+    unknown: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Result<(), ApiError> {
+    match unknown.keys().next() {
+        None => Ok(()),
+        Some(field) => Err(ApiError::bad_param(
+            field.clone(),
+            format!(
+                "unsupported field `{field}` (docs/openai-api.md lists the fields the gateway takes)"
+            ),
+        )),
+    }
 }
 
 fn model_routes(state: &AppState, model: &str) -> Result<Arc<ModelRoutes>, ApiError> {
@@ -204,6 +249,7 @@ pub async fn chat(
         headers,
         body,
         |request: ChatCompletionRequest| {
+            refuse_unknown(&request.unknown)?;
             let messages = preprocess::parse_messages(request.messages)?;
             let source = PromptSource::Chat {
                 messages,
@@ -229,6 +275,7 @@ pub async fn completions(
         headers,
         body,
         |request: CompletionRequest| {
+            refuse_unknown(&request.unknown)?;
             if request.echo {
                 return Err(ApiError::bad_param("echo", "echo is not supported"));
             }
@@ -296,7 +343,10 @@ async fn serve<T: DeserializeOwned>(
         let span = tracing::Span::current();
         span.record("gen_ai.request.model", model.as_str());
         span.record("stream", sampling.stream);
-        validate_sampling(&sampling)?;
+        // Checked before admission and tokenization (max_tokens is settled after them, with
+        // the prompt's length).
+        let asked = sampling.max_completion_tokens.or(sampling.max_tokens);
+        sampling_of(&sampling, asked.unwrap_or(u32::MAX))?;
         let routes = model_routes(&state, &model)?;
         let session = session_of(&headers);
         let flow = FlowKey::of_request(
@@ -397,11 +447,7 @@ fn prepare(
         }
         None => (context - prompt_len).min(u64::from(state.config.default_max_tokens)) as u32,
     };
-    let stops = sampling
-        .stop
-        .clone()
-        .map(|s| s.into_vec())
-        .unwrap_or_default();
+    let checked = sampling_of(&sampling, max_tokens)?;
     let request_id = format!(
         "{}-{:016x}",
         if kind == Kind::Chat {
@@ -421,14 +467,13 @@ fn prepare(
         model_dir,
         routes,
         prompt,
-        max_tokens,
-        stops,
+        sampling: checked,
         stream: sampling.stream,
         include_usage: sampling
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage),
-        sampling,
+        user: sampling.user,
         session,
         arrived,
         span,

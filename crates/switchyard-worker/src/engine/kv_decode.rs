@@ -1,11 +1,13 @@
 //! Decoding vLLM's and SGLang's KV event batches (MessagePack) into [`EngineBatch`].
 //!
-//! Engines have changed their encoding several times (see `WIRE_FORMATS.md` in the shared
-//! notes): batches are arrays `[ts, events(, dp_rank)]` or maps; events are tagged positional
-//! arrays `["BlockStored", hashes, parent, tokens, block_size, …]` or maps with a `type` key;
-//! hashes are u64, i64 or raw digest bytes. Everything is decoded to an [`rmpv::Value`] first
-//! and then interpreted, so one decoder accepts every variant, ignores unknown fields and trailing
-//! positional fields, and turns anything else into a [`DecodeError`] instead of a panic.
+//! Engines have changed their encoding several times (tested against their own publisher code,
+//! see `docs/engines.md`): batches are arrays `[ts, events, rank]` or maps; events are tagged
+//! positional arrays `["BlockStored", hashes, parent, tokens, block_size, …]` (vLLM up to 0.23)
+//! or maps with a `type` key (vLLM 0.24 and later, SGLang); hashes are u64, i64 or raw digest
+//! bytes. Everything is decoded to an [`rmpv::Value`] first and then interpreted, so one decoder
+//! accepts every variant and ignores fields it does not use. A batch that is not a batch is a
+//! [`DecodeError`]; an event the decoder cannot use is [`Skipped`] with its type and the reason,
+//! and the rest of its batch is kept.
 
 use rmpv::Value;
 
@@ -13,28 +15,52 @@ use rmpv::Value;
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineBatch {
     pub events: Vec<EngineEvent>,
+    /// Events that could not be used, with why.
+    pub skipped: Vec<Skipped>,
     /// The data-parallel rank the batch names, when it names one.
     pub dp_rank: Option<u32>,
+}
+
+/// An event left out of its batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// The event's type tag (`"?"` when it had none).
+    pub kind: String,
+    pub why: String,
 }
 
 /// One engine KV event, with engine hashes folded to u64.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineEvent {
-    BlockStored {
-        block_hashes: Vec<u64>,
-        parent: Option<u64>,
-        token_ids: Vec<u32>,
-        block_size: Option<u32>,
-        medium: Option<String>,
-    },
+    BlockStored(StoredEvent),
     BlockRemoved {
         block_hashes: Vec<u64>,
         medium: Option<String>,
+        /// The KV-cache group (vLLM's hybrid models); 0 when the engine names none.
+        group: u32,
     },
     AllBlocksCleared,
 }
 
-/// Why a payload is not a KV event batch.
+/// An engine `BlockStored`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StoredEvent {
+    pub block_hashes: Vec<u64>,
+    pub parent: Option<u64>,
+    /// The blocks' tokens, flat.
+    pub token_ids: Vec<u32>,
+    pub block_size: Option<u32>,
+    pub medium: Option<String>,
+    /// The KV-cache group; 0 when the engine names none.
+    pub group: u32,
+    /// vLLM's kind of that group's cache (`full_attention`, `sliding_window`, …), when sent.
+    pub spec_kind: Option<String>,
+    /// Per block, what besides its tokens names it ([`switchyard_core::block_key`] of the
+    /// adapter, the cache salt and the block's extra keys); empty when nothing does.
+    pub block_keys: Vec<Option<u64>>,
+}
+
+/// Why a payload is not a KV event batch, or an event not a usable event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     #[error("payload is not valid msgpack: {0}")]
@@ -52,7 +78,7 @@ pub enum DecodeError {
     UnknownEvent(String),
 }
 
-/// Nesting deeper than any real batch (batch → events → event → token list) is refused early.
+/// Nesting deeper than any real batch (batch → events → event → extra keys) is refused early.
 const MAX_DEPTH: usize = 16;
 
 /// Decodes one payload frame.
@@ -86,23 +112,39 @@ pub fn decode_batch(payload: &[u8]) -> Result<EngineBatch, DecodeError> {
                 .ok_or(DecodeError::Batch("data_parallel_rank is not a small uint"))?,
         ),
     };
-    let events = events
-        .iter()
-        .map(decode_event)
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(EngineBatch { events, dp_rank })
+    let mut batch = EngineBatch {
+        events: Vec::with_capacity(events.len()),
+        skipped: Vec::new(),
+        dp_rank,
+    };
+    for event in events {
+        match decode_event(event) {
+            Ok(decoded) => batch.events.push(decoded),
+            Err(err) => batch.skipped.push(Skipped {
+                kind: tag_of(event).unwrap_or("?").chars().take(64).collect(),
+                why: err.to_string(),
+            }),
+        }
+    }
+    Ok(batch)
 }
 
-/// Positional field names of each event kind, after the tag (vLLM's declaration order).
-const STORED_FIELDS: [&str; 6] = [
+/// Positional field names of each event kind, after the tag (vLLM's declaration order; 0.23
+/// sends every one, nil when unset).
+const STORED_FIELDS: [&str; 11] = [
     "block_hashes",
     "parent_block_hash",
     "token_ids",
     "block_size",
     "lora_id",
     "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
 ];
-const REMOVED_FIELDS: [&str; 2] = ["block_hashes", "medium"];
+const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
 
 /// A view over one event's fields, whichever shape it came in.
 enum Fields<'a> {
@@ -122,57 +164,123 @@ impl<'a> Fields<'a> {
     }
 }
 
+fn tag_of(value: &Value) -> Option<&str> {
+    match value {
+        Value::Array(items) => items.first().and_then(Value::as_str),
+        Value::Map(_) => map_get(value, "type").and_then(Value::as_str),
+        _ => None,
+    }
+}
+
 fn decode_event(value: &Value) -> Result<EngineEvent, DecodeError> {
-    let (tag, fields) = match value {
-        Value::Array(items) => (items.first(), Fields::Positional(items)),
-        Value::Map(_) => (map_get(value, "type"), Fields::Keyed(value)),
+    let fields = match value {
+        Value::Array(items) => Fields::Positional(items),
+        Value::Map(_) => Fields::Keyed(value),
         _ => return Err(DecodeError::Batch("event is neither an array nor a map")),
     };
-    let tag = tag
-        .and_then(Value::as_str)
-        .ok_or(DecodeError::Batch("event without a type tag"))?;
+    let tag = tag_of(value).ok_or(DecodeError::Batch("event without a type tag"))?;
     match tag {
-        "BlockStored" => {
-            const E: &str = "BlockStored";
-            let block_hashes = hash_list(fields.get(&STORED_FIELDS, "block_hashes"), E)?;
-            let parent = match fields.get(&STORED_FIELDS, "parent_block_hash") {
-                None => None,
-                Some(v) => Some(hash(v).ok_or(DecodeError::Event {
-                    event: E,
-                    what: "parent_block_hash is not a hash",
-                })?),
-            };
-            let token_ids = token_list(fields.get(&STORED_FIELDS, "token_ids"))?;
-            let block_size = match fields.get(&STORED_FIELDS, "block_size") {
-                None => None,
-                Some(v) => Some(v.as_u64().and_then(|b| u32::try_from(b).ok()).ok_or(
-                    DecodeError::Event {
-                        event: E,
-                        what: "block_size is not a small uint",
-                    },
-                )?),
-            };
-            let medium = fields
-                .get(&STORED_FIELDS, "medium")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            Ok(EngineEvent::BlockStored {
-                block_hashes,
-                parent,
-                token_ids,
-                block_size,
-                medium,
-            })
-        }
+        "BlockStored" => decode_stored(&fields).map(EngineEvent::BlockStored),
         "BlockRemoved" => Ok(EngineEvent::BlockRemoved {
             block_hashes: hash_list(fields.get(&REMOVED_FIELDS, "block_hashes"), "BlockRemoved")?,
-            medium: fields
-                .get(&REMOVED_FIELDS, "medium")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
+            medium: string(fields.get(&REMOVED_FIELDS, "medium")),
+            group: small_uint(
+                fields.get(&REMOVED_FIELDS, "group_idx"),
+                "BlockRemoved",
+                "group_idx",
+            )?
+            .unwrap_or(0),
         }),
         "AllBlocksCleared" => Ok(EngineEvent::AllBlocksCleared),
         other => Err(DecodeError::UnknownEvent(other.chars().take(64).collect())),
+    }
+}
+
+fn decode_stored(fields: &Fields<'_>) -> Result<StoredEvent, DecodeError> {
+    const E: &str = "BlockStored";
+    let get = |name| fields.get(&STORED_FIELDS, name);
+    let block_hashes = hash_list(get("block_hashes"), E)?;
+    let parent = match get("parent_block_hash") {
+        None => None,
+        Some(v) => Some(hash(v).ok_or(DecodeError::Event {
+            event: E,
+            what: "parent_block_hash is not a hash",
+        })?),
+    };
+    let token_ids = token_list(get("token_ids"))?;
+    let block_size = small_uint(get("block_size"), E, "block_size")?;
+    let group = small_uint(get("group_idx"), E, "group_idx")?.unwrap_or(0);
+    // What names a block besides its tokens: the adapter (vLLM's lora_name, else its lora_id),
+    // SGLang's cache salt, and vLLM's per-block extra keys (adapter, multimodal inputs, salt).
+    let lora = string(get("lora_name")).or_else(|| {
+        get("lora_id")
+            .and_then(Value::as_u64)
+            .map(|id| format!("lora_id:{id}"))
+    });
+    let salt = string(get("cache_salt"));
+    let extra: Vec<Option<Vec<u8>>> = match get("extra_keys") {
+        Some(Value::Array(per_block)) => per_block
+            .iter()
+            .map(|k| {
+                (!k.is_nil()).then(|| {
+                    let mut out = Vec::new();
+                    // Writing to a Vec cannot fail.
+                    let _ = rmpv::encode::write_value(&mut out, k);
+                    out
+                })
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let keyed = lora.is_some() || salt.is_some() || extra.iter().any(Option::is_some);
+    let block_keys = if keyed {
+        (0..block_hashes.len())
+            .map(|i| {
+                switchyard_core::block_key(&[
+                    lora.as_deref().map(str::as_bytes),
+                    salt.as_deref().map(str::as_bytes),
+                    extra.get(i).and_then(|e| e.as_deref()),
+                ])
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(StoredEvent {
+        block_hashes,
+        parent,
+        token_ids,
+        block_size,
+        medium: string(get("medium")),
+        group,
+        spec_kind: string(get("kv_cache_spec_kind")),
+        block_keys,
+    })
+}
+
+fn string(value: Option<&Value>) -> Option<String> {
+    value.and_then(Value::as_str).map(str::to_owned)
+}
+
+fn small_uint(
+    value: Option<&Value>,
+    event: &'static str,
+    what: &'static str,
+) -> Result<Option<u32>, DecodeError> {
+    match value {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|b| u32::try_from(b).ok())
+            .map(Some)
+            .ok_or(DecodeError::Event {
+                event,
+                what: match what {
+                    "block_size" => "block_size is not a small uint",
+                    "group_idx" => "group_idx is not a small uint",
+                    _ => "a field is not a small uint",
+                },
+            }),
     }
 }
 
@@ -226,6 +334,15 @@ fn token_list(value: Option<&Value>) -> Result<Vec<u32>, DecodeError> {
     let Some(Value::Array(items)) = value else {
         return Err(bad);
     };
+    if items.iter().any(|v| matches!(v, Value::Array(_))) {
+        // SGLang's EAGLE pages hash token pairs (each token with the next one), so the engine's
+        // block also depends on the token after the page: no prefix of plain tokens names it,
+        // and indexing it by its first tokens would promise hits the engine cannot give.
+        return Err(DecodeError::Event {
+            event: "BlockStored",
+            what: "token_ids are token pairs (an EAGLE bigram page), which name no plain prefix",
+        });
+    }
     items
         .iter()
         .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
@@ -267,16 +384,18 @@ mod tests {
         assert_eq!(
             batch.events,
             vec![
-                EngineEvent::BlockStored {
+                EngineEvent::BlockStored(StoredEvent {
                     block_hashes: vec![2164874634404590027, 17270480062156288726],
                     parent: None,
                     token_ids: (1..=8).collect(),
                     block_size: Some(4),
                     medium: Some("GPU".into()),
-                },
+                    ..StoredEvent::default()
+                }),
                 EngineEvent::BlockRemoved {
                     block_hashes: vec![17270480062156288726],
                     medium: Some("GPU".into()),
+                    group: 0,
                 },
                 EngineEvent::AllBlocksCleared,
             ]
@@ -315,13 +434,13 @@ mod tests {
         assert_eq!(decoded.dp_rank, Some(3));
         assert_eq!(
             decoded.events,
-            vec![EngineEvent::BlockStored {
+            vec![EngineEvent::BlockStored(StoredEvent {
                 block_hashes: vec![(-5i64) as u64],
                 parent: Some(7),
                 token_ids: vec![1, 2],
                 block_size: Some(2),
-                medium: None,
-            }]
+                ..StoredEvent::default()
+            })]
         );
         // SGLang's old two-element batch, no rank.
         let old = Value::Array(vec![
@@ -332,33 +451,166 @@ mod tests {
     }
 
     #[test]
-    fn malformed_payloads_are_errors() {
+    fn malformed_payloads_are_errors_and_unusable_events_are_skipped_alone() {
         assert!(decode_batch(&[]).is_err());
         assert!(decode_batch(&[0xc1]).is_err());
         assert!(decode_batch(&encode(&Value::from(3))).is_err());
+        let cleared = || Value::Array(vec!["AllBlocksCleared".into()]);
         let unknown = Value::Array(vec![
             Value::F64(1.0),
-            Value::Array(vec![Value::Array(vec!["Teleported".into()])]),
+            Value::Array(vec![Value::Array(vec!["Teleported".into()]), cleared()]),
         ]);
-        assert!(matches!(
-            decode_batch(&encode(&unknown)),
-            Err(DecodeError::UnknownEvent(_))
-        ));
+        let batch = decode_batch(&encode(&unknown)).unwrap();
+        assert_eq!(batch.events, vec![EngineEvent::AllBlocksCleared]);
+        assert_eq!(batch.skipped.len(), 1);
+        assert_eq!(batch.skipped[0].kind, "Teleported");
+        assert!(
+            batch.skipped[0].why.contains("unknown event type"),
+            "{:?}",
+            batch.skipped
+        );
         let bad_tokens = Value::Array(vec![
             Value::F64(1.0),
-            Value::Array(vec![Value::Array(vec![
-                "BlockStored".into(),
-                Value::Array(vec![1.into()]),
-                Value::Nil,
-                Value::Array(vec![Value::from(-1)]),
-            ])]),
+            Value::Array(vec![
+                Value::Array(vec![
+                    "BlockStored".into(),
+                    Value::Array(vec![1.into()]),
+                    Value::Nil,
+                    Value::Array(vec![Value::from(-1)]),
+                ]),
+                cleared(),
+            ]),
         ]);
-        assert!(decode_batch(&encode(&bad_tokens)).is_err());
+        let batch = decode_batch(&encode(&bad_tokens)).unwrap();
+        assert_eq!(batch.events, vec![EngineEvent::AllBlocksCleared]);
+        assert_eq!(batch.skipped[0].kind, "BlockStored");
         let mut trailing = encode(&unknown);
         trailing.push(0);
         assert!(matches!(
             decode_batch(&trailing),
             Err(DecodeError::Trailing(1))
         ));
+    }
+
+    /// vLLM 0.23's positional BlockStored as its publisher writes it: all twelve elements,
+    /// `group_idx` at index 9.
+    #[test]
+    fn decodes_vllm_0_23_positional_events_with_their_group() {
+        let stored = Value::Array(vec![
+            "BlockStored".into(),
+            Value::Array(vec![11.into(), 12.into()]),
+            Value::Nil,
+            Value::Array((1..=8).map(Value::from).collect()),
+            4.into(),
+            Value::Nil,
+            "GPU".into(),
+            Value::Nil,
+            Value::Nil,
+            2.into(),
+            Value::Nil,
+            Value::Nil,
+        ]);
+        let removed = Value::Array(vec![
+            "BlockRemoved".into(),
+            Value::Array(vec![12.into()]),
+            "GPU".into(),
+            2.into(),
+        ]);
+        let batch = Value::Array(vec![
+            Value::F64(1.0),
+            Value::Array(vec![stored, removed]),
+            0.into(),
+        ]);
+        let decoded = decode_batch(&encode(&batch)).unwrap();
+        match &decoded.events[0] {
+            EngineEvent::BlockStored(e) => {
+                assert_eq!(e.group, 2);
+                assert_eq!(e.block_size, Some(4));
+                assert!(e.block_keys.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            decoded.events[1],
+            EngineEvent::BlockRemoved {
+                block_hashes: vec![12],
+                medium: Some("GPU".into()),
+                group: 2,
+            }
+        );
+    }
+
+    #[test]
+    fn sglang_bigram_pages_are_skipped_alone() {
+        let stored = map(vec![
+            ("type", "BlockStored".into()),
+            ("block_hashes", Value::Array(vec![5.into()])),
+            (
+                "token_ids",
+                Value::Array(
+                    [(30, 31), (31, 32)]
+                        .iter()
+                        .map(|(a, b)| Value::Array(vec![(*a).into(), (*b).into()]))
+                        .collect(),
+                ),
+            ),
+            ("block_size", 2.into()),
+        ]);
+        let cleared = Value::Array(vec!["AllBlocksCleared".into()]);
+        let batch = Value::Array(vec![
+            Value::F64(1.0),
+            Value::Array(vec![stored, cleared]),
+            0.into(),
+        ]);
+        let batch = decode_batch(&encode(&batch)).unwrap();
+        assert_eq!(batch.events, vec![EngineEvent::AllBlocksCleared]);
+        assert!(
+            batch.skipped[0].why.contains("bigram"),
+            "{:?}",
+            batch.skipped
+        );
+    }
+
+    #[test]
+    fn adapters_salts_and_extra_keys_name_blocks() {
+        let event = |extra: Vec<(&str, Value)>| {
+            let mut fields = vec![
+                ("type", Value::from("BlockStored")),
+                ("block_hashes", Value::Array(vec![5.into(), 6.into()])),
+                (
+                    "token_ids",
+                    Value::Array((1..=4).map(Value::from).collect()),
+                ),
+                ("block_size", 2.into()),
+            ];
+            fields.extend(extra);
+            let batch = Value::Array(vec![
+                Value::F64(1.0),
+                Value::Array(vec![map(fields)]),
+                0.into(),
+            ]);
+            match decode_batch(&encode(&batch)).unwrap().events.remove(0) {
+                EngineEvent::BlockStored(e) => e.block_keys,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(event(vec![]).is_empty());
+        let lora = event(vec![("lora_name", "sql-adapter".into())]);
+        let salt = event(vec![("cache_salt", "tenant-a".into())]);
+        assert_eq!(lora.len(), 2);
+        assert!(lora.iter().all(Option::is_some));
+        assert_ne!(lora, salt);
+        let image = event(vec![(
+            "extra_keys",
+            Value::Array(vec![
+                Value::Nil,
+                Value::Array(vec![Value::Array(vec!["img-1".into(), 0.into()])]),
+            ]),
+        )]);
+        assert_eq!(
+            image[0], None,
+            "a block without extra keys keeps its plain name"
+        );
+        assert!(image[1].is_some());
     }
 }

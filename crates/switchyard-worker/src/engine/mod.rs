@@ -46,11 +46,8 @@ pub struct EngineSpec {
 pub struct GenerateParams {
     pub request_id: String,
     pub prompt: Vec<TokenId>,
-    pub max_tokens: u32,
-    pub temperature: f32,
-    pub seed: Option<u64>,
-    pub ignore_eos: bool,
-    pub stop_token_ids: Vec<TokenId>,
+    /// How to sample (validated); unset fields stay unset so the engine's defaults apply.
+    pub sampling: switchyard_core::Sampling,
 }
 
 /// Why a generation ended.

@@ -50,8 +50,44 @@ pub enum Dialect {
     Sglang,
 }
 
-/// The request body for one generation.
+/// The request body for one generation. Sampling fields go in the engine's own names, and an
+/// unset one is left out, so the engine's own defaults (the model's generation config) apply.
+/// `skip_special_tokens` and `include_stop_str_in_output` shape text, which the gateway makes
+/// itself from the token ids; the engine is asked for plain token ids.
 pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'static str, Value) {
+    let s = &p.sampling;
+    // The sampling fields both engines name alike.
+    let mut sampling = serde_json::Map::new();
+    let mut put = |name: &str, value: Option<Value>| {
+        if let Some(value) = value {
+            sampling.insert(name.to_owned(), value);
+        }
+    };
+    put("temperature", s.temperature.map(|v| json!(v)));
+    put("top_p", s.top_p.map(|v| json!(v)));
+    put("top_k", s.top_k.map(|v| json!(v)));
+    put("min_p", s.min_p.map(|v| json!(v)));
+    put("presence_penalty", s.presence_penalty.map(|v| json!(v)));
+    put("frequency_penalty", s.frequency_penalty.map(|v| json!(v)));
+    put("repetition_penalty", s.repetition_penalty.map(|v| json!(v)));
+    put(
+        "logit_bias",
+        (!s.logit_bias.is_empty()).then(|| {
+            // Both engines key the map by the token id as a string.
+            let map: serde_json::Map<String, Value> = s
+                .logit_bias
+                .iter()
+                .map(|(t, b)| (t.to_string(), json!(b)))
+                .collect();
+            Value::Object(map)
+        }),
+    );
+    put("stop", (!s.stop.is_empty()).then(|| json!(s.stop)));
+    put(
+        "stop_token_ids",
+        (!s.stop_token_ids.is_empty()).then(|| json!(s.stop_token_ids)),
+    );
+    put("ignore_eos", s.ignore_eos.then_some(json!(true)));
     match dialect {
         Dialect::Vllm(source) => {
             let mut body = json!({
@@ -59,13 +95,19 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
                 "prompt": p.prompt,
                 "stream": true,
                 "stream_options": {"include_usage": true},
-                "max_tokens": p.max_tokens,
-                "temperature": p.temperature,
-                "ignore_eos": p.ignore_eos,
-                "stop_token_ids": p.stop_token_ids,
+                "max_tokens": s.max_tokens,
                 "skip_special_tokens": false,
                 "request_id": p.request_id,
             });
+            if let Some(fields) = body.as_object_mut() {
+                fields.extend(sampling);
+                if let Some(seed) = s.seed {
+                    fields.insert("seed".into(), json!(seed));
+                }
+                if let Some(min) = s.min_tokens {
+                    fields.insert("min_tokens".into(), json!(min));
+                }
+            }
             match source {
                 TokenIdSource::ReturnTokenIds => body["return_token_ids"] = json!(true),
                 TokenIdSource::Logprobs => {
@@ -73,25 +115,20 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
                     body["return_tokens_as_token_ids"] = json!(true);
                 }
             }
-            if let Some(seed) = p.seed {
-                body["seed"] = json!(seed);
-            }
             ("/v1/completions", body)
         }
         Dialect::Sglang => {
-            let mut sampling = json!({
-                "max_new_tokens": p.max_tokens,
-                "temperature": p.temperature,
-                "ignore_eos": p.ignore_eos,
-                "stop_token_ids": p.stop_token_ids,
-                "skip_special_tokens": false,
-            });
-            if let Some(seed) = p.seed {
-                sampling["sampling_seed"] = json!(seed);
+            sampling.insert("max_new_tokens".into(), json!(s.max_tokens));
+            sampling.insert("skip_special_tokens".into(), json!(false));
+            if let Some(seed) = s.seed {
+                sampling.insert("sampling_seed".into(), json!(seed));
+            }
+            if let Some(min) = s.min_tokens {
+                sampling.insert("min_new_tokens".into(), json!(min));
             }
             let body = json!({
                 "input_ids": p.prompt,
-                "sampling_params": sampling,
+                "sampling_params": Value::Object(sampling),
                 "stream": true,
                 "rid": p.request_id,
             });

@@ -51,13 +51,15 @@ impl VllmEngine {
         let generate = GenerateParams {
             request_id: params.request_id.clone(),
             prompt: params.prompt.clone(),
-            max_tokens: 1,
-            temperature: 0.0,
-            seed: None,
-            // vLLM hands out transfer parameters only for a request that stopped at its length
-            // cap; a first token that happened to be end-of-sequence would end it otherwise.
-            ignore_eos: true,
-            stop_token_ids: Vec::new(),
+            sampling: switchyard_core::Sampling {
+                max_tokens: 1,
+                temperature: Some(0.0),
+                // vLLM hands out transfer parameters only for a request that stopped at its
+                // length cap; a first token that happened to be end-of-sequence would end it
+                // otherwise.
+                ignore_eos: true,
+                ..switchyard_core::Sampling::default()
+            },
         };
         let (path, mut body) = openai_http::request_body(self.dialect, &self.model, &generate);
         body["stream"] = json!(false);

@@ -103,3 +103,119 @@ proptest! {
         prop_assert!(s.log.block_count() <= 2 * 4 * 6);
     }
 }
+
+/// One step an engine takes, as the relay sees it.
+#[derive(Debug, Clone)]
+enum EngineStep {
+    /// Stores the first `blocks` blocks of chain `chain` in `group` and `medium`, from the root
+    /// (also how vLLM's `full` report mode re-announces a prefix it holds).
+    Store {
+        chain: u32,
+        blocks: usize,
+        group: u32,
+        medium: &'static str,
+    },
+    /// Removes block `block` of chain `chain` from `group` and `medium` (held or not).
+    Remove {
+        chain: u32,
+        block: usize,
+        group: u32,
+        medium: &'static str,
+    },
+    Clear,
+}
+
+const CHAIN_BLOCKS: usize = 4;
+
+fn chain_tokens(chain: u32) -> Vec<u32> {
+    (0..CHAIN_BLOCKS as u32 * 2)
+        .map(|t| chain * 100 + t)
+        .collect()
+}
+
+/// The engine's hash of block `block` of `chain`: the same in every group, as vLLM's hybrid
+/// models publish it.
+fn engine_hash(chain: u32, block: usize) -> u64 {
+    u64::from(chain) << 8 | block as u64
+}
+
+fn engine_step() -> impl Strategy<Value = EngineStep> {
+    let medium = prop::sample::select(vec!["GPU", "CPU", "GPU"]);
+    prop_oneof![
+        4 => (0u32..3, 1usize..=CHAIN_BLOCKS, 0u32..2, medium.clone())
+            .prop_map(|(chain, blocks, group, medium)| EngineStep::Store { chain, blocks, group, medium }),
+        3 => (0u32..3, 0usize..CHAIN_BLOCKS, 0u32..2, medium)
+            .prop_map(|(chain, block, group, medium)| EngineStep::Remove { chain, block, group, medium }),
+        1 => Just(EngineStep::Clear),
+    ]
+}
+
+proptest! {
+    /// Random interleavings of stores, re-announcements, per-group removals and clears: what the
+    /// worker's event log holds is exactly the set of blocks the engine holds in some group and
+    /// medium, tier by tier.
+    #[test]
+    fn the_relay_follows_the_engines_true_set(steps in prop::collection::vec(engine_step(), 1..60)) {
+        use std::collections::BTreeSet;
+        use switchyard_core::{StorageTier, block_hashes};
+        use super::kv_decode::{EngineBatch, EngineEvent, StoredEvent};
+        use super::kv_relay::tier;
+
+        let bs = BlockSize::new(2).unwrap();
+        let mut relay = KvRelay::new(bs, 1, 1024);
+        let log = EventLog::new(WorkerId::new("w").unwrap(), 1, 4096);
+        let counters = AdapterCounters::default();
+        // The engine's truth: (group, engine hash, medium).
+        let mut truth: BTreeSet<(u32, u64, &'static str)> = BTreeSet::new();
+        for step in steps {
+            let event = match step {
+                EngineStep::Store { chain, blocks, group, medium } => {
+                    for b in 0..blocks {
+                        truth.insert((group, engine_hash(chain, b), medium));
+                    }
+                    EngineEvent::BlockStored(StoredEvent {
+                        block_hashes: (0..blocks).map(|b| engine_hash(chain, b)).collect(),
+                        parent: None,
+                        token_ids: chain_tokens(chain)[..blocks * 2].to_vec(),
+                        block_size: Some(2),
+                        medium: Some(medium.into()),
+                        group,
+                        ..StoredEvent::default()
+                    })
+                }
+                EngineStep::Remove { chain, block, group, medium } => {
+                    truth.remove(&(group, engine_hash(chain, block), medium));
+                    EngineEvent::BlockRemoved {
+                        block_hashes: vec![engine_hash(chain, block)],
+                        medium: Some(medium.into()),
+                        group,
+                    }
+                }
+                EngineStep::Clear => {
+                    truth.clear();
+                    EngineEvent::AllBlocksCleared
+                }
+            };
+            let batch = EngineBatch { events: vec![event], skipped: Vec::new(), dp_rank: Some(0) };
+            relay.apply(0, &batch, &log, &counters);
+
+            let expected: BTreeSet<(switchyard_core::BlockHash, StorageTier)> = truth
+                .iter()
+                .map(|&(_, h, medium)| {
+                    let (chain, block) = ((h >> 8) as u32, (h & 0xff) as usize);
+                    (block_hashes(&chain_tokens(chain), bs)[block], tier(Some(medium)).0)
+                })
+                .collect();
+            let held: BTreeSet<_> = relay.held_blocks().into_iter().collect();
+            prop_assert_eq!(&held, &expected);
+            // And the event log, which gateways index, says the same.
+            let logged: BTreeSet<_> = match log.subscribe(None, 0).start {
+                crate::event_log::SubscriptionStart::Snapshot { blocks, .. } => {
+                    blocks.iter().map(|b| (b.hash, b.tier)).collect()
+                }
+                _ => BTreeSet::new(),
+            };
+            prop_assert_eq!(&logged, &expected);
+        }
+    }
+}

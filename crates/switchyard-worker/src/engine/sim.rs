@@ -264,13 +264,31 @@ impl Engine for SimEngine {
 
     async fn generate(&self, params: GenerateParams) -> Result<GenerationStream, EngineError> {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let s = params.sampling;
+        // What the simulator can honour of the sampling: the seed, greedy decoding, stop
+        // tokens, EOS, min_tokens and the extreme logit biases (ban, force). It has no model,
+        // so nucleus, top-k, min-p and penalties have nothing to act on (docs/openai-api.md).
         let request = SimRequest {
             id,
             prompt: params.prompt,
-            max_tokens: params.max_tokens,
-            ignore_eos: params.ignore_eos,
-            stop_token_ids: params.stop_token_ids,
-            seed: params.seed,
+            max_tokens: s.max_tokens,
+            ignore_eos: s.ignore_eos,
+            stop_token_ids: s.stop_token_ids,
+            seed: s.seed,
+            greedy: s.temperature == Some(0.0),
+            min_tokens: s.min_tokens.unwrap_or(0),
+            banned: s
+                .logit_bias
+                .iter()
+                .filter(|(_, b)| **b <= -100.0)
+                .map(|(t, _)| *t)
+                .collect(),
+            forced: s
+                .logit_bias
+                .iter()
+                .filter(|(_, b)| **b >= 100.0)
+                .map(|(t, _)| *t)
+                .collect(),
             hold_blocks: false,
             pipeline: false,
         };
@@ -285,10 +303,9 @@ impl Engine for SimEngine {
             prompt: params.prompt.clone(),
             max_tokens: 1,
             ignore_eos: true,
-            stop_token_ids: Vec::new(),
-            seed: None,
             hold_blocks: true,
             pipeline: params.pipelined,
+            ..SimRequest::default()
         };
         let block_hashes = block_hashes(&params.prompt, self.spec.block_size);
         if params.pipelined {

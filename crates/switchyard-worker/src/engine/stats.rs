@@ -12,7 +12,8 @@ pub struct AdapterStats {
     pub events: u64,
     /// Sequence gaps detected.
     pub gaps: u64,
-    /// Gaps fully repaired from the engine's replay socket.
+    /// Replays that applied batches: gaps fully repaired, and catch-ups after joining a running
+    /// engine or after its restart.
     pub replays: u64,
     /// Batches received through replay.
     pub replayed_batches: u64,
@@ -27,6 +28,18 @@ pub struct AdapterStats {
     pub partial_blocks: u64,
     /// `BlockStored` events whose parent was unknown, skipped.
     pub unrelatable: u64,
+    /// Events the decoder could not use (an unknown type, a malformed field), skipped alone.
+    pub skipped_events: u64,
+    /// `BlockStored` events with a larger block size than the worker's, skipped.
+    pub block_size_mismatches: u64,
+    /// Stores of entries the engine already held (re-announcements), ignored.
+    pub duplicate_stores: u64,
+    /// Removals of entries the worker did not know held, ignored.
+    pub unknown_removals: u64,
+    /// Stores of non-full-attention KV-cache groups (sliding window, Mamba), skipped.
+    pub other_groups: u64,
+    /// Events naming a medium the worker does not know (counted as a non-device tier).
+    pub unknown_media: u64,
 }
 
 impl AdapterStats {
@@ -42,6 +55,12 @@ impl AdapterStats {
             malformed: self.malformed + o.malformed,
             partial_blocks: self.partial_blocks + o.partial_blocks,
             unrelatable: self.unrelatable + o.unrelatable,
+            skipped_events: self.skipped_events + o.skipped_events,
+            block_size_mismatches: self.block_size_mismatches + o.block_size_mismatches,
+            duplicate_stores: self.duplicate_stores + o.duplicate_stores,
+            unknown_removals: self.unknown_removals + o.unknown_removals,
+            other_groups: self.other_groups + o.other_groups,
+            unknown_media: self.unknown_media + o.unknown_media,
         }
     }
 }
@@ -59,6 +78,12 @@ pub struct RankCounters {
     pub malformed: AtomicU64,
     pub partial_blocks: AtomicU64,
     pub unrelatable: AtomicU64,
+    pub skipped_events: AtomicU64,
+    pub block_size_mismatches: AtomicU64,
+    pub duplicate_stores: AtomicU64,
+    pub unknown_removals: AtomicU64,
+    pub other_groups: AtomicU64,
+    pub unknown_media: AtomicU64,
 }
 
 impl RankCounters {
@@ -79,6 +104,12 @@ impl RankCounters {
             malformed: get(&self.malformed),
             partial_blocks: get(&self.partial_blocks),
             unrelatable: get(&self.unrelatable),
+            skipped_events: get(&self.skipped_events),
+            block_size_mismatches: get(&self.block_size_mismatches),
+            duplicate_stores: get(&self.duplicate_stores),
+            unknown_removals: get(&self.unknown_removals),
+            other_groups: get(&self.other_groups),
+            unknown_media: get(&self.unknown_media),
         }
     }
 }

@@ -1,12 +1,21 @@
 //! Following an engine's ZMQ KV event publisher: one SUB socket per data-parallel rank,
 //! sequence tracking, gap repair through the replay (ROUTER) socket, restart detection.
 //!
-//! Every message is three frames: topic, an 8-byte big-endian sequence number, a MessagePack
-//! batch. Sequence numbers grow by one per batch from 0 at engine start. A jump forward is a gap:
-//! a DEALER asks the replay socket for everything from the first missing number and applies what
-//! comes back up to the live message; a jump back is a restart. When a gap cannot be repaired,
-//! or after a restart, the rank's blocks are removed from the worker's view and rebuilt from the
-//! events that follow, so the router never keeps blocks the engine may no longer hold.
+//! Every live message is three frames: topic, an 8-byte big-endian sequence number, a
+//! MessagePack batch. Sequence numbers grow by one per batch from 0 at engine start. A jump
+//! forward is a gap: a DEALER asks the replay socket for everything from the first missing number
+//! and applies what comes back up to the live message; a jump back is a restart. When a gap
+//! cannot be repaired, or after a restart, the rank's blocks are removed from the worker's view
+//! and rebuilt from the events that follow, so the router never keeps blocks the engine may no
+//! longer hold.
+//!
+//! Replay replies come in two framings, told apart per reply: `[empty, seq, payload]` (vLLM up to
+//! 0.25) and `[empty, topic, seq, payload]` (vLLM 0.26 and later, SGLang), each stream ending with
+//! the marker `seq = 0xff×8` (its topic frame empty in the newer framing). A worker that joins an
+//! engine already running asks for everything from 0; the engine's buffer may have dropped the
+//! oldest batches, and then the contiguous tail it still has is applied and the log says which
+//! batches were lost (blocks stored in them stay unknown until the engine evicts or announces
+//! them again).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -164,7 +173,7 @@ pub async fn follow_rank(
                 }
             }
         };
-        let Some((seq, payload)) = split_message(message) else {
+        let Some((seq, payload)) = split_live(message) else {
             let c = shared.counters.rank(rank);
             c.add(&c.malformed, 1);
             tracing::warn!(
@@ -228,19 +237,38 @@ async fn catch_up(
         }
         None => None,
     };
-    // Usable only when it covers the whole gap, contiguously.
-    let complete = replayed.as_ref().is_some_and(|batches| {
-        batches.len() as u64 == until - from
-            && batches
-                .iter()
-                .zip(from..)
-                .all(|((seq, _), want)| *seq == want)
-    });
-    match replayed {
-        Some(batches) if complete => {
+    // The contiguous run that ends just before `until`, if the replay has one.
+    let tail = replayed
+        .as_deref()
+        .and_then(|batches| contiguous_tail(batches, until));
+    let complete = tail.is_some_and(|first| first == from);
+    match (replayed, tail) {
+        (Some(batches), Some(_)) if complete => {
             c.add(&c.replays, 1);
             c.add(&c.replayed_batches, batches.len() as u64);
             for (seq, payload) in batches {
+                shared.apply(rank, seq, &payload);
+            }
+        }
+        (Some(batches), Some(first)) if !reset_on_failure => {
+            // Joining a running engine whose buffer no longer reaches back to `from`: what it
+            // still has helps; what came before is lost, and the log says so.
+            c.add(&c.replays, 1);
+            let kept: Vec<(u64, Vec<u8>)> = batches
+                .into_iter()
+                .filter(|(seq, _)| *seq >= first)
+                .collect();
+            c.add(&c.replayed_batches, kept.len() as u64);
+            tracing::info!(
+                rank,
+                replayed_from = first,
+                until,
+                lost = first - from,
+                "joined a running engine: replayed the batches it still buffers; blocks stored \
+                 in the {} before them stay unknown until evicted or stored again",
+                first - from
+            );
+            for (seq, payload) in kept {
                 shared.apply(rank, seq, &payload);
             }
         }
@@ -280,7 +308,8 @@ async fn fetch(
     let mut batches = Vec::new();
     loop {
         let reply = dealer.recv().await?;
-        let Some((seq, payload)) = split_message(reply) else {
+        let Some((seq, payload)) = split_replay(&reply.into_vec()) else {
+            tracing::debug!("kv event replay reply of an unknown framing skipped");
             continue;
         };
         if seq == END_MARKER || seq >= until {
@@ -290,14 +319,37 @@ async fn fetch(
     }
 }
 
-/// The sequence number and payload of a `[topic|empty, seq, payload]` message.
-fn split_message(message: ZmqMessage) -> Option<(u64, Vec<u8>)> {
+/// The first sequence number of the contiguous run of `batches` that ends at `until - 1`.
+fn contiguous_tail(batches: &[(u64, Vec<u8>)], until: u64) -> Option<u64> {
+    let mut want = until;
+    for (seq, _) in batches.iter().rev() {
+        if want == 0 || *seq != want - 1 {
+            break;
+        }
+        want -= 1;
+    }
+    (want < until).then_some(want)
+}
+
+/// The sequence number and payload of a live `[topic, seq, payload]` message.
+fn split_live(message: ZmqMessage) -> Option<(u64, Vec<u8>)> {
     let frames = message.into_vec();
     if frames.len() != 3 {
         return None;
     }
     let seq: [u8; 8] = frames[1].as_ref().try_into().ok()?;
     Some((u64::from_be_bytes(seq), frames[2].to_vec()))
+}
+
+/// The sequence number and payload of a replay reply as a DEALER receives it, in either
+/// framing: `[empty, seq, payload]` or `[empty, topic, seq, payload]`.
+fn split_replay<B: AsRef<[u8]>>(frames: &[B]) -> Option<(u64, Vec<u8>)> {
+    if !(3..=4).contains(&frames.len()) || !frames[0].as_ref().is_empty() {
+        return None;
+    }
+    let n = frames.len();
+    let seq: [u8; 8] = frames[n - 2].as_ref().try_into().ok()?;
+    Some((u64::from_be_bytes(seq), frames[n - 1].as_ref().to_vec()))
 }
 
 #[cfg(test)]
@@ -313,6 +365,47 @@ mod tests {
         assert!(rank_endpoint("tcp://*:5557", 0).is_err());
         assert!(rank_endpoint("ipc:///tmp/x", 0).is_err());
         assert!(rank_endpoint("tcp://h:65535", 1).is_err());
+    }
+
+    fn frames<'a>(parts: &[&'a [u8]]) -> Vec<&'a [u8]> {
+        parts.to_vec()
+    }
+
+    #[test]
+    fn replay_replies_in_both_framings_and_their_end_markers() {
+        let seq = 7u64.to_be_bytes();
+        let end = u64::MAX.to_be_bytes();
+        // vLLM ≤ 0.25.
+        assert_eq!(
+            split_replay(&frames(&[b"", &seq, b"payload"])),
+            Some((7, b"payload".to_vec()))
+        );
+        assert_eq!(
+            split_replay(&frames(&[b"", &end, b""])),
+            Some((END_MARKER, vec![]))
+        );
+        // vLLM ≥ 0.26 and SGLang: a topic frame; the end marker's topic is empty.
+        assert_eq!(
+            split_replay(&frames(&[b"", b"kv-events", &seq, b"payload"])),
+            Some((7, b"payload".to_vec()))
+        );
+        assert_eq!(
+            split_replay(&frames(&[b"", b"", &end, b""])),
+            Some((END_MARKER, vec![]))
+        );
+        // Not a reply: no delimiter, a short sequence, too many frames.
+        assert_eq!(split_replay(&frames(&[b"x", &seq, b"p"])), None);
+        assert_eq!(split_replay(&frames(&[b"", b"123", b"p"])), None);
+        assert_eq!(split_replay(&frames(&[b"", b"", b"", &seq, b"p"])), None);
+    }
+
+    #[test]
+    fn the_contiguous_tail_before_the_live_message() {
+        let batch = |seq| (seq, Vec::new());
+        assert_eq!(contiguous_tail(&[batch(3), batch(4), batch(5)], 6), Some(3));
+        assert_eq!(contiguous_tail(&[batch(0), batch(2), batch(3)], 4), Some(2));
+        assert_eq!(contiguous_tail(&[batch(1), batch(2)], 4), None);
+        assert_eq!(contiguous_tail(&[], 4), None);
     }
 
     #[test]

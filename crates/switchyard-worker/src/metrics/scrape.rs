@@ -66,7 +66,7 @@ fn family<M: EncodeMetric>(
 type RelayCounter = (&'static str, &'static str, fn(&AdapterStats) -> u64);
 
 /// The relay counters, exported per rank.
-const RELAY: [RelayCounter; 10] = [
+const RELAY: [RelayCounter; 16] = [
     (
         "engine_kv_batches",
         "Engine KV event batches applied (live or replayed), per data-parallel rank",
@@ -116,6 +116,36 @@ const RELAY: [RelayCounter; 10] = [
         "engine_kv_unrelatable",
         "BlockStored events skipped because their parent was unknown, per rank",
         |s| s.unrelatable,
+    ),
+    (
+        "engine_kv_skipped_events",
+        "Engine KV events the worker could not use (unknown type, malformed field), skipped alone, per rank",
+        |s| s.skipped_events,
+    ),
+    (
+        "engine_kv_block_size_mismatches",
+        "BlockStored events with a larger block size than the worker's, skipped, per rank",
+        |s| s.block_size_mismatches,
+    ),
+    (
+        "engine_kv_duplicate_stores",
+        "Stores of blocks the engine already held (re-announcements), ignored, per rank",
+        |s| s.duplicate_stores,
+    ),
+    (
+        "engine_kv_unknown_removals",
+        "Removals of blocks the worker did not know held, ignored, per rank",
+        |s| s.unknown_removals,
+    ),
+    (
+        "engine_kv_other_groups",
+        "Stores of non-full-attention KV-cache groups (sliding window, Mamba), skipped, per rank",
+        |s| s.other_groups,
+    ),
+    (
+        "engine_kv_unknown_media",
+        "Engine KV events naming a medium the worker does not know, per rank",
+        |s| s.unknown_media,
     ),
 ];
 
