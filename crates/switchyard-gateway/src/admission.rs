@@ -203,12 +203,70 @@ impl<T> FairQueue<T> {
 }
 
 /// Bounded fair admission: `max_concurrent` requests run, at most `max_queued` wait (and at
-/// most `max_queued_per_flow` of one flow), the rest get 429 with `Retry-After`.
+/// most `max_queued_per_flow` of one flow), the rest get 429 with `Retry-After`. Independently,
+/// one client address may have at most `max_per_client` requests waiting or running.
 #[derive(Debug)]
 pub struct Admission {
     permits: Arc<Semaphore>,
     max_queued: usize,
     line: Mutex<Line>,
+    clients: Arc<Clients>,
+}
+
+/// What an admitted request holds until it is done: its slot, and its place in its client's
+/// count.
+#[derive(Debug)]
+pub struct Admitted {
+    _slot: OwnedSemaphorePermit,
+    _client: Option<ClientSlot>,
+}
+
+/// Requests in flight per client address (0 = no limit).
+#[derive(Debug, Default)]
+struct Clients {
+    max: usize,
+    in_flight: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl Clients {
+    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A place for one more request of `client`, unless it has `max` already.
+    fn enter(self: &Arc<Self>, client: IpAddr) -> Result<ClientSlot, ApiError> {
+        let mut in_flight = self.lock();
+        let count = in_flight.entry(client).or_insert(0);
+        if *count >= self.max {
+            return Err(ApiError::ClientLimit(self.max));
+        }
+        *count += 1;
+        Ok(ClientSlot {
+            clients: Arc::clone(self),
+            client,
+        })
+    }
+}
+
+/// One request counted against its client; leaving (dropped) frees the place.
+#[derive(Debug)]
+struct ClientSlot {
+    clients: Arc<Clients>,
+    client: IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut in_flight = self.clients.lock();
+        if let Some(count) = in_flight.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                in_flight.remove(&self.client);
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -245,7 +303,17 @@ impl Admission {
                 queue: FairQueue::new(max_queued, max_queued_per_flow),
                 head: None,
             }),
+            clients: Arc::default(),
         }
+    }
+
+    /// At most `max` requests in flight per client address (0: no limit).
+    pub fn with_client_limit(mut self, max: usize) -> Self {
+        self.clients = Arc::new(Clients {
+            max,
+            in_flight: Mutex::default(),
+        });
+        self
     }
 
     fn line(&self) -> MutexGuard<'_, Line> {
@@ -254,9 +322,27 @@ impl Admission {
         self.line.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A slot to run in, waiting in `flow`'s line when all are taken and the line has room.
-    /// The slot is released when the permit drops.
+    /// A slot to run in, waiting in `flow`'s line when all are taken and the line has room,
+    /// unless `client` (the connection's address) already has as many requests in flight as
+    /// one client may. Everything is released when the [`Admitted`] drops.
     pub async fn admit(
+        &self,
+        flow: FlowKey,
+        client: Option<IpAddr>,
+        metrics: &Metrics,
+    ) -> Result<Admitted, ApiError> {
+        let client = match client {
+            Some(ip) if self.clients.max > 0 => Some(self.clients.enter(ip)?),
+            _ => None,
+        };
+        let slot = self.slot(flow, metrics).await?;
+        Ok(Admitted {
+            _slot: slot,
+            _client: client,
+        })
+    }
+
+    async fn slot(
         &self,
         flow: FlowKey,
         metrics: &Metrics,
@@ -490,7 +576,7 @@ mod tests {
             let grants = Arc::clone(&self.grants);
             let name = name.to_owned();
             tokio::spawn(async move {
-                let _permit = admission.admit(f, &metrics).await?;
+                let _permit = admission.admit(f, None, &metrics).await?;
                 grants.lock().unwrap().push(name);
                 tokio::task::yield_now().await;
                 Ok(())
@@ -513,7 +599,7 @@ mod tests {
         let h = Harness::new(1, 64, 64);
         let holder = h
             .admission
-            .admit(flow("ip:1", "x"), &h.metrics)
+            .admit(flow("ip:1", "x"), None, &h.metrics)
             .await
             .unwrap();
         let mut tasks = Vec::new();
@@ -544,13 +630,17 @@ mod tests {
     #[tokio::test]
     async fn full_lines_are_refused_and_departed_waiters_free_their_place() {
         let h = Harness::new(1, 3, 2);
-        let holder = h.admission.admit(flow("t", "x"), &h.metrics).await.unwrap();
+        let holder = h
+            .admission
+            .admit(flow("t", "x"), None, &h.metrics)
+            .await
+            .unwrap();
         let head = h.request(flow("t", "a"), "a0");
         let a1 = h.request(flow("t", "a"), "a1");
         let a2 = h.request(flow("t", "a"), "a2");
         until_queued(&h.metrics, 3).await;
         // The line is full (3 waiting), and flow a has its share queued behind the head.
-        let refused = h.admission.admit(flow("t", "b"), &h.metrics).await;
+        let refused = h.admission.admit(flow("t", "b"), None, &h.metrics).await;
         assert!(matches!(refused, Err(ApiError::Saturated { .. })));
         // A waiter whose client leaves gives its place back, the head included.
         a1.abort();
@@ -566,6 +656,49 @@ mod tests {
         assert_eq!(h.grants(), ["a2", "b"]);
         assert_eq!(h.metrics.queued.get(), 0);
         // With nobody waiting, a free slot is taken at once.
-        assert!(h.admission.admit(flow("t", "c"), &h.metrics).await.is_ok());
+        assert!(
+            h.admission
+                .admit(flow("t", "c"), None, &h.metrics)
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn one_client_may_hold_only_its_share_queued_or_running() {
+        let admission = Admission::new(1, 16, 16).with_client_limit(2);
+        let metrics = Metrics::new();
+        let (a, b) = (IpAddr::from([10, 0, 0, 1]), IpAddr::from([10, 0, 0, 2]));
+        let running = admission
+            .admit(flow("t", "1"), Some(a), &metrics)
+            .await
+            .unwrap();
+        // The second of client a waits for the one slot: it counts while it waits.
+        let waiting = admission.admit(flow("t", "2"), Some(a), &metrics);
+        tokio::pin!(waiting);
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        let third = admission.admit(flow("t", "3"), Some(a), &metrics).await;
+        assert!(matches!(third, Err(ApiError::ClientLimit(2))), "{third:?}");
+        // Another client is not affected by a's share; without an address there is no limit.
+        let other = admission.admit(flow("t", "4"), Some(b), &metrics);
+        tokio::pin!(other);
+        assert!(futures::poll!(other.as_mut()).is_pending());
+        drop(running);
+        let second = waiting.await.unwrap();
+        drop(second);
+        drop(other.await.unwrap());
+        // Places free as requests finish: a may send two again.
+        let again = admission
+            .admit(flow("t", "5"), Some(a), &metrics)
+            .await
+            .unwrap();
+        drop(again);
+        assert!(admission.clients.lock().is_empty());
+        let unlimited = Admission::new(4, 4, 4);
+        let held: Vec<_> = futures::future::join_all(
+            (0..4).map(|i| unlimited.admit(flow("t", &i.to_string()), Some(a), &metrics)),
+        )
+        .await;
+        assert!(held.iter().all(Result::is_ok));
     }
 }

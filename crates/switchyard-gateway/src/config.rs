@@ -54,6 +54,11 @@ pub struct GatewayConfig {
     /// Requests one flow (a session, or a tenant's requests without a session) may have
     /// waiting; more get 429, so one flow cannot fill the whole queue.
     pub max_queued_per_session: usize,
+    /// Requests one client address may have in flight (waiting or running); more get 429 at
+    /// once. 0: no limit (the default, since clients behind one proxy share its address).
+    pub max_requests_per_client: usize,
+    /// Limits of the HTTP listener (`[http]`): connections, timeouts, HTTP/2, shutdown.
+    pub http: HttpConfig,
     /// Other workers tried when a worker fails before the first token.
     pub max_retries: u32,
     /// Times a stream moves to another worker after its worker fails mid-stream.
@@ -62,6 +67,10 @@ pub struct GatewayConfig {
     pub decision_log_size: usize,
     /// Load-report interval asked of workers, in milliseconds.
     pub load_interval_ms: u32,
+    /// A worker whose load reports stop for this many milliseconds (or whose connection
+    /// fails) is out of routing until it answers again, whatever its lease says. Default:
+    /// twenty report intervals, at least 2000.
+    pub unresponsive_after_ms: Option<u64>,
     /// Directory KV recordings (admin API) are confined to; unset, any absolute path the admin
     /// names is accepted (the file must not exist yet). See `docs/kv-recording.md`.
     pub recording_dir: Option<PathBuf>,
@@ -83,6 +92,74 @@ pub struct GatewayConfig {
     /// When the decode worker pulls the KV: `pipelined` (while the prefill runs, chunk by
     /// chunk) or `after-prefill`.
     pub kv_transfer: KvTransfer,
+}
+
+/// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Connections open at once; one more is answered 503 and closed. Lowered at start to
+    /// what the open-files limit allows.
+    pub max_connections: usize,
+    /// Seconds an HTTP/1.1 request's headers may take to arrive, counted from when the
+    /// connection starts waiting for them (also how long a kept-alive connection waits for
+    /// its next request).
+    pub header_timeout_secs: u64,
+    /// Seconds a request's body may take to arrive after its headers; later is 408.
+    pub body_timeout_secs: u64,
+    /// Seconds a connection may stay open with no request in flight.
+    pub idle_timeout_secs: u64,
+    /// Concurrent streams per HTTP/2 connection.
+    pub http2_max_streams: u32,
+    /// Seconds open connections get to finish after a shutdown signal before they are cut.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 10_000,
+            header_timeout_secs: 30,
+            body_timeout_secs: 60,
+            idle_timeout_secs: 60,
+            http2_max_streams: 256,
+            shutdown_grace_secs: 30,
+        }
+    }
+}
+
+impl HttpConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        if self.max_connections == 0 {
+            return invalid("http.max_connections must be at least 1");
+        }
+        for (name, secs) in [
+            ("header_timeout_secs", self.header_timeout_secs),
+            ("body_timeout_secs", self.body_timeout_secs),
+            ("idle_timeout_secs", self.idle_timeout_secs),
+        ] {
+            if secs == 0 {
+                return invalid(&format!("http.{name} must be at least 1"));
+            }
+        }
+        if self.http2_max_streams == 0 {
+            return invalid("http.http2_max_streams must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The listener's limits, with the connection cap the process can actually hold.
+    pub fn limits(&self, max_connections: usize) -> crate::http::server::HttpLimits {
+        crate::http::server::HttpLimits {
+            max_connections,
+            header_timeout: Duration::from_secs(self.header_timeout_secs),
+            body_timeout: Duration::from_secs(self.body_timeout_secs),
+            idle_timeout: Duration::from_secs(self.idle_timeout_secs),
+            http2_max_streams: self.http2_max_streams,
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+        }
+    }
 }
 
 /// Bounds and checking of the incremental session tokenization cache (`[session_cache]`).
@@ -137,10 +214,13 @@ impl Default for GatewayConfig {
             max_concurrent_requests: 1024,
             max_queued_requests: 4096,
             max_queued_per_session: 256,
+            max_requests_per_client: 0,
+            http: HttpConfig::default(),
             max_retries: 2,
             max_migrations: 2,
             decision_log_size: 256,
             load_interval_ms: 100,
+            unresponsive_after_ms: None,
             recording_dir: None,
             disaggregation: Disaggregation::Off,
             disagg_min_uncached_tokens: DEFAULT_MIN_UNCACHED_TOKENS,
@@ -178,6 +258,14 @@ impl GatewayConfig {
         if self.max_queued_per_session == 0 {
             return invalid("max_queued_per_session must be at least 1");
         }
+        self.http.validate()?;
+        if let Some(after) = self.unresponsive_after_ms
+            && after < 2 * u64::from(self.load_interval_ms.max(1))
+        {
+            return invalid(
+                "unresponsive_after_ms must be at least twice load_interval_ms, or workers flap out of routing",
+            );
+        }
         if self.decision_log_size == 0 {
             return invalid("decision_log_size must be at least 1");
         }
@@ -195,6 +283,14 @@ impl GatewayConfig {
             .build(&self.policy_settings)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(())
+    }
+
+    /// How long a worker may go without a load report before it is out of routing.
+    pub fn unresponsive_after(&self) -> Duration {
+        match self.unresponsive_after_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => crate::pool::default_unresponsive_after(self.load_interval_ms),
+        }
     }
 
     pub fn request_timeout(&self) -> Duration {
@@ -254,6 +350,30 @@ pub struct GatewayArgs {
     /// Requests one session (or one tenant's requests without a session) may have waiting.
     #[arg(long, env = "SWITCHYARD_MAX_QUEUED_PER_SESSION")]
     pub max_queued_per_session: Option<usize>,
+    /// Requests one client address may have in flight; 0 for no limit.
+    #[arg(long, env = "SWITCHYARD_MAX_REQUESTS_PER_CLIENT")]
+    pub max_requests_per_client: Option<usize>,
+    /// Milliseconds without a load report after which a worker is out of routing.
+    #[arg(long, env = "SWITCHYARD_UNRESPONSIVE_AFTER_MS")]
+    pub unresponsive_after_ms: Option<u64>,
+    /// HTTP connections open at once; one more is answered 503.
+    #[arg(long, env = "SWITCHYARD_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Seconds an HTTP/1.1 request's headers may take (also the keep-alive wait).
+    #[arg(long, env = "SWITCHYARD_HEADER_TIMEOUT_SECS")]
+    pub header_timeout_secs: Option<u64>,
+    /// Seconds a request body may take after its headers (408 after).
+    #[arg(long, env = "SWITCHYARD_BODY_TIMEOUT_SECS")]
+    pub body_timeout_secs: Option<u64>,
+    /// Seconds a connection may stay open with no request in flight.
+    #[arg(long, env = "SWITCHYARD_IDLE_TIMEOUT_SECS")]
+    pub idle_timeout_secs: Option<u64>,
+    /// Concurrent streams per HTTP/2 connection.
+    #[arg(long, env = "SWITCHYARD_HTTP2_MAX_STREAMS")]
+    pub http2_max_streams: Option<u32>,
+    /// Seconds connections get to finish after SIGTERM before they are cut.
+    #[arg(long, env = "SWITCHYARD_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: Option<u64>,
     /// Directory KV recordings started through the admin API are confined to.
     #[arg(long, env = "SWITCHYARD_RECORDING_DIR")]
     pub recording_dir: Option<PathBuf>,
@@ -322,6 +442,30 @@ impl GatewayArgs {
         }
         if let Some(v) = self.max_queued_per_session {
             config.max_queued_per_session = v;
+        }
+        if let Some(v) = self.max_requests_per_client {
+            config.max_requests_per_client = v;
+        }
+        if let Some(v) = self.unresponsive_after_ms {
+            config.unresponsive_after_ms = Some(v);
+        }
+        if let Some(v) = self.max_connections {
+            config.http.max_connections = v;
+        }
+        if let Some(v) = self.header_timeout_secs {
+            config.http.header_timeout_secs = v;
+        }
+        if let Some(v) = self.body_timeout_secs {
+            config.http.body_timeout_secs = v;
+        }
+        if let Some(v) = self.idle_timeout_secs {
+            config.http.idle_timeout_secs = v;
+        }
+        if let Some(v) = self.http2_max_streams {
+            config.http.http2_max_streams = v;
+        }
+        if let Some(v) = self.shutdown_grace_secs {
+            config.http.shutdown_grace_secs = v;
         }
         if let Some(v) = &self.recording_dir {
             config.recording_dir = Some(v.clone());
@@ -401,6 +545,31 @@ mod tests {
             config.session_cache.to_session_config().verify_sample_rate,
             1.0
         );
+    }
+
+    #[test]
+    fn http_limits_come_from_flags_and_files_and_are_checked() {
+        let args = GatewayArgs {
+            max_connections: Some(7),
+            idle_timeout_secs: Some(3),
+            max_requests_per_client: Some(2),
+            ..Default::default()
+        };
+        let config = args.resolve_onto(GatewayConfig::default()).unwrap();
+        assert_eq!(config.http.max_connections, 7);
+        assert_eq!(config.max_requests_per_client, 2);
+        assert_eq!(config.http.limits(7).idle_timeout, Duration::from_secs(3));
+        let file: GatewayConfig =
+            toml::from_str("[http]\nbody_timeout_secs = 5\nshutdown_grace_secs = 0").unwrap();
+        assert_eq!(file.http.body_timeout_secs, 5);
+        file.validate().unwrap();
+        assert!(toml::from_str::<GatewayConfig>("[http]\nheader_timeout = 5").is_err());
+        let args = GatewayArgs {
+            header_timeout_secs: Some(0),
+            ..Default::default()
+        };
+        let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("header_timeout_secs"), "{err}");
     }
 
     #[test]

@@ -24,6 +24,17 @@ pub enum ApiError {
     /// Too much work queued; the client should retry after the given number of seconds.
     #[error("the server is saturated; retry after {retry_after_secs} s")]
     Saturated { retry_after_secs: u64 },
+    /// The client already has as many requests in flight as one client may.
+    #[error(
+        "this client already has {0} requests in flight, the most the gateway allows one client (max_requests_per_client); retry after 1 s"
+    )]
+    ClientLimit(usize),
+    /// The gateway has as many connections open as it may.
+    #[error("the gateway has its limit of {0} connections open (max_connections); retry after 1 s")]
+    TooManyConnections(usize),
+    /// The request body did not arrive in time.
+    #[error("the request body did not arrive within {0} s")]
+    BodyTimeout(u64),
     /// No worker can serve the model now (none registered, all draining or failing).
     #[error("{0}")]
     Unavailable(String),
@@ -72,8 +83,11 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::Saturated { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Saturated { .. } | ApiError::ClientLimit(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) | ApiError::TooManyConnections(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -88,7 +102,12 @@ impl ApiError {
             ApiError::NotFound(_) => ("invalid_request_error", Some("not_found")),
             ApiError::Unauthorized => ("authentication_error", Some("invalid_api_key")),
             ApiError::Saturated { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
+            ApiError::ClientLimit(_) => ("rate_limit_error", Some("too_many_concurrent_requests")),
             ApiError::Unavailable(_) => ("service_unavailable_error", Some("no_worker_available")),
+            ApiError::TooManyConnections(_) => {
+                ("service_unavailable_error", Some("too_many_connections"))
+            }
+            ApiError::BodyTimeout(_) => ("invalid_request_error", Some("request_timeout")),
             ApiError::Timeout(_) => ("timeout_error", Some("timeout")),
             ApiError::Upstream(_) => ("server_error", Some("upstream_error")),
             ApiError::Internal(_) => ("server_error", None),
@@ -117,7 +136,11 @@ impl ApiError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            ApiError::Saturated { .. } | ApiError::Unavailable(_) | ApiError::Upstream(_)
+            ApiError::Saturated { .. }
+                | ApiError::ClientLimit(_)
+                | ApiError::TooManyConnections(_)
+                | ApiError::Unavailable(_)
+                | ApiError::Upstream(_)
         )
     }
 
@@ -130,6 +153,9 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::Unauthorized => "unauthorized",
             ApiError::Saturated { .. } => "saturated",
+            ApiError::ClientLimit(_) => "client_limit",
+            ApiError::TooManyConnections(_) => "too_many_connections",
+            ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Timeout(_) => "timeout",
             ApiError::Upstream(_) => "upstream_error",
@@ -141,8 +167,13 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), axum::Json(self.to_json())).into_response();
-        if let ApiError::Saturated { retry_after_secs } = self
-            && let Ok(value) = HeaderValue::from_str(&retry_after_secs.to_string())
+        let retry_after = match self {
+            ApiError::Saturated { retry_after_secs } => Some(retry_after_secs),
+            ApiError::ClientLimit(_) | ApiError::TooManyConnections(_) => Some(1),
+            _ => None,
+        };
+        if let Some(secs) = retry_after
+            && let Ok(value) = HeaderValue::from_str(&secs.to_string())
         {
             response.headers_mut().insert(header::RETRY_AFTER, value);
         }

@@ -15,6 +15,7 @@ pub mod config;
 pub mod disagg;
 pub mod dispatch;
 pub mod error;
+pub mod health;
 pub mod http;
 pub mod metrics;
 #[cfg(test)]
@@ -32,7 +33,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use std::ops::ControlFlow;
 
 use switchyard_registry::{Registry, WorkerChange, WorkerWatch};
@@ -62,8 +62,6 @@ pub enum GatewayError {
     },
     #[error("cannot watch the registry: {0}")]
     Registry(String),
-    #[error("http server failed: {0}")]
-    Serve(std::io::Error),
 }
 
 /// Runs the gateway until `shutdown` is cancelled. `on_ready` gets the bound address once the
@@ -104,7 +102,8 @@ pub async fn run_with(
             config.load_interval_ms,
             Arc::clone(&metrics),
         )
-        .map_err(|e| GatewayError::Routing(e.to_string()))?,
+        .map_err(|e| GatewayError::Routing(e.to_string()))?
+        .with_unresponsive_after(config.unresponsive_after()),
     );
     // Know the registered workers before announcing readiness, so the first request finds them.
     // etcd may have gone away since the connection was made: wait for it, as at start.
@@ -113,10 +112,12 @@ pub async fn run_with(
     })
     .await
     .map_err(|e| GatewayError::Registry(e.to_string()))?;
-    let Some(watch) = watch else {
+    let Some(mut watch) = watch else {
         pool.shutdown().await;
         return Ok(());
     };
+    // Applied here, not in the task, so the workers are in the pool when the ready line goes out.
+    apply_initial(&pool, &mut watch);
     pool.tasks
         .spawn(follow_registry(Arc::clone(&pool), registry, Some(watch)));
 
@@ -135,29 +136,28 @@ pub async fn run_with(
             config.max_concurrent_requests,
             config.max_queued_requests,
             config.max_queued_per_session,
-        ),
+        )
+        .with_client_limit(config.max_requests_per_client),
         config,
         pool: Arc::clone(&pool),
         tokenizers,
         metrics,
         extensions,
     });
+    let limits = state.config.http.limits(http::server::connection_cap(
+        state.config.http.max_connections,
+    ));
+    let metrics = Arc::clone(&state.metrics);
     let app = http::router(state);
-    tracing::info!(address = %local_addr, "gateway listening");
+    tracing::info!(
+        address = %local_addr,
+        max_connections = limits.max_connections,
+        "gateway listening"
+    );
     on_ready(local_addr);
-    // The first streamed chunk must leave at once: no Nagle delay on client sockets.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
-        }
-    });
-    // The client's address is the fair-admission tenant of requests that name no other.
-    let app = app.into_make_service_with_connect_info::<SocketAddr>();
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await;
+    http::server::serve(listener, app, limits, metrics, shutdown).await;
     pool.shutdown().await;
-    result.map_err(GatewayError::Serve)
+    Ok(())
 }
 
 /// Mirrors the registry into the pool for as long as the gateway runs, starting from `first`
@@ -165,21 +165,24 @@ pub async fn run_with(
 async fn follow_registry(
     pool: Arc<WorkerPool>,
     registry: Arc<dyn Registry>,
-    mut first: Option<WorkerWatch>,
+    mut applied: Option<WorkerWatch>,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        let watch = match first.take() {
+        let watch = match applied.take() {
             Some(watch) => Ok(watch),
             None => tokio::select! {
                 _ = pool.cancel.cancelled() => return,
-                watch = registry.watch_workers() => watch,
+                watch = registry.watch_workers() => watch.map(|mut watch| {
+                    apply_initial(&pool, &mut watch);
+                    watch
+                }),
             },
         };
         match watch {
             Ok(watch) => {
                 backoff = Duration::from_millis(100);
-                if follow_watch(&pool, watch).await.is_break() {
+                if follow_changes(&pool, watch).await.is_break() {
                     return;
                 }
                 tracing::warn!("registry watch ended; watching again");
@@ -191,9 +194,8 @@ async fn follow_registry(
     }
 }
 
-/// Applies one watch: its initial list (dropping workers that left meanwhile), then its changes
-/// until it ends (`Continue`) or the gateway stops (`Break`).
-async fn follow_watch(pool: &Arc<WorkerPool>, mut watch: WorkerWatch) -> ControlFlow<()> {
+/// Applies a watch's initial list to the pool, dropping workers that left meanwhile.
+fn apply_initial(pool: &Arc<WorkerPool>, watch: &mut WorkerWatch) {
     let known: Vec<_> = watch.initial.iter().map(|w| w.id.clone()).collect();
     for info in std::mem::take(&mut watch.initial) {
         pool.upsert_worker(info);
@@ -204,6 +206,11 @@ async fn follow_watch(pool: &Arc<WorkerPool>, mut watch: WorkerWatch) -> Control
             pool.remove_worker(&id);
         }
     }
+}
+
+/// Applies a watch's changes (its initial list already applied) until it ends (`Continue`) or
+/// the gateway stops (`Break`).
+async fn follow_changes(pool: &Arc<WorkerPool>, mut watch: WorkerWatch) -> ControlFlow<()> {
     loop {
         let change = tokio::select! {
             _ = pool.cancel.cancelled() => return ControlFlow::Break(()),

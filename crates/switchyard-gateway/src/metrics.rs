@@ -72,6 +72,16 @@ pub struct Metrics {
     pub session_turns: Family<SessionTurnLabels, Counter>,
     pub session_reused_tokens: Counter,
     pub session_verify_mismatches: Counter,
+    pub tokenized_bytes: Counter,
+    /// HTTP connections open, refused over the cap, and closed for a timeout (header or idle).
+    pub connections_open: Gauge,
+    pub connections_refused: Counter,
+    pub connections_timed_out: Counter,
+    /// Workers out of routing because they stopped answering, and how often one went out.
+    pub worker_unresponsive: Family<WorkerLabels, Gauge>,
+    pub unresponsive_transitions: Counter,
+    /// Attempts given up on because their worker stopped answering mid-way.
+    pub unresponsive_cuts: Counter,
     /// What the session counters were last exported at, to add only the difference.
     session_exported: std::sync::Mutex<switchyard_tokenize::SessionStats>,
     pub worker_queued_prefill_tokens: Family<WorkerLabels, Gauge>,
@@ -128,6 +138,13 @@ impl Metrics {
             session_turns: Family::default(),
             session_reused_tokens: Counter::default(),
             session_verify_mismatches: Counter::default(),
+            tokenized_bytes: Counter::default(),
+            connections_open: Gauge::default(),
+            connections_refused: Counter::default(),
+            connections_timed_out: Counter::default(),
+            worker_unresponsive: Family::default(),
+            unresponsive_transitions: Counter::default(),
+            unresponsive_cuts: Counter::default(),
             session_exported: std::sync::Mutex::default(),
             worker_queued_prefill_tokens: Family::default(),
             worker_running_requests: Family::default(),
@@ -272,6 +289,41 @@ impl Metrics {
             m.session_verify_mismatches.clone(),
         );
         registry.register(
+            "tokenizer_tokenized_bytes",
+            "Prompt bytes run through a tokenizer (an over-long prompt stops early)",
+            m.tokenized_bytes.clone(),
+        );
+        registry.register(
+            "http_connections_open",
+            "HTTP connections open",
+            m.connections_open.clone(),
+        );
+        registry.register(
+            "http_connections_refused",
+            "HTTP connections answered 503 and closed because max_connections were open",
+            m.connections_refused.clone(),
+        );
+        registry.register(
+            "http_connections_timed_out",
+            "HTTP connections closed for a header-read or idle timeout",
+            m.connections_timed_out.clone(),
+        );
+        registry.register(
+            "worker_unresponsive",
+            "1 while a worker is out of routing because it stopped answering (lease still live)",
+            m.worker_unresponsive.clone(),
+        );
+        registry.register(
+            "worker_unresponsive_transitions",
+            "Times a worker went out of routing because it stopped answering",
+            m.unresponsive_transitions.clone(),
+        );
+        registry.register(
+            "dispatch_unresponsive_cuts",
+            "Attempts given up on (and retried or migrated) because their worker stopped answering",
+            m.unresponsive_cuts.clone(),
+        );
+        registry.register(
             "worker_queued_prefill_tokens",
             "Prefill tokens queued on a worker (last report)",
             m.worker_queued_prefill_tokens.clone(),
@@ -325,6 +377,8 @@ impl Metrics {
                 .verify_mismatches
                 .saturating_sub(last.verify_mismatches),
         );
+        self.tokenized_bytes
+            .inc_by(stats.tokenized_bytes.saturating_sub(last.tokenized_bytes));
         *last = stats;
     }
 
@@ -335,6 +389,7 @@ impl Metrics {
         };
         self.worker_queued_prefill_tokens.remove(&labels);
         self.worker_running_requests.remove(&labels);
+        self.worker_unresponsive.remove(&labels);
         self.worker_active_blocks.remove(&labels);
         self.worker_indexed_blocks.remove(&labels);
     }

@@ -24,9 +24,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, WorkerLabels};
 use crate::recorder::{Record, Recorder};
 use crate::transport::{GrpcTransport, WorkerTransport};
+
+/// A worker reports its load every `load_interval_ms`; twenty reports missed (and at least
+/// 2 s) make it unresponsive, well above a busy runtime's hiccup.
+pub fn default_unresponsive_after(load_interval_ms: u32) -> Duration {
+    Duration::from_millis(u64::from(load_interval_ms) * 20).max(Duration::from_secs(2))
+}
 
 /// One routing decision as the decision log keeps it.
 #[derive(Debug, Clone, Serialize)]
@@ -96,6 +102,8 @@ pub struct WorkerHandle {
     pub client: WorkerClient<Channel>,
     /// Set from the worker's load reports; a draining worker gets no new requests.
     pub draining: AtomicBool,
+    /// Whether it answers, whatever its lease says ([`crate::health`]).
+    pub health: crate::health::Health,
     /// Cancels this worker's subscriber tasks.
     pub cancel: CancellationToken,
 }
@@ -135,6 +143,8 @@ pub struct WorkerPool {
     pub recorder: Arc<Recorder>,
     /// How dispatch calls the workers.
     pub transport: Arc<dyn WorkerTransport>,
+    /// A worker whose load reports stop for this long is unresponsive ([`crate::health`]).
+    pub(crate) unresponsive_after: Duration,
 }
 
 impl WorkerPool {
@@ -161,7 +171,42 @@ impl WorkerPool {
             tasks: TaskTracker::new(),
             recorder: Arc::new(Recorder::new(epoch)),
             transport: Arc::new(GrpcTransport),
+            unresponsive_after: default_unresponsive_after(load_interval_ms),
         })
+    }
+
+    /// The same pool, calling a worker unresponsive after `after` without a load report.
+    pub fn with_unresponsive_after(mut self, after: Duration) -> Self {
+        self.unresponsive_after = after;
+        self
+    }
+
+    /// `worker` stopped answering (a transport failure, its load stream broke or went
+    /// silent): out of routing until it answers again.
+    pub fn worker_failed(&self, worker: &WorkerHandle, reason: impl Into<String>) {
+        let id = worker.id();
+        if worker.health.failed(&id, reason) {
+            self.metrics.unresponsive_transitions.inc();
+            self.metrics
+                .worker_unresponsive
+                .get_or_create(&WorkerLabels {
+                    worker: id.to_string(),
+                })
+                .set(1);
+        }
+    }
+
+    /// `worker` answered (a load report arrived): back in routing if it was out.
+    pub fn worker_answered(&self, worker: &WorkerHandle) {
+        let id = worker.id();
+        if worker.health.answered(&id) {
+            self.metrics
+                .worker_unresponsive
+                .get_or_create(&WorkerLabels {
+                    worker: id.to_string(),
+                })
+                .set(0);
+        }
     }
 
     /// The same pool calling its workers through `transport` (dispatch's tests script it).
@@ -302,6 +347,7 @@ impl WorkerPool {
         let handle = Arc::new(WorkerHandle {
             client: WorkerClient::new(channel),
             draining: AtomicBool::new(false),
+            health: crate::health::Health::new(),
             cancel: self.cancel.child_token(),
             info: RwLock::new(info.clone()),
         });

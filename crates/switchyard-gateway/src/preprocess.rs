@@ -116,9 +116,22 @@ impl Tokenizers {
     }
 }
 
+/// The most prompt tokens a model with a context of `context` tokens takes: the prompt must
+/// leave room for at least one generated token.
+pub fn prompt_limit(context: u64) -> usize {
+    usize::try_from(context.saturating_sub(1)).unwrap_or(usize::MAX)
+}
+
 /// A request the template or tokenizer refuses is the client's fault (400); broken model files
 /// or a failed tokenizer task are ours (500).
 fn tokenize_error(err: TokenizeError) -> ApiError {
+    if let TokenizeError::TooManyTokens { at_least, max } = err {
+        // Found before tokenizing the whole prompt, so only a lower bound is known.
+        return ApiError::bad_request(format!(
+            "This model's maximum context length is {} tokens. However, your prompt has at least {at_least} tokens.",
+            max.saturating_add(1)
+        ));
+    }
     match err.fault() {
         Fault::Request => ApiError::bad_request(err.to_string()),
         Fault::ModelFiles | Fault::Internal => ApiError::Internal(err.to_string()),
@@ -186,55 +199,64 @@ pub fn parse_messages(messages: Vec<serde_json::Value>) -> Result<Vec<ChatMessag
         .collect()
 }
 
-/// Tokenizes `text`, through the session cache unless bypassed. What the cache reused goes on
-/// the current span (a request's `preprocess`).
+/// Tokenizes `text`, through the session cache unless bypassed, refusing it once it has more
+/// than `max` tokens (see [`prompt_limit`]): an over-long prompt is found without tokenizing
+/// all of it, and nothing of it is kept. What the cache reused goes on the current span (a
+/// request's `preprocess`).
 fn encode_with(
     model: &ModelTokenizer,
     text: &str,
     sessions: &Sessions,
+    max: usize,
 ) -> Result<Vec<TokenId>, ApiError> {
     match sessions {
         Sessions::Track(id) => {
             let turn = model
                 .sessions
-                .encode_turn(id.as_deref(), text)
+                .encode_turn_within(id.as_deref(), text, max)
                 .map_err(tokenize_error)?;
             let span = tracing::Span::current();
             span.record("session_cache_hit", turn.reused_tokens > 0);
             span.record("reused_tokens", turn.reused_tokens as i64);
             Ok(turn.token_ids)
         }
-        Sessions::Bypass => model.dir.tokenizer().encode(text).map_err(tokenize_error),
+        Sessions::Bypass => model
+            .dir
+            .tokenizer()
+            .encode_within(text, max)
+            .map_err(tokenize_error),
     }
 }
 
-/// Renders the chat template and tokenizes the result.
+/// Renders the chat template and tokenizes the result (at most `max` tokens).
 pub async fn encode_chat(
     metrics: &Metrics,
     model: Arc<ModelTokenizer>,
     messages: Vec<ChatMessage>,
     tools: Option<Vec<serde_json::Value>>,
     sessions: Sessions,
+    max: usize,
 ) -> Result<Vec<TokenId>, ApiError> {
     let size = chat_size(&messages, &tools);
     off_reactor(metrics, size, move || {
         let mut request = ChatRequest::new(messages);
         request.tools = tools;
         let text = model.dir.render_chat(&request).map_err(tokenize_error)?;
-        encode_with(&model, &text, &sessions)
+        encode_with(&model, &text, &sessions, max)
     })
     .await
 }
 
-/// Tokenizes plain text (a completion prompt).
+/// Tokenizes plain text (a completion prompt) into at most `max` tokens.
 pub async fn encode_text(
     metrics: &Metrics,
     model: Arc<ModelTokenizer>,
     text: String,
     sessions: Sessions,
+    max: usize,
 ) -> Result<Vec<TokenId>, ApiError> {
     off_reactor(metrics, text.len(), move || {
-        encode_with(&model, &text, &sessions)
+        encode_with(&model, &text, &sessions, max)
     })
     .await
 }

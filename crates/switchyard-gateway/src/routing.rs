@@ -110,13 +110,33 @@ pub struct Candidates {
 }
 
 impl Candidates {
-    /// The workers of `routes`' model for which the core's filter `eligible` holds.
+    /// The workers of `routes`' model for which the core's filter `eligible` holds, leaving
+    /// out those that stopped answering ([`crate::health`]) unless none answers: then all are
+    /// tried rather than the request refused (a moment when the gateway reaches no worker
+    /// should not become 503s; attempts on workers that are really gone fail fast).
     fn select(
         pool: &WorkerPool,
         routes: &ModelRoutes,
         eligible: impl Fn(WorkerFacts<'_>) -> bool,
     ) -> Self {
         let workers = pool.workers();
+        let answering: Vec<_> = workers
+            .iter()
+            .filter(|w| w.health.is_answering())
+            .cloned()
+            .collect();
+        let answering = Self::select_from(answering, routes, &eligible);
+        if !answering.is_empty() {
+            return answering;
+        }
+        Self::select_from(workers, routes, &eligible)
+    }
+
+    fn select_from(
+        workers: Vec<Arc<WorkerHandle>>,
+        routes: &ModelRoutes,
+        eligible: &impl Fn(WorkerFacts<'_>) -> bool,
+    ) -> Self {
         let mut out = Candidates {
             ids: Vec::with_capacity(workers.len()),
             handles: Vec::with_capacity(workers.len()),

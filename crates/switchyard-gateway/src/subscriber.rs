@@ -223,39 +223,63 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
     let labels = WorkerLabels {
         worker: id.to_string(),
     };
+    let silence = pool.unresponsive_after;
     let mut backoff = BACKOFF_MIN;
+    // Until its first report, a worker the load stream cannot reach is left to dispatch to
+    // judge (a request that cannot connect marks it): its stream may still be coming up.
+    let mut reported = false;
     loop {
         let mut client = worker.client.clone();
         let request = LoadStatsRequest {
             interval_ms: pool.load_interval_ms,
         };
-        if let Ok(response) = client.load_stats(request).await {
-            let mut stream = response.into_inner();
-            while let Some(Ok(report)) = stream.next().await {
-                backoff = BACKOFF_MIN;
-                worker.draining.store(report.draining, Ordering::Relaxed);
-                let stats = LoadStats::from(&report);
-                let tick = pool.now_tick();
-                let mut core = routes.lock();
-                core.serving.load.report(&id, stats, tick);
-                pool.recorder.record(|| Record::Load {
-                    tick,
-                    model: routes.model.clone(),
-                    worker: id.clone(),
-                    stats,
-                });
-                drop(core);
-                let m = &pool.metrics;
-                m.worker_queued_prefill_tokens
-                    .get_or_create(&labels)
-                    .set(stats.queued_prefill_tokens as i64);
-                m.worker_running_requests
-                    .get_or_create(&labels)
-                    .set(stats.running_requests as i64);
-                m.worker_active_blocks
-                    .get_or_create(&labels)
-                    .set(stats.active_blocks as i64);
+        // A frozen worker accepts the connection and never answers: the open is bounded too.
+        let why = match tokio::time::timeout(silence, client.load_stats(request)).await {
+            Err(_) => format!("its load stream did not open within {silence:?}"),
+            Ok(Err(status)) => format!("cannot open its load stream: {}", status.message()),
+            Ok(Ok(response)) => {
+                let mut stream = response.into_inner();
+                loop {
+                    let report = match tokio::time::timeout(silence, stream.next()).await {
+                        Err(_) => break format!("no load report for {silence:?}"),
+                        Ok(None) => break "its load stream ended".to_owned(),
+                        Ok(Some(Err(status))) => {
+                            break format!("its load stream failed: {}", status.message());
+                        }
+                        Ok(Some(Ok(report))) => report,
+                    };
+                    backoff = BACKOFF_MIN;
+                    reported = true;
+                    pool.worker_answered(&worker);
+                    worker.draining.store(report.draining, Ordering::Relaxed);
+                    let stats = LoadStats::from(&report);
+                    let tick = pool.now_tick();
+                    let mut core = routes.lock();
+                    core.serving.load.report(&id, stats, tick);
+                    pool.recorder.record(|| Record::Load {
+                        tick,
+                        model: routes.model.clone(),
+                        worker: id.clone(),
+                        stats,
+                    });
+                    drop(core);
+                    let m = &pool.metrics;
+                    m.worker_queued_prefill_tokens
+                        .get_or_create(&labels)
+                        .set(stats.queued_prefill_tokens as i64);
+                    m.worker_running_requests
+                        .get_or_create(&labels)
+                        .set(stats.running_requests as i64);
+                    m.worker_active_blocks
+                        .get_or_create(&labels)
+                        .set(stats.active_blocks as i64);
+                }
             }
+        };
+        if reported {
+            pool.worker_failed(&worker, why);
+        } else {
+            tracing::debug!(worker = %id, %why, "no load report yet");
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);

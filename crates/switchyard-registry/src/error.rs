@@ -46,8 +46,8 @@ pub enum RegistryError {
         existing: BlockSize,
     },
     #[error(
-        "worker {0} is already registered by a live process (if that process just died, its \
-         lease expires after its ttl)"
+        "worker {0} is already registered by a live process (it answers at its registered \
+         address as that registration); give this worker another id"
     )]
     AlreadyRegistered(WorkerId),
     #[error("invalid worker info")]

@@ -226,12 +226,13 @@ fn ttl_seconds(ttl: Duration) -> i64 {
     i64::try_from(secs).unwrap_or(i64::MAX)
 }
 
-#[async_trait]
-impl Registry for EtcdRegistry {
-    async fn register(
+impl EtcdRegistry {
+    /// Registers `info`; with `stale`, in place of that exact registration of its id.
+    async fn register_replacing(
         &self,
         info: WorkerInfo,
         ttl: Duration,
+        stale: Option<&WorkerInfo>,
     ) -> Result<Registration, RegistryError> {
         info.validate().map_err(RegistryError::InvalidWorkerInfo)?;
         check_ttl(ttl)?;
@@ -247,12 +248,23 @@ impl Registry for EtcdRegistry {
         let outcome = async {
             for _ in 0..REGISTER_ATTEMPTS {
                 let (live, revision) = conn.list_workers().await?;
-                check_admission(&info, live.values(), false)?;
-                // Put only if the id is free and nothing under workers/ changed since the list,
-                // so two workers cannot both pass the checks against the same old view.
+                let replaces = match (live.get(&info.id), stale) {
+                    (Some(current), Some(stale)) if current == stale => true,
+                    (Some(_), _) => return Err(RegistryError::AlreadyRegistered(info.id.clone())),
+                    (None, _) => false,
+                };
+                check_admission(&info, live.values(), replaces)?;
+                // Put only if nothing under workers/ changed since the list, so two workers
+                // cannot both pass the checks against the same old view: the id is still free,
+                // or still registered exactly as `stale`.
+                let id_as_seen = if replaces {
+                    Compare::version(key.clone(), CompareOp::Greater, 0)
+                } else {
+                    Compare::version(key.clone(), CompareOp::Equal, 0)
+                };
                 let txn = Txn::new()
                     .when([
-                        Compare::version(key.clone(), CompareOp::Equal, 0),
+                        id_as_seen,
                         Compare::mod_revision(
                             conn.keys.workers_prefix(),
                             CompareOp::Less,
@@ -297,6 +309,26 @@ impl Registry for EtcdRegistry {
             lease_id,
             ttl_secs,
         ))))
+    }
+}
+
+#[async_trait]
+impl Registry for EtcdRegistry {
+    async fn register(
+        &self,
+        info: WorkerInfo,
+        ttl: Duration,
+    ) -> Result<Registration, RegistryError> {
+        self.register_replacing(info, ttl, None).await
+    }
+
+    async fn take_over(
+        &self,
+        info: WorkerInfo,
+        ttl: Duration,
+        stale: &WorkerInfo,
+    ) -> Result<Registration, RegistryError> {
+        self.register_replacing(info, ttl, Some(stale)).await
     }
 
     async fn list_workers(&self) -> Result<Vec<WorkerInfo>, RegistryError> {

@@ -54,6 +54,18 @@ pub trait Registry: Send + Sync + std::fmt::Debug {
         ttl: Duration,
     ) -> Result<Registration, RegistryError>;
 
+    /// Registers `info` in place of `stale`, a registration of the same id whose process is
+    /// gone (the caller found that nothing answers as that incarnation at its address): a
+    /// worker restarted under its id before its old lease expired. Succeeds while the id is
+    /// still registered exactly as `stale`, or is free; otherwise refuses as
+    /// [`register`](Self::register) does. The old lease is left to expire with nothing on it.
+    async fn take_over(
+        &self,
+        info: WorkerInfo,
+        ttl: Duration,
+        stale: &WorkerInfo,
+    ) -> Result<Registration, RegistryError>;
+
     /// The live workers, sorted by id.
     async fn list_workers(&self) -> Result<Vec<WorkerInfo>, RegistryError>;
 

@@ -119,23 +119,33 @@ async fn reap(shared: Arc<Shared>) {
     }
 }
 
-#[async_trait]
-impl Registry for MemoryRegistry {
-    async fn register(
+impl MemoryRegistry {
+    /// Registers `info`; with `stale`, in place of that exact registration of its id.
+    fn register_replacing(
         &self,
         info: WorkerInfo,
         ttl: Duration,
+        stale: Option<&WorkerInfo>,
     ) -> Result<Registration, RegistryError> {
         info.validate().map_err(RegistryError::InvalidWorkerInfo)?;
         check_ttl(ttl)?;
         self.ensure_reaper();
         let mut state = self.shared.lock();
-        check_admission(&info, state.workers.values().map(|(w, _)| w), false)?;
+        let replaces = match (state.workers.get(&info.id), stale) {
+            (Some((current, _)), Some(stale)) if current == stale => true,
+            (Some(_), _) => return Err(RegistryError::AlreadyRegistered(info.id.clone())),
+            (None, _) => false,
+        };
+        check_admission(&info, state.workers.values().map(|(w, _)| w), replaces)?;
         let lease = state.next_lease;
         state.next_lease += 1;
         state.leases.insert(lease, None);
         state.workers.insert(info.id.clone(), (info.clone(), lease));
-        state.emit(WorkerChange::Added(info.clone()));
+        state.emit(if replaces {
+            WorkerChange::Updated(info.clone())
+        } else {
+            WorkerChange::Added(info.clone())
+        });
         drop(state);
         let (status_tx, _) = watch::channel(LeaseState::Live);
         Ok(Registration::new(Box::new(MemoryLease {
@@ -146,6 +156,26 @@ impl Registry for MemoryRegistry {
             status_tx,
             released: AtomicBool::new(false),
         })))
+    }
+}
+
+#[async_trait]
+impl Registry for MemoryRegistry {
+    async fn register(
+        &self,
+        info: WorkerInfo,
+        ttl: Duration,
+    ) -> Result<Registration, RegistryError> {
+        self.register_replacing(info, ttl, None)
+    }
+
+    async fn take_over(
+        &self,
+        info: WorkerInfo,
+        ttl: Duration,
+        stale: &WorkerInfo,
+    ) -> Result<Registration, RegistryError> {
+        self.register_replacing(info, ttl, Some(stale))
     }
 
     async fn list_workers(&self) -> Result<Vec<WorkerInfo>, RegistryError> {

@@ -310,6 +310,76 @@ mod cases {
         );
     }
 
+    pub async fn a_stale_registration_is_taken_over_exactly(env: Env) {
+        let old = worker("a", "m", 16);
+        let abandoned = env.registry.register(old.clone(), TTL).await.unwrap();
+        let mut watch = env.registry.watch_workers().await.unwrap();
+        let restarted = WorkerInfo {
+            address: "127.0.0.1:6001".into(),
+            incarnation: 2,
+            ..worker("a", "m", 16)
+        };
+        // Only the registration as it was seen may be replaced.
+        let seen_wrong = WorkerInfo {
+            incarnation: 7,
+            ..old.clone()
+        };
+        let err = env
+            .registry
+            .take_over(restarted.clone(), TTL, &seen_wrong)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, RegistryError::AlreadyRegistered(_)),
+            "{err:?}"
+        );
+        // The rules still hold for the new registration.
+        let other_block = WorkerInfo {
+            block_size: BlockSize::new(32).unwrap(),
+            ..restarted.clone()
+        };
+        let _b = env
+            .registry
+            .register(worker("b", "m", 16), TTL)
+            .await
+            .unwrap();
+        let err = env
+            .registry
+            .take_over(other_block, TTL, &old)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, RegistryError::BlockSizeMismatch { .. }),
+            "{err:?}"
+        );
+        let _new = env
+            .registry
+            .take_over(restarted.clone(), TTL, &old)
+            .await
+            .unwrap();
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Added(worker("b", "m", 16))
+        );
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Updated(restarted.clone())
+        );
+        // The old lease running out takes nothing with it.
+        abandoned.abandon();
+        tokio::time::sleep(TTL * 3).await;
+        let listed = env.registry.list_workers().await.unwrap();
+        assert!(listed.contains(&restarted), "{listed:?}");
+        // Once the id is free, taking over is registering.
+        let free = worker("c", "m", 16);
+        let _c = env
+            .registry
+            .take_over(free.clone(), TTL, &worker("c", "m", 16))
+            .await
+            .unwrap();
+        assert!(env.registry.list_workers().await.unwrap().contains(&free));
+    }
+
     pub async fn bad_registrations_are_refused(env: Env) {
         let err = env
             .registry
@@ -391,6 +461,7 @@ conformance!(
     update_cannot_break_the_block_size_rule_or_change_the_id,
     different_models_may_use_different_block_sizes,
     duplicate_live_id_is_refused,
+    a_stale_registration_is_taken_over_exactly,
     bad_registrations_are_refused,
     desired_roles_are_stored,
     plan_is_stored,

@@ -132,6 +132,16 @@ impl BuiltinBpe {
         })
     }
 
+    /// The most bytes of text one token stands for (the longest ordinary token or special
+    /// token).
+    pub(crate) fn max_token_bytes(&self) -> usize {
+        let ordinary = self.token_lengths().iter().copied().max().unwrap_or(0);
+        SPECIAL_TOKENS
+            .iter()
+            .map(|(text, _)| text.len())
+            .fold(usize::from(ordinary), usize::max)
+    }
+
     /// cl100k's regex is the GPT-4 one (digits in runs of three); no normaliser.
     pub(crate) fn seam_rules(&self) -> SeamRules {
         SeamRules::new(

@@ -95,6 +95,12 @@ pub enum TokenizeError {
 
     #[error("text of {bytes} bytes is too long to tokenize")]
     TextTooLong { bytes: usize },
+
+    /// The text has more tokens than the caller allows (a prompt longer than the model's
+    /// context). Found before tokenizing all of it when possible, so `at_least` is a lower
+    /// bound, not the exact count.
+    #[error("the text has at least {at_least} tokens, more than the {max} allowed")]
+    TooManyTokens { at_least: usize, max: usize },
 }
 
 impl TokenizeError {
@@ -105,7 +111,8 @@ impl TokenizeError {
             | Self::NoChatTemplate { .. }
             | Self::UnsupportedContentPart { .. }
             | Self::MissingPartText { .. }
-            | Self::TextTooLong { .. } => Fault::Request,
+            | Self::TextTooLong { .. }
+            | Self::TooManyTokens { .. } => Fault::Request,
             Self::MissingFile { .. }
             | Self::Io { .. }
             | Self::InvalidJson { .. }

@@ -17,7 +17,23 @@ pub struct Tokenizer {
     backend: Backend,
     /// Where incremental (session) tokenization may restart; see `session::seam`.
     seam_rules: SeamRules,
+    /// The most bytes of text one token can stand for, where the pipeline makes that
+    /// provable: a text of `n` bytes has at least `n / max_token_bytes` tokens.
+    max_token_bytes: Option<usize>,
 }
+
+/// What [`Tokenizer::encode_with_starts_within`] found, and the bytes it tokenized to find it.
+#[derive(Debug)]
+pub(crate) struct Bounded {
+    pub result: Result<(Vec<TokenId>, Vec<u32>), TokenizeError>,
+    pub tokenized_bytes: usize,
+}
+
+/// Texts longer than this are tokenized in chunks cut at clean splits when a token limit is
+/// given, so an over-long text stops being tokenized soon after the limit is passed.
+const CHUNK_BYTES: usize = 64 << 10;
+/// How far past a chunk's end a clean split is looked for before the rest is taken whole.
+const CUT_SCAN_BYTES: usize = 1 << 20;
 
 #[derive(Debug)]
 enum Backend {
@@ -37,6 +53,7 @@ impl Tokenizer {
         let seam_rules = bpe.seam_rules();
         Self {
             name: crate::builtin::BUILTIN_TOKENIZER_NAME.to_owned(),
+            max_token_bytes: Some(bpe.max_token_bytes()),
             backend: Backend::Builtin(bpe),
             seam_rules,
         }
@@ -61,9 +78,12 @@ impl Tokenizer {
             .map(|(id, _)| id)
             .collect();
         let seam_rules = crate::session::hf_rules::seam_rules(&inner);
+        let max_token_bytes =
+            crate::session::hf_rules::max_token_bytes(&inner, seam_rules.policy());
         Ok(Self {
             name: path.display().to_string(),
             seam_rules,
+            max_token_bytes,
             backend: Backend::HuggingFace {
                 inner: Box::new(inner),
                 special_ids,
@@ -109,6 +129,105 @@ impl Tokenizer {
             }
             Backend::Builtin(bpe) => bpe.encode_with_starts(text),
         }
+    }
+
+    /// Tokenizes as [`encode`](Self::encode) unless the text has more than `max` tokens, in
+    /// which case it fails with [`TokenizeError::TooManyTokens`] after as little work as it
+    /// can: at once when the byte length alone proves it (see [`min_tokens`](Self::min_tokens)),
+    /// otherwise soon after the `max`-th token, tokenizing long texts chunk by chunk.
+    pub fn encode_within(&self, text: &str, max: usize) -> Result<Vec<TokenId>, TokenizeError> {
+        if text.len() > CHUNK_BYTES && self.seam_policy() != SeamPolicy::Disabled {
+            return self
+                .encode_with_starts_within(text, max)
+                .result
+                .map(|(ids, _)| ids);
+        }
+        let at_least = self.min_tokens(text.len());
+        if at_least > max {
+            return Err(TokenizeError::TooManyTokens { at_least, max });
+        }
+        let ids = self.encode(text)?;
+        if ids.len() > max {
+            return Err(TokenizeError::TooManyTokens {
+                at_least: ids.len(),
+                max,
+            });
+        }
+        Ok(ids)
+    }
+
+    /// The fewest tokens a text of `bytes` bytes can have, from the longest text one token
+    /// stands for; 0 when the tokenizer's pipeline gives no such bound.
+    pub fn min_tokens(&self, bytes: usize) -> usize {
+        self.max_token_bytes
+            .filter(|&b| b > 0)
+            .map_or(0, |b| bytes.div_ceil(b))
+    }
+
+    /// [`encode_with_starts`](Self::encode_with_starts) with the limit of
+    /// [`encode_within`](Self::encode_within), and how many bytes it tokenized to decide.
+    ///
+    /// Chunks are cut only at clean splits (see `session::seam`), where tokenizing the two
+    /// sides apart gives exactly the tokens of the whole, so the result of a text that fits
+    /// is a full tokenization, and the count so far is a true lower bound when it stops.
+    pub(crate) fn encode_with_starts_within(&self, text: &str, max: usize) -> Bounded {
+        let mut tokenized_bytes = 0;
+        let result = self.encode_chunks(text, max, &mut tokenized_bytes);
+        Bounded {
+            result,
+            tokenized_bytes,
+        }
+    }
+
+    fn encode_chunks(
+        &self,
+        text: &str,
+        max: usize,
+        tokenized_bytes: &mut usize,
+    ) -> Result<(Vec<TokenId>, Vec<u32>), TokenizeError> {
+        let too_many = |at_least| TokenizeError::TooManyTokens { at_least, max };
+        let at_least = self.min_tokens(text.len());
+        if at_least > max {
+            return Err(too_many(at_least));
+        }
+        let bytes = text.as_bytes();
+        let mut ids = Vec::new();
+        let mut starts = Vec::new();
+        let mut from = 0;
+        while from < text.len() {
+            let to = self.next_cut(bytes, from + CHUNK_BYTES);
+            let chunk = text
+                .get(from..to)
+                .ok_or(TokenizeError::TextTooLong { bytes: to })?;
+            let (chunk_ids, chunk_starts) = self.encode_with_starts(chunk)?;
+            *tokenized_bytes += chunk.len();
+            let shift = offset_u32(from)?;
+            ids.extend_from_slice(&chunk_ids);
+            for start in chunk_starts {
+                starts.push(
+                    start
+                        .checked_add(shift)
+                        .ok_or(TokenizeError::TextTooLong { bytes: text.len() })?,
+                );
+            }
+            if ids.len() > max {
+                return Err(too_many(ids.len()));
+            }
+            from = to;
+        }
+        Ok((ids, starts))
+    }
+
+    /// The first clean split at or after `target`, or the end of the text when there is none
+    /// nearby (or the tokenizer allows none).
+    fn next_cut(&self, text: &[u8], target: usize) -> usize {
+        if target >= text.len() || self.seam_policy() == SeamPolicy::Disabled {
+            return text.len();
+        }
+        let scan_end = target.saturating_add(CUT_SCAN_BYTES).min(text.len());
+        (target..scan_end)
+            .find(|&r| self.seam_rules.clean_split(text, r))
+            .unwrap_or(text.len())
     }
 
     pub(crate) fn seam_rules(&self) -> &SeamRules {

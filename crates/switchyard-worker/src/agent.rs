@@ -18,6 +18,76 @@ use crate::metrics::WorkerMetrics;
 use crate::service::{ServiceLimits, WorkerService};
 use crate::state::WorkerState;
 
+/// HTTP/2 keep-alive ping interval and timeout of the worker's gRPC server.
+const WORKER_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(10);
+/// Concurrent gRPC streams per connection (a gateway multiplexes its requests on one).
+const WORKER_MAX_STREAMS: u32 = 4096;
+
+/// How long a restarted worker waits for the process registered under its id to answer.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Registers `info`, taking over a registration of the same id whose process no longer answers
+/// as that registration (this worker restarted before its old lease expired). A process that
+/// does answer keeps its id, and this one is refused.
+async fn register_or_take_over(
+    registry: &dyn Registry,
+    info: WorkerInfo,
+    ttl: std::time::Duration,
+) -> Result<Registration, RegistryError> {
+    match registry.register(info.clone(), ttl).await {
+        Err(RegistryError::AlreadyRegistered(id)) => {
+            let holder = registry
+                .list_workers()
+                .await?
+                .into_iter()
+                .find(|w| w.id == id);
+            let Some(stale) = holder else {
+                // Its lease ran out meanwhile: the id is free.
+                return registry.register(info, ttl).await;
+            };
+            if answers_as(&stale).await {
+                return Err(RegistryError::AlreadyRegistered(id));
+            }
+            tracing::warn!(
+                worker = %id,
+                address = %stale.address,
+                incarnation = stale.incarnation,
+                "this id is registered by a process that no longer answers (restarted before its lease expired); taking its registration over"
+            );
+            registry.take_over(info, ttl, &stale).await
+        }
+        other => other,
+    }
+}
+
+/// Whether a worker answers at `registered.address` as `registered` (same id, same
+/// incarnation). A new process at the same address answers with its own incarnation.
+async fn answers_as(registered: &WorkerInfo) -> bool {
+    use switchyard_proto::v1::InfoRequest;
+    use switchyard_proto::v1::worker_client::WorkerClient;
+    let url = format!("http://{}", registered.address);
+    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(url) else {
+        return false;
+    };
+    let endpoint = endpoint
+        .connect_timeout(PROBE_TIMEOUT)
+        .timeout(PROBE_TIMEOUT);
+    let probe = async {
+        let channel = endpoint.connect().await.ok()?;
+        let reply = WorkerClient::new(channel)
+            .info(InfoRequest {})
+            .await
+            .ok()?
+            .into_inner();
+        Some(reply.id == registered.id.as_str() && reply.incarnation == registered.incarnation)
+    };
+    tokio::time::timeout(PROBE_TIMEOUT * 2, probe)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
 /// Why the agent could not start or stopped badly.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -173,6 +243,12 @@ pub async fn run(
     let server = tokio::spawn({
         let stop = server_stop.clone();
         tonic::transport::Server::builder()
+            // A gateway that stops answering pings is dropped (its streams cancelled) within
+            // 20 s; streams per connection are bounded, and resets of not-yet-accepted streams
+            // stay at hyper's bound (rapid-reset safe).
+            .http2_keepalive_interval(Some(WORKER_KEEPALIVE))
+            .http2_keepalive_timeout(Some(WORKER_KEEPALIVE))
+            .max_concurrent_streams(Some(WORKER_MAX_STREAMS))
             .add_service(health_service)
             .add_service(service.into_server())
             .serve_with_incoming_shutdown(
@@ -189,7 +265,7 @@ pub async fn run(
         Some(registry) => {
             let ttl = config.lease_ttl();
             switchyard_registry::retry::until_available("register the worker", &shutdown, || {
-                registry.register(info.clone(), ttl)
+                register_or_take_over(registry.as_ref(), info.clone(), ttl)
             })
             .await?
         }

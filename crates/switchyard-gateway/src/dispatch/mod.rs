@@ -29,6 +29,7 @@ use tracing::field::Empty;
 
 use crate::disagg::{DisaggSettings, Prefilled, prefill_stage, serves_only_with_prefill};
 use crate::error::ApiError;
+use crate::health::{Liveness, is_transport_failure};
 use crate::pool::{ModelRoutes, WorkerPool};
 use crate::routing::{self, RoutedRequest, needs_prefill};
 use attempts::{AttemptEnd, AttemptKind, Attempts, Next, classify};
@@ -328,15 +329,63 @@ async fn stream_attempt(
     };
     let mut request = tonic::Request::new(request);
     switchyard_telemetry::inject_context(&decode_span, request.metadata_mut());
-    let end = match pool.transport.generate(&routed.worker, request).await {
-        Err(status) => classify(status),
+    // The attempt gives up on its worker the moment the worker is found unresponsive (its load
+    // reports stopped): a frozen worker holds its stream open without a word. A worker routed
+    // to while already unresponsive (none of the model answered) gets its chance.
+    let worker = Arc::clone(&routed.worker);
+    let mut liveness = worker.health.subscribe();
+    let watch_liveness = liveness.borrow_and_update().is_answering();
+    let stopped_answering = async {
+        if !watch_liveness {
+            return std::future::pending().await;
+        }
+        let state = liveness
+            .wait_for(|l| !l.is_answering())
+            .await
+            .map(|state| state.clone());
+        let Ok(state) = state else {
+            return std::future::pending().await;
+        };
+        match state {
+            Liveness::Unresponsive { reason, .. } => format!("worker stopped answering: {reason}"),
+            Liveness::Answering => "worker stopped answering".to_owned(),
+        }
+    };
+    tokio::pin!(stopped_answering);
+    let failed = |status: tonic::Status| {
+        if is_transport_failure(&status) {
+            pool.worker_failed(
+                &worker,
+                format!("a request to it failed: {}", status.message()),
+            );
+        }
+        classify(status)
+    };
+    let opened = tokio::select! {
+        opened = pool.transport.generate(&routed.worker, request) => opened,
+        reason = &mut stopped_answering => {
+            pool.metrics.unresponsive_cuts.inc();
+            Err(tonic::Status::unavailable(reason))
+        }
+    };
+    let end = match opened {
+        Err(status) => failed(status),
         Ok(mut stream) => {
             let mut end = AttemptEnd::worker_failed("worker closed the stream early");
-            while let Some(message) = stream.next().await {
+            loop {
+                let message = tokio::select! {
+                    message = stream.next() => message,
+                    reason = &mut stopped_answering => {
+                        pool.metrics.unresponsive_cuts.inc();
+                        end = AttemptEnd::worker_failed(reason);
+                        break;
+                    }
+                };
+                let Some(message) = message else { break };
                 let message = match message {
                     Ok(message) => message,
                     Err(status) => {
-                        end = classify(status);
+                        end = failed(status);
                         break;
                     }
                 };

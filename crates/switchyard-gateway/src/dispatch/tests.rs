@@ -604,3 +604,64 @@ async fn a_decode_worker_that_needs_a_prefill_worker_and_gets_none_is_rerouted()
     assert!(note.contains("serves only"), "{note}");
     pool.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_whose_worker_stops_answering_moves_on_and_the_worker_gets_no_more() {
+    let script = Scripted::new(
+        vec![
+            Gen::Stream {
+                tokens: vec![vec![5]],
+                end: End::Hang,
+            },
+            Gen::Stream {
+                tokens: vec![vec![6], vec![7], vec![8]],
+                end: End::Finish(FinishReason::Length),
+            },
+            Gen::Stream {
+                tokens: vec![vec![1], vec![2], vec![3], vec![4]],
+                end: End::Finish(FinishReason::Length),
+            },
+        ],
+        vec![],
+    );
+    let (pool, routes) = pool(&[both("a", 11), both("b", 12)], Arc::clone(&script));
+    let mut rx = start(&pool, job(&routes, DisaggSettings::default()));
+    // The first token arrives; the worker then hangs until it is found unresponsive.
+    let mut events = Vec::new();
+    while tokens_of(&events).is_empty() {
+        events.push(rx.recv().await.expect("an event"));
+    }
+    let first = script.generate_calls()[0].worker.clone();
+    let hung = pool
+        .worker(&WorkerId::new(first.as_str()).unwrap())
+        .unwrap();
+    pool.worker_failed(&hung, "no load report for 2s");
+    while let Some(event) = rx.recv().await {
+        events.push(event);
+    }
+    assert_eq!(tokens_of(&events), [5, 6, 7, 8]);
+    assert_eq!(finished(&events), Some(Finish::Length));
+    let calls = script.generate_calls();
+    assert_ne!(
+        calls[1].worker, first,
+        "the stream moved to the other worker"
+    );
+    assert_eq!(pool.metrics.unresponsive_cuts.get(), 1);
+    assert_eq!(
+        script.aborted.load(Ordering::SeqCst),
+        1,
+        "the hung stream was cut"
+    );
+    // Routing leaves the unresponsive worker out while another answers...
+    let events = events_of(start(&pool, job(&routes, DisaggSettings::default()))).await;
+    assert_eq!(finished(&events), Some(Finish::Length));
+    assert_ne!(script.generate_calls()[2].worker, first);
+    // ...and takes it back once it answers.
+    pool.worker_answered(&hung);
+    assert!(hung.health.is_answering());
+    pool.shutdown().await;
+}
+
+async fn events_of(rx: mpsc::Receiver<DispatchEvent>) -> Vec<DispatchEvent> {
+    events(rx).await
+}

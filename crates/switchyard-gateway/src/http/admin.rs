@@ -79,6 +79,12 @@ struct WorkerView {
     model: String,
     role: Role,
     draining: bool,
+    /// False while the worker is out of routing because it stopped answering.
+    responsive: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unresponsive_reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unresponsive_for_secs: Option<f64>,
     block_size: u32,
     kv_capacity_blocks: u64,
     incarnation: u64,
@@ -100,12 +106,22 @@ async fn workers(State(state): State<Arc<AppState>>) -> axum::Json<Vec<WorkerVie
             }
             None => (WorkerLoad::default(), 0),
         };
+        let (responsive, unresponsive_reason, unresponsive_for_secs) =
+            match worker.health.liveness() {
+                crate::health::Liveness::Answering => (true, None, None),
+                crate::health::Liveness::Unresponsive { reason, since } => {
+                    (false, Some(reason), Some(since.elapsed().as_secs_f64()))
+                }
+            };
         out.push(WorkerView {
             id: info.id.to_string(),
             address: info.address,
             model: info.model,
             role: info.role,
             draining: worker.is_draining(),
+            responsive,
+            unresponsive_reason,
+            unresponsive_for_secs,
             block_size: info.block_size.get(),
             kv_capacity_blocks: info.kv_capacity_blocks,
             incarnation: info.incarnation,
@@ -149,15 +165,23 @@ async fn explain(
         .model(&request.model)
         .ok_or_else(|| ApiError::ModelNotFound(request.model.clone()))?;
     let model_dir = state.tokenizers.for_model(&request.model);
+    let max = preprocess::prompt_limit(routes.max_context_tokens);
     let tokens = match (request.prompt, request.messages) {
         (Some(PromptInput::Text(text)), None) => {
-            preprocess::encode_text(&state.metrics, model_dir, text, Sessions::Bypass).await?
+            preprocess::encode_text(&state.metrics, model_dir, text, Sessions::Bypass, max).await?
         }
         (Some(PromptInput::Tokens(tokens)), None) => tokens,
         (None, Some(messages)) => {
             let messages = preprocess::parse_messages(messages)?;
-            preprocess::encode_chat(&state.metrics, model_dir, messages, None, Sessions::Bypass)
-                .await?
+            preprocess::encode_chat(
+                &state.metrics,
+                model_dir,
+                messages,
+                None,
+                Sessions::Bypass,
+                max,
+            )
+            .await?
         }
         _ => {
             return Err(ApiError::bad_request(

@@ -10,10 +10,11 @@ use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use switchyard_core::TokenId;
 use switchyard_tokenize::IncrementalDecoder;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
 
 use super::completions::{Kind, Prepared, fail, record};
 use super::{AppState, unix_now};
+use crate::admission::Admitted;
 use crate::dispatch::{self, DispatchEvent, Finish, GenerateJob};
 use crate::error::ApiError;
 use crate::metrics::RequestLabels;
@@ -118,11 +119,7 @@ impl TextAssembler {
     }
 }
 
-pub(super) async fn respond(
-    state: Arc<AppState>,
-    p: Prepared,
-    permit: OwnedSemaphorePermit,
-) -> Response {
+pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted) -> Response {
     let mut sampling = p.sampling.clone();
     if !sampling.ignore_eos {
         // The model's end-of-sequence tokens, as the tokenizer names them, end the generation
@@ -268,7 +265,7 @@ fn count_tokens(state: &AppState, usage: &Usage) {
 /// Holds a concurrency slot and the in-flight gauge for as long as the response is produced.
 struct InFlight {
     state: Arc<AppState>,
-    _permit: OwnedSemaphorePermit,
+    _permit: Admitted,
 }
 
 impl Drop for InFlight {

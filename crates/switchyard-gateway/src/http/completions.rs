@@ -25,6 +25,7 @@ use tracing::field::Empty;
 use super::AppState;
 use crate::admission::FlowKey;
 use crate::error::ApiError;
+use crate::http::server::BodyTimeout;
 use crate::metrics::RequestLabels;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, SamplingFields};
 use crate::pool::ModelRoutes;
@@ -71,6 +72,8 @@ pub(crate) fn read_body(
     body.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(state.config.max_body_bytes)
+        } else if let Some(BodyTimeout(secs)) = BodyTimeout::find(&rejection) {
+            ApiError::BodyTimeout(secs)
         } else {
             ApiError::bad_request(format!("cannot read the request body: {rejection}"))
         }
@@ -349,20 +352,17 @@ async fn serve<T: DeserializeOwned>(
         sampling_of(&sampling, asked.unwrap_or(u32::MAX))?;
         let routes = model_routes(&state, &model)?;
         let session = session_of(&headers);
-        let flow = FlowKey::of_request(
-            session.clone(),
-            sampling.user.as_deref(),
-            &headers,
-            peer.map(|Extension(ConnectInfo(addr))| addr.ip()),
-        );
+        let client = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
+        let flow = FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client);
         let admission = tracing::info_span!(target: GATEWAY_SPANS, "admission");
         let permit = state
             .admission
-            .admit(flow, &state.metrics)
+            .admit(flow, client, &state.metrics)
             .instrument(admission)
             .await?;
         let tokenizer = state.tokenizers.for_model(&model);
         let track = Sessions::Track(session.clone());
+        let max_prompt = preprocess::prompt_limit(routes.max_context_tokens);
         let preprocess_span = tracing::info_span!(
             target: GATEWAY_SPANS,
             "preprocess",
@@ -377,12 +377,21 @@ async fn serve<T: DeserializeOwned>(
                 PromptSource::Chat { messages, tools } => {
                     span.record("input", "chat");
                     let tokenizer = Arc::clone(&tokenizer);
-                    preprocess::encode_chat(&state.metrics, tokenizer, messages, tools, track).await
+                    preprocess::encode_chat(
+                        &state.metrics,
+                        tokenizer,
+                        messages,
+                        tools,
+                        track,
+                        max_prompt,
+                    )
+                    .await
                 }
                 PromptSource::Text(text) => {
                     span.record("input", "text");
                     let tokenizer = Arc::clone(&tokenizer);
-                    preprocess::encode_text(&state.metrics, tokenizer, text, track).await
+                    preprocess::encode_text(&state.metrics, tokenizer, text, track, max_prompt)
+                        .await
                 }
                 PromptSource::Tokens(tokens) => {
                     span.record("input", "tokens");

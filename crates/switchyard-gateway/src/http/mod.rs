@@ -4,6 +4,7 @@
 pub mod admin;
 mod answer;
 pub mod completions;
+pub mod server;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -96,7 +97,7 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
         .pool
         .workers()
         .iter()
-        .any(|w| w.info().role.serves_decode() && !w.is_draining());
+        .any(|w| w.info().role.serves_decode() && !w.is_draining() && w.health.is_answering());
     if serving {
         (StatusCode::OK, "ready").into_response()
     } else {

@@ -57,6 +57,26 @@ pub(crate) fn seam_rules(tok: &tokenizers::Tokenizer) -> SeamRules {
     )
 }
 
+/// The most bytes of raw text one token can stand for, when the pipeline makes that provable:
+/// the [`SeamPolicy::Words`] pipelines (byte-level BPE, plain added tokens matched on the raw
+/// text, NFC or no normaliser). A byte-level vocabulary entry spells each byte it covers with
+/// one character of one or two bytes, and an added token covers exactly its content, so the
+/// longest entry bounds the bytes per token of the normalised text. NFC can shorten text
+/// (three Hangul jamo, 9 bytes, compose to one 3-byte syllable), so with NFC the bound is
+/// four times that. `None` for any other pipeline: a whitespace-stripping or regex-replacing
+/// step could make any amount of text into few tokens.
+pub(crate) fn max_token_bytes(tok: &tokenizers::Tokenizer, policy: SeamPolicy) -> Option<usize> {
+    if !matches!(policy, SeamPolicy::Words { .. }) {
+        return None;
+    }
+    let longest = tok.get_vocab(true).keys().map(String::len).max()?;
+    let nfc = tok
+        .get_normalizer()
+        .and_then(|n| serde_json::to_value(n).ok())
+        .is_some_and(|n| is_nfc(&n));
+    Some(if nfc { longest * 4 } else { longest })
+}
+
 fn is_nfc(normalizer: &Json) -> bool {
     normalizer.get("type").and_then(Json::as_str) == Some("NFC")
 }

@@ -145,21 +145,44 @@ impl SessionTokenizer {
         session_id: Option<&str>,
         text: &str,
     ) -> Result<SessionEncoding, TokenizeError> {
+        self.encode_turn_within(session_id, text, usize::MAX)
+    }
+
+    /// [`encode_turn`](Self::encode_turn) for a turn that may have at most `max` tokens: a
+    /// longer one fails with [`TokenizeError::TooManyTokens`] as early as
+    /// [`Tokenizer::encode_within`] can tell, and leaves the session cache as it was.
+    pub fn encode_turn_within(
+        &self,
+        session_id: Option<&str>,
+        text: &str,
+        max: usize,
+    ) -> Result<SessionEncoding, TokenizeError> {
         if !self.is_incremental() {
+            // Without seams there are no chunks (and no byte bound): the text is tokenized
+            // whole, whether it fits or not.
+            let token_ids = self.tokenizer.encode_within(text, max);
+            if matches!(token_ids, Ok(_) | Err(TokenizeError::TooManyTokens { .. })) {
+                self.count_tokenized(text.len());
+            }
+            let token_ids = token_ids?;
             self.misses.fetch_add(1, Ordering::Relaxed);
-            self.count_tokenized(text.len());
             return Ok(SessionEncoding {
-                token_ids: self.tokenizer.encode(text)?,
+                token_ids,
                 reused_tokens: 0,
                 session: session_id.unwrap_or_default().to_owned(),
             });
         }
+        let at_least = self.tokenizer.min_tokens(text.len());
+        if at_least > max {
+            return Err(TokenizeError::TooManyTokens { at_least, max });
+        }
         let (base, found_key) = self.pick_base(session_id, text);
         let (ids, starts, reused) = match &base {
-            Some(base) => self.splice(base, text)?,
+            Some(base) => self.splice(base, text, max)?,
             None => {
-                let (ids, starts) = self.tokenizer.encode_with_starts(text)?;
-                self.count_tokenized(text.len());
+                let encoded = self.tokenizer.encode_with_starts_within(text, max);
+                self.count_tokenized(encoded.tokenized_bytes);
+                let (ids, starts) = encoded.result?;
                 (ids, starts, 0)
             }
         };
@@ -268,8 +291,15 @@ impl SessionTokenizer {
         &self,
         base: &SessionState,
         text: &str,
+        max: usize,
     ) -> Result<(Vec<TokenId>, Vec<u32>, usize), TokenizeError> {
         if base.text == text {
+            if base.ids.len() > max {
+                return Err(TokenizeError::TooManyTokens {
+                    at_least: base.ids.len(),
+                    max,
+                });
+            }
             return Ok((base.ids.clone(), base.starts.clone(), base.ids.len()));
         }
         let restart = self.tokenizer.seam_rules().find_restart(
@@ -281,9 +311,17 @@ impl SessionTokenizer {
         let Some(tail) = text.get(restart.byte..) else {
             return Err(TokenizeError::TextTooLong { bytes: text.len() });
         };
-        let (tail_ids, tail_starts) = self.tokenizer.encode_with_starts(tail)?;
-        self.count_tokenized(tail.len());
         let keep = restart.token;
+        let tail_max = max.saturating_sub(keep);
+        let encoded = self.tokenizer.encode_with_starts_within(tail, tail_max);
+        self.count_tokenized(encoded.tokenized_bytes);
+        let (tail_ids, tail_starts) = encoded.result.map_err(|err| match err {
+            TokenizeError::TooManyTokens { at_least, .. } => TokenizeError::TooManyTokens {
+                at_least: at_least + keep,
+                max,
+            },
+            other => other,
+        })?;
         let shift = crate::tokenizer::offset_u32(restart.byte)?;
         let mut ids = Vec::with_capacity(keep + tail_ids.len());
         ids.extend_from_slice(&base.ids[..keep]);

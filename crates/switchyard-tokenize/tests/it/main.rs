@@ -14,3 +14,4 @@ mod session;
 mod session_replay;
 mod support;
 mod synth;
+mod within;

@@ -1,0 +1,489 @@
+//! The gateway's HTTP listener: accepts connections within a cap and serves each over HTTP/1.1
+//! or HTTP/2 (prior knowledge) with limits on everything a careless or hostile client can hold.
+//!
+//! - **Connections**: at most [`HttpLimits::max_connections`] open; one more is answered
+//!   `503` with an OpenAI error object (`code: too_many_connections`) and closed.
+//! - **Headers**: an HTTP/1.1 request's headers must arrive within `header_timeout`, counted
+//!   from when the connection starts waiting for them (so this also bounds how long a kept-alive
+//!   connection waits for its next request); hyper closes the connection otherwise.
+//! - **Bodies**: a request's whole body must arrive within `body_timeout` of its headers, else
+//!   `408` ([`DeadlineBody`]).
+//! - **Idle**: a connection with no request in flight for `idle_timeout` is closed (both
+//!   protocols, and a client that never finishes its first bytes).
+//! - **HTTP/2**: at most `http2_max_streams` concurrent streams per connection, a bounded
+//!   number of streams a client may reset before they are accepted (the rapid-reset attack)
+//!   and keep-alive pings that close a connection whose peer stopped answering.
+//! - **Shutdown**: when `shutdown` fires the listener closes, every connection is asked to
+//!   finish (HTTP/1.1 after its current response, HTTP/2 with GOAWAY), and whatever is still
+//!   open `shutdown_grace` later is cut.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::ConnectInfo;
+use axum::http::Request;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+use crate::metrics::Metrics;
+
+/// The limits of the HTTP listener (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub http2_max_streams: u32,
+    pub shutdown_grace: Duration,
+}
+
+/// Refusals of connections over the cap are written by at most this many tasks at once; beyond
+/// that a connection over the cap is closed without a word (it would cost more to answer it).
+const MAX_REFUSALS_IN_FLIGHT: usize = 64;
+/// How long a refusal may take to write and drain.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
+/// HTTP/2 streams a client may reset before the server accepts them (hyper's default too);
+/// more and the connection is closed with `ENHANCE_YOUR_CALM`.
+const HTTP2_MAX_PENDING_RESETS: usize = 20;
+/// HTTP/2 streams the server may reset for a client's protocol errors before closing.
+const HTTP2_MAX_LOCAL_RESETS: usize = 1024;
+/// Largest HTTP/2 header block accepted.
+const HTTP2_MAX_HEADER_LIST: u32 = 64 << 10;
+/// HTTP/2 keep-alive: a ping this often on a quiet connection, closed if unanswered as long.
+const HTTP2_KEEP_ALIVE: Duration = Duration::from_secs(20);
+/// A connection asked to close while idle gets this long before it is dropped.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Serves `app` on `listener` until `shutdown` fires and the connections are done (or cut).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: HttpLimits,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let limits = Arc::new(limits);
+    let builder = Arc::new(builder(&limits));
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
+    let cut = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                if !is_connection_error(&err) {
+                    // Out of file descriptors, most likely: wait for some to close.
+                    tracing::warn!(error = %err, "cannot accept a connection; pausing accepts");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            metrics.connections_refused.inc();
+            if let Ok(refusal) = Arc::clone(&refusals).try_acquire_owned() {
+                let max = limits.max_connections;
+                tasks.spawn(async move {
+                    refuse(tcp, max).await;
+                    drop(refusal);
+                });
+            }
+            continue;
+        };
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
+        }
+        let connection = Connection {
+            builder: Arc::clone(&builder),
+            app: app.clone(),
+            limits: Arc::clone(&limits),
+            metrics: Arc::clone(&metrics),
+            peer,
+        };
+        let (shutdown, cut) = (shutdown.clone(), cut.clone());
+        tasks.spawn(async move {
+            connection.run(tcp, shutdown, cut).await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let open = tasks.len();
+    if open > 0 {
+        tracing::info!(
+            connections = open,
+            grace_secs = limits.shutdown_grace.as_secs_f64(),
+            "finishing open connections"
+        );
+    }
+    let finished = tokio::time::timeout(limits.shutdown_grace, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(
+            connections = tasks.len(),
+            "connections still open after the shutdown grace; cutting them"
+        );
+        cut.cancel();
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// File descriptors kept free of connections: etcd, workers, log files, the tokenizer's files.
+const RESERVED_FDS: u64 = 256;
+
+/// The connection cap the process can hold: `wanted`, lowered to what the open-files limit
+/// leaves after [`RESERVED_FDS`]. The soft limit is first raised to the hard one, as servers
+/// commonly do (many systems start processes at a soft limit of 1024).
+pub fn connection_cap(wanted: usize) -> usize {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => limit = getrlimit(Resource::Nofile),
+            Err(err) => tracing::debug!(error = %err, "cannot raise the open-files limit"),
+        }
+    }
+    let Some(current) = limit.current else {
+        return wanted;
+    };
+    let room = usize::try_from(current.saturating_sub(RESERVED_FDS).max(1)).unwrap_or(usize::MAX);
+    if room < wanted {
+        tracing::warn!(
+            wanted,
+            open_files_limit = current,
+            max_connections = room,
+            "the open-files limit allows fewer connections than configured; raise it (ulimit -n)"
+        );
+    }
+    wanted.min(room)
+}
+
+fn builder(limits: &HttpLimits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.http2_max_streams)
+        .max_pending_accept_reset_streams(HTTP2_MAX_PENDING_RESETS)
+        .max_local_error_reset_streams(HTTP2_MAX_LOCAL_RESETS)
+        .max_header_list_size(HTTP2_MAX_HEADER_LIST)
+        .keep_alive_interval(HTTP2_KEEP_ALIVE)
+        .keep_alive_timeout(HTTP2_KEEP_ALIVE);
+    builder
+}
+
+/// Errors of `accept` that concern one connection only (it went away before we took it).
+fn is_connection_error(err: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        err.kind(),
+        ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+    )
+}
+
+/// Answers a connection over the cap with a 503 and closes it, reading what the client sent
+/// meanwhile so the close does not reset the connection before the answer is read.
+async fn refuse(mut tcp: TcpStream, max: usize) {
+    let body = crate::error::ApiError::TooManyConnections(max)
+        .to_json()
+        .to_string();
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSAL_TIMEOUT, async {
+        tcp.write_all(response.as_bytes()).await?;
+        tcp.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut drained = 0;
+        while drained < 64 << 10 {
+            match tcp.read(&mut sink).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
+
+/// One accepted connection and what serving it needs.
+struct Connection {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    app: Router,
+    limits: Arc<HttpLimits>,
+    metrics: Arc<Metrics>,
+    peer: SocketAddr,
+}
+
+impl Connection {
+    async fn run(self, tcp: TcpStream, shutdown: CancellationToken, cut: CancellationToken) {
+        self.metrics.connections_open.inc();
+        let activity = Arc::new(Activity::new());
+        let service = {
+            let (app, activity, peer) = (self.app.clone(), Arc::clone(&activity), self.peer);
+            let body_timeout = self.limits.body_timeout;
+            hyper::service::service_fn(move |request: Request<Incoming>| {
+                let (app, activity) = (app.clone(), Arc::clone(&activity));
+                async move {
+                    let in_flight = InFlight::start(activity);
+                    let mut request =
+                        request.map(|body| DeadlineBody::new(body, Instant::now() + body_timeout));
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    let response = app.oneshot(request).await?;
+                    Ok::<_, std::convert::Infallible>(
+                        response.map(|body| HeldBody::new(body, in_flight)),
+                    )
+                }
+            })
+        };
+        let conn = self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(tcp), service);
+        tokio::pin!(conn);
+        let idle = self.limits.idle_timeout;
+        let mut check = tokio::time::interval(
+            (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(5)),
+        );
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut closing_by: Option<Instant> = None;
+        let mut asked_to_finish = false;
+        loop {
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(err) = result {
+                        let timeout = err
+                            .downcast_ref::<hyper::Error>()
+                            .is_some_and(hyper::Error::is_timeout);
+                        if timeout {
+                            self.metrics.connections_timed_out.inc();
+                        }
+                        tracing::debug!(peer = %self.peer, error = %err, "connection ended");
+                    }
+                    break;
+                }
+                () = shutdown.cancelled(), if !asked_to_finish => {
+                    conn.as_mut().graceful_shutdown();
+                    asked_to_finish = true;
+                }
+                () = cut.cancelled() => break,
+                _ = check.tick(), if closing_by.is_none() => {
+                    if activity.idle_for() >= idle {
+                        self.metrics.connections_timed_out.inc();
+                        conn.as_mut().graceful_shutdown();
+                        asked_to_finish = true;
+                        closing_by = Some(Instant::now() + IDLE_CLOSE_GRACE);
+                    }
+                }
+                () = sleep_until(closing_by) => break,
+            }
+        }
+        self.metrics.connections_open.dec();
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Requests in flight on one connection and since when it has had none.
+#[derive(Debug)]
+struct Activity {
+    started: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds after `started` when the last request finished (or the connection opened).
+    idle_since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// How long the connection has had no request in flight (zero while it has one).
+    fn idle_for(&self) -> Duration {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return Duration::ZERO;
+        }
+        let since = self.idle_since_ms.load(Ordering::Acquire);
+        Duration::from_millis(self.now_ms().saturating_sub(since))
+    }
+}
+
+/// One request in flight, from its headers until its response body is done or dropped.
+#[derive(Debug)]
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn start(activity: Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(activity)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        activity
+            .idle_since_ms
+            .store(activity.now_ms(), Ordering::Release);
+        activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it is finished.
+#[derive(Debug)]
+struct HeldBody<B> {
+    inner: B,
+    _in_flight: InFlight,
+}
+
+impl<B> HeldBody<B> {
+    fn new(inner: B, in_flight: InFlight) -> Self {
+        Self {
+            inner,
+            _in_flight: in_flight,
+        }
+    }
+}
+
+impl<B: HttpBody + Unpin> HttpBody for HeldBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The request body took longer than the body timeout to arrive.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the request body did not arrive within {0} s")]
+pub struct BodyTimeout(pub u64);
+
+impl BodyTimeout {
+    /// The body timeout behind a body-reading error, if that is what it was.
+    pub fn find(err: &(dyn std::error::Error + 'static)) -> Option<BodyTimeout> {
+        let mut current = Some(err);
+        while let Some(err) = current {
+            if let Some(timeout) = err.downcast_ref::<BodyTimeout>() {
+                return Some(*timeout);
+            }
+            current = err.source();
+        }
+        None
+    }
+}
+
+/// A request body that fails with [`BodyTimeout`] unless it has all arrived by `deadline`.
+#[derive(Debug)]
+struct DeadlineBody<B> {
+    inner: B,
+    deadline: Instant,
+    /// Made on the first poll of a body that is not already complete.
+    sleep: Option<Pin<Box<Sleep>>>,
+    secs: u64,
+}
+
+impl<B> DeadlineBody<B> {
+    fn new(inner: B, deadline: Instant) -> Self {
+        let secs = deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64()
+            .round() as u64;
+        Self {
+            inner,
+            deadline,
+            sleep: None,
+            secs,
+        }
+    }
+}
+
+impl<B> HttpBody for DeadlineBody<B>
+where
+    B: HttpBody<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let deadline = this.deadline;
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimeout(this.secs))))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
