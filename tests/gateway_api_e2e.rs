@@ -111,7 +111,9 @@ async fn openai_api_serves_requests_and_refuses_bad_input() {
         ("prompt over context", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": long_prompt}]})).unwrap(), 400, "maximum context length"),
         ("max_tokens over context", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000})).unwrap(), 400, "maximum context length"),
         ("max_tokens zero", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0})).unwrap(), 400, "max_tokens"),
-        ("n > 1", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "n": 2})).unwrap(), 400, "n = 1"),
+        ("best_of", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "n": 2, "best_of": 3})).unwrap(), 400, "best_of"),
+        ("too many choices", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "n": 129})).unwrap(), 400, "at most 128"),
+        ("top_logprobs without logprobs", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})).unwrap(), 400, "logprobs: true"),
         ("temperature out of range", serde_json::to_vec(&json!({"model": "sim-8b", "messages": [{"role": "user", "content": "hi"}], "temperature": 9})).unwrap(), 400, "temperature"),
         (
             "unsupported content part",
@@ -139,11 +141,18 @@ async fn openai_api_serves_requests_and_refuses_bad_input() {
         );
         assert!(err["error"]["type"].is_string(), "{name}: {err}");
     }
-    let (status, err) = api
+    // A batch of prompts: one choice each, in order.
+    let (status, batch) = api
         .post(
             "/v1/completions",
-            &json!({"model": "sim-8b", "prompt": ["a", "b"]}),
+            &json!({"model": "sim-8b", "prompt": ["a", "b"], "max_tokens": 2, "ignore_eos": true}),
         )
+        .await;
+    assert_eq!(status, 200, "{batch}");
+    assert_eq!(batch["choices"][1]["index"], 1, "{batch}");
+    assert_eq!(batch["usage"]["completion_tokens"], 4, "{batch}");
+    let (status, err) = api
+        .post("/v1/completions", &json!({"model": "sim-8b", "prompt": []}))
         .await;
     assert_eq!(status, 400, "{err}");
     let (status, _) = api.get("/v1/nothing-here").await;
@@ -314,12 +323,98 @@ async fn openai_api_serves_requests_and_refuses_bad_input() {
     );
     assert!(String::from_utf8_lossy(&output.stdout).contains("openai sdk: all checks passed"));
 
-    // Metrics are exported under conventional names.
+    // vLLM's /tokenize and /detokenize, with the model's tokenizer and chat template.
+    let (status, tokenized) = api
+        .post(
+            "/tokenize",
+            &json!({"model": "sim-8b", "prompt": "Hello tokenizer"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{tokenized}");
+    assert_eq!(tokenized["max_model_len"], 4096);
+    let ids = tokenized["tokens"].as_array().unwrap().clone();
+    assert_eq!(tokenized["count"], ids.len());
+    let (status, back) = api
+        .post("/detokenize", &json!({"model": "sim-8b", "tokens": ids}))
+        .await;
+    assert_eq!(status, 200, "{back}");
+    assert_eq!(back["prompt"], "Hello tokenizer");
+    let messages = json!([{"role": "user", "content": "What is 2 + 2?"}]);
+    let (_, with_prompt) = api
+        .post(
+            "/tokenize",
+            &json!({"model": "sim-8b", "messages": messages}),
+        )
+        .await;
+    let (_, without) = api
+        .post(
+            "/tokenize",
+            &json!({"model": "sim-8b", "messages": messages, "add_generation_prompt": false}),
+        )
+        .await;
+    assert!(
+        with_prompt["count"].as_u64().unwrap() > without["count"].as_u64().unwrap(),
+        "the generation prompt adds the assistant's opener: {with_prompt} vs {without}"
+    );
+    let (_, chat_answer) = api
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "sim-8b", "messages": messages, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(
+        chat_answer["usage"]["prompt_tokens"], with_prompt["count"],
+        "/tokenize counts what a chat request's prompt is"
+    );
+    for (path, body, param) in [
+        ("/tokenize", json!({"model": "sim-8b"}), "prompt"),
+        (
+            "/tokenize",
+            json!({"model": "sim-8b", "prompt": "x", "bogus": 1}),
+            "bogus",
+        ),
+        (
+            "/detokenize",
+            json!({"model": "sim-8b", "tokens": [4_000_000_000u32]}),
+            "tokens",
+        ),
+    ] {
+        let (status, err) = api.post(path, &body).await;
+        assert_eq!(status, 400, "{path} {body}: {err}");
+        assert_eq!(err["error"]["param"], param, "{err}");
+    }
+    let (status, err) = api
+        .post("/tokenize", &json!({"model": "nope", "prompt": "x"}))
+        .await;
+    assert_eq!(status, 404, "{err}");
+    let (status, card) = api.get("/v1/models/sim-8b").await;
+    assert_eq!((status, &card["id"]), (200, &json!("sim-8b")), "{card}");
+    let (status, err) = api.get("/v1/models/nope").await;
+    assert_eq!(status, 404, "{err}");
+    assert_eq!(err["error"]["code"], "model_not_found", "{err}");
+
+    // Metrics are exported under conventional names, request metrics by model.
     assert!(api.metric("switchyard_requests_total").await >= 10.0);
     assert!(
-        api.metric("switchyard_time_to_first_token_seconds_count")
+        api.metric("switchyard_requests_total{model=\"sim-8b\",status=\"ok\"}")
+            .await
+            >= 10.0
+    );
+    assert!(
+        api.metric("switchyard_time_to_first_token_seconds_count{model=\"sim-8b\"}")
             .await
             >= 5.0
+    );
+    assert!(
+        api.metric("switchyard_request_duration_seconds_count{model=\"sim-8b\"}")
+            .await
+            >= 10.0
+    );
+    // An unknown model's 404 is counted without a made-up label.
+    assert!(
+        api.metric("switchyard_requests_total{model=\"\",status=\"model_not_found\"}")
+            .await
+            >= 1.0
     );
 }
 

@@ -223,3 +223,129 @@ async fn sampling_fields_reach_the_engine_through_the_gateway_and_bad_ones_are_n
         assert_eq!(answer["error"]["param"], param, "{answer}");
     }
 }
+
+/// Log probabilities asked of the gateway reach vLLM and SGLang in each engine's own fields
+/// (`logprobs` + `return_tokens_as_token_ids`; `return_logprob` + `top_logprobs_num`) and come
+/// back in OpenAI's shape with the engine's figures, streamed and not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_are_asked_in_each_engines_fields_and_come_back_with_its_figures() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("logprobs-{}", std::process::id());
+    let vllm = Fake::start(&[]).await;
+    let sglang = Fake::start(&["--flavor", "sglang"]).await;
+    let _v = vllm
+        .worker("vllm", "lp-vllm", &endpoint, &cluster)
+        .start()
+        .await;
+    let _s = sglang
+        .worker("sglang", "lp-sglang", &endpoint, &cluster)
+        .start()
+        .await;
+    let gateway = Launch::gateway(&endpoint, &cluster).start().await;
+    let api = format!("http://{}", gateway.address);
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            indexed(&api, "lp-vllm").await.is_some() && indexed(&api, "lp-sglang").await.is_some()
+        })
+        .await
+    );
+    let http = reqwest::Client::new();
+    let policy = http
+        .post(format!("{api}/admin/policy"))
+        .json(&json!({"policy": "round-robin"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(policy.status(), 200);
+    // The stand-ins' tokens and made-up figures (fake_vllm.py): token i of a prompt ending in
+    // `last` with seed s is (last * 31 + 7 i + s) % 50000 + 1, its log probability
+    // -((token % 97) + 1) / 100, the most likely at its place.
+    let prompt = tokens(12, 16);
+    let seed = 5u32;
+    let expected: Vec<f64> = (0..4u32)
+        .map(|i| {
+            let token = (prompt[prompt.len() - 1] * 31 + i * 7 + seed) % 50000 + 1;
+            -f64::from(token % 97 + 1) / 100.0
+        })
+        .collect();
+    let body = json!({"model": "fake-model", "prompt": prompt, "max_tokens": 4, "seed": seed,
+                      "ignore_eos": true, "logprobs": 2});
+    for _ in 0..2 {
+        let answer: Value = http
+            .post(format!("{api}/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let lp = &answer["choices"][0]["logprobs"];
+        let got: Vec<f64> = lp["token_logprobs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no logprobs in {answer}"))
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(got.len(), 4, "{answer}");
+        for (g, e) in got.iter().zip(&expected) {
+            assert!((g - e).abs() < 1e-5, "{got:?} vs {expected:?}");
+        }
+        for top in lp["top_logprobs"].as_array().unwrap() {
+            let figures: Vec<f64> = top
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            assert!(!figures.is_empty() && figures.len() <= 3, "{top}");
+            assert!(figures.iter().all(|f| *f <= 0.0), "{top}");
+        }
+    }
+    let sent = |fake: &Fake| {
+        let fake = fake.admin("requests", json!({}));
+        async move { fake.await["requests"].as_array().unwrap().clone() }
+    };
+    let to_vllm = sent(&vllm).await;
+    assert!(
+        to_vllm
+            .iter()
+            .any(|r| r["logprobs"] == 2 && r["return_tokens_as_token_ids"] == true),
+        "{to_vllm:?}"
+    );
+    let to_sglang = sent(&sglang).await;
+    assert!(
+        to_sglang
+            .iter()
+            .any(|r| r["return_logprob"] == true && r["top_logprobs_num"] == 2),
+        "{to_sglang:?}"
+    );
+
+    // Streamed chat: one log probability per generated token, across the chunks.
+    let chat = json!({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 3, "ignore_eos": true, "logprobs": true, "top_logprobs": 1,
+                      "stream": true});
+    for _ in 0..2 {
+        let text = http
+            .post(format!("{api}/v1/chat/completions"))
+            .json(&chat)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let entries: Vec<Value> = switchyard_core::sse::events(&text)
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|v| v["choices"][0]["logprobs"]["content"].as_array().cloned())
+            .flatten()
+            .collect();
+        assert_eq!(entries.len(), 3, "{text}");
+        for e in &entries {
+            assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 1, "{e}");
+            assert_eq!(e["top_logprobs"][0]["logprob"], e["logprob"], "{e}");
+        }
+    }
+}

@@ -7,6 +7,12 @@ It answers like the real engines on the wire:
     `return_tokens_as_token_ids`, a final usage chunk), SGLang's `POST /generate` (`input_ids`,
     cumulative `output_ids`, `meta_info`), `GET /v1/models`, `GET /metrics`,
     `GET /get_server_info` (SGLang).
+  * Log probabilities as each engine gives them: vLLM's `logprobs: k` fills the choice's
+    `logprobs` (`tokens`, `token_logprobs`, `top_logprobs` maps of the k most likely tokens plus
+    the sampled one, keyed "token_id:N" with `return_tokens_as_token_ids`, `text_offset`);
+    SGLang's `return_logprob` + `top_logprobs_num: k` fill `meta_info.output_token_logprobs`
+    and `output_top_logprobs` (cumulative `[logprob, id, null]` triples). The figures are made
+    up from the token id: the sampled token is the most likely, each alternative less so.
   * ZMQ: one PUB socket per data-parallel rank on port+rank, 3-frame messages (topic, 8-byte
     big-endian sequence, msgpack `[ts, events, rank]`), events positional or map-encoded
     (`--encoding`), hashes as uint64 or 32 raw bytes (`--hash-bytes`); one ROUTER replay socket
@@ -181,6 +187,13 @@ class Rank:
 
     def state(self):
         return [list(prefix) for prefix, _ in self.blocks.values()]
+
+
+def logprobs_of(tok, k):
+    """The made-up log probability of `tok` and its k most likely alternatives, itself first."""
+    chosen = -((tok % 97) + 1) / 100.0
+    top = [(chosen, tok)] + [(chosen - 0.5 * (j + 1), (tok + 1 + j) % 50000 + 1) for j in range(max(0, k - 1))]
+    return chosen, top[:k]
 
 
 class Engine:
@@ -404,8 +417,14 @@ def make_handler(engine):
                         choice = {"index": 0, "text": " t%d" % tok, "finish_reason": finish, "stop_reason": None}
                         if body.get("return_token_ids"):
                             choice["token_ids"] = [tok]
-                        elif body.get("return_tokens_as_token_ids") and body.get("logprobs") is not None:
-                            choice["logprobs"] = {"tokens": ["token_id:%d" % tok], "token_logprobs": [-0.1]}
+                        if body.get("logprobs") is not None:
+                            as_ids = body.get("return_tokens_as_token_ids")
+                            name = (lambda t: "token_id:%d" % t) if as_ids else (lambda t: " t%d" % t)
+                            chosen, top = logprobs_of(tok, int(body["logprobs"]))
+                            alternatives = {name(t): lp for lp, t in top}
+                            alternatives[name(tok)] = chosen  # vLLM adds the sampled token
+                            choice["logprobs"] = {"tokens": [name(tok)], "token_logprobs": [chosen],
+                                                  "top_logprobs": [alternatives], "text_offset": [0]}
                         events.append({"id": "cmpl-1", "object": "text_completion", "model": args.model,
                                        "choices": [choice], "usage": None})
                     if stream:
@@ -447,6 +466,10 @@ def make_handler(engine):
             reason = {"type": finish, "message": message} if finish else None
             meta = {"id": body.get("rid"), "prompt_tokens": len(prompt), "cached_tokens": cached,
                     "completion_tokens": len(out), "finish_reason": reason}
+            if body.get("return_logprob"):
+                k = int(body.get("top_logprobs_num") or 0)
+                meta["output_token_logprobs"] = [[logprobs_of(t, k)[0], t, None] for t in out]
+                meta["output_top_logprobs"] = [[[lp, a, None] for lp, a in logprobs_of(t, k)[1]] for t in out]
             return {"text": "t" * len(out), "output_ids": list(out), "meta_info": meta}
 
         def event(self, obj):

@@ -9,6 +9,7 @@
 //!   sequence numbers.
 //! - [`load`]: the load figures a worker reports.
 //! - [`sampling`]: a request's sampling settings ([`Sampling`]), validated once.
+//! - [`logprobs`]: log probabilities of generated tokens ([`TokenLogprob`]).
 //! - [`rng`], [`promtext`], [`sse`]: the workspace's one seeded generator, one Prometheus text
 //!   reader and one server-sent-events decoder (pure functions every crate shares).
 //! - [`error`]: the validation errors of this crate.
@@ -17,6 +18,7 @@ pub mod error;
 pub mod event;
 pub mod hash;
 pub mod load;
+pub mod logprobs;
 pub mod promtext;
 pub mod rng;
 pub mod sampling;
@@ -30,6 +32,7 @@ pub use event::{
 };
 pub use hash::{BlockHash, block_hashes, block_key, chain_hash, chain_hash_keyed};
 pub use load::LoadStats;
+pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob};
 pub use sampling::{Sampling, SamplingError};
 pub use tokens::{BlockSize, TokenId};
 pub use worker::{EngineKind, Role, WorkerId, WorkerInfo};

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::TokenId;
+use crate::logprobs::MAX_TOP_LOGPROBS;
 
 /// A request's sampling settings.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -44,6 +45,10 @@ pub struct Sampling {
     pub skip_special_tokens: Option<bool>,
     /// Keep a matched stop string at the end of the text.
     pub include_stop_str_in_output: Option<bool>,
+    /// Report each generated token's log probability with this many most likely alternatives
+    /// (0 to [`MAX_TOP_LOGPROBS`]); unset: none.
+    #[serde(default)]
+    pub logprobs: Option<u32>,
 }
 
 /// A sampling field out of its range: which field, and what it must be.
@@ -109,6 +114,9 @@ impl Sampling {
         }
         if self.min_tokens.is_some_and(|m| m > self.max_tokens) {
             return err("min_tokens", "must not exceed max_tokens");
+        }
+        if self.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return err("logprobs", "takes at most 20 alternatives per token");
         }
         Ok(())
     }
@@ -224,6 +232,13 @@ mod tests {
                     ..sampling()
                 },
                 "min_tokens",
+            ),
+            (
+                Sampling {
+                    logprobs: Some(21),
+                    ..sampling()
+                },
+                "logprobs",
             ),
         ];
         for (bad, field) in cases {

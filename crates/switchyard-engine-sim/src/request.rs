@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use switchyard_core::{BlockHash, KvEvent, TokenId};
+use switchyard_core::{BlockHash, KvEvent, TokenId, TokenLogprob};
 
 /// One generation request.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -40,6 +40,10 @@ pub struct SimRequest {
     /// ([`StepOutcome::exports`]), so a decode worker can pull them while the prefill runs.
     #[serde(default)]
     pub pipeline: bool,
+    /// Report each token's log probability with this many alternatives
+    /// ([`TokenOutput::logprobs`]).
+    #[serde(default)]
+    pub logprobs: Option<u32>,
 }
 
 impl SimRequest {
@@ -65,7 +69,7 @@ pub enum FinishReason {
 }
 
 /// One token sampled by one sequence in a step.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenOutput {
     pub id: u64,
     /// The sampled token. Always present: like vLLM, a final EOS or stop token is part of the
@@ -79,10 +83,13 @@ pub struct TokenOutput {
     pub cached_prompt_tokens: u32,
     /// Tokens generated so far, this one included.
     pub completion_tokens: u32,
+    /// The token's log probability, when the request asked for them.
+    #[serde(default)]
+    pub logprobs: Option<TokenLogprob>,
 }
 
 /// What one engine iteration did.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepOutcome {
     /// Simulated model time of the step (before any speed-up); zero when nothing ran.
     pub duration: Duration,

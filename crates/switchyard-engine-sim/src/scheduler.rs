@@ -227,6 +227,7 @@ impl Simulator {
             seq.completion_tokens += 1;
             seq.prefill_done = true;
             let finish = seq.finish_on(token, eos);
+            let logprobs = seq.logprobs.map(|k| seq.logprob_of(token, k, vocab));
             outputs.push(TokenOutput {
                 id: seq.id,
                 token,
@@ -234,6 +235,7 @@ impl Simulator {
                 prompt_tokens: seq.prompt_len as u32,
                 cached_prompt_tokens: seq.cached_prompt_tokens.unwrap_or(0),
                 completion_tokens: seq.completion_tokens,
+                logprobs,
             });
             if finish.is_some() {
                 finished[index] = true;

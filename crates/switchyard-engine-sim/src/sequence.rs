@@ -1,6 +1,9 @@
 //! A request's state inside the engine, and its deterministic token sampler.
 
-use switchyard_core::{BlockHash, BlockSize, TokenId, chain_hash, hash::extend_block_hashes};
+use switchyard_core::{
+    BlockHash, BlockSize, MAX_TOP_LOGPROBS, TokenId, TokenLogprob, TopLogprob, chain_hash,
+    hash::extend_block_hashes,
+};
 
 use crate::{FinishReason, SimRequest, kv_cache::BlockId};
 
@@ -10,6 +13,8 @@ use switchyard_core::rng::splitmix as mix;
 /// Stream salts of seeded and greedy sequences (no engine seed in them).
 const SEEDED: u64 = 0x5345_4544_4544_0001;
 const GREEDY: u64 = 0x4752_4545_4459_0001;
+/// Salt of the log-probability draws, apart from the token draw.
+const LOGPROBS: u64 = 0x4c4f_4750_524f_0001;
 
 #[derive(Debug)]
 pub(crate) struct Sequence {
@@ -23,6 +28,10 @@ pub(crate) struct Sequence {
     pub(crate) forced: Vec<TokenId>,
     pub(crate) hold_blocks: bool,
     pub(crate) pipeline: bool,
+    /// Alternatives per token when log probabilities are asked for.
+    pub(crate) logprobs: Option<u32>,
+    /// Greedy decoding: the sampled token is always the most likely one.
+    greedy: bool,
     /// Leading prompt blocks already exported (pipelined prefill); survives preemption, so a
     /// recompute exports nothing twice.
     pub(crate) exported: usize,
@@ -69,6 +78,8 @@ impl Sequence {
             forced: req.forced,
             hold_blocks: req.hold_blocks,
             pipeline: req.hold_blocks && req.pipeline,
+            logprobs: req.logprobs,
+            greedy: req.greedy,
             exported: 0,
             stream,
             tokens: req.prompt,
@@ -101,6 +112,79 @@ impl Sequence {
         (0..vocab_size)
             .find(|t| !self.banned.contains(t))
             .unwrap_or(0)
+    }
+
+    /// The log probability of `token`, sampled at position `tokens.len()`, with the `k` most
+    /// likely tokens there. The simulator has no model, so it makes up a distribution, the same
+    /// for the same stream and position whatever `k` is asked: `token` sits at a rank drawn from
+    /// the stream (always first when greedy or forced), the other places go to tokens drawn
+    /// from the stream, and the probabilities fall geometrically from the first (between 0.2
+    /// and 0.6) by factors between 0.05 and 0.4, so they sum below 1 and come out sorted.
+    pub(crate) fn logprob_of(&self, token: TokenId, k: u32, vocab_size: u32) -> TokenLogprob {
+        let position = self.tokens.len() as u64;
+        let mut draw = mix(LOGPROBS ^ self.stream ^ mix(position));
+        let mut next = || {
+            draw = mix(draw);
+            draw
+        };
+        let unit = |x: u64| (x >> 11) as f64 / (1u64 << 53) as f64;
+        let places = MAX_TOP_LOGPROBS as usize;
+        let rank = if self.greedy || !self.forced.is_empty() {
+            0
+        } else {
+            // Mostly the first, sometimes one of the next three, as sampling a peaked
+            // distribution goes.
+            match next() % 8 {
+                0..=4 => 0,
+                5 => 1,
+                6 => 2,
+                _ => 3,
+            }
+        };
+        let mut tokens = Vec::with_capacity(places);
+        while tokens.len() < places {
+            if tokens.len() == rank {
+                tokens.push(token);
+                continue;
+            }
+            let mut candidate = (next() % u64::from(vocab_size.max(1))) as TokenId;
+            let mut tries = 0;
+            while (candidate == token
+                || tokens.contains(&candidate)
+                || self.banned.contains(&candidate))
+                && tries < 64
+            {
+                candidate = (next() % u64::from(vocab_size.max(1))) as TokenId;
+                tries += 1;
+            }
+            if tries == 64 {
+                // A vocabulary too small for twenty distinct alternatives.
+                if tokens.len() <= rank {
+                    tokens.push(token);
+                }
+                break;
+            }
+            tokens.push(candidate);
+        }
+        let mut p = 0.2 + 0.4 * unit(next());
+        let mut top = Vec::with_capacity(tokens.len());
+        for t in tokens {
+            top.push(TopLogprob {
+                token: t,
+                logprob: p.ln() as f32,
+            });
+            p *= 0.05 + 0.35 * unit(next());
+        }
+        let logprob = top
+            .iter()
+            .find(|t| t.token == token)
+            .map_or(f32::MIN, |t| t.logprob);
+        top.truncate(k as usize);
+        TokenLogprob {
+            token,
+            logprob,
+            top,
+        }
     }
 
     /// Whether sampling `token` (already counted in `completion_tokens`) ends the sequence.
@@ -188,6 +272,51 @@ mod tests {
         assert_eq!(on(req(1, Some(7), false), 1), on(req(9, Some(7), false), 2));
         assert_eq!(on(req(1, None, true), 1), on(req(9, None, true), 2));
         assert_ne!(on(req(1, None, false), 1), on(req(1, None, false), 2));
+    }
+
+    #[test]
+    fn logprobs_are_deterministic_sorted_and_hold_the_sampled_token() {
+        let v = 32_000;
+        let mut seq = Sequence::new(
+            SimRequest {
+                seed: Some(3),
+                ..SimRequest::new(1, (1..20).collect(), 8)
+            },
+            0,
+            bs(4),
+        );
+        let mut found_below_first = false;
+        for _ in 0..40 {
+            let token = seq.sample(v);
+            let full = seq.logprob_of(token, 20, v);
+            assert!(full.is_consistent(), "{full:?}");
+            assert_eq!(full.top.len(), 20);
+            assert!(full.top.iter().any(|t| t.token == token), "{full:?}");
+            let sum: f64 = full.top.iter().map(|t| f64::from(t.logprob).exp()).sum();
+            assert!(sum < 1.0, "probabilities sum to {sum}");
+            // Asking for fewer alternatives gives a prefix of the same list, and the same
+            // log probability.
+            let three = seq.logprob_of(token, 3, v);
+            assert_eq!(three.top[..], full.top[..3]);
+            assert_eq!(three.logprob, full.logprob);
+            assert_eq!(seq.logprob_of(token, 0, v).top, vec![]);
+            found_below_first |= full.top[0].token != token;
+            seq.push_token(token, bs(4));
+        }
+        assert!(
+            found_below_first,
+            "sampling sometimes picks a less likely token"
+        );
+        let greedy = Sequence::new(
+            SimRequest {
+                greedy: true,
+                ..SimRequest::new(1, (1..20).collect(), 8)
+            },
+            0,
+            bs(4),
+        );
+        let token = greedy.sample(v);
+        assert_eq!(greedy.logprob_of(token, 2, v).top[0].token, token);
     }
 
     #[test]

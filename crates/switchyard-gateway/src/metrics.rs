@@ -14,7 +14,19 @@ use prometheus_client::registry::Registry;
 pub struct RequestLabels {
     pub endpoint: &'static str,
     pub status: &'static str,
+    /// A model the gateway serves, or empty before one is known (a client cannot make up
+    /// label values).
+    pub model: String,
 }
+
+/// The model a request-path figure is about (vLLM's `model_name`, Dynamo's `model`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    pub model: String,
+}
+
+/// A histogram per model.
+pub type ModelHistogram = Family<ModelLabels, Histogram>;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SessionTurnLabels {
@@ -43,18 +55,21 @@ pub struct PolicyLabels {
 pub struct Metrics {
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
-    pub ttft: Histogram,
-    pub inter_token: Histogram,
+    pub ttft: ModelHistogram,
+    pub inter_token: ModelHistogram,
+    /// Arrival to the end of a successful answer (every choice, a whole stream).
+    pub request_duration: ModelHistogram,
     pub routing_overhead: Histogram,
     pub tokenize: Histogram,
     pub admission_wait: Histogram,
     pub prompt_blocks_requested: Counter,
     pub prompt_blocks_cached: Counter,
-    pub prompt_tokens: Counter,
-    pub completion_tokens: Counter,
-    /// Per finished request: its prompt and generated lengths (the planner's load figures).
-    pub request_prompt_tokens: Histogram,
-    pub request_completion_tokens: Histogram,
+    pub prompt_tokens: Family<ModelLabels, Counter>,
+    pub completion_tokens: Family<ModelLabels, Counter>,
+    /// Per finished generation (each choice): its prompt and generated lengths (the planner's
+    /// load figures).
+    pub request_prompt_tokens: ModelHistogram,
+    pub request_completion_tokens: ModelHistogram,
     /// Prompt tokens the serving worker had cached (usage `cached_tokens`).
     pub cached_prompt_tokens: Counter,
     pub decisions: Family<PolicyLabels, Counter>,
@@ -111,17 +126,18 @@ impl Metrics {
         let mut registry = Registry::with_prefix("switchyard");
         let m = Self {
             requests: Family::default(),
-            ttft: latency_histogram(),
-            inter_token: latency_histogram(),
+            ttft: Family::new_with_constructor(latency_histogram),
+            inter_token: Family::new_with_constructor(latency_histogram),
+            request_duration: Family::new_with_constructor(latency_histogram),
             routing_overhead: Histogram::new(exponential_buckets(0.000_001, 2.0, 20)),
             tokenize: latency_histogram(),
             admission_wait: latency_histogram(),
             prompt_blocks_requested: Counter::default(),
             prompt_blocks_cached: Counter::default(),
-            prompt_tokens: Counter::default(),
-            completion_tokens: Counter::default(),
-            request_prompt_tokens: length_histogram(),
-            request_completion_tokens: length_histogram(),
+            prompt_tokens: Family::default(),
+            completion_tokens: Family::default(),
+            request_prompt_tokens: Family::new_with_constructor(length_histogram),
+            request_completion_tokens: Family::new_with_constructor(length_histogram),
             cached_prompt_tokens: Counter::default(),
             decisions: Family::default(),
             kv_events_applied: Counter::default(),
@@ -154,8 +170,13 @@ impl Metrics {
         };
         registry.register(
             "requests",
-            "HTTP requests by endpoint and outcome",
+            "HTTP requests by endpoint, outcome and model",
             m.requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "End-to-end latency of successful requests: arrival to the answer's last byte",
+            m.request_duration.clone(),
         );
         registry.register(
             "time_to_first_token_seconds",
@@ -400,22 +421,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn exposition_has_conventional_names() {
+    fn exposition_has_conventional_names_and_model_labels() {
         let m = Metrics::new();
         m.requests
             .get_or_create(&RequestLabels {
                 endpoint: "chat",
                 status: "ok",
+                model: "m".into(),
             })
             .inc();
-        m.ttft.observe(0.01);
+        let model = ModelLabels { model: "m".into() };
+        m.ttft.get_or_create(&model).observe(0.01);
+        m.request_duration.get_or_create(&model).observe(0.5);
+        m.request_prompt_tokens.get_or_create(&model).observe(10.0);
+        m.request_completion_tokens
+            .get_or_create(&model)
+            .observe(3.0);
+        m.prompt_tokens.get_or_create(&model).inc_by(10);
         let text = m.encode();
-        assert!(text.contains("switchyard_requests_total{endpoint=\"chat\",status=\"ok\"} 1"));
-        assert!(text.contains("switchyard_time_to_first_token_seconds_bucket"));
-        assert!(text.contains("switchyard_kv_events_applied_total"));
-        assert!(text.contains("switchyard_admission_wait_seconds_bucket"));
-        assert!(text.contains("switchyard_request_prompt_tokens_bucket"));
-        assert!(text.contains("switchyard_request_completion_tokens_bucket"));
-        assert!(text.contains("switchyard_cached_prompt_tokens_total"));
+        for series in [
+            "switchyard_requests_total{endpoint=\"chat\",status=\"ok\",model=\"m\"} 1",
+            "switchyard_request_duration_seconds_count{model=\"m\"} 1",
+            "switchyard_time_to_first_token_seconds_count{model=\"m\"} 1",
+            "switchyard_request_prompt_tokens_count{model=\"m\"} 1",
+            "switchyard_request_completion_tokens_sum{model=\"m\"} 3",
+            "switchyard_prompt_tokens_total{model=\"m\"} 10",
+            "switchyard_kv_events_applied_total",
+            "switchyard_admission_wait_seconds_bucket",
+            "switchyard_cached_prompt_tokens_total",
+        ] {
+            assert!(text.contains(series), "{series} missing from\n{text}");
+        }
     }
 }

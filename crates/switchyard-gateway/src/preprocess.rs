@@ -247,6 +247,22 @@ pub async fn encode_chat(
     .await
 }
 
+/// Renders a chat request as given (its own `add_generation_prompt`) and tokenizes it, outside
+/// the session cache (`/tokenize`).
+pub async fn encode_chat_request(
+    metrics: &Metrics,
+    model: Arc<ModelTokenizer>,
+    request: ChatRequest,
+    max: usize,
+) -> Result<Vec<TokenId>, ApiError> {
+    let size = chat_size(&request.messages, &request.tools);
+    off_reactor(metrics, size, move || {
+        let text = model.dir.render_chat(&request).map_err(tokenize_error)?;
+        encode_with(&model, &text, &Sessions::Bypass, max)
+    })
+    .await
+}
+
 /// Tokenizes plain text (a completion prompt) into at most `max` tokens.
 pub async fn encode_text(
     metrics: &Metrics,

@@ -2,7 +2,7 @@
 
 use switchyard_core::{
     BlockHash, BlockSize, CoreError, EngineKind, KvEvent, LoadStats, Role, Sampling, SamplingError,
-    SnapshotBlock, StorageTier, StoredBlock, WorkerId, WorkerInfo,
+    SnapshotBlock, StorageTier, StoredBlock, TokenLogprob, TopLogprob, WorkerId, WorkerInfo,
 };
 
 use crate::v1;
@@ -45,6 +45,41 @@ impl From<&Sampling> for v1::SamplingParams {
             min_tokens: s.min_tokens,
             skip_special_tokens: s.skip_special_tokens,
             include_stop_str_in_output: s.include_stop_str_in_output,
+            logprobs: s.logprobs,
+        }
+    }
+}
+
+impl From<&TokenLogprob> for v1::TokenLogprob {
+    fn from(l: &TokenLogprob) -> Self {
+        Self {
+            token_id: l.token,
+            logprob: l.logprob,
+            top: l
+                .top
+                .iter()
+                .map(|t| v1::TopLogprob {
+                    token_id: t.token,
+                    logprob: t.logprob,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<v1::TokenLogprob> for TokenLogprob {
+    fn from(l: v1::TokenLogprob) -> Self {
+        Self {
+            token: l.token_id,
+            logprob: l.logprob,
+            top: l
+                .top
+                .into_iter()
+                .map(|t| TopLogprob {
+                    token: t.token_id,
+                    logprob: t.logprob,
+                })
+                .collect(),
         }
     }
 }
@@ -71,6 +106,7 @@ impl TryFrom<v1::SamplingParams> for Sampling {
             ignore_eos: p.ignore_eos,
             skip_special_tokens: p.skip_special_tokens,
             include_stop_str_in_output: p.include_stop_str_in_output,
+            logprobs: p.logprobs,
         };
         sampling.validate()?;
         Ok(sampling)

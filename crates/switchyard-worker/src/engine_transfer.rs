@@ -143,6 +143,7 @@ mod tests {
             let prompt_tokens = params.prompt.len() as u32;
             let chunk = |tokens: Vec<u32>, finish, completion_tokens| GenerationChunk {
                 tokens,
+                logprobs: Vec::new(),
                 finish,
                 prompt_tokens,
                 cached_prompt_tokens: prompt_tokens,

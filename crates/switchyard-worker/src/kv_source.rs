@@ -149,6 +149,7 @@ pub(crate) async fn generate_from_source(
     let cached = cached.min(prompt_tokens);
     let chunk = |tokens: Vec<u32>, finish, completion_tokens| GenerationChunk {
         tokens,
+        logprobs: Vec::new(),
         finish,
         prompt_tokens,
         cached_prompt_tokens: cached,

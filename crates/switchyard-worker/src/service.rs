@@ -161,6 +161,13 @@ impl WorkerService {
             sampling,
         };
         let engine_stream: ChunkStream = match req.kv_source {
+            // The first token comes from the prefill worker, which computes no log
+            // probabilities: the gateway serves such requests aggregated.
+            Some(_) if params.sampling.logprobs.is_some() => {
+                return Err(Status::invalid_argument(
+                    "log probabilities are served aggregated, not from a prefill worker's KV",
+                ));
+            }
             Some(source) => {
                 generate_from_source(
                     &*self.engine,

@@ -17,7 +17,7 @@ mod tests;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use switchyard_core::{Sampling, TokenId, WorkerId};
+use switchyard_core::{Sampling, TokenId, TokenLogprob, WorkerId};
 use switchyard_proto::v1::{self, GenerateRequest, SamplingParams};
 use switchyard_router::RouteError;
 use switchyard_router::serve::DecodeFilter;
@@ -67,7 +67,11 @@ pub enum DispatchEvent {
         prompt_tokens: u32,
         cached_prompt_tokens: u32,
     },
-    Tokens(Vec<TokenId>),
+    /// Generated tokens, with one log probability per token when the request asked for them.
+    Tokens {
+        ids: Vec<TokenId>,
+        logprobs: Vec<TokenLogprob>,
+    },
     Finished(Finish),
     Failed(ApiError),
 }
@@ -128,7 +132,10 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         let attempt = attempts.begin();
         let kind = attempts.kind();
         let context = attempts.context(&job.prompt);
-        let aggregated_only = attempts.aggregated_only(&job.disagg.serve);
+        // Log probabilities are computed where the tokens are: a prefill worker's first token
+        // comes without one, so such a request is served aggregated.
+        let logprobs = job.sampling.logprobs.is_some();
+        let aggregated_only = logprobs || attempts.aggregated_only(&job.disagg.serve);
         let route_span = tracing::info_span!(
             target: GATEWAY_SPANS,
             parent: &job.span,
@@ -187,7 +194,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         );
         tracing::debug!(request = %job.request_id, worker = %worker_id, attempt, "dispatching");
 
-        let source = if attempts.may_use_prefill_pool() {
+        let source = if attempts.may_use_prefill_pool() && !logprobs {
             let prefilled = prefill_stage(
                 pool,
                 &job.routes,
@@ -232,7 +239,14 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             }
         } else {
             route_span.record("mode", "aggregated");
-            route_span.record("mode_reason", "a migration continues on one worker");
+            route_span.record(
+                "mode_reason",
+                if logprobs {
+                    "log probabilities are computed where the tokens are generated"
+                } else {
+                    "a migration continues on one worker"
+                },
+            );
             drop(route_span);
             KvSource::default()
         };
@@ -411,12 +425,19 @@ async fn stream_attempt(
                     }
                 }
                 if !message.token_ids.is_empty() {
+                    let logprobs = match logprobs_of(&job.sampling, &message) {
+                        Ok(logprobs) => logprobs,
+                        Err(reason) => {
+                            end = AttemptEnd::worker_failed(reason);
+                            break;
+                        }
+                    };
                     attempts.generated.extend_from_slice(&message.token_ids);
-                    if tx
-                        .send(DispatchEvent::Tokens(message.token_ids))
-                        .await
-                        .is_err()
-                    {
+                    let event = DispatchEvent::Tokens {
+                        ids: message.token_ids,
+                        logprobs,
+                    };
+                    if tx.send(event).await.is_err() {
                         end = AttemptEnd::ConsumerGone;
                         break;
                     }
@@ -463,6 +484,30 @@ async fn stream_attempt(
     }
     unfinished.armed = false;
     end
+}
+
+/// A message's log probabilities: one per token when the request asked for them (a worker that
+/// sends another count failed the request), none otherwise.
+fn logprobs_of(
+    sampling: &Sampling,
+    message: &v1::GenerateResponse,
+) -> Result<Vec<TokenLogprob>, String> {
+    if sampling.logprobs.is_none() {
+        return Ok(Vec::new());
+    }
+    if message.logprobs.len() != message.token_ids.len() {
+        return Err(format!(
+            "worker sent {} log probabilities for {} tokens",
+            message.logprobs.len(),
+            message.token_ids.len()
+        ));
+    }
+    Ok(message
+        .logprobs
+        .iter()
+        .cloned()
+        .map(TokenLogprob::from)
+        .collect())
 }
 
 /// Whether a worker of `model` that serves only with a prefill worker is registered (what a 503

@@ -60,6 +60,8 @@ struct Call {
     max_tokens: u32,
     /// The KV source's address, for a disaggregated `Generate`.
     kv_source: Option<String>,
+    /// `SamplingParams.logprobs` of a `Generate`.
+    logprobs: Option<u32>,
 }
 
 /// A transport that plays scripted outcomes in call order, whichever worker is called.
@@ -105,6 +107,16 @@ impl Drop for AbortGuard {
     }
 }
 
+/// A scripted worker's log probability of `token`: made up from the id, so a test can tell
+/// whose it is.
+fn scripted_logprob(token: u32) -> switchyard_proto::v1::TokenLogprob {
+    switchyard_proto::v1::TokenLogprob {
+        token_id: token,
+        logprob: -(token as f32) / 100.0,
+        top: Vec::new(),
+    }
+}
+
 fn message(tokens: Vec<u32>, finish: FinishReason) -> GenerateResponse {
     GenerateResponse {
         token_ids: tokens,
@@ -120,11 +132,13 @@ impl WorkerTransport for Scripted {
         request: tonic::Request<GenerateRequest>,
     ) -> BoxFuture<'static, Result<GenerateStream, tonic::Status>> {
         let request = request.into_inner();
+        let logprobs = request.sampling.as_ref().and_then(|s| s.logprobs);
         self.generate_calls.lock().push(Call {
             worker: worker.id().to_string(),
             max_tokens: request.sampling.map_or(0, |s| s.max_tokens),
             prompt: request.prompt_token_ids,
             kv_source: request.kv_source.map(|s| s.address),
+            logprobs,
         });
         let next = self.generate.lock().pop_front();
         let aborted = Arc::clone(&self.aborted);
@@ -136,7 +150,13 @@ impl WorkerTransport for Scripted {
             };
             let mut items: Vec<Result<GenerateResponse, tonic::Status>> = tokens
                 .into_iter()
-                .map(|t| Ok(message(t, FinishReason::Unspecified)))
+                .map(|t| {
+                    let mut m = message(t, FinishReason::Unspecified);
+                    if logprobs.is_some() {
+                        m.logprobs = m.token_ids.iter().map(|&t| scripted_logprob(t)).collect();
+                    }
+                    Ok(m)
+                })
                 .collect();
             let hang = matches!(end, End::Hang);
             match end {
@@ -175,6 +195,7 @@ impl WorkerTransport for Scripted {
             prompt: request.prompt_token_ids,
             max_tokens: 0,
             kv_source: None,
+            logprobs: None,
         });
         let next = self.prefill.lock().pop_front();
         Box::pin(async move {
@@ -278,7 +299,7 @@ fn tokens_of(events: &[DispatchEvent]) -> Vec<u32> {
     events
         .iter()
         .filter_map(|e| match e {
-            DispatchEvent::Tokens(t) => Some(t.clone()),
+            DispatchEvent::Tokens { ids, .. } => Some(ids.clone()),
             _ => None,
         })
         .flatten()
@@ -513,7 +534,10 @@ async fn a_gone_client_aborts_the_worker_stream_and_releases_its_booking() {
         rx.recv().await,
         Some(DispatchEvent::Started { .. })
     ));
-    assert!(matches!(rx.recv().await, Some(DispatchEvent::Tokens(_))));
+    assert!(matches!(
+        rx.recv().await,
+        Some(DispatchEvent::Tokens { .. })
+    ));
     drop(rx);
     for _ in 0..100 {
         if script.aborted.load(Ordering::SeqCst) == 1 {
@@ -664,4 +688,76 @@ async fn a_stream_whose_worker_stops_answering_moves_on_and_the_worker_gets_no_m
 
 async fn events_of(rx: mpsc::Receiver<DispatchEvent>) -> Vec<DispatchEvent> {
     events(rx).await
+}
+
+#[tokio::test]
+async fn log_probabilities_stay_one_per_token_across_a_migration_and_skip_the_prefill_pool() {
+    let script = Scripted::new(
+        vec![
+            Gen::Stream {
+                tokens: vec![vec![7, 8]],
+                end: End::Fail(tonic::Status::unavailable("worker went away")),
+            },
+            ok_stream(&[9, 10]),
+        ],
+        // Never asked: a request with log probabilities is served aggregated.
+        vec![Pre::Ok { pipelined: false }],
+    );
+    let (pool, routes) = pool(&[both("a", 11), both("b", 12)], Arc::clone(&script));
+    let mut job = job(&routes, disagg(Disaggregation::Enforce));
+    job.sampling.logprobs = Some(2);
+    let events = events(start(&pool, job)).await;
+    assert_eq!(finished(&events), Some(Finish::Length), "{events:?}");
+    let mut pairs = Vec::new();
+    for event in &events {
+        if let DispatchEvent::Tokens { ids, logprobs } = event {
+            assert_eq!(ids.len(), logprobs.len(), "{event:?}");
+            pairs.extend(
+                ids.iter()
+                    .zip(logprobs)
+                    .map(|(id, lp)| (*id, lp.token, lp.logprob)),
+            );
+        }
+    }
+    assert_eq!(
+        pairs,
+        [7, 8, 9, 10].map(|t| (t, t, -(t as f32) / 100.0)),
+        "continuous at the seam"
+    );
+    let calls = script.generate_calls();
+    assert_eq!(calls.len(), 2);
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.logprobs == Some(2) && c.kv_source.is_none())
+    );
+    assert!(script.prefill_calls().is_empty());
+    pool.shutdown().await;
+}
+
+#[test]
+fn a_message_must_carry_one_log_probability_per_token_when_they_were_asked_for() {
+    let asked = switchyard_core::Sampling {
+        max_tokens: 4,
+        logprobs: Some(1),
+        ..switchyard_core::Sampling::default()
+    };
+    let short = GenerateResponse {
+        token_ids: vec![1, 2],
+        logprobs: vec![scripted_logprob(1)],
+        ..GenerateResponse::default()
+    };
+    let err = logprobs_of(&asked, &short).unwrap_err();
+    assert!(err.contains("1 log probabilities for 2 tokens"), "{err}");
+    let full = GenerateResponse {
+        logprobs: vec![scripted_logprob(1), scripted_logprob(2)],
+        ..short.clone()
+    };
+    assert_eq!(logprobs_of(&asked, &full).unwrap().len(), 2);
+    // Not asked for: whatever the worker sent is not passed on.
+    let unasked = switchyard_core::Sampling {
+        logprobs: None,
+        ..asked
+    };
+    assert!(logprobs_of(&unasked, &full).unwrap().is_empty());
 }

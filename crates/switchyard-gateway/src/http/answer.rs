@@ -1,165 +1,49 @@
-//! Answering a dispatched request: detokenize incrementally, apply stop strings, count, and
-//! write the result as one JSON body or as server-sent events.
+//! Answering a prepared request: start its choices ([`super::choices`]), turn each choice's
+//! events into text ([`super::assemble`]), and write the result as one JSON body or as
+//! server-sent events (one chunk per choice event, tagged with the choice's index).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
-use switchyard_core::TokenId;
-use switchyard_tokenize::IncrementalDecoder;
-use tokio::sync::mpsc;
 
+use super::assemble::{ChoiceText, request_usage};
+use super::choices::Choices;
 use super::completions::{Kind, Prepared, fail, record};
 use super::{AppState, unix_now};
 use crate::admission::Admitted;
-use crate::dispatch::{self, DispatchEvent, Finish, GenerateJob};
+use crate::dispatch::DispatchEvent;
 use crate::error::ApiError;
-use crate::metrics::RequestLabels;
+use crate::metrics::ModelLabels;
 use crate::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatMessageOut,
-    Completion, CompletionChoice, Usage,
+    Completion, CompletionChoice, LogprobsOut, Usage,
 };
-use crate::stop::{StopMatcher, StopOutcome};
-
-/// Turns dispatch events into text: incremental detokenization, stop strings, counts.
-struct TextAssembler {
-    /// Taken when the generation finishes and the decoder flushes.
-    decoder: Option<IncrementalDecoder>,
-    stop: StopMatcher,
-    prompt_tokens: u32,
-    cached_tokens: u32,
-    completion_tokens: u32,
-    finish: Option<&'static str>,
-    first_token_at: Option<Instant>,
-    last_token_at: Option<Instant>,
-}
-
-impl TextAssembler {
-    fn new(p: &Prepared) -> Self {
-        Self {
-            decoder: Some(IncrementalDecoder::new(
-                Arc::clone(p.model_dir.tokenizer()),
-                p.sampling.skip_special_tokens.unwrap_or(true),
-            )),
-            stop: StopMatcher::new(p.sampling.stop.clone())
-                .including_the_stop(p.sampling.include_stop_str_in_output.unwrap_or(false)),
-            prompt_tokens: p.prompt.len() as u32,
-            cached_tokens: 0,
-            completion_tokens: 0,
-            finish: None,
-            first_token_at: None,
-            last_token_at: None,
-        }
-    }
-
-    /// New text from `tokens`; sets `finish` when a stop string matched.
-    fn tokens(&mut self, state: &AppState, arrived: Instant, tokens: &[TokenId]) -> String {
-        let now = Instant::now();
-        match self.last_token_at {
-            None => state.metrics.ttft.observe((now - arrived).as_secs_f64()),
-            Some(prev) => state
-                .metrics
-                .inter_token
-                .observe((now - prev).as_secs_f64()),
-        }
-        self.first_token_at.get_or_insert(now);
-        self.last_token_at = Some(now);
-        self.completion_tokens += tokens.len() as u32;
-        let mut text = String::new();
-        if let Some(decoder) = self.decoder.as_mut() {
-            for &t in tokens {
-                match decoder.push(t) {
-                    Ok(piece) => text.push_str(&piece),
-                    Err(err) => {
-                        tracing::warn!(token = t, error = %err, "cannot detokenize; skipping")
-                    }
-                }
-            }
-        }
-        match self.stop.push(&text) {
-            StopOutcome::Continue(out) => out,
-            StopOutcome::Stopped(out) => {
-                self.finish = Some("stop");
-                out
-            }
-        }
-    }
-
-    /// Generation ended by itself: flush what the decoder and the stop matcher held.
-    fn finished(&mut self, finish: Finish) -> String {
-        let mut tail = self
-            .decoder
-            .take()
-            .map(|d| d.finish().unwrap_or_default())
-            .unwrap_or_default();
-        let outcome = self.stop.push(&tail);
-        tail = match outcome {
-            StopOutcome::Continue(out) => out + &self.stop.finish(),
-            StopOutcome::Stopped(out) => {
-                self.finish = Some("stop");
-                return out;
-            }
-        };
-        self.finish = Some(match finish {
-            Finish::Length => "length",
-            Finish::Stop => "stop",
-        });
-        tail
-    }
-
-    fn usage(&self) -> Usage {
-        Usage::new(
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.cached_tokens,
-        )
-    }
-}
 
 pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted) -> Response {
-    let mut sampling = p.sampling.clone();
-    if !sampling.ignore_eos {
-        // The model's end-of-sequence tokens, as the tokenizer names them, end the generation
-        // on any engine (the simulator has no model of its own to know them).
-        for eos in p.model_dir.eos_token_ids() {
-            if !sampling.stop_token_ids.contains(eos) {
-                sampling.stop_token_ids.push(*eos);
-            }
-        }
-    }
-    let job = GenerateJob {
-        request_id: p.request_id.clone(),
-        routes: Arc::clone(&p.routes),
-        prompt: p.prompt.clone(),
-        sampling,
-        session: p.session.clone().or_else(|| p.user.clone()),
-        deadline: tokio::time::Instant::from_std(p.arrived + state.config.request_timeout()),
-        max_retries: state.config.max_retries,
-        max_migrations: state.config.max_migrations,
-        disagg: state.config.disagg(),
-        span: p.span.clone(),
+    let in_flight = InFlight::new(&state);
+    let labels = ModelLabels {
+        model: p.model.clone(),
     };
-    state.metrics.in_flight.inc();
-    let in_flight = InFlight {
-        state: Arc::clone(&state),
-        _permit: permit,
-    };
-    let mut rx = dispatch::start(&state.pool, job);
-    let mut text = TextAssembler::new(&p);
+    let mut choices = Choices::start(&state, &p, permit);
+    let mut texts: Vec<ChoiceText> = p
+        .prompts
+        .iter()
+        .flat_map(|prompt| (0..p.asks.n).map(move |_| prompt))
+        .map(|prompt| ChoiceText::new(&p, prompt))
+        .collect();
     // The first event decides the status code.
-    match rx.recv().await {
-        Some(DispatchEvent::Started {
-            cached_prompt_tokens,
-            ..
-        }) => text.cached_tokens = cached_prompt_tokens,
-        Some(DispatchEvent::Failed(err)) => return fail(&state, p.kind, err),
+    let first = match choices.next().await {
+        Some(first @ (_, DispatchEvent::Started { .. })) => first,
+        Some((_, DispatchEvent::Failed(err))) => return fail(&state, p.kind, &p.model, err),
         Some(other) => {
             return fail(
                 &state,
                 p.kind,
+                &p.model,
                 ApiError::Internal(format!("dispatch began with {other:?}")),
             );
         }
@@ -167,105 +51,143 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
             return fail(
                 &state,
                 p.kind,
+                &p.model,
                 ApiError::Internal("dispatch ended without an answer".into()),
             );
         }
-    }
+    };
     if p.stream {
-        record(&state, p.kind, "ok");
-        let events = sse_events(state, p, rx, text, in_flight);
-        Sse::new(events)
+        record(&state, p.kind, &p.model, "ok");
+        let events = sse_events(Answer {
+            state,
+            p,
+            labels,
+            choices,
+            texts,
+            _in_flight: in_flight,
+            first: Some(first),
+        });
+        return Sse::new(events)
             .keep_alive(KeepAlive::default())
-            .into_response()
-    } else {
-        let mut content = String::new();
-        loop {
-            match rx.recv().await {
-                Some(DispatchEvent::Tokens(tokens)) => {
-                    content.push_str(&text.tokens(&state, p.arrived, &tokens));
-                    if text.finish.is_some() {
-                        break;
-                    }
-                }
-                Some(DispatchEvent::Finished(finish)) => {
-                    content.push_str(&text.finished(finish));
-                    break;
-                }
-                Some(DispatchEvent::Failed(err)) => return fail(&state, p.kind, err),
-                Some(DispatchEvent::Started { .. }) => {}
+            .into_response();
+    }
+    // An echoed prompt starts each of its choices' text.
+    let mut contents: Vec<String> = p
+        .prompts
+        .iter()
+        .flat_map(|prompt| {
+            std::iter::repeat_n(prompt.echo.clone().unwrap_or_default(), p.asks.n as usize)
+        })
+        .collect();
+    let mut logprobs: Vec<Option<LogprobsOut>> = vec![None; texts.len()];
+    let mut pending = Some(first);
+    loop {
+        if texts.iter().all(|t| t.finish.is_some()) {
+            break;
+        }
+        let (index, event) = match pending.take() {
+            Some(first) => first,
+            None => match choices.next().await {
+                Some(next) => next,
                 None => {
                     return fail(
                         &state,
                         p.kind,
+                        &p.model,
                         ApiError::Internal("dispatch ended early".into()),
                     );
                 }
-            }
+            },
+        };
+        let i = index as usize;
+        let (Some(text), Some(content)) = (texts.get_mut(i), contents.get_mut(i)) else {
+            continue;
+        };
+        if text.finish.is_some() {
+            // Sent before the choice was stopped.
+            continue;
         }
-        drop(rx);
-        drop(in_flight);
-        let usage = text.usage();
-        count_tokens(&state, &usage);
-        record(&state, p.kind, "ok");
-        let finish = text.finish.unwrap_or("length");
-        match p.kind {
-            Kind::Chat => axum::Json(ChatCompletion {
-                id: p.request_id,
-                object: "chat.completion",
-                created: unix_now(),
-                model: p.model,
-                choices: vec![ChatChoice {
-                    index: 0,
+        match event {
+            DispatchEvent::Started {
+                cached_prompt_tokens,
+                ..
+            } => text.cached_tokens = cached_prompt_tokens,
+            DispatchEvent::Tokens { ids, logprobs } => {
+                content.push_str(&text.tokens(&state, &labels, p.arrived, &ids, &logprobs));
+                if text.finish.is_some() {
+                    choices.stop(index);
+                }
+            }
+            DispatchEvent::Finished(finish) => content.push_str(&text.finished(finish)),
+            DispatchEvent::Failed(err) => return fail(&state, p.kind, &p.model, err),
+        }
+        if text.finish.is_some() {
+            logprobs[i] = text.take_logprobs();
+            text.count(&state, &labels);
+        }
+    }
+    drop(choices);
+    drop(in_flight);
+    let usage = request_usage(&texts, p.asks.n);
+    record(&state, p.kind, &p.model, "ok");
+    state
+        .metrics
+        .request_duration
+        .get_or_create(&labels)
+        .observe(p.arrived.elapsed().as_secs_f64());
+    let finishes = texts.iter().map(|t| t.finish.unwrap_or("length"));
+    let choices = contents.into_iter().zip(logprobs).zip(finishes).enumerate();
+    match p.kind {
+        Kind::Chat => axum::Json(ChatCompletion {
+            id: p.request_id,
+            object: "chat.completion",
+            created: unix_now(),
+            model: p.model,
+            choices: choices
+                .map(|(index, ((content, logprobs), finish))| ChatChoice {
+                    index: index as u32,
                     message: ChatMessageOut {
                         role: "assistant",
                         content,
                     },
                     finish_reason: finish,
-                    logprobs: None,
-                }],
-                usage,
-            })
-            .into_response(),
-            Kind::Text => axum::Json(Completion {
-                id: p.request_id,
-                object: "text_completion",
-                created: unix_now(),
-                model: p.model,
-                choices: vec![CompletionChoice {
-                    index: 0,
-                    text: content,
+                    logprobs,
+                })
+                .collect(),
+            usage,
+        })
+        .into_response(),
+        Kind::Text => axum::Json(Completion {
+            id: p.request_id,
+            object: "text_completion",
+            created: unix_now(),
+            model: p.model,
+            choices: choices
+                .map(|(index, ((text, logprobs), finish))| CompletionChoice {
+                    index: index as u32,
+                    text,
                     finish_reason: Some(finish),
-                    logprobs: None,
-                }],
-                usage: Some(usage),
-            })
-            .into_response(),
-        }
+                    logprobs,
+                })
+                .collect(),
+            usage: Some(usage),
+        })
+        .into_response(),
     }
 }
 
-fn count_tokens(state: &AppState, usage: &Usage) {
-    state
-        .metrics
-        .prompt_tokens
-        .inc_by(u64::from(usage.prompt_tokens));
-    state
-        .metrics
-        .completion_tokens
-        .inc_by(u64::from(usage.completion_tokens));
-    let m = &state.metrics;
-    m.request_prompt_tokens
-        .observe(f64::from(usage.prompt_tokens));
-    m.request_completion_tokens
-        .observe(f64::from(usage.completion_tokens));
-    m.cached_prompt_tokens
-        .inc_by(u64::from(usage.prompt_tokens_details.cached_tokens));
-}
-
-/// Holds a concurrency slot and the in-flight gauge for as long as the response is produced.
+/// The in-flight gauge, up for as long as the response is produced.
 struct InFlight {
     state: Arc<AppState>,
-    _permit: Admitted,
+}
+
+impl InFlight {
+    fn new(state: &Arc<AppState>) -> Self {
+        state.metrics.in_flight.inc();
+        Self {
+            state: Arc::clone(state),
+        }
+    }
 }
 
 impl Drop for InFlight {
@@ -274,32 +196,35 @@ impl Drop for InFlight {
     }
 }
 
-/// One chunk of a stream, in the request's API shape.
-fn chunk(
-    p: &Prepared,
-    created: u64,
+/// What one streamed chunk says about one choice.
+#[derive(Default)]
+struct Piece {
     content: Option<String>,
     role: bool,
     finish: Option<&'static str>,
-    usage: Option<Usage>,
-) -> String {
+    logprobs: Option<LogprobsOut>,
+}
+
+/// One chunk of a stream, in the request's API shape: about choice `index`, or (with `usage`)
+/// the final usage chunk with no choice.
+fn chunk(p: &Prepared, created: u64, index: u32, piece: Piece, usage: Option<Usage>) -> String {
     let json = match p.kind {
         Kind::Chat => serde_json::to_string(&ChatCompletionChunk {
             id: p.request_id.clone(),
             object: "chat.completion.chunk",
             created,
             model: p.model.clone(),
-            choices: if usage.is_some() && content.is_none() && finish.is_none() && !role {
+            choices: if usage.is_some() {
                 Vec::new()
             } else {
                 vec![ChatChunkChoice {
-                    index: 0,
+                    index,
                     delta: ChatDelta {
-                        role: role.then_some("assistant"),
-                        content,
+                        role: piece.role.then_some("assistant"),
+                        content: piece.content,
                     },
-                    finish_reason: finish,
-                    logprobs: None,
+                    finish_reason: piece.finish,
+                    logprobs: piece.logprobs,
                 }]
             },
             usage,
@@ -309,14 +234,14 @@ fn chunk(
             object: "text_completion",
             created,
             model: p.model.clone(),
-            choices: if usage.is_some() && content.is_none() && finish.is_none() {
+            choices: if usage.is_some() {
                 Vec::new()
             } else {
                 vec![CompletionChoice {
-                    index: 0,
-                    text: content.unwrap_or_default(),
-                    finish_reason: finish,
-                    logprobs: None,
+                    index,
+                    text: piece.content.unwrap_or_default(),
+                    finish_reason: piece.finish,
+                    logprobs: piece.logprobs,
                 }]
             },
             usage,
@@ -325,40 +250,33 @@ fn chunk(
     json.unwrap_or_else(|e| ApiError::Internal(e.to_string()).to_json().to_string())
 }
 
-/// The server-sent events of a streamed answer. The stream owns the dispatch receiver: when
-/// the client disconnects, axum drops the stream, the receiver goes, and the worker is told
-/// to stop.
-fn sse_events(
+/// A streamed answer in progress. It owns the choices' events: when the client disconnects,
+/// axum drops the stream, the choices go, and their workers are told to stop.
+struct Answer {
     state: Arc<AppState>,
     p: Prepared,
-    rx: mpsc::Receiver<DispatchEvent>,
-    text: TextAssembler,
-    in_flight: InFlight,
-) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
+    labels: ModelLabels,
+    choices: Choices,
+    texts: Vec<ChoiceText>,
+    /// Held for as long as the answer streams.
+    _in_flight: InFlight,
+    /// The event that decided the status, handled first.
+    first: Option<(u32, DispatchEvent)>,
+}
+
+/// The server-sent events of a streamed answer.
+fn sse_events(answer: Answer) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
     struct S {
-        state: Arc<AppState>,
-        p: Prepared,
-        rx: Option<mpsc::Receiver<DispatchEvent>>,
-        text: TextAssembler,
+        a: Answer,
         created: u64,
-        queue: std::collections::VecDeque<String>,
+        queue: VecDeque<String>,
         done: bool,
-        _in_flight: InFlight,
-    }
-    let created = unix_now();
-    let mut queue = std::collections::VecDeque::new();
-    if p.kind == Kind::Chat {
-        queue.push_back(chunk(&p, created, Some(String::new()), true, None, None));
     }
     let s = S {
-        state,
-        p,
-        rx: Some(rx),
-        text,
-        created,
-        queue,
+        a: answer,
+        created: unix_now(),
+        queue: VecDeque::new(),
         done: false,
-        _in_flight: in_flight,
     };
     futures::stream::unfold(s, |mut s| async move {
         loop {
@@ -368,82 +286,131 @@ fn sse_events(
             if s.done {
                 return None;
             }
-            let event = match s.rx.as_mut() {
-                Some(rx) => rx.recv().await,
-                None => None,
+            let next = match s.a.first.take() {
+                Some(first) => Some(first),
+                None => s.a.choices.next().await,
             };
-            match event {
-                Some(DispatchEvent::Tokens(tokens)) => {
-                    let piece = s.text.tokens(&s.state, s.p.arrived, &tokens);
-                    if !piece.is_empty() {
-                        s.queue
-                            .push_back(chunk(&s.p, s.created, Some(piece), false, None, None));
-                    }
-                    if s.text.finish.is_some() {
-                        // A stop string matched: stop the worker now.
-                        s.rx = None;
-                        end_stream(&mut s.queue, &s.state, &s.p, &s.text, s.created);
-                        s.done = true;
-                    }
-                }
-                Some(DispatchEvent::Finished(finish)) => {
-                    let tail = s.text.finished(finish);
-                    if !tail.is_empty() {
-                        s.queue
-                            .push_back(chunk(&s.p, s.created, Some(tail), false, None, None));
-                    }
-                    s.rx = None;
-                    end_stream(&mut s.queue, &s.state, &s.p, &s.text, s.created);
-                    s.done = true;
-                }
-                Some(DispatchEvent::Failed(err)) => {
-                    s.rx = None;
-                    // The 200 went out with the first chunk; the trace still shows the failure.
-                    switchyard_telemetry::record_error(&s.p.span, err.to_string());
-                    s.state
-                        .metrics
-                        .requests
-                        .get_or_create(&RequestLabels {
-                            endpoint: s.p.kind.endpoint(),
-                            status: "stream_error",
-                        })
-                        .inc();
-                    s.queue.push_back(err.to_json().to_string());
-                    s.queue.push_back("[DONE]".to_owned());
-                    s.done = true;
-                }
-                Some(DispatchEvent::Started { .. }) => {}
-                None => {
-                    switchyard_telemetry::record_error(
-                        &s.p.span,
-                        "the generation ended unexpectedly",
-                    );
-                    s.queue.push_back(
-                        ApiError::Internal("the generation ended unexpectedly".into())
-                            .to_json()
-                            .to_string(),
-                    );
-                    s.queue.push_back("[DONE]".to_owned());
-                    s.done = true;
-                }
-            }
+            let Some((index, event)) = next else {
+                fail_stream(&mut s.queue, &s.a, "the generation ended unexpectedly");
+                s.done = true;
+                continue;
+            };
+            s.done = on_event(&mut s.a, s.created, &mut s.queue, index, event);
         }
     })
 }
 
-fn end_stream(
-    queue: &mut std::collections::VecDeque<String>,
-    state: &AppState,
-    p: &Prepared,
-    text: &TextAssembler,
+/// Handles one choice event of a stream; whether the stream is over.
+fn on_event(
+    a: &mut Answer,
     created: u64,
-) {
-    let finish = text.finish.unwrap_or("length");
-    queue.push_back(chunk(p, created, None, false, Some(finish), None));
-    let usage = text.usage();
-    count_tokens(state, &usage);
-    if p.include_usage {
-        queue.push_back(chunk(p, created, None, false, None, Some(usage)));
+    queue: &mut VecDeque<String>,
+    index: u32,
+    event: DispatchEvent,
+) -> bool {
+    let Answer {
+        state,
+        p,
+        labels,
+        choices,
+        texts,
+        ..
+    } = a;
+    let Some(text) = texts.get_mut(index as usize) else {
+        return false;
+    };
+    if text.finish.is_some() {
+        // Sent before the choice was stopped.
+        return false;
     }
+    let mut ended = false;
+    match event {
+        DispatchEvent::Started {
+            cached_prompt_tokens,
+            ..
+        } => {
+            text.cached_tokens = text.cached_tokens.max(cached_prompt_tokens);
+            if p.kind == Kind::Chat {
+                let piece = Piece {
+                    content: Some(String::new()),
+                    role: true,
+                    ..Piece::default()
+                };
+                queue.push_back(chunk(p, created, index, piece, None));
+            }
+            let prompt = &p.prompts[(index / p.asks.n.max(1)) as usize];
+            if let Some(echo) = prompt.echo.clone().filter(|e| !e.is_empty()) {
+                let piece = Piece {
+                    content: Some(echo),
+                    ..Piece::default()
+                };
+                queue.push_back(chunk(p, created, index, piece, None));
+            }
+        }
+        DispatchEvent::Tokens { ids, logprobs } => {
+            let content = text.tokens(state, labels, p.arrived, &ids, &logprobs);
+            let logprobs = text.take_logprobs();
+            if !content.is_empty() || logprobs.is_some() {
+                let piece = Piece {
+                    content: Some(content),
+                    logprobs,
+                    ..Piece::default()
+                };
+                queue.push_back(chunk(p, created, index, piece, None));
+            }
+            if text.finish.is_some() {
+                // A stop string matched: stop this choice's worker now.
+                choices.stop(index);
+                ended = true;
+            }
+        }
+        DispatchEvent::Finished(finish) => {
+            let tail = text.finished(finish);
+            if !tail.is_empty() {
+                let piece = Piece {
+                    content: Some(tail),
+                    ..Piece::default()
+                };
+                queue.push_back(chunk(p, created, index, piece, None));
+            }
+            ended = true;
+        }
+        DispatchEvent::Failed(err) => {
+            // The 200 went out with the first chunk; the trace still shows the failure.
+            switchyard_telemetry::record_error(&p.span, err.to_string());
+            record(state, p.kind, &p.model, "stream_error");
+            queue.push_back(err.to_json().to_string());
+            queue.push_back("[DONE]".to_owned());
+            return true;
+        }
+    }
+    if ended {
+        let piece = Piece {
+            finish: Some(text.finish.unwrap_or("length")),
+            ..Piece::default()
+        };
+        queue.push_back(chunk(p, created, index, piece, None));
+        text.count(state, labels);
+    }
+    if !texts.iter().all(|t| t.finish.is_some()) {
+        return false;
+    }
+    if p.include_usage {
+        let usage = request_usage(texts, p.asks.n);
+        queue.push_back(chunk(p, created, 0, Piece::default(), Some(usage)));
+    }
+    state
+        .metrics
+        .request_duration
+        .get_or_create(labels)
+        .observe(p.arrived.elapsed().as_secs_f64());
+    queue.push_back("[DONE]".to_owned());
+    true
+}
+
+fn fail_stream(queue: &mut VecDeque<String>, a: &Answer, message: &str) {
+    switchyard_telemetry::record_error(&a.p.span, message);
+    record(&a.state, a.p.kind, &a.p.model, "stream_error");
+    queue.push_back(ApiError::Internal(message.into()).to_json().to_string());
     queue.push_back("[DONE]".to_owned());
 }

@@ -1,11 +1,13 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`.
 //!
-//! Both share one path: parse and validate, admit, tokenize off the reactor, check the context,
-//! dispatch, then answer as one JSON body or as server-sent events. The HTTP status is decided
-//! by the first dispatch event, so a request no worker could start gets a real error status,
-//! not a 200 with an error inside.
+//! Both share one path: parse and validate ([`super::asks`]), admit, tokenize off the reactor,
+//! check the context, then answer ([`super::answer`]) as one JSON body or as server-sent
+//! events. A request may carry several prompts (text completions) and ask for `n` choices of
+//! each; every choice is its own routed generation. The HTTP status is decided by the first
+//! dispatch event, so a request no worker could start gets a real error status, not a 200 with
+//! an error inside.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,7 +31,9 @@ use crate::http::server::BodyTimeout;
 use crate::metrics::RequestLabels;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, SamplingFields};
 use crate::pool::ModelRoutes;
-use crate::preprocess::{self, Sessions};
+use crate::preprocess::{self, ModelTokenizer, Sessions};
+
+use super::asks::{Asks, asks_of, sampling_of};
 
 use super::answer::respond;
 
@@ -97,25 +101,36 @@ fn session_of(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-pub(super) fn record(state: &AppState, kind: Kind, status: &'static str) {
+pub(super) fn record(state: &AppState, kind: Kind, model: &str, status: &'static str) {
     state
         .metrics
         .requests
         .get_or_create(&RequestLabels {
             endpoint: kind.endpoint(),
             status,
+            model: model.to_owned(),
         })
         .inc();
 }
 
 /// Answers with `err`. Runs inside the request's span: a server error marks it failed (a client
-/// error is the client's, as OpenTelemetry's HTTP conventions have it).
-pub(super) fn fail(state: &AppState, kind: Kind, err: ApiError) -> Response {
-    record(state, kind, err.metric_label());
+/// error is the client's, as OpenTelemetry's HTTP conventions have it). `model` labels the
+/// request's metrics: a model the gateway serves, or empty (so no client can make up labels).
+pub(super) fn fail(state: &AppState, kind: Kind, model: &str, err: ApiError) -> Response {
+    record(state, kind, model, err.metric_label());
     if err.status().is_server_error() {
         switchyard_telemetry::record_error(&tracing::Span::current(), err.to_string());
     }
     err.into_response()
+}
+
+/// One prompt of a request, ready to generate from.
+pub(super) struct PromptPlan {
+    pub(super) tokens: Vec<TokenId>,
+    /// Validated, with `max_tokens` settled against the context.
+    pub(super) sampling: Sampling,
+    /// With `echo`: the prompt's text, which the answer starts with.
+    pub(super) echo: Option<String>,
 }
 
 /// Everything decided before dispatch.
@@ -125,86 +140,31 @@ pub(super) struct Prepared {
     pub(super) model: String,
     pub(super) model_dir: Arc<ModelDir>,
     pub(super) routes: Arc<ModelRoutes>,
-    pub(super) prompt: Vec<TokenId>,
-    /// Validated, with `max_tokens` settled against the context.
-    pub(super) sampling: Sampling,
+    /// One or more prompts; each makes `asks.n` choices.
+    pub(super) prompts: Vec<PromptPlan>,
+    pub(super) asks: Asks,
     pub(super) stream: bool,
     pub(super) include_usage: bool,
     /// OpenAI's `user`: the fairness tenant, and the session when no `x-session-id` names one.
     pub(super) user: Option<String>,
     pub(super) session: Option<String>,
+    /// Where each choice after the first waits for admission.
+    pub(super) flow: FlowKey,
+    pub(super) client: Option<IpAddr>,
     pub(super) arrived: Instant,
     /// The request's trace span, held until the answer (a whole stream) is written.
     pub(super) span: tracing::Span,
 }
 
-/// The request's sampling, validated once (`switchyard_core::Sampling::validate`), with the
-/// fields the gateway cannot honour yet refused by name.
-fn sampling_of(s: &SamplingFields, max_tokens: u32) -> Result<Sampling, ApiError> {
-    if s.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_param("n", "only n = 1 is supported"));
+impl Prepared {
+    /// Choices of the whole request: prompts × n.
+    pub(super) fn choices(&self) -> u32 {
+        self.prompts.len() as u32 * self.asks.n
     }
-    let logprobs_on = match &s.logprobs {
-        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => false,
-        Some(_) => true,
-    };
-    if logprobs_on || s.top_logprobs.is_some_and(|n| n > 0) {
-        return Err(ApiError::bad_param(
-            if logprobs_on {
-                "logprobs"
-            } else {
-                "top_logprobs"
-            },
-            "log probabilities are not returned yet",
-        ));
-    }
-    let top_k = match s.top_k {
-        // vLLM's and SGLang's "disabled".
-        None | Some(-1) | Some(0) => None,
-        Some(k) if k > 0 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
-        Some(_) => {
-            return Err(ApiError::bad_param(
-                "top_k",
-                "`top_k` must be at least 1 (or -1 to disable it)",
-            ));
-        }
-    };
-    let mut logit_bias = std::collections::BTreeMap::new();
-    for (token, bias) in s.logit_bias.iter().flatten() {
-        let token: TokenId = token.parse().map_err(|_| {
-            ApiError::bad_param(
-                "logit_bias",
-                format!("`logit_bias` keys are token ids; {token:?} is not one"),
-            )
-        })?;
-        logit_bias.insert(token, *bias);
-    }
-    let sampling = Sampling {
-        max_tokens,
-        temperature: s.temperature,
-        top_p: s.top_p,
-        top_k,
-        min_p: s.min_p,
-        presence_penalty: s.presence_penalty,
-        frequency_penalty: s.frequency_penalty,
-        repetition_penalty: s.repetition_penalty,
-        logit_bias,
-        seed: s.seed,
-        stop: s.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
-        stop_token_ids: s.stop_token_ids.clone().unwrap_or_default(),
-        min_tokens: s.min_tokens,
-        ignore_eos: s.ignore_eos,
-        skip_special_tokens: s.skip_special_tokens,
-        include_stop_str_in_output: s.include_stop_str_in_output,
-    };
-    sampling
-        .validate()
-        .map_err(|e| ApiError::bad_param(e.field, e.to_string()))?;
-    Ok(sampling)
 }
 
 /// A field the gateway does not take is refused by name rather than dropped.
-fn refuse_unknown(
+pub(crate) fn refuse_unknown(
     unknown: &std::collections::BTreeMap<String, serde_json::Value>,
 ) -> Result<(), ApiError> {
     match unknown.keys().next() {
@@ -218,21 +178,39 @@ fn refuse_unknown(
     }
 }
 
-fn model_routes(state: &AppState, model: &str) -> Result<Arc<ModelRoutes>, ApiError> {
+pub(crate) fn model_routes(state: &AppState, model: &str) -> Result<Arc<ModelRoutes>, ApiError> {
     match state.pool.model(model) {
         Some(routes) => Ok(routes),
         None => Err(ApiError::ModelNotFound(model.to_owned())),
     }
 }
 
-/// How a request gives its prompt: the only thing the two endpoints do differently.
+/// How a request gives its prompts: the only thing the two endpoints do differently.
 enum PromptSource {
     Chat {
         messages: Vec<ChatMessage>,
         tools: Option<Vec<serde_json::Value>>,
     },
-    Text(String),
-    Tokens(Vec<TokenId>),
+    Texts(Vec<String>),
+    Tokens(Vec<Vec<TokenId>>),
+}
+
+impl PromptSource {
+    fn count(&self) -> usize {
+        match self {
+            PromptSource::Chat { .. } => 1,
+            PromptSource::Texts(t) => t.len(),
+            PromptSource::Tokens(t) => t.len(),
+        }
+    }
+}
+
+/// What an endpoint's request comes apart into.
+struct Split {
+    model: String,
+    sampling: SamplingFields,
+    source: PromptSource,
+    echo: bool,
 }
 
 /// The client's address, when the server was started with connection info.
@@ -254,11 +232,15 @@ pub async fn chat(
         |request: ChatCompletionRequest| {
             refuse_unknown(&request.unknown)?;
             let messages = preprocess::parse_messages(request.messages)?;
-            let source = PromptSource::Chat {
-                messages,
-                tools: request.tools,
-            };
-            Ok((request.model, request.sampling, source))
+            Ok(Split {
+                model: request.model,
+                sampling: request.sampling,
+                source: PromptSource::Chat {
+                    messages,
+                    tools: request.tools,
+                },
+                echo: false,
+            })
         },
     )
     .await
@@ -279,20 +261,24 @@ pub async fn completions(
         body,
         |request: CompletionRequest| {
             refuse_unknown(&request.unknown)?;
-            if request.echo {
-                return Err(ApiError::bad_param("echo", "echo is not supported"));
-            }
             let source = match request.prompt {
-                PromptInput::Text(text) => PromptSource::Text(text),
-                PromptInput::Tokens(tokens) => PromptSource::Tokens(tokens),
-                PromptInput::TextBatch(_) | PromptInput::TokenBatch(_) => {
-                    return Err(ApiError::bad_param(
-                        "prompt",
-                        "only one prompt per request is supported",
-                    ));
-                }
+                PromptInput::Text(text) => PromptSource::Texts(vec![text]),
+                PromptInput::Tokens(tokens) => PromptSource::Tokens(vec![tokens]),
+                PromptInput::TextBatch(texts) => PromptSource::Texts(texts),
+                PromptInput::TokenBatch(lists) => PromptSource::Tokens(lists),
             };
-            Ok((request.model, request.sampling, source))
+            if source.count() == 0 {
+                return Err(ApiError::bad_param(
+                    "prompt",
+                    "the list of prompts is empty",
+                ));
+            }
+            Ok(Split {
+                model: request.model,
+                sampling: request.sampling,
+                source,
+                echo: request.echo,
+            })
         },
     )
     .await
@@ -305,7 +291,7 @@ async fn handle<T: DeserializeOwned>(
     peer: Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    split: impl FnOnce(T) -> Result<(String, SamplingFields, PromptSource), ApiError>,
+    split: impl FnOnce(T) -> Result<Split, ApiError>,
 ) -> Response {
     let span = tracing::info_span!(
         target: GATEWAY_SPANS,
@@ -330,136 +316,213 @@ async fn handle<T: DeserializeOwned>(
 }
 
 /// The shared path: read and parse the body, validate, admit, tokenize, check the context,
-/// then answer. `split` takes the endpoint's request apart into model, sampling and prompt.
+/// then answer. `split` takes the endpoint's request apart into model, sampling and prompts.
 async fn serve<T: DeserializeOwned>(
     state: Arc<AppState>,
     kind: Kind,
     peer: Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    split: impl FnOnce(T) -> Result<(String, SamplingFields, PromptSource), ApiError>,
+    split: impl FnOnce(T) -> Result<Split, ApiError>,
 ) -> Response {
     let arrived = Instant::now();
+    // Labels the request's metrics once the model is known to be served.
+    let mut served_model = String::new();
     let prepared = async {
         let request: T = parse_body(&read_body(&state, body)?)?;
-        let (model, sampling, source) = split(request)?;
+        let Split {
+            model,
+            sampling,
+            source,
+            echo,
+        } = split(request)?;
         let span = tracing::Span::current();
         span.record("gen_ai.request.model", model.as_str());
         span.record("stream", sampling.stream);
         // Checked before admission and tokenization (max_tokens is settled after them, with
         // the prompt's length).
+        let asks = asks_of(kind, &sampling, echo, source.count())?;
         let asked = sampling.max_completion_tokens.or(sampling.max_tokens);
-        sampling_of(&sampling, asked.unwrap_or(u32::MAX))?;
+        sampling_of(&sampling, asked.unwrap_or(u32::MAX), asks.logprobs)?;
         let routes = model_routes(&state, &model)?;
+        served_model.clone_from(&model);
         let session = session_of(&headers);
         let client = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
         let flow = FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client);
         let admission = tracing::info_span!(target: GATEWAY_SPANS, "admission");
         let permit = state
             .admission
-            .admit(flow, client, &state.metrics)
+            .admit(flow.clone(), client, &state.metrics)
             .instrument(admission)
             .await?;
         let tokenizer = state.tokenizers.for_model(&model);
-        let track = Sessions::Track(session.clone());
-        let max_prompt = preprocess::prompt_limit(routes.max_context_tokens);
-        let preprocess_span = tracing::info_span!(
-            target: GATEWAY_SPANS,
-            "preprocess",
-            input = Empty,
-            prompt_tokens = Empty,
-            session_cache_hit = Empty,
-            reused_tokens = Empty,
-        );
-        let prompt = async {
-            let span = tracing::Span::current();
-            match source {
-                PromptSource::Chat { messages, tools } => {
-                    span.record("input", "chat");
-                    let tokenizer = Arc::clone(&tokenizer);
-                    preprocess::encode_chat(
-                        &state.metrics,
-                        tokenizer,
-                        messages,
-                        tools,
-                        track,
-                        max_prompt,
-                    )
-                    .await
-                }
-                PromptSource::Text(text) => {
-                    span.record("input", "text");
-                    let tokenizer = Arc::clone(&tokenizer);
-                    preprocess::encode_text(&state.metrics, tokenizer, text, track, max_prompt)
-                        .await
-                }
-                PromptSource::Tokens(tokens) => {
-                    span.record("input", "tokens");
-                    Ok(tokens)
-                }
-            }
-        }
-        .instrument(preprocess_span.clone())
-        .await
-        // The request span follows HTTP's rule (only a 5xx is its failure); this step failed
-        // whoever's fault it was, and the trace should show where.
-        .inspect_err(|err| switchyard_telemetry::record_error(&preprocess_span, err.to_string()))?;
-        preprocess_span.record("prompt_tokens", prompt.len() as i64);
-        drop(preprocess_span);
+        let prompts = tokenize(&state, &tokenizer, source, session.clone(), &routes).await?;
         let model_dir = Arc::clone(&tokenizer.dir);
         let prepared = prepare(
-            &state, kind, model, model_dir, routes, prompt, sampling, session, arrived,
+            &state,
+            Request {
+                kind,
+                model,
+                model_dir,
+                routes,
+                prompts,
+                sampling,
+                asks,
+                session,
+                flow,
+                client,
+                arrived,
+            },
         )?;
         Ok::<_, ApiError>((permit, prepared))
     }
     .await;
     match prepared {
         Ok((permit, prepared)) => respond(state, prepared, permit).await,
-        Err(err) => fail(&state, kind, err),
+        Err(err) => fail(&state, kind, &served_model, err),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn prepare(
+/// A tokenized prompt, and the text it came from when the client gave text.
+struct Tokenized {
+    tokens: Vec<TokenId>,
+    text: Option<String>,
+}
+
+/// Tokenizes the request's prompts off the reactor, each within the model's context. One
+/// prompt goes through the session cache; the prompts of a batch are one-offs that would only
+/// crowd it.
+async fn tokenize(
     state: &AppState,
+    tokenizer: &Arc<ModelTokenizer>,
+    source: PromptSource,
+    session: Option<String>,
+    routes: &ModelRoutes,
+) -> Result<Vec<Tokenized>, ApiError> {
+    let max_prompt = preprocess::prompt_limit(routes.max_context_tokens);
+    let track = |count: usize| {
+        if count == 1 {
+            Sessions::Track(session.clone())
+        } else {
+            Sessions::Bypass
+        }
+    };
+    let preprocess_span = tracing::info_span!(
+        target: GATEWAY_SPANS,
+        "preprocess",
+        input = Empty,
+        prompt_tokens = Empty,
+        session_cache_hit = Empty,
+        reused_tokens = Empty,
+    );
+    let prompts = async {
+        let span = tracing::Span::current();
+        match source {
+            PromptSource::Chat { messages, tools } => {
+                span.record("input", "chat");
+                let tokens = preprocess::encode_chat(
+                    &state.metrics,
+                    Arc::clone(tokenizer),
+                    messages,
+                    tools,
+                    track(1),
+                    max_prompt,
+                )
+                .await?;
+                Ok(vec![Tokenized { tokens, text: None }])
+            }
+            PromptSource::Texts(texts) => {
+                span.record("input", "text");
+                let sessions = track(texts.len());
+                let mut out = Vec::with_capacity(texts.len());
+                for text in texts {
+                    let tokens = preprocess::encode_text(
+                        &state.metrics,
+                        Arc::clone(tokenizer),
+                        text.clone(),
+                        sessions.clone(),
+                        max_prompt,
+                    )
+                    .await?;
+                    out.push(Tokenized {
+                        tokens,
+                        text: Some(text),
+                    });
+                }
+                Ok(out)
+            }
+            PromptSource::Tokens(lists) => {
+                span.record("input", "tokens");
+                Ok(lists
+                    .into_iter()
+                    .map(|tokens| Tokenized { tokens, text: None })
+                    .collect())
+            }
+        }
+    }
+    .instrument(preprocess_span.clone())
+    .await
+    // The request span follows HTTP's rule (only a 5xx is its failure); this step failed
+    // whoever's fault it was, and the trace should show where.
+    .inspect_err(|err: &ApiError| {
+        switchyard_telemetry::record_error(&preprocess_span, err.to_string())
+    })?;
+    let total: usize = prompts.iter().map(|p| p.tokens.len()).sum();
+    preprocess_span.record("prompt_tokens", total as i64);
+    Ok(prompts)
+}
+
+/// What [`prepare`] decides from.
+struct Request {
     kind: Kind,
     model: String,
     model_dir: Arc<ModelDir>,
     routes: Arc<ModelRoutes>,
-    prompt: Vec<TokenId>,
+    prompts: Vec<Tokenized>,
     sampling: SamplingFields,
+    asks: Asks,
     session: Option<String>,
+    flow: FlowKey,
+    client: Option<IpAddr>,
     arrived: Instant,
-) -> Result<Prepared, ApiError> {
-    if prompt.is_empty() {
-        return Err(ApiError::bad_param("prompt", "the prompt is empty"));
+}
+
+/// Checks each prompt against the context and settles its `max_tokens`.
+fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
+    let context = r.routes.max_context_tokens;
+    let mut prompts = Vec::with_capacity(r.prompts.len());
+    for prompt in r.prompts {
+        let max_tokens = settle_max_tokens(
+            context,
+            prompt.tokens.len() as u64,
+            r.sampling.max_completion_tokens.or(r.sampling.max_tokens),
+            state.config.default_max_tokens,
+        )?;
+        let sampling = sampling_of(&r.sampling, max_tokens, r.asks.logprobs)?;
+        let echo = if r.asks.echo {
+            Some(match prompt.text {
+                Some(text) => text,
+                None => r
+                    .model_dir
+                    .tokenizer()
+                    .decode(
+                        &prompt.tokens,
+                        r.sampling.skip_special_tokens.unwrap_or(true),
+                    )
+                    .map_err(|e| ApiError::bad_param("prompt", e.to_string()))?,
+            })
+        } else {
+            None
+        };
+        prompts.push(PromptPlan {
+            tokens: prompt.tokens,
+            sampling,
+            echo,
+        });
     }
-    let context = routes.max_context_tokens;
-    let prompt_len = prompt.len() as u64;
-    if prompt_len >= context {
-        return Err(ApiError::bad_request(format!(
-            "This model's maximum context length is {context} tokens. However, your prompt has {prompt_len} tokens."
-        )));
-    }
-    let max_tokens = match sampling.max_completion_tokens.or(sampling.max_tokens) {
-        Some(asked) => {
-            if prompt_len + u64::from(asked) > context {
-                return Err(ApiError::bad_param(
-                    "max_tokens",
-                    format!(
-                        "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {asked} for the completion).",
-                        prompt_len + u64::from(asked)
-                    ),
-                ));
-            }
-            asked
-        }
-        None => (context - prompt_len).min(u64::from(state.config.default_max_tokens)) as u32,
-    };
-    let checked = sampling_of(&sampling, max_tokens)?;
     let request_id = format!(
         "{}-{:016x}",
-        if kind == Kind::Chat {
+        if r.kind == Kind::Chat {
             "chatcmpl"
         } else {
             "cmpl"
@@ -470,23 +533,59 @@ fn prepare(
     let span = tracing::Span::current();
     span.record("request_id", request_id.as_str());
     Ok(Prepared {
-        kind,
+        kind: r.kind,
         request_id,
-        model,
-        model_dir,
-        routes,
-        prompt,
-        sampling: checked,
-        stream: sampling.stream,
-        include_usage: sampling
+        model: r.model,
+        model_dir: r.model_dir,
+        routes: r.routes,
+        prompts,
+        asks: r.asks,
+        stream: r.sampling.stream,
+        include_usage: r
+            .sampling
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage),
-        user: sampling.user,
-        session,
-        arrived,
+        user: r.sampling.user,
+        session: r.session,
+        flow: r.flow,
+        client: r.client,
+        arrived: r.arrived,
         span,
     })
+}
+
+/// A prompt's `max_tokens`: what was asked if prompt and completion fit the context, else a
+/// 400; unset, what the context leaves (at most the configured default).
+fn settle_max_tokens(
+    context: u64,
+    prompt_len: u64,
+    asked: Option<u32>,
+    default: u32,
+) -> Result<u32, ApiError> {
+    if prompt_len == 0 {
+        return Err(ApiError::bad_param("prompt", "the prompt is empty"));
+    }
+    if prompt_len >= context {
+        return Err(ApiError::bad_request(format!(
+            "This model's maximum context length is {context} tokens. However, your prompt has {prompt_len} tokens."
+        )));
+    }
+    match asked {
+        Some(asked) => {
+            if prompt_len + u64::from(asked) > context {
+                return Err(ApiError::bad_param(
+                    "max_tokens",
+                    format!(
+                        "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {asked} for the completion).",
+                        prompt_len + u64::from(asked)
+                    ),
+                ));
+            }
+            Ok(asked)
+        }
+        None => Ok((context - prompt_len).min(u64::from(default)) as u32),
+    }
 }
 
 fn rand_id() -> u64 {

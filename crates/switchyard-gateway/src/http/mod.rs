@@ -1,10 +1,16 @@
-//! The HTTP surface: OpenAI API ([`completions`]), admin API ([`admin`]), health, readiness,
-//! metrics and model list.
+//! The HTTP surface: OpenAI API ([`completions`], answered by `answer` over `choices` and
+//! `assemble`, with the request's fields read by `asks`), vLLM's `/tokenize` and
+//! `/detokenize` ([`tokenize`]), admin API ([`admin`]), health, readiness, metrics and the
+//! model list.
 
 pub mod admin;
 mod answer;
+mod asks;
+mod assemble;
+mod choices;
 pub mod completions;
 pub mod server;
+pub mod tokenize;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -72,6 +78,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .layer(DefaultBodyLimit::max(body_limit));
     Router::new()
         .merge(api)
@@ -132,17 +141,34 @@ async fn models(State(state): State<Arc<AppState>>) -> axum::Json<ModelList> {
     let mut data = Vec::new();
     for (name, routes) in state.pool.models() {
         if !state.pool.workers_of(&name).is_empty() {
-            data.push(ModelCard {
-                id: name,
-                object: "model",
-                created: unix_now(),
-                owned_by: "switchyard",
-                max_model_len: routes.max_context_tokens,
-            });
+            data.push(card(name, &routes));
         }
     }
     axum::Json(ModelList {
         object: "list",
         data,
     })
+}
+
+fn card(id: String, routes: &crate::pool::ModelRoutes) -> ModelCard {
+    ModelCard {
+        id,
+        object: "model",
+        created: unix_now(),
+        owned_by: "switchyard",
+        max_model_len: routes.max_context_tokens,
+    }
+}
+
+/// GET /v1/models/{id}: the model's card, or a 404 OpenAI error when no worker serves it.
+async fn model(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    match state.pool.model(&id) {
+        Some(routes) if !state.pool.workers_of(&id).is_empty() => {
+            axum::Json(card(id, &routes)).into_response()
+        }
+        _ => ApiError::ModelNotFound(id).into_response(),
+    }
 }

@@ -2,11 +2,13 @@
 //!
 //! The agent's gRPC service is written once against this trait; the built-in simulator
 //! ([`sim::SimEngine`]) is the first implementation, real engines (vLLM, SGLang) are fronted by
-//! [`vllm::VllmEngine`] (HTTP generation in [`openai_http`], ZMQ KV events in [`zmq_events`],
+//! [`vllm::VllmEngine`] (HTTP generation in [`openai_http`] with log probabilities read by
+//! [`engine_logprobs`], ZMQ KV events in [`zmq_events`],
 //! decoded by [`kv_decode`] and rehashed by [`kv_relay`], load from [`engine_metrics`], and
 //! disaggregated prefill/decode through the engines' own KV transfer in [`pd`]). An engine
 //! publishes its KV cache changes into its [`EventLog`].
 
+pub mod engine_logprobs;
 pub mod engine_metrics;
 pub mod kv_decode;
 pub mod kv_relay;
@@ -62,9 +64,11 @@ pub enum FinishReason {
 }
 
 /// Tokens produced since the previous chunk.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct GenerationChunk {
     pub tokens: Vec<TokenId>,
+    /// With `Sampling::logprobs`: one per token, in order; empty otherwise.
+    pub logprobs: Vec<switchyard_core::TokenLogprob>,
     pub finish: Option<FinishReason>,
     pub prompt_tokens: u32,
     pub cached_prompt_tokens: u32,

@@ -14,6 +14,7 @@
 //! request.
 
 use serde_json::{Value, json};
+use switchyard_core::TokenLogprob;
 use switchyard_core::sse::SseDecoder;
 use tokio::sync::mpsc;
 
@@ -115,6 +116,12 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
                     body["return_tokens_as_token_ids"] = json!(true);
                 }
             }
+            if let Some(k) = s.logprobs {
+                // Top alternatives keyed by token id, so two tokens of the same text stay
+                // apart.
+                body["logprobs"] = json!(k);
+                body["return_tokens_as_token_ids"] = json!(true);
+            }
             ("/v1/completions", body)
         }
         Dialect::Sglang => {
@@ -126,12 +133,16 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
             if let Some(min) = s.min_tokens {
                 sampling.insert("min_new_tokens".into(), json!(min));
             }
-            let body = json!({
+            let mut body = json!({
                 "input_ids": p.prompt,
                 "sampling_params": Value::Object(sampling),
                 "stream": true,
                 "rid": p.request_id,
             });
+            if let Some(k) = s.logprobs {
+                body["return_logprob"] = json!(true);
+                body["top_logprobs_num"] = json!(k);
+            }
             ("/generate", body)
         }
     }
@@ -157,13 +168,16 @@ pub fn http_error(status: reqwest::StatusCode, body: &str) -> EngineError {
 }
 
 /// Turns the engine's SSE stream into chunks on `tx` until it ends or `tx` closes.
+/// `logprobs`: the request's [`Sampling::logprobs`](switchyard_core::Sampling::logprobs), read
+/// from the stream by [`engine_logprobs`](super::engine_logprobs).
 pub async fn pump(
     mut response: reqwest::Response,
     dialect: Dialect,
     prompt_tokens: u32,
+    logprobs: Option<u32>,
     tx: mpsc::UnboundedSender<Result<GenerationChunk, EngineError>>,
 ) {
-    let mut state = StreamState::new(dialect, prompt_tokens);
+    let mut state = StreamState::new(dialect, prompt_tokens).with_logprobs(logprobs);
     let mut events = SseDecoder::new();
     loop {
         let bytes = match response.chunk().await {
@@ -197,8 +211,10 @@ pub struct StreamState {
     prompt_tokens: u32,
     cached_prompt_tokens: u32,
     completion_tokens: u32,
+    /// Alternatives per token when log probabilities were asked for.
+    logprobs: Option<u32>,
     /// The finishing chunk, held until vLLM's usage chunk (or the end) arrives.
-    pending_finish: Option<(Vec<u32>, FinishReason)>,
+    pending_finish: Option<(Vec<u32>, Vec<TokenLogprob>, FinishReason)>,
     done: bool,
 }
 
@@ -209,14 +225,27 @@ impl StreamState {
             prompt_tokens,
             cached_prompt_tokens: 0,
             completion_tokens: 0,
+            logprobs: None,
             pending_finish: None,
             done: false,
         }
     }
 
-    fn chunk(&self, tokens: Vec<u32>, finish: Option<FinishReason>) -> GenerationChunk {
+    /// Reads `k` alternatives per token along with the tokens (when `Some`).
+    pub fn with_logprobs(mut self, k: Option<u32>) -> Self {
+        self.logprobs = k;
+        self
+    }
+
+    fn chunk(
+        &self,
+        tokens: Vec<u32>,
+        logprobs: Vec<TokenLogprob>,
+        finish: Option<FinishReason>,
+    ) -> GenerationChunk {
         GenerationChunk {
             tokens,
+            logprobs,
             finish,
             prompt_tokens: self.prompt_tokens,
             cached_prompt_tokens: self.cached_prompt_tokens,
@@ -271,10 +300,22 @@ impl StreamState {
                     return vec![Err(err)];
                 }
             };
+            let logprobs = match self.logprobs {
+                Some(k) => match super::engine_logprobs::vllm(choice, &tokens, k) {
+                    Ok(logprobs) => logprobs,
+                    Err(err) => {
+                        self.done = true;
+                        return vec![Err(err)];
+                    }
+                },
+                None => Vec::new(),
+            };
             self.completion_tokens += tokens.len() as u32;
             match choice.get("finish_reason").and_then(Value::as_str) {
-                Some(reason) => self.pending_finish = Some((tokens, finish_reason(reason))),
-                None if !tokens.is_empty() => out.push(Ok(self.chunk(tokens, None))),
+                Some(reason) => {
+                    self.pending_finish = Some((tokens, logprobs, finish_reason(reason)));
+                }
+                None if !tokens.is_empty() => out.push(Ok(self.chunk(tokens, logprobs, None))),
                 None => {}
             }
         }
@@ -329,6 +370,22 @@ impl StreamState {
             }
             _ => ids,
         };
+        let logprobs = match (self.logprobs, meta) {
+            (Some(k), Some(meta)) => match super::engine_logprobs::sglang(meta, &tokens, k) {
+                Ok(logprobs) => logprobs,
+                Err(err) => {
+                    self.done = true;
+                    return vec![Err(err)];
+                }
+            },
+            (Some(_), None) if !tokens.is_empty() => {
+                self.done = true;
+                return vec![Err(EngineError::Unavailable(
+                    "engine sent tokens without meta_info log probabilities".into(),
+                ))];
+            }
+            _ => Vec::new(),
+        };
         self.completion_tokens = total.unwrap_or(self.completion_tokens + tokens.len() as u32);
         let finish = meta
             .and_then(|m| m.get("finish_reason"))
@@ -342,10 +399,10 @@ impl StreamState {
         match finish {
             Some(reason) => {
                 self.done = true;
-                vec![Ok(self.chunk(tokens, Some(reason)))]
+                vec![Ok(self.chunk(tokens, logprobs, Some(reason)))]
             }
             None if tokens.is_empty() => Vec::new(),
-            None => vec![Ok(self.chunk(tokens, None))],
+            None => vec![Ok(self.chunk(tokens, logprobs, None))],
         }
     }
 
@@ -356,7 +413,7 @@ impl StreamState {
         }
         self.done = true;
         Some(match self.pending_finish.take() {
-            Some((tokens, reason)) => Ok(self.chunk(tokens, Some(reason))),
+            Some((tokens, logprobs, reason)) => Ok(self.chunk(tokens, logprobs, Some(reason))),
             None => Err(EngineError::Unavailable(
                 "engine stream ended without a finish reason".into(),
             )),
@@ -453,6 +510,47 @@ mod tests {
         let mut s = StreamState::new(Dialect::Vllm(TokenIdSource::ReturnTokenIds), 1);
         let err = sse(&mut s, r#"{"choices":[{"text":"x","finish_reason":null}]}"#);
         assert!(matches!(err[0], Err(EngineError::Unavailable(_))));
+    }
+
+    #[test]
+    fn logprobs_are_asked_in_each_engines_names_and_read_back_with_their_tokens() {
+        let params = GenerateParams {
+            request_id: "r".into(),
+            prompt: vec![1, 2],
+            sampling: switchyard_core::Sampling {
+                max_tokens: 2,
+                logprobs: Some(3),
+                ..Default::default()
+            },
+        };
+        let (_, body) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &params);
+        assert_eq!(body["logprobs"], 3);
+        assert_eq!(body["return_tokens_as_token_ids"], true);
+        let (_, body) = request_body(Dialect::Sglang, "m", &params);
+        assert_eq!(body["return_logprob"], true);
+        assert_eq!(body["top_logprobs_num"], 3);
+        let mut s = StreamState::new(Dialect::Vllm(TokenIdSource::ReturnTokenIds), 2)
+            .with_logprobs(Some(1));
+        let a = sse(
+            &mut s,
+            r#"{"choices":[{"token_ids":[5],"logprobs":{"token_logprobs":[-0.5],"top_logprobs":[{"token_id:5":-0.5,"token_id:6":-1.5}]},"finish_reason":null}]}"#,
+        );
+        let chunk = a[0].as_ref().unwrap();
+        assert_eq!(chunk.logprobs.len(), 1);
+        assert_eq!(chunk.logprobs[0].top.len(), 1);
+        let missing = sse(
+            &mut s,
+            r#"{"choices":[{"token_ids":[5],"finish_reason":null}]}"#,
+        );
+        assert!(missing[0].is_err(), "tokens without the logprobs asked for");
+        let mut s = StreamState::new(Dialect::Sglang, 2).with_logprobs(Some(0));
+        let b = sse(
+            &mut s,
+            r#"{"output_ids":[4],"meta_info":{"completion_tokens":1,"output_token_logprobs":[[-0.25,4,null]],"finish_reason":{"type":"length"}}}"#,
+        );
+        let last = b[0].as_ref().unwrap();
+        assert_eq!(last.logprobs[0].logprob, -0.25);
+        assert!(last.logprobs[0].top.is_empty());
     }
 
     #[test]

@@ -178,7 +178,7 @@ impl VllmEngine {
                 // Read like any SGLang stream, so an abort (no decode engine came, a failed
                 // transfer) is told apart from a prefill that handed its KV over.
                 let (tx, mut rx) = mpsc::unbounded_channel();
-                openai_http::pump(response, Dialect::Sglang, prompt_tokens, tx).await;
+                openai_http::pump(response, Dialect::Sglang, prompt_tokens, None, tx).await;
                 let mut last = None;
                 while let Ok(item) = rx.try_recv() {
                     last = Some(item);

@@ -291,6 +291,7 @@ impl Engine for SimEngine {
                 .collect(),
             hold_blocks: false,
             pipeline: false,
+            logprobs: s.logprobs,
         };
         let rx = self.add(request).await?;
         Ok(GenerationStream::new(rx, self.abort_guard(id)))
@@ -569,6 +570,7 @@ impl Runner {
             Some(Sink::Tokens(tx)) => tx
                 .send(Ok(GenerationChunk {
                     tokens: vec![output.token],
+                    logprobs: output.logprobs.into_iter().collect(),
                     finish,
                     prompt_tokens: output.prompt_tokens,
                     cached_prompt_tokens: output.cached_prompt_tokens,

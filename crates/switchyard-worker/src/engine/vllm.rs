@@ -261,10 +261,11 @@ impl VllmEngine {
         let response = self.post(path, &params.request_id, &body).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let dialect = self.dialect;
+        let logprobs = params.sampling.logprobs;
         let cancel = self.cancel.clone();
         let pump = self.tasks.spawn(async move {
             tokio::select! {
-                _ = openai_http::pump(response, dialect, prompt_tokens, tx.clone()) => {}
+                _ = openai_http::pump(response, dialect, prompt_tokens, logprobs, tx.clone()) => {}
                 _ = cancel.cancelled() => {
                     let _ = tx.send(Err(EngineError::Stopped));
                 }

@@ -65,6 +65,7 @@ pub(super) fn stream_generate(
             cached_prompt_tokens: chunk.cached_prompt_tokens,
             prompt_tokens: chunk.prompt_tokens,
             completion_tokens: chunk.completion_tokens,
+            logprobs: chunk.logprobs.iter().map(v1::TokenLogprob::from).collect(),
         })
         .map_err(Status::from)
     });

@@ -4,10 +4,18 @@
 //! sampling fields, in `switchyard_core::Sampling`), honoured by the gateway (stop strings,
 //! `user`, streaming), or refused with a 400 naming it — an unknown field included
 //! (`docs/openai-api.md` lists every field and what happens to it).
+//!
+//! [`logprobs`] holds the log-probability shapes of answers; [`tokenize`] the bodies of
+//! `/tokenize` and `/detokenize`.
+
+pub mod logprobs;
+pub mod tokenize;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+pub use logprobs::LogprobsOut;
 
 /// `stop`: one string or a list of up to four.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -49,7 +57,10 @@ pub struct SamplingFields {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub user: Option<String>,
+    /// Choices per prompt (each its own routed request).
     pub n: Option<u32>,
+    /// Only `n` (or unset) is taken: the gateway does not rank extra candidates.
+    pub best_of: Option<u32>,
     /// vLLM extension: keep generating past end-of-sequence.
     #[serde(default)]
     pub ignore_eos: bool,
@@ -61,8 +72,10 @@ pub struct SamplingFields {
     pub min_tokens: Option<u32>,
     pub skip_special_tokens: Option<bool>,
     pub include_stop_str_in_output: Option<bool>,
-    /// Accepted only when off (`false`/`null`): log probabilities are not returned yet.
+    /// Chat: `true`/`false`; text completions: how many alternatives (0 to 5). Read per
+    /// endpoint (`http::completions`).
     pub logprobs: Option<serde_json::Value>,
+    /// Chat only: alternatives per token (0 to 20), with `logprobs: true`.
     pub top_logprobs: Option<u32>,
 }
 
@@ -126,6 +139,15 @@ impl Usage {
             prompt_tokens_details: PromptTokensDetails { cached_tokens },
         }
     }
+
+    /// This and `other` together (several prompts or choices of one request).
+    pub fn plus(&self, other: &Usage) -> Usage {
+        Usage::new(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.prompt_tokens_details.cached_tokens + other.prompt_tokens_details.cached_tokens,
+        )
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -139,7 +161,7 @@ pub struct ChatChoice {
     pub index: u32,
     pub message: ChatMessageOut,
     pub finish_reason: &'static str,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<LogprobsOut>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -165,7 +187,7 @@ pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: ChatDelta,
     pub finish_reason: Option<&'static str>,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<LogprobsOut>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -184,7 +206,7 @@ pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
     pub finish_reason: Option<&'static str>,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<LogprobsOut>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

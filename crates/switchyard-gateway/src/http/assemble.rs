@@ -1,0 +1,171 @@
+//! One choice's answer as its tokens arrive: incremental detokenization, stop strings, counts,
+//! and log probabilities in the endpoint's shape.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use switchyard_core::{TokenId, TokenLogprob};
+use switchyard_tokenize::{IncrementalDecoder, Tokenizer};
+
+use super::AppState;
+use super::completions::{Kind, Prepared, PromptPlan};
+use crate::dispatch::Finish;
+use crate::metrics::ModelLabels;
+use crate::openai::{LogprobsOut, Usage};
+use crate::stop::{StopMatcher, StopOutcome};
+
+/// Turns one choice's dispatch events into text, counts and log probabilities.
+pub(super) struct ChoiceText {
+    /// Taken when the generation finishes and the decoder flushes.
+    decoder: Option<IncrementalDecoder>,
+    tokenizer: Arc<Tokenizer>,
+    stop: StopMatcher,
+    pub(super) prompt_tokens: u32,
+    pub(super) cached_tokens: u32,
+    pub(super) completion_tokens: u32,
+    pub(super) finish: Option<&'static str>,
+    last_token_at: Option<Instant>,
+    /// Log probabilities not yet written, when the request asked for them.
+    logprobs: Option<LogprobsOut>,
+    /// Characters of the choice's text so far (the echoed prompt included): where the next
+    /// token's text starts, for a text completion's `text_offset`.
+    offset: u32,
+}
+
+impl ChoiceText {
+    pub(super) fn new(p: &Prepared, prompt: &PromptPlan) -> Self {
+        let tokenizer = Arc::clone(p.model_dir.tokenizer());
+        Self {
+            decoder: Some(IncrementalDecoder::new(
+                Arc::clone(&tokenizer),
+                prompt.sampling.skip_special_tokens.unwrap_or(true),
+            )),
+            tokenizer,
+            stop: StopMatcher::new(prompt.sampling.stop.clone())
+                .including_the_stop(prompt.sampling.include_stop_str_in_output.unwrap_or(false)),
+            prompt_tokens: prompt.tokens.len() as u32,
+            cached_tokens: 0,
+            completion_tokens: 0,
+            finish: None,
+            last_token_at: None,
+            logprobs: p
+                .asks
+                .logprobs
+                .map(|_| LogprobsOut::new(p.kind == Kind::Chat)),
+            offset: prompt
+                .echo
+                .as_deref()
+                .map_or(0, |e| e.chars().count() as u32),
+        }
+    }
+
+    /// New text from `tokens` (and their log probabilities); sets `finish` when a stop string
+    /// matched.
+    pub(super) fn tokens(
+        &mut self,
+        state: &AppState,
+        labels: &ModelLabels,
+        arrived: Instant,
+        tokens: &[TokenId],
+        logprobs: &[TokenLogprob],
+    ) -> String {
+        let now = Instant::now();
+        let m = &state.metrics;
+        match self.last_token_at {
+            None => m
+                .ttft
+                .get_or_create(labels)
+                .observe((now - arrived).as_secs_f64()),
+            Some(prev) => m
+                .inter_token
+                .get_or_create(labels)
+                .observe((now - prev).as_secs_f64()),
+        }
+        self.last_token_at = Some(now);
+        self.completion_tokens += tokens.len() as u32;
+        if let Some(out) = self.logprobs.as_mut() {
+            let tokenizer = &self.tokenizer;
+            let text_of = |t: TokenId| tokenizer.decode(&[t], false).unwrap_or_default();
+            out.push(logprobs, &text_of, &mut self.offset);
+        }
+        let mut text = String::new();
+        if let Some(decoder) = self.decoder.as_mut() {
+            for &t in tokens {
+                match decoder.push(t) {
+                    Ok(piece) => text.push_str(&piece),
+                    Err(err) => {
+                        tracing::warn!(token = t, error = %err, "cannot detokenize; skipping")
+                    }
+                }
+            }
+        }
+        match self.stop.push(&text) {
+            StopOutcome::Continue(out) => out,
+            StopOutcome::Stopped(out) => {
+                self.finish = Some("stop");
+                out
+            }
+        }
+    }
+
+    /// Generation ended by itself: flush what the decoder and the stop matcher held.
+    pub(super) fn finished(&mut self, finish: Finish) -> String {
+        let mut tail = self
+            .decoder
+            .take()
+            .map(|d| d.finish().unwrap_or_default())
+            .unwrap_or_default();
+        let outcome = self.stop.push(&tail);
+        tail = match outcome {
+            StopOutcome::Continue(out) => out + &self.stop.finish(),
+            StopOutcome::Stopped(out) => {
+                self.finish = Some("stop");
+                return out;
+            }
+        };
+        self.finish = Some(match finish {
+            Finish::Length => "length",
+            Finish::Stop => "stop",
+        });
+        tail
+    }
+
+    /// The log probabilities gathered since the last call, when the request asked for them.
+    pub(super) fn take_logprobs(&mut self) -> Option<LogprobsOut> {
+        self.logprobs.as_mut().map(LogprobsOut::take)
+    }
+
+    /// Counts the finished choice in the token metrics: each choice is one generation.
+    pub(super) fn count(&self, state: &AppState, labels: &ModelLabels) {
+        let m = &state.metrics;
+        m.prompt_tokens
+            .get_or_create(labels)
+            .inc_by(u64::from(self.prompt_tokens));
+        m.completion_tokens
+            .get_or_create(labels)
+            .inc_by(u64::from(self.completion_tokens));
+        m.request_prompt_tokens
+            .get_or_create(labels)
+            .observe(f64::from(self.prompt_tokens));
+        m.request_completion_tokens
+            .get_or_create(labels)
+            .observe(f64::from(self.completion_tokens));
+        m.cached_prompt_tokens.inc_by(u64::from(self.cached_tokens));
+    }
+}
+
+/// The usage of a whole request: each prompt counted once (as OpenAI and vLLM count it, with
+/// the cached tokens of its first choice), the completions of every choice. `texts` are in
+/// choice order, `n` per prompt.
+pub(super) fn request_usage(texts: &[ChoiceText], n: u32) -> Usage {
+    let mut usage = Usage::new(0, 0, 0);
+    for (i, t) in texts.iter().enumerate() {
+        let first_of_prompt = i as u32 % n.max(1) == 0;
+        usage = usage.plus(&Usage::new(
+            if first_of_prompt { t.prompt_tokens } else { 0 },
+            t.completion_tokens,
+            if first_of_prompt { t.cached_tokens } else { 0 },
+        ));
+    }
+    usage
+}
