@@ -151,6 +151,18 @@ async fn openai_api_serves_requests_and_refuses_bad_input() {
     assert_eq!(status, 200, "{batch}");
     assert_eq!(batch["choices"][1]["index"], 1, "{batch}");
     assert_eq!(batch["usage"]["completion_tokens"], 4, "{batch}");
+    // n choices of one prompt: the prompt counted once, every choice's completion.
+    let (_, one) = api.post("/v1/chat/completions", &chat("Choose", 3)).await;
+    let mut three = chat("Choose", 3);
+    three["n"] = json!(3);
+    let (status, many) = api.post("/v1/chat/completions", &three).await;
+    assert_eq!(status, 200, "{many}");
+    assert_eq!(many["choices"].as_array().unwrap().len(), 3, "{many}");
+    assert_eq!(
+        many["usage"]["prompt_tokens"],
+        one["usage"]["prompt_tokens"]
+    );
+    assert_eq!(many["usage"]["completion_tokens"], 9);
     let (status, err) = api
         .post("/v1/completions", &json!({"model": "sim-8b", "prompt": []}))
         .await;

@@ -529,6 +529,7 @@ fn full_sampling() -> switchyard_core::Sampling {
         ignore_eos: true,
         skip_special_tokens: Some(true),
         include_stop_str_in_output: Some(true),
+        logprobs: Some(3),
     }
 }
 
@@ -579,6 +580,9 @@ async fn every_sampling_field_reaches_vllm_in_its_own_name_and_unset_ones_stay_u
         ("stop_token_ids", json!([99])),
         ("min_tokens", json!(2)),
         ("ignore_eos", json!(true)),
+        // Alternatives keyed by token id, read back per token (`run` fails otherwise).
+        ("logprobs", json!(3)),
+        ("return_tokens_as_token_ids", json!(true)),
     ] {
         let got = &body[field];
         let close = match (got.as_f64(), want.as_f64()) {
@@ -621,7 +625,10 @@ async fn every_sampling_field_reaches_sglang_in_its_own_name_and_unset_ones_stay
     let fake = Fake::start(&["--flavor", "sglang", "--encoding", "map"]).await;
     let engine = start(fake.config(EngineKind::Sglang, 1, false)).await;
     run(&engine, full_sampling()).await;
-    let params = last_request(&fake).await["sampling_params"].clone();
+    let body = last_request(&fake).await;
+    assert_eq!(body["return_logprob"], true, "{body}");
+    assert_eq!(body["top_logprobs_num"], 3, "{body}");
+    let params = body["sampling_params"].clone();
     for (field, want) in [
         ("max_new_tokens", json!(6)),
         ("temperature", json!(0.7)),

@@ -160,7 +160,7 @@ impl ChoiceText {
 pub(super) fn request_usage(texts: &[ChoiceText], n: u32) -> Usage {
     let mut usage = Usage::new(0, 0, 0);
     for (i, t) in texts.iter().enumerate() {
-        let first_of_prompt = i as u32 % n.max(1) == 0;
+        let first_of_prompt = (i as u32).is_multiple_of(n.max(1));
         usage = usage.plus(&Usage::new(
             if first_of_prompt { t.prompt_tokens } else { 0 },
             t.completion_tokens,

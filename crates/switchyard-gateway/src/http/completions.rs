@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use switchyard_core::{Sampling, TokenId};
 use switchyard_telemetry::GATEWAY_SPANS;
-use switchyard_tokenize::{ChatMessage, ModelDir};
+use switchyard_tokenize::ModelDir;
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -31,9 +31,10 @@ use crate::http::server::BodyTimeout;
 use crate::metrics::RequestLabels;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, SamplingFields};
 use crate::pool::ModelRoutes;
-use crate::preprocess::{self, ModelTokenizer, Sessions};
+use crate::preprocess;
 
 use super::asks::{Asks, asks_of, sampling_of};
+use super::prompts::{PromptSource, Tokenized, settle_max_tokens, tokenize};
 
 use super::answer::respond;
 
@@ -182,26 +183,6 @@ pub(crate) fn model_routes(state: &AppState, model: &str) -> Result<Arc<ModelRou
     match state.pool.model(model) {
         Some(routes) => Ok(routes),
         None => Err(ApiError::ModelNotFound(model.to_owned())),
-    }
-}
-
-/// How a request gives its prompts: the only thing the two endpoints do differently.
-enum PromptSource {
-    Chat {
-        messages: Vec<ChatMessage>,
-        tools: Option<Vec<serde_json::Value>>,
-    },
-    Texts(Vec<String>),
-    Tokens(Vec<Vec<TokenId>>),
-}
-
-impl PromptSource {
-    fn count(&self) -> usize {
-        match self {
-            PromptSource::Chat { .. } => 1,
-            PromptSource::Texts(t) => t.len(),
-            PromptSource::Tokens(t) => t.len(),
-        }
     }
 }
 
@@ -383,95 +364,6 @@ async fn serve<T: DeserializeOwned>(
     }
 }
 
-/// A tokenized prompt, and the text it came from when the client gave text.
-struct Tokenized {
-    tokens: Vec<TokenId>,
-    text: Option<String>,
-}
-
-/// Tokenizes the request's prompts off the reactor, each within the model's context. One
-/// prompt goes through the session cache; the prompts of a batch are one-offs that would only
-/// crowd it.
-async fn tokenize(
-    state: &AppState,
-    tokenizer: &Arc<ModelTokenizer>,
-    source: PromptSource,
-    session: Option<String>,
-    routes: &ModelRoutes,
-) -> Result<Vec<Tokenized>, ApiError> {
-    let max_prompt = preprocess::prompt_limit(routes.max_context_tokens);
-    let track = |count: usize| {
-        if count == 1 {
-            Sessions::Track(session.clone())
-        } else {
-            Sessions::Bypass
-        }
-    };
-    let preprocess_span = tracing::info_span!(
-        target: GATEWAY_SPANS,
-        "preprocess",
-        input = Empty,
-        prompt_tokens = Empty,
-        session_cache_hit = Empty,
-        reused_tokens = Empty,
-    );
-    let prompts = async {
-        let span = tracing::Span::current();
-        match source {
-            PromptSource::Chat { messages, tools } => {
-                span.record("input", "chat");
-                let tokens = preprocess::encode_chat(
-                    &state.metrics,
-                    Arc::clone(tokenizer),
-                    messages,
-                    tools,
-                    track(1),
-                    max_prompt,
-                )
-                .await?;
-                Ok(vec![Tokenized { tokens, text: None }])
-            }
-            PromptSource::Texts(texts) => {
-                span.record("input", "text");
-                let sessions = track(texts.len());
-                let mut out = Vec::with_capacity(texts.len());
-                for text in texts {
-                    let tokens = preprocess::encode_text(
-                        &state.metrics,
-                        Arc::clone(tokenizer),
-                        text.clone(),
-                        sessions.clone(),
-                        max_prompt,
-                    )
-                    .await?;
-                    out.push(Tokenized {
-                        tokens,
-                        text: Some(text),
-                    });
-                }
-                Ok(out)
-            }
-            PromptSource::Tokens(lists) => {
-                span.record("input", "tokens");
-                Ok(lists
-                    .into_iter()
-                    .map(|tokens| Tokenized { tokens, text: None })
-                    .collect())
-            }
-        }
-    }
-    .instrument(preprocess_span.clone())
-    .await
-    // The request span follows HTTP's rule (only a 5xx is its failure); this step failed
-    // whoever's fault it was, and the trace should show where.
-    .inspect_err(|err: &ApiError| {
-        switchyard_telemetry::record_error(&preprocess_span, err.to_string())
-    })?;
-    let total: usize = prompts.iter().map(|p| p.tokens.len()).sum();
-    preprocess_span.record("prompt_tokens", total as i64);
-    Ok(prompts)
-}
-
 /// What [`prepare`] decides from.
 struct Request {
     kind: Kind,
@@ -553,39 +445,6 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
         arrived: r.arrived,
         span,
     })
-}
-
-/// A prompt's `max_tokens`: what was asked if prompt and completion fit the context, else a
-/// 400; unset, what the context leaves (at most the configured default).
-fn settle_max_tokens(
-    context: u64,
-    prompt_len: u64,
-    asked: Option<u32>,
-    default: u32,
-) -> Result<u32, ApiError> {
-    if prompt_len == 0 {
-        return Err(ApiError::bad_param("prompt", "the prompt is empty"));
-    }
-    if prompt_len >= context {
-        return Err(ApiError::bad_request(format!(
-            "This model's maximum context length is {context} tokens. However, your prompt has {prompt_len} tokens."
-        )));
-    }
-    match asked {
-        Some(asked) => {
-            if prompt_len + u64::from(asked) > context {
-                return Err(ApiError::bad_param(
-                    "max_tokens",
-                    format!(
-                        "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {asked} for the completion).",
-                        prompt_len + u64::from(asked)
-                    ),
-                ));
-            }
-            Ok(asked)
-        }
-        None => Ok((context - prompt_len).min(u64::from(default)) as u32),
-    }
 }
 
 fn rand_id() -> u64 {

@@ -1,5 +1,5 @@
 //! The HTTP surface: OpenAI API ([`completions`], answered by `answer` over `choices` and
-//! `assemble`, with the request's fields read by `asks`), vLLM's `/tokenize` and
+//! `assemble`, with the request's fields read by `asks` and its prompts by `prompts`), vLLM's `/tokenize` and
 //! `/detokenize` ([`tokenize`]), admin API ([`admin`]), health, readiness, metrics and the
 //! model list.
 
@@ -9,6 +9,7 @@ mod asks;
 mod assemble;
 mod choices;
 pub mod completions;
+mod prompts;
 pub mod server;
 pub mod tokenize;
 
