@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use super::completions::{Kind, Prepared, fail, record};
 use super::{AppState, unix_now};
 use crate::admission::Admitted;
+use crate::chat_output::{Piece, Shaper, ToolCallOut, prompt_tail};
 use crate::dispatch::{self, DispatchEvent, Finish, GenerateJob};
 use crate::error::ApiError;
 use crate::metrics::RequestLabels;
@@ -35,6 +36,8 @@ struct TextAssembler {
     finish: Option<&'static str>,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
+    /// Chat answers: reasoning and tool calls read from the text.
+    shaper: Option<Shaper>,
 }
 
 impl TextAssembler {
@@ -52,6 +55,55 @@ impl TextAssembler {
             finish: None,
             first_token_at: None,
             last_token_at: None,
+            shaper: (p.kind == Kind::Chat).then(|| {
+                Shaper::new(
+                    &p.output,
+                    &p.request_id,
+                    &prompt_tail(&p.model_dir, &p.prompt),
+                )
+            }),
+        }
+    }
+
+    /// The answer pieces of new `text`; `done`: the text has ended, flush what was held.
+    fn shape(&mut self, text: String, done: bool) -> Vec<Piece> {
+        let Some(shaper) = self.shaper.as_mut() else {
+            return if text.is_empty() {
+                Vec::new()
+            } else {
+                vec![Piece::Content(text)]
+            };
+        };
+        let mut pieces = if text.is_empty() {
+            Vec::new()
+        } else {
+            shaper.push(&text)
+        };
+        if done {
+            pieces.extend(shaper.finish());
+        }
+        pieces
+    }
+
+    /// The finish reason the client sees (`tool_calls` when the model called a tool).
+    fn finish_reason(&self) -> &'static str {
+        let finish = self.finish.unwrap_or("length");
+        self.shaper
+            .as_ref()
+            .map_or(finish, |s| s.finish_reason(finish))
+    }
+
+    /// Counts the answer's tool calls.
+    fn count_tool_calls(&self, state: &AppState) {
+        if let Some(shaper) = &self.shaper {
+            state
+                .metrics
+                .tool_calls
+                .inc_by(u64::from(shaper.tool_calls()));
+            state
+                .metrics
+                .tool_calls_malformed
+                .inc_by(shaper.malformed_tool_calls() as u64);
         }
     }
 
@@ -178,17 +230,20 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
             .keep_alive(KeepAlive::default())
             .into_response()
     } else {
-        let mut content = String::new();
+        let mut answer = Answer::default();
         loop {
             match rx.recv().await {
                 Some(DispatchEvent::Tokens(tokens)) => {
-                    content.push_str(&text.tokens(&state, p.arrived, &tokens));
-                    if text.finish.is_some() {
+                    let piece = text.tokens(&state, p.arrived, &tokens);
+                    let done = text.finish.is_some();
+                    answer.extend(text.shape(piece, done));
+                    if done {
                         break;
                     }
                 }
                 Some(DispatchEvent::Finished(finish)) => {
-                    content.push_str(&text.finished(finish));
+                    let tail = text.finished(finish);
+                    answer.extend(text.shape(tail, true));
                     break;
                 }
                 Some(DispatchEvent::Failed(err)) => return fail(&state, p.kind, err),
@@ -206,8 +261,9 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
         drop(in_flight);
         let usage = text.usage();
         count_tokens(&state, &usage);
+        text.count_tool_calls(&state);
         record(&state, p.kind, "ok");
-        let finish = text.finish.unwrap_or("length");
+        let finish = text.finish_reason();
         match p.kind {
             Kind::Chat => axum::Json(ChatCompletion {
                 id: p.request_id,
@@ -216,10 +272,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
                 model: p.model,
                 choices: vec![ChatChoice {
                     index: 0,
-                    message: ChatMessageOut {
-                        role: "assistant",
-                        content,
-                    },
+                    message: answer.message(),
                     finish_reason: finish,
                     logprobs: None,
                 }],
@@ -233,7 +286,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
                 model: p.model,
                 choices: vec![CompletionChoice {
                     index: 0,
-                    text: content,
+                    text: answer.content,
                     finish_reason: Some(finish),
                     logprobs: None,
                 }],
@@ -278,26 +331,23 @@ impl Drop for InFlight {
 fn chunk(
     p: &Prepared,
     created: u64,
-    content: Option<String>,
-    role: bool,
+    delta: ChatDelta,
     finish: Option<&'static str>,
     usage: Option<Usage>,
 ) -> String {
+    let empty = delta == ChatDelta::default();
     let json = match p.kind {
         Kind::Chat => serde_json::to_string(&ChatCompletionChunk {
             id: p.request_id.clone(),
             object: "chat.completion.chunk",
             created,
             model: p.model.clone(),
-            choices: if usage.is_some() && content.is_none() && finish.is_none() && !role {
+            choices: if usage.is_some() && empty && finish.is_none() {
                 Vec::new()
             } else {
                 vec![ChatChunkChoice {
                     index: 0,
-                    delta: ChatDelta {
-                        role: role.then_some("assistant"),
-                        content,
-                    },
+                    delta,
                     finish_reason: finish,
                     logprobs: None,
                 }]
@@ -309,12 +359,12 @@ fn chunk(
             object: "text_completion",
             created,
             model: p.model.clone(),
-            choices: if usage.is_some() && content.is_none() && finish.is_none() {
+            choices: if usage.is_some() && empty && finish.is_none() {
                 Vec::new()
             } else {
                 vec![CompletionChoice {
                     index: 0,
-                    text: content.unwrap_or_default(),
+                    text: delta.content.unwrap_or_default(),
                     finish_reason: finish,
                     logprobs: None,
                 }]
@@ -348,7 +398,12 @@ fn sse_events(
     let created = unix_now();
     let mut queue = std::collections::VecDeque::new();
     if p.kind == Kind::Chat {
-        queue.push_back(chunk(&p, created, Some(String::new()), true, None, None));
+        let role = ChatDelta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+            ..ChatDelta::default()
+        };
+        queue.push_back(chunk(&p, created, role, None, None));
     }
     let s = S {
         state,
@@ -375,11 +430,12 @@ fn sse_events(
             match event {
                 Some(DispatchEvent::Tokens(tokens)) => {
                     let piece = s.text.tokens(&s.state, s.p.arrived, &tokens);
-                    if !piece.is_empty() {
+                    let done = s.text.finish.is_some();
+                    for piece in s.text.shape(piece, done) {
                         s.queue
-                            .push_back(chunk(&s.p, s.created, Some(piece), false, None, None));
+                            .push_back(chunk(&s.p, s.created, delta_of(piece), None, None));
                     }
-                    if s.text.finish.is_some() {
+                    if done {
                         // A stop string matched: stop the worker now.
                         s.rx = None;
                         end_stream(&mut s.queue, &s.state, &s.p, &s.text, s.created);
@@ -388,9 +444,9 @@ fn sse_events(
                 }
                 Some(DispatchEvent::Finished(finish)) => {
                     let tail = s.text.finished(finish);
-                    if !tail.is_empty() {
+                    for piece in s.text.shape(tail, true) {
                         s.queue
-                            .push_back(chunk(&s.p, s.created, Some(tail), false, None, None));
+                            .push_back(chunk(&s.p, s.created, delta_of(piece), None, None));
                     }
                     s.rx = None;
                     end_stream(&mut s.queue, &s.state, &s.p, &s.text, s.created);
@@ -438,12 +494,62 @@ fn end_stream(
     text: &TextAssembler,
     created: u64,
 ) {
-    let finish = text.finish.unwrap_or("length");
-    queue.push_back(chunk(p, created, None, false, Some(finish), None));
+    let finish = text.finish_reason();
+    queue.push_back(chunk(p, created, ChatDelta::default(), Some(finish), None));
     let usage = text.usage();
     count_tokens(state, &usage);
+    text.count_tool_calls(state);
     if p.include_usage {
-        queue.push_back(chunk(p, created, None, false, None, Some(usage)));
+        queue.push_back(chunk(p, created, ChatDelta::default(), None, Some(usage)));
     }
     queue.push_back("[DONE]".to_owned());
+}
+
+/// A whole (not streamed) answer, gathered from its pieces.
+#[derive(Default)]
+struct Answer {
+    content: String,
+    reasoning: Option<String>,
+    tool_calls: Vec<ToolCallOut>,
+}
+
+impl Answer {
+    fn extend(&mut self, pieces: Vec<Piece>) {
+        for piece in pieces {
+            match piece {
+                Piece::Content(text) => self.content.push_str(&text),
+                Piece::Reasoning(text) => self.reasoning.get_or_insert_default().push_str(&text),
+                Piece::ToolCall(call) => self.tool_calls.push(call),
+            }
+        }
+    }
+
+    fn message(self) -> ChatMessageOut {
+        let called = !self.tool_calls.is_empty();
+        ChatMessageOut {
+            role: "assistant",
+            // OpenAI's shape: no content (null) when the model only called tools.
+            content: (!called || !self.content.trim().is_empty()).then_some(self.content),
+            reasoning_content: self.reasoning,
+            tool_calls: called.then_some(self.tool_calls),
+        }
+    }
+}
+
+/// The streamed delta of one answer piece.
+fn delta_of(piece: Piece) -> ChatDelta {
+    match piece {
+        Piece::Content(text) => ChatDelta {
+            content: Some(text),
+            ..ChatDelta::default()
+        },
+        Piece::Reasoning(text) => ChatDelta {
+            reasoning_content: Some(text),
+            ..ChatDelta::default()
+        },
+        Piece::ToolCall(call) => ChatDelta {
+            tool_calls: Some(vec![call]),
+            ..ChatDelta::default()
+        },
+    }
 }

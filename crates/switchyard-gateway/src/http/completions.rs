@@ -24,6 +24,7 @@ use tracing::field::Empty;
 
 use super::AppState;
 use crate::admission::FlowKey;
+use crate::chat_output::ChatOutput;
 use crate::error::ApiError;
 use crate::http::server::BodyTimeout;
 use crate::metrics::RequestLabels;
@@ -136,6 +137,8 @@ pub(super) struct Prepared {
     pub(super) arrived: Instant,
     /// The request's trace span, held until the answer (a whole stream) is written.
     pub(super) span: tracing::Span,
+    /// How a chat answer's reasoning and tool calls are read from the text.
+    pub(super) output: ChatOutput,
 }
 
 /// The request's sampling, validated once (`switchyard_core::Sampling::validate`), with the
@@ -230,6 +233,8 @@ enum PromptSource {
     Chat {
         messages: Vec<ChatMessage>,
         tools: Option<Vec<serde_json::Value>>,
+        tool_choice: Option<serde_json::Value>,
+        parallel_tool_calls: Option<bool>,
     },
     Text(String),
     Tokens(Vec<TokenId>),
@@ -257,6 +262,8 @@ pub async fn chat(
             let source = PromptSource::Chat {
                 messages,
                 tools: request.tools,
+                tool_choice: request.tool_choice,
+                parallel_tool_calls: request.parallel_tool_calls,
             };
             Ok((request.model, request.sampling, source))
         },
@@ -351,6 +358,8 @@ async fn serve<T: DeserializeOwned>(
         let asked = sampling.max_completion_tokens.or(sampling.max_tokens);
         sampling_of(&sampling, asked.unwrap_or(u32::MAX))?;
         let routes = model_routes(&state, &model)?;
+        let tokenizer = state.tokenizers.for_model(&model);
+        let (source, output) = settle_output(&state, &model, &tokenizer.dir, source)?;
         let session = session_of(&headers);
         let client = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
         let flow = FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client);
@@ -360,7 +369,6 @@ async fn serve<T: DeserializeOwned>(
             .admit(flow, client, &state.metrics)
             .instrument(admission)
             .await?;
-        let tokenizer = state.tokenizers.for_model(&model);
         let track = Sessions::Track(session.clone());
         let max_prompt = preprocess::prompt_limit(routes.max_context_tokens);
         let preprocess_span = tracing::info_span!(
@@ -374,7 +382,9 @@ async fn serve<T: DeserializeOwned>(
         let prompt = async {
             let span = tracing::Span::current();
             match source {
-                PromptSource::Chat { messages, tools } => {
+                PromptSource::Chat {
+                    messages, tools, ..
+                } => {
                     span.record("input", "chat");
                     let tokenizer = Arc::clone(&tokenizer);
                     preprocess::encode_chat(
@@ -407,9 +417,10 @@ async fn serve<T: DeserializeOwned>(
         preprocess_span.record("prompt_tokens", prompt.len() as i64);
         drop(preprocess_span);
         let model_dir = Arc::clone(&tokenizer.dir);
-        let prepared = prepare(
+        let mut prepared = prepare(
             &state, kind, model, model_dir, routes, prompt, sampling, session, arrived,
         )?;
+        prepared.output = output;
         Ok::<_, ApiError>((permit, prepared))
     }
     .await;
@@ -486,7 +497,38 @@ fn prepare(
         session,
         arrived,
         span,
+        output: ChatOutput::default(),
     })
+}
+
+/// Settles a chat request's tools against the model's output parsers (before admission, so a
+/// request that cannot be honoured waits for nothing); other requests read plain text.
+fn settle_output(
+    state: &AppState,
+    model: &str,
+    dir: &ModelDir,
+    source: PromptSource,
+) -> Result<(PromptSource, ChatOutput), ApiError> {
+    match source {
+        PromptSource::Chat {
+            messages,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+        } => {
+            let formats = state.config.output.formats(model, dir);
+            let (output, tools) =
+                ChatOutput::resolve(formats, model, tools, tool_choice, parallel_tool_calls)?;
+            let source = PromptSource::Chat {
+                messages,
+                tools,
+                tool_choice: None,
+                parallel_tool_calls: None,
+            };
+            Ok((source, output))
+        }
+        other => Ok((other, ChatOutput::default())),
+    }
 }
 
 fn rand_id() -> u64 {
