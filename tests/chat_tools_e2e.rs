@@ -93,6 +93,10 @@ async fn reasoning_and_tool_calls_come_back_parsed_whole_and_streamed() {
         Some("The user wants the weather in Paris."),
         "{answer}"
     );
+    assert_eq!(
+        message["reasoning"], message["reasoning_content"],
+        "{answer}"
+    );
     let call = &message["tool_calls"][0];
     assert_eq!(call["type"], "function");
     assert_eq!(call["function"]["name"], "get_weather");

@@ -140,8 +140,12 @@ pub struct ChatMessageOut {
     pub role: &'static str,
     /// `null` when the model only called tools.
     pub content: Option<String>,
+    /// The model's reasoning, under both names clients read: `reasoning_content` (DeepSeek,
+    /// SGLang, Dynamo) and `reasoning` (vLLM since 0.16).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallOut>>,
 }
@@ -170,8 +174,12 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The model's reasoning, under both names clients read: `reasoning_content` (DeepSeek,
+    /// SGLang, Dynamo) and `reasoning` (vLLM since 0.16).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallOut>>,
 }

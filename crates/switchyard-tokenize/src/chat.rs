@@ -29,6 +29,10 @@ pub struct ChatMessage {
     /// Earlier reasoning of an assistant turn (DeepSeek/Qwen style), passed to the template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The same under vLLM's name (clients echo back whichever they were given, or both);
+    /// used when `reasoning_content` is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 impl ChatMessage {
@@ -41,6 +45,7 @@ impl ChatMessage {
             tool_calls: None,
             tool_call_id: None,
             reasoning_content: None,
+            reasoning: None,
         }
     }
 }
@@ -329,7 +334,11 @@ fn normalize_message(index: usize, message: &ChatMessage) -> Result<Json, Tokeni
     if let Some(id) = &message.tool_call_id {
         out.insert("tool_call_id".into(), Json::String(id.clone()));
     }
-    if let Some(reasoning) = &message.reasoning_content {
+    if let Some(reasoning) = message
+        .reasoning_content
+        .as_ref()
+        .or(message.reasoning.as_ref())
+    {
         out.insert("reasoning_content".into(), Json::String(reasoning.clone()));
     }
     Ok(Json::Object(out))

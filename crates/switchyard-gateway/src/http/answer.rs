@@ -530,7 +530,8 @@ impl Answer {
             role: "assistant",
             // OpenAI's shape: no content (null) when the model only called tools.
             content: (!called || !self.content.trim().is_empty()).then_some(self.content),
-            reasoning_content: self.reasoning,
+            reasoning_content: self.reasoning.clone(),
+            reasoning: self.reasoning,
             tool_calls: called.then_some(self.tool_calls),
         }
     }
@@ -544,7 +545,8 @@ fn delta_of(piece: Piece) -> ChatDelta {
             ..ChatDelta::default()
         },
         Piece::Reasoning(text) => ChatDelta {
-            reasoning_content: Some(text),
+            reasoning_content: Some(text.clone()),
+            reasoning: Some(text),
             ..ChatDelta::default()
         },
         Piece::ToolCall(call) => ChatDelta {
