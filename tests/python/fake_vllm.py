@@ -202,6 +202,10 @@ class Engine:
         self.lock = threading.Lock()
         # The generation requests received (the last 64), for tests asking what arrived.
         self.requests = collections.deque(maxlen=64)
+        # Scripted outputs: each generation request takes the next list of token ids, if any, and
+        # generates exactly those (then finishes with "stop"), so tests can make the engine say
+        # something meaningful (a tool call, a reasoning block).
+        self.scripts = collections.deque()
         self.ctx = zmq.Context()
         self.next_rank = 0
         self.stats = {"prompt": 0, "cached": 0, "running": 0}
@@ -351,6 +355,9 @@ def make_handler(engine):
                 if what == "transfers":
                     return self.reply(200, {"received": engine.pd.received, "handed_over": engine.pd.handed_over,
                                             "engine_id": engine.pd.engine_id})
+                if what == "script":
+                    engine.scripts.append([int(t) for t in body["tokens"]])
+                    return self.reply(200, {"scripts": len(engine.scripts)})
                 if what == "requests":
                     return self.reply(200, {"requests": list(engine.requests)})
                 if what == "lose_rooms":
@@ -381,6 +388,7 @@ def make_handler(engine):
             stops = set(sp.get("stop_token_ids") or [])
             with engine.lock:
                 rank = engine.pick_rank()
+                script = engine.scripts.popleft() if engine.scripts else None
             failure = None
             if kvp.get("do_remote_prefill") or (room is not None and args.disaggregation_mode == "decode"):
                 failure = engine.pd.receive(rank, prompt, body, sglang)
@@ -404,10 +412,13 @@ def make_handler(engine):
                         failure = "bootstrap timeout: no decode engine took room %s" % room
                 seed = body.get("seed") or sp.get("sampling_seed") or 0
                 events = []
-                for i in range(0 if failure else max_tokens):
-                    tok = (prompt[-1] * 31 + i * 7 + seed) % 50000 + 1
+                steps = max_tokens if script is None else min(max_tokens, len(script))
+                for i in range(0 if failure else steps):
+                    tok = (prompt[-1] * 31 + i * 7 + seed) % 50000 + 1 if script is None else script[i]
                     out.append(tok)
-                    if tok in stops and not sp.get("ignore_eos"):
+                    if script is not None and i + 1 == len(script):
+                        finish = "stop"
+                    elif tok in stops and not sp.get("ignore_eos"):
                         finish = "stop"
                     elif i + 1 == max_tokens:
                         finish = "length"

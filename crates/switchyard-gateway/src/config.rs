@@ -15,6 +15,7 @@ use switchyard_router::serve::{
     DEFAULT_MAX_PREFILL_QUEUE_TOKENS, DEFAULT_MIN_UNCACHED_TOKENS, ServeSettings,
 };
 
+use crate::chat_output::OutputConfig;
 use crate::disagg::{DEFAULT_PREFILL_TIMEOUT, DisaggSettings, Disaggregation, KvTransfer};
 
 pub use switchyard_config::ConfigError;
@@ -59,6 +60,8 @@ pub struct GatewayConfig {
     pub max_requests_per_client: usize,
     /// Limits of the HTTP listener (`[http]`): connections, timeouts, HTTP/2, shutdown.
     pub http: HttpConfig,
+    /// `[output]`: per-model tool-call and reasoning parsers.
+    pub output: OutputConfig,
     /// Other workers tried when a worker fails before the first token.
     pub max_retries: u32,
     /// Times a stream moves to another worker after its worker fails mid-stream.
@@ -216,6 +219,7 @@ impl Default for GatewayConfig {
             max_queued_per_session: 256,
             max_requests_per_client: 0,
             http: HttpConfig::default(),
+            output: OutputConfig::default(),
             max_retries: 2,
             max_migrations: 2,
             decision_log_size: 256,
@@ -259,6 +263,7 @@ impl GatewayConfig {
             return invalid("max_queued_per_session must be at least 1");
         }
         self.http.validate()?;
+        self.output.validate().map_err(ConfigError::Invalid)?;
         if let Some(after) = self.unresponsive_after_ms
             && after < 2 * u64::from(self.load_interval_ms.max(1))
         {
@@ -329,6 +334,13 @@ pub struct GatewayArgs {
     /// Per-model tokenizer, MODEL=builtin:cl100k or MODEL=/path/to/model-dir (repeatable).
     #[arg(long = "model-tokenizer", value_parser = parse_model_tokenizer)]
     pub model_tokenizers: Vec<(String, String)>,
+    /// Per-model tool-call parser, MODEL=NAME (hermes, llama3_json, mistral, deepseek_v3,
+    /// qwen3_coder, none; repeatable). Default: what the model's chat template implies.
+    #[arg(long = "tool-call-parser", value_parser = parse_model_tokenizer)]
+    pub tool_call_parsers: Vec<(String, String)>,
+    /// Per-model reasoning parser, MODEL=NAME (qwen3, deepseek_r1, none; repeatable).
+    #[arg(long = "reasoning-parser", value_parser = parse_model_tokenizer)]
+    pub reasoning_parsers: Vec<(String, String)>,
     /// Routing policy: kv, round-robin, random, least-loaded, session, approx-kv.
     #[arg(long, env = "SWITCHYARD_POLICY")]
     pub policy: Option<PolicyKind>,
@@ -399,7 +411,7 @@ fn parse_model_tokenizer(s: &str) -> Result<(String, String), String> {
         Some((model, tok)) if !model.is_empty() && !tok.is_empty() => {
             Ok((model.to_owned(), tok.to_owned()))
         }
-        _ => Err(format!("expected MODEL=TOKENIZER, got {s:?}")),
+        _ => Err(format!("expected MODEL=VALUE, got {s:?}")),
     }
 }
 
@@ -421,6 +433,18 @@ impl GatewayArgs {
         }
         for (model, tok) in &self.model_tokenizers {
             config.models.insert(model.clone(), tok.clone());
+        }
+        for (model, name) in &self.tool_call_parsers {
+            config
+                .output
+                .tool_call_parsers
+                .insert(model.clone(), name.clone());
+        }
+        for (model, name) in &self.reasoning_parsers {
+            config
+                .output
+                .reasoning_parsers
+                .insert(model.clone(), name.clone());
         }
         if let Some(v) = self.policy {
             config.policy = v;

@@ -11,6 +11,7 @@
 //! the on-demand recording of the router's inputs for `switchyard replay events`.
 
 pub mod admission;
+pub mod chat_output;
 pub mod config;
 pub mod disagg;
 pub mod dispatch;

@@ -72,6 +72,10 @@ pub struct Metrics {
     pub request_completion_tokens: ModelHistogram,
     /// Prompt tokens the serving worker had cached (usage `cached_tokens`).
     pub cached_prompt_tokens: Counter,
+    /// Tool calls parsed from chat answers, and those whose text did not parse (returned as
+    /// content).
+    pub tool_calls: Counter,
+    pub tool_calls_malformed: Counter,
     pub decisions: Family<PolicyLabels, Counter>,
     pub kv_events_applied: Counter,
     pub kv_events_invalid: Counter,
@@ -139,6 +143,8 @@ impl Metrics {
             request_prompt_tokens: Family::new_with_constructor(length_histogram),
             request_completion_tokens: Family::new_with_constructor(length_histogram),
             cached_prompt_tokens: Counter::default(),
+            tool_calls: Counter::default(),
+            tool_calls_malformed: Counter::default(),
             decisions: Family::default(),
             kv_events_applied: Counter::default(),
             kv_events_invalid: Counter::default(),
@@ -237,6 +243,16 @@ impl Metrics {
             "cached_prompt_tokens",
             "Prompt tokens served from the serving worker's prefix cache",
             m.cached_prompt_tokens.clone(),
+        );
+        registry.register(
+            "tool_calls",
+            "Tool calls parsed from chat answers",
+            m.tool_calls.clone(),
+        );
+        registry.register(
+            "tool_calls_malformed",
+            "Tool calls whose text did not parse; returned as content",
+            m.tool_calls_malformed.clone(),
         );
         registry.register(
             "routing_decisions",

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 
 use crate::error::TokenizeError;
+use crate::output::{ReasoningFormat, ToolCallFormat};
 
 /// One chat message as the OpenAI API sends it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,6 +29,10 @@ pub struct ChatMessage {
     /// Earlier reasoning of an assistant turn (DeepSeek/Qwen style), passed to the template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The same under vLLM's name (clients echo back whichever they were given, or both);
+    /// used when `reasoning_content` is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 impl ChatMessage {
@@ -40,6 +45,7 @@ impl ChatMessage {
             tool_calls: None,
             tool_call_id: None,
             reasoning_content: None,
+            reasoning: None,
         }
     }
 }
@@ -114,12 +120,53 @@ impl ChatRequest {
 const DEFAULT_NAME: &str = "default";
 const TOOL_USE_NAME: &str = "tool_use";
 
+/// The output formats a chat template implies: a template that renders assistant tool calls
+/// as `<tool_call>` expects the model to write them so, and one that knows `<think>` serves a
+/// reasoning model. Operators can override both per model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OutputFormats {
+    pub tool_call: Option<ToolCallFormat>,
+    pub reasoning: Option<ReasoningFormat>,
+}
+
+impl OutputFormats {
+    /// Reads the formats from the templates' text (most specific marker first).
+    pub fn detect<'a>(sources: impl Iterator<Item = &'a str> + Clone) -> Self {
+        let any = |needle: &str| sources.clone().any(|s| s.contains(needle));
+        let tool_call = if any("<tool_call>") && any("<function=") {
+            Some(ToolCallFormat::Qwen3Coder)
+        } else if any("tool▁calls▁begin") {
+            Some(ToolCallFormat::DeepSeekV3)
+        } else if any("[TOOL_CALLS]") {
+            Some(ToolCallFormat::Mistral)
+        } else if any("<tool_call>") {
+            Some(ToolCallFormat::Hermes)
+        } else if any("<|python_tag|>") || any("Given the following functions") {
+            Some(ToolCallFormat::Llama3Json)
+        } else {
+            None
+        };
+        let reasoning = if !any("<think>") {
+            None
+        } else if any("<｜Assistant｜>") {
+            Some(ReasoningFormat::DeepSeekR1)
+        } else {
+            Some(ReasoningFormat::Think)
+        };
+        Self {
+            tool_call,
+            reasoning,
+        }
+    }
+}
+
 /// A compiled chat template (or the named set a `tokenizer_config.json` may hold), with the
 /// `bos_token`/`eos_token` strings it may refer to.
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     has_tool_use: bool,
+    formats: OutputFormats,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -154,6 +201,7 @@ impl ChatTemplate {
         };
         let has_default = templates.iter().any(|(name, _)| name == DEFAULT_NAME);
         let has_tool_use = templates.iter().any(|(name, _)| name == TOOL_USE_NAME);
+        let formats = OutputFormats::detect(templates.iter().map(|(_, source)| source.as_str()));
         let fallback = (!has_default).then(|| (DEFAULT_NAME.to_owned(), first_source));
         for (name, source) in templates.into_iter().chain(fallback) {
             // Name the template as the config does, also for the `default` copy of the first.
@@ -172,9 +220,15 @@ impl ChatTemplate {
         Ok(Self {
             env,
             has_tool_use,
+            formats,
             bos_token,
             eos_token,
         })
+    }
+
+    /// The tool-call and reasoning formats this template writes, as far as its text tells.
+    pub fn output_formats(&self) -> OutputFormats {
+        self.formats
     }
 
     /// Renders the prompt text for `request`.
@@ -280,7 +334,11 @@ fn normalize_message(index: usize, message: &ChatMessage) -> Result<Json, Tokeni
     if let Some(id) = &message.tool_call_id {
         out.insert("tool_call_id".into(), Json::String(id.clone()));
     }
-    if let Some(reasoning) = &message.reasoning_content {
+    if let Some(reasoning) = message
+        .reasoning_content
+        .as_ref()
+        .or(message.reasoning.as_ref())
+    {
         out.insert("reasoning_content".into(), Json::String(reasoning.clone()));
     }
     Ok(Json::Object(out))

@@ -15,6 +15,8 @@
 //! - [`session`]: [`SessionTokenizer`], incremental tokenization of a session's growing
 //!   history: only the text after (a little before) the seam with the previous turn is
 //!   tokenized, and the result always equals a full tokenization.
+//! - [`output`]: [`OutputParser`], generated text split into content, reasoning and tool calls
+//!   in the model family's own formats.
 //! - [`error`]: [`TokenizeError`] and whose [`Fault`] it is.
 
 pub mod builtin;
@@ -22,15 +24,19 @@ pub mod chat;
 pub mod decode;
 pub mod error;
 pub mod model_dir;
+pub mod output;
 pub mod preprocess;
 mod pyjson;
 pub mod session;
 pub mod tokenizer;
 
-pub use chat::{ChatMessage, ChatRequest, ChatTemplate, ContentPart, MessageContent};
+pub use chat::{
+    ChatMessage, ChatRequest, ChatTemplate, ContentPart, MessageContent, OutputFormats,
+};
 pub use decode::IncrementalDecoder;
 pub use error::{Fault, TokenizeError};
 pub use model_dir::ModelDir;
+pub use output::{OutputEvent, OutputParser, ReasoningFormat, ToolCall, ToolCallFormat};
 pub use preprocess::{EncodedPrompt, Preprocessor};
 pub use session::{SessionConfig, SessionEncoding, SessionStats, SessionTokenizer};
 pub use switchyard_core::TokenId;

@@ -10,17 +10,18 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 
-use super::assemble::{ChoiceText, request_usage};
+use super::assemble::{ChoiceText, Gathered, request_usage};
 use super::choices::Choices;
 use super::completions::{Kind, Prepared, fail, record};
 use super::{AppState, unix_now};
 use crate::admission::Admitted;
+use crate::chat_output::{Piece as OutputPiece, ToolCallOut};
 use crate::dispatch::DispatchEvent;
 use crate::error::ApiError;
 use crate::metrics::ModelLabels;
 use crate::openai::{
-    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatMessageOut,
-    Completion, CompletionChoice, LogprobsOut, Usage,
+    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, Completion,
+    CompletionChoice, LogprobsOut, Usage,
 };
 
 pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted) -> Response {
@@ -72,12 +73,13 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
             .into_response();
     }
     // An echoed prompt starts each of its choices' text.
-    let mut contents: Vec<String> = p
+    let mut contents: Vec<Gathered> = p
         .prompts
         .iter()
         .flat_map(|prompt| {
             std::iter::repeat_n(prompt.echo.clone().unwrap_or_default(), p.asks.n as usize)
         })
+        .map(Gathered::starting_with)
         .collect();
     let mut logprobs: Vec<Option<LogprobsOut>> = vec![None; texts.len()];
     let mut pending = Some(first);
@@ -113,12 +115,17 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
                 ..
             } => text.cached_tokens = cached_prompt_tokens,
             DispatchEvent::Tokens { ids, logprobs } => {
-                content.push_str(&text.tokens(&state, &labels, p.arrived, &ids, &logprobs));
-                if text.finish.is_some() {
+                let piece = text.tokens(&state, &labels, p.arrived, &ids, &logprobs);
+                let done = text.finish.is_some();
+                content.extend(text.shape(piece, done));
+                if done {
                     choices.stop(index);
                 }
             }
-            DispatchEvent::Finished(finish) => content.push_str(&text.finished(finish)),
+            DispatchEvent::Finished(finish) => {
+                let tail = text.finished(finish);
+                content.extend(text.shape(tail, true));
+            }
             DispatchEvent::Failed(err) => return fail(&state, p.kind, &p.model, err),
         }
         if text.finish.is_some() {
@@ -135,7 +142,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
         .request_duration
         .get_or_create(&labels)
         .observe(p.arrived.elapsed().as_secs_f64());
-    let finishes = texts.iter().map(|t| t.finish.unwrap_or("length"));
+    let finishes = texts.iter().map(ChoiceText::finish_reason);
     let choices = contents.into_iter().zip(logprobs).zip(finishes).enumerate();
     match p.kind {
         Kind::Chat => axum::Json(ChatCompletion {
@@ -146,10 +153,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
             choices: choices
                 .map(|(index, ((content, logprobs), finish))| ChatChoice {
                     index: index as u32,
-                    message: ChatMessageOut {
-                        role: "assistant",
-                        content,
-                    },
+                    message: content.message(),
                     finish_reason: finish,
                     logprobs,
                 })
@@ -165,7 +169,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
             choices: choices
                 .map(|(index, ((text, logprobs), finish))| CompletionChoice {
                     index: index as u32,
-                    text,
+                    text: text.content,
                     finish_reason: Some(finish),
                     logprobs,
                 })
@@ -200,9 +204,31 @@ impl Drop for InFlight {
 #[derive(Default)]
 struct Piece {
     content: Option<String>,
+    reasoning: Option<String>,
+    tool_calls: Option<Vec<ToolCallOut>>,
     role: bool,
     finish: Option<&'static str>,
     logprobs: Option<LogprobsOut>,
+}
+
+impl Piece {
+    /// The chunk of one answer piece.
+    fn of(piece: OutputPiece) -> Self {
+        match piece {
+            OutputPiece::Content(text) => Self {
+                content: Some(text),
+                ..Self::default()
+            },
+            OutputPiece::Reasoning(text) => Self {
+                reasoning: Some(text),
+                ..Self::default()
+            },
+            OutputPiece::ToolCall(call) => Self {
+                tool_calls: Some(vec![call]),
+                ..Self::default()
+            },
+        }
+    }
 }
 
 /// One chunk of a stream, in the request's API shape: about choice `index`, or (with `usage`)
@@ -222,6 +248,9 @@ fn chunk(p: &Prepared, created: u64, index: u32, piece: Piece, usage: Option<Usa
                     delta: ChatDelta {
                         role: piece.role.then_some("assistant"),
                         content: piece.content,
+                        reasoning_content: piece.reasoning.clone(),
+                        reasoning: piece.reasoning,
+                        tool_calls: piece.tool_calls,
                     },
                     finish_reason: piece.finish,
                     logprobs: piece.logprobs,
@@ -349,14 +378,21 @@ fn on_event(
         }
         DispatchEvent::Tokens { ids, logprobs } => {
             let content = text.tokens(state, labels, p.arrived, &ids, &logprobs);
-            let logprobs = text.take_logprobs();
-            if !content.is_empty() || logprobs.is_some() {
+            let mut logprobs = text.take_logprobs();
+            let pieces = text.shape(content, text.finish.is_some());
+            if pieces.is_empty() && logprobs.is_some() {
                 let piece = Piece {
-                    content: Some(content),
+                    content: Some(String::new()),
                     logprobs,
                     ..Piece::default()
                 };
                 queue.push_back(chunk(p, created, index, piece, None));
+            } else {
+                for piece in pieces {
+                    let mut piece = Piece::of(piece);
+                    piece.logprobs = logprobs.take();
+                    queue.push_back(chunk(p, created, index, piece, None));
+                }
             }
             if text.finish.is_some() {
                 // A stop string matched: stop this choice's worker now.
@@ -366,12 +402,8 @@ fn on_event(
         }
         DispatchEvent::Finished(finish) => {
             let tail = text.finished(finish);
-            if !tail.is_empty() {
-                let piece = Piece {
-                    content: Some(tail),
-                    ..Piece::default()
-                };
-                queue.push_back(chunk(p, created, index, piece, None));
+            for piece in text.shape(tail, true) {
+                queue.push_back(chunk(p, created, index, Piece::of(piece), None));
             }
             ended = true;
         }
@@ -386,7 +418,7 @@ fn on_event(
     }
     if ended {
         let piece = Piece {
-            finish: Some(text.finish.unwrap_or("length")),
+            finish: Some(text.finish_reason()),
             ..Piece::default()
         };
         queue.push_back(chunk(p, created, index, piece, None));

@@ -9,9 +9,10 @@ use switchyard_tokenize::{IncrementalDecoder, Tokenizer};
 
 use super::AppState;
 use super::completions::{Kind, Prepared, PromptPlan};
+use crate::chat_output::{Piece as OutputPiece, Shaper, ToolCallOut, prompt_tail};
 use crate::dispatch::Finish;
 use crate::metrics::ModelLabels;
-use crate::openai::{LogprobsOut, Usage};
+use crate::openai::{ChatMessageOut, LogprobsOut, Usage};
 use crate::stop::{StopMatcher, StopOutcome};
 
 /// Turns one choice's dispatch events into text, counts and log probabilities.
@@ -30,6 +31,8 @@ pub(super) struct ChoiceText {
     /// Characters of the choice's text so far (the echoed prompt included): where the next
     /// token's text starts, for a text completion's `text_offset`.
     offset: u32,
+    /// Chat answers: reasoning and tool calls read from the text.
+    shaper: Option<Shaper>,
 }
 
 impl ChoiceText {
@@ -56,7 +59,43 @@ impl ChoiceText {
                 .echo
                 .as_deref()
                 .map_or(0, |e| e.chars().count() as u32),
+            shaper: (p.kind == Kind::Chat).then(|| {
+                Shaper::new(
+                    &p.output,
+                    &p.request_id,
+                    &prompt_tail(&p.model_dir, &prompt.tokens),
+                )
+            }),
         }
+    }
+
+    /// The answer pieces of new `text` (reasoning and tool calls taken out of a chat answer);
+    /// `done`: the text has ended, so what was held back comes out.
+    pub(super) fn shape(&mut self, text: String, done: bool) -> Vec<OutputPiece> {
+        let Some(shaper) = self.shaper.as_mut() else {
+            return if text.is_empty() {
+                Vec::new()
+            } else {
+                vec![OutputPiece::Content(text)]
+            };
+        };
+        let mut pieces = if text.is_empty() {
+            Vec::new()
+        } else {
+            shaper.push(&text)
+        };
+        if done {
+            pieces.extend(shaper.finish());
+        }
+        pieces
+    }
+
+    /// The finish reason the client sees (`tool_calls` when the model called a tool).
+    pub(super) fn finish_reason(&self) -> &'static str {
+        let finish = self.finish.unwrap_or("length");
+        self.shaper
+            .as_ref()
+            .map_or(finish, |s| s.finish_reason(finish))
     }
 
     /// New text from `tokens` (and their log probabilities); sets `finish` when a stop string
@@ -151,6 +190,11 @@ impl ChoiceText {
             .get_or_create(labels)
             .observe(f64::from(self.completion_tokens));
         m.cached_prompt_tokens.inc_by(u64::from(self.cached_tokens));
+        if let Some(shaper) = &self.shaper {
+            m.tool_calls.inc_by(u64::from(shaper.tool_calls()));
+            m.tool_calls_malformed
+                .inc_by(shaper.malformed_tool_calls() as u64);
+        }
     }
 }
 
@@ -168,4 +212,46 @@ pub(super) fn request_usage(texts: &[ChoiceText], n: u32) -> Usage {
         ));
     }
     usage
+}
+
+/// A whole (not streamed) choice's answer, gathered from its pieces.
+#[derive(Default)]
+pub(super) struct Gathered {
+    pub(super) content: String,
+    reasoning: Option<String>,
+    tool_calls: Vec<ToolCallOut>,
+}
+
+impl Gathered {
+    /// Starts with `text` (an echoed prompt).
+    pub(super) fn starting_with(text: String) -> Self {
+        Self {
+            content: text,
+            ..Self::default()
+        }
+    }
+
+    pub(super) fn extend(&mut self, pieces: Vec<OutputPiece>) {
+        for piece in pieces {
+            match piece {
+                OutputPiece::Content(text) => self.content.push_str(&text),
+                OutputPiece::Reasoning(text) => {
+                    self.reasoning.get_or_insert_default().push_str(&text)
+                }
+                OutputPiece::ToolCall(call) => self.tool_calls.push(call),
+            }
+        }
+    }
+
+    /// The chat message: no content (null) when the model only called tools, as OpenAI answers.
+    pub(super) fn message(self) -> ChatMessageOut {
+        let called = !self.tool_calls.is_empty();
+        ChatMessageOut {
+            role: "assistant",
+            content: (!called || !self.content.trim().is_empty()).then_some(self.content),
+            reasoning_content: self.reasoning.clone(),
+            reasoning: self.reasoning,
+            tool_calls: called.then_some(self.tool_calls),
+        }
+    }
 }

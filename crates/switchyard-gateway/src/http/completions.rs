@@ -26,6 +26,7 @@ use tracing::field::Empty;
 
 use super::AppState;
 use crate::admission::FlowKey;
+use crate::chat_output::ChatOutput;
 use crate::error::ApiError;
 use crate::http::server::BodyTimeout;
 use crate::metrics::RequestLabels;
@@ -155,6 +156,8 @@ pub(super) struct Prepared {
     pub(super) arrived: Instant,
     /// The request's trace span, held until the answer (a whole stream) is written.
     pub(super) span: tracing::Span,
+    /// How a chat answer's reasoning and tool calls are read from the text.
+    pub(super) output: ChatOutput,
 }
 
 impl Prepared {
@@ -219,6 +222,8 @@ pub async fn chat(
                 source: PromptSource::Chat {
                     messages,
                     tools: request.tools,
+                    tool_choice: request.tool_choice,
+                    parallel_tool_calls: request.parallel_tool_calls,
                 },
                 echo: false,
             })
@@ -327,6 +332,8 @@ async fn serve<T: DeserializeOwned>(
         sampling_of(&sampling, asked.unwrap_or(u32::MAX), asks.logprobs)?;
         let routes = model_routes(&state, &model)?;
         served_model.clone_from(&model);
+        let tokenizer = state.tokenizers.for_model(&model);
+        let (source, output) = settle_output(&state, &model, &tokenizer.dir, source)?;
         let session = session_of(&headers);
         let client = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
         let flow = FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client);
@@ -336,7 +343,6 @@ async fn serve<T: DeserializeOwned>(
             .admit(flow.clone(), client, &state.metrics)
             .instrument(admission)
             .await?;
-        let tokenizer = state.tokenizers.for_model(&model);
         let prompts = tokenize(&state, &tokenizer, source, session.clone(), &routes).await?;
         let model_dir = Arc::clone(&tokenizer.dir);
         let prepared = prepare(
@@ -353,6 +359,7 @@ async fn serve<T: DeserializeOwned>(
                 flow,
                 client,
                 arrived,
+                output,
             },
         )?;
         Ok::<_, ApiError>((permit, prepared))
@@ -377,6 +384,7 @@ struct Request {
     flow: FlowKey,
     client: Option<IpAddr>,
     arrived: Instant,
+    output: ChatOutput,
 }
 
 /// Checks each prompt against the context and settles its `max_tokens`.
@@ -444,7 +452,38 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
         client: r.client,
         arrived: r.arrived,
         span,
+        output: r.output,
     })
+}
+
+/// Settles a chat request's tools against the model's output parsers (before admission, so a
+/// request that cannot be honoured waits for nothing); other requests read plain text.
+fn settle_output(
+    state: &AppState,
+    model: &str,
+    dir: &ModelDir,
+    source: PromptSource,
+) -> Result<(PromptSource, ChatOutput), ApiError> {
+    match source {
+        PromptSource::Chat {
+            messages,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+        } => {
+            let formats = state.config.output.formats(model, dir);
+            let (output, tools) =
+                ChatOutput::resolve(formats, model, tools, tool_choice, parallel_tool_calls)?;
+            let source = PromptSource::Chat {
+                messages,
+                tools,
+                tool_choice: None,
+                parallel_tool_calls: None,
+            };
+            Ok((source, output))
+        }
+        other => Ok((other, ChatOutput::default())),
+    }
 }
 
 fn rand_id() -> u64 {

@@ -19,6 +19,8 @@ pub(super) enum PromptSource {
     Chat {
         messages: Vec<ChatMessage>,
         tools: Option<Vec<serde_json::Value>>,
+        tool_choice: Option<serde_json::Value>,
+        parallel_tool_calls: Option<bool>,
     },
     Texts(Vec<String>),
     Tokens(Vec<Vec<TokenId>>),
@@ -69,7 +71,9 @@ pub(super) async fn tokenize(
     let prompts = async {
         let span = tracing::Span::current();
         match source {
-            PromptSource::Chat { messages, tools } => {
+            PromptSource::Chat {
+                messages, tools, ..
+            } => {
                 span.record("input", "chat");
                 let tokens = preprocess::encode_chat(
                     &state.metrics,

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::chat_output::ToolCallOut;
 pub use logprobs::LogprobsOut;
 
 /// `stop`: one string or a list of up to four.
@@ -86,6 +87,11 @@ pub struct ChatCompletionRequest {
     pub messages: Vec<serde_json::Value>,
     #[serde(default)]
     pub tools: Option<Vec<serde_json::Value>>,
+    /// `none`, `auto` (the default with tools); `required` and named functions are refused
+    /// until guided decoding reaches the engines.
+    pub tool_choice: Option<serde_json::Value>,
+    /// `false`: only the model's first tool call is returned.
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
     /// Fields the gateway does not take: refused with a 400 naming the first.
@@ -153,7 +159,16 @@ impl Usage {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the model only called tools.
+    pub content: Option<String>,
+    /// The model's reasoning, under both names clients read: `reasoning_content` (DeepSeek,
+    /// SGLang, Dynamo) and `reasoning` (vLLM since 0.16).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -180,6 +195,14 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The model's reasoning, under both names clients read: `reasoning_content` (DeepSeek,
+    /// SGLang, Dynamo) and `reasoning` (vLLM since 0.16).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -149,3 +149,74 @@ async fn preprocessor_encodes_long_prompts_off_the_reactor() {
             .unwrap()
     );
 }
+
+/// What Qwen3's own template writes for an assistant turn with reasoning and tool calls is what
+/// the output parser it implies reads back: the reasoning, the answer and the calls.
+#[test]
+fn the_template_s_tool_calls_and_reasoning_parse_back() {
+    use switchyard_tokenize::{OutputEvent, OutputParser, ReasoningFormat, ToolCallFormat};
+
+    let model = qwen3();
+    let template = model.chat_template().expect("Qwen3 has a chat template");
+    let formats = template.output_formats();
+    assert_eq!(formats.tool_call, Some(ToolCallFormat::Hermes));
+    assert_eq!(formats.reasoning, Some(ReasoningFormat::Think));
+
+    let tools = vec![serde_json::json!({"type": "function", "function": {
+        "name": "read_file", "parameters": {"type": "object",
+        "properties": {"path": {"type": "string"}}}}})];
+    let assistant: ChatMessage = serde_json::from_value(serde_json::json!({
+        "role": "assistant",
+        "content": "Reading it.",
+        "reasoning_content": "The user wants the file.",
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "read_file", "arguments": {"path": "src/lib.rs"}}}]
+    }))
+    .unwrap();
+    let mut request = ChatRequest::new(vec![
+        ChatMessage::text("user", "Open src/lib.rs"),
+        assistant,
+    ]);
+    request.tools = Some(tools.clone());
+    request.add_generation_prompt = false;
+    let rendered = model.render_chat(&request).unwrap();
+    let turn = rendered
+        .rsplit("<|im_start|>assistant\n")
+        .next()
+        .and_then(|t| t.split("<|im_end|>").next())
+        .unwrap();
+
+    let mut parser = OutputParser::new(
+        formats.reasoning,
+        false,
+        formats.tool_call.map(|f| (f, &tools[..])),
+    );
+    let mut events = parser.push(turn);
+    events.extend(parser.finish());
+    let reasoning: String = events
+        .iter()
+        .filter_map(|e| match e {
+            OutputEvent::Reasoning(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect();
+    let content: String = events
+        .iter()
+        .filter_map(|e| match e {
+            OutputEvent::Content(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect();
+    let calls: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            OutputEvent::ToolCall(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasoning.trim(), "The user wants the file.", "{turn:?}");
+    assert_eq!(content.trim(), "Reading it.", "{turn:?}");
+    assert_eq!(calls.len(), 1, "{turn:?}");
+    assert_eq!(calls[0].name, "read_file");
+    assert_eq!(calls[0].arguments, r#"{"path":"src/lib.rs"}"#);
+}
