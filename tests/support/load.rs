@@ -190,7 +190,7 @@ impl Client {
                 "role": "user",
                 "content": format!("client {} session {session} turn {}", self.index, history.len() / 2),
             }));
-            let stream = (sent + self.index as u64) % 2 == 0;
+            let stream = (sent + self.index as u64).is_multiple_of(2);
             let abandon = stream
                 && self
                     .spec

@@ -114,9 +114,9 @@ fn resync(
     }
     let mut next = fresh;
     for (id, info) in std::mem::take(known) {
-        if !next.contains_key(&id) {
-            missing.entry(id.clone()).or_insert(give_up_at);
-            next.insert(id, info);
+        if let std::collections::btree_map::Entry::Vacant(slot) = next.entry(id) {
+            missing.entry(slot.key().clone()).or_insert(give_up_at);
+            slot.insert(info);
         }
     }
     *known = next;
