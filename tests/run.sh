@@ -39,5 +39,9 @@ bash deploy/validate.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --doc --locked
-# Last, so its summary closes the run.
+# A 3-minute soak of `switchyard up` under mixed load: flat memory and descriptors, nothing left
+# in flight (tests/soak.sh; 30 min by default when run by hand).
+SOAK_SECS=180 bash tests/soak.sh
+# Last, so its summary closes the run. The chaos suites (tests/chaos/) run here in their short
+# variants; SWITCHYARD_CHAOS_FULL=1 runs the long ones (docs/operations.md).
 cargo nextest run --workspace --locked --no-fail-fast

@@ -20,21 +20,13 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{Api, Launch, chat, eventually};
+use support::{Api, Launch, chat, eventually, signal};
 use switchyard_testkit::EtcdServer;
 
 /// Longer than any test here: a worker that leaves does so because the gateway noticed, not
 /// because its lease ran out.
 const LONG_TTL: &str = "30";
 const RECOVERY: Duration = Duration::from_secs(60);
-
-fn signal(pid: u32, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {sig} {pid}");
-}
 
 /// The gateway's view of one worker (`/admin/workers`).
 async fn worker_view(api: &Api, id: &str) -> Option<Value> {

@@ -4,7 +4,9 @@
 #![allow(dead_code)]
 
 pub mod fake_engine;
+pub mod fault_proxy;
 mod launch;
+pub mod load;
 
 pub use launch::Launch;
 
@@ -96,6 +98,21 @@ impl WorkerProcess {
             .expect("worker exits within 60 s of SIGTERM")
             .expect("wait for worker")
     }
+}
+
+/// Whether the chaos tests run their full variants (longer faults, more load):
+/// `SWITCHYARD_CHAOS_FULL=1`.
+pub fn chaos_full() -> bool {
+    std::env::var("SWITCHYARD_CHAOS_FULL").is_ok_and(|v| v == "1")
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`, `-KILL`, `-TERM`) to process `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {sig} {pid}");
 }
 
 /// Polls `check` until it returns true or `limit` passes.

@@ -5,13 +5,16 @@
 //! - `lease`: the keep-alive task of a [`Registration`], which rides out etcd outages and
 //!   re-registers under a new lease when the old one expired meanwhile.
 //! - `watch`: the task feeding a [`WorkerWatch`], which resumes after a broken stream by
-//!   listing again and emitting the differences.
+//!   listing again and emitting the differences (a worker the new list lacks is removed only
+//!   if it is still missing [`RESYNC_REMOVAL_GRACE`] later).
 //!
 //! Values under `workers/` that are not a valid [`WorkerInfo`] for their key are skipped with a
 //! warning, so one bad write cannot take the cluster's membership down.
 
 mod lease;
 mod watch;
+
+pub use watch::RESYNC_REMOVAL_GRACE;
 
 use std::collections::BTreeMap;
 use std::future::Future;

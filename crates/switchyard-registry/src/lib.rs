@@ -20,7 +20,6 @@
 // Tests may unwrap: a failure there is the test failing.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -274,27 +273,6 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<(), RegistryError> {
     Ok(())
 }
 
-/// The changes that turn the view `known` into `fresh`, in id order.
-pub(crate) fn diff_workers(
-    known: &BTreeMap<WorkerId, WorkerInfo>,
-    fresh: &BTreeMap<WorkerId, WorkerInfo>,
-) -> Vec<WorkerChange> {
-    let mut changes = Vec::new();
-    for (id, info) in fresh {
-        match known.get(id) {
-            None => changes.push(WorkerChange::Added(info.clone())),
-            Some(old) if old != info => changes.push(WorkerChange::Updated(info.clone())),
-            Some(_) => {}
-        }
-    }
-    for id in known.keys() {
-        if !fresh.contains_key(id) {
-            changes.push(WorkerChange::Removed(id.clone()));
-        }
-    }
-    changes
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,26 +306,6 @@ mod tests {
             check_admission(&worker("c", "m", 32), &live, false),
             Err(RegistryError::BlockSizeMismatch { .. })
         ));
-    }
-
-    #[test]
-    fn diff_reports_additions_updates_and_removals() {
-        let map = |ws: Vec<WorkerInfo>| -> BTreeMap<_, _> {
-            ws.into_iter().map(|w| (w.id.clone(), w)).collect()
-        };
-        let known = map(vec![worker("a", "m", 16), worker("b", "m", 16)]);
-        let mut b2 = worker("b", "m", 16);
-        b2.role = Role::Decode;
-        let fresh = map(vec![b2.clone(), worker("c", "m", 16)]);
-        assert_eq!(
-            diff_workers(&known, &fresh),
-            vec![
-                WorkerChange::Updated(b2),
-                WorkerChange::Added(worker("c", "m", 16)),
-                WorkerChange::Removed(WorkerId::new("a").unwrap()),
-            ]
-        );
-        assert!(diff_workers(&fresh, &fresh).is_empty());
     }
 
     #[test]

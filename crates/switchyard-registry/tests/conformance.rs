@@ -630,6 +630,49 @@ mod etcd_only {
     }
 
     #[tokio::test]
+    async fn an_etcd_that_lost_its_data_gets_the_worker_back_and_watchers_never_lose_it() {
+        let mut env = etcd_env().await;
+        let info = worker("w1", "m", 16);
+        let registration = env.registry.register(info.clone(), TTL).await.unwrap();
+        let mut watch = env.registry.watch_workers().await.unwrap();
+        let mut status = registration.status();
+
+        // Keys, leases and revisions all gone.
+        env.etcd.as_mut().unwrap().restart_empty().unwrap();
+        eventually("the worker registers again in the empty etcd", || async {
+            env.registry
+                .list_workers()
+                .await
+                .is_ok_and(|ws| ws == vec![info.clone()])
+        })
+        .await;
+        tokio::time::timeout(DEADLINE, status.wait_for(|s| *s == LeaseState::Live))
+            .await
+            .expect("status never came back to Live")
+            .unwrap();
+        // Past the resync grace, the watch has neither dropped nor re-added it...
+        tokio::time::sleep(switchyard_registry::etcd::RESYNC_REMOVAL_GRACE + TTL).await;
+        if let Some(change) = watch.try_next() {
+            panic!("the watch reported {change:?} for a worker that never left");
+        }
+        // ...and follows the new etcd.
+        let _w2 = env
+            .registry
+            .register(worker("w2", "m", 16), TTL)
+            .await
+            .unwrap();
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Added(worker("w2", "m", 16))
+        );
+        registration.deregister().await.unwrap();
+        assert_eq!(
+            next_change(&mut watch).await,
+            WorkerChange::Removed(info.id.clone())
+        );
+    }
+
+    #[tokio::test]
     async fn lost_lease_is_replaced_and_the_worker_re_registered() {
         let env = etcd_env().await;
         let mut raw = raw_client(&env).await;

@@ -194,6 +194,19 @@ impl EtcdServer {
         self.spawn_and_wait()
     }
 
+    /// Kills etcd (SIGKILL), deletes its data directory and starts it again on the same ports:
+    /// an etcd that lost everything (a member replaced, a volume lost). Leases, keys and
+    /// revisions start again from nothing.
+    pub fn restart_empty(&mut self) -> Result<(), TestkitError> {
+        self.stop();
+        match std::fs::remove_dir_all(self.data_dir()) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(io_error("cannot delete etcd's data directory")(error)),
+        }
+        self.spawn_and_wait()
+    }
+
     /// Whether the etcd process is running (it may not be healthy yet).
     pub fn is_running(&mut self) -> bool {
         self.child
