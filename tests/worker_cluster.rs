@@ -140,6 +140,7 @@ async fn two_workers_register_generate_publish_events_and_expire() {
     // Events: a fresh subscription starts with a snapshot, then live events in order.
     let mut events = ca
         .kv_events(KvEventsRequest {
+            digest_interval_ms: 0,
             from_seq: None,
             incarnation: 0,
         })
@@ -187,6 +188,7 @@ async fn two_workers_register_generate_publish_events_and_expire() {
     let resume_from = head.saturating_sub(2);
     let mut resumed = ca
         .kv_events(KvEventsRequest {
+            digest_interval_ms: 0,
             from_seq: Some(resume_from),
             incarnation,
         })
@@ -209,6 +211,7 @@ async fn two_workers_register_generate_publish_events_and_expire() {
         assert!(round < 50, "workload produces no events");
         let mut probe = ca
             .kv_events(KvEventsRequest {
+                digest_interval_ms: 0,
                 from_seq: None,
                 incarnation,
             })
@@ -225,6 +228,7 @@ async fn two_workers_register_generate_publish_events_and_expire() {
     }
     let mut too_old = ca
         .kv_events(KvEventsRequest {
+            digest_interval_ms: 0,
             from_seq: Some(0),
             incarnation,
         })

@@ -5,6 +5,7 @@
 
 pub mod fake_engine;
 pub mod fault_proxy;
+pub mod kv_tamper;
 mod launch;
 pub mod load;
 

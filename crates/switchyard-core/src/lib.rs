@@ -4,6 +4,8 @@
 //!
 //! - [`tokens`]: token ids and the block size that cuts a prompt into blocks.
 //! - [`hash`]: the chained 64-bit [`BlockHash`], Switchyard's own stable name for a prefix.
+//! - [`digest`]: an order-independent digest of a set of cached blocks, to check a consumer's
+//!   view of a worker's cache against the worker's own.
 //! - [`worker`]: who a worker is ([`WorkerId`], [`WorkerInfo`]) and what it does ([`Role`]).
 //! - [`event`]: the KV event model (`Stored`, `Removed`, `Cleared`) with per-incarnation
 //!   sequence numbers.
@@ -14,6 +16,7 @@
 //!   reader and one server-sent-events decoder (pure functions every crate shares).
 //! - [`error`]: the validation errors of this crate.
 
+pub mod digest;
 pub mod error;
 pub mod event;
 pub mod hash;
@@ -26,6 +29,7 @@ pub mod sse;
 pub mod tokens;
 pub mod worker;
 
+pub use digest::{BlockSetDigest, HASH_SCHEME, hash_probe};
 pub use error::CoreError;
 pub use event::{
     EventSeq, Incarnation, KvEvent, KvEventEnvelope, SnapshotBlock, StorageTier, StoredBlock,

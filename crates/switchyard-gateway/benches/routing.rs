@@ -43,7 +43,7 @@ fn routing_overhead(c: &mut Criterion) {
                             &routing::route_request(&pool, &routes, black_box(prompt), None),
                             4,
                             DecodeFilter::default(),
-                            "b",
+                            &std::sync::Arc::new(switchyard_gateway::audit::RequestTags::new("b")),
                             1,
                             None,
                         )

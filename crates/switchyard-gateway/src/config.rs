@@ -95,6 +95,8 @@ pub struct GatewayConfig {
     /// When the decode worker pulls the KV: `pipelined` (while the prefill runs, chunk by
     /// chunk) or `after-prefill`.
     pub kv_transfer: KvTransfer,
+    /// The decision log and the KV audit (`[audit]`, see `docs/admin-api.md`).
+    pub audit: crate::audit::AuditConfig,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -232,6 +234,7 @@ impl Default for GatewayConfig {
             prefill_timeout_secs: DEFAULT_PREFILL_TIMEOUT.as_secs(),
             otlp_endpoint: None,
             kv_transfer: KvTransfer::Pipelined,
+            audit: crate::audit::AuditConfig::default(),
         }
     }
 }
@@ -271,6 +274,7 @@ impl GatewayConfig {
                 "unresponsive_after_ms must be at least twice load_interval_ms, or workers flap out of routing",
             );
         }
+        self.audit.validate().map_err(ConfigError::Invalid)?;
         if self.decision_log_size == 0 {
             return invalid("decision_log_size must be at least 1");
         }
@@ -404,6 +408,18 @@ pub struct GatewayArgs {
     /// KV transfer of disaggregated requests: pipelined (default) or after-prefill.
     #[arg(long, env = "SWITCHYARD_KV_TRANSFER")]
     pub kv_transfer: Option<KvTransfer>,
+    /// Also write finished routing decisions to this JSON Lines file (rotated, size-capped).
+    #[arg(long, env = "SWITCHYARD_DECISION_LOG_PATH")]
+    pub decision_log_path: Option<PathBuf>,
+    /// Bytes the decision log may take on disk (with its one rotation).
+    #[arg(long, env = "SWITCHYARD_DECISION_LOG_MAX_BYTES")]
+    pub decision_log_max_bytes: Option<u64>,
+    /// Milliseconds between digests of each worker's blocks, checked against the index (0: off).
+    #[arg(long, env = "SWITCHYARD_DIGEST_INTERVAL_MS")]
+    pub digest_interval_ms: Option<u32>,
+    /// Milliseconds a worker may owe KV events before it is reported silent.
+    #[arg(long, env = "SWITCHYARD_KV_SILENCE_AFTER_MS")]
+    pub kv_silence_after_ms: Option<u64>,
 }
 
 fn parse_model_tokenizer(s: &str) -> Result<(String, String), String> {
@@ -493,6 +509,18 @@ impl GatewayArgs {
         }
         if let Some(v) = &self.recording_dir {
             config.recording_dir = Some(v.clone());
+        }
+        if let Some(v) = &self.decision_log_path {
+            config.audit.decision_log_path = Some(v.clone());
+        }
+        if let Some(v) = self.decision_log_max_bytes {
+            config.audit.decision_log_max_bytes = v;
+        }
+        if let Some(v) = self.digest_interval_ms {
+            config.audit.digest_interval_ms = v;
+        }
+        if let Some(v) = self.kv_silence_after_ms {
+            config.audit.kv_silence_after_ms = v;
         }
         if let Some(v) = self.disaggregation {
             config.disaggregation = v;

@@ -231,6 +231,7 @@ pub async fn prefill_stage(
     prompt: &[TokenId],
     decode: &mut RoutedRequest,
     request_id: &str,
+    tags: &Arc<crate::audit::RequestTags>,
     attempts: u32,
     excluded: &mut Vec<WorkerId>,
     route_span: Span,
@@ -270,7 +271,7 @@ pub async fn prefill_stage(
                     needs_prefill,
                     excluded,
                     decode,
-                    request_id,
+                    tags,
                     attempt,
                 )
             };
@@ -318,6 +319,7 @@ pub async fn prefill_stage(
             &request_span,
             prefill,
             prompt,
+            &request.block_hashes,
             request_id,
             attempt,
         )
@@ -381,6 +383,7 @@ async fn run_prefill(
     request_span: &Span,
     mut prefill: RoutedRequest,
     prompt: &[TokenId],
+    prompt_blocks: &[switchyard_core::BlockHash],
     request_id: &str,
     attempt: u32,
 ) -> Result<Prefilled, (RoutedRequest, PrefillFailure)> {
@@ -434,6 +437,20 @@ async fn run_prefill(
                 engine_transfer_params: response.engine_transfer_params,
                 pipelined: response.pipelined,
             };
+            // A pipelined answer's counts are not final: only a finished prefill's hit is compared.
+            if !response.pipelined {
+                crate::audit::realized::realize(
+                    pool,
+                    crate::audit::realized::Realized {
+                        entry: &prefill.audit,
+                        worker: &prefill.worker,
+                        routes: &prefill.routes,
+                        prompt_blocks,
+                        cached_prompt_tokens: u64::from(response.cached_prompt_tokens),
+                        comparable: true,
+                    },
+                );
+            }
             let running = if response.pipelined {
                 Some(Box::new(prefill))
             } else {
@@ -461,6 +478,15 @@ async fn run_prefill(
             PrefillFailure::Failed(failure)
         }
     };
+    let detail = match &failure {
+        PrefillFailure::Refused(message) => format!("refused the prompt: {message}"),
+        PrefillFailure::Failed(message) => message.clone(),
+    };
+    pool.decisions.end(
+        &prefill.audit,
+        crate::audit::OutcomeStatus::Failed,
+        Some(detail),
+    );
     Err((prefill, failure))
 }
 

@@ -8,9 +8,12 @@
 //! (detokenized incrementally, [`stop`] strings applied).
 //! [`pool`] holds the workers the registry watch reports and each model's routing state;
 //! [`metrics`] the Prometheus metrics; [`config`] the one configuration struct; [`recorder`]
-//! the on-demand recording of the router's inputs for `switchyard replay events`.
+//! the on-demand recording of the router's inputs for `switchyard replay events`; [`audit`] the
+//! decision log, predicted-against-realized prefix hits and the check of each worker's KV
+//! events against its own view.
 
 pub mod admission;
+pub mod audit;
 pub mod chat_output;
 pub mod config;
 pub mod disagg;
@@ -63,6 +66,8 @@ pub enum GatewayError {
     },
     #[error("cannot watch the registry: {0}")]
     Registry(String),
+    #[error(transparent)]
+    DecisionLog(#[from] audit::disk::DiskLogError),
 }
 
 /// Runs the gateway until `shutdown` is cancelled. `on_ready` gets the bound address once the
@@ -95,6 +100,19 @@ pub async fn run_with(
     .map_err(|e| GatewayError::Tokenizers(e.to_string()))?
     .map_err(GatewayError::Tokenizers)?;
     let metrics = Arc::new(Metrics::new());
+    let disk = match &config.audit.decision_log_path {
+        Some(path) => Some(
+            audit::disk::DiskLog::open(
+                path.clone(),
+                config.audit.decision_log_max_bytes,
+                metrics.audit.decisions_logged.clone(),
+                metrics.audit.decision_log_dropped.clone(),
+            )
+            .map_err(GatewayError::DecisionLog)?,
+        ),
+        None => None,
+    };
+    let decisions = audit::DecisionLog::new(config.decision_log_size, disk);
     let pool = Arc::new(
         WorkerPool::new(
             config.policy,
@@ -104,8 +122,11 @@ pub async fn run_with(
             Arc::clone(&metrics),
         )
         .map_err(|e| GatewayError::Routing(e.to_string()))?
-        .with_unresponsive_after(config.unresponsive_after()),
+        .with_unresponsive_after(config.unresponsive_after())
+        .with_audit(config.audit.clone(), decisions),
     );
+    pool.tasks
+        .spawn(audit::kv::watch_silence(Arc::clone(&pool)));
     // Know the registered workers before announcing readiness, so the first request finds them.
     // etcd may have gone away since the connection was made: wait for it, as at start.
     let watch = switchyard_registry::retry::until_available("watch the workers", &shutdown, || {

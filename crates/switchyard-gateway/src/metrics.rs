@@ -107,6 +107,8 @@ pub struct Metrics {
     pub worker_running_requests: Family<WorkerLabels, Gauge>,
     pub worker_active_blocks: Family<WorkerLabels, Gauge>,
     pub worker_indexed_blocks: Family<WorkerLabels, Gauge>,
+    /// Decisions, predictions against realized hits, KV event health ([`crate::audit`]).
+    pub audit: crate::audit::AuditMetrics,
 }
 
 fn length_histogram() -> Histogram {
@@ -172,6 +174,7 @@ impl Metrics {
             worker_running_requests: Family::default(),
             worker_active_blocks: Family::default(),
             worker_indexed_blocks: Family::default(),
+            audit: crate::audit::AuditMetrics::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -380,6 +383,7 @@ impl Metrics {
             "Blocks the prefix index holds for a worker",
             m.worker_indexed_blocks.clone(),
         );
+        m.audit.register(&mut registry);
         Self { registry, ..m }
     }
 

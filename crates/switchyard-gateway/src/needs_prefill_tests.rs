@@ -122,7 +122,7 @@ async fn stage(
         &request,
         4,
         DecodeFilter::default(),
-        "r",
+        &Arc::new(crate::audit::RequestTags::new("r")),
         1,
         None,
     )
@@ -136,6 +136,7 @@ async fn stage(
         &tokens,
         &mut decode,
         "r",
+        &Arc::new(crate::audit::RequestTags::new("r")),
         2,
         &mut excluded,
         Span::none(),
@@ -213,6 +214,7 @@ async fn explain_shows_the_forced_prefill_and_the_reroute() {
 fn job(routes: &Arc<ModelRoutes>, mode: Disaggregation) -> GenerateJob {
     GenerateJob {
         request_id: "r".into(),
+        tags: Arc::new(crate::audit::RequestTags::new("r")),
         routes: Arc::clone(routes),
         prompt: (0..16).collect(),
         sampling: switchyard_core::Sampling {
@@ -271,9 +273,9 @@ async fn without_a_prefill_or_an_aggregated_worker_the_request_fails_with_a_reas
     }
     // The decision log shows the decode worker was chosen under `auto` and then rerouted; no
     // route ever went to it with disaggregation off.
-    let log: Vec<String> = r
-        .lock()
-        .log
+    let log: Vec<String> = p
+        .decisions
+        .entries()
         .iter()
         .map(|d| d.decision.worker.to_string())
         .collect();
@@ -301,9 +303,9 @@ async fn a_rerouted_request_lands_on_an_aggregated_worker_with_the_reason_logged
     // The `both` worker listens nowhere, so the request then fails as that worker's fault;
     // the decision log is what this checks.
     let _ = failure(&p, job(&r, Disaggregation::Auto)).await;
-    let log: Vec<(String, Option<String>)> = r
-        .lock()
-        .log
+    let log: Vec<(String, Option<String>)> = p
+        .decisions
+        .entries()
         .iter()
         .map(|d| (d.decision.worker.to_string(), d.note.clone()))
         .collect();

@@ -7,23 +7,21 @@
 //! leaves is dropped from both at once. Routing ([`crate::routing`]) locks a model's
 //! [`RouterCore`] for the few microseconds a decision takes; nothing awaits under that lock.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use serde::Serialize;
 use switchyard_core::{BlockSize, WorkerId, WorkerInfo};
 use switchyard_proto::v1::worker_client::WorkerClient;
 use switchyard_router::serve::ServingCore;
-use switchyard_router::{
-    Decision, IndexConfig, LoadConfig, PolicyConfig, PolicyKind, RouteError, Tick,
-};
+use switchyard_router::{IndexConfig, LoadConfig, PolicyConfig, PolicyKind, RouteError, Tick};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::audit::{AuditConfig, DecisionLog, KvAudit};
 use crate::metrics::{Metrics, WorkerLabels};
 use crate::recorder::{Record, Recorder};
 use crate::transport::{GrpcTransport, WorkerTransport};
@@ -34,48 +32,11 @@ pub fn default_unresponsive_after(load_interval_ms: u32) -> Duration {
     Duration::from_millis(u64::from(load_interval_ms) * 20).max(Duration::from_secs(2))
 }
 
-/// One routing decision as the decision log keeps it.
-#[derive(Debug, Clone, Serialize)]
-pub struct DecisionRecord {
-    pub request_id: String,
-    pub model: String,
-    pub at_unix_ms: u64,
-    pub attempt: u32,
-    /// The pool chosen from: `decode` (generation) or `prefill` (disaggregated prefill).
-    pub stage: crate::routing::Stage,
-    /// The routed request's own decision, shared rather than copied (its explanation holds a
-    /// breakdown per candidate worker); only its explanation is shown.
-    #[serde(rename = "explanation", serialize_with = "explanation_of")]
-    pub decision: Arc<Decision>,
-    /// Why the candidates were narrowed, when an earlier attempt of the request says so (a
-    /// reroute: its decode worker serves only with a prefill worker and none could serve).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
-fn explanation_of<S: serde::Serializer>(
-    decision: &Arc<Decision>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    decision.explanation.serialize(serializer)
-}
-
-/// The routing state of one model: the serving core (index, load view, policies) and the
-/// decision log.
+/// The routing state of one model: the serving core (index, load view, policies). Its
+/// decisions go to the pool's [`DecisionLog`].
 #[derive(Debug)]
 pub struct RouterCore {
     pub serving: ServingCore,
-    pub log: VecDeque<DecisionRecord>,
-    log_size: usize,
-}
-
-impl RouterCore {
-    pub fn record(&mut self, record: DecisionRecord) {
-        if self.log.len() == self.log_size {
-            self.log.pop_front();
-        }
-        self.log.push_back(record);
-    }
 }
 
 /// A model's routing state, shared by its workers' subscribers and the request path.
@@ -106,6 +67,8 @@ pub struct WorkerHandle {
     pub health: crate::health::Health,
     /// Cancels this worker's subscriber tasks.
     pub cancel: CancellationToken,
+    /// Whether its KV events arrive and agree with its own view ([`crate::audit::kv`]).
+    pub kv: KvAudit,
 }
 
 impl WorkerHandle {
@@ -133,7 +96,12 @@ pub struct WorkerPool {
     models: RwLock<BTreeMap<String, Arc<ModelRoutes>>>,
     policy_settings: PolicyConfig,
     policy_kind: RwLock<PolicyKind>,
-    decision_log_size: usize,
+    /// Every routing decision with what then happened ([`crate::audit::decisions`]).
+    pub decisions: Arc<DecisionLog>,
+    pub(crate) audit: AuditConfig,
+    /// Registered workers refused for routing, with the reason (their block size differs from
+    /// their model's).
+    refused: RwLock<BTreeMap<WorkerId, String>>,
     pub(crate) load_interval_ms: u32,
     pub metrics: Arc<Metrics>,
     epoch: Instant,
@@ -163,7 +131,9 @@ impl WorkerPool {
             models: RwLock::new(BTreeMap::new()),
             policy_settings,
             policy_kind: RwLock::new(policy_kind),
-            decision_log_size: decision_log_size.max(1),
+            decisions: Arc::new(DecisionLog::new(decision_log_size, None)),
+            audit: AuditConfig::default(),
+            refused: RwLock::new(BTreeMap::new()),
             load_interval_ms,
             metrics,
             epoch,
@@ -173,6 +143,31 @@ impl WorkerPool {
             transport: Arc::new(GrpcTransport),
             unresponsive_after: default_unresponsive_after(load_interval_ms),
         })
+    }
+
+    /// The same pool with the audit's settings and decision log (an on-disk copy, when
+    /// configured).
+    pub fn with_audit(mut self, audit: AuditConfig, decisions: DecisionLog) -> Self {
+        self.audit = audit;
+        self.decisions = Arc::new(decisions);
+        self
+    }
+
+    /// Registered workers the pool refuses to route to, with the reason.
+    pub fn refused(&self) -> BTreeMap<WorkerId, String> {
+        self.refused
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_refused(&self, id: &WorkerId, reason: Option<String>) {
+        let mut refused = self.refused.write().unwrap_or_else(|p| p.into_inner());
+        match reason {
+            Some(reason) => refused.insert(id.clone(), reason),
+            None => refused.remove(id),
+        };
+        self.metrics.audit.workers_refused.set(refused.len() as i64);
     }
 
     /// The same pool, calling a worker unresponsive after `after` without a load report.
@@ -304,11 +299,7 @@ impl WorkerPool {
             model: info.model.clone(),
             block_size: info.block_size,
             max_context_tokens: info.max_context_tokens,
-            core: parking_lot::Mutex::new(RouterCore {
-                serving,
-                log: VecDeque::new(),
-                log_size: self.decision_log_size,
-            }),
+            core: parking_lot::Mutex::new(RouterCore { serving }),
         });
         models.insert(info.model.clone(), Arc::clone(&routes));
         Ok(routes)
@@ -328,10 +319,12 @@ impl WorkerPool {
         let routes = match self.routes_for(&info) {
             Ok(routes) => routes,
             Err(message) => {
-                tracing::warn!(worker = %info.id, "{message}; ignoring the worker");
+                tracing::warn!(worker = %info.id, "{message}; refusing to route to the worker");
+                self.set_refused(&info.id, Some(message));
                 return;
             }
         };
+        self.set_refused(&info.id, None);
         let channel = match Endpoint::from_shared(format!("http://{}", info.address)) {
             Ok(endpoint) => endpoint
                 .connect_timeout(Duration::from_secs(2))
@@ -350,6 +343,7 @@ impl WorkerPool {
             health: crate::health::Health::new(),
             cancel: self.cancel.child_token(),
             info: RwLock::new(info.clone()),
+            kv: KvAudit::default(),
         });
         self.workers
             .write()
@@ -368,6 +362,7 @@ impl WorkerPool {
 
     /// A worker left: stop following it and forget its blocks and load at once.
     pub fn remove_worker(&self, id: &WorkerId) {
+        self.set_refused(id, None);
         let removed = self
             .workers
             .write()
@@ -386,6 +381,7 @@ impl WorkerPool {
             });
         }
         self.metrics.remove_worker(id.as_str());
+        self.metrics.audit.remove_worker(id.as_str());
         self.metrics
             .workers
             .set(self.workers.read().map(|w| w.len()).unwrap_or(0) as i64);

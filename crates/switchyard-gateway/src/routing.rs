@@ -4,7 +4,7 @@
 //! and what is booked is the core's; this file only supplies the gateway's inputs.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use switchyard_core::{EngineKind, TokenId, WorkerId, WorkerInfo};
 use switchyard_router::serve::{
@@ -13,8 +13,9 @@ use switchyard_router::serve::{
 };
 use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
 
+use crate::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::metrics::PolicyLabels;
-use crate::pool::{DecisionRecord, ModelRoutes, WorkerHandle, WorkerPool};
+use crate::pool::{ModelRoutes, WorkerHandle, WorkerPool};
 use crate::recorder::{Record, Recorder, RouteRecord};
 
 /// A routed request. While it lives, the model's load view counts its [`Booking`] on the
@@ -30,7 +31,10 @@ pub struct RoutedRequest {
     pub cached_blocks: u32,
     /// What the core booked for this request on the worker.
     pub booking: Booking,
-    routes: Arc<ModelRoutes>,
+    /// The decision as the decision log keeps it, to which the outcome is written.
+    pub audit: Arc<DecisionEntry>,
+    decisions: Arc<DecisionLog>,
+    pub routes: Arc<ModelRoutes>,
     prefill_done: bool,
     recorder: Arc<Recorder>,
     /// Whether the KV recording sees this request. Prefill-pool routes are left out: a
@@ -93,6 +97,12 @@ impl RoutedRequest {
 
 impl Drop for RoutedRequest {
     fn drop(&mut self) {
+        // A prefill decision's work ends with its route (a failure was written before);
+        // dispatch writes a decode decision's outcome, which it knows better.
+        if self.audit.stage == Stage::Prefill {
+            self.decisions
+                .end(&self.audit, OutcomeStatus::Completed, None);
+        }
         self.routes.lock().serving.finished(&self.booking);
         if self.recorded {
             self.recorder.record(|| self.bookkeeping_record(false));
@@ -225,7 +235,7 @@ pub fn route(
     request: &RouteRequest,
     max_tokens: u32,
     filter: DecodeFilter<'_>,
-    request_id: &str,
+    tags: &Arc<RequestTags>,
     attempt: u32,
     note: Option<&str>,
 ) -> Result<RoutedRequest, RouteError> {
@@ -249,17 +259,17 @@ pub fn route(
                 cached_blocks,
             )
         });
-        core.record(DecisionRecord {
-            request_id: request_id.to_owned(),
-            model: routes.model.clone(),
-            at_unix_ms: unix_ms(),
-            attempt,
-            stage: Stage::Decode,
-            decision: Arc::clone(&decision),
-            note: note.map(str::to_owned),
-        });
         (decision, booking)
     };
+    let audit = pool.decisions.push(DecisionEntry::new(
+        Arc::clone(tags),
+        routes.model.clone(),
+        routes.block_size.get(),
+        attempt,
+        Stage::Decode,
+        Arc::clone(&decision),
+        note.map(str::to_owned),
+    ));
     let m = &pool.metrics;
     m.routing_overhead.observe(started.elapsed().as_secs_f64());
     m.decisions
@@ -271,22 +281,15 @@ pub fn route(
         .inc_by(request.block_hashes.len() as u64);
     m.prompt_blocks_cached
         .inc_by(u64::from(cached_blocks(&decision)));
-    routed_request(pool, routes, candidates, decision, booking, true)
+    routed_request(pool, routes, candidates, decision, booking, audit, true)
 }
 
 fn cached_blocks(decision: &Decision) -> u32 {
     decision.chosen().map_or(0, |c| c.overlap.device)
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Which pool a decision chose from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
     /// A worker that generates (role decode or both).
@@ -320,7 +323,7 @@ pub fn route_prefill(
     needs_prefill: bool,
     exclude: &[WorkerId],
     decode: &mut RoutedRequest,
-    request_id: &str,
+    tags: &Arc<RequestTags>,
     attempt: u32,
 ) -> PrefillRoute {
     let candidates = prefill_candidates(pool, routes, engine, exclude);
@@ -338,19 +341,18 @@ pub fn route_prefill(
         let booking = core
             .serving
             .book_prefill(&decision, request, &mut decode.booking);
-        let decision = Arc::new(decision);
-        core.record(DecisionRecord {
-            request_id: request_id.to_owned(),
-            model: routes.model.clone(),
-            at_unix_ms: unix_ms(),
-            attempt,
-            stage: Stage::Prefill,
-            decision: Arc::clone(&decision),
-            note: None,
-        });
-        (decision, booking)
+        (Arc::new(decision), booking)
     };
-    match routed_request(pool, routes, candidates, decision, booking, false) {
+    let audit = pool.decisions.push(DecisionEntry::new(
+        Arc::clone(tags),
+        routes.model.clone(),
+        routes.block_size.get(),
+        attempt,
+        Stage::Prefill,
+        Arc::clone(&decision),
+        None,
+    ));
+    match routed_request(pool, routes, candidates, decision, booking, audit, false) {
         Ok(routed) => PrefillRoute::Routed(routed),
         Err(err) => PrefillRoute::Unavailable(err),
     }
@@ -380,11 +382,17 @@ fn routed_request(
     candidates: Candidates,
     decision: Arc<Decision>,
     booking: Booking,
+    audit: Arc<DecisionEntry>,
     recorded: bool,
 ) -> Result<RoutedRequest, RouteError> {
     let Some(worker) = candidates.take(&decision.worker) else {
         // Cannot happen (the policy chooses among the candidates); release what was booked.
         routes.lock().serving.finished(&booking);
+        pool.decisions.end(
+            &audit,
+            OutcomeStatus::Failed,
+            Some("the chosen worker was not among the candidates".into()),
+        );
         return Err(RouteError::NoCandidates);
     };
     Ok(RoutedRequest {
@@ -393,6 +401,8 @@ fn routed_request(
         worker,
         decision,
         booking,
+        audit,
+        decisions: Arc::clone(&pool.decisions),
         routes: Arc::clone(routes),
         prefill_done: false,
         recorder: Arc::clone(&pool.recorder),

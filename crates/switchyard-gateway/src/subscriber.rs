@@ -3,7 +3,9 @@
 //! The event stream resumes after the last applied sequence number when it reconnects; the
 //! worker answers with the missed events or, when they are gone, a snapshot. A gap (or an
 //! invalid event) makes the subscriber ask for a fresh snapshot. A worker restart shows up as a
-//! new incarnation, whose snapshot replaces everything known of the worker.
+//! new incarnation, whose snapshot replaces everything known of the worker. The worker's
+//! periodic digests of its own view are compared with the index at the same point of the
+//! stream ([`crate::audit::kv`]); a mismatch asks for a snapshot too.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -62,6 +64,7 @@ async fn follow_events(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes:
         let request = KvEventsRequest {
             from_seq: cursor.next_seq,
             incarnation: cursor.incarnation,
+            digest_interval_ms: pool.audit.digest_interval_ms,
         };
         let mut client = worker.client.clone();
         match client.kv_events(request).await {
@@ -150,6 +153,11 @@ fn apply(
                     let entries = core.serving.index.worker_entries(id);
                     drop(core);
                     set_indexed(pool, id, entries);
+                    // A snapshot past sequence 0 shows the worker has published events (one
+                    // that never publishes stays at 0 however much it serves).
+                    if snapshot.next_seq > 0 {
+                        crate::audit::kv::note_event(pool, id);
+                    }
                     *cursor = Cursor {
                         incarnation,
                         next_seq: Some(snapshot.next_seq),
@@ -187,6 +195,7 @@ fn apply(
                     let entries = core.serving.index.worker_entries(id);
                     drop(core);
                     set_indexed(pool, id, entries);
+                    crate::audit::kv::note_event(pool, id);
                     *cursor = Cursor {
                         incarnation,
                         next_seq: Some(seq + 1),
@@ -204,6 +213,15 @@ fn apply(
                     false
                 }
             }
+        }
+        Some(Payload::Digest(digest)) => {
+            let at = if incarnation == cursor.incarnation {
+                cursor.next_seq
+            } else {
+                None
+            };
+            crate::audit::kv::check_digest(pool, routes, id, at, &digest)
+                == crate::audit::kv::DigestVerdict::Keep
         }
         None => true,
     }

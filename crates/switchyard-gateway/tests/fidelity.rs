@@ -293,6 +293,7 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 next_id += 1;
                 let job = GenerateJob {
                     request_id: id.clone(),
+                    tags: Arc::new(switchyard_gateway::audit::RequestTags::new(id.clone())),
                     routes: Arc::clone(&routes),
                     prompt: tokens.clone(),
                     sampling: switchyard_core::Sampling {
@@ -457,9 +458,9 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
         }
         settle().await;
-        let live_log: Vec<(Stage, Decision)> = routes
-            .lock()
-            .log
+        let live_log: Vec<(Stage, Decision)> = pool
+            .decisions
+            .entries()
             .iter()
             .map(|d| (d.stage, (*d.decision).clone()))
             .collect();

@@ -5,13 +5,15 @@
 //! it stopped, and keeps its own view of the blocks the events describe so it can answer a
 //! consumer that asks for something older with an exact snapshot. The snapshot and the live
 //! subscription are taken under one lock, so a consumer sees neither a gap nor a duplicate.
+//! The view's [`BlockSetDigest`] is kept up to date with it and travels with every event, so a
+//! stream can tell its consumer exactly what it should hold after any event it sent.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use switchyard_core::{
-    BlockHash, EventSeq, Incarnation, KvEvent, SnapshotBlock, StorageTier, WorkerId,
+    BlockHash, BlockSetDigest, EventSeq, Incarnation, KvEvent, SnapshotBlock, StorageTier, WorkerId,
 };
 use tokio::sync::broadcast;
 
@@ -20,6 +22,8 @@ use tokio::sync::broadcast;
 pub struct SequencedEvent {
     pub seq: EventSeq,
     pub event: KvEvent,
+    /// The digest of the log's view once this event is applied.
+    pub digest: BlockSetDigest,
 }
 
 /// How a subscription starts.
@@ -31,6 +35,8 @@ pub enum SubscriptionStart {
     Snapshot {
         next_seq: EventSeq,
         blocks: Vec<SnapshotBlock>,
+        /// The digest of `blocks`.
+        digest: BlockSetDigest,
     },
 }
 
@@ -39,6 +45,9 @@ pub enum SubscriptionStart {
 pub struct Subscription {
     pub start: SubscriptionStart,
     pub live: broadcast::Receiver<Arc<SequencedEvent>>,
+    /// Where the start leaves the consumer: the next sequence number and the digest of the view
+    /// the events before it leave in place.
+    pub at: (EventSeq, BlockSetDigest),
 }
 
 #[derive(Debug)]
@@ -47,6 +56,8 @@ struct LogState {
     buffer: VecDeque<Arc<SequencedEvent>>,
     /// (hash, tier) → parent, exactly the blocks the published events leave in place.
     blocks: BTreeMap<(BlockHash, StorageTier), Option<BlockHash>>,
+    /// Digest of `blocks`, kept up to date with it.
+    digest: BlockSetDigest,
 }
 
 /// The event log of one engine incarnation.
@@ -75,6 +86,7 @@ impl EventLog {
                 next_seq: 0,
                 buffer: VecDeque::with_capacity(capacity),
                 blocks: BTreeMap::new(),
+                digest: BlockSetDigest::default(),
             }),
             live_tx,
             snapshots: AtomicU64::new(0),
@@ -100,6 +112,13 @@ impl EventLog {
         self.lock().blocks.len()
     }
 
+    /// The digest of the view, and the sequence number of the next event (the view is what the
+    /// events before it leave in place).
+    pub fn digest(&self) -> (EventSeq, BlockSetDigest) {
+        let state = self.lock();
+        (state.next_seq, state.digest)
+    }
+
     /// Subscriptions served since start: (started from a snapshot, resumed from the buffer).
     pub fn subscriptions(&self) -> (u64, u64) {
         (
@@ -118,10 +137,12 @@ impl EventLog {
         let mut state = self.lock();
         let mut last = None;
         for event in events {
-            apply_to_view(&mut state.blocks, &event);
+            let LogState { blocks, digest, .. } = &mut *state;
+            apply_to_view(blocks, digest, &event);
             let item = Arc::new(SequencedEvent {
                 seq: state.next_seq,
                 event,
+                digest: state.digest,
             });
             state.next_seq += 1;
             if state.buffer.len() == self.capacity {
@@ -153,6 +174,7 @@ impl EventLog {
                 self.snapshots.fetch_add(1, Ordering::Relaxed);
                 SubscriptionStart::Snapshot {
                     next_seq: state.next_seq,
+                    digest: state.digest,
                     blocks: state
                         .blocks
                         .iter()
@@ -161,7 +183,11 @@ impl EventLog {
                 }
             }
         };
-        Subscription { start, live }
+        Subscription {
+            start,
+            live,
+            at: (state.next_seq, state.digest),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
@@ -175,6 +201,7 @@ impl EventLog {
 
 fn apply_to_view(
     blocks: &mut BTreeMap<(BlockHash, StorageTier), Option<BlockHash>>,
+    digest: &mut BlockSetDigest,
     event: &KvEvent,
 ) {
     match event {
@@ -185,7 +212,9 @@ fn apply_to_view(
         } => {
             let mut prev = *parent;
             for block in stored {
-                blocks.insert((block.hash, *tier), prev);
+                if blocks.insert((block.hash, *tier), prev).is_none() {
+                    digest.add(block.hash, *tier);
+                }
                 prev = Some(block.hash);
             }
         }
@@ -194,10 +223,15 @@ fn apply_to_view(
             tier,
         } => {
             for hash in removed {
-                blocks.remove(&(*hash, *tier));
+                if blocks.remove(&(*hash, *tier)).is_some() {
+                    digest.remove(*hash, *tier);
+                }
             }
         }
-        KvEvent::Cleared => blocks.clear(),
+        KvEvent::Cleared => {
+            blocks.clear();
+            *digest = BlockSetDigest::default();
+        }
     }
 }
 
@@ -258,8 +292,16 @@ mod tests {
         }]);
         for (from, inc) in [(Some(0), 9), (Some(99), 9), (Some(3), 8), (None, 9)] {
             match log.subscribe(from, inc).start {
-                SubscriptionStart::Snapshot { next_seq, blocks } => {
+                SubscriptionStart::Snapshot {
+                    next_seq,
+                    blocks,
+                    digest,
+                } => {
                     assert_eq!(next_seq, 4);
+                    assert_eq!(
+                        digest,
+                        BlockSetDigest::of(blocks.iter().map(|b| (b.hash, b.tier)))
+                    );
                     let hashes: Vec<_> = blocks.iter().map(|b| b.hash.get()).collect();
                     assert_eq!(hashes, vec![1, 3]);
                     assert_eq!(blocks[1].parent, Some(BlockHash(2)));
@@ -288,5 +330,27 @@ mod tests {
         let log = log(4);
         log.publish([stored(1, None), KvEvent::Cleared]);
         assert_eq!(log.block_count(), 0);
+        assert_eq!(log.digest(), (2, BlockSetDigest::default()));
+    }
+
+    #[test]
+    fn each_event_carries_the_digest_of_the_view_after_it() {
+        let log = log(8);
+        let mut sub = log.subscribe(None, 9);
+        log.publish([stored(1, None), stored(1, None), stored(2, Some(1))]);
+        log.publish([KvEvent::Removed {
+            blocks: vec![BlockHash(1), BlockHash(99)],
+            tier: StorageTier::Device,
+        }]);
+        let mut digests = Vec::new();
+        while let Ok(e) = sub.live.try_recv() {
+            digests.push(e.digest);
+        }
+        let d = |hashes: &[u64]| {
+            BlockSetDigest::of(hashes.iter().map(|&h| (BlockHash(h), StorageTier::Device)))
+        };
+        // A duplicate store changes nothing; removing an unknown block changes nothing.
+        assert_eq!(digests, vec![d(&[1]), d(&[1]), d(&[1, 2]), d(&[2])]);
+        assert_eq!(log.digest(), (4, d(&[2])));
     }
 }

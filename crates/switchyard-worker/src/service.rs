@@ -27,7 +27,10 @@ use crate::metrics::{RequestKind, RequestRecord, WorkerMetrics};
 mod streams;
 
 use crate::state::{InFlightGuard, WorkerState};
-use streams::{EventStreamState, PullSent, PullState, start_messages, stream_generate};
+use streams::{
+    DigestIdentity, EventStreamState, PullSent, PullState, digest_timer, start_messages,
+    stream_generate,
+};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -451,6 +454,12 @@ impl v1::worker_server::Worker for WorkerService {
             pending: start_messages(subscription.start).into(),
             live: subscription.live,
             next_seq,
+            at: subscription.at,
+            digest_every: digest_timer(req.digest_interval_ms),
+            identity: DigestIdentity {
+                model: self.info.model.clone(),
+                block_size: self.info.block_size,
+            },
         };
         let stream = stream::unfold(state, |mut st| async move {
             let payload = st.next_payload().await?;

@@ -139,6 +139,7 @@ async fn decode_imports_a_pipelined_prefill_chunk_by_chunk_and_announces_it() {
     let mut events = b
         .client
         .kv_events(KvEventsRequest {
+            digest_interval_ms: 0,
             from_seq: None,
             incarnation: 0,
         })

@@ -262,6 +262,7 @@ async fn kv_event_subscribers_and_subscriptions() {
     let mut events = w
         .client
         .kv_events(KvEventsRequest {
+            digest_interval_ms: 0,
             from_seq: None,
             incarnation: 0,
         })

@@ -27,6 +27,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 use tracing::field::Empty;
 
+use crate::audit::realized::{Realized, realize};
+use crate::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::disagg::{DisaggSettings, Prefilled, prefill_stage, serves_only_with_prefill};
 use crate::error::ApiError;
 use crate::health::{Liveness, is_transport_failure};
@@ -37,7 +39,10 @@ use attempts::{AttemptEnd, AttemptKind, Attempts, Next, classify};
 /// One generation to run.
 #[derive(Debug, Clone)]
 pub struct GenerateJob {
+    /// The id the worker sees (the HTTP request's, with the choice's index when it has several).
     pub request_id: String,
+    /// What its decisions are logged under.
+    pub tags: Arc<RequestTags>,
     pub routes: Arc<ModelRoutes>,
     pub prompt: Vec<TokenId>,
     /// How to sample, validated; its `max_tokens` is the whole request's.
@@ -125,6 +130,31 @@ impl Drop for UnfinishedAttempt {
     }
 }
 
+/// Ends a decode decision's outcome as `cancelled` when the dispatch is dropped before the
+/// attempt's end was written (deadline, client gone): every decision gets an end.
+struct OutcomeGuard {
+    decisions: Arc<DecisionLog>,
+    entry: Arc<DecisionEntry>,
+}
+
+impl OutcomeGuard {
+    fn end(&self, status: OutcomeStatus, detail: Option<String>) {
+        self.decisions.end(&self.entry, status, detail);
+    }
+}
+
+impl Drop for OutcomeGuard {
+    fn drop(&mut self) {
+        self.decisions.end(
+            &self.entry,
+            OutcomeStatus::Cancelled,
+            Some(
+                "the request ended during this attempt (deadline, or the client went away)".into(),
+            ),
+        );
+    }
+}
+
 /// Runs attempts until one finishes the generation or the request fails.
 async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<DispatchEvent>) {
     let mut attempts = Attempts::new(job.sampling.max_tokens, job.max_retries, job.max_migrations);
@@ -163,7 +193,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 &request,
                 attempts.remaining(),
                 filter,
-                &job.request_id,
+                &job.tags,
                 attempt,
                 attempts.rerouted.as_deref(),
             )
@@ -185,6 +215,10 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             }
         };
         let worker_id = routed.worker_id.clone();
+        let outcome = OutcomeGuard {
+            decisions: Arc::clone(&pool.decisions),
+            entry: Arc::clone(&routed.audit),
+        };
         route_span.record("policy", routed.decision.explanation.policy);
         route_span.record("worker", worker_id.as_str());
         route_span.record("overlap_blocks", i64::from(routed.cached_blocks));
@@ -203,6 +237,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 &context,
                 &mut routed,
                 &job.request_id,
+                &job.tags,
                 job.max_retries + 1,
                 &mut attempts.excluded_prefill,
                 route_span,
@@ -226,11 +261,13 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                     }
                 }
                 Prefilled::Fail(err) => {
+                    outcome.end(OutcomeStatus::Failed, Some(err.to_string()));
                     let _ = tx.send(DispatchEvent::Failed(err)).await;
                     return;
                 }
                 Prefilled::Reroute(why) => {
                     let why = format!("{}, and {why}", serves_only_with_prefill(&worker_id));
+                    outcome.end(OutcomeStatus::Rerouted, Some(why.clone()));
                     tracing::warn!(request = %job.request_id, worker = %worker_id, %why, "rerouting to a worker that serves without a prefill worker");
                     attempts.reroute(why);
                     // Dropping `routed` releases the load booked on the decode worker.
@@ -259,25 +296,40 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             kind,
             routed,
             context,
+            &request.block_hashes,
             source,
             tx,
         )
         .await;
+        match &end {
+            AttemptEnd::Done => outcome.end(OutcomeStatus::Completed, None),
+            AttemptEnd::ConsumerGone => outcome.end(
+                OutcomeStatus::Cancelled,
+                Some(
+                    "the answer stopped being read (client gone, or a stop string matched)".into(),
+                ),
+            ),
+            _ => {}
+        }
         match attempts.ended(end, &worker_id, prefill_worker) {
             Next::Stop => return,
             Next::Fail(err) => {
+                outcome.end(OutcomeStatus::Failed, Some(err.to_string()));
                 let _ = tx.send(DispatchEvent::Failed(err)).await;
                 return;
             }
             Next::Finish(finish) => {
+                outcome.end(OutcomeStatus::Completed, None);
                 let _ = tx.send(DispatchEvent::Finished(finish)).await;
                 return;
             }
             Next::Retry { reason } => {
+                outcome.end(OutcomeStatus::Retried, Some(reason.clone()));
                 pool.metrics.retries.inc();
                 tracing::warn!(request = %job.request_id, worker = %worker_id, %reason, "worker failed before the first token; retrying elsewhere");
             }
             Next::Migrate { reason } => {
+                outcome.end(OutcomeStatus::Migrated, Some(reason.clone()));
                 pool.metrics.migrations.inc();
                 tracing::warn!(request = %job.request_id, worker = %worker_id, generated = attempts.generated.len(), %reason, "worker failed mid-stream; migrating");
             }
@@ -306,6 +358,7 @@ async fn stream_attempt(
     kind: AttemptKind,
     mut routed: RoutedRequest,
     context: Vec<TokenId>,
+    prompt_blocks: &[switchyard_core::BlockHash],
     source: KvSource,
     tx: &mpsc::Sender<DispatchEvent>,
 ) -> AttemptEnd {
@@ -315,6 +368,15 @@ async fn stream_attempt(
         mut running,
     } = source;
     let worker_id = routed.worker_id.clone();
+    let disaggregated = kv_source.is_some();
+    routed.audit.update(|o| {
+        o.mode = Some(if disaggregated {
+            "disaggregated"
+        } else {
+            "aggregated"
+        });
+        o.prefill_worker = prefill_worker.as_ref().map(ToString::to_string);
+    });
     let decode_span = tracing::info_span!(
         target: GATEWAY_SPANS,
         parent: &job.span,
@@ -386,6 +448,8 @@ async fn stream_attempt(
         Err(status) => failed(status),
         Ok(mut stream) => {
             let mut end = AttemptEnd::worker_failed("worker closed the stream early");
+            // The first message carries the prompt's cached tokens (the engine's realized hit).
+            let mut first_message = true;
             loop {
                 let message = tokio::select! {
                     message = stream.next() => message,
@@ -408,6 +472,20 @@ async fn stream_attempt(
                     prefill.prefill_done();
                 }
                 routed.prefill_done();
+                if first_message {
+                    first_message = false;
+                    realize(
+                        pool,
+                        Realized {
+                            entry: &routed.audit,
+                            worker: &routed.worker,
+                            routes: &routed.routes,
+                            prompt_blocks,
+                            cached_prompt_tokens: u64::from(message.cached_prompt_tokens),
+                            comparable: !disaggregated,
+                        },
+                    );
+                }
                 if !attempts.started {
                     attempts.started = true;
                     decode_span.record(

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | GET | `/admin/workers` | workers with role, drain state, load and index size |
 //! | POST | `/admin/explain` | the routing decision for a prompt, without running it |
-//! | GET | `/admin/decisions?limit=N` | the most recent decisions, newest first |
+//! | GET | `/admin/decisions?limit=N&request_id=…` | decisions, newest first, filtered by request, session, tenant, worker, model, time, outcome ([`crate::audit::decisions`]) |
 //! | GET | `/admin/index` | prefix-index statistics per model |
 //! | GET, PUT | `/admin/policy` | the routing policy; PUT `{"policy": "round-robin"}` switches it |
 //! | POST | `/admin/workers/{id}/drain`, `/resume` | stop or restart sending work to a worker |
@@ -31,9 +31,10 @@ use switchyard_router::serve::{DecodeFilter, aggregated_only};
 use switchyard_router::{IndexStats, PolicyKind, WorkerLoad};
 
 use super::AppState;
+use crate::audit::DecisionQuery;
+use crate::audit::kv::KvAuditView;
 use crate::error::ApiError;
 use crate::openai::PromptInput;
-use crate::pool::DecisionRecord;
 use crate::preprocess::{self, Sessions};
 use crate::recorder::{FORMAT, Header, Limits, RecordingError, RecordingStatus, VERSION};
 use crate::routing;
@@ -90,6 +91,8 @@ struct WorkerView {
     incarnation: u64,
     load: WorkerLoad,
     indexed_blocks: usize,
+    /// Whether its KV events arrive and agree with its own view of its cache.
+    kv: KvAuditView,
 }
 
 async fn workers(State(state): State<Arc<AppState>>) -> axum::Json<Vec<WorkerView>> {
@@ -127,6 +130,7 @@ async fn workers(State(state): State<Arc<AppState>>) -> axum::Json<Vec<WorkerVie
             incarnation: info.incarnation,
             load,
             indexed_blocks,
+            kv: worker.kv.view(),
         });
     }
     axum::Json(out)
@@ -219,23 +223,14 @@ async fn explain(
     }))
 }
 
-#[derive(Debug, Deserialize)]
-struct DecisionsQuery {
-    limit: Option<usize>,
-}
-
 async fn decisions(
     State(state): State<Arc<AppState>>,
-    Query(query): Query<DecisionsQuery>,
-) -> axum::Json<Vec<DecisionRecord>> {
-    let limit = query.limit.unwrap_or(50).min(10_000);
-    let mut all: Vec<DecisionRecord> = Vec::new();
-    for routes in state.pool.models().values() {
-        all.extend(routes.lock().log.iter().cloned());
-    }
-    all.sort_by_key(|d| std::cmp::Reverse(d.at_unix_ms));
-    all.truncate(limit);
-    axum::Json(all)
+    query: Result<Query<DecisionQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::Json<Vec<serde_json::Value>>, ApiError> {
+    let Query(query) =
+        query.map_err(|e| ApiError::bad_request(format!("invalid decisions query: {e}")))?;
+    query.validate().map_err(ApiError::bad_request)?;
+    Ok(axum::Json(state.pool.decisions.query(&query).await))
 }
 
 #[derive(Debug, Serialize)]

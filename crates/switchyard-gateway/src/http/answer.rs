@@ -146,7 +146,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
     let choices = contents.into_iter().zip(logprobs).zip(finishes).enumerate();
     match p.kind {
         Kind::Chat => axum::Json(ChatCompletion {
-            id: p.request_id,
+            id: p.completion_id,
             object: "chat.completion",
             created: unix_now(),
             model: p.model,
@@ -162,7 +162,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
         })
         .into_response(),
         Kind::Text => axum::Json(Completion {
-            id: p.request_id,
+            id: p.completion_id,
             object: "text_completion",
             created: unix_now(),
             model: p.model,
@@ -236,7 +236,7 @@ impl Piece {
 fn chunk(p: &Prepared, created: u64, index: u32, piece: Piece, usage: Option<Usage>) -> String {
     let json = match p.kind {
         Kind::Chat => serde_json::to_string(&ChatCompletionChunk {
-            id: p.request_id.clone(),
+            id: p.completion_id.clone(),
             object: "chat.completion.chunk",
             created,
             model: p.model.clone(),
@@ -259,7 +259,7 @@ fn chunk(p: &Prepared, created: u64, index: u32, piece: Piece, usage: Option<Usa
             usage,
         }),
         Kind::Text => serde_json::to_string(&Completion {
-            id: p.request_id.clone(),
+            id: p.completion_id.clone(),
             object: "text_completion",
             created,
             model: p.model.clone(),

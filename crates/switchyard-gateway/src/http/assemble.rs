@@ -62,7 +62,7 @@ impl ChoiceText {
             shaper: (p.kind == Kind::Chat).then(|| {
                 Shaper::new(
                     &p.output,
-                    &p.request_id,
+                    &p.completion_id,
                     &prompt_tail(&p.model_dir, &prompt.tokens),
                 )
             }),

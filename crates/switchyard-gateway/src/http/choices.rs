@@ -17,6 +17,7 @@ use super::AppState;
 use super::asks::for_choice;
 use super::completions::Prepared;
 use crate::admission::{Admitted, FlowKey};
+use crate::audit::RequestTags;
 use crate::dispatch::{self, DispatchEvent, GenerateJob};
 
 /// The merged events of a request's choices.
@@ -51,6 +52,12 @@ impl Choices {
                     } else {
                         format!("{}-{index}", p.request_id)
                     },
+                    tags: Arc::new(RequestTags {
+                        request_id: p.request_id.clone(),
+                        choice: (total > 1).then_some(index),
+                        session: p.session.clone().or_else(|| p.user.clone()),
+                        tenant: Some(p.flow.tenant.clone()),
+                    }),
                     routes: Arc::clone(&p.routes),
                     prompt: prompt.tokens.clone(),
                     sampling,

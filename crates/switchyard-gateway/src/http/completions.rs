@@ -138,7 +138,11 @@ pub(super) struct PromptPlan {
 /// Everything decided before dispatch.
 pub(super) struct Prepared {
     pub(super) kind: Kind,
+    /// The request's id: the client's `x-request-id`, else generated (then the same as
+    /// `completion_id`). Decisions are logged under it and the response carries it.
     pub(super) request_id: String,
+    /// The answer's `id` (`chatcmpl-…` or `cmpl-…`).
+    pub(super) completion_id: String,
     pub(super) model: String,
     pub(super) model_dir: Arc<ModelDir>,
     pub(super) routes: Arc<ModelRoutes>,
@@ -270,6 +274,30 @@ pub async fn completions(
     .await
 }
 
+/// The header naming a request, taken from the client when it sends one and always answered.
+pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The client's `x-request-id` when it sent a valid one; `Ok(None)` when it sent none.
+fn client_request_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(REQUEST_ID_HEADER) else {
+        return Ok(None);
+    };
+    let id = value
+        .to_str()
+        .map_err(|_| ApiError::bad_request("x-request-id is not visible ASCII"))?;
+    crate::audit::check_request_id(id).map_err(ApiError::bad_request)?;
+    Ok(Some(id.to_owned()))
+}
+
+fn completion_id(kind: Kind) -> String {
+    let prefix = if kind == Kind::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
+    format!("{prefix}-{:016x}", rand_id())
+}
+
 /// Runs [`serve`] in the request's trace span (the root of the request's trace).
 async fn handle<T: DeserializeOwned>(
     state: Arc<AppState>,
@@ -291,14 +319,38 @@ async fn handle<T: DeserializeOwned>(
         request_id = Empty,
         stream = Empty,
     );
-    let response = serve(state, kind, peer, headers, body, split)
-        .instrument(span.clone())
-        .await;
+    let completion_id = completion_id(kind);
+    let (mut response, request_id) = match client_request_id(&headers) {
+        Ok(client_id) => {
+            let request_id = client_id.unwrap_or_else(|| completion_id.clone());
+            let ids = Ids {
+                request_id: request_id.clone(),
+                completion_id,
+            };
+            let response = serve(state, kind, peer, headers, body, ids, split)
+                .instrument(span.clone())
+                .await;
+            (response, request_id)
+        }
+        Err(err) => {
+            let response = span.in_scope(|| fail(&state, kind, "", err));
+            (response, completion_id)
+        }
+    };
+    if let Ok(value) = axum::http::HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
     span.record(
         "http.response.status_code",
         i64::from(response.status().as_u16()),
     );
     response
+}
+
+/// The ids of one request.
+struct Ids {
+    request_id: String,
+    completion_id: String,
 }
 
 /// The shared path: read and parse the body, validate, admit, tokenize, check the context,
@@ -309,6 +361,7 @@ async fn serve<T: DeserializeOwned>(
     peer: Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
+    ids: Ids,
     split: impl FnOnce(T) -> Result<Split, ApiError>,
 ) -> Response {
     let arrived = Instant::now();
@@ -349,6 +402,7 @@ async fn serve<T: DeserializeOwned>(
             &state,
             Request {
                 kind,
+                ids,
                 model,
                 model_dir,
                 routes,
@@ -374,6 +428,7 @@ async fn serve<T: DeserializeOwned>(
 /// What [`prepare`] decides from.
 struct Request {
     kind: Kind,
+    ids: Ids,
     model: String,
     model_dir: Arc<ModelDir>,
     routes: Arc<ModelRoutes>,
@@ -420,21 +475,17 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
             echo,
         });
     }
-    let request_id = format!(
-        "{}-{:016x}",
-        if r.kind == Kind::Chat {
-            "chatcmpl"
-        } else {
-            "cmpl"
-        },
-        rand_id()
-    );
+    let Ids {
+        request_id,
+        completion_id,
+    } = r.ids;
     // `serve` runs in the request's span.
     let span = tracing::Span::current();
     span.record("request_id", request_id.as_str());
     Ok(Prepared {
         kind: r.kind,
         request_id,
+        completion_id,
         model: r.model,
         model_dir: r.model_dir,
         routes: r.routes,

@@ -101,18 +101,46 @@ async fn health() -> &'static str {
     "ok"
 }
 
-/// Ready when at least one worker can take a generation.
+/// Ready when at least one worker can take a generation. The body's first line says so; each
+/// further line names a worker whose KV events cannot be trusted, or one refused for routing
+/// (it stays ready: those workers still serve, but routing around them is blind).
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
-    let serving = state
-        .pool
-        .workers()
+    let workers = state.pool.workers();
+    let serving = workers
         .iter()
         .any(|w| w.info().role.serves_decode() && !w.is_draining() && w.health.is_answering());
-    if serving {
-        (StatusCode::OK, "ready").into_response()
+    let mut body = if serving {
+        "ready".to_owned()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no worker available").into_response()
+        "no worker available".to_owned()
+    };
+    for worker in &workers {
+        let id = worker.id();
+        if let Some(silent) = worker.kv.silent() {
+            body.push_str(&format!(
+                "\nwarning: worker {id} kv events silent: it {silent}"
+            ));
+        }
+        if let Some(mismatch) = worker.kv.identity_mismatch() {
+            body.push_str(&format!(
+                "\nwarning: worker {id} kv identity mismatch: {mismatch}"
+            ));
+        }
+        if worker.kv.diverged() {
+            body.push_str(&format!(
+                "\nwarning: worker {id} index diverged from the worker's own view; resyncing"
+            ));
+        }
     }
+    for (id, reason) in state.pool.refused() {
+        body.push_str(&format!("\nwarning: worker {id} refused: {reason}"));
+    }
+    let status = if serving {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, body).into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {

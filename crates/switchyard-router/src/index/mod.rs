@@ -28,6 +28,7 @@
 //! workers out of the index. An evicted pair under-reports what the worker holds, which only
 //! makes the router a little pessimistic about that worker's cache.
 
+mod digest;
 mod holders;
 pub(crate) use holders::tier_bit as holders_tier_bit;
 mod overlap;

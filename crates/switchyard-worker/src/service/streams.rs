@@ -78,7 +78,9 @@ pub(super) fn start_messages(start: SubscriptionStart) -> Vec<v1::kv_events_resp
             .iter()
             .map(|e| v1::kv_events_response::Payload::Event(kv_event_to_wire(e.seq, &e.event)))
             .collect(),
-        SubscriptionStart::Snapshot { next_seq, blocks } => {
+        SubscriptionStart::Snapshot {
+            next_seq, blocks, ..
+        } => {
             vec![v1::kv_events_response::Payload::Snapshot(v1::Snapshot {
                 next_seq,
                 blocks: blocks.iter().map(snapshot_block_to_wire).collect(),
@@ -211,14 +213,43 @@ impl PullState {
     }
 }
 
+/// What a KV digest says the worker is, besides its blocks (see `KvDigest` in the proto).
+#[derive(Debug, Clone)]
+pub(super) struct DigestIdentity {
+    pub(super) model: String,
+    pub(super) block_size: switchyard_core::BlockSize,
+}
+
 /// Drives one KV event stream: the start (replay or snapshot), then live events; when the
 /// consumer lags behind the live channel it resumes from the log itself, so it never skips.
+/// With a digest interval, a `KvDigest` of what the events sent so far leave in place goes out
+/// between events at that interval.
 pub(super) struct EventStreamState {
     pub(super) log: Arc<crate::event_log::EventLog>,
     pub(super) pending: std::collections::VecDeque<v1::kv_events_response::Payload>,
     pub(super) live: broadcast::Receiver<Arc<SequencedEvent>>,
     /// Sequence number the consumer expects next, once known.
     pub(super) next_seq: Option<u64>,
+    /// The digest of the view once everything sent (and pending) is applied, with its
+    /// sequence number.
+    pub(super) at: (u64, switchyard_core::BlockSetDigest),
+    pub(super) digest_every: Option<tokio::time::Interval>,
+    pub(super) identity: DigestIdentity,
+}
+
+/// Shortest digest interval a consumer may ask for.
+const MIN_DIGEST_INTERVAL_MS: u32 = 100;
+
+/// The digest timer for an asked interval (0: none); its first tick is one interval away.
+pub(super) fn digest_timer(interval_ms: u32) -> Option<tokio::time::Interval> {
+    if interval_ms == 0 {
+        return None;
+    }
+    let period =
+        std::time::Duration::from_millis(u64::from(interval_ms.max(MIN_DIGEST_INTERVAL_MS)));
+    let mut timer = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    Some(timer)
 }
 
 impl EventStreamState {
@@ -228,7 +259,23 @@ impl EventStreamState {
                 self.note_sent(&payload);
                 return Some(payload);
             }
-            match self.live.recv().await {
+            let Self {
+                live, digest_every, ..
+            } = self;
+            let tick = async {
+                match digest_every.as_mut() {
+                    Some(timer) => {
+                        timer.tick().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let received = tokio::select! {
+                biased;
+                received = live.recv() => received,
+                () = tick => return Some(self.digest_payload()),
+            };
+            match received {
                 Ok(event) => {
                     // Events already covered by the replay or snapshot are skipped.
                     if self.next_seq.is_some_and(|next| event.seq < next) {
@@ -238,14 +285,16 @@ impl EventStreamState {
                         event.seq,
                         &event.event,
                     ));
+                    self.at = (event.seq + 1, event.digest);
                     self.note_sent(&payload);
                     return Some(payload);
                 }
                 Err(broadcast::error::RecvError::Lagged(skipped)) => {
                     tracing::debug!(skipped, "kv event consumer lagged; resuming from the log");
-                    let Subscription { start, live } =
+                    let Subscription { start, live, at } =
                         self.log.subscribe(self.next_seq, self.log.incarnation());
                     self.live = live;
+                    self.at = at;
                     self.pending = start_messages(start).into();
                 }
                 Err(broadcast::error::RecvError::Closed) => return None,
@@ -253,10 +302,26 @@ impl EventStreamState {
         }
     }
 
+    /// The digest of what the events sent so far leave in place (only sent when nothing is
+    /// pending, so it is exactly the consumer's position).
+    fn digest_payload(&self) -> v1::kv_events_response::Payload {
+        let (next_seq, digest) = self.at;
+        v1::kv_events_response::Payload::Digest(v1::KvDigest {
+            next_seq,
+            blocks: digest.blocks,
+            sum: digest.sum,
+            model: self.identity.model.clone(),
+            block_size: self.identity.block_size.get(),
+            hash_scheme: switchyard_core::HASH_SCHEME.to_owned(),
+            hash_probe: switchyard_core::hash_probe(self.identity.block_size),
+        })
+    }
+
     fn note_sent(&mut self, payload: &v1::kv_events_response::Payload) {
         self.next_seq = Some(match payload {
             v1::kv_events_response::Payload::Event(e) => e.seq + 1,
             v1::kv_events_response::Payload::Snapshot(s) => s.next_seq,
+            v1::kv_events_response::Payload::Digest(d) => d.next_seq,
         });
     }
 }

@@ -260,6 +260,7 @@ const PROMPT: [u32; 16] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
 fn job(routes: &Arc<ModelRoutes>, disagg: DisaggSettings) -> GenerateJob {
     GenerateJob {
         request_id: "req".into(),
+        tags: Arc::new(crate::audit::RequestTags::new("req")),
         routes: Arc::clone(routes),
         prompt: PROMPT.to_vec(),
         sampling: switchyard_core::Sampling {
@@ -622,7 +623,7 @@ async fn a_decode_worker_that_needs_a_prefill_worker_and_gets_none_is_rerouted()
         "the SGLang decode worker is never sent a bare prompt"
     );
     assert_eq!(generates[0].worker, "vllm-both");
-    let log = routes.lock().log.clone();
+    let log = pool.decisions.entries();
     let note = log
         .iter()
         .find_map(|d| d.note.clone())
