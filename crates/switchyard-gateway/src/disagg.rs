@@ -377,6 +377,7 @@ enum PrefillFailure {
 /// Runs Prefill on the routed prefill worker through the pool's transport. On success, the
 /// [`Prefilled::Source`] to generate with; on failure the route back (so the caller can undo its
 /// booking) and what went wrong.
+#[allow(clippy::too_many_arguments)]
 async fn run_prefill(
     pool: &WorkerPool,
     settings: &DisaggSettings,

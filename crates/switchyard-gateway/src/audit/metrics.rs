@@ -33,13 +33,10 @@ pub struct DigestLabels {
 
 fn error_histogram() -> Histogram {
     // Predicted minus realized cached tokens: symmetric around 0 (over- and under-prediction).
-    Histogram::new(
-        [
-            -16384.0, -4096.0, -1024.0, -256.0, -64.0, -16.0, -1.0, 0.0, 16.0, 64.0, 256.0, 1024.0,
-            4096.0, 16384.0,
-        ]
-        .into_iter(),
-    )
+    Histogram::new([
+        -16384.0, -4096.0, -1024.0, -256.0, -64.0, -16.0, -1.0, 0.0, 16.0, 64.0, 256.0, 1024.0,
+        4096.0, 16384.0,
+    ])
 }
 
 /// Every series of the audit.
