@@ -38,6 +38,15 @@ fn family_hashes(f: u32) -> Vec<BlockHash> {
     block_hashes(&family_tokens(f), bs())
 }
 
+/// The parent of a family block (`None` for a family's first block).
+fn parent_of(hash: BlockHash) -> Option<BlockHash> {
+    (0..FAMILIES).find_map(|f| {
+        let hashes = family_hashes(f);
+        let i = hashes.iter().position(|&h| h == hash)?;
+        Some(i.checked_sub(1).map(|p| hashes[p]))
+    })?
+}
+
 fn mask(tier: StorageTier) -> u8 {
     match tier {
         StorageTier::Device => 1,
@@ -319,18 +328,16 @@ fn run(
             }
             Op::Resync { w } => {
                 let e = &engines[*w];
+                // Snapshots name each block's parent, as engines' snapshots do.
                 let snapshot: Vec<SnapshotBlock> = e
                     .blocks
                     .iter()
                     .flat_map(|(&hash, &m)| {
+                        let parent = parent_of(hash);
                         StorageTier::ALL
                             .into_iter()
                             .filter(move |t| m & mask(*t) != 0)
-                            .map(move |tier| SnapshotBlock {
-                                hash,
-                                parent: None,
-                                tier,
-                            })
+                            .map(move |tier| SnapshotBlock { hash, parent, tier })
                     })
                     .collect();
                 index
