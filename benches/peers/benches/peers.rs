@@ -1,7 +1,7 @@
 //! Switchyard's prefix index and Dynamo's indexers, side by side, in one run.
 //!
 //! `cargo bench` (in `benches/peers/`) runs everything; `cargo bench -- quick` skips the 10M-pair
-//! index and the agent sessions. The table is printed and written to `results/peers.md` and
+//! index and the agent sessions; `only=<name part>` (repeatable) keeps only matching contenders. The table is printed and written to `results/peers.md` and
 //! `results/peers.json`. See `src/lib.rs` for what each part does and `docs/BENCHMARKS.md` for
 //! how to read the figures.
 
@@ -34,17 +34,26 @@ struct Entry {
     account: Account,
 }
 
-fn lineup(workers: usize) -> Vec<Entry> {
-    let contenders: Vec<Box<dyn Contender>> = vec![
+/// Every contender, for an index of `workers` workers. `big` leaves out the binary-search
+/// positional indexer: it builds the same structure as the strided one (only its query
+/// differs), and at 10M pairs a second copy would cost gigabytes on a shared machine.
+fn lineup(workers: usize, big: bool) -> Vec<Entry> {
+    let mut contenders: Vec<Box<dyn Contender>> = vec![
         Box::new(Switchyard::new(workers)),
         Box::new(DynamoRadix::new()),
         Box::new(DynamoPositional::new(SearchMode::Strided)),
-        Box::new(DynamoPositional::new(SearchMode::Binary)),
-        Box::new(DynamoConcurrent::new()),
     ];
+    if !big {
+        contenders.push(Box::new(DynamoPositional::new(SearchMode::Binary)));
+    }
+    contenders.push(Box::new(DynamoConcurrent::new()));
+    let only: Vec<String> = std::env::args()
+        .filter_map(|a| a.strip_prefix("only=").map(str::to_owned))
+        .collect();
     contenders
         .into_iter()
         .enumerate()
+        .filter(|(_, c)| only.is_empty() || only.iter().any(|o| c.name().contains(o.as_str())))
         .map(|(i, contender)| Entry {
             contender,
             account: Account(i + 1),
@@ -53,7 +62,7 @@ fn lineup(workers: usize) -> Vec<Entry> {
 }
 
 fn names() -> Vec<String> {
-    lineup(1)
+    lineup(1, false)
         .iter()
         .map(|e| e.contender.name().to_owned())
         .collect()
@@ -97,7 +106,13 @@ impl Bench {
     /// Loads a synthetic index into every contender, then measures churn, queries and memory.
     fn synthetic(&mut self, spec: Synthetic, label: &str, lengths: &[usize], churn: bool) {
         eprintln!("{label}: loading");
-        let mut line = lineup(spec.workers);
+        let big = spec.pairs > 4 << 20;
+        if big {
+            self.notes.push(format!(
+                "{label}: dynamo positional (binary) left out; it builds the same structure as the strided one and a second copy would take gigabytes"
+            ));
+        }
+        let mut line = lineup(spec.workers, big);
         let mut pairs = 0usize;
         let mut load_cells = Vec::new();
         let mut bytes_cells = Vec::new();
@@ -181,11 +196,11 @@ impl Bench {
     fn queries(&mut self, line: &mut [Entry], label: &str, q: &Query, expected: &Scores) {
         let len = q.blocks.len();
         let per_round = if len >= 8192 {
-            20
-        } else if len >= 1024 {
             100
+        } else if len >= 1024 {
+            300
         } else {
-            500
+            1000
         };
         let what = format!("{len}-block query on {label}");
         for e in line.iter_mut() {
@@ -231,7 +246,7 @@ impl Bench {
             replay.capacity
         );
         eprintln!("{label}: replaying");
-        let mut line = lineup(replay.workers);
+        let mut line = lineup(replay.workers, false);
         for e in &line {
             e.account.reset();
         }
@@ -292,7 +307,6 @@ impl Bench {
                 p99: None,
             }),
         );
-        let mut query = query;
         let lat = cells(&|i, e| {
             let mut s = query[i].clone();
             Cell {
@@ -301,7 +315,6 @@ impl Bench {
                 p99: Some(percentile(&mut s, 0.99).as_secs_f64() * 1e6),
             }
         });
-        query.clear();
         self.row(&label, "overlap per request", Kind::Latency, lat);
         self.row(
             &label,
@@ -464,7 +477,7 @@ impl Bench {
     fn all_64_hold(&mut self, spec: Synthetic) {
         let label = "synthetic 1M pairs, all 64 workers hold the prompt";
         eprintln!("{label}: loading");
-        let mut line = lineup(spec.workers);
+        let mut line = lineup(spec.workers, false);
         let prompt = spec.prompt();
         let extra = all_hold(spec.workers, &prompt);
         for e in &mut line {

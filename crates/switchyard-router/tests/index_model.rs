@@ -278,15 +278,20 @@ fn index_overlap(index: &PrefixIndex, prompt: &[BlockHash]) -> BTreeMap<WorkerId
         .collect()
 }
 
-/// Prompts to query: every family's chain, plus chains that diverge after a few blocks.
+/// Prompts to query: every family's chain, plus prompts that share a family's first two blocks
+/// of tokens and then go on with another family's tokens (so, being chained, their later block
+/// hashes are new: a prompt is always a chain, which the overlap query relies on).
 fn queries() -> Vec<Vec<BlockHash>> {
     let mut qs = Vec::new();
     for f in 0..FAMILIES {
         let h = family_hashes(f);
         qs.push(h.clone());
         qs.push(h[..3].to_vec());
-        let mut diverging = h[..2].to_vec();
-        diverging.extend(family_hashes((f + 1) % FAMILIES)[2..].iter().copied());
+        let split = 2 * BS as usize;
+        let mut tokens = family_tokens(f)[..split].to_vec();
+        tokens.extend_from_slice(&family_tokens((f + 1) % FAMILIES)[split..]);
+        let diverging = block_hashes(&tokens, bs());
+        assert_eq!(diverging[..2], h[..2]);
         qs.push(diverging);
     }
     qs

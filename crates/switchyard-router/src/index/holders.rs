@@ -11,6 +11,8 @@
 //! padding) plus hashbrown's one control byte, and a block shared by `k` workers adds a 24-byte
 //! arena vector and `4k` bytes.
 
+use std::collections::hash_map::Entry as MapEntry;
+
 use switchyard_core::{BlockHash, StorageTier};
 
 use crate::hasher::FxHashMap;
@@ -162,9 +164,13 @@ impl HolderMap {
                 h.with_children(n + children)
             }
         };
-        let Some(e) = self.map.get_mut(&block) else {
-            self.map.insert(block, Entry { parent, value: new });
-            return (PairChange::Added, 0, parent);
+        // One probe whether the block is new or not.
+        let e = match self.map.entry(block) {
+            MapEntry::Vacant(v) => {
+                v.insert(Entry { parent, value: new });
+                return (PairChange::Added, 0, parent);
+            }
+            MapEntry::Occupied(o) => o.into_mut(),
         };
         let recorded = e.parent;
         if e.value.0 & ARENA_FLAG == 0 {
@@ -234,9 +240,10 @@ impl HolderMap {
             before: Holder(0),
             parent: BlockHash::ROOT,
         };
-        let Some(e) = self.map.get_mut(&block) else {
+        let MapEntry::Occupied(mut o) = self.map.entry(block) else {
             return absent;
         };
+        let e = o.get_mut();
         let parent = e.parent;
         if e.value.0 & ARENA_FLAG == 0 {
             let old = e.value;
@@ -245,7 +252,8 @@ impl HolderMap {
             }
             let left = old.tiers() & !tiers;
             let change = if left == 0 {
-                self.map.remove(&block);
+                // Through the entry: no second probe.
+                o.remove();
                 PairChange::Removed
             } else {
                 e.value = old.with_tiers(left);

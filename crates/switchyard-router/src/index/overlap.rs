@@ -14,9 +14,10 @@
 //! - **Jump search**, when every worker holding the first block is prefix-closed and holds its
 //!   blocks on the device only (see the module docs of `mod.rs`). Holding block `j` then means
 //!   holding blocks `0..=j`, so "every worker still followed holds block `j`" is monotone in
-//!   `j`: the query gallops ahead (steps 1, 2, 4, …) while it holds, and bisects back to the first
-//!   block where it fails; the workers missing there leave with that count. After a drop it
-//!   first tries the same spacing again (one block short of it, then at it). Its cost is at
+//!   `j`. The query first probes the last block (when all hold it, one lookup answers), then
+//!   bisects to the first block where the predicate fails; the workers missing there leave with
+//!   that count. After a drop it first tries the same spacing again (one block short of it, then
+//!   at it), and gallops (steps doubling) while the predicate holds. Its cost is at
 //!   most about `2·log2(gap)` lookups per point where some worker leaves, and two when drops
 //!   come at a steady spacing, instead of one lookup per block: a 128k-token prompt (8,192
 //!   blocks) that 32 workers hold to evenly spaced depths costs under a hundred lookups.
@@ -130,6 +131,11 @@ impl Active {
 
 impl PrefixIndex {
     /// Leading blocks of `blocks` held by each worker; see the module docs.
+    ///
+    /// `blocks` is a prompt's chained block hashes (block `i`'s parent is block `i - 1`), as
+    /// `switchyard_core::block_hashes` computes them; the jump search relies on it. A list that
+    /// is not a chain (hashes of different prompts spliced together) may be answered as if the
+    /// worker held the prompt the later hashes belong to.
     pub fn overlap(&self, blocks: &[BlockHash]) -> OverlapScores {
         let Some((&first, rest)) = blocks.split_first() else {
             return OverlapScores::default();
@@ -169,7 +175,9 @@ impl PrefixIndex {
         let last = blocks.len() - 1;
         // Every active worker holds blocks[0..=lo].
         let mut lo = 0usize;
-        let mut step = 1usize;
+        // The first probe is the last block: often every worker holding the first block holds
+        // the whole prompt (a shared system prompt, a resent conversation).
+        let mut step = last;
         let mut last_drain = 0usize;
         // The next probe tests the block where the spacing of earlier drops predicts one.
         let mut predicted = false;
