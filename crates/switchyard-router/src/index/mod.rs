@@ -133,6 +133,8 @@ struct WorkerState {
     broken: bool,
     /// Pairs of this worker held in some tier other than the device only.
     mixed: usize,
+    /// `!broken && mixed == 0` as of the end of the last change (counted in `unjumpable`).
+    jumpable: bool,
 }
 
 /// Counters and sizes, for the admin API and metrics.
@@ -160,6 +162,9 @@ pub struct PrefixIndex {
     evicted: u64,
     resyncs: u64,
     stale: u64,
+    /// Known workers that are not jumpable (see `store.rs`); when 0 the jump search compares
+    /// holder counts instead of holder sets.
+    unjumpable: usize,
     /// Reused by each `Removed` event (see `store.rs`).
     scratch: store::Scratch,
 }
@@ -176,6 +181,7 @@ impl PrefixIndex {
             evicted: 0,
             resyncs: 0,
             stale: 0,
+            unjumpable: 0,
             scratch: store::Scratch::default(),
         }
     }
@@ -223,7 +229,10 @@ impl PrefixIndex {
             }
         };
         match outcome {
-            ApplyOutcome::Applied => self.apply_unsequenced(slot, event),
+            ApplyOutcome::Applied => {
+                self.apply_unsequenced(slot, event);
+                self.refresh_jumpable(slot);
+            }
             ApplyOutcome::Stale { .. } => self.stale += 1,
             ApplyOutcome::ResyncNeeded { .. } => self.resyncs += 1,
         }
@@ -242,6 +251,7 @@ impl PrefixIndex {
         let slot = self.slot_for(worker, incarnation)?;
         self.clear_worker(slot);
         self.store_snapshot(slot, blocks);
+        self.refresh_jumpable(slot);
         self.state_mut(slot).sync = Sync::Expecting(next_seq);
         Ok(())
     }
@@ -252,6 +262,7 @@ impl PrefixIndex {
             return false;
         };
         self.clear_worker(slot);
+        // A cleared worker is jumpable, so the count of the others is right as it stands.
         self.workers[slot as usize] = None;
         self.free_slots.push(slot);
         true
@@ -417,6 +428,7 @@ impl PrefixIndex {
             live: 0,
             broken: false,
             mixed: 0,
+            jumpable: true,
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {

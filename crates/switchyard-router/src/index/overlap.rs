@@ -141,8 +141,11 @@ impl PrefixIndex {
             return OverlapScores::default();
         };
         let holders = self.holders.get(first);
-        if blocks.len() > 2 && holders.iter().all(|h| self.jumpable(h.slot())) {
-            return self.jump_overlap(blocks, holders);
+        let every_worker_jumpable = self.unjumpable == 0;
+        if blocks.len() > 2
+            && (every_worker_jumpable || holders.iter().all(|h| self.jumpable(h.slot())))
+        {
+            return self.jump_overlap(blocks, holders, every_worker_jumpable);
         }
         let mut active: Vec<Active> = self
             .holders
@@ -169,7 +172,23 @@ impl PrefixIndex {
 impl PrefixIndex {
     /// The jump search (see the module docs); every worker in `first` is jumpable, so each
     /// count holds at all three tier levels.
-    fn jump_overlap(&self, blocks: &[BlockHash], first: &[Holder]) -> OverlapScores {
+    ///
+    /// When every worker of the index is jumpable, a block's holders are a subset of the
+    /// workers still followed (a closed worker holding block `j` holds every block before it),
+    /// so "all hold" is a comparison of counts.
+    fn jump_overlap(
+        &self,
+        blocks: &[BlockHash],
+        first: &[Holder],
+        every_worker_jumpable: bool,
+    ) -> OverlapScores {
+        let hold = |active: &[u32], holders: &[Holder]| {
+            if every_worker_jumpable {
+                holders.len() == active.len()
+            } else {
+                all_hold(active, holders)
+            }
+        };
         let mut active: Vec<u32> = first.iter().map(|h| h.slot()).collect();
         let mut done: Vec<(WorkerKey, TierOverlap)> = Vec::with_capacity(active.len());
         let last = blocks.len() - 1;
@@ -184,7 +203,7 @@ impl PrefixIndex {
         while !active.is_empty() && lo < last {
             let hi = (lo + step).min(last);
             let at_hi = self.holders.get(blocks[hi]);
-            if all_hold(&active, at_hi) {
+            if hold(&active, at_hi) {
                 lo = hi;
                 step = if predicted { 1 } else { step.saturating_mul(2) };
                 predicted = false;
@@ -195,7 +214,7 @@ impl PrefixIndex {
             while b - a > 1 {
                 let mid = a + (b - a) / 2;
                 let at_mid = self.holders.get(blocks[mid]);
-                if all_hold(&active, at_mid) {
+                if hold(&active, at_mid) {
                     a = mid;
                 } else {
                     (b, at_b) = (mid, at_mid);

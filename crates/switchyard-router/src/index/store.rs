@@ -262,6 +262,7 @@ impl PrefixIndex {
             };
             let before = self.entries;
             self.remove_blocks(victim, &[block], 0b111);
+            self.refresh_jumpable(victim);
             if self.entries < before {
                 self.evicted += 1;
                 return true;
@@ -278,6 +279,10 @@ impl PrefixIndex {
         state.live = 0;
         state.mixed = 0;
         state.broken = false;
+        if !state.jumpable {
+            state.jumpable = true;
+            self.unjumpable -= 1;
+        }
         for block in order {
             if self.holders.remove(block, slot, 0b111).change == PairChange::Removed {
                 self.entries -= 1;
@@ -300,6 +305,23 @@ impl PrefixIndex {
             .order
             .retain(|&b| holders.tiers_of(b, slot) != 0 && seen.insert(b));
         state.order.shrink_to(state.order.len() * 2);
+    }
+
+    /// Brings `slot`'s cached jumpable flag and the index's count of unjumpable workers up to
+    /// date; called at the end of every change to a worker.
+    pub(super) fn refresh_jumpable(&mut self, slot: u32) {
+        let Some(state) = self.workers.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let now = !state.broken && state.mixed == 0;
+        if now != state.jumpable {
+            state.jumpable = now;
+            if now {
+                self.unjumpable -= 1;
+            } else {
+                self.unjumpable += 1;
+            }
+        }
     }
 
     /// Whether the overlap query may jump over `slot`'s blocks (see the module docs).

@@ -429,9 +429,11 @@ fn a_hole_breaks_closure_and_the_answer_stays_exact() {
     idx.apply(&w("a"), 1, 1, &removed(vec![h[3]])).unwrap();
     assert!(!jumpable(&idx, "a"));
     assert_eq!(device(&idx, "a", &h), 3);
+    assert_eq!(idx.unjumpable, 1);
     // Only dropping everything makes the worker closed again.
     idx.apply(&w("a"), 1, 2, &KvEvent::Cleared).unwrap();
     assert!(jumpable(&idx, "a"));
+    assert_eq!(idx.unjumpable, 0);
     // A chain stored under a parent the worker does not hold is an orphan.
     idx.apply(&w("a"), 1, 3, &stored(1, 4, 8, StorageTier::Device))
         .unwrap();
@@ -504,10 +506,12 @@ fn the_jump_search_answers_what_the_walk_answers() {
         assert!(jumpable(&idx, &format!("w{i:02}")));
         assert_eq!(device(&idx, &format!("w{i:02}"), &h), i as u32);
     }
+    assert_eq!(idx.unjumpable, 0, "counts compared, not holder sets");
     // One worker that is not closed sends the query down the walk; the answers agree.
     idx.apply(&w("w07"), 1, 1, &stored(2, 3, 5, StorageTier::Device))
         .unwrap();
     assert!(!jumpable(&idx, "w07"));
+    assert_eq!(idx.unjumpable, 1);
     let walked = idx.overlap(&h);
     assert_eq!(jumped, walked);
     for p in [1usize, 2, 3, 17, 39] {
