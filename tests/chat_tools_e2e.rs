@@ -195,11 +195,32 @@ async fn reasoning_and_tool_calls_come_back_parsed_whole_and_streamed() {
         "{metrics}"
     );
 
+    // A constraint reaches the engine in its own field (vLLM's structured_outputs).
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let answer = post(json!({"model": MODEL, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "json please"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}))
+    .await;
+    assert_eq!(answer.status(), 200);
+    let sent = fake.admin("requests", json!({})).await["requests"]
+        .as_array()
+        .and_then(|r| r.last())
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        sent["structured_outputs"],
+        json!({"json": schema}),
+        "{sent}"
+    );
+
     // What cannot be honoured is refused by name, before anything runs.
     for (extra, param) in [
-        (json!({"tool_choice": "required"}), "tool_choice"),
         (
-            json!({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+            json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice",
+        ),
+        (
+            json!({"tool_choice": "required", "response_format": {"type": "json_object"}}),
             "tool_choice",
         ),
     ] {
@@ -240,4 +261,49 @@ async fn reasoning_and_tool_calls_come_back_parsed_whole_and_streamed() {
         "{}",
         String::from_utf8_lossy(&output.stdout)
     );
+}
+
+/// Structured output and compulsory tool calls against `switchyard up`: the simulator writes a
+/// valid answer for the constraint, and the official SDK reads it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_output_and_compulsory_calls_through_switchyard_up() {
+    let up = Launch::up(2).arg("--speedup", "100").start().await;
+    let api = format!("http://{}", up.address);
+    let http = reqwest::Client::new();
+    // A regex the simulator cannot write: refused by the engine, clearly.
+    let response = http
+        .post(format!("{api}/v1/chat/completions"))
+        .json(
+            &json!({"model": "sim-8b", "max_tokens": 8, "guided_regex": "[a-z]+",
+                      "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let error: Value = response.json().await.unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("regular expression"),
+        "{error}"
+    );
+    let client = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/python/structured_client.py"
+    );
+    let output = tokio::process::Command::new("python3")
+        .arg(client)
+        .arg(format!("{api}/v1"))
+        .output()
+        .await
+        .expect("run python3");
+    assert!(
+        output.status.success(),
+        "openai SDK client failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("all checks passed"));
 }

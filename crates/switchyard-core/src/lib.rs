@@ -19,6 +19,7 @@
 pub mod digest;
 pub mod error;
 pub mod event;
+pub mod guided;
 pub mod hash;
 pub mod load;
 pub mod logprobs;
@@ -34,6 +35,7 @@ pub use error::CoreError;
 pub use event::{
     EventSeq, Incarnation, KvEvent, KvEventEnvelope, SnapshotBlock, StorageTier, StoredBlock,
 };
+pub use guided::Guided;
 pub use hash::{BlockHash, block_hashes, block_key, chain_hash, chain_hash_keyed};
 pub use load::LoadStats;
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob};

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::TokenId;
+use crate::guided::Guided;
 use crate::logprobs::MAX_TOP_LOGPROBS;
 
 /// A request's sampling settings.
@@ -49,6 +50,9 @@ pub struct Sampling {
     /// (0 to [`MAX_TOP_LOGPROBS`]); unset: none.
     #[serde(default)]
     pub logprobs: Option<u32>,
+    /// A constraint on the output (a JSON schema, choices, …); unset: none.
+    #[serde(default)]
+    pub guided: Option<Guided>,
 }
 
 /// A sampling field out of its range: which field, and what it must be.
@@ -117,6 +121,11 @@ impl Sampling {
         }
         if self.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
             return err("logprobs", "takes at most 20 alternatives per token");
+        }
+        if let Some(guided) = &self.guided
+            && let Err(rule) = guided.validate()
+        {
+            return err("structured_outputs", rule);
         }
         Ok(())
     }

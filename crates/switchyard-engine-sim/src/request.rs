@@ -44,6 +44,11 @@ pub struct SimRequest {
     /// ([`TokenOutput::logprobs`]).
     #[serde(default)]
     pub logprobs: Option<u32>,
+    /// When not empty, the tokens to generate, in order (a guided answer the caller wrote,
+    /// since the simulator has no model to constrain): the sequence ends with
+    /// [`FinishReason::Stop`] after the last, or with [`FinishReason::Length`] at `max_tokens`.
+    #[serde(default)]
+    pub script: Vec<TokenId>,
 }
 
 impl SimRequest {

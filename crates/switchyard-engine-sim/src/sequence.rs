@@ -26,6 +26,8 @@ pub(crate) struct Sequence {
     pub(crate) min_tokens: u32,
     pub(crate) banned: Vec<TokenId>,
     pub(crate) forced: Vec<TokenId>,
+    /// The tokens to generate, when the caller wrote them ([`SimRequest::script`]).
+    script: Vec<TokenId>,
     pub(crate) hold_blocks: bool,
     pub(crate) pipeline: bool,
     /// Alternatives per token when log probabilities are asked for.
@@ -76,6 +78,7 @@ impl Sequence {
             min_tokens: req.min_tokens,
             banned: req.banned,
             forced: req.forced,
+            script: req.script,
             hold_blocks: req.hold_blocks,
             pipeline: req.hold_blocks && req.pipeline,
             logprobs: req.logprobs,
@@ -97,6 +100,10 @@ impl Sequence {
     /// there are some, never a banned one.
     pub(crate) fn sample(&self, vocab_size: u32) -> TokenId {
         let position = self.tokens.len() as u64;
+        if let Some(last) = self.script.last() {
+            let generated = self.tokens.len().saturating_sub(self.prompt_len);
+            return self.script.get(generated).copied().unwrap_or(*last);
+        }
         let mut draw = mix(self.stream ^ mix(position));
         if !self.forced.is_empty() {
             return self.forced[(draw % self.forced.len() as u64) as usize];
@@ -191,6 +198,13 @@ impl Sequence {
     pub(crate) fn finish_on(&self, token: TokenId, eos: TokenId) -> Option<FinishReason> {
         if self.hold_blocks {
             return Some(FinishReason::Length);
+        }
+        if !self.script.is_empty() {
+            return if self.completion_tokens as usize >= self.script.len() {
+                Some(FinishReason::Stop)
+            } else {
+                (self.completion_tokens >= self.max_tokens).then_some(FinishReason::Length)
+            };
         }
         if self.completion_tokens < self.min_tokens {
             return None;

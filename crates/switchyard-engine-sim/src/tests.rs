@@ -369,6 +369,31 @@ fn eos_and_stop_tokens_end_sequences() {
 }
 
 #[test]
+fn a_scripted_answer_is_generated_exactly_and_ends_with_stop_or_at_max_tokens() {
+    let mut d = Driver::new(tiny(4, 64));
+    let script = vec![7, 3, 9, 1, 1, 5];
+    d.add(SimRequest {
+        script: script.clone(),
+        ..SimRequest::new(1, range(0, 9), 200)
+    });
+    d.add(SimRequest {
+        script: script.clone(),
+        ..SimRequest::new(2, range(0, 9), 4)
+    });
+    d.run(500);
+    assert_eq!(d.tokens_of(1), script, "every token as written");
+    assert_eq!(
+        d.outputs[&1].last().unwrap().1.finish,
+        Some(FinishReason::Stop)
+    );
+    assert_eq!(d.tokens_of(2), script[..4].to_vec(), "cut at max_tokens");
+    assert_eq!(
+        d.outputs[&2].last().unwrap().1.finish,
+        Some(FinishReason::Length)
+    );
+}
+
+#[test]
 fn held_prefill_keeps_its_blocks_until_released() {
     let size = bs(4);
     let mut d = Driver::new(tiny(4, 6));

@@ -1,8 +1,9 @@
 //! Conversions between protocol messages and core types.
 
 use switchyard_core::{
-    BlockHash, BlockSize, CoreError, EngineKind, KvEvent, LoadStats, Role, Sampling, SamplingError,
-    SnapshotBlock, StorageTier, StoredBlock, TokenLogprob, TopLogprob, WorkerId, WorkerInfo,
+    BlockHash, BlockSize, CoreError, EngineKind, Guided, KvEvent, LoadStats, Role, Sampling,
+    SamplingError, SnapshotBlock, StorageTier, StoredBlock, TokenLogprob, TopLogprob, WorkerId,
+    WorkerInfo,
 };
 
 use crate::v1;
@@ -18,6 +19,8 @@ pub enum ProtoError {
     Invalid(#[from] CoreError),
     #[error("invalid sampling: {0}")]
     Sampling(#[from] SamplingError),
+    #[error("{0}")]
+    Guided(&'static str),
 }
 
 impl From<ProtoError> for tonic::Status {
@@ -46,6 +49,34 @@ impl From<&Sampling> for v1::SamplingParams {
             skip_special_tokens: s.skip_special_tokens,
             include_stop_str_in_output: s.include_stop_str_in_output,
             logprobs: s.logprobs,
+            guided: s.guided.as_ref().map(guided_to_proto),
+        }
+    }
+}
+
+fn guided_to_proto(g: &Guided) -> v1::GuidedDecoding {
+    use v1::guided_decoding::Kind;
+    let kind = match g {
+        Guided::JsonObject => Kind::JsonObject(true),
+        Guided::JsonSchema(s) => Kind::JsonSchema(s.clone()),
+        Guided::Regex(s) => Kind::Regex(s.clone()),
+        Guided::Choice(c) => Kind::Choice(v1::ChoiceList { choices: c.clone() }),
+        Guided::Grammar(s) => Kind::Grammar(s.clone()),
+    };
+    v1::GuidedDecoding { kind: Some(kind) }
+}
+
+/// A guided-decoding message off the wire: exactly one constraint.
+fn guided_from_proto(g: v1::GuidedDecoding) -> Result<Guided, ProtoError> {
+    use v1::guided_decoding::Kind;
+    match g.kind {
+        Some(Kind::JsonObject(true)) => Ok(Guided::JsonObject),
+        Some(Kind::JsonSchema(s)) => Ok(Guided::JsonSchema(s)),
+        Some(Kind::Regex(s)) => Ok(Guided::Regex(s)),
+        Some(Kind::Choice(c)) => Ok(Guided::Choice(c.choices)),
+        Some(Kind::Grammar(s)) => Ok(Guided::Grammar(s)),
+        Some(Kind::JsonObject(false)) | None => {
+            Err(ProtoError::Guided("guided decoding names no constraint"))
         }
     }
 }
@@ -107,6 +138,7 @@ impl TryFrom<v1::SamplingParams> for Sampling {
             skip_special_tokens: p.skip_special_tokens,
             include_stop_str_in_output: p.include_stop_str_in_output,
             logprobs: p.logprobs,
+            guided: p.guided.map(guided_from_proto).transpose()?,
         };
         sampling.validate()?;
         Ok(sampling)
@@ -314,6 +346,37 @@ impl From<&v1::LoadReport> for LoadStats {
 mod tests {
     use super::*;
     use switchyard_core::block_hashes;
+
+    #[test]
+    fn guided_decoding_round_trips_and_an_empty_one_is_refused() {
+        for guided in [
+            Guided::JsonObject,
+            Guided::JsonSchema(r#"{"type":"object"}"#.into()),
+            Guided::Regex("[a-z]+".into()),
+            Guided::Choice(vec!["yes".into(), "no".into()]),
+            Guided::Grammar("root ::= \"a\"".into()),
+        ] {
+            let sampling = Sampling {
+                max_tokens: 4,
+                guided: Some(guided),
+                ..Sampling::default()
+            };
+            let wire = v1::SamplingParams::from(&sampling);
+            assert_eq!(Sampling::try_from(wire).unwrap(), sampling);
+        }
+        let mut wire = v1::SamplingParams::from(&Sampling {
+            max_tokens: 4,
+            ..Sampling::default()
+        });
+        wire.guided = Some(v1::GuidedDecoding { kind: None });
+        assert!(Sampling::try_from(wire.clone()).is_err());
+        wire.guided = Some(v1::GuidedDecoding {
+            kind: Some(v1::guided_decoding::Kind::Choice(v1::ChoiceList {
+                choices: vec![],
+            })),
+        });
+        assert!(Sampling::try_from(wire).is_err(), "validated");
+    }
 
     #[test]
     fn events_round_trip() {

@@ -38,6 +38,15 @@ fn family_hashes(f: u32) -> Vec<BlockHash> {
     block_hashes(&family_tokens(f), bs())
 }
 
+/// The parent of a family block (`None` for a family's first block).
+fn parent_of(hash: BlockHash) -> Option<BlockHash> {
+    (0..FAMILIES).find_map(|f| {
+        let hashes = family_hashes(f);
+        let i = hashes.iter().position(|&h| h == hash)?;
+        Some(i.checked_sub(1).map(|p| hashes[p]))
+    })?
+}
+
 fn mask(tier: StorageTier) -> u8 {
     match tier {
         StorageTier::Device => 1,
@@ -269,15 +278,20 @@ fn index_overlap(index: &PrefixIndex, prompt: &[BlockHash]) -> BTreeMap<WorkerId
         .collect()
 }
 
-/// Prompts to query: every family's chain, plus chains that diverge after a few blocks.
+/// Prompts to query: every family's chain, plus prompts that share a family's first two blocks
+/// of tokens and then go on with another family's tokens (so, being chained, their later block
+/// hashes are new: a prompt is always a chain, which the overlap query relies on).
 fn queries() -> Vec<Vec<BlockHash>> {
     let mut qs = Vec::new();
     for f in 0..FAMILIES {
         let h = family_hashes(f);
         qs.push(h.clone());
         qs.push(h[..3].to_vec());
-        let mut diverging = h[..2].to_vec();
-        diverging.extend(family_hashes((f + 1) % FAMILIES)[2..].iter().copied());
+        let split = 2 * BS as usize;
+        let mut tokens = family_tokens(f)[..split].to_vec();
+        tokens.extend_from_slice(&family_tokens((f + 1) % FAMILIES)[split..]);
+        let diverging = block_hashes(&tokens, bs());
+        assert_eq!(diverging[..2], h[..2]);
         qs.push(diverging);
     }
     qs
@@ -319,18 +333,16 @@ fn run(
             }
             Op::Resync { w } => {
                 let e = &engines[*w];
+                // Snapshots name each block's parent, as engines' snapshots do.
                 let snapshot: Vec<SnapshotBlock> = e
                     .blocks
                     .iter()
                     .flat_map(|(&hash, &m)| {
+                        let parent = parent_of(hash);
                         StorageTier::ALL
                             .into_iter()
                             .filter(move |t| m & mask(*t) != 0)
-                            .map(move |tier| SnapshotBlock {
-                                hash,
-                                parent: None,
-                                tier,
-                            })
+                            .map(move |tier| SnapshotBlock { hash, parent, tier })
                     })
                     .collect();
                 index

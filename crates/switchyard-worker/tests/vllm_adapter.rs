@@ -530,6 +530,9 @@ fn full_sampling() -> switchyard_core::Sampling {
         skip_special_tokens: Some(true),
         include_stop_str_in_output: Some(true),
         logprobs: Some(3),
+        guided: Some(switchyard_core::Guided::JsonSchema(
+            r#"{"type":"object"}"#.into(),
+        )),
     }
 }
 
@@ -583,6 +586,7 @@ async fn every_sampling_field_reaches_vllm_in_its_own_name_and_unset_ones_stay_u
         // Alternatives keyed by token id, read back per token (`run` fails otherwise).
         ("logprobs", json!(3)),
         ("return_tokens_as_token_ids", json!(true)),
+        ("structured_outputs", json!({"json": {"type": "object"}})),
     ] {
         let got = &body[field];
         let close = match (got.as_f64(), want.as_f64()) {
@@ -614,6 +618,7 @@ async fn every_sampling_field_reaches_vllm_in_its_own_name_and_unset_ones_stay_u
         "stop",
         "min_tokens",
         "ignore_eos",
+        "structured_outputs",
     ] {
         assert!(body.get(field).is_none(), "{field} sent unset: {body}");
     }
@@ -644,6 +649,7 @@ async fn every_sampling_field_reaches_sglang_in_its_own_name_and_unset_ones_stay
         ("stop_token_ids", json!([99])),
         ("min_new_tokens", json!(2)),
         ("ignore_eos", json!(true)),
+        ("json_schema", json!(r#"{"type":"object"}"#)),
     ] {
         let got = &params[field];
         let close = match (got.as_f64(), want.as_f64()) {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::Value as Json;
-use switchyard_core::TokenId;
+use switchyard_core::{Guided, TokenId};
 use switchyard_tokenize::{
     ModelDir, OutputEvent, OutputFormats, OutputParser, ReasoningFormat, ToolCallFormat,
 };
@@ -74,6 +74,19 @@ pub struct ChatOutput {
     tools: Option<(ToolCallFormat, Vec<Json>)>,
     /// `parallel_tool_calls: false`: only the first call is kept.
     single_call: bool,
+    /// `tool_choice` required or named: the engine is constrained to write the call(s) as
+    /// JSON, and the whole answer is read as them.
+    forced: Option<Forced>,
+}
+
+/// A tool call the request made compulsory.
+#[derive(Debug, Clone, PartialEq)]
+enum Forced {
+    /// `tool_choice: {"type": "function", "function": {"name"}}`: the answer is that
+    /// function's arguments.
+    Named { name: String, parameters: Json },
+    /// `tool_choice: "required"`: the answer is a list of `{"name", "parameters"}`.
+    Required { tools: Vec<Json> },
 }
 
 impl ChatOutput {
@@ -107,6 +120,11 @@ impl ChatOutput {
             reasoning: formats.reasoning,
             tools,
             single_call: parallel_tool_calls == Some(false),
+            forced: None,
+        };
+        let forced = |forced| Self {
+            forced: Some(forced),
+            ..output(None)
         };
         match (choice, tools) {
             (Some("none"), _) | (None | Some("auto"), None) => Ok((output(None), None)),
@@ -120,15 +138,75 @@ impl ChatOutput {
                     ),
                 )),
             },
-            (Some("required" | "named"), _) => Err(ApiError::bad_param(
+            (Some("required" | "named"), None) => Err(ApiError::bad_param(
                 "tool_choice",
-                "tool_choice \"required\" or a named function needs guided decoding, which the gateway does not offer yet; use \"auto\"",
+                "tool_choice names a tool but the request offers no `tools`",
             )),
+            (Some("required"), Some(tools)) => {
+                let required = Forced::Required {
+                    tools: tools.clone(),
+                };
+                Ok((forced(required), Some(tools)))
+            }
+            (Some("named"), Some(tools)) => {
+                let name = tool_choice
+                    .as_ref()
+                    .and_then(|c| c.pointer("/function/name"))
+                    .and_then(Json::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                let Some(tool) = tools
+                    .iter()
+                    .find(|t| t.pointer("/function/name").and_then(Json::as_str) == Some(&name))
+                else {
+                    return Err(ApiError::bad_param(
+                        "tool_choice",
+                        format!("tool_choice names function `{name}`, which is not in `tools`"),
+                    ));
+                };
+                let parameters = tool
+                    .pointer("/function/parameters")
+                    .cloned()
+                    .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+                Ok((forced(Forced::Named { name, parameters }), Some(tools)))
+            }
             (Some(other), _) => Err(ApiError::bad_param(
                 "tool_choice",
                 format!("unknown tool_choice {other:?}"),
             )),
         }
+    }
+}
+
+impl ChatOutput {
+    /// The constraint a compulsory tool call puts on the engine's output: the named
+    /// function's parameters, or a non-empty list of calls to the offered functions (the
+    /// schema vLLM uses for `required`).
+    pub fn guided(&self) -> Option<Guided> {
+        let schema = match self.forced.as_ref()? {
+            Forced::Named { parameters, .. } => parameters.clone(),
+            Forced::Required { tools } => {
+                let calls: Vec<Json> = tools
+                    .iter()
+                    .filter_map(|t| t.get("function"))
+                    .map(|f| {
+                        serde_json::json!({
+                            "properties": {
+                                "name": {"type": "string", "enum": [f.get("name").cloned().unwrap_or_default()]},
+                                "parameters": f.get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                            },
+                            "required": ["name", "parameters"],
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"type": "object", "anyOf": calls},
+                })
+            }
+        };
+        Some(Guided::JsonSchema(schema.to_string()))
     }
 }
 
@@ -181,6 +259,9 @@ pub struct Shaper {
     single_call: bool,
     call_id_prefix: String,
     calls: u32,
+    /// A compulsory call: the answer text, read as the call(s) at the end.
+    forced: Option<(Forced, String)>,
+    malformed_forced: usize,
 }
 
 impl Shaper {
@@ -202,6 +283,8 @@ impl Shaper {
             single_call: output.single_call,
             call_id_prefix: format!("call_{id}"),
             calls: 0,
+            forced: output.forced.clone().map(|f| (f, String::new())),
+            malformed_forced: 0,
         }
     }
 
@@ -212,7 +295,32 @@ impl Shaper {
 
     pub fn finish(&mut self) -> Vec<Piece> {
         let events = self.parser.finish();
-        self.pieces(events)
+        let mut pieces = self.pieces(events);
+        if let Some((forced, text)) = self.forced.take() {
+            match forced_calls(&forced, &text) {
+                Some(calls) => {
+                    let events = calls
+                        .into_iter()
+                        .enumerate()
+                        .map(|(index, (name, arguments))| {
+                            OutputEvent::ToolCall(switchyard_tokenize::ToolCall {
+                                index,
+                                name,
+                                arguments,
+                            })
+                        })
+                        .collect();
+                    pieces.extend(self.pieces(events));
+                }
+                None => {
+                    // Not what the constraint asked for (an engine that ignored it, or cut
+                    // off by max_tokens): the text is the answer.
+                    self.malformed_forced += 1;
+                    pieces.push(Piece::Content(text));
+                }
+            }
+        }
+        pieces
     }
 
     /// Tool calls in the answer.
@@ -222,7 +330,7 @@ impl Shaper {
 
     /// Tool calls whose text did not parse and went to the content.
     pub fn malformed_tool_calls(&self) -> usize {
-        self.parser.malformed_tool_calls()
+        self.parser.malformed_tool_calls() + self.malformed_forced
     }
 
     /// The finish reason the client sees: `tool_calls` when the model called a tool.
@@ -234,7 +342,10 @@ impl Shaper {
         let mut pieces = Vec::with_capacity(events.len());
         for event in events {
             match event {
-                OutputEvent::Content(text) => pieces.push(Piece::Content(text)),
+                OutputEvent::Content(text) => match self.forced.as_mut() {
+                    Some((_, held)) => held.push_str(&text),
+                    None => pieces.push(Piece::Content(text)),
+                },
                 OutputEvent::Reasoning(text) => pieces.push(Piece::Reasoning(text)),
                 OutputEvent::ToolCall(call) => {
                     if self.single_call && self.calls > 0 {
@@ -255,6 +366,30 @@ impl Shaper {
             }
         }
         pieces
+    }
+}
+
+/// The calls a compulsory-call answer holds: (name, arguments as JSON text).
+fn forced_calls(forced: &Forced, text: &str) -> Option<Vec<(String, String)>> {
+    let value: Json = serde_json::from_str(text.trim()).ok()?;
+    match forced {
+        Forced::Named { name, .. } => value
+            .is_object()
+            .then(|| vec![(name.clone(), value.to_string())]),
+        Forced::Required { .. } => {
+            let calls = value.as_array()?;
+            if calls.is_empty() {
+                return None;
+            }
+            calls
+                .iter()
+                .map(|call| {
+                    let name = call.get("name")?.as_str()?.to_owned();
+                    let arguments = call.get("parameters").or_else(|| call.get("arguments"))?;
+                    arguments.is_object().then(|| (name, arguments.to_string()))
+                })
+                .collect()
+        }
     }
 }
 

@@ -51,8 +51,7 @@ fn what_cannot_be_honoured_is_refused_by_name() {
     assert!(err.to_string().contains("--tool-call-parser m="), "{err}");
     assert_eq!(param_of(err).as_deref(), Some("tools"));
     for choice in [
-        json!("required"),
-        json!({"type": "function", "function": {"name": "f"}}),
+        json!({"type": "function", "function": {"name": "g"}}),
         json!("sometimes"),
         json!(3),
     ] {
@@ -60,6 +59,8 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             .unwrap_err();
         assert_eq!(param_of(err).as_deref(), Some("tool_choice"));
     }
+    let err = ChatOutput::resolve(hermes(), "m", None, Some(json!("required")), None).unwrap_err();
+    assert_eq!(param_of(err).as_deref(), Some("tool_choice"));
     for bad in [
         json!({"type": "retrieval"}),
         json!({"type": "function", "function": {}}),
@@ -155,4 +156,67 @@ fn configured_parsers_win_over_the_template_and_are_validated() {
     config.tool_call_parsers.insert("x".into(), "hermès".into());
     let err = config.validate().unwrap_err();
     assert!(err.contains("output.tool_call_parsers.x"), "{err}");
+}
+
+#[test]
+fn a_compulsory_call_constrains_the_engine_and_reads_the_answer_as_the_call() {
+    let named = json!({"type": "function", "function": {"name": "f"}});
+    let (output, render) = ChatOutput::resolve(
+        OutputFormats::default(),
+        "m",
+        Some(vec![tool("f"), tool("g")]),
+        Some(named),
+        None,
+    )
+    .expect("no tool parser needed: the answer is JSON");
+    assert_eq!(render.map(|t| t.len()), Some(2));
+    assert_eq!(
+        output.guided(),
+        Some(Guided::JsonSchema(json!({"type": "object"}).to_string()))
+    );
+    let mut shaper = Shaper::new(&output, "r", "");
+    let mut pieces = shaper.push("{\"city\": ");
+    pieces.extend(shaper.push("\"Paris\"}"));
+    pieces.extend(shaper.finish());
+    assert_eq!(pieces.len(), 1, "{pieces:?}");
+    let Piece::ToolCall(call) = &pieces[0] else {
+        panic!("{pieces:?}")
+    };
+    assert_eq!(call.function.name, "f");
+    assert_eq!(call.function.arguments, r#"{"city":"Paris"}"#);
+    assert_eq!(shaper.finish_reason("stop"), "tool_calls");
+
+    let (required, _) = ChatOutput::resolve(
+        OutputFormats::default(),
+        "m",
+        Some(vec![tool("f"), tool("g")]),
+        Some(json!("required")),
+        None,
+    )
+    .unwrap();
+    let Some(Guided::JsonSchema(schema)) = required.guided() else {
+        panic!("a schema")
+    };
+    let schema: Json = serde_json::from_str(&schema).unwrap();
+    assert_eq!(schema["type"], "array");
+    assert_eq!(schema["items"]["anyOf"].as_array().unwrap().len(), 2);
+    let mut shaper = Shaper::new(&required, "r", "");
+    let mut pieces =
+        shaper.push(r#"[{"name": "g", "parameters": {"a": 1}}, {"name": "f", "parameters": {}}]"#);
+    pieces.extend(shaper.finish());
+    let names: Vec<_> = pieces
+        .iter()
+        .filter_map(|p| match p {
+            Piece::ToolCall(c) => Some(c.function.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names, ["g", "f"]);
+
+    // An answer that is not the call is the content, counted as malformed.
+    let mut shaper = Shaper::new(&required, "r", "");
+    let mut pieces = shaper.push("sorry");
+    pieces.extend(shaper.finish());
+    assert_eq!(pieces, vec![Piece::Content("sorry".into())]);
+    assert_eq!(shaper.malformed_tool_calls(), 1);
 }

@@ -183,6 +183,7 @@ pub fn sampling_of(
         skip_special_tokens: s.skip_special_tokens,
         include_stop_str_in_output: s.include_stop_str_in_output,
         logprobs: logprobs.map(LogprobsAsk::alternatives),
+        guided: super::guided::guided_of(s)?,
     };
     sampling
         .validate()

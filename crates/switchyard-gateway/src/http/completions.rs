@@ -387,6 +387,12 @@ async fn serve<T: DeserializeOwned>(
         served_model.clone_from(&model);
         let tokenizer = state.tokenizers.for_model(&model);
         let (source, output) = settle_output(&state, &model, &tokenizer.dir, source)?;
+        if output.guided().is_some() && super::guided::guided_of(&sampling)?.is_some() {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                "a required or named tool_choice constrains the output already; drop the other constraint",
+            ));
+        }
         let session = session_of(&headers);
         let client = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
         let flow = FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client);
@@ -453,7 +459,10 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
             r.sampling.max_completion_tokens.or(r.sampling.max_tokens),
             state.config.default_max_tokens,
         )?;
-        let sampling = sampling_of(&r.sampling, max_tokens, r.asks.logprobs)?;
+        let mut sampling = sampling_of(&r.sampling, max_tokens, r.asks.logprobs)?;
+        if let Some(guided) = r.output.guided() {
+            sampling.guided = Some(guided);
+        }
         let echo = if r.asks.echo {
             Some(match prompt.text {
                 Some(text) => text,

@@ -9,6 +9,7 @@ mod asks;
 mod assemble;
 mod choices;
 pub mod completions;
+mod guided;
 mod prompts;
 pub mod server;
 pub mod tokenize;

@@ -78,6 +78,13 @@ pub struct SamplingFields {
     pub logprobs: Option<serde_json::Value>,
     /// Chat only: alternatives per token (0 to 20), with `logprobs: true`.
     pub top_logprobs: Option<u32>,
+    /// Structured output (`http::guided`): OpenAI's, and vLLM's current and older forms.
+    pub response_format: Option<serde_json::Value>,
+    pub structured_outputs: Option<serde_json::Value>,
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.

@@ -78,11 +78,16 @@ pub fn build_shared(
         blocks.clear();
         if i < holders {
             let len = prompt_len * (i + 1) / holders;
-            blocks.extend(prompt[..len].iter().map(|&hash| SnapshotBlock {
-                hash,
-                parent: None,
-                tier: StorageTier::Device,
-            }));
+            blocks.extend(
+                prompt[..len]
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &hash)| SnapshotBlock {
+                        hash,
+                        parent: j.checked_sub(1).map(|p| prompt[p]),
+                        tier: StorageTier::Device,
+                    }),
+            );
         }
         let mut seen = std::collections::HashSet::new();
         while blocks.len()

@@ -1,11 +1,17 @@
-//! Compact storage of which workers hold each block.
+//! Compact storage of which workers hold each block, and each block's parent.
 //!
 //! One `(block, worker)` pair is a packed `u32` [`Holder`]: the worker's dense slot in the low
-//! 24 bits and a mask of the tiers it holds the block in above them. The block map's value is a
-//! single `u32`: either the only holder itself (the common case: most blocks live on one or a
-//! few workers), or, with the top bit set, the index of a sorted `Vec<Holder>` in a side arena.
-//! A map entry is therefore 16 bytes (8-byte key, 4-byte value, padding) plus hashbrown's one
-//! control byte, and a block shared by `k` workers adds a 24-byte arena vector and `4k` bytes.
+//! 24 bits, the mask of tiers it holds the block in above them (3 bits), and in the next 4 bits
+//! how many children of the block the same worker holds (saturating at 15, which then means "15
+//! or more"; the index uses it to know whether a worker's blocks stay prefix-closed, see
+//! `mod.rs`). The block map's value is the block's parent hash ([`BlockHash::ROOT`] for the first
+//! block of a prompt) and a `u32`: either the only holder itself (the common case: most blocks
+//! live on one or a few workers), or, with the top bit set, the index of a sorted `Vec<Holder>`
+//! in a side arena. A map entry is therefore 24 bytes (8-byte key, 8-byte parent, 4-byte value,
+//! padding) plus hashbrown's one control byte, and a block shared by `k` workers adds a 24-byte
+//! arena vector and `4k` bytes.
+
+use std::collections::hash_map::Entry as MapEntry;
 
 use switchyard_core::{BlockHash, StorageTier};
 
@@ -14,6 +20,10 @@ use crate::hasher::FxHashMap;
 /// Largest number of worker slots a holder can name.
 pub const MAX_SLOTS: usize = 1 << 24;
 const SLOT_MASK: u32 = (1 << 24) - 1;
+const TIER_SHIFT: u32 = 24;
+const CHILD_SHIFT: u32 = 27;
+/// Child counts saturate here; a saturated count is never decremented.
+pub const CHILD_MAX: u32 = 15;
 const ARENA_FLAG: u32 = 1 << 31;
 
 pub const DEVICE: u8 = 1;
@@ -28,14 +38,15 @@ pub fn tier_bit(tier: StorageTier) -> u8 {
     }
 }
 
-/// A worker slot and the tiers it holds a block in, packed into 32 bits.
+/// A worker slot, the tiers it holds a block in and how many of the block's children it holds,
+/// packed into 32 bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder(u32);
 
 impl Holder {
     pub fn new(slot: u32, tiers: u8) -> Self {
         debug_assert!(slot <= SLOT_MASK && tiers != 0 && tiers < 8);
-        Holder(slot | (u32::from(tiers) << 24))
+        Holder(slot | (u32::from(tiers) << TIER_SHIFT))
     }
     #[inline]
     pub fn slot(self) -> u32 {
@@ -43,7 +54,19 @@ impl Holder {
     }
     #[inline]
     pub fn tiers(self) -> u8 {
-        ((self.0 >> 24) & 0x7) as u8
+        ((self.0 >> TIER_SHIFT) & 0x7) as u8
+    }
+    #[inline]
+    pub fn children(self) -> u32 {
+        (self.0 >> CHILD_SHIFT) & CHILD_MAX
+    }
+    #[inline]
+    fn with_tiers(self, tiers: u8) -> Self {
+        Holder((self.0 & !(0x7 << TIER_SHIFT)) | (u32::from(tiers) << TIER_SHIFT))
+    }
+    #[inline]
+    fn with_children(self, n: u32) -> Self {
+        Holder((self.0 & !(CHILD_MAX << CHILD_SHIFT)) | (n.min(CHILD_MAX) << CHILD_SHIFT))
     }
 }
 
@@ -60,10 +83,27 @@ pub enum PairChange {
     Absent,
 }
 
+/// What [`HolderMap::remove`] did, with what the caller needs to keep closure counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Removal {
+    pub change: PairChange,
+    /// The pair as it was (tiers and child count); meaningless when `change` is `Absent`.
+    pub before: Holder,
+    /// The block's parent ([`BlockHash::ROOT`] for a first block).
+    pub parent: BlockHash,
+}
+
+/// A block's entry: its parent and its holders (see the module docs).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    parent: BlockHash,
+    /// The only holder, or `ARENA_FLAG | index` into the arena.
+    value: Holder,
+}
+
 #[derive(Debug, Default)]
 pub struct HolderMap {
-    /// Value: the only holder, or `ARENA_FLAG | index` into `arena`.
-    map: FxHashMap<BlockHash, Holder>,
+    map: FxHashMap<BlockHash, Entry>,
     arena: Vec<Vec<Holder>>,
     free: Vec<u32>,
 }
@@ -78,97 +118,188 @@ impl HolderMap {
     pub fn get(&self, block: BlockHash) -> &[Holder] {
         match self.map.get(&block) {
             None => &[],
-            Some(v) if v.0 & ARENA_FLAG != 0 => &self.arena[(v.0 & !ARENA_FLAG) as usize],
-            Some(v) => std::slice::from_ref(v),
+            Some(e) => self.holders(e),
+        }
+    }
+
+    #[inline]
+    fn holders<'a>(&'a self, e: &'a Entry) -> &'a [Holder] {
+        if e.value.0 & ARENA_FLAG != 0 {
+            &self.arena[(e.value.0 & !ARENA_FLAG) as usize]
+        } else {
+            std::slice::from_ref(&e.value)
         }
     }
 
     pub fn tiers_of(&self, block: BlockHash, slot: u32) -> u8 {
-        let holders = self.get(block);
-        match holders.binary_search_by_key(&slot, |h| h.slot()) {
-            Ok(i) => holders[i].tiers(),
-            Err(_) => 0,
-        }
+        self.holder(block, slot).map_or(0, Holder::tiers)
     }
 
-    /// Adds `tiers` to the mask of `(block, slot)`.
-    pub fn add(&mut self, block: BlockHash, slot: u32, tiers: u8) -> PairChange {
-        let new = Holder::new(slot, tiers);
-        let Some(v) = self.map.get_mut(&block) else {
-            self.map.insert(block, new);
-            return PairChange::Added;
+    fn holder(&self, block: BlockHash, slot: u32) -> Option<Holder> {
+        let holders = self.get(block);
+        holders
+            .binary_search_by_key(&slot, |h| h.slot())
+            .ok()
+            .map(|i| holders[i])
+    }
+
+    /// Adds `tiers` to the mask of `(block, slot)` and `children` to its child count. A new
+    /// block records `parent`; an existing block keeps the parent it was first stored with.
+    /// Returns the change, the pair's tier mask before (0 when new) and the block's recorded
+    /// parent.
+    pub fn add(
+        &mut self,
+        block: BlockHash,
+        slot: u32,
+        tiers: u8,
+        parent: BlockHash,
+        children: u32,
+    ) -> (PairChange, u8, BlockHash) {
+        let new = Holder::new(slot, tiers).with_children(children);
+        let grow = |h: Holder| {
+            let n = h.children();
+            if n == CHILD_MAX {
+                h
+            } else {
+                h.with_children(n + children)
+            }
         };
-        if v.0 & ARENA_FLAG == 0 {
-            let old = *v;
+        // One probe whether the block is new or not.
+        let e = match self.map.entry(block) {
+            MapEntry::Vacant(v) => {
+                v.insert(Entry { parent, value: new });
+                return (PairChange::Added, 0, parent);
+            }
+            MapEntry::Occupied(o) => o.into_mut(),
+        };
+        let recorded = e.parent;
+        if e.value.0 & ARENA_FLAG == 0 {
+            let old = e.value;
             if old.slot() == slot {
-                *v = Holder::new(slot, old.tiers() | tiers);
-                return PairChange::Kept;
+                e.value = grow(old.with_tiers(old.tiers() | tiers));
+                return (PairChange::Kept, old.tiers(), recorded);
             }
             let pair = if old.slot() < slot {
                 vec![old, new]
             } else {
                 vec![new, old]
             };
-            *v = Holder(ARENA_FLAG | alloc(&mut self.arena, &mut self.free, pair));
-            return PairChange::Added;
+            e.value = Holder(ARENA_FLAG | alloc(&mut self.arena, &mut self.free, pair));
+            return (PairChange::Added, 0, recorded);
         }
-        let list = &mut self.arena[(v.0 & !ARENA_FLAG) as usize];
+        let list = &mut self.arena[(e.value.0 & !ARENA_FLAG) as usize];
         match list.binary_search_by_key(&slot, |h| h.slot()) {
             Ok(i) => {
-                list[i] = Holder::new(slot, list[i].tiers() | tiers);
-                PairChange::Kept
+                let old = list[i];
+                list[i] = grow(old.with_tiers(old.tiers() | tiers));
+                (PairChange::Kept, old.tiers(), recorded)
             }
             Err(i) => {
                 list.insert(i, new);
-                PairChange::Added
+                (PairChange::Added, 0, recorded)
             }
         }
     }
 
-    /// Clears `tiers` from the mask of `(block, slot)`; the pair goes when its mask empties.
-    pub fn remove(&mut self, block: BlockHash, slot: u32, tiers: u8) -> PairChange {
-        let Some(v) = self.map.get_mut(&block) else {
-            return PairChange::Absent;
+    /// Adds `delta` to the child count of `(block, slot)` (saturating; a saturated count stays).
+    /// Returns whether the pair exists.
+    pub fn adjust_children(&mut self, block: BlockHash, slot: u32, delta: i32) -> bool {
+        let Some(e) = self.map.get_mut(&block) else {
+            return false;
         };
-        if v.0 & ARENA_FLAG == 0 {
-            let old = *v;
+        let step = |h: Holder| {
+            let n = h.children();
+            if n == CHILD_MAX {
+                h
+            } else {
+                h.with_children(n.saturating_add_signed(delta))
+            }
+        };
+        if e.value.0 & ARENA_FLAG == 0 {
+            let h = e.value;
+            if h.slot() != slot {
+                return false;
+            }
+            e.value = step(h);
+            return true;
+        }
+        let list = &mut self.arena[(e.value.0 & !ARENA_FLAG) as usize];
+        match list.binary_search_by_key(&slot, |h| h.slot()) {
+            Ok(i) => {
+                list[i] = step(list[i]);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Clears `tiers` from the mask of `(block, slot)`; the pair goes when its mask empties.
+    pub fn remove(&mut self, block: BlockHash, slot: u32, tiers: u8) -> Removal {
+        let absent = Removal {
+            change: PairChange::Absent,
+            before: Holder(0),
+            parent: BlockHash::ROOT,
+        };
+        let MapEntry::Occupied(mut o) = self.map.entry(block) else {
+            return absent;
+        };
+        let e = o.get_mut();
+        let parent = e.parent;
+        if e.value.0 & ARENA_FLAG == 0 {
+            let old = e.value;
             if old.slot() != slot {
-                return PairChange::Absent;
+                return absent;
             }
             let left = old.tiers() & !tiers;
-            if left == 0 {
-                self.map.remove(&block);
-                return PairChange::Removed;
-            }
-            *v = Holder::new(slot, left);
-            return PairChange::Kept;
+            let change = if left == 0 {
+                // Through the entry: no second probe.
+                o.remove();
+                PairChange::Removed
+            } else {
+                e.value = old.with_tiers(left);
+                PairChange::Kept
+            };
+            return Removal {
+                change,
+                before: old,
+                parent,
+            };
         }
-        let idx = (v.0 & !ARENA_FLAG) as usize;
+        let idx = (e.value.0 & !ARENA_FLAG) as usize;
         let list = &mut self.arena[idx];
         let Ok(i) = list.binary_search_by_key(&slot, |h| h.slot()) else {
-            return PairChange::Absent;
+            return absent;
         };
-        let left = list[i].tiers() & !tiers;
+        let old = list[i];
+        let left = old.tiers() & !tiers;
         if left != 0 {
-            list[i] = Holder::new(slot, left);
-            return PairChange::Kept;
+            list[i] = old.with_tiers(left);
+            return Removal {
+                change: PairChange::Kept,
+                before: old,
+                parent,
+            };
         }
         list.remove(i);
         if list.len() == 1 {
             // Back to the inline form so the arena only holds shared blocks.
-            *v = list[0];
+            e.value = list[0];
             let mut list = std::mem::take(&mut self.arena[idx]);
             list.clear();
             self.arena[idx] = list;
             self.free.push(idx as u32);
         }
-        PairChange::Removed
+        Removal {
+            change: PairChange::Removed,
+            before: old,
+            parent,
+        }
     }
 
     /// Approximate heap bytes: hashbrown buckets (entry + control byte) plus the arena.
     pub fn heap_bytes(&self) -> usize {
         let buckets = buckets_for(self.map.capacity());
-        let entry = std::mem::size_of::<(BlockHash, Holder)>();
+        let entry = std::mem::size_of::<(BlockHash, Entry)>();
         let arena: usize = self
             .arena
             .iter()
@@ -203,7 +334,7 @@ fn alloc(arena: &mut Vec<Vec<Holder>>, free: &mut Vec<u32>, list: Vec<Holder>) -
 impl HolderMap {
     /// Every block and its holders, in hash-map order (callers sort when order matters).
     pub fn iter(&self) -> impl Iterator<Item = (BlockHash, &[Holder])> + '_ {
-        self.map.keys().map(|&b| (b, self.get(b)))
+        self.map.iter().map(|(&b, e)| (b, self.holders(e)))
     }
 }
 
@@ -211,30 +342,83 @@ impl HolderMap {
 mod tests {
     use super::*;
 
+    const R: BlockHash = BlockHash::ROOT;
+
+    fn add(m: &mut HolderMap, b: BlockHash, slot: u32, tiers: u8) -> PairChange {
+        m.add(b, slot, tiers, R, 0).0
+    }
+
+    fn remove(m: &mut HolderMap, b: BlockHash, slot: u32, tiers: u8) -> PairChange {
+        m.remove(b, slot, tiers).change
+    }
+
     #[test]
     fn holders_stay_sorted_and_fold_back_inline() {
         let mut m = HolderMap::default();
         let b = BlockHash(42);
-        assert_eq!(m.add(b, 5, DEVICE), PairChange::Added);
-        assert_eq!(m.add(b, 5, HOST), PairChange::Kept);
+        assert_eq!(add(&mut m, b, 5, DEVICE), PairChange::Added);
+        assert_eq!(add(&mut m, b, 5, HOST), PairChange::Kept);
         assert_eq!(m.tiers_of(b, 5), DEVICE | HOST);
-        assert_eq!(m.add(b, 2, DEVICE), PairChange::Added);
-        assert_eq!(m.add(b, 9, DISK), PairChange::Added);
+        assert_eq!(add(&mut m, b, 2, DEVICE), PairChange::Added);
+        assert_eq!(add(&mut m, b, 9, DISK), PairChange::Added);
         let slots: Vec<u32> = m.get(b).iter().map(|h| h.slot()).collect();
         assert_eq!(slots, vec![2, 5, 9]);
-        assert_eq!(m.remove(b, 2, DEVICE), PairChange::Removed);
-        assert_eq!(m.remove(b, 9, DEVICE), PairChange::Kept);
-        assert_eq!(m.remove(b, 9, DISK), PairChange::Removed);
+        assert_eq!(remove(&mut m, b, 2, DEVICE), PairChange::Removed);
+        assert_eq!(remove(&mut m, b, 9, DEVICE), PairChange::Kept);
+        assert_eq!(remove(&mut m, b, 9, DISK), PairChange::Removed);
         assert_eq!(m.get(b).len(), 1);
         assert_eq!(m.free.len(), 1);
-        assert_eq!(m.remove(b, 5, DEVICE), PairChange::Kept);
-        assert_eq!(m.remove(b, 7, DEVICE), PairChange::Absent);
-        assert_eq!(m.remove(b, 5, HOST), PairChange::Removed);
+        assert_eq!(remove(&mut m, b, 5, DEVICE), PairChange::Kept);
+        assert_eq!(remove(&mut m, b, 7, DEVICE), PairChange::Absent);
+        assert_eq!(remove(&mut m, b, 5, HOST), PairChange::Removed);
         assert_eq!(m.blocks(), 0);
         // The freed arena vector is reused.
-        m.add(b, 1, DEVICE);
-        m.add(b, 3, DEVICE);
+        add(&mut m, b, 1, DEVICE);
+        add(&mut m, b, 3, DEVICE);
         assert_eq!(m.arena.len(), 1);
         assert!(m.free.is_empty());
+    }
+
+    #[test]
+    fn parents_are_kept_and_child_counts_survive_tier_changes_and_saturate() {
+        let mut m = HolderMap::default();
+        let (p, c) = (BlockHash(1), BlockHash(2));
+        assert_eq!(m.add(p, 3, DEVICE, R, 0), (PairChange::Added, 0, R));
+        assert_eq!(m.add(c, 3, DEVICE, p, 0), (PairChange::Added, 0, p));
+        // A later claim of another parent does not overwrite the first one.
+        assert_eq!(
+            m.add(c, 4, DEVICE, BlockHash(9), 2),
+            (PairChange::Added, 0, p)
+        );
+        assert_eq!(m.holder(c, 4).map(Holder::children), Some(2));
+        assert!(m.adjust_children(p, 3, 1));
+        assert!(
+            !m.adjust_children(p, 4, 1),
+            "worker 4 does not hold the parent"
+        );
+        assert_eq!(m.add(p, 3, HOST, R, 1).1, DEVICE);
+        assert_eq!(m.holder(p, 3).map(Holder::children), Some(2));
+        assert!(m.adjust_children(p, 3, -1));
+        let r = m.remove(p, 3, DEVICE);
+        assert_eq!(
+            (r.change, r.before.children(), r.before.tiers()),
+            (PairChange::Kept, 1, DEVICE | HOST)
+        );
+        assert!(m.adjust_children(p, 3, -1));
+        assert!(m.adjust_children(p, 3, -1), "saturates at zero");
+        assert_eq!(m.holder(p, 3).map(Holder::children), Some(0));
+        for _ in 0..20 {
+            m.adjust_children(p, 3, 1);
+        }
+        m.adjust_children(p, 3, -1);
+        assert_eq!(
+            m.holder(p, 3).map(Holder::children),
+            Some(CHILD_MAX),
+            "a saturated count stays"
+        );
+        assert_eq!(m.holder(p, 3).map(Holder::slot), Some(3));
+        assert_eq!(m.tiers_of(p, 3), HOST);
+        let r = m.remove(c, 4, DEVICE);
+        assert_eq!((r.change, r.parent), (PairChange::Removed, p));
     }
 }

@@ -20,9 +20,29 @@
 //! Removals do not search that queue: they leave a stale entry that is skipped when met and
 //! swept out when the queue grows past twice the worker's live entries.
 //!
+//! ## Prefix closure and the jump search
+//! A worker's blocks are *prefix-closed* when, for every block it holds, it also holds the
+//! block's parent. Engines publish that way (a chain is stored under a cached parent; a finished
+//! sequence is evicted tail first), and then, because a block hash names its whole prefix,
+//! holding block `j` of a prompt means holding blocks `0..=j`: the overlap query can jump ahead
+//! and bisect to where workers drop out instead of visiting every block (see `overlap.rs`).
+//!
+//! The index knows each block's parent (recorded when the block is first stored: the event's
+//! `parent` for its first block, the previous block for the others, the snapshot's `parent`)
+//! and, per `(block, worker)` pair, how many of the block's children the same worker holds
+//! (4 bits, saturating). A worker is marked `broken` when that can stop being true: a block
+//! stored under a parent the worker does not hold, a block stored with another parent than the
+//! one recorded, or a pair removed (by an event or by eviction) while the worker still holds one
+//! of its children — within one `Removed` event the check is made after the whole event, so the
+//! order of its blocks does not matter. `broken` only clears when all of the worker's blocks go
+//! (`Cleared`, a new incarnation, a snapshot, which is checked as a whole). The query jumps only
+//! when every worker it follows is closed and holds its blocks on the device only; otherwise it
+//! walks block by block, so answers are exact either way.
+//!
 //! ## Bounded memory
 //! [`IndexConfig::max_entries`] caps the `(block, worker)` pairs. When a new pair would exceed
-//! it, the index evicts the oldest pair (first stored, FIFO) of one worker: the storing worker
+//! it, the index evicts the oldest pair (first stored, FIFO; a `Stored` chain goes in tail
+//! first, so its tail is evicted before its head) of one worker: the storing worker
 //! itself if it holds at least its fair share (`max_entries / workers`), otherwise the worker
 //! holding the most pairs. So a worker whose `Removed` events are lost cannot push the other
 //! workers out of the index. An evicted pair under-reports what the worker holds, which only
@@ -32,6 +52,7 @@ mod digest;
 mod holders;
 pub(crate) use holders::tier_bit as holders_tier_bit;
 mod overlap;
+mod store;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
@@ -42,8 +63,8 @@ use switchyard_core::{
 };
 
 use crate::error::IndexError;
-use crate::hasher::{FxHashMap, FxHashSet};
-use holders::{HolderMap, PairChange, tier_bit};
+use crate::hasher::FxHashMap;
+use holders::{HolderMap, tier_bit};
 pub use overlap::{OverlapScores, TierOverlap};
 
 /// A worker's blocks and tier masks, as the dump gathers them.
@@ -108,6 +129,13 @@ struct WorkerState {
     order: VecDeque<BlockHash>,
     /// Number of `(block, this worker)` pairs in the index.
     live: usize,
+    /// The worker's blocks may not be prefix-closed (see the module docs); sticky until the
+    /// worker's blocks are all dropped or replaced by a snapshot.
+    broken: bool,
+    /// Pairs of this worker held in some tier other than the device only.
+    mixed: usize,
+    /// `!broken && mixed == 0` as of the end of the last change (counted in `unjumpable`).
+    jumpable: bool,
 }
 
 /// Counters and sizes, for the admin API and metrics.
@@ -135,6 +163,11 @@ pub struct PrefixIndex {
     evicted: u64,
     resyncs: u64,
     stale: u64,
+    /// Known workers that are not jumpable (see `store.rs`); when 0 the jump search compares
+    /// holder counts instead of holder sets.
+    unjumpable: usize,
+    /// Reused by each `Removed` event (see `store.rs`).
+    scratch: store::Scratch,
 }
 
 impl PrefixIndex {
@@ -149,6 +182,8 @@ impl PrefixIndex {
             evicted: 0,
             resyncs: 0,
             stale: 0,
+            unjumpable: 0,
+            scratch: store::Scratch::default(),
         }
     }
 
@@ -195,7 +230,10 @@ impl PrefixIndex {
             }
         };
         match outcome {
-            ApplyOutcome::Applied => self.apply_unsequenced(slot, event),
+            ApplyOutcome::Applied => {
+                self.apply_unsequenced(slot, event);
+                self.refresh_jumpable(slot);
+            }
             ApplyOutcome::Stale { .. } => self.stale += 1,
             ApplyOutcome::ResyncNeeded { .. } => self.resyncs += 1,
         }
@@ -213,9 +251,8 @@ impl PrefixIndex {
     ) -> Result<(), IndexError> {
         let slot = self.slot_for(worker, incarnation)?;
         self.clear_worker(slot);
-        for block in blocks {
-            self.store(slot, block.hash, tier_bit(block.tier));
-        }
+        self.store_snapshot(slot, blocks);
+        self.refresh_jumpable(slot);
         self.state_mut(slot).sync = Sync::Expecting(next_seq);
         Ok(())
     }
@@ -226,6 +263,7 @@ impl PrefixIndex {
             return false;
         };
         self.clear_worker(slot);
+        // A cleared worker is jumpable, so the count of the others is right as it stands.
         self.workers[slot as usize] = None;
         self.free_slots.push(slot);
         true
@@ -389,6 +427,9 @@ impl PrefixIndex {
             sync: Sync::Expecting(0),
             order: VecDeque::new(),
             live: 0,
+            broken: false,
+            mixed: 0,
+            jumpable: true,
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {
@@ -415,113 +456,6 @@ impl PrefixIndex {
             // Slots in `by_id` always point at a live state; this is an internal invariant.
             None => unreachable!("worker slot {slot} has no state"),
         }
-    }
-
-    fn apply_unsequenced(&mut self, slot: u32, event: &KvEvent) {
-        match event {
-            KvEvent::Stored { blocks, tier, .. } => {
-                let bit = tier_bit(*tier);
-                for block in blocks {
-                    self.store(slot, block.hash, bit);
-                }
-            }
-            KvEvent::Removed { blocks, tier } => {
-                let bit = tier_bit(*tier);
-                for &block in blocks {
-                    if self.holders.remove(block, slot, bit) == PairChange::Removed {
-                        self.entries -= 1;
-                        self.state_mut(slot).live -= 1;
-                    }
-                }
-                self.maybe_compact(slot);
-            }
-            KvEvent::Cleared => self.clear_worker(slot),
-        }
-    }
-
-    fn store(&mut self, slot: u32, block: BlockHash, bit: u8) {
-        if self.holders.tiers_of(block, slot) == 0 {
-            if self.config.max_entries == 0 {
-                self.evicted += 1;
-                return;
-            }
-            while self.entries >= self.config.max_entries {
-                if !self.evict_one(slot) {
-                    return;
-                }
-            }
-        }
-        if self.holders.add(block, slot, bit) == PairChange::Added {
-            self.entries += 1;
-            let state = self.state_mut(slot);
-            state.live += 1;
-            state.order.push_back(block);
-        }
-    }
-
-    /// Evicts the oldest pair of the worker chosen by the module-docs rule.
-    fn evict_one(&mut self, storing: u32) -> bool {
-        let workers = self.by_id.len().max(1);
-        let fair_share = self.config.max_entries / workers;
-        let storing_live = self.workers[storing as usize]
-            .as_ref()
-            .map_or(0, |w| w.live);
-        let victim = if storing_live > 0 && storing_live >= fair_share {
-            storing
-        } else {
-            let largest = self
-                .workers
-                .iter()
-                .enumerate()
-                .filter_map(|(i, w)| w.as_ref().map(|w| (w.live, std::cmp::Reverse(i))))
-                .max();
-            match largest {
-                Some((live, std::cmp::Reverse(i))) if live > 0 => i as u32,
-                _ => return false,
-            }
-        };
-        let Some(state) = self.workers[victim as usize].as_mut() else {
-            return false;
-        };
-        while let Some(block) = state.order.pop_front() {
-            if self.holders.remove(block, victim, 0b111) == PairChange::Removed {
-                state.live -= 1;
-                self.entries -= 1;
-                self.evicted += 1;
-                return true;
-            }
-        }
-        false
-    }
-
-    /// Drops every pair of the worker (its state and sequence tracking stay).
-    fn clear_worker(&mut self, slot: u32) {
-        let Some(state) = self.workers[slot as usize].as_mut() else {
-            return;
-        };
-        for block in std::mem::take(&mut state.order) {
-            if self.holders.remove(block, slot, 0b111) == PairChange::Removed {
-                self.entries -= 1;
-            }
-        }
-        state.live = 0;
-    }
-
-    /// Sweeps stale entries out of the worker's order queue once they outnumber live ones.
-    fn maybe_compact(&mut self, slot: u32) {
-        let Some(state) = self.workers[slot as usize].as_mut() else {
-            return;
-        };
-        if state.order.len() <= 2 * state.live + 64 {
-            return;
-        }
-        let mut seen = FxHashSet::default();
-        seen.reserve(state.live);
-        let holders = &self.holders;
-        state
-            .order
-            .retain(|&b| holders.tiers_of(b, slot) != 0 && seen.insert(b));
-        state.order.shrink_to(state.order.len() * 2);
     }
 }
 

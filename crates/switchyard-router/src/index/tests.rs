@@ -318,8 +318,10 @@ fn memory_is_bounded_by_evicting_the_oldest_pairs() {
     assert_eq!(stats.evicted_entries, 4);
     assert_eq!(idx.worker_entries(&b), 3);
     assert_eq!(idx.worker_entries(&a), 7);
-    // Oldest first: a's blocks 0..4 of family 1 went, so its prefix of family 1 is gone...
-    assert_eq!(device(&idx, "a", &hashes(1, 7)), 0);
+    // Oldest first, and a chain's tail before its head: blocks 6..3 of family 1 went, so its
+    // first 3 blocks still count and the worker's blocks stay prefix-closed...
+    assert_eq!(device(&idx, "a", &hashes(1, 7)), 3);
+    assert!(jumpable(&idx, "a"));
     // ...while the newest blocks are intact.
     assert_eq!(device(&idx, "a", &hashes(2, 4)), 4);
     // "b" storing under its fair share evicts from the largest worker, "a".
@@ -373,4 +375,151 @@ fn dump_is_sorted_and_readable() {
         "worker a incarnation=2 next_seq=1 blocks=1\n  {h} device\nworker b incarnation=1 next_seq=1 blocks=1\n  {h} host\n"
     );
     assert_eq!(idx.dump(), expected);
+}
+
+fn jumpable(idx: &PrefixIndex, worker: &str) -> bool {
+    idx.worker_key(&w(worker))
+        .is_some_and(|k| idx.jumpable(k.0))
+}
+
+fn removed(blocks: Vec<BlockHash>) -> KvEvent {
+    KvEvent::Removed {
+        blocks,
+        tier: StorageTier::Device,
+    }
+}
+
+fn snapshot(h: &[BlockHash], picks: &[usize]) -> Vec<SnapshotBlock> {
+    picks
+        .iter()
+        .map(|&i| SnapshotBlock {
+            hash: h[i],
+            parent: i.checked_sub(1).map(|p| h[p]),
+            tier: StorageTier::Device,
+        })
+        .collect()
+}
+
+#[test]
+fn closure_survives_removals_in_any_order_within_an_event() {
+    let mut idx = index();
+    let h = hashes(1, 8);
+    idx.apply(&w("a"), 1, 0, &stored(1, 0, 8, StorageTier::Device))
+        .unwrap();
+    assert!(jumpable(&idx, "a"));
+    // Head first: children go in the same event, so nothing is orphaned.
+    idx.apply(&w("a"), 1, 1, &removed(h[2..].to_vec())).unwrap();
+    assert!(jumpable(&idx, "a"));
+    assert_eq!(device(&idx, "a", &h), 2);
+    idx.apply(&w("a"), 1, 2, &stored(1, 2, 8, StorageTier::Device))
+        .unwrap();
+    let mut tail_first = h[4..].to_vec();
+    tail_first.reverse();
+    idx.apply(&w("a"), 1, 3, &removed(tail_first)).unwrap();
+    assert!(jumpable(&idx, "a"));
+    assert_eq!(device(&idx, "a", &h), 4);
+}
+
+#[test]
+fn a_hole_breaks_closure_and_the_answer_stays_exact() {
+    let mut idx = index();
+    let h = hashes(1, 8);
+    idx.apply(&w("a"), 1, 0, &stored(1, 0, 8, StorageTier::Device))
+        .unwrap();
+    idx.apply(&w("a"), 1, 1, &removed(vec![h[3]])).unwrap();
+    assert!(!jumpable(&idx, "a"));
+    assert_eq!(device(&idx, "a", &h), 3);
+    assert_eq!(idx.unjumpable, 1);
+    // Only dropping everything makes the worker closed again.
+    idx.apply(&w("a"), 1, 2, &KvEvent::Cleared).unwrap();
+    assert!(jumpable(&idx, "a"));
+    assert_eq!(idx.unjumpable, 0);
+    // A chain stored under a parent the worker does not hold is an orphan.
+    idx.apply(&w("a"), 1, 3, &stored(1, 4, 8, StorageTier::Device))
+        .unwrap();
+    assert!(!jumpable(&idx, "a"));
+    assert_eq!(device(&idx, "a", &h), 0);
+    idx.apply(&w("a"), 1, 4, &stored(1, 0, 4, StorageTier::Device))
+        .unwrap();
+    assert_eq!(device(&idx, "a", &h), 8);
+}
+
+#[test]
+fn snapshots_are_checked_as_a_whole() {
+    let mut idx = index();
+    let h = hashes(1, 8);
+    // Children before parents: still closed.
+    idx.apply_snapshot(&w("a"), 1, 0, &snapshot(&h, &[5, 4, 3, 2, 1, 0]))
+        .unwrap();
+    assert!(jumpable(&idx, "a"));
+    assert_eq!(device(&idx, "a", &h), 6);
+    // A hole: not closed, and the walk answers exactly.
+    idx.apply_snapshot(&w("b"), 1, 0, &snapshot(&h, &[0, 1, 3, 4]))
+        .unwrap();
+    assert!(!jumpable(&idx, "b"));
+    assert_eq!(device(&idx, "b", &h), 2);
+    assert_eq!(device(&idx, "a", &h), 6);
+    // A complete snapshot replaces the broken state.
+    idx.apply_snapshot(&w("b"), 1, 0, &snapshot(&h, &[0, 1, 2]))
+        .unwrap();
+    assert!(jumpable(&idx, "b"));
+    assert_eq!(device(&idx, "b", &h), 3);
+}
+
+#[test]
+fn copies_in_other_tiers_turn_the_jump_off_for_that_worker() {
+    let mut idx = index();
+    let h = hashes(1, 6);
+    idx.apply(&w("a"), 1, 0, &stored(1, 0, 6, StorageTier::Device))
+        .unwrap();
+    idx.apply(&w("a"), 1, 1, &stored(1, 0, 3, StorageTier::Host))
+        .unwrap();
+    assert!(!jumpable(&idx, "a"));
+    idx.apply(
+        &w("a"),
+        1,
+        2,
+        &KvEvent::Removed {
+            blocks: h[..3].to_vec(),
+            tier: StorageTier::Host,
+        },
+    )
+    .unwrap();
+    assert!(jumpable(&idx, "a"));
+    assert_eq!(device(&idx, "a", &h), 6);
+}
+
+#[test]
+fn the_jump_search_answers_what_the_walk_answers() {
+    let n = 40;
+    let h = hashes(1, n);
+    let mut idx = index();
+    for i in 0..=n {
+        let name = format!("w{i:02}");
+        if i > 0 {
+            idx.apply(&w(&name), 1, 0, &stored(1, 0, i, StorageTier::Device))
+                .unwrap();
+        }
+    }
+    let jumped = idx.overlap(&h);
+    for i in 1..=n {
+        assert!(jumpable(&idx, &format!("w{i:02}")));
+        assert_eq!(device(&idx, &format!("w{i:02}"), &h), i as u32);
+    }
+    assert_eq!(idx.unjumpable, 0, "counts compared, not holder sets");
+    // One worker that is not closed sends the query down the walk; the answers agree.
+    idx.apply(&w("w07"), 1, 1, &stored(2, 3, 5, StorageTier::Device))
+        .unwrap();
+    assert!(!jumpable(&idx, "w07"));
+    assert_eq!(idx.unjumpable, 1);
+    let walked = idx.overlap(&h);
+    assert_eq!(jumped, walked);
+    for p in [1usize, 2, 3, 17, 39] {
+        let short = &h[..p];
+        let scores = idx.overlap(short);
+        for i in 1..=n {
+            let key = idx.worker_key(&w(&format!("w{i:02}"))).unwrap();
+            assert_eq!(scores.get(key).any_tier, i.min(p) as u32);
+        }
+    }
 }

@@ -14,8 +14,8 @@
 //! request.
 
 use serde_json::{Value, json};
-use switchyard_core::TokenLogprob;
 use switchyard_core::sse::SseDecoder;
+use switchyard_core::{Guided, TokenLogprob};
 use tokio::sync::mpsc;
 
 use super::{EngineError, FinishReason, GenerateParams, GenerationChunk};
@@ -122,6 +122,9 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
                 body["logprobs"] = json!(k);
                 body["return_tokens_as_token_ids"] = json!(true);
             }
+            if let Some(guided) = &s.guided {
+                body["structured_outputs"] = vllm_structured_outputs(guided);
+            }
             ("/v1/completions", body)
         }
         Dialect::Sglang => {
@@ -132,6 +135,10 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
             }
             if let Some(min) = s.min_tokens {
                 sampling.insert("min_new_tokens".into(), json!(min));
+            }
+            if let Some(guided) = &s.guided {
+                let (name, value) = sglang_constraint(guided);
+                sampling.insert(name.into(), json!(value));
             }
             let mut body = json!({
                 "input_ids": p.prompt,
@@ -146,6 +153,48 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
             ("/generate", body)
         }
     }
+}
+
+/// vLLM's `structured_outputs` (0.10.2 and later) for a constraint.
+fn vllm_structured_outputs(guided: &Guided) -> Value {
+    match guided {
+        Guided::JsonObject => json!({"json_object": true}),
+        // The schema as an object (vLLM takes a string or an object); text that is not JSON
+        // cannot reach here (the gateway parses it), but is passed as text rather than lost.
+        Guided::JsonSchema(schema) => json!({
+            "json": serde_json::from_str::<Value>(schema).unwrap_or_else(|_| json!(schema))
+        }),
+        Guided::Regex(regex) => json!({"regex": regex}),
+        Guided::Choice(choices) => json!({"choice": choices}),
+        Guided::Grammar(grammar) => json!({"grammar": grammar}),
+    }
+}
+
+/// SGLang's sampling parameter for a constraint: `json_schema` (text), `regex` or `ebnf`. It
+/// has no choice list, so choices become a regular expression matching exactly one of them.
+fn sglang_constraint(guided: &Guided) -> (&'static str, String) {
+    match guided {
+        Guided::JsonObject => ("json_schema", r#"{"type": "object"}"#.to_owned()),
+        Guided::JsonSchema(schema) => ("json_schema", schema.clone()),
+        Guided::Regex(regex) => ("regex", regex.clone()),
+        Guided::Choice(choices) => {
+            let alternatives: Vec<String> = choices.iter().map(|c| regex_literal(c)).collect();
+            ("regex", format!("({})", alternatives.join("|")))
+        }
+        Guided::Grammar(grammar) => ("ebnf", grammar.clone()),
+    }
+}
+
+/// `text` as a regular expression that matches exactly it.
+fn regex_literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Maps a refused HTTP request to our error: the request's fault or the engine's (retryable).
@@ -510,6 +559,61 @@ mod tests {
         let mut s = StreamState::new(Dialect::Vllm(TokenIdSource::ReturnTokenIds), 1);
         let err = sse(&mut s, r#"{"choices":[{"text":"x","finish_reason":null}]}"#);
         assert!(matches!(err[0], Err(EngineError::Unavailable(_))));
+    }
+
+    #[test]
+    fn constraints_go_in_each_engines_own_fields() {
+        let with = |guided: Guided| GenerateParams {
+            request_id: "r".into(),
+            prompt: vec![1, 2],
+            sampling: switchyard_core::Sampling {
+                max_tokens: 2,
+                guided: Some(guided),
+                ..Default::default()
+            },
+        };
+        let vllm = |g| request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &with(g)).1;
+        let sglang = |g| request_body(Dialect::Sglang, "m", &with(g)).1;
+        let schema = r#"{"type":"object","properties":{"a":{"type":"integer"}}}"#;
+        assert_eq!(
+            vllm(Guided::JsonSchema(schema.into()))["structured_outputs"],
+            json!({"json": {"type": "object", "properties": {"a": {"type": "integer"}}}})
+        );
+        assert_eq!(
+            vllm(Guided::JsonObject)["structured_outputs"],
+            json!({"json_object": true})
+        );
+        assert_eq!(
+            vllm(Guided::Choice(vec!["a".into(), "b".into()]))["structured_outputs"],
+            json!({"choice": ["a", "b"]})
+        );
+        assert_eq!(
+            vllm(Guided::Regex("x+".into()))["structured_outputs"],
+            json!({"regex": "x+"})
+        );
+        assert_eq!(
+            vllm(Guided::Grammar("g".into()))["structured_outputs"],
+            json!({"grammar": "g"})
+        );
+        let sp = |g| sglang(g)["sampling_params"].clone();
+        assert_eq!(sp(Guided::JsonSchema(schema.into()))["json_schema"], schema);
+        assert_eq!(sp(Guided::Regex("x+".into()))["regex"], "x+");
+        assert_eq!(sp(Guided::Grammar("g".into()))["ebnf"], "g");
+        assert_eq!(
+            sp(Guided::Choice(vec!["a.b".into(), "c|d".into()]))["regex"],
+            r"(a\.b|c\|d)"
+        );
+        // Unset: no field at all.
+        let plain = GenerateParams {
+            request_id: "r".into(),
+            prompt: vec![1],
+            sampling: switchyard_core::Sampling {
+                max_tokens: 1,
+                ..Default::default()
+            },
+        };
+        let (_, body) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &plain);
+        assert!(body.get("structured_outputs").is_none());
     }
 
     #[test]

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use switchyard_core::{BlockHash, EngineKind, LoadStats, TokenId, WorkerId, block_hashes};
+use switchyard_core::{
+    BlockHash, EngineKind, LoadStats, TokenId, WorkerId, block_hashes, chain_hash,
+};
 use switchyard_engine_sim::{
     BlockExport, FinishReason as SimFinish, SimConfig, SimError, SimRequest, Simulator,
     StagingArea, TimingModel, TokenOutput,
@@ -26,6 +28,7 @@ use super::{
 };
 use crate::event_log::EventLog;
 
+mod guided;
 mod transfer;
 
 pub use transfer::TransferSetup;
@@ -265,6 +268,17 @@ impl Engine for SimEngine {
     async fn generate(&self, params: GenerateParams) -> Result<GenerationStream, EngineError> {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let s = params.sampling;
+        // A guided request gets a valid answer written for it (from its seed, else its
+        // prompt), which the simulator then generates token by token.
+        let script = match &s.guided {
+            Some(constraint) => {
+                let seed = s
+                    .seed
+                    .unwrap_or_else(|| chain_hash(None, &params.prompt).get());
+                guided::script(constraint, seed).map_err(EngineError::InvalidRequest)?
+            }
+            None => Vec::new(),
+        };
         // What the simulator can honour of the sampling: the seed, greedy decoding, stop
         // tokens, EOS, min_tokens and the extreme logit biases (ban, force). It has no model,
         // so nucleus, top-k, min-p and penalties have nothing to act on (docs/openai-api.md).
@@ -292,6 +306,7 @@ impl Engine for SimEngine {
             hold_blocks: false,
             pipeline: false,
             logprobs: s.logprobs,
+            script,
         };
         let rx = self.add(request).await?;
         Ok(GenerationStream::new(rx, self.abort_guard(id)))

@@ -1,0 +1,499 @@
+//! Switchyard's prefix index and Dynamo's indexers, side by side, in one run.
+//!
+//! `cargo bench` (in `benches/peers/`) runs everything; `cargo bench -- quick` skips the 10M-pair
+//! index and the agent sessions; `only=<name part>` (repeatable) keeps only matching contenders. The table is printed and written to `results/peers.md` and
+//! `results/peers.json`. See `src/lib.rs` for what each part does and `docs/BENCHMARKS.md` for
+//! how to read the figures.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dynamo_kv_router::nested_map::SearchMode;
+use switchyard_peer_bench::contenders::{
+    Contender, DynamoConcurrent, DynamoPositional, DynamoRadix, Switchyard,
+};
+use switchyard_peer_bench::measure::{
+    Account, CountingAlloc, Machine, loadavg, median, percentile,
+};
+use switchyard_peer_bench::report::{Cell, Kind, Report, Row};
+use switchyard_peer_bench::traces::{self, Replay};
+use switchyard_peer_bench::workload::{Event, Query, Scores, Synthetic, all_hold};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+/// Steady-state churn batch: 1,024 16-block stores and their removals.
+const CHURN_EVENTS: usize = 1024;
+const APPLY_ROUNDS: usize = 9;
+/// Query samples are taken in this many rounds, contenders interleaved, so a burst of load from
+/// the other users of the machine falls on all of them alike.
+const QUERY_ROUNDS: usize = 10;
+
+struct Entry {
+    contender: Box<dyn Contender>,
+    account: Account,
+}
+
+/// Every contender, for an index of `workers` workers. `big` leaves out the binary-search
+/// positional indexer: it builds the same structure as the strided one (only its query
+/// differs), and at 10M pairs a second copy would cost gigabytes on a shared machine.
+fn lineup(workers: usize, big: bool) -> Vec<Entry> {
+    let mut contenders: Vec<Box<dyn Contender>> = vec![
+        Box::new(Switchyard::new(workers)),
+        Box::new(DynamoRadix::new()),
+        Box::new(DynamoPositional::new(SearchMode::Strided)),
+    ];
+    if !big {
+        contenders.push(Box::new(DynamoPositional::new(SearchMode::Binary)));
+    }
+    contenders.push(Box::new(DynamoConcurrent::new()));
+    let only: Vec<String> = std::env::args()
+        .filter_map(|a| a.strip_prefix("only=").map(str::to_owned))
+        .collect();
+    contenders
+        .into_iter()
+        .enumerate()
+        .filter(|(_, c)| only.is_empty() || only.iter().any(|o| c.name().contains(o.as_str())))
+        .map(|(i, contender)| Entry {
+            contender,
+            account: Account(i + 1),
+        })
+        .collect()
+}
+
+fn names() -> Vec<String> {
+    lineup(1, false)
+        .iter()
+        .map(|e| e.contender.name().to_owned())
+        .collect()
+}
+
+struct Bench {
+    rows: Vec<Row>,
+    notes: Vec<String>,
+    mismatches: usize,
+}
+
+impl Bench {
+    fn row(&mut self, workload: &str, figure: &str, kind: Kind, cells: Vec<Cell>) {
+        let row = Row {
+            workload: workload.to_owned(),
+            figure: figure.to_owned(),
+            kind,
+            cells,
+            loadavg: loadavg(),
+        };
+        let adv = row
+            .advantage()
+            .map_or(String::new(), |a| format!("  ×{:.2}", a.value));
+        eprintln!("  {workload} | {figure}{adv}");
+        self.rows.push(row);
+    }
+
+    fn check(&mut self, who: &str, what: &str, got: &Scores, expected: &Scores) {
+        if got != expected {
+            self.mismatches += usize::from(who == "switchyard");
+            let note = format!(
+                "{who} answered {what} differently from the reference ({} workers vs {} expected)",
+                got.len(),
+                expected.len()
+            );
+            eprintln!("MISMATCH: {note}");
+            self.notes.push(note);
+        }
+    }
+
+    /// Loads a synthetic index into every contender, then measures churn, queries and memory.
+    fn synthetic(&mut self, spec: Synthetic, label: &str, lengths: &[usize], churn: bool) {
+        eprintln!("{label}: loading");
+        let big = spec.pairs > 4 << 20;
+        if big {
+            self.notes.push(format!(
+                "{label}: dynamo positional (binary) left out; it builds the same structure as the strided one and a second copy would take gigabytes"
+            ));
+        }
+        let mut line = lineup(spec.workers, big);
+        let mut pairs = 0usize;
+        let mut load_cells = Vec::new();
+        let mut bytes_cells = Vec::new();
+        for e in &mut line {
+            e.account.reset();
+            let mut events = spec.population();
+            let (mut took, mut ops) = (Duration::ZERO, 0usize);
+            loop {
+                let chunk: Vec<Event> = events.by_ref().take(1024).collect();
+                if chunk.is_empty() {
+                    break;
+                }
+                ops += chunk.iter().map(Event::block_ops).sum::<usize>();
+                took += e.account.charge(|| e.contender.apply(&chunk));
+            }
+            pairs = ops;
+            load_cells.push(Cell {
+                contender: e.contender.name().to_owned(),
+                value: ops as f64 / took.as_secs_f64(),
+                p99: None,
+            });
+            bytes_cells.push(Cell {
+                contender: e.contender.name().to_owned(),
+                value: e.account.bytes() as f64 / ops as f64,
+                p99: None,
+            });
+        }
+        self.row(label, "load (stores only)", Kind::Throughput, load_cells);
+        self.row(label, "memory, bytes/pair", Kind::Bytes, bytes_cells);
+        eprintln!("{label}: {pairs} pairs loaded");
+
+        if churn {
+            let batch = spec.churn(CHURN_EVENTS);
+            let ops: usize = batch.iter().map(Event::block_ops).sum();
+            let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); line.len()];
+            for round in 0..=APPLY_ROUNDS {
+                for i in rotation(line.len(), round) {
+                    let e = &mut line[i];
+                    let took = e.account.charge(|| e.contender.apply(&batch));
+                    if round > 0 {
+                        samples[i].push(took);
+                    }
+                }
+            }
+            let cells = line
+                .iter()
+                .zip(&mut samples)
+                .map(|(e, s)| Cell {
+                    contender: e.contender.name().to_owned(),
+                    value: ops as f64 / median(s).as_secs_f64(),
+                    p99: None,
+                })
+                .collect();
+            self.row(
+                label,
+                "apply (16-block store + remove)",
+                Kind::Throughput,
+                cells,
+            );
+        }
+
+        let prompt = spec.prompt();
+        for &len in lengths {
+            let q = Query {
+                blocks: prompt.blocks[..len.min(prompt.blocks.len())].to_vec(),
+            };
+            let expected = synthetic_expected(&spec, q.blocks.len());
+            self.queries(&mut line, label, &q, &expected);
+        }
+        for e in &line {
+            if e.contender.errors() > 0 {
+                self.notes.push(format!(
+                    "{}: {} events refused on {label}",
+                    e.contender.name(),
+                    e.contender.errors()
+                ));
+            }
+        }
+    }
+
+    fn queries(&mut self, line: &mut [Entry], label: &str, q: &Query, expected: &Scores) {
+        let len = q.blocks.len();
+        let per_round = if len >= 8192 {
+            100
+        } else if len >= 1024 {
+            300
+        } else {
+            1000
+        };
+        let what = format!("{len}-block query on {label}");
+        for e in line.iter_mut() {
+            let (_, got) = e.contender.overlap(q);
+            let name = e.contender.name().to_owned();
+            self.check(&name, &what, &got, expected);
+        }
+        let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); line.len()];
+        for round in 0..=QUERY_ROUNDS {
+            for i in rotation(line.len(), round) {
+                for _ in 0..per_round {
+                    let (took, _) = line[i].contender.overlap(q);
+                    if round > 0 {
+                        samples[i].push(took);
+                    }
+                }
+            }
+        }
+        let cells = line
+            .iter()
+            .zip(&mut samples)
+            .map(|(e, s)| Cell {
+                contender: e.contender.name().to_owned(),
+                value: percentile(s, 0.5).as_secs_f64() * 1e6,
+                p99: Some(percentile(s, 0.99).as_secs_f64() * 1e6),
+            })
+            .collect();
+        self.row(
+            label,
+            &format!("overlap {len} blocks"),
+            Kind::Latency,
+            cells,
+        );
+    }
+
+    /// Replays a trace stream through every contender, step by step, interleaved.
+    fn replay(&mut self, replay: &Replay) {
+        let label = format!(
+            "{} ({} requests, {} workers × {} blocks)",
+            replay.name,
+            replay.steps.len(),
+            replay.workers,
+            replay.capacity
+        );
+        eprintln!("{label}: replaying");
+        let mut line = lineup(replay.workers, false);
+        for e in &line {
+            e.account.reset();
+        }
+        let n = line.len();
+        let mut apply: Vec<Duration> = vec![Duration::ZERO; n];
+        let mut query: Vec<Vec<Duration>> = vec![Vec::with_capacity(replay.steps.len()); n];
+        let mut wrong = vec![0usize; n];
+        for (k, step) in replay.steps.iter().enumerate() {
+            for i in rotation(n, k) {
+                let e = &mut line[i];
+                let (took, got) = e.contender.overlap(&step.query);
+                query[i].push(took);
+                if got != step.expected {
+                    wrong[i] += 1;
+                }
+                if !step.events.is_empty() {
+                    apply[i] += e.account.charge(|| e.contender.apply(&step.events));
+                }
+            }
+        }
+        let ops = replay.block_ops();
+        let (stored, removed) =
+            replay
+                .steps
+                .iter()
+                .flat_map(|s| &s.events)
+                .fold((0usize, 0usize), |(s, r), ev| match &ev.op {
+                    switchyard_peer_bench::workload::Op::Store { blocks, .. } => {
+                        (s + blocks.len(), r)
+                    }
+                    switchyard_peer_bench::workload::Op::Remove { seqs } => (s, r + seqs.len()),
+                });
+        let pairs = stored - removed;
+        for (i, e) in line.iter().enumerate() {
+            if wrong[i] > 0 {
+                let name = e.contender.name().to_owned();
+                self.mismatches += usize::from(name == "switchyard");
+                let note = format!(
+                    "{name} answered {} of {} queries of {} differently from the reference",
+                    wrong[i],
+                    replay.steps.len(),
+                    replay.name
+                );
+                eprintln!("MISMATCH: {note}");
+                self.notes.push(note);
+            }
+        }
+        let cells = |f: &dyn Fn(usize, &Entry) -> Cell| -> Vec<Cell> {
+            line.iter().enumerate().map(|(i, e)| f(i, e)).collect()
+        };
+        self.row(
+            &label,
+            &format!("apply ({ops} block ops)"),
+            Kind::Throughput,
+            cells(&|i, e| Cell {
+                contender: e.contender.name().to_owned(),
+                value: ops as f64 / apply[i].as_secs_f64(),
+                p99: None,
+            }),
+        );
+        let lat = cells(&|i, e| {
+            let mut s = query[i].clone();
+            Cell {
+                contender: e.contender.name().to_owned(),
+                value: percentile(&mut s, 0.5).as_secs_f64() * 1e6,
+                p99: Some(percentile(&mut s, 0.99).as_secs_f64() * 1e6),
+            }
+        });
+        self.row(&label, "overlap per request", Kind::Latency, lat);
+        self.row(
+            &label,
+            &format!("memory at end ({pairs} pairs), bytes/pair"),
+            Kind::Bytes,
+            cells(&|_, e| Cell {
+                contender: e.contender.name().to_owned(),
+                value: e.account.bytes() as f64 / pairs.max(1) as f64,
+                p99: None,
+            }),
+        );
+        self.notes.push(format!(
+            "{}: prefix hit rate of the simulated routing {:.1} % ({} of {} prompt blocks)",
+            replay.name,
+            100.0 * replay.hit_blocks as f64 / replay.prompt_blocks.max(1) as f64,
+            replay.hit_blocks,
+            replay.prompt_blocks
+        ));
+    }
+}
+
+/// Contender order for one round: rotated so no contender always runs first.
+fn rotation(n: usize, round: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |i| (i + round) % n)
+}
+
+/// Holders of the synthetic prompt hold prefixes of known lengths; nobody else holds any of it.
+fn synthetic_expected(spec: &Synthetic, len: usize) -> Scores {
+    let holders = spec.holders.min(spec.workers);
+    (0..holders)
+        .map(|i| {
+            let held = spec.prompt_len * (i + 1) / holders;
+            (i as u32, held.min(len) as u32)
+        })
+        .filter(|&(_, n)| n > 0)
+        .collect()
+}
+
+fn data_dir() -> PathBuf {
+    std::env::var_os("SWITCHYARD_DATA").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"),
+        PathBuf::from,
+    )
+}
+
+fn date() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map_or_else(|| "unknown".to_owned(), |s| s.trim().to_owned())
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "quick");
+    let machine = Machine::read();
+    let date = date();
+    eprintln!(
+        "{date}; {} ({} CPUs); load {}",
+        machine.cpu, machine.cpus, machine.loadavg
+    );
+    let mut bench = Bench {
+        rows: Vec::new(),
+        notes: Vec::new(),
+        mismatches: 0,
+    };
+    let lengths = [64usize, 128, 1024, 8192];
+    for workers in [8usize, 64, 512] {
+        let spec = Synthetic {
+            workers,
+            pairs: 1 << 20,
+            prompt_len: 8192,
+            holders: 32,
+            seed: 7,
+        };
+        let label = format!("synthetic 1M pairs, {workers} workers");
+        bench.synthetic(spec, &label, &lengths, workers == 64);
+    }
+    let worst = Synthetic {
+        workers: 64,
+        pairs: 1 << 20,
+        prompt_len: 128,
+        holders: 64,
+        seed: 11,
+    };
+    bench.all_64_hold(worst);
+    if !quick {
+        let spec = Synthetic {
+            workers: 64,
+            pairs: 10 << 20,
+            prompt_len: 8192,
+            holders: 32,
+            seed: 13,
+        };
+        bench.synthetic(spec, "synthetic 10M pairs, 64 workers", &[128, 8192], true);
+    }
+
+    let data = data_dir();
+    let mooncake = data.join("traces/mooncake/conversation_trace.jsonl");
+    match traces::mooncake(&mooncake) {
+        Ok(requests) => {
+            let r = traces::replay("mooncake conversation trace", &requests, 16, 4096);
+            bench.replay(&r);
+        }
+        Err(e) => bench.notes.push(format!("mooncake trace skipped: {e}")),
+    }
+    if !quick {
+        let weka = data.join("agentx/weka_kv_cache_tester/dev_120.jsonl.gz");
+        match traces::weka(&weka) {
+            Ok(requests) => {
+                let r = traces::replay("agent sessions (weka dev_120)", &requests, 8, 32768);
+                bench.replay(&r);
+            }
+            Err(e) => bench.notes.push(format!("agent sessions skipped: {e}")),
+        }
+    }
+
+    let mut notes = vec![
+        "Same thread: every contender but Dynamo's concurrent radix tree applies and queries on the bench's thread; that tree can only apply events in its worker loop, so it gets one dedicated thread (its queries run on the bench's thread), and the median empty round trip is subtracted from its apply timings.".to_owned(),
+        "Like with like: Switchyard answers per-worker leading blocks at three tier levels (device, device-or-host, any); Dynamo's indexers answer one count per worker. All events here are device-tier, and every answer is checked against the reference (analytic for synthetic prompts, the simulation for traces): only equal answers are compared.".to_owned(),
+        "Queries are given per-block hashes computed beforehand: chained hashes to Switchyard (what its gateway computes from tokens), local hashes to Dynamo (what its router computes from tokens). Dynamo's positional indexer chains local hashes inside its query; that work is part of its figure.".to_owned(),
+    ];
+    notes.append(&mut bench.notes);
+    let report = Report {
+        command: format!(
+            "cd benches/peers && cargo bench{}",
+            if quick { " -- quick" } else { "" }
+        ),
+        date,
+        machine: Machine {
+            loadavg: format!("{} at start, {} at end", machine.loadavg, loadavg()),
+            ..machine
+        },
+        dynamo_kv_router: "1.6.1".to_owned(),
+        contenders: names(),
+        rows: bench.rows,
+        notes,
+    };
+    let md = report.markdown();
+    println!("{md}");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results");
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join("peers.md"), &md))
+        .and_then(|()| {
+            let json = serde_json::to_string_pretty(&report).map_err(std::io::Error::other)?;
+            std::fs::write(dir.join("peers.json"), json)
+        });
+    if let Err(e) = written {
+        eprintln!("could not write {}: {e}", dir.display());
+    }
+    if bench.mismatches > 0 {
+        eprintln!("switchyard gave {} wrong answers", bench.mismatches);
+        std::process::exit(1);
+    }
+}
+
+impl Bench {
+    /// Every one of 64 workers holds the whole 128-block prompt (on top of a 1M-pair index).
+    fn all_64_hold(&mut self, spec: Synthetic) {
+        let label = "synthetic 1M pairs, all 64 workers hold the prompt";
+        eprintln!("{label}: loading");
+        let mut line = lineup(spec.workers, false);
+        let prompt = spec.prompt();
+        let extra = all_hold(spec.workers, &prompt);
+        for e in &mut line {
+            let mut events = spec.population();
+            loop {
+                let chunk: Vec<Event> = events.by_ref().take(1024).collect();
+                if chunk.is_empty() {
+                    break;
+                }
+                e.contender.apply(&chunk);
+            }
+            e.contender.apply(&extra);
+        }
+        let expected: Scores = (0..spec.workers as u32)
+            .map(|w| (w, prompt.blocks.len() as u32))
+            .collect();
+        self.queries(&mut line, label, &prompt, &expected);
+    }
+}
