@@ -18,6 +18,9 @@ use switchyard_router::serve::{
 use crate::disagg::{DEFAULT_PREFILL_TIMEOUT, DisaggSettings, Disaggregation, KvTransfer};
 
 pub use switchyard_config::ConfigError;
+use switchyard_security::{PeerRole, SecurityArgs, SecurityConfig};
+
+use crate::access::{AccessArgs, AccessConfig};
 
 /// Everything the gateway needs to run.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -71,8 +74,8 @@ pub struct GatewayConfig {
     /// fails) is out of routing until it answers again, whatever its lease says. Default:
     /// twenty report intervals, at least 2000.
     pub unresponsive_after_ms: Option<u64>,
-    /// Directory KV recordings (admin API) are confined to; unset, any absolute path the admin
-    /// names is accepted (the file must not exist yet). See `docs/kv-recording.md`.
+    /// Directory KV recordings (admin API) are confined to; unset, recordings are off. See
+    /// `docs/kv-recording.md`.
     pub recording_dir: Option<PathBuf>,
     /// Disaggregated prefill/decode serving: `off`, `auto` (per request, when it pays) or
     /// `enforce` (every request through a prefill worker, 503 without one).
@@ -92,6 +95,13 @@ pub struct GatewayConfig {
     /// When the decode worker pulls the KV: `pipelined` (while the prefill runs, chunk by
     /// chunk) or `after-prefill`.
     pub kv_transfer: KvTransfer,
+    /// How the gateway proves itself to workers (mTLS or the cluster secret); empty: an open
+    /// cluster. See `docs/security.md`.
+    pub security: SecurityConfig,
+    /// Who may use the HTTP listener: API keys, the metrics token, HTTPS (`[access]`).
+    pub access: AccessConfig,
+    /// Largest KV recording, in bytes: a recording stops there whatever its request asked.
+    pub recording_max_bytes: u64,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -228,6 +238,9 @@ impl Default for GatewayConfig {
             prefill_timeout_secs: DEFAULT_PREFILL_TIMEOUT.as_secs(),
             otlp_endpoint: None,
             kv_transfer: KvTransfer::Pipelined,
+            security: SecurityConfig::default(),
+            access: AccessConfig::default(),
+            recording_max_bytes: 1 << 30,
         }
     }
 }
@@ -275,6 +288,19 @@ impl GatewayConfig {
         if self.admin_token.as_deref().is_some_and(str::is_empty) {
             return invalid("admin_token must not be empty when set");
         }
+        self.security
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.access.validate().map_err(ConfigError::Invalid)?;
+        // The admin API drains workers and switches the policy: open only on loopback.
+        if self.admin_token.is_none() && !self.listen.ip().is_loopback() {
+            return invalid(
+                "the admin API needs an admin_token (--admin-token or SWITCHYARD_ADMIN_TOKEN) when the gateway listens beyond loopback",
+            );
+        }
+        if self.recording_max_bytes == 0 {
+            return invalid("recording_max_bytes must be at least 1");
+        }
         if let Some(endpoint) = &self.otlp_endpoint {
             switchyard_telemetry::validate_endpoint(endpoint)
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -283,6 +309,16 @@ impl GatewayConfig {
             .build(&self.policy_settings)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(())
+    }
+
+    /// Reads the security files once (the secret, the certificates, their identity for this
+    /// cluster), so a bad one is a configuration error at start rather than a failure later.
+    pub fn check_security_files(&self) -> Result<(), ConfigError> {
+        let invalid = |e: switchyard_security::SecurityError| ConfigError::Invalid(e.to_string());
+        self.security
+            .build(&self.cluster, PeerRole::Gateway)
+            .map_err(invalid)?;
+        self.access.build().map(drop).map_err(invalid)
     }
 
     /// How long a worker may go without a load report before it is out of routing.
@@ -389,6 +425,13 @@ pub struct GatewayArgs {
     /// Export traces to this OpenTelemetry collector (OTLP/gRPC), e.g. http://otel-collector:4317.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    #[command(flatten)]
+    pub security: SecurityArgs,
+    #[command(flatten)]
+    pub access: AccessArgs,
+    /// Largest KV recording in bytes (default 1 GiB).
+    #[arg(long, env = "SWITCHYARD_RECORDING_MAX_BYTES")]
+    pub recording_max_bytes: Option<u64>,
     /// KV transfer of disaggregated requests: pipelined (default) or after-prefill.
     #[arg(long, env = "SWITCHYARD_KV_TRANSFER")]
     pub kv_transfer: Option<KvTransfer>,
@@ -485,6 +528,11 @@ impl GatewayArgs {
         if let Some(v) = &self.otlp_endpoint {
             // Empty (an `OTEL_EXPORTER_OTLP_ENDPOINT=` left in a manifest) turns traces off.
             config.otlp_endpoint = Some(v.clone()).filter(|v| !v.trim().is_empty());
+        }
+        self.security.apply(&mut config.security);
+        self.access.apply(&mut config.access);
+        if let Some(v) = self.recording_max_bytes {
+            config.recording_max_bytes = v;
         }
         config.validate()?;
         Ok(config)

@@ -8,9 +8,12 @@
 //! (detokenized incrementally, [`stop`] strings applied).
 //! [`pool`] holds the workers the registry watch reports and each model's routing state;
 //! [`metrics`] the Prometheus metrics; [`config`] the one configuration struct; [`recorder`]
-//! the on-demand recording of the router's inputs for `switchyard replay events`.
+//! the on-demand recording of the router's inputs for `switchyard replay events`; [`access`] and
+//! [`api_keys`] who may use the listener (API keys, metrics token, HTTPS).
 
+pub mod access;
 pub mod admission;
+pub mod api_keys;
 pub mod config;
 pub mod disagg;
 pub mod dispatch;
@@ -62,6 +65,8 @@ pub enum GatewayError {
     },
     #[error("cannot watch the registry: {0}")]
     Registry(String),
+    #[error("security: {0}")]
+    Security(#[from] switchyard_security::SecurityError),
 }
 
 /// Runs the gateway until `shutdown` is cancelled. `on_ready` gets the bound address once the
@@ -93,6 +98,13 @@ pub async fn run_with(
     .await
     .map_err(|e| GatewayError::Tokenizers(e.to_string()))?
     .map_err(GatewayError::Tokenizers)?;
+    let security = config
+        .security
+        .build(&config.cluster, switchyard_security::PeerRole::Gateway)?;
+    let access = config.access.build()?;
+    if access.api_keys.is_none() && !config.listen.ip().is_loopback() {
+        tracing::warn!(listen = %config.listen, "/v1 takes requests without an API key: set [access] api_keys_file (see docs/security.md)");
+    }
     let metrics = Arc::new(Metrics::new());
     let pool = Arc::new(
         WorkerPool::new(
@@ -103,7 +115,8 @@ pub async fn run_with(
             Arc::clone(&metrics),
         )
         .map_err(|e| GatewayError::Routing(e.to_string()))?
-        .with_unresponsive_after(config.unresponsive_after()),
+        .with_unresponsive_after(config.unresponsive_after())
+        .with_dialer(security.dialer),
     );
     // Know the registered workers before announcing readiness, so the first request finds them.
     // etcd may have gone away since the connection was made: wait for it, as at start.
@@ -143,19 +156,22 @@ pub async fn run_with(
         tokenizers,
         metrics,
         extensions,
+        access,
     });
     let limits = state.config.http.limits(http::server::connection_cap(
         state.config.http.max_connections,
     ));
     let metrics = Arc::clone(&state.metrics);
+    let tls = state.access.tls.clone();
     let app = http::router(state);
     tracing::info!(
         address = %local_addr,
         max_connections = limits.max_connections,
+        https = tls.is_some(),
         "gateway listening"
     );
     on_ready(local_addr);
-    http::server::serve(listener, app, limits, metrics, shutdown).await;
+    http::server::serve(listener, app, limits, tls, metrics, shutdown).await;
     pool.shutdown().await;
     Ok(())
 }

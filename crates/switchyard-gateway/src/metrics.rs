@@ -347,6 +347,16 @@ impl Metrics {
     }
 
     /// The text exposition.
+    /// A `/v1` request refused for its API key (`status` is the error's metric label).
+    pub fn api_key_refused(&self, status: &'static str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                endpoint: "v1",
+                status,
+            })
+            .inc();
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         if let Err(err) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {

@@ -19,10 +19,10 @@ use switchyard_router::serve::ServingCore;
 use switchyard_router::{
     Decision, IndexConfig, LoadConfig, PolicyConfig, PolicyKind, RouteError, Tick,
 };
+use switchyard_security::{AuthChannel, Dialer, Identity, PeerRole};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::metrics::{Metrics, WorkerLabels};
 use crate::recorder::{Record, Recorder};
@@ -99,7 +99,7 @@ impl ModelRoutes {
 #[derive(Debug)]
 pub struct WorkerHandle {
     pub info: RwLock<WorkerInfo>,
-    pub client: WorkerClient<Channel>,
+    pub client: WorkerClient<AuthChannel>,
     /// Set from the worker's load reports; a draining worker gets no new requests.
     pub draining: AtomicBool,
     /// Whether it answers, whatever its lease says ([`crate::health`]).
@@ -145,6 +145,8 @@ pub struct WorkerPool {
     pub transport: Arc<dyn WorkerTransport>,
     /// A worker whose load reports stop for this long is unresponsive ([`crate::health`]).
     pub(crate) unresponsive_after: Duration,
+    /// How channels to workers are opened (plain or mTLS, with the gateway's credential).
+    dialer: Dialer,
 }
 
 impl WorkerPool {
@@ -172,7 +174,14 @@ impl WorkerPool {
             recorder: Arc::new(Recorder::new(epoch)),
             transport: Arc::new(GrpcTransport),
             unresponsive_after: default_unresponsive_after(load_interval_ms),
+            dialer: Dialer::open(Identity::new("default", PeerRole::Gateway)),
         })
+    }
+
+    /// The same pool, dialing workers with `dialer`.
+    pub fn with_dialer(mut self, dialer: Dialer) -> Self {
+        self.dialer = dialer;
+        self
     }
 
     /// The same pool, calling a worker unresponsive after `after` without a load report.
@@ -332,13 +341,14 @@ impl WorkerPool {
                 return;
             }
         };
-        let channel = match Endpoint::from_shared(format!("http://{}", info.address)) {
-            Ok(endpoint) => endpoint
-                .connect_timeout(Duration::from_secs(2))
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(5))
-                .keep_alive_timeout(Duration::from_secs(5))
-                .connect_lazy(),
+        let channel = match self.dialer.endpoint(&info.address) {
+            Ok(endpoint) => self.dialer.lazy(
+                endpoint
+                    .connect_timeout(Duration::from_secs(2))
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(5))
+                    .keep_alive_timeout(Duration::from_secs(5)),
+            ),
             Err(err) => {
                 tracing::warn!(worker = %info.id, address = %info.address, error = %err, "invalid worker address; ignoring the worker");
                 return;

@@ -4,6 +4,7 @@
 //! - [`EtcdServer`] runs a real, single-member etcd on free loopback ports with a throwaway data
 //!   directory, and can stop and restart it on the same ports and data so tests can simulate
 //!   "etcd was briefly down".
+//! - [`certs::TestCa`] makes a throwaway CA and member certificates for TLS and mTLS tests.
 //!
 //! Everything here is synchronous (`std::process`, `std::net`), so it works from plain tests and
 //! from any async runtime alike (starting etcd blocks the calling thread for about a second).
@@ -16,6 +17,8 @@
 
 // Tests may unwrap: a failure there is the test failing.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod certs;
 
 use std::fs::File;
 use std::io::{Read, Write};

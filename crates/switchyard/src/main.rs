@@ -77,6 +77,7 @@ impl GatewayCommand {
         if let Some(cluster) = &self.cluster {
             config.cluster = cluster.clone();
         }
+        config.check_security_files()?;
         Ok(config)
     }
 }

@@ -25,6 +25,7 @@ use tracing::field::Empty;
 use super::AppState;
 use crate::admission::FlowKey;
 use crate::error::ApiError;
+use crate::http::ApiTenant;
 use crate::http::server::BodyTimeout;
 use crate::metrics::RequestLabels;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, SamplingFields};
@@ -242,11 +243,13 @@ type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
 pub async fn chat(
     State(state): State<Arc<AppState>>,
     peer: Peer,
+    tenant: Option<Extension<ApiTenant>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     handle(
         state,
+        tenant.map(|Extension(t)| t),
         Kind::Chat,
         peer,
         headers,
@@ -268,11 +271,13 @@ pub async fn chat(
 pub async fn completions(
     State(state): State<Arc<AppState>>,
     peer: Peer,
+    tenant: Option<Extension<ApiTenant>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     handle(
         state,
+        tenant.map(|Extension(t)| t),
         Kind::Text,
         peer,
         headers,
@@ -301,6 +306,7 @@ pub async fn completions(
 /// Runs [`serve`] in the request's trace span (the root of the request's trace).
 async fn handle<T: DeserializeOwned>(
     state: Arc<AppState>,
+    tenant: Option<ApiTenant>,
     kind: Kind,
     peer: Peer,
     headers: HeaderMap,
@@ -319,7 +325,7 @@ async fn handle<T: DeserializeOwned>(
         request_id = Empty,
         stream = Empty,
     );
-    let response = serve(state, kind, peer, headers, body, split)
+    let response = serve(state, tenant, kind, peer, headers, body, split)
         .instrument(span.clone())
         .await;
     span.record(
@@ -333,6 +339,7 @@ async fn handle<T: DeserializeOwned>(
 /// then answer. `split` takes the endpoint's request apart into model, sampling and prompt.
 async fn serve<T: DeserializeOwned>(
     state: Arc<AppState>,
+    tenant: Option<ApiTenant>,
     kind: Kind,
     peer: Peer,
     headers: HeaderMap,
@@ -353,7 +360,15 @@ async fn serve<T: DeserializeOwned>(
         let routes = model_routes(&state, &model)?;
         let session = session_of(&headers);
         let client = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
-        let flow = FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client);
+        // An API key's tenant is the fairness tenant; its users (or sessions) share its slots.
+        let flow = match &tenant {
+            Some(ApiTenant(tenant)) => {
+                FlowKey::of_tenant(tenant, session.clone().or_else(|| sampling.user.clone()))
+            }
+            None => {
+                FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client)
+            }
+        };
         let admission = tracing::info_span!(target: GATEWAY_SPANS, "admission");
         let permit = state
             .admission
