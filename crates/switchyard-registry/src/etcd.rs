@@ -51,17 +51,85 @@ impl std::fmt::Debug for EtcdRegistry {
     }
 }
 
+/// How to authenticate to etcd: its own users, and TLS (the server checked against a CA, and a
+/// client certificate when etcd asks for one). Empty: plain text, no user.
+#[derive(Clone, Default)]
+pub struct EtcdAuth {
+    /// User name and password (etcd's `auth enable`).
+    pub user: Option<(String, String)>,
+    /// CA (PEM) of etcd's server certificate; turns TLS on (endpoints become `https://`).
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate chain and key (PEM).
+    pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .field("tls", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity_pem.is_some())
+            .finish()
+    }
+}
+
+impl EtcdAuth {
+    fn options(&self) -> ConnectOptions {
+        let mut options = ConnectOptions::new();
+        if let Some((name, password)) = &self.user {
+            options = options.with_user(name.clone(), password.clone());
+        }
+        if let Some(ca) = &self.ca_pem {
+            let mut tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(ca));
+            if let Some((cert, key)) = &self.identity_pem {
+                tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(tls);
+        }
+        options
+    }
+
+    /// `endpoints` with the scheme TLS asks for (`host:port` and `http://` become `https://`).
+    fn endpoints(&self, endpoints: &[String]) -> Vec<String> {
+        if self.ca_pem.is_none() {
+            return endpoints.to_vec();
+        }
+        endpoints
+            .iter()
+            .map(|e| {
+                let bare = e
+                    .strip_prefix("http://")
+                    .or_else(|| e.strip_prefix("https://"))
+                    .unwrap_or(e);
+                format!("https://{bare}")
+            })
+            .collect()
+    }
+}
+
 impl EtcdRegistry {
     /// Connects to etcd and checks that it answers, within [`CONNECT_TIMEOUT`].
     pub async fn connect(endpoints: &[String], cluster: &str) -> Result<Self, RegistryError> {
+        Self::connect_with(endpoints, cluster, &EtcdAuth::default()).await
+    }
+
+    /// [`connect`](Self::connect) with etcd's users and TLS.
+    pub async fn connect_with(
+        endpoints: &[String],
+        cluster: &str,
+        auth: &EtcdAuth,
+    ) -> Result<Self, RegistryError> {
         let keys = Keys::new(cluster)?;
-        let options = ConnectOptions::new()
+        let endpoints = auth.endpoints(endpoints);
+        let options = auth
+            .options()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT)
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
         let action = "connect";
         let client =
-            tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(endpoints, Some(options)))
+            tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(&endpoints, Some(options)))
                 .await
                 .map_err(|_| RegistryError::Timeout {
                     action,

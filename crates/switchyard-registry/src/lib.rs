@@ -35,7 +35,7 @@ pub mod memory;
 pub mod retry;
 
 pub use error::{Fault, RegistryError};
-pub use etcd::EtcdRegistry;
+pub use etcd::{EtcdAuth, EtcdRegistry};
 pub use memory::MemoryRegistry;
 
 /// The registry capability: worker membership under leases, desired roles, and the plan.

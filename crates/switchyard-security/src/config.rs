@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use rustls::{ClientConfig, ServerConfig};
 use serde::Deserialize;
+use switchyard_registry::EtcdAuth;
 
 use crate::authorize::{Authorizer, Credential};
 use crate::dial::Dialer;
@@ -26,6 +27,16 @@ pub struct SecurityConfig {
     pub tls_key: Option<PathBuf>,
     /// The cluster CA (PEM) members' certificates are signed by.
     pub tls_ca: Option<PathBuf>,
+    /// etcd user (etcd's own authentication); needs `etcd_password_file`.
+    pub etcd_username: Option<String>,
+    /// File holding the etcd user's password.
+    pub etcd_password_file: Option<PathBuf>,
+    /// CA (PEM) of etcd's server certificate: talk to etcd over TLS.
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for etcd's `--client-cert-auth`.
+    pub etcd_cert: Option<PathBuf>,
+    /// The etcd client certificate's key (PEM).
+    pub etcd_key: Option<PathBuf>,
 }
 
 /// What a role runs with, built once at start.
@@ -38,6 +49,8 @@ pub struct Security {
     /// The gRPC server's TLS, when mTLS is on.
     pub server_tls: Option<Arc<Reloading<ServerConfig>>>,
     pub secret: Option<ClusterSecret>,
+    /// How to reach etcd.
+    pub etcd: EtcdAuth,
 }
 
 impl SecurityConfig {
@@ -50,6 +63,7 @@ impl SecurityConfig {
         })
     }
 
+    /// No secret and no certificates: every worker call is allowed.
     pub fn is_open(&self) -> bool {
         self.cluster_secret_file.is_none() && self.tls_cert.is_none()
     }
@@ -65,7 +79,64 @@ impl SecurityConfig {
                 "mutual TLS needs tls_cert, tls_key and tls_ca together".into(),
             ));
         }
+        if self.etcd_username.is_some() != self.etcd_password_file.is_some() {
+            return Err(SecurityError::Setting(
+                "etcd authentication needs etcd_username and etcd_password_file together".into(),
+            ));
+        }
+        if self.etcd_cert.is_some() != self.etcd_key.is_some() {
+            return Err(SecurityError::Setting(
+                "an etcd client certificate needs etcd_cert and etcd_key together".into(),
+            ));
+        }
+        if self.etcd_cert.is_some() && self.etcd_ca.is_none() {
+            return Err(SecurityError::Setting(
+                "an etcd client certificate needs etcd_ca (TLS toward etcd) too".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// Reads what reaching etcd takes: the password, the CA, the client certificate.
+    pub fn etcd_auth(&self) -> Result<EtcdAuth, SecurityError> {
+        let read = |what: &'static str, path: &PathBuf| {
+            std::fs::read(path).map_err(|source| SecurityError::Read {
+                what,
+                path: path.clone(),
+                source,
+            })
+        };
+        let user = match (&self.etcd_username, &self.etcd_password_file) {
+            (Some(name), Some(file)) => {
+                let password = read("etcd password file", file)?;
+                let password = String::from_utf8(password.trim_ascii().to_vec()).map_err(|_| {
+                    SecurityError::Invalid {
+                        what: "etcd password file",
+                        path: file.clone(),
+                        message: "it is not UTF-8 text".into(),
+                    }
+                })?;
+                Some((name.clone(), password))
+            }
+            _ => None,
+        };
+        let ca_pem = self
+            .etcd_ca
+            .as_ref()
+            .map(|p| read("etcd CA file", p))
+            .transpose()?;
+        let identity_pem = match (&self.etcd_cert, &self.etcd_key) {
+            (Some(cert), Some(key)) => Some((
+                read("etcd certificate file", cert)?,
+                read("etcd key file", key)?,
+            )),
+            _ => None,
+        };
+        Ok(EtcdAuth {
+            user,
+            ca_pem,
+            identity_pem,
+        })
     }
 
     /// Reads the secret and the certificates and builds what `role` of `cluster` runs with.
@@ -97,6 +168,7 @@ impl SecurityConfig {
             None => (None, None),
         };
         Ok(Security {
+            etcd: self.etcd_auth()?,
             authorizer: Authorizer::new(cluster, secret.clone(), server_tls.is_some()),
             dialer: Dialer::new(Credential::new(identity, secret.clone()), client_tls),
             server_tls,
@@ -145,6 +217,21 @@ pub struct SecurityArgs {
     /// The cluster CA (PEM).
     #[arg(long, env = "SWITCHYARD_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
+    /// etcd user name (etcd's own authentication).
+    #[arg(long, env = "SWITCHYARD_ETCD_USERNAME")]
+    pub etcd_username: Option<String>,
+    /// File holding the etcd user's password.
+    #[arg(long, env = "SWITCHYARD_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+    /// CA (PEM) of etcd's server certificate: talk to etcd over TLS.
+    #[arg(long, env = "SWITCHYARD_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's client-certificate authentication.
+    #[arg(long, env = "SWITCHYARD_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The etcd client certificate's key (PEM).
+    #[arg(long, env = "SWITCHYARD_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
 }
 
 impl SecurityArgs {
@@ -155,10 +242,17 @@ impl SecurityArgs {
             (&self.tls_cert, &mut config.tls_cert),
             (&self.tls_key, &mut config.tls_key),
             (&self.tls_ca, &mut config.tls_ca),
+            (&self.etcd_password_file, &mut config.etcd_password_file),
+            (&self.etcd_ca, &mut config.etcd_ca),
+            (&self.etcd_cert, &mut config.etcd_cert),
+            (&self.etcd_key, &mut config.etcd_key),
         ] {
             if flag.is_some() {
                 target.clone_from(flag);
             }
+        }
+        if self.etcd_username.is_some() {
+            config.etcd_username.clone_from(&self.etcd_username);
         }
     }
 }

@@ -243,11 +243,13 @@ async fn wait_for_signal() {
 pub(crate) async fn connect_etcd(
     endpoints: &[String],
     cluster: &str,
+    security: &switchyard_security::SecurityConfig,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<EtcdRegistry>> {
+    let auth = security.etcd_auth()?;
     let what = format!("connect to etcd at {}", endpoints.join(","));
     switchyard_registry::retry::until_available(&what, shutdown, || {
-        EtcdRegistry::connect(endpoints, cluster)
+        EtcdRegistry::connect_with(endpoints, cluster, &auth)
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot use etcd at {}: {e}", endpoints.join(",")))
@@ -258,7 +260,14 @@ async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
     let registry: Option<Arc<dyn Registry>> = if config.etcd_endpoints.is_empty() {
         None
     } else {
-        match connect_etcd(&config.etcd_endpoints, &config.cluster, &shutdown).await? {
+        match connect_etcd(
+            &config.etcd_endpoints,
+            &config.cluster,
+            &config.security,
+            &shutdown,
+        )
+        .await?
+        {
             Some(registry) => Some(Arc::new(registry)),
             None => return Ok(()),
         }
@@ -284,7 +293,13 @@ async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
 
 async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signal();
-    let Some(registry) = connect_etcd(&config.etcd_endpoints, &config.cluster, &shutdown).await?
+    let Some(registry) = connect_etcd(
+        &config.etcd_endpoints,
+        &config.cluster,
+        &config.security,
+        &shutdown,
+    )
+    .await?
     else {
         return Ok(());
     };

@@ -180,12 +180,17 @@ enum Failure {
 
 async fn serve(config: PlannerConfig) -> Result<(), Failure> {
     let shutdown = shutdown_on_signal();
-    let connected = crate::connect_etcd(&config.etcd_endpoints, &config.cluster, &shutdown)
-        .await
-        .map_err(|e| Failure::Etcd {
-            endpoints: config.etcd_endpoints.join(","),
-            message: format!("{e:#}"),
-        })?;
+    let connected = crate::connect_etcd(
+        &config.etcd_endpoints,
+        &config.cluster,
+        &config.security,
+        &shutdown,
+    )
+    .await
+    .map_err(|e| Failure::Etcd {
+        endpoints: config.etcd_endpoints.join(","),
+        message: format!("{e:#}"),
+    })?;
     let Some(registry) = connected else {
         return Ok(());
     };

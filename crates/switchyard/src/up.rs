@@ -172,7 +172,14 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
     let registry: Arc<dyn Registry> = if gateway.etcd_endpoints.is_empty() {
         Arc::new(MemoryRegistry::new())
     } else {
-        match crate::connect_etcd(&gateway.etcd_endpoints, &gateway.cluster, &shutdown).await? {
+        match crate::connect_etcd(
+            &gateway.etcd_endpoints,
+            &gateway.cluster,
+            &gateway.security,
+            &shutdown,
+        )
+        .await?
+        {
             Some(registry) => Arc::new(registry),
             None => return Ok(()),
         }
