@@ -32,9 +32,9 @@ async fn a_tls_etcd_with_users_serves_members_and_refuses_the_rest() {
     assert!(endpoint.starts_with("https://"), "{endpoint}");
     let read = |p: &std::path::Path| std::fs::read(p).unwrap();
     let tls_only = EtcdAuth {
-        user: None,
         ca_pem: Some(read(&client.ca)),
         identity_pem: Some((read(&client.cert), read(&client.key))),
+        ..EtcdAuth::default()
     };
 
     // Turn etcd's authentication on: a root user, then auth enable.

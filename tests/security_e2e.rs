@@ -6,7 +6,9 @@
 //! refused: draining or re-roling a worker, `Generate` past the gateway, pinning KV with
 //! `Prefill`, pulling KV with `PullKv`, reading the KV events, and a `KvSource.address` that
 //! points at something other than a registered worker (which is never dialed, and whose answer
-//! could not be echoed anyway). Bad security settings exit 64 with one sentence.
+//! could not be echoed anyway). Worker entries forged into etcd without the cluster secret are
+//! ignored (and counted) by the gateway and by the workers. Bad security settings exit 64 with
+//! one sentence.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -215,6 +217,68 @@ async fn with_a_cluster_secret_only_members_in_their_roles_get_in() {
         api.metric(r#"switchyard_disagg_prefills_total"#).await,
         1.0,
         "served disaggregated"
+    );
+
+    // Someone who can write etcd but has no secret registers a "worker" at an address of their
+    // choosing: unsigned, and signed with another secret. Gateways and workers ignore both,
+    // count them, and the decode worker will not take it as a KV source either.
+    let (trap, trapped) = bystander().await;
+    let forged = |id: &str| switchyard_core::WorkerInfo {
+        id: switchyard_core::WorkerId::new(id).unwrap(),
+        address: trap.clone(),
+        model: "sim-8b".into(),
+        role: switchyard_core::Role::Both,
+        block_size: switchyard_core::BlockSize::new(16).unwrap(),
+        kv_capacity_blocks: 1 << 20,
+        max_context_tokens: 8192,
+        engine: switchyard_core::EngineKind::Sim,
+        incarnation: 1,
+    };
+    let unsigned = switchyard_registry::EtcdRegistry::connect(&[endpoint.clone()], &name)
+        .await
+        .unwrap();
+    let other_secret = switchyard_registry::EtcdAuth {
+        proof: Some(Arc::new(
+            ClusterSecret::from_bytes(b"a-secret-that-is-not-the-clusters").unwrap(),
+        )),
+        ..Default::default()
+    };
+    let wrongly_signed =
+        switchyard_registry::EtcdRegistry::connect_with(&[endpoint.clone()], &name, &other_secret)
+            .await
+            .unwrap();
+    use switchyard_registry::Registry as _;
+    let ttl = std::time::Duration::from_secs(30);
+    let _forged_a = unsigned.register(forged("forged-a"), ttl).await.unwrap();
+    let _forged_b = wrongly_signed
+        .register(forged("forged-b"), ttl)
+        .await
+        .unwrap();
+    assert!(
+        support::eventually(std::time::Duration::from_secs(10), || async {
+            api.metric("switchyard_registry_unverified_entries").await >= 2.0
+        })
+        .await,
+        "the gateway counted the forged entries"
+    );
+    assert!(api.lists_workers(2).await, "forged workers are not listed");
+    for i in 0..6 {
+        let (status, body) = complete(&api, tokens(20 + i, 1024)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let mut d = secret_client(&name, PeerRole::Gateway, Some(SECRET), &decode.address).await;
+    let source = v1::KvSource {
+        address: trap.clone(),
+        handle: Some(v1::KvHandle { id: "h".into() }),
+        first_token_id: 1,
+        ..Default::default()
+    };
+    let status = d.generate(generate(Some(source))).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        trapped.load(Ordering::SeqCst),
+        0,
+        "something dialed the forged worker"
     );
 
     let calls = ["Control", "Generate", "Prefill", "PullKv", "KvEvents"];

@@ -15,6 +15,7 @@ mod watch;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,6 +27,7 @@ use switchyard_core::{Role, WorkerId, WorkerInfo};
 use tokio::sync::mpsc;
 
 use crate::keys::Keys;
+use crate::proof::{EntryProof, Unverified};
 use crate::{
     OwnedTask, Registration, Registry, RegistryError, WorkerWatch, check_admission, check_ttl,
 };
@@ -61,6 +63,8 @@ pub struct EtcdAuth {
     pub ca_pem: Option<Vec<u8>>,
     /// Client certificate chain and key (PEM).
     pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// Signs this process's worker entries and ignores others' without a valid proof.
+    pub proof: Option<Arc<dyn EntryProof>>,
 }
 
 impl std::fmt::Debug for EtcdAuth {
@@ -69,6 +73,7 @@ impl std::fmt::Debug for EtcdAuth {
             .field("user", &self.user.as_ref().map(|(name, _)| name))
             .field("tls", &self.ca_pem.is_some())
             .field("client_certificate", &self.identity_pem.is_some())
+            .field("proof", &self.proof.is_some())
             .finish()
     }
 }
@@ -109,6 +114,11 @@ impl EtcdAuth {
 }
 
 impl EtcdRegistry {
+    /// How many entries this registry ignored for want of a valid proof.
+    pub fn unverified(&self) -> Unverified {
+        self.conn.unverified.clone()
+    }
+
     /// Connects to etcd and checks that it answers, within [`CONNECT_TIMEOUT`].
     pub async fn connect(endpoints: &[String], cluster: &str) -> Result<Self, RegistryError> {
         Self::connect_with(endpoints, cluster, &EtcdAuth::default()).await
@@ -140,6 +150,8 @@ impl EtcdRegistry {
             client,
             keys,
             timeout: REQUEST_TIMEOUT,
+            proof: auth.proof.clone(),
+            unverified: Unverified::default(),
         };
         // The client connects lazily; make sure someone answers before reporting success.
         let mut client = conn.client.clone();
@@ -167,6 +179,9 @@ pub(crate) struct Conn {
     client: Client,
     keys: Keys,
     timeout: Duration,
+    /// Signs this process's entries and checks everyone's, when the cluster has a secret.
+    proof: Option<Arc<dyn EntryProof>>,
+    unverified: Unverified,
 }
 
 impl Conn {
@@ -217,11 +232,11 @@ impl Conn {
         let revision = response.header().map_or(0, |h| h.revision());
         let mut workers = BTreeMap::new();
         for kv in response.kvs() {
-            match parse_worker(&self.keys, kv) {
+            match parse_worker(self, kv) {
                 Ok(info) => {
                     workers.insert(info.id.clone(), info);
                 }
-                Err(error) => tracing::warn!(%error, "skipping malformed worker entry"),
+                Err(error) => tracing::warn!(%error, "skipping worker entry"),
             }
         }
         Ok((workers, revision))
@@ -266,14 +281,14 @@ impl Conn {
 }
 
 /// Reads a `workers/<id>` entry, insisting that the value describes the worker its key names.
-pub(crate) fn parse_worker(keys: &Keys, kv: &KeyValue) -> Result<WorkerInfo, RegistryError> {
-    let id = keys.worker_id_of(kv.key())?;
-    let malformed = |reason: String| RegistryError::Malformed {
-        key: String::from_utf8_lossy(kv.key()).into_owned(),
-        reason,
-    };
-    let info: WorkerInfo = serde_json::from_slice(kv.value())
-        .map_err(|e| malformed(format!("not worker info: {e}")))?;
+/// With a proof, an entry without a valid one is [`RegistryError::Unverified`].
+pub(crate) fn parse_worker(conn: &Conn, kv: &KeyValue) -> Result<WorkerInfo, RegistryError> {
+    let id = conn.keys.worker_id_of(kv.key())?;
+    let key = || String::from_utf8_lossy(kv.key()).into_owned();
+    let malformed = |reason: String| RegistryError::Malformed { key: key(), reason };
+    let info = crate::proof::decode(kv.value(), conn.proof.as_deref(), &conn.unverified)
+        .map_err(|e| malformed(format!("not worker info: {e}")))?
+        .ok_or_else(|| RegistryError::Unverified { key: key() })?;
     if info.id != id {
         return Err(malformed(format!("value names worker {}", info.id)));
     }
@@ -281,9 +296,9 @@ pub(crate) fn parse_worker(keys: &Keys, kv: &KeyValue) -> Result<WorkerInfo, Reg
     Ok(info)
 }
 
-fn encode_worker(keys: &Keys, info: &WorkerInfo) -> Result<Vec<u8>, RegistryError> {
-    serde_json::to_vec(info).map_err(|source| RegistryError::Encode {
-        key: keys.worker(&info.id),
+fn encode_worker(conn: &Conn, info: &WorkerInfo) -> Result<Vec<u8>, RegistryError> {
+    crate::proof::encode(info, conn.proof.as_deref()).map_err(|source| RegistryError::Encode {
+        key: conn.keys.worker(&info.id),
         source,
     })
 }
@@ -306,7 +321,7 @@ impl EtcdRegistry {
         check_ttl(ttl)?;
         let conn = &self.conn;
         let key = conn.keys.worker(&info.id);
-        let value = encode_worker(&conn.keys, &info)?;
+        let value = encode_worker(conn, &info)?;
         let ttl_secs = ttl_seconds(ttl);
         let mut client = conn.client.clone();
         let lease_id = conn

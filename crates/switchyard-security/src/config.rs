@@ -97,7 +97,8 @@ impl SecurityConfig {
         Ok(())
     }
 
-    /// Reads what reaching etcd takes: the password, the CA, the client certificate.
+    /// Reads what reaching etcd takes: the password, the CA, the client certificate, and the
+    /// cluster secret that signs and checks worker entries.
     pub fn etcd_auth(&self) -> Result<EtcdAuth, SecurityError> {
         let read = |what: &'static str, path: &PathBuf| {
             std::fs::read(path).map_err(|source| SecurityError::Read {
@@ -132,10 +133,18 @@ impl SecurityConfig {
             )),
             _ => None,
         };
+        // Entries are signed and checked with the cluster secret when there is one.
+        let proof = self
+            .cluster_secret_file
+            .as_deref()
+            .map(ClusterSecret::from_file)
+            .transpose()?
+            .map(|secret| Arc::new(secret) as Arc<dyn switchyard_registry::EntryProof>);
         Ok(EtcdAuth {
             user,
             ca_pem,
             identity_pem,
+            proof,
         })
     }
 

@@ -126,6 +126,19 @@ impl ClusterSecret {
 }
 
 const CALL_CONTEXT: &str = "switchyard/v1/call";
+const ENTRY_CONTEXT: &str = "switchyard/v1/registry-entry";
+
+/// Registry entries signed with the cluster secret: only members can write a worker that
+/// members will believe.
+impl switchyard_registry::EntryProof for ClusterSecret {
+    fn sign(&self, entry: &[u8]) -> String {
+        ClusterSecret::sign(self, ENTRY_CONTEXT, entry)
+    }
+
+    fn verify(&self, entry: &[u8], proof: &str) -> bool {
+        ClusterSecret::verify(self, ENTRY_CONTEXT, entry, proof)
+    }
+}
 
 fn call_message(identity: &Identity, secs: u64) -> String {
     format!("{}|{}|{secs}", identity.cluster, identity.role)

@@ -303,7 +303,18 @@ async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
     else {
         return Ok(());
     };
-    switchyard_gateway::run(config, Arc::new(registry), shutdown, |addr| {
+    // Worker entries without a valid proof are ignored by the registry client; say how many.
+    let unverified = registry.unverified();
+    let extensions = switchyard_gateway::Extensions {
+        metrics: vec![Arc::new(move || {
+            format!(
+                "# HELP switchyard_registry_unverified_entries Worker entries ignored for want of a valid proof of who wrote them.\n# TYPE switchyard_registry_unverified_entries counter\nswitchyard_registry_unverified_entries_total {}\n# EOF\n",
+                unverified.count()
+            )
+        })],
+        ..Default::default()
+    };
+    switchyard_gateway::run_with(config, Arc::new(registry), shutdown, extensions, |addr| {
         let ready = serde_json::json!({
             "event": "ready",
             "url": format!("http://{addr}/v1"),
