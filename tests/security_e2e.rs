@@ -234,19 +234,23 @@ async fn with_a_cluster_secret_only_members_in_their_roles_get_in() {
         engine: switchyard_core::EngineKind::Sim,
         incarnation: 1,
     };
-    let unsigned = switchyard_registry::EtcdRegistry::connect(&[endpoint.clone()], &name)
-        .await
-        .unwrap();
+    let unsigned =
+        switchyard_registry::EtcdRegistry::connect(std::slice::from_ref(&endpoint), &name)
+            .await
+            .unwrap();
     let other_secret = switchyard_registry::EtcdAuth {
         proof: Some(Arc::new(
             ClusterSecret::from_bytes(b"a-secret-that-is-not-the-clusters").unwrap(),
         )),
         ..Default::default()
     };
-    let wrongly_signed =
-        switchyard_registry::EtcdRegistry::connect_with(&[endpoint.clone()], &name, &other_secret)
-            .await
-            .unwrap();
+    let wrongly_signed = switchyard_registry::EtcdRegistry::connect_with(
+        std::slice::from_ref(&endpoint),
+        &name,
+        &other_secret,
+    )
+    .await
+    .unwrap();
     use switchyard_registry::Registry as _;
     let ttl = std::time::Duration::from_secs(30);
     let _forged_a = unsigned.register(forged("forged-a"), ttl).await.unwrap();

@@ -43,7 +43,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Gateway + registry + simulated workers in one process, ready for an OpenAI client.
-    Up(up::UpArgs),
+    Up(Box<up::UpArgs>),
     /// Run the gateway alone, finding workers through etcd.
     Gateway(GatewayCommand),
     /// Run a worker agent in front of an engine (the built-in simulator).

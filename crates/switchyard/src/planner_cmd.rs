@@ -47,7 +47,7 @@ pub struct PlannerCommand {
 #[derive(Debug, clap::Subcommand)]
 enum PlannerAction {
     /// Measure a worker's performance profile over gRPC Generate and write it as JSON.
-    Profile(ProfileArgs),
+    Profile(Box<ProfileArgs>),
     /// Offline benchmark in virtual time: TTFT/ITL target attainment of the planner and of
     /// every fixed split over a decode-heavy then prefill-heavy workload.
     Bench(BenchArgs),
@@ -141,7 +141,7 @@ impl PlannerCommand {
 
 pub fn run(command: PlannerCommand) -> ExitCode {
     match command.action {
-        Some(PlannerAction::Profile(args)) => return profile(args),
+        Some(PlannerAction::Profile(args)) => return profile(*args),
         Some(PlannerAction::Bench(args)) => return bench(args),
         None => {}
     }

@@ -97,7 +97,7 @@ async fn pump(
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
             let change = match event.event_type() {
-                EventType::Put => match parse_worker(&conn, kv) {
+                EventType::Put => match parse_worker(conn, kv) {
                     Ok(info) => match known.insert(info.id.clone(), info.clone()) {
                         None => Some(WorkerChange::Added(info)),
                         Some(old) if old != info => Some(WorkerChange::Updated(info)),
