@@ -34,7 +34,8 @@ const RETRY_AFTER_SECS: u64 = 1;
 /// Who a waiting request belongs to, for fair shares.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct FlowKey {
-    /// `user:<user>`, `key:<hash of the bearer key>`, `ip:<address>` or `anonymous`.
+    /// `tenant:<an API key's tenant>`, `user:<user>`, `key:<hash of the bearer key>`,
+    /// `ip:<address>` or `anonymous`.
     pub tenant: String,
     /// The `x-session-id`, if the request gave one.
     pub session: Option<String>,
@@ -72,6 +73,16 @@ impl FlowKey {
             (None, None, None) => "anonymous".to_owned(),
         };
         Self { tenant, session }
+    }
+}
+
+impl FlowKey {
+    /// The flow of a request let in by an API key: the key's tenant, and the session within it.
+    pub fn of_tenant(tenant: &str, session: Option<String>) -> Self {
+        Self {
+            tenant: format!("tenant:{tenant}"),
+            session,
+        }
     }
 }
 

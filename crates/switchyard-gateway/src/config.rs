@@ -19,6 +19,9 @@ use crate::chat_output::OutputConfig;
 use crate::disagg::{DEFAULT_PREFILL_TIMEOUT, DisaggSettings, Disaggregation, KvTransfer};
 
 pub use switchyard_config::ConfigError;
+use switchyard_security::{PeerRole, SecurityArgs, SecurityConfig};
+
+use crate::access::{AccessArgs, AccessConfig};
 
 /// Everything the gateway needs to run.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -74,8 +77,8 @@ pub struct GatewayConfig {
     /// fails) is out of routing until it answers again, whatever its lease says. Default:
     /// twenty report intervals, at least 2000.
     pub unresponsive_after_ms: Option<u64>,
-    /// Directory KV recordings (admin API) are confined to; unset, any absolute path the admin
-    /// names is accepted (the file must not exist yet). See `docs/kv-recording.md`.
+    /// Directory KV recordings (admin API) are confined to; unset, recordings are off. See
+    /// `docs/kv-recording.md`.
     pub recording_dir: Option<PathBuf>,
     /// Disaggregated prefill/decode serving: `off`, `auto` (per request, when it pays) or
     /// `enforce` (every request through a prefill worker, 503 without one).
@@ -97,6 +100,13 @@ pub struct GatewayConfig {
     pub kv_transfer: KvTransfer,
     /// The decision log and the KV audit (`[audit]`, see `docs/admin-api.md`).
     pub audit: crate::audit::AuditConfig,
+    /// How the gateway proves itself to workers (mTLS or the cluster secret); empty: an open
+    /// cluster. See `docs/security.md`.
+    pub security: SecurityConfig,
+    /// Who may use the HTTP listener: API keys, the metrics token, HTTPS (`[access]`).
+    pub access: AccessConfig,
+    /// Largest KV recording, in bytes: a recording stops there whatever its request asked.
+    pub recording_max_bytes: u64,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -235,6 +245,9 @@ impl Default for GatewayConfig {
             otlp_endpoint: None,
             kv_transfer: KvTransfer::Pipelined,
             audit: crate::audit::AuditConfig::default(),
+            security: SecurityConfig::default(),
+            access: AccessConfig::default(),
+            recording_max_bytes: 1 << 30,
         }
     }
 }
@@ -284,6 +297,19 @@ impl GatewayConfig {
         if self.admin_token.as_deref().is_some_and(str::is_empty) {
             return invalid("admin_token must not be empty when set");
         }
+        self.security
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.access.validate().map_err(ConfigError::Invalid)?;
+        // The admin API drains workers and switches the policy: open only on loopback.
+        if self.admin_token.is_none() && !self.listen.ip().is_loopback() {
+            return invalid(
+                "the admin API needs an admin_token (--admin-token or SWITCHYARD_ADMIN_TOKEN) when the gateway listens beyond loopback",
+            );
+        }
+        if self.recording_max_bytes == 0 {
+            return invalid("recording_max_bytes must be at least 1");
+        }
         if let Some(endpoint) = &self.otlp_endpoint {
             switchyard_telemetry::validate_endpoint(endpoint)
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -292,6 +318,16 @@ impl GatewayConfig {
             .build(&self.policy_settings)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(())
+    }
+
+    /// Reads the security files once (the secret, the certificates, their identity for this
+    /// cluster), so a bad one is a configuration error at start rather than a failure later.
+    pub fn check_security_files(&self) -> Result<(), ConfigError> {
+        let invalid = |e: switchyard_security::SecurityError| ConfigError::Invalid(e.to_string());
+        self.security
+            .build(&self.cluster, PeerRole::Gateway)
+            .map_err(invalid)?;
+        self.access.build().map(drop).map_err(invalid)
     }
 
     /// How long a worker may go without a load report before it is out of routing.
@@ -405,6 +441,13 @@ pub struct GatewayArgs {
     /// Export traces to this OpenTelemetry collector (OTLP/gRPC), e.g. http://otel-collector:4317.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    #[command(flatten)]
+    pub security: SecurityArgs,
+    #[command(flatten)]
+    pub access: AccessArgs,
+    /// Largest KV recording in bytes (default 1 GiB).
+    #[arg(long, env = "SWITCHYARD_RECORDING_MAX_BYTES")]
+    pub recording_max_bytes: Option<u64>,
     /// KV transfer of disaggregated requests: pipelined (default) or after-prefill.
     #[arg(long, env = "SWITCHYARD_KV_TRANSFER")]
     pub kv_transfer: Option<KvTransfer>,
@@ -538,117 +581,16 @@ impl GatewayArgs {
             // Empty (an `OTEL_EXPORTER_OTLP_ENDPOINT=` left in a manifest) turns traces off.
             config.otlp_endpoint = Some(v.clone()).filter(|v| !v.trim().is_empty());
         }
+        self.security.apply(&mut config.security);
+        self.access.apply(&mut config.access);
+        if let Some(v) = self.recording_max_bytes {
+            config.recording_max_bytes = v;
+        }
         config.validate()?;
         Ok(config)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_validate_and_flags_override() {
-        GatewayConfig::default().validate().unwrap();
-        let args = GatewayArgs {
-            policy: Some(PolicyKind::RoundRobin),
-            model_tokenizers: vec![("m".into(), "builtin:cl100k".into())],
-            ..Default::default()
-        };
-        let config = args.resolve_onto(GatewayConfig::default()).unwrap();
-        assert_eq!(config.policy, PolicyKind::RoundRobin);
-        assert_eq!(config.models["m"], "builtin:cl100k");
-        assert_eq!(config.disagg().kv_transfer, KvTransfer::Pipelined);
-        let args = GatewayArgs {
-            kv_transfer: Some(KvTransfer::AfterPrefill),
-            ..Default::default()
-        };
-        let config = args.resolve_onto(GatewayConfig::default()).unwrap();
-        assert_eq!(config.disagg().kv_transfer, KvTransfer::AfterPrefill);
-        let file: GatewayConfig = toml::from_str("kv_transfer = \"after-prefill\"").unwrap();
-        assert_eq!(file.kv_transfer, KvTransfer::AfterPrefill);
-    }
-
-    #[test]
-    fn bad_values_are_refused() {
-        let args = GatewayArgs {
-            default_max_tokens: Some(0),
-            ..Default::default()
-        };
-        assert!(args.resolve_onto(GatewayConfig::default()).is_err());
-        let args = GatewayArgs {
-            max_queued_per_session: Some(0),
-            ..Default::default()
-        };
-        assert!(args.resolve_onto(GatewayConfig::default()).is_err());
-        assert!(parse_model_tokenizer("nomodel").is_err());
-        let args = GatewayArgs {
-            session_verify_sample_rate: Some(1.5),
-            ..Default::default()
-        };
-        let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
-        assert!(err.to_string().contains("verify_sample_rate"), "{err}");
-        let args = GatewayArgs {
-            session_verify_sample_rate: Some(1.0),
-            ..Default::default()
-        };
-        let config = args.resolve_onto(GatewayConfig::default()).unwrap();
-        assert_eq!(
-            config.session_cache.to_session_config().verify_sample_rate,
-            1.0
-        );
-    }
-
-    #[test]
-    fn http_limits_come_from_flags_and_files_and_are_checked() {
-        let args = GatewayArgs {
-            max_connections: Some(7),
-            idle_timeout_secs: Some(3),
-            max_requests_per_client: Some(2),
-            ..Default::default()
-        };
-        let config = args.resolve_onto(GatewayConfig::default()).unwrap();
-        assert_eq!(config.http.max_connections, 7);
-        assert_eq!(config.max_requests_per_client, 2);
-        assert_eq!(config.http.limits(7).idle_timeout, Duration::from_secs(3));
-        let file: GatewayConfig =
-            toml::from_str("[http]\nbody_timeout_secs = 5\nshutdown_grace_secs = 0").unwrap();
-        assert_eq!(file.http.body_timeout_secs, 5);
-        file.validate().unwrap();
-        assert!(toml::from_str::<GatewayConfig>("[http]\nheader_timeout = 5").is_err());
-        let args = GatewayArgs {
-            header_timeout_secs: Some(0),
-            ..Default::default()
-        };
-        let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
-        assert!(err.to_string().contains("header_timeout_secs"), "{err}");
-    }
-
-    #[test]
-    fn otlp_endpoint_is_checked_once() {
-        let args = GatewayArgs {
-            otlp_endpoint: Some("http://otel-collector:4317".into()),
-            ..Default::default()
-        };
-        let config = args.resolve_onto(GatewayConfig::default()).unwrap();
-        assert_eq!(
-            config.otlp_endpoint.as_deref(),
-            Some("http://otel-collector:4317")
-        );
-        let args = GatewayArgs {
-            otlp_endpoint: Some("otel-collector:4317".into()),
-            ..Default::default()
-        };
-        let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
-        assert!(err.to_string().contains("OTLP endpoint"), "{err}");
-        let args = GatewayArgs {
-            otlp_endpoint: Some(String::new()),
-            ..Default::default()
-        };
-        let traced = GatewayConfig {
-            otlp_endpoint: Some("http://otel-collector:4317".into()),
-            ..GatewayConfig::default()
-        };
-        assert_eq!(args.resolve_onto(traced).unwrap().otlp_endpoint, None);
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

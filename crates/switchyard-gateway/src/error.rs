@@ -19,6 +19,14 @@ pub enum ApiError {
     PayloadTooLarge(usize),
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// `/v1` needs an API key and the request carried none.
+    #[error(
+        "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+    )]
+    MissingApiKey,
+    /// The request's API key is not one of the gateway's (it is not echoed).
+    #[error("Incorrect API key provided.")]
+    InvalidApiKey,
     #[error("{0}")]
     NotFound(String),
     /// Too much work queued; the client should retry after the given number of seconds.
@@ -82,7 +90,9 @@ impl ApiError {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized | ApiError::MissingApiKey | ApiError::InvalidApiKey => {
+                StatusCode::UNAUTHORIZED
+            }
             ApiError::Saturated { .. } | ApiError::ClientLimit(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::TooManyConnections(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -101,6 +111,9 @@ impl ApiError {
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
             ApiError::NotFound(_) => ("invalid_request_error", Some("not_found")),
             ApiError::Unauthorized => ("authentication_error", Some("invalid_api_key")),
+            // As OpenAI answers them.
+            ApiError::MissingApiKey => ("invalid_request_error", None),
+            ApiError::InvalidApiKey => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::Saturated { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
             ApiError::ClientLimit(_) => ("rate_limit_error", Some("too_many_concurrent_requests")),
             ApiError::Unavailable(_) => ("service_unavailable_error", Some("no_worker_available")),
@@ -152,6 +165,8 @@ impl ApiError {
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::NotFound(_) => "not_found",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::MissingApiKey => "missing_api_key",
+            ApiError::InvalidApiKey => "invalid_api_key",
             ApiError::Saturated { .. } => "saturated",
             ApiError::ClientLimit(_) => "client_limit",
             ApiError::TooManyConnections(_) => "too_many_connections",
@@ -177,7 +192,10 @@ impl IntoResponse for ApiError {
         {
             response.headers_mut().insert(header::RETRY_AFTER, value);
         }
-        if matches!(self, ApiError::Unauthorized) {
+        if matches!(
+            self,
+            ApiError::Unauthorized | ApiError::MissingApiKey | ApiError::InvalidApiKey
+        ) {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

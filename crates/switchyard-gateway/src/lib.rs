@@ -10,9 +10,12 @@
 //! [`metrics`] the Prometheus metrics; [`config`] the one configuration struct; [`recorder`]
 //! the on-demand recording of the router's inputs for `switchyard replay events`; [`audit`] the
 //! decision log, predicted-against-realized prefix hits and the check of each worker's KV
-//! events against its own view.
+//! events against its own view; [`access`] and [`api_keys`] who may use the listener (API keys,
+//! metrics token, HTTPS).
 
+pub mod access;
 pub mod admission;
+pub mod api_keys;
 pub mod audit;
 pub mod chat_output;
 pub mod config;
@@ -68,6 +71,8 @@ pub enum GatewayError {
     Registry(String),
     #[error(transparent)]
     DecisionLog(#[from] audit::disk::DiskLogError),
+    #[error("security: {0}")]
+    Security(#[from] switchyard_security::SecurityError),
 }
 
 /// Runs the gateway until `shutdown` is cancelled. `on_ready` gets the bound address once the
@@ -99,6 +104,13 @@ pub async fn run_with(
     .await
     .map_err(|e| GatewayError::Tokenizers(e.to_string()))?
     .map_err(GatewayError::Tokenizers)?;
+    let security = config
+        .security
+        .build(&config.cluster, switchyard_security::PeerRole::Gateway)?;
+    let access = config.access.build()?;
+    if access.api_keys.is_none() && !config.listen.ip().is_loopback() {
+        tracing::warn!(listen = %config.listen, "/v1 takes requests without an API key: set [access] api_keys_file (see docs/security.md)");
+    }
     let metrics = Arc::new(Metrics::new());
     let disk = match &config.audit.decision_log_path {
         Some(path) => Some(
@@ -123,7 +135,8 @@ pub async fn run_with(
         )
         .map_err(|e| GatewayError::Routing(e.to_string()))?
         .with_unresponsive_after(config.unresponsive_after())
-        .with_audit(config.audit.clone(), decisions),
+        .with_audit(config.audit.clone(), decisions)
+        .with_dialer(security.dialer),
     );
     pool.tasks
         .spawn(audit::kv::watch_silence(Arc::clone(&pool)));
@@ -165,19 +178,22 @@ pub async fn run_with(
         tokenizers,
         metrics,
         extensions,
+        access,
     });
     let limits = state.config.http.limits(http::server::connection_cap(
         state.config.http.max_connections,
     ));
     let metrics = Arc::clone(&state.metrics);
+    let tls = state.access.tls.clone();
     let app = http::router(state);
     tracing::info!(
         address = %local_addr,
         max_connections = limits.max_connections,
+        https = tls.is_some(),
         "gateway listening"
     );
     on_ready(local_addr);
-    http::server::serve(listener, app, limits, metrics, shutdown).await;
+    http::server::serve(listener, app, limits, tls, metrics, shutdown).await;
     pool.shutdown().await;
     Ok(())
 }

@@ -387,6 +387,17 @@ impl Metrics {
         Self { registry, ..m }
     }
 
+    /// A `/v1` request refused for its API key (`status` is the error's metric label).
+    pub fn api_key_refused(&self, status: &'static str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                endpoint: "v1",
+                status,
+                model: String::new(),
+            })
+            .inc();
+    }
+
     /// The text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();

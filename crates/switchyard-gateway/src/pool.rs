@@ -16,10 +16,10 @@ use switchyard_core::{BlockSize, WorkerId, WorkerInfo};
 use switchyard_proto::v1::worker_client::WorkerClient;
 use switchyard_router::serve::ServingCore;
 use switchyard_router::{IndexConfig, LoadConfig, PolicyConfig, PolicyKind, RouteError, Tick};
+use switchyard_security::{AuthChannel, Dialer, Identity, PeerRole};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::audit::{AuditConfig, DecisionLog, KvAudit};
 use crate::metrics::{Metrics, WorkerLabels};
@@ -60,7 +60,7 @@ impl ModelRoutes {
 #[derive(Debug)]
 pub struct WorkerHandle {
     pub info: RwLock<WorkerInfo>,
-    pub client: WorkerClient<Channel>,
+    pub client: WorkerClient<AuthChannel>,
     /// Set from the worker's load reports; a draining worker gets no new requests.
     pub draining: AtomicBool,
     /// Whether it answers, whatever its lease says ([`crate::health`]).
@@ -113,6 +113,8 @@ pub struct WorkerPool {
     pub transport: Arc<dyn WorkerTransport>,
     /// A worker whose load reports stop for this long is unresponsive ([`crate::health`]).
     pub(crate) unresponsive_after: Duration,
+    /// How channels to workers are opened (plain or mTLS, with the gateway's credential).
+    dialer: Dialer,
 }
 
 impl WorkerPool {
@@ -142,6 +144,7 @@ impl WorkerPool {
             recorder: Arc::new(Recorder::new(epoch)),
             transport: Arc::new(GrpcTransport),
             unresponsive_after: default_unresponsive_after(load_interval_ms),
+            dialer: Dialer::open(Identity::new("default", PeerRole::Gateway)),
         })
     }
 
@@ -168,6 +171,12 @@ impl WorkerPool {
             None => refused.remove(id),
         };
         self.metrics.audit.workers_refused.set(refused.len() as i64);
+    }
+
+    /// The same pool, dialing workers with `dialer`.
+    pub fn with_dialer(mut self, dialer: Dialer) -> Self {
+        self.dialer = dialer;
+        self
     }
 
     /// The same pool, calling a worker unresponsive after `after` without a load report.
@@ -325,13 +334,14 @@ impl WorkerPool {
             }
         };
         self.set_refused(&info.id, None);
-        let channel = match Endpoint::from_shared(format!("http://{}", info.address)) {
-            Ok(endpoint) => endpoint
-                .connect_timeout(Duration::from_secs(2))
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(5))
-                .keep_alive_timeout(Duration::from_secs(5))
-                .connect_lazy(),
+        let channel = match self.dialer.endpoint(&info.address) {
+            Ok(endpoint) => self.dialer.lazy(
+                endpoint
+                    .connect_timeout(Duration::from_secs(2))
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(5))
+                    .keep_alive_timeout(Duration::from_secs(5)),
+            ),
             Err(err) => {
                 tracing::warn!(worker = %info.id, address = %info.address, error = %err, "invalid worker address; ignoring the worker");
                 return;

@@ -79,8 +79,13 @@ pub struct PlannerConfig {
     pub admin_listen: Option<SocketAddr>,
     /// Bearer token the admin API requires; none leaves it open (bind to loopback then).
     pub admin_token: Option<String>,
+    /// Bearer token sent when reading the gateways' `/metrics` (their `[access] metrics_token`).
+    pub gateway_metrics_token: Option<String>,
     pub connector: ConnectorKind,
     pub kubernetes: KubernetesConfig,
+    /// How the planner proves itself to workers (mTLS or the cluster secret); empty: an open
+    /// cluster. See `docs/security.md`.
+    pub security: switchyard_security::SecurityConfig,
 }
 
 impl Default for PlannerConfig {
@@ -108,8 +113,10 @@ impl Default for PlannerConfig {
             decision_log_size: 100,
             admin_listen: None,
             admin_token: None,
+            gateway_metrics_token: None,
             connector: ConnectorKind::Local,
             kubernetes: KubernetesConfig::default(),
+            security: switchyard_security::SecurityConfig::default(),
         }
     }
 }
@@ -123,6 +130,17 @@ impl PlannerConfig {
     /// embedded in `switchyard up` it is handed a registry.
     pub fn validate(&self, needs_etcd: bool) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
+        self.security
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if let Some(addr) = self.admin_listen
+            && self.admin_token.is_none()
+            && !addr.ip().is_loopback()
+        {
+            return invalid(format!(
+                "the admin API on {addr} needs an admin_token (--admin-token or SWITCHYARD_ADMIN_TOKEN) beyond loopback"
+            ));
+        }
         let positive = |v: f64| v.is_finite() && v > 0.0;
         if needs_etcd && self.etcd_endpoints.is_empty() {
             return invalid("the planner needs --etcd to find the workers".into());
@@ -277,6 +295,9 @@ pub struct PlannerArgs {
     /// Kubernetes API server URL (default: in-cluster or kubeconfig).
     #[arg(long, env = "SWITCHYARD_KUBE_API_URL")]
     pub kube_api_url: Option<String>,
+    /// Bearer token for the gateways' /metrics (their --metrics-token).
+    #[arg(long, env = "SWITCHYARD_GATEWAY_METRICS_TOKEN")]
+    pub gateway_metrics_token: Option<String>,
 }
 
 impl PlannerArgs {
@@ -314,6 +335,10 @@ impl PlannerArgs {
         }
         if let Some(url) = &self.kube_api_url {
             c.kubernetes.api_url = Some(url.clone());
+        }
+        if self.gateway_metrics_token.is_some() {
+            c.gateway_metrics_token
+                .clone_from(&self.gateway_metrics_token);
         }
         Ok(c)
     }

@@ -94,13 +94,17 @@ pub async fn build_connector(
     config: &PlannerConfig,
     registry: Arc<dyn Registry>,
     board: observe::WorkerBoard,
+    dialer: switchyard_security::Dialer,
 ) -> Result<Arc<dyn Connector>, PlannerError> {
     match config.connector {
-        ConnectorKind::Local => Ok(Arc::new(connector::local::LocalConnector::new(
-            registry,
-            board,
-            Duration::from_secs(config.drain_timeout_secs),
-        ))),
+        ConnectorKind::Local => Ok(Arc::new(
+            connector::local::LocalConnector::new(
+                registry,
+                board,
+                Duration::from_secs(config.drain_timeout_secs),
+            )
+            .with_dialer(dialer),
+        )),
         ConnectorKind::Kubernetes => {
             let k = &config.kubernetes;
             let settings = connector::kubernetes::KubernetesSettings {
@@ -126,8 +130,19 @@ pub async fn build(
     registry: Arc<dyn Registry>,
 ) -> Result<Planner, PlannerError> {
     let profile = load_profile(config)?;
+    let dialer = config
+        .security
+        .build(&config.cluster, switchyard_security::PeerRole::Planner)
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?
+        .dialer;
     let board: observe::WorkerBoard = Arc::new(Mutex::new(BTreeMap::new()));
-    let connector = build_connector(config, Arc::clone(&registry), Arc::clone(&board)).await?;
+    let connector = build_connector(
+        config,
+        Arc::clone(&registry),
+        Arc::clone(&board),
+        dialer.clone(),
+    )
+    .await?;
     let predictor = Predictor::new(config.predictor, &config.predictor_settings);
     let state = Arc::new(PlannerState::new(PlanSettings {
         connector: connector.name(),
@@ -143,7 +158,9 @@ pub async fn build(
     Ok(Planner::new(
         state,
         Arc::new(PlannerMetrics::new()),
-        observe::Observer::new(config.gateways.clone(), Arc::clone(&registry), board),
+        observe::Observer::new(config.gateways.clone(), Arc::clone(&registry), board)
+            .with_dialer(dialer)
+            .with_metrics_token(config.gateway_metrics_token.clone()),
         predictor,
         stability::Stabilizer::new(config.stability()),
         connector,

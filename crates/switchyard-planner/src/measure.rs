@@ -15,8 +15,8 @@
 use futures::StreamExt;
 use switchyard_core::rng::SplitMix64;
 use switchyard_proto::v1;
+use switchyard_security::AuthChannel;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use crate::observe::worker_endpoint;
 use crate::profile::{DecodePoint, PerformanceProfile, PrefillPoint};
@@ -29,7 +29,7 @@ pub enum MeasureError {
     #[error("cannot connect to worker {address}: {source}")]
     Connect {
         address: String,
-        source: tonic::transport::Error,
+        source: switchyard_security::SecurityError,
     },
     #[error("worker refused a measurement request: {0}")]
     Refused(String),
@@ -38,13 +38,16 @@ pub enum MeasureError {
 }
 
 /// The shapes to measure.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct MeasureSettings {
     pub prefill_lengths: Vec<u64>,
     pub decode_contexts: Vec<u64>,
     pub decode_concurrency: Vec<u64>,
     pub decode_tokens: u32,
     pub repeats: u32,
+    /// How the worker is dialed: measuring sends `Generate`, which a secured worker takes from
+    /// gateways only, so this carries a gateway's credential there.
+    pub dialer: switchyard_security::Dialer,
 }
 
 impl Default for MeasureSettings {
@@ -55,6 +58,10 @@ impl Default for MeasureSettings {
             decode_concurrency: vec![1, 8, 32, 64],
             decode_tokens: 64,
             repeats: 3,
+            dialer: switchyard_security::Dialer::open(switchyard_security::Identity::new(
+                "default",
+                switchyard_security::PeerRole::Gateway,
+            )),
         }
     }
 }
@@ -78,7 +85,7 @@ impl Prompts {
 
 /// Token arrival times of one generation.
 async fn generate(
-    channel: Channel,
+    channel: AuthChannel,
     prompt: Vec<u32>,
     max_tokens: u32,
     id: String,
@@ -113,10 +120,11 @@ pub async fn measure(
     settings: &MeasureSettings,
     mut progress: impl FnMut(&str),
 ) -> Result<PerformanceProfile, MeasureError> {
-    let endpoint =
-        worker_endpoint(address).ok_or_else(|| MeasureError::Address(address.to_owned()))?;
-    let channel = endpoint
-        .connect()
+    let dialer = &settings.dialer;
+    let endpoint = worker_endpoint(dialer, address)
+        .ok_or_else(|| MeasureError::Address(address.to_owned()))?;
+    let channel = dialer
+        .connect(endpoint)
         .await
         .map_err(|source| MeasureError::Connect {
             address: address.to_owned(),

@@ -10,8 +10,8 @@ use serde::Serialize;
 use switchyard_core::{LoadStats, Role, WorkerId, WorkerInfo};
 use switchyard_proto::v1;
 use switchyard_registry::Registry;
+use switchyard_security::{AuthChannel, Dialer};
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::predict::Load;
 use crate::promtext::Scrape;
@@ -81,8 +81,11 @@ pub struct Observer {
     http: reqwest::Client,
     registry: Arc<dyn Registry>,
     board: WorkerBoard,
-    channels: BTreeMap<String, Channel>,
+    channels: BTreeMap<String, AuthChannel>,
     last: Option<(Instant, BTreeMap<String, Scrape>)>,
+    dialer: Dialer,
+    /// Sent as a bearer token to the gateways' `/metrics`.
+    metrics_token: Option<String>,
 }
 
 impl Observer {
@@ -100,7 +103,21 @@ impl Observer {
             board,
             channels: BTreeMap::new(),
             last: None,
+            dialer: open_dialer(),
+            metrics_token: None,
         }
+    }
+
+    /// The same observer, reading gateways' `/metrics` with `token`.
+    pub fn with_metrics_token(mut self, token: Option<String>) -> Self {
+        self.metrics_token = token;
+        self
+    }
+
+    /// The same observer, dialing workers with `dialer`.
+    pub fn with_dialer(mut self, dialer: Dialer) -> Self {
+        self.dialer = dialer;
+        self
     }
 
     pub fn set_gateways(&mut self, gateways: Vec<String>) {
@@ -149,8 +166,12 @@ impl Observer {
     async fn scrape_gateways(&self) -> BTreeMap<String, Scrape> {
         let fetches = self.gateways.iter().map(|url| async move {
             let text = async {
-                self.http
-                    .get(format!("{url}/metrics"))
+                let request = self.http.get(format!("{url}/metrics"));
+                let request = match &self.metrics_token {
+                    Some(token) => request.bearer_auth(token),
+                    None => request,
+                };
+                request
                     .send()
                     .await?
                     .error_for_status()?
@@ -231,19 +252,27 @@ impl Observer {
         figures
     }
 
-    fn channel(&mut self, address: &str) -> Option<Channel> {
+    fn channel(&mut self, address: &str) -> Option<AuthChannel> {
         if let Some(channel) = self.channels.get(address) {
             return Some(channel.clone());
         }
-        let channel = worker_endpoint(address)?.connect_lazy();
+        let channel = self.dialer.lazy(worker_endpoint(&self.dialer, address)?);
         self.channels.insert(address.to_owned(), channel.clone());
         Some(channel)
     }
 }
 
+/// A dialer of an open cluster (the planner's default until it is given its own).
+pub fn open_dialer() -> Dialer {
+    Dialer::open(switchyard_security::Identity::new(
+        "default",
+        switchyard_security::PeerRole::Planner,
+    ))
+}
+
 /// The gRPC endpoint of a worker address (`host:port`).
-pub fn worker_endpoint(address: &str) -> Option<Endpoint> {
-    match Endpoint::from_shared(format!("http://{address}")) {
+pub fn worker_endpoint(dialer: &Dialer, address: &str) -> Option<tonic::transport::Endpoint> {
+    match dialer.endpoint(address) {
         Ok(endpoint) => Some(endpoint.connect_timeout(PROBE_TIMEOUT).tcp_nodelay(true)),
         Err(err) => {
             tracing::warn!(address, error = %err, "worker address is not a valid endpoint");
@@ -253,7 +282,7 @@ pub fn worker_endpoint(address: &str) -> Option<Endpoint> {
 }
 
 /// The first report of a worker's load stream, with the role and drain state it carries.
-async fn one_report(channel: Channel) -> Option<(LoadStats, Role, bool)> {
+async fn one_report(channel: AuthChannel) -> Option<(LoadStats, Role, bool)> {
     let mut client = v1::worker_client::WorkerClient::new(channel);
     let fetch = async {
         let mut stream = client

@@ -39,6 +39,7 @@ async fn a_measured_profile_is_valid_and_ordered_like_the_timing_model() {
         decode_concurrency: vec![1, 32],
         decode_tokens: 16,
         repeats: 1,
+        ..MeasureSettings::default()
     };
     let mut lines = Vec::new();
     let profile = measure(&addr.to_string(), &settings, |l| lines.push(l.to_owned()))

@@ -62,6 +62,8 @@ pub enum RegistryError {
     LeaseLost(WorkerId),
     #[error("malformed value under {key}: {reason}")]
     Malformed { key: String, reason: String },
+    #[error("worker entry {key} carries no valid proof of who wrote it; ignored")]
+    Unverified { key: String },
     #[error("cannot encode the value for {key}")]
     Encode {
         key: String,
@@ -110,6 +112,7 @@ impl RegistryError {
             | Self::InvalidTtl(_)
             | Self::IdChanged { .. }
             | Self::Malformed { .. }
+            | Self::Unverified { .. }
             | Self::Encode { .. } => false,
         }
     }
@@ -121,7 +124,7 @@ impl RegistryError {
             | Self::Timeout { .. }
             | Self::LeaseLost(_)
             | Self::LeaseNotFound { .. } => Fault::Backend,
-            Self::Malformed { .. } => Fault::Data,
+            Self::Malformed { .. } | Self::Unverified { .. } => Fault::Data,
             Self::BlockSizeMismatch { .. }
             | Self::AlreadyRegistered(_)
             | Self::InvalidWorkerInfo(_)

@@ -18,6 +18,7 @@ pub use watch::RESYNC_REMOVAL_GRACE;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,6 +30,7 @@ use switchyard_core::{Role, WorkerId, WorkerInfo};
 use tokio::sync::mpsc;
 
 use crate::keys::Keys;
+use crate::proof::{EntryProof, Unverified};
 use crate::{
     OwnedTask, Registration, Registry, RegistryError, WorkerWatch, check_admission, check_ttl,
 };
@@ -54,17 +56,93 @@ impl std::fmt::Debug for EtcdRegistry {
     }
 }
 
+/// How to authenticate to etcd: its own users, and TLS (the server checked against a CA, and a
+/// client certificate when etcd asks for one). Empty: plain text, no user.
+#[derive(Clone, Default)]
+pub struct EtcdAuth {
+    /// User name and password (etcd's `auth enable`).
+    pub user: Option<(String, String)>,
+    /// CA (PEM) of etcd's server certificate; turns TLS on (endpoints become `https://`).
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate chain and key (PEM).
+    pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// Signs this process's worker entries and ignores others' without a valid proof.
+    pub proof: Option<Arc<dyn EntryProof>>,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .field("tls", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity_pem.is_some())
+            .field("proof", &self.proof.is_some())
+            .finish()
+    }
+}
+
+impl EtcdAuth {
+    fn options(&self) -> ConnectOptions {
+        let mut options = ConnectOptions::new();
+        if let Some((name, password)) = &self.user {
+            options = options.with_user(name.clone(), password.clone());
+        }
+        if let Some(ca) = &self.ca_pem {
+            let mut tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(ca));
+            if let Some((cert, key)) = &self.identity_pem {
+                tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(tls);
+        }
+        options
+    }
+
+    /// `endpoints` with the scheme TLS asks for (`host:port` and `http://` become `https://`).
+    fn endpoints(&self, endpoints: &[String]) -> Vec<String> {
+        if self.ca_pem.is_none() {
+            return endpoints.to_vec();
+        }
+        endpoints
+            .iter()
+            .map(|e| {
+                let bare = e
+                    .strip_prefix("http://")
+                    .or_else(|| e.strip_prefix("https://"))
+                    .unwrap_or(e);
+                format!("https://{bare}")
+            })
+            .collect()
+    }
+}
+
 impl EtcdRegistry {
+    /// How many entries this registry ignored for want of a valid proof.
+    pub fn unverified(&self) -> Unverified {
+        self.conn.unverified.clone()
+    }
+
     /// Connects to etcd and checks that it answers, within [`CONNECT_TIMEOUT`].
     pub async fn connect(endpoints: &[String], cluster: &str) -> Result<Self, RegistryError> {
+        Self::connect_with(endpoints, cluster, &EtcdAuth::default()).await
+    }
+
+    /// [`connect`](Self::connect) with etcd's users and TLS.
+    pub async fn connect_with(
+        endpoints: &[String],
+        cluster: &str,
+        auth: &EtcdAuth,
+    ) -> Result<Self, RegistryError> {
         let keys = Keys::new(cluster)?;
-        let options = ConnectOptions::new()
+        let endpoints = auth.endpoints(endpoints);
+        let options = auth
+            .options()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT)
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
         let action = "connect";
         let client =
-            tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(endpoints, Some(options)))
+            tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(&endpoints, Some(options)))
                 .await
                 .map_err(|_| RegistryError::Timeout {
                     action,
@@ -75,6 +153,8 @@ impl EtcdRegistry {
             client,
             keys,
             timeout: REQUEST_TIMEOUT,
+            proof: auth.proof.clone(),
+            unverified: Unverified::default(),
         };
         // The client connects lazily; make sure someone answers before reporting success.
         let mut client = conn.client.clone();
@@ -102,6 +182,9 @@ pub(crate) struct Conn {
     client: Client,
     keys: Keys,
     timeout: Duration,
+    /// Signs this process's entries and checks everyone's, when the cluster has a secret.
+    proof: Option<Arc<dyn EntryProof>>,
+    unverified: Unverified,
 }
 
 impl Conn {
@@ -152,11 +235,11 @@ impl Conn {
         let revision = response.header().map_or(0, |h| h.revision());
         let mut workers = BTreeMap::new();
         for kv in response.kvs() {
-            match parse_worker(&self.keys, kv) {
+            match parse_worker(self, kv) {
                 Ok(info) => {
                     workers.insert(info.id.clone(), info);
                 }
-                Err(error) => tracing::warn!(%error, "skipping malformed worker entry"),
+                Err(error) => tracing::warn!(%error, "skipping worker entry"),
             }
         }
         Ok((workers, revision))
@@ -201,14 +284,14 @@ impl Conn {
 }
 
 /// Reads a `workers/<id>` entry, insisting that the value describes the worker its key names.
-pub(crate) fn parse_worker(keys: &Keys, kv: &KeyValue) -> Result<WorkerInfo, RegistryError> {
-    let id = keys.worker_id_of(kv.key())?;
-    let malformed = |reason: String| RegistryError::Malformed {
-        key: String::from_utf8_lossy(kv.key()).into_owned(),
-        reason,
-    };
-    let info: WorkerInfo = serde_json::from_slice(kv.value())
-        .map_err(|e| malformed(format!("not worker info: {e}")))?;
+/// With a proof, an entry without a valid one is [`RegistryError::Unverified`].
+pub(crate) fn parse_worker(conn: &Conn, kv: &KeyValue) -> Result<WorkerInfo, RegistryError> {
+    let id = conn.keys.worker_id_of(kv.key())?;
+    let key = || String::from_utf8_lossy(kv.key()).into_owned();
+    let malformed = |reason: String| RegistryError::Malformed { key: key(), reason };
+    let info = crate::proof::decode(kv.value(), conn.proof.as_deref(), &conn.unverified)
+        .map_err(|e| malformed(format!("not worker info: {e}")))?
+        .ok_or_else(|| RegistryError::Unverified { key: key() })?;
     if info.id != id {
         return Err(malformed(format!("value names worker {}", info.id)));
     }
@@ -216,9 +299,9 @@ pub(crate) fn parse_worker(keys: &Keys, kv: &KeyValue) -> Result<WorkerInfo, Reg
     Ok(info)
 }
 
-fn encode_worker(keys: &Keys, info: &WorkerInfo) -> Result<Vec<u8>, RegistryError> {
-    serde_json::to_vec(info).map_err(|source| RegistryError::Encode {
-        key: keys.worker(&info.id),
+fn encode_worker(conn: &Conn, info: &WorkerInfo) -> Result<Vec<u8>, RegistryError> {
+    crate::proof::encode(info, conn.proof.as_deref()).map_err(|source| RegistryError::Encode {
+        key: conn.keys.worker(&info.id),
         source,
     })
 }
@@ -241,7 +324,7 @@ impl EtcdRegistry {
         check_ttl(ttl)?;
         let conn = &self.conn;
         let key = conn.keys.worker(&info.id);
-        let value = encode_worker(&conn.keys, &info)?;
+        let value = encode_worker(conn, &info)?;
         let ttl_secs = ttl_seconds(ttl);
         let mut client = conn.client.clone();
         let lease_id = conn

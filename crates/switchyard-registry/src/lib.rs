@@ -11,6 +11,8 @@
 //!   and the reconnect/re-register logic that survives etcd restarts.
 //! - [`memory`] is the single-process backend ([`MemoryRegistry`]) for `switchyard up` and tests;
 //!   its leases run on tokio time, so tests can pause and advance the clock.
+//! - [`proof`] signs and checks entries ([`EntryProof`]), so a worker written into etcd by
+//!   someone else is ignored.
 //! - [`error`] is the one error type, with whose fault it is and whether to retry.
 //! - [`retry`] waits for an unavailable backend with backoff ([`retry::until_available`]), so
 //!   a role started while etcd is down waits for it instead of exiting.
@@ -31,11 +33,13 @@ pub mod error;
 pub mod etcd;
 pub mod keys;
 pub mod memory;
+pub mod proof;
 pub mod retry;
 
 pub use error::{Fault, RegistryError};
-pub use etcd::EtcdRegistry;
+pub use etcd::{EtcdAuth, EtcdRegistry};
 pub use memory::MemoryRegistry;
+pub use proof::{EntryProof, Unverified};
 
 /// The registry capability: worker membership under leases, desired roles, and the plan.
 #[async_trait]

@@ -4,6 +4,7 @@
 //! - [`EtcdServer`] runs a real, single-member etcd on free loopback ports with a throwaway data
 //!   directory, and can stop and restart it on the same ports and data so tests can simulate
 //!   "etcd was briefly down".
+//! - [`certs::TestCa`] makes a throwaway CA and member certificates for TLS and mTLS tests.
 //!
 //! Everything here is synchronous (`std::process`, `std::net`), so it works from plain tests and
 //! from any async runtime alike (starting etcd blocks the calling thread for about a second).
@@ -16,6 +17,8 @@
 
 // Tests may unwrap: a failure there is the test failing.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod certs;
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -94,6 +97,18 @@ pub struct EtcdServer {
     client_port: u16,
     peer_port: u16,
     child: Option<Child>,
+    /// Client TLS (server certificate, key, and the CA client certificates must chain to).
+    tls: Option<EtcdTls>,
+    /// Where `/health` is asked when the client port speaks TLS.
+    metrics_port: u16,
+}
+
+/// The files of an etcd whose client port speaks TLS and wants client certificates.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
 }
 
 impl EtcdServer {
@@ -101,6 +116,16 @@ impl EtcdServer {
     ///
     /// Retries with fresh ports when another process grabbed one of them first.
     pub fn start() -> Result<Self, TestkitError> {
+        Self::start_with(None)
+    }
+
+    /// [`start`](Self::start) with the client port on TLS, requiring client certificates
+    /// signed by `tls.ca` (`--client-cert-auth`); the endpoint is then `https://`.
+    pub fn start_tls(tls: EtcdTls) -> Result<Self, TestkitError> {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<EtcdTls>) -> Result<Self, TestkitError> {
         let bin = find_etcd()?;
         let dir = tempfile::Builder::new()
             .prefix("switchyard-etcd-")
@@ -112,6 +137,8 @@ impl EtcdServer {
             client_port: 0,
             peer_port: 0,
             child: None,
+            tls,
+            metrics_port: 0,
         };
         let mut attempt = 0;
         loop {
@@ -121,6 +148,7 @@ impl EtcdServer {
             while server.peer_port == server.client_port {
                 server.peer_port = free_port();
             }
+            server.metrics_port = free_port();
             match server.spawn_and_wait() {
                 Ok(()) => return Ok(server),
                 Err(TestkitError::Unhealthy { log_tail, .. })
@@ -135,9 +163,10 @@ impl EtcdServer {
         }
     }
 
-    /// The client URL, `http://127.0.0.1:<port>`.
+    /// The client URL, `http://127.0.0.1:<port>` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     /// The client port.
@@ -229,7 +258,19 @@ impl EtcdServer {
         let log_err = log
             .try_clone()
             .map_err(io_error("cannot duplicate the etcd log file handle"))?;
-        let child = Command::new(&self.bin)
+        let mut command = Command::new(&self.bin);
+        if let Some(tls) = &self.tls {
+            command
+                .arg(format!("--cert-file={}", tls.cert.display()))
+                .arg(format!("--key-file={}", tls.key.display()))
+                .arg(format!("--trusted-ca-file={}", tls.ca.display()))
+                .arg("--client-cert-auth")
+                .arg(format!(
+                    "--listen-metrics-urls=http://127.0.0.1:{}",
+                    self.metrics_port
+                ));
+        }
+        let child = command
             .arg("--name=default")
             .arg(format!("--data-dir={}", self.data_dir().display()))
             .arg(format!("--listen-client-urls={client_url}"))
@@ -251,7 +292,12 @@ impl EtcdServer {
 
     fn wait_healthy(&mut self) -> Result<(), TestkitError> {
         let started = Instant::now();
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.client_port));
+        let port = if self.tls.is_some() {
+            self.metrics_port
+        } else {
+            self.client_port
+        };
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         while started.elapsed() < ETCD_START_TIMEOUT {
             if !self.is_running() {
                 break;

@@ -15,8 +15,10 @@ use crate::engine::Engine;
 use crate::engine::sim::SimEngine;
 use crate::engine::vllm::VllmEngine;
 use crate::metrics::WorkerMetrics;
-use crate::service::{ServiceLimits, WorkerService};
+use crate::peers::PeerDirectory;
+use crate::service::{Access, ServiceLimits, WorkerService};
 use crate::state::WorkerState;
+use switchyard_security::{Dialer, PeerRole};
 
 /// HTTP/2 keep-alive ping interval and timeout of the worker's gRPC server.
 const WORKER_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -33,6 +35,7 @@ async fn register_or_take_over(
     registry: &dyn Registry,
     info: WorkerInfo,
     ttl: std::time::Duration,
+    dialer: &Dialer,
 ) -> Result<Registration, RegistryError> {
     match registry.register(info.clone(), ttl).await {
         Err(RegistryError::AlreadyRegistered(id)) => {
@@ -45,7 +48,7 @@ async fn register_or_take_over(
                 // Its lease ran out meanwhile: the id is free.
                 return registry.register(info, ttl).await;
             };
-            if answers_as(&stale).await {
+            if answers_as(&stale, dialer).await {
                 return Err(RegistryError::AlreadyRegistered(id));
             }
             tracing::warn!(
@@ -62,18 +65,17 @@ async fn register_or_take_over(
 
 /// Whether a worker answers at `registered.address` as `registered` (same id, same
 /// incarnation). A new process at the same address answers with its own incarnation.
-async fn answers_as(registered: &WorkerInfo) -> bool {
+async fn answers_as(registered: &WorkerInfo, dialer: &Dialer) -> bool {
     use switchyard_proto::v1::InfoRequest;
     use switchyard_proto::v1::worker_client::WorkerClient;
-    let url = format!("http://{}", registered.address);
-    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(url) else {
+    let Ok(endpoint) = dialer.endpoint(&registered.address) else {
         return false;
     };
     let endpoint = endpoint
         .connect_timeout(PROBE_TIMEOUT)
         .timeout(PROBE_TIMEOUT);
     let probe = async {
-        let channel = endpoint.connect().await.ok()?;
+        let channel = dialer.connect(endpoint).await.ok()?;
         let reply = WorkerClient::new(channel)
             .info(InfoRequest {})
             .await
@@ -104,6 +106,8 @@ pub enum AgentError {
     Register(#[from] RegistryError),
     #[error("grpc server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error("security: {0}")]
+    Security(#[from] switchyard_security::SecurityError),
 }
 
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), AgentError> {
@@ -143,6 +147,8 @@ pub async fn run(
     shutdown: CancellationToken,
     on_ready: impl FnOnce(&RunningWorker),
 ) -> Result<(), AgentError> {
+    // Certificates and the secret are read first: a bad file fails before anything listens.
+    let security = config.security.build(&config.cluster, PeerRole::Worker)?;
     let (listener, local_addr) = bind(config.listen).await?;
     // Bound before the engine starts, so a port already taken fails at once.
     let metrics_listener = match config.metrics_listen {
@@ -224,6 +230,23 @@ pub async fn run(
             metrics_stop.clone(),
         ))
     });
+    // The cluster's workers, so a Generate's KV source can be checked; followed until the end.
+    let peers_stop = CancellationToken::new();
+    let (peers, peers_task) = match &registry {
+        Some(registry) => {
+            let (peers, task) = PeerDirectory::follow(Arc::clone(registry), peers_stop.clone());
+            (Some(peers), Some(task))
+        }
+        None => (None, None),
+    };
+    if security.authorizer.is_open() {
+        if !local_addr.ip().is_loopback() {
+            tracing::warn!(worker = %id, address = %local_addr, "the worker's gRPC port is open to anyone who reaches it: set a cluster secret or mTLS (see docs/security.md)");
+        }
+    } else {
+        tracing::info!(worker = %id, mtls = security.server_tls.is_some(), "gRPC calls are authenticated");
+    }
+    let dialer = security.dialer.clone();
     let service = WorkerService::new(
         info.clone(),
         Arc::clone(&engine),
@@ -233,6 +256,7 @@ pub async fn run(
             kv_pull_timeout: std::time::Duration::from_millis(config.kv_pull_timeout_ms),
             ..ServiceLimits::default()
         },
+        Access::new(security.authorizer.clone(), security.dialer.clone(), peers),
     );
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -240,9 +264,9 @@ pub async fn run(
         .await;
 
     let server_stop = CancellationToken::new();
-    let server = tokio::spawn({
+    let server = {
         let stop = server_stop.clone();
-        tonic::transport::Server::builder()
+        let router = tonic::transport::Server::builder()
             // A gateway that stops answering pings is dropped (its streams cancelled) within
             // 20 s; streams per connection are bounded, and resets of not-yet-accepted streams
             // stay at hyper's bound (rapid-reset safe).
@@ -250,14 +274,26 @@ pub async fn run(
             .http2_keepalive_timeout(Some(WORKER_KEEPALIVE))
             .max_concurrent_streams(Some(WORKER_MAX_STREAMS))
             .add_service(health_service)
-            .add_service(service.into_server())
-            .serve_with_incoming_shutdown(
+            .add_service(service.into_server());
+        match &security.server_tls {
+            // Handshakes run beside the accept loop with a deadline; the certificate is re-read
+            // when its files change.
+            Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
+                switchyard_security::incoming::TlsIncoming::new(
+                    listener,
+                    Arc::clone(tls),
+                    stop.clone(),
+                ),
+                stop.cancelled_owned(),
+            )),
+            None => tokio::spawn(router.serve_with_incoming_shutdown(
                 // Tonic sets TCP_NODELAY only on sockets it binds itself: without it a reply
                 // split into small frames waits ~40 ms for the gateway's delayed ACK.
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 stop.cancelled_owned(),
-            )
-    });
+            )),
+        }
+    };
 
     // etcd may be down when the worker starts: it waits for it (saying so) rather than exit.
     // `None` here with a registry means a shutdown came while waiting.
@@ -265,7 +301,7 @@ pub async fn run(
         Some(registry) => {
             let ttl = config.lease_ttl();
             switchyard_registry::retry::until_available("register the worker", &shutdown, || {
-                register_or_take_over(registry.as_ref(), info.clone(), ttl)
+                register_or_take_over(registry.as_ref(), info.clone(), ttl, &dialer)
             })
             .await?
         }
@@ -307,6 +343,10 @@ pub async fn run(
     engine.shutdown();
     server_stop.cancel();
     metrics_stop.cancel();
+    peers_stop.cancel();
+    if let Some(task) = peers_task {
+        let _ = task.await;
+    }
     match server.await {
         Ok(result) => result?,
         Err(join) => tracing::error!(error = %join, "grpc server task failed"),

@@ -17,6 +17,7 @@ pub use crate::engine_config::EngineConfig;
 pub use crate::transfer_config::KvTransferConfig;
 
 pub use switchyard_config::ConfigError;
+use switchyard_security::{SecurityArgs, SecurityConfig};
 
 /// Everything a worker agent needs to run.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -65,6 +66,9 @@ pub struct WorkerConfig {
     /// OpenTelemetry collector (OTLP/gRPC, `http://host:4317`) the worker's traces go to; none
     /// exports nothing.
     pub otlp_endpoint: Option<String>,
+    /// Who may call this worker and how it proves itself to other workers (mTLS or the cluster
+    /// secret); empty: an open cluster (see docs/security.md).
+    pub security: SecurityConfig,
 }
 
 impl Default for WorkerConfig {
@@ -90,6 +94,7 @@ impl Default for WorkerConfig {
             kv_pull_timeout_ms: 30_000,
             engine: EngineConfig::default(),
             otlp_endpoint: None,
+            security: SecurityConfig::default(),
         }
     }
 }
@@ -167,6 +172,9 @@ impl WorkerConfig {
         if self.kv_pull_timeout_ms == 0 {
             return invalid("kv_pull_timeout_ms must be at least 1".into());
         }
+        self.security
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.kv_transfer.staging_bytes == 0 {
             return invalid("kv_transfer.staging_bytes must be at least 1".into());
         }
@@ -294,6 +302,8 @@ pub struct WorkerArgs {
     /// Export traces to this OpenTelemetry collector (OTLP/gRPC), e.g. http://otel-collector:4317.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    #[command(flatten)]
+    pub security: SecurityArgs,
 }
 
 fn parse_engine_kind(s: &str) -> Result<EngineKind, String> {
@@ -381,8 +391,14 @@ impl WorkerArgs {
             // Empty (an `OTEL_EXPORTER_OTLP_ENDPOINT=` left in a manifest) turns traces off.
             config.otlp_endpoint = Some(v.clone()).filter(|v| !v.trim().is_empty());
         }
+        self.security.apply(&mut config.security);
         config.etcd_endpoints.retain(|e| !e.trim().is_empty());
         config.validate()?;
+        // Read the secret and certificates now, so a bad file is a configuration error.
+        config
+            .security
+            .build(&config.cluster, switchyard_security::PeerRole::Worker)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(config)
     }
 }

@@ -22,9 +22,9 @@ use std::time::Duration;
 use futures::{Stream, StreamExt, stream};
 use switchyard_core::{BlockHash, BlockSize, block_hashes};
 use switchyard_proto::v1;
+use switchyard_security::Dialer;
 use switchyard_telemetry::{WORKER_SPANS, record_error};
 use tonic::Status;
-use tonic::transport::Endpoint;
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -52,6 +52,7 @@ pub(crate) async fn generate_from_source(
     source: v1::KvSource,
     pull_timeout: Duration,
     metrics: &Arc<WorkerMetrics>,
+    dialer: &Dialer,
 ) -> Result<ChunkStream, Status> {
     // Engines that move KV themselves take the prefill engine's parameters instead of a pull.
     if !source.engine_transfer_params.is_empty() || moves_kv_itself(engine.spec().kind) {
@@ -96,6 +97,7 @@ pub(crate) async fn generate_from_source(
             &expected,
             &mut import,
             pull_timeout,
+            dialer,
         )
         .await?;
         import.settle().await;
@@ -224,36 +226,37 @@ async fn pull_and_import(
     expected: &[BlockHash],
     import: &mut KvImport,
     pull_timeout: Duration,
+    dialer: &Dialer,
 ) -> Result<PullEnd, PullError> {
-    let unavailable = |what: String| source_failed(format!("pulling kv from {address}: {what}"));
+    // What the caller is told names the source and what failed, never what the source (or
+    // whatever listens at its address) said: that goes to this worker's log only.
+    let unavailable = |what: &str| source_failed(format!("pulling kv from {address}: {what}"));
     let late = || {
         (
             PullFailure::Timeout,
-            unavailable(format!("no answer within {pull_timeout:?}")),
+            unavailable(&format!("no answer within {pull_timeout:?}")),
         )
     };
     let source_error = |s: Status| {
+        tracing::warn!(source = address, code = ?s.code(), message = s.message(), "kv source refused or broke the pull");
         (
             PullFailure::Source,
-            unavailable(format!("{:?}: {}", s.code(), s.message())),
+            unavailable(&format!("the source answered {:?}", s.code())),
         )
     };
-    let url = if address.starts_with("http://") || address.starts_with("https://") {
-        address.to_owned()
-    } else {
-        format!("http://{address}")
-    };
-    let channel = Endpoint::from_shared(url)
-        .map_err(|e| {
+    let endpoint = dialer
+        .endpoint(address)
+        .map_err(|_| {
             (
                 PullFailure::Connect,
-                Status::invalid_argument(format!("kv_source.address {address:?}: {e}")),
+                Status::invalid_argument("kv_source.address is not host:port"),
             )
         })?
-        .connect_timeout(pull_timeout.min(Duration::from_secs(2)))
-        .connect()
-        .await
-        .map_err(|e| (PullFailure::Connect, unavailable(e.to_string())))?;
+        .connect_timeout(pull_timeout.min(Duration::from_secs(2)));
+    let channel = dialer.connect(endpoint).await.map_err(|e| {
+        tracing::warn!(source = address, error = %e, "cannot connect to the kv source");
+        (PullFailure::Connect, unavailable("cannot connect"))
+    })?;
     let mut client =
         v1::worker_client::WorkerClient::new(channel).max_decoding_message_size(256 * 1024 * 1024);
     let mut request = tonic::Request::new(v1::PullKvRequest {
@@ -279,7 +282,7 @@ async fn pull_and_import(
             Ok(None) => {
                 return Err((
                     PullFailure::Truncated,
-                    unavailable("stream ended before the last chunk".into()),
+                    unavailable("stream ended before the last chunk"),
                 ));
             }
             Ok(Some(Err(s))) => return Err(source_error(s)),

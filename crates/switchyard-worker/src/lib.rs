@@ -9,7 +9,8 @@
 //! flag/environment layer (the engine's part in `engine_config`); [`state`] the role, drain flag and in-flight count shared by all;
 //! [`metrics`] the Prometheus metrics and their `/metrics` listener. A decode worker pulls a
 //! disaggregated prompt's KV in `kv_source`, planned against the layout the prefill worker
-//! announces (`kv_layout`).
+//! announces (`kv_layout`), only from a live worker of its cluster (`peers`); who may make which
+//! call is `service::access`.
 
 pub mod agent;
 pub mod config;
@@ -20,6 +21,7 @@ pub mod event_log;
 mod kv_layout;
 mod kv_source;
 pub mod metrics;
+pub mod peers;
 pub mod service;
 pub mod state;
 mod transfer_config;

@@ -24,7 +24,11 @@ use crate::event_log::SubscriptionStart;
 use crate::kv_source::{ChunkStream, generate_from_source};
 use crate::metrics::{RequestKind, RequestRecord, WorkerMetrics};
 
+pub mod access;
 mod streams;
+
+pub use access::Access;
+use access::Call;
 
 use crate::state::{InFlightGuard, WorkerState};
 use streams::{
@@ -68,6 +72,7 @@ pub struct WorkerService {
     state: WorkerState,
     metrics: Arc<WorkerMetrics>,
     limits: ServiceLimits,
+    access: Access,
 }
 
 impl WorkerService {
@@ -77,6 +82,7 @@ impl WorkerService {
         state: WorkerState,
         metrics: Arc<WorkerMetrics>,
         limits: ServiceLimits,
+        access: Access,
     ) -> Self {
         Self {
             info,
@@ -84,6 +90,7 @@ impl WorkerService {
             state,
             metrics,
             limits,
+            access,
         }
     }
 
@@ -172,12 +179,16 @@ impl WorkerService {
                 ));
             }
             Some(source) => {
+                if !source.address.is_empty() {
+                    self.access.check_kv_source(&source.address).await?;
+                }
                 generate_from_source(
                     &*self.engine,
                     params,
                     source,
                     self.limits.kv_pull_timeout,
                     &self.metrics,
+                    &self.access.dialer,
                 )
                 .await?
             }
@@ -321,7 +332,11 @@ fn unix_ms(t: SystemTime) -> u64 {
 
 #[tonic::async_trait]
 impl v1::worker_server::Worker for WorkerService {
-    async fn info(&self, _: Request<v1::InfoRequest>) -> Result<Response<v1::WorkerInfo>, Status> {
+    async fn info(
+        &self,
+        request: Request<v1::InfoRequest>,
+    ) -> Result<Response<v1::WorkerInfo>, Status> {
+        self.access.check(&request, Call::Info)?;
         let mut info = self.info.clone();
         info.role = self.state.role();
         Ok(Response::new(worker_info_to_wire(
@@ -351,6 +366,10 @@ impl v1::worker_server::Worker for WorkerService {
         extract_parent(&span, request.metadata());
         // Arrival: the time to first token counts from here.
         let record = self.metrics.request(RequestKind::Generate);
+        if let Err(status) = self.access.check(&request, Call::Generate) {
+            record.finish(status.code());
+            return Err(status);
+        }
         let started = self
             .start_generate(request.into_inner(), span.clone(), record)
             .instrument(span.clone())
@@ -376,6 +395,10 @@ impl v1::worker_server::Worker for WorkerService {
         );
         extract_parent(&span, request.metadata());
         let record = self.metrics.request(RequestKind::Prefill);
+        if let Err(status) = self.access.check(&request, Call::Prefill) {
+            record.finish(status.code());
+            return Err(status);
+        }
         let answer = self
             .run_prefill(request.into_inner())
             .instrument(span.clone())
@@ -424,6 +447,12 @@ impl v1::worker_server::Worker for WorkerService {
             bytes = Empty,
         );
         extract_parent(&span, request.metadata());
+        if let Err(status) = self.access.check(&request, Call::PullKv) {
+            self.metrics
+                .request(RequestKind::Pull)
+                .finish(status.code());
+            return Err(status);
+        }
         let started = self
             .start_pull(request.into_inner(), span.clone())
             .instrument(span.clone())
@@ -440,6 +469,7 @@ impl v1::worker_server::Worker for WorkerService {
         &self,
         request: Request<v1::KvEventsRequest>,
     ) -> Result<Response<Self::KvEventsStream>, Status> {
+        self.access.check(&request, Call::KvEvents)?;
         let req = request.into_inner();
         let log = Arc::clone(self.engine.events());
         let subscription = log.subscribe(req.from_seq, req.incarnation);
@@ -481,6 +511,7 @@ impl v1::worker_server::Worker for WorkerService {
         &self,
         request: Request<v1::LoadStatsRequest>,
     ) -> Result<Response<Self::LoadStatsStream>, Status> {
+        self.access.check(&request, Call::LoadStats)?;
         let interval = match request.into_inner().interval_ms {
             0 => self.limits.default_load_interval,
             ms => Duration::from_millis(u64::from(ms).max(10)),
@@ -509,6 +540,7 @@ impl v1::worker_server::Worker for WorkerService {
         &self,
         request: Request<v1::ControlRequest>,
     ) -> Result<Response<v1::ControlResponse>, Status> {
+        self.access.check(&request, Call::Control)?;
         let command = request
             .into_inner()
             .command

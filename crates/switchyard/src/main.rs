@@ -77,6 +77,7 @@ impl GatewayCommand {
         if let Some(cluster) = &self.cluster {
             config.cluster = cluster.clone();
         }
+        config.check_security_files()?;
         Ok(config)
     }
 }
@@ -242,11 +243,13 @@ async fn wait_for_signal() {
 pub(crate) async fn connect_etcd(
     endpoints: &[String],
     cluster: &str,
+    security: &switchyard_security::SecurityConfig,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<EtcdRegistry>> {
+    let auth = security.etcd_auth()?;
     let what = format!("connect to etcd at {}", endpoints.join(","));
     switchyard_registry::retry::until_available(&what, shutdown, || {
-        EtcdRegistry::connect(endpoints, cluster)
+        EtcdRegistry::connect_with(endpoints, cluster, &auth)
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot use etcd at {}: {e}", endpoints.join(",")))
@@ -257,7 +260,14 @@ async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
     let registry: Option<Arc<dyn Registry>> = if config.etcd_endpoints.is_empty() {
         None
     } else {
-        match connect_etcd(&config.etcd_endpoints, &config.cluster, &shutdown).await? {
+        match connect_etcd(
+            &config.etcd_endpoints,
+            &config.cluster,
+            &config.security,
+            &shutdown,
+        )
+        .await?
+        {
             Some(registry) => Some(Arc::new(registry)),
             None => return Ok(()),
         }
@@ -283,11 +293,28 @@ async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
 
 async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signal();
-    let Some(registry) = connect_etcd(&config.etcd_endpoints, &config.cluster, &shutdown).await?
+    let Some(registry) = connect_etcd(
+        &config.etcd_endpoints,
+        &config.cluster,
+        &config.security,
+        &shutdown,
+    )
+    .await?
     else {
         return Ok(());
     };
-    switchyard_gateway::run(config, Arc::new(registry), shutdown, |addr| {
+    // Worker entries without a valid proof are ignored by the registry client; say how many.
+    let unverified = registry.unverified();
+    let extensions = switchyard_gateway::Extensions {
+        metrics: vec![Arc::new(move || {
+            format!(
+                "# HELP switchyard_registry_unverified_entries Worker entries ignored for want of a valid proof of who wrote them.\n# TYPE switchyard_registry_unverified_entries counter\nswitchyard_registry_unverified_entries_total {}\n# EOF\n",
+                unverified.count()
+            )
+        })],
+        ..Default::default()
+    };
+    switchyard_gateway::run_with(config, Arc::new(registry), shutdown, extensions, |addr| {
         let ready = serde_json::json!({
             "event": "ready",
             "url": format!("http://{addr}/v1"),

@@ -39,12 +39,15 @@ pub struct PlannerCommand {
     sim_speedup: Option<f64>,
     #[command(flatten)]
     planner: PlannerArgs,
+    /// The planner's credentials toward the workers (`[security]`).
+    #[command(flatten)]
+    security: switchyard_security::SecurityArgs,
 }
 
 #[derive(Debug, clap::Subcommand)]
 enum PlannerAction {
     /// Measure a worker's performance profile over gRPC Generate and write it as JSON.
-    Profile(ProfileArgs),
+    Profile(Box<ProfileArgs>),
     /// Offline benchmark in virtual time: TTFT/ITL target attainment of the planner and of
     /// every fixed split over a decode-heavy then prefill-heavy workload.
     Bench(BenchArgs),
@@ -75,6 +78,12 @@ struct ProfileArgs {
     /// The worker's gRPC address, host:port. Measure an idle worker.
     #[arg(long)]
     worker: String,
+    /// The worker's cluster (its credentials are a gateway's of this cluster).
+    #[arg(long, env = "SWITCHYARD_CLUSTER", default_value = "default")]
+    cluster: String,
+    /// The cluster secret or a gateway certificate, for a secured worker.
+    #[command(flatten)]
+    security: switchyard_security::SecurityArgs,
     /// Where to write the profile.
     #[arg(long)]
     out: PathBuf,
@@ -119,14 +128,20 @@ impl PlannerCommand {
         if let Some(speedup) = self.sim_speedup {
             config.sim_speedup = speedup;
         }
+        self.security.apply(&mut config.security);
         config.validate(true)?;
+        // Read the secret and certificates now, so a bad file is a configuration error.
+        config
+            .security
+            .build(&config.cluster, switchyard_security::PeerRole::Planner)
+            .map_err(|e| switchyard_planner::ConfigError::Invalid(e.to_string()))?;
         Ok(config)
     }
 }
 
 pub fn run(command: PlannerCommand) -> ExitCode {
     match command.action {
-        Some(PlannerAction::Profile(args)) => return profile(args),
+        Some(PlannerAction::Profile(args)) => return profile(*args),
         Some(PlannerAction::Bench(args)) => return bench(args),
         None => {}
     }
@@ -165,12 +180,17 @@ enum Failure {
 
 async fn serve(config: PlannerConfig) -> Result<(), Failure> {
     let shutdown = shutdown_on_signal();
-    let connected = crate::connect_etcd(&config.etcd_endpoints, &config.cluster, &shutdown)
-        .await
-        .map_err(|e| Failure::Etcd {
-            endpoints: config.etcd_endpoints.join(","),
-            message: format!("{e:#}"),
-        })?;
+    let connected = crate::connect_etcd(
+        &config.etcd_endpoints,
+        &config.cluster,
+        &config.security,
+        &shutdown,
+    )
+    .await
+    .map_err(|e| Failure::Etcd {
+        endpoints: config.etcd_endpoints.join(","),
+        message: format!("{e:#}"),
+    })?;
     let Some(registry) = connected else {
         return Ok(());
     };
@@ -213,12 +233,22 @@ async fn serve(config: PlannerConfig) -> Result<(), Failure> {
 }
 
 fn profile(args: ProfileArgs) -> ExitCode {
+    let mut security = switchyard_security::SecurityConfig::default();
+    args.security.apply(&mut security);
+    let dialer = match security.build(&args.cluster, switchyard_security::PeerRole::Gateway) {
+        Ok(built) => built.dialer,
+        Err(err) => {
+            eprintln!("switchyard planner profile: {err}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let settings = MeasureSettings {
         prefill_lengths: args.prefill_lengths,
         decode_contexts: args.contexts,
         decode_concurrency: args.concurrency,
         decode_tokens: args.decode_tokens,
         repeats: args.repeats,
+        dialer,
     };
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;

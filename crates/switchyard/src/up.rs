@@ -87,6 +87,14 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
     if let Some(cluster) = &args.cluster {
         gateway.cluster = cluster.clone();
     }
+    // One process runs every role, so one certificate cannot name them all: the cluster secret
+    // is how `up` secures its workers' ports (reached over loopback anyway by default).
+    if gateway.security.tls_cert.is_some() {
+        return Err(
+            "switchyard up runs every role in one process: secure it with --cluster-secret-file, not certificates".into(),
+        );
+    }
+    gateway.check_security_files().map_err(|e| e.to_string())?;
     let planner = if args.planner {
         let mut config = args
             .planning
@@ -99,6 +107,8 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
         }
         config.sim_speedup = args.speedup;
         config.admin_token = gateway.admin_token.clone();
+        config.security = gateway.security.clone();
+        config.gateway_metrics_token = gateway.access.metrics_token.clone();
         config.validate(false).map_err(|e| e.to_string())?;
         if args.gateway.disaggregation.is_none() {
             gateway.disaggregation = Disaggregation::Auto;
@@ -136,6 +146,7 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
             otlp_endpoint: gateway.otlp_endpoint.clone(),
             // One process, many workers: each gets its own free port for /metrics.
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            security: gateway.security.clone(),
             ..WorkerConfig::default()
         };
         config.sim.block_size = block_size;
@@ -161,7 +172,14 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
     let registry: Arc<dyn Registry> = if gateway.etcd_endpoints.is_empty() {
         Arc::new(MemoryRegistry::new())
     } else {
-        match crate::connect_etcd(&gateway.etcd_endpoints, &gateway.cluster, &shutdown).await? {
+        match crate::connect_etcd(
+            &gateway.etcd_endpoints,
+            &gateway.cluster,
+            &gateway.security,
+            &shutdown,
+        )
+        .await?
+        {
             Some(registry) => Arc::new(registry),
             None => return Ok(()),
         }

@@ -355,9 +355,10 @@ impl From<RecordingError> for ApiError {
     }
 }
 
-/// Where a recording may go: inside `dir` when one is configured (a server-chosen name when
-/// the caller names none), else any absolute path. `..` is refused either way, and the file
-/// itself is created fresh (never overwritten, never through an existing symlink).
+/// Where a recording may go: inside `dir` (a server-chosen name when the caller names none).
+/// Without a `recording_dir` recordings are off, so the admin API cannot write wherever the
+/// gateway's user may. `..` is refused, and the file itself is created fresh (never
+/// overwritten, never through an existing symlink).
 fn recording_path(
     dir: Option<&FsPath>,
     requested: Option<&FsPath>,
@@ -368,30 +369,19 @@ fn recording_path(
     {
         return Err(refused(format!("{} contains `..`", p.display())));
     }
-    let (path, root) = match (dir, requested) {
-        (Some(dir), requested) => {
-            let root = dir.canonicalize().map_err(|e| {
-                refused(format!("recording_dir {} is unusable: {e}", dir.display()))
-            })?;
-            let path = match requested {
-                Some(p) => root.join(p),
-                None => root.join(format!("kv-recording-{}.jsonl", super::unix_now())),
-            };
-            (path, Some(root))
-        }
-        (None, Some(p)) if p.is_absolute() => (p.to_owned(), None),
-        (None, Some(p)) => {
-            return Err(refused(format!(
-                "{} is not absolute (no recording_dir is configured)",
-                p.display()
-            )));
-        }
-        (None, None) => {
-            return Err(refused(
-                "give a `path` (no recording_dir is configured to choose one in)".into(),
-            ));
-        }
+    let Some(dir) = dir else {
+        return Err(refused(
+            "recordings are off: the gateway has no recording_dir (--recording-dir)".into(),
+        ));
     };
+    let root = dir
+        .canonicalize()
+        .map_err(|e| refused(format!("recording_dir {} is unusable: {e}", dir.display())))?;
+    let path = match requested {
+        Some(p) => root.join(p),
+        None => root.join(format!("kv-recording-{}.jsonl", super::unix_now())),
+    };
+    let root = Some(root);
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(refused(format!("{} names no file", path.display())));
     };
@@ -424,6 +414,9 @@ async fn start_recording(
         state.config.recording_dir.as_deref(),
         request.path.as_deref(),
     )?;
+    // The cap holds whatever the request asks: a recording cannot fill the disk.
+    let cap = state.config.recording_max_bytes;
+    let max_bytes = Some(request.max_bytes.map_or(cap, |asked| asked.min(cap)));
     let pool = &state.pool;
     let header = Header {
         format: FORMAT.to_owned(),
@@ -435,11 +428,11 @@ async fn start_recording(
         policy_settings: state.config.policy_settings.clone(),
         workers: pool.workers().iter().map(|w| w.info()).collect(),
         max_records: request.max_records,
-        max_bytes: request.max_bytes,
+        max_bytes,
     };
     let limits = Limits {
         max_records: request.max_records,
-        max_bytes: request.max_bytes,
+        max_bytes,
         ..Limits::default()
     };
     Ok(axum::Json(pool.recorder.start(
@@ -478,10 +471,11 @@ mod tests {
         assert!(ok("/etc/a.jsonl").is_err());
         assert!(ok(root.join("b.jsonl").to_str().unwrap()).is_ok());
         assert!(recording_path(Some(&dir), None).unwrap().starts_with(&root));
-        // Without a recording_dir: absolute paths only, and one must be given.
+        // Without a recording_dir: recordings are off, whatever the path.
         assert!(recording_path(None, Some(FsPath::new("a.jsonl"))).is_err());
         assert!(recording_path(None, None).is_err());
-        assert!(recording_path(None, Some(&root.join("c.jsonl"))).is_ok());
+        let off = recording_path(None, Some(&root.join("c.jsonl"))).unwrap_err();
+        assert!(off.to_string().contains("recordings are off"), "{off}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -28,6 +28,7 @@ use super::AppState;
 use crate::admission::FlowKey;
 use crate::chat_output::ChatOutput;
 use crate::error::ApiError;
+use crate::http::ApiTenant;
 use crate::http::server::BodyTimeout;
 use crate::metrics::RequestLabels;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, SamplingFields};
@@ -208,11 +209,13 @@ type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
 pub async fn chat(
     State(state): State<Arc<AppState>>,
     peer: Peer,
+    tenant: Option<Extension<ApiTenant>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     handle(
         state,
+        tenant.map(|Extension(t)| t),
         Kind::Chat,
         peer,
         headers,
@@ -240,11 +243,13 @@ pub async fn chat(
 pub async fn completions(
     State(state): State<Arc<AppState>>,
     peer: Peer,
+    tenant: Option<Extension<ApiTenant>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     handle(
         state,
+        tenant.map(|Extension(t)| t),
         Kind::Text,
         peer,
         headers,
@@ -301,6 +306,7 @@ fn completion_id(kind: Kind) -> String {
 /// Runs [`serve`] in the request's trace span (the root of the request's trace).
 async fn handle<T: DeserializeOwned>(
     state: Arc<AppState>,
+    tenant: Option<ApiTenant>,
     kind: Kind,
     peer: Peer,
     headers: HeaderMap,
@@ -327,7 +333,7 @@ async fn handle<T: DeserializeOwned>(
                 request_id: request_id.clone(),
                 completion_id,
             };
-            let response = serve(state, kind, peer, headers, body, ids, split)
+            let response = serve(state, tenant, kind, peer, headers, body, ids, split)
                 .instrument(span.clone())
                 .await;
             (response, request_id)
@@ -357,6 +363,7 @@ struct Ids {
 /// then answer. `split` takes the endpoint's request apart into model, sampling and prompts.
 async fn serve<T: DeserializeOwned>(
     state: Arc<AppState>,
+    tenant: Option<ApiTenant>,
     kind: Kind,
     peer: Peer,
     headers: HeaderMap,
@@ -395,7 +402,15 @@ async fn serve<T: DeserializeOwned>(
         }
         let session = session_of(&headers);
         let client = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
-        let flow = FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client);
+        // An API key's tenant is the fairness tenant; its users (or sessions) share its slots.
+        let flow = match &tenant {
+            Some(ApiTenant(tenant)) => {
+                FlowKey::of_tenant(tenant, session.clone().or_else(|| sampling.user.clone()))
+            }
+            None => {
+                FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client)
+            }
+        };
         let admission = tracing::info_span!(target: GATEWAY_SPANS, "admission");
         let permit = state
             .admission

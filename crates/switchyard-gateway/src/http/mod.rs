@@ -23,6 +23,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::access::ClientAccess;
 use crate::admission::Admission;
 use crate::config::GatewayConfig;
 use crate::error::ApiError;
@@ -40,7 +41,13 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub admission: Admission,
     pub extensions: Extensions,
+    /// API keys, the metrics token, HTTPS.
+    pub access: ClientAccess,
 }
+
+/// The tenant of the API key a `/v1` request was let in with.
+#[derive(Debug, Clone)]
+pub struct ApiTenant(pub String);
 
 /// A text exposition of metrics another role exports (OpenMetrics, ending in `# EOF`).
 pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
@@ -83,7 +90,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
-        .layer(DefaultBodyLimit::max(body_limit));
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            require_api_key,
+        ));
     Router::new()
         .merge(api)
         .nest("/admin", admin::router(Arc::clone(&state)))
@@ -144,7 +155,43 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
     (status, body).into_response()
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+/// With an API key file, `/v1` takes only requests carrying one of its keys (401 in OpenAI's
+/// shape otherwise) and shares the slots by the key's tenant.
+async fn require_api_key(
+    State(state): State<Arc<AppState>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(keys) = &state.access.api_keys else {
+        return next.run(request).await;
+    };
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let refused = match crate::api_keys::bearer(authorization) {
+        None => ApiError::MissingApiKey,
+        Some(key) => match keys.tenant(key) {
+            Some(tenant) => {
+                request.extensions_mut().insert(ApiTenant(tenant));
+                return next.run(request).await;
+            }
+            None => ApiError::InvalidApiKey,
+        },
+    };
+    state.metrics.api_key_refused(refused.metric_label());
+    refused.into_response()
+}
+
+async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(token) = &state.access.metrics_token {
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if !switchyard_config::admin_authorized(Some(token), authorization) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
     state
         .metrics
         .observe_sessions(state.tokenizers.session_stats());

@@ -13,6 +13,9 @@
 //! - **HTTP/2**: at most `http2_max_streams` concurrent streams per connection, a bounded
 //!   number of streams a client may reset before they are accepted (the rapid-reset attack)
 //!   and keep-alive pings that close a connection whose peer stopped answering.
+//! - **TLS** (when a certificate is configured): the handshake runs in the connection's own task,
+//!   under the connection cap, and must finish within `header_timeout`; the certificate is
+//!   re-read when its files change, for the next connections.
 //! - **Shutdown**: when `shutdown` fires the listener closes, every connection is asked to
 //!   finish (HTTP/1.1 after its current response, HTTP/2 with GOAWAY), and whatever is still
 //!   open `shutdown_grace` later is cut.
@@ -41,6 +44,10 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use crate::metrics::Metrics;
+use switchyard_security::incoming::accept_tls;
+
+/// The listener's TLS configuration, re-read when its files change.
+pub type Tls = switchyard_security::tls::Reloading<rustls::ServerConfig>;
 
 /// The limits of the HTTP listener (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +82,7 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
+    tls: Option<Arc<Tls>>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
@@ -123,8 +131,29 @@ pub async fn serve(
             peer,
         };
         let (shutdown, cut) = (shutdown.clone(), cut.clone());
+        let tls = tls.clone();
         tasks.spawn(async move {
-            connection.run(tcp, shutdown, cut).await;
+            match tls {
+                None => connection.run(tcp, shutdown, cut).await,
+                Some(tls) => {
+                    // A client that opens a connection and stalls the handshake holds a slot
+                    // no longer than one that stalls its headers.
+                    let handshake = accept_tls(&tls, tcp, connection.limits.header_timeout);
+                    let established = tokio::select! {
+                        established = handshake => established,
+                        () = cut.cancelled() => return,
+                    };
+                    match established {
+                        Ok(stream) => connection.run(stream, shutdown, cut).await,
+                        Err(err) => {
+                            if err.kind() == std::io::ErrorKind::TimedOut {
+                                connection.metrics.connections_timed_out.inc();
+                            }
+                            tracing::debug!(peer = %peer, error = %err, "tls handshake failed");
+                        }
+                    }
+                }
+            }
             drop(permit);
         });
     }
@@ -248,7 +277,10 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(self, tcp: TcpStream, shutdown: CancellationToken, cut: CancellationToken) {
+    async fn run<IO>(self, io: IO, shutdown: CancellationToken, cut: CancellationToken)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         self.metrics.connections_open.inc();
         let activity = Arc::new(Activity::new());
         let service = {
@@ -270,7 +302,7 @@ impl Connection {
         };
         let conn = self
             .builder
-            .serve_connection_with_upgrades(TokioIo::new(tcp), service);
+            .serve_connection_with_upgrades(TokioIo::new(io), service);
         tokio::pin!(conn);
         let idle = self.limits.idle_timeout;
         let mut check = tokio::time::interval(

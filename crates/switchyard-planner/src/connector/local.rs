@@ -21,7 +21,8 @@ use switchyard_registry::Registry;
 use tokio::time::Instant;
 
 use super::{Connector, ConnectorError, PoolSizes};
-use crate::observe::{WorkerBoard, worker_endpoint};
+use crate::observe::{WorkerBoard, open_dialer, worker_endpoint};
+use switchyard_security::Dialer;
 
 /// Longest single `Drain` wait; longer drains poll again so a stuck call shows in the logs.
 const DRAIN_POLL: Duration = Duration::from_secs(5);
@@ -37,6 +38,7 @@ pub struct LocalConnector {
     registry: Arc<dyn Registry>,
     board: WorkerBoard,
     drain_timeout: Duration,
+    dialer: Dialer,
 }
 
 impl LocalConnector {
@@ -46,7 +48,14 @@ impl LocalConnector {
             registry,
             board,
             drain_timeout,
+            dialer: open_dialer(),
         }
+    }
+
+    /// The same connector, dialing workers with `dialer` (the planner's credential).
+    pub fn with_dialer(mut self, dialer: Dialer) -> Self {
+        self.dialer = dialer;
+        self
     }
 
     async fn pool_workers(&self) -> Result<Vec<WorkerInfo>, ConnectorError> {
@@ -79,10 +88,11 @@ impl LocalConnector {
             what: format!("moving {} to {role}: {what}", worker.id),
             retryable: true,
         };
-        let endpoint = worker_endpoint(&worker.address)
+        let endpoint = worker_endpoint(&self.dialer, &worker.address)
             .ok_or_else(|| failed(format!("bad address {}", worker.address)))?;
-        let channel = endpoint
-            .connect()
+        let channel = self
+            .dialer
+            .connect(endpoint)
             .await
             .map_err(|e| failed(format!("cannot connect: {e}")))?;
         let mut client = v1::worker_client::WorkerClient::new(channel);

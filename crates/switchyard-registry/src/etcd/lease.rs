@@ -97,7 +97,7 @@ impl LeaseHandle for EtcdLease {
         let lease_id = shared.lease_id.lock().await;
         let (live, _) = shared.conn.list_workers().await?;
         check_admission(&info, live.values(), true)?;
-        let value = encode_worker(&shared.conn.keys, &info)?;
+        let value = encode_worker(&shared.conn, &info)?;
         // Even if the put below fails, a re-registration will publish the new info.
         *shared.info() = info.clone();
         let txn = Txn::new()
@@ -250,7 +250,7 @@ async fn reregister(shared: &LeaseShared) -> Result<(), RegistryError> {
     let mut lease_id = shared.lease_id.lock().await;
     let conn = &shared.conn;
     let info = shared.info().clone();
-    let value = encode_worker(&conn.keys, &info)?;
+    let value = encode_worker(conn, &info)?;
     let mut client = conn.client.clone();
     let new_lease = conn
         .call("grant a lease", client.lease_grant(shared.ttl_secs, None))

@@ -190,7 +190,7 @@ async fn pump(
                 missing.remove(&id);
             }
             let change = match event.event_type() {
-                EventType::Put => match parse_worker(&conn.keys, kv) {
+                EventType::Put => match parse_worker(conn, kv) {
                     Ok(info) => match known.insert(info.id.clone(), info.clone()) {
                         None => Some(WorkerChange::Added(info)),
                         Some(old) if old != info => Some(WorkerChange::Updated(info)),

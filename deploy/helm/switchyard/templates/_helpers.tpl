@@ -105,3 +105,39 @@ grpc:
   {{- end }}
 {{ toYaml .probe }}
 {{- end -}}
+
+{{/* The cluster secret's Secret (docs/security.md). */}}
+{{- define "switchyard.clusterSecretName" -}}
+{{- default (printf "%s-cluster" (include "switchyard.fullname" .)) .Values.security.clusterSecret.existingSecret -}}
+{{- end -}}
+
+{{/* The hashed API key list's Secret. */}}
+{{- define "switchyard.apiKeysSecretName" -}}
+{{- default (printf "%s-api-keys" (include "switchyard.fullname" .)) .Values.apiKeys.existingSecret -}}
+{{- end -}}
+
+{{/* Where the cluster secret is mounted, and the flag that reads it. */}}
+{{- define "switchyard.clusterSecretArg" -}}
+{{- if .Values.security.clusterSecret.enabled }}
+- --cluster-secret-file=/var/run/switchyard/cluster/{{ .Values.security.clusterSecret.secretKey }}
+{{- end }}
+{{- end -}}
+
+{{- define "switchyard.clusterSecretMount" -}}
+{{- if .Values.security.clusterSecret.enabled }}
+- name: cluster-secret
+  mountPath: /var/run/switchyard/cluster
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "switchyard.clusterSecretVolume" -}}
+{{- if .Values.security.clusterSecret.enabled }}
+- name: cluster-secret
+  secret:
+    secretName: {{ include "switchyard.clusterSecretName" . }}
+    items:
+      - key: {{ .Values.security.clusterSecret.secretKey }}
+        path: {{ .Values.security.clusterSecret.secretKey }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,108 @@
+//! Tests of the gateway configuration (`config.rs`).
+
+use super::*;
+
+#[test]
+fn defaults_validate_and_flags_override() {
+    GatewayConfig::default().validate().unwrap();
+    let args = GatewayArgs {
+        policy: Some(PolicyKind::RoundRobin),
+        model_tokenizers: vec![("m".into(), "builtin:cl100k".into())],
+        ..Default::default()
+    };
+    let config = args.resolve_onto(GatewayConfig::default()).unwrap();
+    assert_eq!(config.policy, PolicyKind::RoundRobin);
+    assert_eq!(config.models["m"], "builtin:cl100k");
+    assert_eq!(config.disagg().kv_transfer, KvTransfer::Pipelined);
+    let args = GatewayArgs {
+        kv_transfer: Some(KvTransfer::AfterPrefill),
+        ..Default::default()
+    };
+    let config = args.resolve_onto(GatewayConfig::default()).unwrap();
+    assert_eq!(config.disagg().kv_transfer, KvTransfer::AfterPrefill);
+    let file: GatewayConfig = toml::from_str("kv_transfer = \"after-prefill\"").unwrap();
+    assert_eq!(file.kv_transfer, KvTransfer::AfterPrefill);
+}
+
+#[test]
+fn bad_values_are_refused() {
+    let args = GatewayArgs {
+        default_max_tokens: Some(0),
+        ..Default::default()
+    };
+    assert!(args.resolve_onto(GatewayConfig::default()).is_err());
+    let args = GatewayArgs {
+        max_queued_per_session: Some(0),
+        ..Default::default()
+    };
+    assert!(args.resolve_onto(GatewayConfig::default()).is_err());
+    assert!(parse_model_tokenizer("nomodel").is_err());
+    let args = GatewayArgs {
+        session_verify_sample_rate: Some(1.5),
+        ..Default::default()
+    };
+    let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("verify_sample_rate"), "{err}");
+    let args = GatewayArgs {
+        session_verify_sample_rate: Some(1.0),
+        ..Default::default()
+    };
+    let config = args.resolve_onto(GatewayConfig::default()).unwrap();
+    assert_eq!(
+        config.session_cache.to_session_config().verify_sample_rate,
+        1.0
+    );
+}
+
+#[test]
+fn http_limits_come_from_flags_and_files_and_are_checked() {
+    let args = GatewayArgs {
+        max_connections: Some(7),
+        idle_timeout_secs: Some(3),
+        max_requests_per_client: Some(2),
+        ..Default::default()
+    };
+    let config = args.resolve_onto(GatewayConfig::default()).unwrap();
+    assert_eq!(config.http.max_connections, 7);
+    assert_eq!(config.max_requests_per_client, 2);
+    assert_eq!(config.http.limits(7).idle_timeout, Duration::from_secs(3));
+    let file: GatewayConfig =
+        toml::from_str("[http]\nbody_timeout_secs = 5\nshutdown_grace_secs = 0").unwrap();
+    assert_eq!(file.http.body_timeout_secs, 5);
+    file.validate().unwrap();
+    assert!(toml::from_str::<GatewayConfig>("[http]\nheader_timeout = 5").is_err());
+    let args = GatewayArgs {
+        header_timeout_secs: Some(0),
+        ..Default::default()
+    };
+    let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("header_timeout_secs"), "{err}");
+}
+
+#[test]
+fn otlp_endpoint_is_checked_once() {
+    let args = GatewayArgs {
+        otlp_endpoint: Some("http://otel-collector:4317".into()),
+        ..Default::default()
+    };
+    let config = args.resolve_onto(GatewayConfig::default()).unwrap();
+    assert_eq!(
+        config.otlp_endpoint.as_deref(),
+        Some("http://otel-collector:4317")
+    );
+    let args = GatewayArgs {
+        otlp_endpoint: Some("otel-collector:4317".into()),
+        ..Default::default()
+    };
+    let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("OTLP endpoint"), "{err}");
+    let args = GatewayArgs {
+        otlp_endpoint: Some(String::new()),
+        ..Default::default()
+    };
+    let traced = GatewayConfig {
+        otlp_endpoint: Some("http://otel-collector:4317".into()),
+        ..GatewayConfig::default()
+    };
+    assert_eq!(args.resolve_onto(traced).unwrap().otlp_endpoint, None);
+}
