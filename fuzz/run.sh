@@ -60,7 +60,7 @@ fi
 
 if ! printf '#include <vector>\nint main() { std::vector<int> v; return (int) v.size(); }\n' |
   "${CXX:-c++}" -x c++ - -o /dev/null >/dev/null 2>&1; then
-  echo "fuzz/run.sh: no working C++ compiler (${CXX:-c++}); libFuzzer needs one: run deploy/build-deps.sh test (Debian package g++)" >&2
+  echo "fuzz/run.sh: no working C++ compiler (${CXX:-c++}); libFuzzer needs one: run deploy/build-deps.sh fuzz (Debian package g++)" >&2
   exit 1
 fi
 
@@ -76,11 +76,17 @@ cargo build --locked --profile fuzz --target "$host" --target-dir "$target_dir" 
 echo "fuzz: build: $((SECONDS - started)) s" >&2
 ((build_only)) && exit 0
 
+# The last value a sed expression prints from a log, or nothing.
+last_of() {
+  sed -n "$1" "$2" | tail -n 1
+}
+
 bin_dir="$target_dir/$host/fuzz"
 status=0
 for t in "${targets[@]}"; do
   mkdir -p "work/$t" "work/artifacts/$t" "regressions/$t"
   log="work/$t.log"
+  touch "$log.start"
   set +e
   # -timeout: one input taking longer is a hang, reported like a crash; -rss_limit_mb: so is
   # memory past 2 GB. The working corpus comes first: new inputs are written there.
@@ -89,15 +95,16 @@ for t in "${targets[@]}"; do
     -artifact_prefix="work/artifacts/$t/" -print_final_stats=1 >"$log" 2>&1
   rc=$?
   set -e
-  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
-  ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+  runs=$(last_of 's/^stat::number_of_executed_units: *//p' "$log")
+  rate=$(last_of 's/^stat::average_exec_per_sec: *//p' "$log")
+  cov=$(last_of 's/.* cov: \([0-9]*\).*/\1/p' "$log")
+  ft=$(last_of 's/.* ft: \([0-9]*\).*/\1/p' "$log")
   corpus=$(find "work/$t" -type f | wc -l)
   if ((rc == 0)); then
     result=ok
   else
-    result="CRASH (exit $rc): $(ls -t "work/artifacts/$t" | head -1 | sed "s|^|fuzz/work/artifacts/$t/|")"
+    artifact=$(find "work/artifacts/$t" -type f -newer "$log.start" | head -1)
+    result="CRASH (exit $rc): fuzz/${artifact:-work/$t.log}"
     status=1
     tail -40 "$log" >&2
   fi

@@ -12,13 +12,16 @@
 //! - [`chat_template`]: chat-template rendering of arbitrary conversations with the built-in and
 //!   Qwen3 templates, and of arbitrary templates under the render's fuel budget.
 //!
-//! The libFuzzer drivers in `fuzz/` (a workspace of their own) call these functions; the
-//! `replay` test runs every file of `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/`
-//! through them in the ordinary test run, so a crash once found stays fixed without a fuzzer.
-//! `fuzz/README.md` explains how they are built and run.
+//! The libFuzzer drivers in `fuzz/` (a workspace of their own) call these functions; so does
+//! [`mutate`], the coverage-less mutational fuzzer of the test command's bounded run (binary
+//! `fuzz-mutate`). The `replay` test runs every file of [`corpus`] (`fuzz/corpus/<target>/`
+//! and `fuzz/regressions/<target>/`) through them in the ordinary test run, so a crash once
+//! found stays fixed without a fuzzer. `fuzz/README.md` explains how they are built and run.
 
 pub mod chat_template;
+pub mod corpus;
 pub mod http_body;
+pub mod mutate;
 pub mod proto;
 pub mod zmq_event;
 
@@ -49,3 +52,8 @@ pub const TARGETS: [Target; 4] = [
         run: chat_template::run,
     },
 ];
+
+/// The target named `name`.
+pub fn target(name: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| t.name == name)
+}

@@ -1,56 +1,34 @@
 //! Replays every committed fuzz input — the seed corpus (`fuzz/corpus/<target>/`) and each crash
 //! the fuzzer ever found (`fuzz/regressions/<target>/`) — through its target, so the ordinary
-//! test run catches a regression without libFuzzer.
+//! test run catches a regression without a fuzzer.
 
-use std::path::{Path, PathBuf};
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-use switchyard_fuzz::{TARGETS, Target};
+use switchyard_fuzz::corpus::{fuzz_dir, inputs};
+use switchyard_fuzz::{TARGETS, target};
 
-fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
-}
-
-/// The files of `dir`, sorted; none when it does not exist.
-fn inputs(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n != ".gitkeep"))
-        .collect();
-    files.sort();
-    files
-}
-
-/// Runs every input of `target` under `kind`; returns how many ran.
-fn replay(target: &Target, kind: &str) -> usize {
-    let files = inputs(&fuzz_dir().join(kind).join(target.name));
-    for file in &files {
-        let data = std::fs::read(file).unwrap();
-        let outcome = std::panic::catch_unwind(|| (target.run)(&data));
+/// Runs every input of `name` under `kind`; returns how many ran.
+fn replay(name: &str, kind: &str) -> usize {
+    let target = target(name).unwrap();
+    let files = inputs(&fuzz_dir().join(kind).join(name)).unwrap();
+    for (path, data) in &files {
+        let outcome = std::panic::catch_unwind(|| (target.run)(data));
         assert!(
             outcome.is_ok(),
-            "{} panicked on {} (see the panic message above)",
-            target.name,
-            file.display()
+            "{name} panicked on {} (see the panic message above)",
+            path.display()
         );
     }
     files.len()
 }
 
-fn target(name: &str) -> &'static Target {
-    TARGETS.iter().find(|t| t.name == name).unwrap()
-}
-
 fn replay_all(name: &str) {
-    let target = target(name);
-    let seeds = replay(target, "corpus");
+    let seeds = replay(name, "corpus");
     assert!(
         seeds >= 5,
         "fuzz/corpus/{name} holds {seeds} seeds; the corpus is committed and must not be lost"
     );
-    replay(target, "regressions");
+    replay(name, "regressions");
 }
 
 #[test]

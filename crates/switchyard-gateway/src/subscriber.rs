@@ -189,7 +189,8 @@ fn apply(
                     set_indexed(pool, id, entries);
                     *cursor = Cursor {
                         incarnation,
-                        next_seq: Some(seq + 1),
+                        // None past the last sequence number: a snapshot next time.
+                        next_seq: seq.checked_add(1),
                     };
                     true
                 }
