@@ -3,7 +3,7 @@
 # checks for what is actually used rather than for a command on PATH. One script for every path
 # that builds: tests/run.sh, deploy/local-up.sh and deploy/docker/Dockerfile.
 #
-#   deploy/build-deps.sh [build|test] [--check]
+#   deploy/build-deps.sh [build|test|fuzz] [--check]
 #
 #   build  protoc that can compile a file importing google/protobuf/descriptor.proto:
 #            protobuf-compiler  (the protoc binary)
@@ -20,6 +20,9 @@
 #            openai, pyzmq, msgpack  (PyPI: the OpenAI SDK and the vLLM/SGLang stand-in engine)
 #            msgspec, pydantic  (PyPI: what vLLM's and SGLang's own KV-event publishers are
 #                                built on; the conformance tests run them)
+#   fuzz   test, plus what the coverage-guided fuzz run (fuzz/run.sh) builds with:
+#            g++                (libfuzzer-sys compiles libFuzzer's C++ sources; checked by
+#                                compiling C++ that uses the standard library)
 #   --check  install nothing; exit 1 with a sentence naming each missing package
 #
 # Why Debian's protoc and not a vendored or pure-Rust compiler: our own proto/ could be compiled
@@ -36,14 +39,14 @@ mode=build
 check_only=0
 for arg in "$@"; do
   case "$arg" in
-    build | test) mode=$arg ;;
+    build | test | fuzz) mode=$arg ;;
     --check) check_only=1 ;;
     -h | --help)
-      sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
-      echo "build-deps.sh: unknown argument '$arg' (expected build, test or --check)" >&2
+      echo "build-deps.sh: unknown argument '$arg' (expected build, test, fuzz or --check)" >&2
       exit 64
       ;;
   esac
@@ -69,16 +72,20 @@ missing_protoc() {
 
 missing_debian() {
   missing_protoc
-  if [ "$mode" = test ]; then
+  if [ "$mode" != build ]; then
     command -v etcd >/dev/null 2>&1 || echo etcd-server
     command -v curl >/dev/null 2>&1 || echo curl
     python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || echo python3-venv
     command -v helm >/dev/null 2>&1 || command -v npm >/dev/null 2>&1 || echo npm
   fi
+  if [ "$mode" = fuzz ]; then
+    printf '#include <vector>\nint main() { std::vector<int> v; return (int) v.size(); }\n' |
+      "${CXX:-c++}" -x c++ - -o /dev/null >/dev/null 2>&1 || echo g++
+  fi
 }
 
 missing_python() {
-  [ "$mode" = test ] || return 0
+  [ "$mode" != build ] || return 0
   python3 -c "import openai" >/dev/null 2>&1 || echo openai
   python3 -c "import zmq" >/dev/null 2>&1 || echo pyzmq
   python3 -c "import msgpack" >/dev/null 2>&1 || echo msgpack

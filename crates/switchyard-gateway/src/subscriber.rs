@@ -198,7 +198,8 @@ fn apply(
                     crate::audit::kv::note_event(pool, id);
                     *cursor = Cursor {
                         incarnation,
-                        next_seq: Some(seq + 1),
+                        // None past the last sequence number: a snapshot next time.
+                        next_seq: seq.checked_add(1),
                     };
                     true
                 }

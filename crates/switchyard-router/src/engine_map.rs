@@ -100,6 +100,37 @@ impl EngineHashMap {
         keys: &[Option<u64>],
         tier: StorageTier,
     ) -> Result<KvEvent, IndexError> {
+        let (parent, hashes) = self.rehash(engine_parent, engine_hashes, tokens, keys)?;
+        let bs = self.block_size.as_usize();
+        let mut blocks = Vec::with_capacity(engine_hashes.len());
+        for ((&engine_hash, hash), block_tokens) in engine_hashes
+            .iter()
+            .zip(hashes)
+            .zip(tokens.chunks_exact(bs))
+        {
+            self.remember(engine_hash, hash, tier_bit(tier));
+            blocks.push(StoredBlock {
+                hash,
+                tokens: block_tokens.to_vec(),
+            });
+        }
+        Ok(KvEvent::Stored {
+            parent,
+            blocks,
+            tier,
+        })
+    }
+
+    /// The Switchyard parent and block hashes that [`stored_keyed`](Self::stored_keyed) would
+    /// give these blocks, without recording anything: a consumer can see beforehand which engine
+    /// hashes would now name other blocks than the ones the map holds for them.
+    pub fn rehash(
+        &self,
+        engine_parent: Option<u64>,
+        engine_hashes: &[u64],
+        tokens: &[TokenId],
+        keys: &[Option<u64>],
+    ) -> Result<(Option<BlockHash>, Vec<BlockHash>), IndexError> {
         let bs = self.block_size.as_usize();
         if tokens.len() != engine_hashes.len() * bs {
             return Err(IndexError::EngineBlockCountMismatch {
@@ -112,26 +143,13 @@ impl EngineHashMap {
             Some(p) => Some(self.get(p).ok_or(IndexError::UnknownEngineParent(p))?),
         };
         let mut prev = parent;
-        let mut blocks = Vec::with_capacity(engine_hashes.len());
-        for (i, (&engine_hash, block_tokens)) in engine_hashes
-            .iter()
-            .zip(tokens.chunks_exact(bs))
-            .enumerate()
-        {
-            let key = keys.get(i).copied().flatten();
-            let hash = chain_hash_keyed(prev, block_tokens, key);
-            self.remember(engine_hash, hash, tier_bit(tier));
-            blocks.push(StoredBlock {
-                hash,
-                tokens: block_tokens.to_vec(),
-            });
+        let mut hashes = Vec::with_capacity(engine_hashes.len());
+        for (i, block_tokens) in tokens.chunks_exact(bs).enumerate() {
+            let hash = chain_hash_keyed(prev, block_tokens, keys.get(i).copied().flatten());
+            hashes.push(hash);
             prev = Some(hash);
         }
-        Ok(KvEvent::Stored {
-            parent,
-            blocks,
-            tier,
-        })
+        Ok((parent, hashes))
     }
 
     /// Turns an engine `Removed` event into a Switchyard [`KvEvent::Removed`] of the blocks the

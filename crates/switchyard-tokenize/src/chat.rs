@@ -231,8 +231,13 @@ impl ChatTemplate {
         self.formats
     }
 
-    /// Renders the prompt text for `request`.
+    /// Renders the prompt text for `request`, within the fuel budget of its size
+    /// ([`render_fuel`]).
     pub fn render(&self, request: &ChatRequest) -> Result<String, TokenizeError> {
+        self.render_with_fuel(request, render_fuel(request))
+    }
+
+    fn render_with_fuel(&self, request: &ChatRequest, fuel: u64) -> Result<String, TokenizeError> {
         let messages = request
             .messages
             .iter()
@@ -263,12 +268,45 @@ impl ChatTemplate {
             "eos_token".into(),
             self.eos_token.clone().map_or(Json::Null, Json::String),
         );
-        let render = |source| TokenizeError::TemplateRender { source };
-        let template = self.env.get_template(name).map_err(render)?;
+        let render = |source: Error| match source.kind() {
+            ErrorKind::OutOfFuel => TokenizeError::TemplateBudget {
+                fuel,
+                messages: request.messages.len(),
+                bytes: request.approx_len(),
+            },
+            _ => TokenizeError::TemplateRender { source },
+        };
+        // Fuel is the environment's; a copy per render carries this render's budget (the
+        // compiled templates, filters and functions inside are shared, not copied).
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
+        let template = env.get_template(name).map_err(render)?;
         template
             .render(Value::from(Serde(&context)))
             .map_err(render)
     }
+}
+
+/// Fuel every render may use, whatever the conversation's size.
+const BASE_FUEL: u64 = 2_000_000;
+/// Further fuel per message of the conversation.
+const FUEL_PER_MESSAGE: u64 = 1_000;
+/// Further fuel per byte of the conversation's text.
+const FUEL_PER_BYTE: u64 = 16;
+
+/// The work budget of one render of `request`, in minijinja fuel units (about one instruction,
+/// or 64 bytes allocated, each). A template comes from the model directory, which an operator
+/// may take from anywhere, and a Jinja template can loop for as long as it likes (`range` nested
+/// in `range`) or build strings far larger than its input; the budget bounds both. Real
+/// templates fit with room to spare at every size: Qwen3's uses about 65 units per message plus
+/// one per 18 bytes of text, the built-in ChatML one less (measured by the `budget_tests`), so
+/// the budget is 15 times what they need per message and hundreds of times per byte.
+pub fn render_fuel(request: &ChatRequest) -> u64 {
+    let messages = request.messages.len() as u64;
+    let bytes = request.approx_len() as u64;
+    BASE_FUEL
+        .saturating_add(messages.saturating_mul(FUEL_PER_MESSAGE))
+        .saturating_add(bytes.saturating_mul(FUEL_PER_BYTE))
 }
 
 /// A minijinja environment configured as `transformers` configures Jinja for chat templates.
@@ -356,3 +394,7 @@ fn parse_arguments(call: &Json) -> Json {
     }
     call
 }
+
+#[cfg(test)]
+#[path = "chat_budget_tests.rs"]
+mod budget_tests;

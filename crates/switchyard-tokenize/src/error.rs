@@ -61,6 +61,17 @@ pub enum TokenizeError {
         source: minijinja::Error,
     },
 
+    /// The render ran out of its work budget ([`crate::chat::render_fuel`]): the template loops
+    /// or builds strings far out of proportion to the conversation.
+    #[error(
+        "chat template used up its budget of {fuel} fuel units rendering {messages} messages of {bytes} bytes; the template loops or builds far more text than the conversation holds"
+    )]
+    TemplateBudget {
+        fuel: u64,
+        messages: usize,
+        bytes: usize,
+    },
+
     #[error("model {model} has no chat template; send a completion prompt instead")]
     NoChatTemplate { model: String },
 
@@ -118,7 +129,8 @@ impl TokenizeError {
             | Self::InvalidJson { .. }
             | Self::InvalidTokenizer { .. }
             | Self::InvalidConfig { .. }
-            | Self::TemplateSyntax { .. } => Fault::ModelFiles,
+            | Self::TemplateSyntax { .. }
+            | Self::TemplateBudget { .. } => Fault::ModelFiles,
             Self::Encode { .. }
             | Self::Decode { .. }
             | Self::TaskFailed { .. }

@@ -36,7 +36,8 @@ use crate::pool::ModelRoutes;
 use crate::preprocess;
 
 use super::asks::{Asks, asks_of, sampling_of};
-use super::prompts::{PromptSource, Tokenized, settle_max_tokens, tokenize};
+pub use super::prompts::PromptSource;
+use super::prompts::{Tokenized, settle_max_tokens, tokenize};
 
 use super::answer::respond;
 
@@ -87,7 +88,7 @@ pub(crate) fn read_body(
     })
 }
 
-fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if std::str::from_utf8(body).is_err() {
         return Err(ApiError::bad_request("request body is not valid UTF-8"));
     }
@@ -195,11 +196,72 @@ pub(crate) fn model_routes(state: &AppState, model: &str) -> Result<Arc<ModelRou
 }
 
 /// What an endpoint's request comes apart into.
-struct Split {
-    model: String,
-    sampling: SamplingFields,
-    source: PromptSource,
-    echo: bool,
+#[derive(Debug)]
+pub struct ParsedRequest {
+    pub model: String,
+    pub sampling: SamplingFields,
+    pub source: PromptSource,
+    pub echo: bool,
+}
+
+/// Parses and checks a `/v1/chat/completions` body as the handler does before admission.
+/// Public so that the fuzz targets (`crates/switchyard-fuzz`) drive exactly this code.
+pub fn parse_chat_request(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+    chat_split(parse_body(body)?).and_then(|r| checked(Kind::Chat, r))
+}
+
+/// Parses and checks a `/v1/completions` body as the handler does before admission.
+/// Public so that the fuzz targets (`crates/switchyard-fuzz`) drive exactly this code.
+pub fn parse_completion_request(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+    completion_split(parse_body(body)?).and_then(|r| checked(Kind::Text, r))
+}
+
+/// The checks `serve` makes before admission: the choices asked and the sampling.
+fn checked(kind: Kind, r: ParsedRequest) -> Result<ParsedRequest, ApiError> {
+    let asks = asks_of(kind, &r.sampling, r.echo, r.source.count())?;
+    let asked = r.sampling.max_completion_tokens.or(r.sampling.max_tokens);
+    sampling_of(&r.sampling, asked.unwrap_or(u32::MAX), asks.logprobs)?;
+    Ok(r)
+}
+
+/// A chat body taken apart.
+fn chat_split(request: ChatCompletionRequest) -> Result<ParsedRequest, ApiError> {
+    refuse_unknown(&request.unknown)?;
+    let messages = preprocess::parse_messages(request.messages)?;
+    Ok(ParsedRequest {
+        model: request.model,
+        sampling: request.sampling,
+        source: PromptSource::Chat {
+            messages,
+            tools: request.tools,
+            tool_choice: request.tool_choice,
+            parallel_tool_calls: request.parallel_tool_calls,
+        },
+        echo: false,
+    })
+}
+
+/// A text completion body taken apart.
+fn completion_split(request: CompletionRequest) -> Result<ParsedRequest, ApiError> {
+    refuse_unknown(&request.unknown)?;
+    let source = match request.prompt {
+        PromptInput::Text(text) => PromptSource::Texts(vec![text]),
+        PromptInput::Tokens(tokens) => PromptSource::Tokens(vec![tokens]),
+        PromptInput::TextBatch(texts) => PromptSource::Texts(texts),
+        PromptInput::TokenBatch(lists) => PromptSource::Tokens(lists),
+    };
+    if source.count() == 0 {
+        return Err(ApiError::bad_param(
+            "prompt",
+            "the list of prompts is empty",
+        ));
+    }
+    Ok(ParsedRequest {
+        model: request.model,
+        sampling: request.sampling,
+        source,
+        echo: request.echo,
+    })
 }
 
 /// The client's address, when the server was started with connection info.
@@ -220,21 +282,7 @@ pub async fn chat(
         peer,
         headers,
         body,
-        |request: ChatCompletionRequest| {
-            refuse_unknown(&request.unknown)?;
-            let messages = preprocess::parse_messages(request.messages)?;
-            Ok(Split {
-                model: request.model,
-                sampling: request.sampling,
-                source: PromptSource::Chat {
-                    messages,
-                    tools: request.tools,
-                    tool_choice: request.tool_choice,
-                    parallel_tool_calls: request.parallel_tool_calls,
-                },
-                echo: false,
-            })
-        },
+        chat_split,
     )
     .await
 }
@@ -254,27 +302,7 @@ pub async fn completions(
         peer,
         headers,
         body,
-        |request: CompletionRequest| {
-            refuse_unknown(&request.unknown)?;
-            let source = match request.prompt {
-                PromptInput::Text(text) => PromptSource::Texts(vec![text]),
-                PromptInput::Tokens(tokens) => PromptSource::Tokens(vec![tokens]),
-                PromptInput::TextBatch(texts) => PromptSource::Texts(texts),
-                PromptInput::TokenBatch(lists) => PromptSource::Tokens(lists),
-            };
-            if source.count() == 0 {
-                return Err(ApiError::bad_param(
-                    "prompt",
-                    "the list of prompts is empty",
-                ));
-            }
-            Ok(Split {
-                model: request.model,
-                sampling: request.sampling,
-                source,
-                echo: request.echo,
-            })
-        },
+        completion_split,
     )
     .await
 }
@@ -311,7 +339,7 @@ async fn handle<T: DeserializeOwned>(
     peer: Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-    split: impl FnOnce(T) -> Result<Split, ApiError>,
+    split: impl FnOnce(T) -> Result<ParsedRequest, ApiError>,
 ) -> Response {
     let span = tracing::info_span!(
         target: GATEWAY_SPANS,
@@ -332,8 +360,9 @@ async fn handle<T: DeserializeOwned>(
             let ids = Ids {
                 request_id: request_id.clone(),
                 completion_id,
+                tenant,
             };
-            let response = serve(state, tenant, kind, peer, headers, body, ids, split)
+            let response = serve(state, kind, peer, headers, body, ids, split)
                 .instrument(span.clone())
                 .await;
             (response, request_id)
@@ -353,30 +382,30 @@ async fn handle<T: DeserializeOwned>(
     response
 }
 
-/// The ids of one request.
+/// Who a request is: its ids, and the tenant its API key names.
 struct Ids {
     request_id: String,
     completion_id: String,
+    tenant: Option<ApiTenant>,
 }
 
 /// The shared path: read and parse the body, validate, admit, tokenize, check the context,
 /// then answer. `split` takes the endpoint's request apart into model, sampling and prompts.
 async fn serve<T: DeserializeOwned>(
     state: Arc<AppState>,
-    tenant: Option<ApiTenant>,
     kind: Kind,
     peer: Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
     ids: Ids,
-    split: impl FnOnce(T) -> Result<Split, ApiError>,
+    split: impl FnOnce(T) -> Result<ParsedRequest, ApiError>,
 ) -> Response {
     let arrived = Instant::now();
     // Labels the request's metrics once the model is known to be served.
     let mut served_model = String::new();
     let prepared = async {
         let request: T = parse_body(&read_body(&state, body)?)?;
-        let Split {
+        let ParsedRequest {
             model,
             sampling,
             source,
@@ -403,7 +432,7 @@ async fn serve<T: DeserializeOwned>(
         let session = session_of(&headers);
         let client = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
         // An API key's tenant is the fairness tenant; its users (or sessions) share its slots.
-        let flow = match &tenant {
+        let flow = match &ids.tenant {
             Some(ApiTenant(tenant)) => {
                 FlowKey::of_tenant(tenant, session.clone().or_else(|| sampling.user.clone()))
             }
@@ -502,6 +531,7 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
     let Ids {
         request_id,
         completion_id,
+        ..
     } = r.ids;
     // `serve` runs in the request's span.
     let span = tracing::Span::current();

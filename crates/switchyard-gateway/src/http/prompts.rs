@@ -15,7 +15,8 @@ use crate::pool::ModelRoutes;
 use crate::preprocess::{self, ModelTokenizer, Sessions};
 
 /// How a request gives its prompts: the only thing the two endpoints do differently.
-pub(super) enum PromptSource {
+#[derive(Debug)]
+pub enum PromptSource {
     Chat {
         messages: Vec<ChatMessage>,
         tools: Option<Vec<serde_json::Value>>,
@@ -27,7 +28,7 @@ pub(super) enum PromptSource {
 }
 
 impl PromptSource {
-    pub(super) fn count(&self) -> usize {
+    pub fn count(&self) -> usize {
         match self {
             PromptSource::Chat { .. } => 1,
             PromptSource::Texts(t) => t.len(),

@@ -225,7 +225,11 @@ impl PrefixIndex {
                 }
             }
             Sync::Expecting(expected) => {
-                state.sync = Sync::Expecting(expected + 1);
+                // Nothing can follow the last sequence number (only a peer that is wrong sends
+                // it): after it, the worker's blocks are taken from a snapshot again.
+                state.sync = expected
+                    .checked_add(1)
+                    .map_or(Sync::AwaitingSnapshot, Sync::Expecting);
                 ApplyOutcome::Applied
             }
         };

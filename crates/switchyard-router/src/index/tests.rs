@@ -523,3 +523,23 @@ fn the_jump_search_answers_what_the_walk_answers() {
         }
     }
 }
+
+/// Found while seeding the `proto_conversions` fuzz target (fuzz/regressions/proto_conversions/):
+/// a worker announcing the last sequence number made the index overflow; now the event applies
+/// and the worker's blocks come from a snapshot after it.
+#[test]
+fn the_last_sequence_number_applies_then_needs_a_snapshot() {
+    let mut idx = index();
+    let a = w("a");
+    idx.apply_snapshot(&a, 1, u64::MAX, &[]).unwrap();
+    let outcome = idx
+        .apply(&a, 1, u64::MAX, &stored(1, 0, 2, StorageTier::Device))
+        .unwrap();
+    assert_eq!(outcome, ApplyOutcome::Applied);
+    assert_eq!(device(&idx, "a", &hashes(1, 2)), 2);
+    let next = idx.apply(&a, 1, 0, &KvEvent::Cleared).unwrap();
+    assert!(
+        matches!(next, ApplyOutcome::ResyncNeeded { expected: None, .. }),
+        "{next:?}"
+    );
+}

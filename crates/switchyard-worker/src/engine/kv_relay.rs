@@ -86,11 +86,7 @@ impl KvRelay {
         let mut out = Vec::new();
         for event in &batch.events {
             match event {
-                EngineEvent::BlockStored(stored) => {
-                    if let Some(ev) = self.stored(rank, stored, c) {
-                        out.push(ev);
-                    }
-                }
+                EngineEvent::BlockStored(stored) => self.stored(rank, stored, c, &mut out),
                 EngineEvent::BlockRemoved {
                     block_hashes,
                     medium,
@@ -139,18 +135,20 @@ impl KvRelay {
         tier
     }
 
-    fn stored(&mut self, rank: u32, e: &StoredEvent, c: &RankCounters) -> Option<KvEvent> {
+    /// Relays one engine store: the Switchyard `Stored` of its full blocks, after the `Removed`
+    /// of whatever blocks the engine hashes it reuses named before.
+    fn stored(&mut self, rank: u32, e: &StoredEvent, c: &RankCounters, out: &mut Vec<KvEvent>) {
         if e.spec_kind.as_deref().is_some_and(|k| !k.contains("full")) {
             // A sliding-window or Mamba group's blocks do not name a reusable prefix.
             c.add(&c.other_groups, 1);
-            return None;
+            return;
         }
         let ours = self.block_size.get();
         match e.block_size {
             Some(theirs) if theirs < ours => {
                 // A partial page (SGLang's last page, vLLM's partial prefix entries).
                 c.add(&c.partial_blocks, e.block_hashes.len() as u64);
-                return None;
+                return;
             }
             Some(theirs) if theirs > ours => {
                 c.add(&c.block_size_mismatches, 1);
@@ -166,7 +164,7 @@ impl KvRelay {
                          those events are skipped (set the worker's block size to the engine's KV event block size)"
                     );
                 }
-                return None;
+                return;
             }
             _ => {}
         }
@@ -178,34 +176,70 @@ impl KvRelay {
             c.add(&c.partial_blocks, (e.block_hashes.len() - full) as u64);
         }
         if full == 0 {
-            return None;
+            return;
         }
         let (block_size, capacity) = (self.block_size, self.map_capacity);
-        let view = self.rank(rank)?;
-        let map = view
-            .groups
-            .entry(e.group)
-            .or_insert_with(|| EngineHashMap::new(block_size, capacity));
         let hashes = &e.block_hashes[..full];
-        let already: Vec<bool> = hashes.iter().map(|h| map.holds(*h, tier)).collect();
+        let tokens = &e.token_ids[..full * bs];
         let keys = if e.block_keys.is_empty() {
             &[][..]
         } else {
             &e.block_keys[..full.min(e.block_keys.len())]
         };
-        let event = match map.stored_keyed(e.parent, hashes, &e.token_ids[..full * bs], keys, tier)
-        {
-            Ok(event) => event,
+        let Some(view) = self.rank(rank) else {
+            return;
+        };
+        let map = view
+            .groups
+            .entry(e.group)
+            .or_insert_with(|| EngineHashMap::new(block_size, capacity));
+        let fresh = match map.rehash(e.parent, hashes, tokens, keys) {
+            Ok((_, fresh)) => fresh,
             Err(err) => {
                 // The parent was never seen (we joined late or lost it): the chain cannot be
                 // rehashed; those blocks stay unknown until the engine stores them afresh.
                 c.add(&c.unrelatable, 1);
                 tracing::debug!(rank, error = %err, "engine BlockStored skipped");
-                return None;
+                return;
+            }
+        };
+        // An engine hash the map holds for another block now names other tokens. A correct
+        // engine never does that (its hash is of the tokens), but a wrong one must not leave the
+        // old block announced for ever: it is removed from every tier first, as the engine's own
+        // removal would have, so the log and the relay keep holding the same blocks.
+        let reused: Vec<(u64, StorageTier)> = hashes
+            .iter()
+            .zip(&fresh)
+            .filter(|(h, new)| map.get(**h).is_some_and(|old| old != **new))
+            .flat_map(|(h, _)| {
+                StorageTier::ALL
+                    .into_iter()
+                    .filter(|t| map.holds(*h, *t))
+                    .map(|t| (*h, t))
+            })
+            .collect();
+        for (engine_hash, old_tier) in reused {
+            out.extend(self.removed(rank, e.group, &[engine_hash], old_tier, c));
+        }
+        let Some(view) = self.rank(rank) else {
+            return;
+        };
+        let Some(map) = view.groups.get_mut(&e.group) else {
+            return;
+        };
+        let already: Vec<bool> = hashes.iter().map(|h| map.holds(*h, tier)).collect();
+        let event = match map.stored_keyed(e.parent, hashes, tokens, keys, tier) {
+            Ok(event) => event,
+            Err(err) => {
+                // As above; also a parent the same event reuses, which its removal forgot.
+                c.add(&c.unrelatable, 1);
+                tracing::debug!(rank, error = %err, "engine BlockStored skipped");
+                return;
             }
         };
         let KvEvent::Stored { blocks, .. } = &event else {
-            return Some(event);
+            out.push(event);
+            return;
         };
         let mut newly = Vec::new();
         for (block, was_held) in blocks.iter().zip(already) {
@@ -223,7 +257,7 @@ impl KvRelay {
         for key in newly {
             *self.holders.entry(key).or_insert(0) += 1;
         }
-        Some(event)
+        out.push(event);
     }
 
     fn removed(

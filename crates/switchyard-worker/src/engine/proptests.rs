@@ -101,7 +101,54 @@ proptest! {
         prop_assert_eq!(stats.batches + stats.malformed, 2);
         // The relay's view never names more blocks than it was told about.
         prop_assert!(s.log.block_count() <= 2 * 4 * 6);
+        // What the log announced is what the relay holds.
+        prop_assert_eq!(s.log.block_count(), s.relay.lock().unwrap().block_count());
     }
+}
+
+fn encode(value: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, value).unwrap();
+    out
+}
+
+/// Found by the `zmq_event` fuzz target (fuzz/regressions/zmq_event/): an engine hash stored
+/// again with other tokens used to announce the new block while the relay kept counting the
+/// old one, so the old block stayed announced for ever and the new one could never be removed.
+#[test]
+fn an_engine_hash_reused_for_other_tokens_replaces_its_block() {
+    let s = shared();
+    let store = |tokens: [u32; 2]| {
+        encode(&Value::Array(vec![
+            Value::F64(1.0),
+            Value::Array(vec![Value::Array(vec![
+                "BlockStored".into(),
+                Value::Array(vec![7.into()]),
+                Value::Nil,
+                Value::Array(tokens.iter().map(|t| Value::from(*t)).collect()),
+                2.into(),
+            ])]),
+        ]))
+    };
+    s.apply(0, 0, &store([1, 2]));
+    s.apply(0, 1, &store([3, 4]));
+    let held = |s: &RelayShared| s.relay.lock().unwrap().held_blocks();
+    let ours = switchyard_core::block_hashes(&[3, 4], BlockSize::new(2).unwrap());
+    assert_eq!(
+        held(&s),
+        vec![(ours[0], switchyard_core::StorageTier::Device)]
+    );
+    assert_eq!(s.log.block_count(), 1);
+    let remove = encode(&Value::Array(vec![
+        Value::F64(2.0),
+        Value::Array(vec![Value::Array(vec![
+            "BlockRemoved".into(),
+            Value::Array(vec![7.into()]),
+        ])]),
+    ]));
+    s.apply(0, 2, &remove);
+    assert!(held(&s).is_empty());
+    assert_eq!(s.log.block_count(), 0);
 }
 
 /// One step an engine takes, as the relay sees it.

@@ -333,17 +333,23 @@ fn contiguous_tail(batches: &[(u64, Vec<u8>)], until: u64) -> Option<u64> {
 
 /// The sequence number and payload of a live `[topic, seq, payload]` message.
 fn split_live(message: ZmqMessage) -> Option<(u64, Vec<u8>)> {
-    let frames = message.into_vec();
-    if frames.len() != 3 {
+    split_live_frames(&message.into_vec())
+}
+
+/// [`split_live`] over the message's frames; `None` when they are not `[topic, seq, payload]`
+/// with an 8-byte sequence number. Public for the fuzz targets (`crates/switchyard-fuzz`).
+pub fn split_live_frames<B: AsRef<[u8]>>(frames: &[B]) -> Option<(u64, Vec<u8>)> {
+    let [_topic, seq, payload] = frames else {
         return None;
-    }
-    let seq: [u8; 8] = frames[1].as_ref().try_into().ok()?;
-    Some((u64::from_be_bytes(seq), frames[2].to_vec()))
+    };
+    let seq: [u8; 8] = seq.as_ref().try_into().ok()?;
+    Some((u64::from_be_bytes(seq), payload.as_ref().to_vec()))
 }
 
 /// The sequence number and payload of a replay reply as a DEALER receives it, in either
-/// framing: `[empty, seq, payload]` or `[empty, topic, seq, payload]`.
-fn split_replay<B: AsRef<[u8]>>(frames: &[B]) -> Option<(u64, Vec<u8>)> {
+/// framing: `[empty, seq, payload]` or `[empty, topic, seq, payload]`; `None` for any other.
+/// Public for the fuzz targets (`crates/switchyard-fuzz`).
+pub fn split_replay<B: AsRef<[u8]>>(frames: &[B]) -> Option<(u64, Vec<u8>)> {
     if !(3..=4).contains(&frames.len()) || !frames[0].as_ref().is_empty() {
         return None;
     }

@@ -1,0 +1,70 @@
+//! `http_chat_body`: a request body as the gateway's completion endpoints parse and validate it
+//! before admission (`switchyard_gateway::http::completions::parse_*_request`).
+//!
+//! The input is the body, tried as both endpoints' body. A refusal must be a client error
+//! (4xx) with an OpenAI error object; an accepted request must hold what the handler relies on.
+
+use axum::response::IntoResponse;
+use switchyard_gateway::error::ApiError;
+use switchyard_gateway::http::completions::{
+    ParsedRequest, PromptSource, parse_chat_request, parse_completion_request,
+};
+
+/// Runs one input.
+pub fn run(data: &[u8]) {
+    check(parse_chat_request(data), Endpoint::Chat);
+    check(parse_completion_request(data), Endpoint::Text);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Text,
+}
+
+fn check(parsed: Result<ParsedRequest, ApiError>, endpoint: Endpoint) {
+    match parsed {
+        Ok(request) => accepted(&request, endpoint),
+        Err(err) => refused(err),
+    }
+}
+
+fn accepted(request: &ParsedRequest, endpoint: Endpoint) {
+    match (&request.source, endpoint) {
+        (PromptSource::Chat { messages, .. }, Endpoint::Chat) => {
+            assert!(
+                !messages.is_empty(),
+                "a chat request without messages was accepted"
+            );
+        }
+        (PromptSource::Texts(_) | PromptSource::Tokens(_), Endpoint::Text) => {
+            assert!(
+                request.source.count() > 0,
+                "a completion without a prompt was accepted"
+            );
+        }
+        (prompt, endpoint) => panic!("{endpoint:?} body parsed to the other endpoint's {prompt:?}"),
+    }
+    if let Some(n) = request.sampling.n {
+        assert!((1..=128).contains(&n), "n = {n} was accepted");
+    }
+}
+
+fn refused(err: ApiError) {
+    let status = err.status();
+    assert!(
+        status.is_client_error(),
+        "a body was refused with {status}, not a client error: {err}"
+    );
+    let body = err.to_json();
+    let message = body
+        .pointer("/error/message")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default();
+    assert!(
+        !message.is_empty(),
+        "error object without a message: {body}"
+    );
+    let response = err.into_response();
+    assert_eq!(response.status(), status);
+}
