@@ -93,6 +93,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The operator's surface alone (admin API, health, readiness, metrics): what the endpoint
+/// picker (`switchyard epp`) serves over HTTP, where a proxy carries the OpenAI API.
+pub fn operations_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .nest("/admin", admin::router(Arc::clone(&state)))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
 async fn not_found() -> ApiError {
     ApiError::NotFound("no such endpoint".into())
 }
@@ -101,13 +113,15 @@ async fn health() -> &'static str {
     "ok"
 }
 
-/// Ready when at least one worker can take a generation.
+/// Ready when at least one worker can take a generation (one the pool can deliver to).
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
-    let serving = state
-        .pool
-        .workers()
-        .iter()
-        .any(|w| w.info().role.serves_decode() && !w.is_draining() && w.health.is_answering());
+    let serving = state.pool.workers().iter().any(|w| {
+        let info = w.info();
+        info.role.serves_decode()
+            && state.pool.deliverable(&info)
+            && !w.is_draining()
+            && w.health.is_answering()
+    });
     if serving {
         (StatusCode::OK, "ready").into_response()
     } else {
