@@ -232,11 +232,14 @@ impl EnvoyProxy {
                     &s.iter().map(String::as_str).collect::<Vec<_>>(),
                 )
             }),
-            protocol_config: self.config.protocol_config.then(|| ProtocolConfiguration {
-                request_body_mode: mode as i32,
-                response_body_mode: self.config.response_body as i32,
-                send_body_without_waiting_for_header_response: false,
-            }),
+            protocol_config: self
+                .config
+                .protocol_config
+                .then_some(ProtocolConfiguration {
+                    request_body_mode: mode as i32,
+                    response_body_mode: self.config.response_body as i32,
+                    send_body_without_waiting_for_header_response: false,
+                }),
             ..ProcessingRequest::default()
         };
         stream

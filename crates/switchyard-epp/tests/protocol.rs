@@ -446,7 +446,7 @@ async fn refusals_are_immediate_responses_with_openai_errors() {
     refused(&proxy.send(completion(&prompt)).await, 429, "saturated");
     a.release();
     let outcome = held.await.unwrap();
-    assert_eq!(outcome.destination, [a.endpoint.clone()]);
+    assert_eq!(outcome.destination, std::slice::from_ref(&a.endpoint));
     assert_eq!(engine_of(&outcome), "a");
     picker.stop().await;
 
@@ -466,7 +466,7 @@ async fn refusals_are_immediate_responses_with_openai_errors() {
     );
     let outcome = proxy.send(not_json).await;
     assert!(!outcome.immediate, "{outcome:?}");
-    assert_eq!(outcome.destination, [b.endpoint.clone()]);
+    assert_eq!(outcome.destination, std::slice::from_ref(&b.endpoint));
     assert_eq!(b.received.lock().last().unwrap(), b"{nope");
     // A chat body is read and rendered with the model's template (builtin here).
     let chat = ClientRequest::post(
@@ -474,6 +474,6 @@ async fn refusals_are_immediate_responses_with_openai_errors() {
         &json!({"model": MODEL, "messages": [{"role": "user", "content": "hello there"}]}),
     );
     let picked = proxy.send_and_cancel(chat).await;
-    assert_eq!(picked, [b.endpoint.clone()]);
+    assert_eq!(picked, std::slice::from_ref(&b.endpoint));
     picker.stop().await;
 }
