@@ -195,7 +195,11 @@ refuse "the planner's prefill pool is not prefill-only" "must have role prefill"
   -f "$CHART/ci/planner-values.yaml" --set workers.pools.prefill.role=both
 refuse "the planner's minimums exceed its budget" "must not exceed planner.maxWorkers" \
   -f "$CHART/ci/planner-values.yaml" --set planner.maxWorkers=2
-say "refused: 14 bad value sets, each with its reason"
+refuse "the endpoint picker has no engine pool to pick from" "at least one enabled engine pool" --set epp.enabled=true
+refuse "the endpoint picker's route names a pool that is not an engine pool" "epp.httpRoute.pool" \
+  -f "$CHART/ci/epp-values.yaml" --set epp.httpRoute.pool=sim
+refuse "the endpoint picker's failure mode is unknown" "epp/failureMode" -f "$CHART/ci/epp-values.yaml" --set epp.failureMode=maybe
+say "refused: 17 bad value sets, each with its reason"
 
 # ---- 5. the image ----
 step="Dockerfile"

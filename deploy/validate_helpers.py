@@ -30,6 +30,9 @@ import yaml
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring.coreos.com-v1.json",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring.coreos.com-v1.json",
+    # The endpoint picker variant (epp.enabled): from the upstream CRDs by crd_to_schema.py.
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-inference.networking.k8s.io-v1.json",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute-gateway.networking.k8s.io-v1.json",
 }
 
 # Shared libraries gcr.io/distroless/cc-debian12 provides (glibc, libgcc, libstdc++, OpenSSL 3).

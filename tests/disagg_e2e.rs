@@ -188,6 +188,7 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
         max_context_tokens: 8192,
         engine: switchyard_core::EngineKind::Sim,
         incarnation: 1,
+        engine_endpoint: None,
     };
     use switchyard_registry::Registry as _;
     let _hung_registration = registry

@@ -157,6 +157,7 @@ pub async fn register_ghost(
         max_context_tokens: 8192,
         engine: switchyard_core::EngineKind::Sim,
         incarnation: 1,
+        engine_endpoint: None,
     };
     registry.register(ghost, ttl).await.expect("register ghost")
 }

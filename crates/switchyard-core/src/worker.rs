@@ -155,6 +155,11 @@ pub struct WorkerInfo {
     pub engine: EngineKind,
     /// Changes every time the engine restarts; event sequence numbers restart with it.
     pub incarnation: u64,
+    /// `host:port` of the engine's own OpenAI HTTP API (the model server) as a proxy reaches
+    /// it: what the endpoint picker (`switchyard epp`) hands to Envoy. None for the simulator,
+    /// which serves only through the worker's gRPC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_endpoint: Option<String>,
 }
 
 impl WorkerInfo {
@@ -176,7 +181,30 @@ impl WorkerInfo {
                 "max context must be at least one token".into(),
             ));
         }
+        if let Some(endpoint) = &self.engine_endpoint {
+            validate_endpoint(endpoint).map_err(CoreError::InvalidWorkerInfo)?;
+        }
         Ok(())
+    }
+}
+
+/// Checks that `endpoint` is `host:port` with a port number, as a proxy dials it (an IPv6
+/// host in brackets).
+pub fn validate_endpoint(endpoint: &str) -> Result<(), String> {
+    let bad = |why: &str| {
+        Err(format!(
+            "engine endpoint {endpoint:?} {why} (expected host:port)"
+        ))
+    };
+    let Some((host, port)) = endpoint.rsplit_once(':') else {
+        return bad("has no port");
+    };
+    if host.is_empty() || host.contains('/') || (host.contains(':') && !host.starts_with('[')) {
+        return bad("has no valid host");
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => bad("has no valid port"),
     }
 }
 
@@ -215,6 +243,7 @@ mod tests {
             max_context_tokens: 32768,
             engine: EngineKind::Sim,
             incarnation: 7,
+            engine_endpoint: None,
         };
         let json = serde_json::to_string(&info).unwrap();
         assert_eq!(serde_json::from_str::<WorkerInfo>(&json).unwrap(), info);

@@ -95,6 +95,57 @@ pub async fn run_with(
     extensions: Extensions,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), GatewayError> {
+    let Some(state) = start(
+        config,
+        registry,
+        &shutdown,
+        extensions,
+        pool::Delivery::WorkerGrpc,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let listener = TcpListener::bind(state.config.listen)
+        .await
+        .map_err(|source| GatewayError::Bind {
+            addr: state.config.listen,
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| GatewayError::Bind {
+        addr: state.config.listen,
+        source,
+    })?;
+    let limits = state.config.http.limits(http::server::connection_cap(
+        state.config.http.max_connections,
+    ));
+    let metrics = Arc::clone(&state.metrics);
+    let pool = Arc::clone(&state.pool);
+    let tls = state.access.tls.clone();
+    let app = http::router(state);
+    tracing::info!(
+        address = %local_addr,
+        max_connections = limits.max_connections,
+        https = tls.is_some(),
+        "gateway listening"
+    );
+    on_ready(local_addr);
+    http::server::serve(listener, app, limits, tls, metrics, shutdown).await;
+    pool.shutdown().await;
+    Ok(())
+}
+
+/// The gateway's state, up and following the registry: tokenizers loaded, the worker pool
+/// (routing for `delivery`) holding the registered workers, admission set up. None when
+/// `shutdown` came first. The endpoint picker (`switchyard epp`) starts the same state and
+/// answers a proxy instead of clients; [`pool::WorkerPool::shutdown`] ends it.
+pub async fn start(
+    config: GatewayConfig,
+    registry: Arc<dyn Registry>,
+    shutdown: &CancellationToken,
+    extensions: Extensions,
+    delivery: pool::Delivery,
+) -> Result<Option<Arc<AppState>>, GatewayError> {
     let tokenizer_spec = config.tokenizer.clone();
     let per_model = config.models.clone();
     let sessions = config.session_cache.to_session_config();
@@ -136,37 +187,27 @@ pub async fn run_with(
         .map_err(|e| GatewayError::Routing(e.to_string()))?
         .with_unresponsive_after(config.unresponsive_after())
         .with_audit(config.audit.clone(), decisions)
-        .with_dialer(security.dialer),
+        .with_dialer(security.dialer)
+        .with_delivery(delivery),
     );
     pool.tasks
         .spawn(audit::kv::watch_silence(Arc::clone(&pool)));
     // Know the registered workers before announcing readiness, so the first request finds them.
     // etcd may have gone away since the connection was made: wait for it, as at start.
-    let watch = switchyard_registry::retry::until_available("watch the workers", &shutdown, || {
+    let watch = switchyard_registry::retry::until_available("watch the workers", shutdown, || {
         registry.watch_workers()
     })
     .await
     .map_err(|e| GatewayError::Registry(e.to_string()))?;
     let Some(mut watch) = watch else {
         pool.shutdown().await;
-        return Ok(());
+        return Ok(None);
     };
     // Applied here, not in the task, so the workers are in the pool when the ready line goes out.
     apply_initial(&pool, &mut watch);
     pool.tasks
         .spawn(follow_registry(Arc::clone(&pool), registry, Some(watch)));
-
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| GatewayError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let local_addr = listener.local_addr().map_err(|source| GatewayError::Bind {
-        addr: config.listen,
-        source,
-    })?;
-    let state = Arc::new(AppState {
+    Ok(Some(Arc::new(AppState {
         admission: Admission::new(
             config.max_concurrent_requests,
             config.max_queued_requests,
@@ -174,28 +215,12 @@ pub async fn run_with(
         )
         .with_client_limit(config.max_requests_per_client),
         config,
-        pool: Arc::clone(&pool),
+        pool,
         tokenizers,
         metrics,
         extensions,
         access,
-    });
-    let limits = state.config.http.limits(http::server::connection_cap(
-        state.config.http.max_connections,
-    ));
-    let metrics = Arc::clone(&state.metrics);
-    let tls = state.access.tls.clone();
-    let app = http::router(state);
-    tracing::info!(
-        address = %local_addr,
-        max_connections = limits.max_connections,
-        https = tls.is_some(),
-        "gateway listening"
-    );
-    on_ready(local_addr);
-    http::server::serve(listener, app, limits, tls, metrics, shutdown).await;
-    pool.shutdown().await;
-    Ok(())
+    })))
 }
 
 /// Mirrors the registry into the pool for as long as the gateway runs, starting from `first`

@@ -32,6 +32,7 @@ fn info(id: &str, role: Role, engine: EngineKind) -> WorkerInfo {
         max_context_tokens: 10_000,
         engine,
         incarnation: 1,
+        engine_endpoint: None,
     }
 }
 

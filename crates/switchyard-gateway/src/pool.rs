@@ -89,6 +89,17 @@ impl WorkerHandle {
     }
 }
 
+/// Where a routed request goes, which decides the workers that can be candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// The gateway sends it to the worker over gRPC: every worker can take it.
+    #[default]
+    WorkerGrpc,
+    /// A proxy sends it to the engine's own HTTP API (the endpoint picker, `switchyard epp`):
+    /// only workers that registered an engine endpoint can take it.
+    EngineHttp,
+}
+
 /// Every known worker and every model's routing state.
 #[derive(Debug)]
 pub struct WorkerPool {
@@ -115,6 +126,8 @@ pub struct WorkerPool {
     pub(crate) unresponsive_after: Duration,
     /// How channels to workers are opened (plain or mTLS, with the gateway's credential).
     dialer: Dialer,
+    /// Where routed requests go (which workers are candidates).
+    pub delivery: Delivery,
 }
 
 impl WorkerPool {
@@ -145,6 +158,33 @@ impl WorkerPool {
             transport: Arc::new(GrpcTransport),
             unresponsive_after: default_unresponsive_after(load_interval_ms),
             dialer: Dialer::open(Identity::new("default", PeerRole::Gateway)),
+            delivery: Delivery::WorkerGrpc,
+        })
+    }
+
+    /// The same pool, routing for `delivery`.
+    pub fn with_delivery(mut self, delivery: Delivery) -> Self {
+        self.delivery = delivery;
+        self
+    }
+
+    /// Whether `info`'s worker can take requests delivered the way this pool's are.
+    pub fn deliverable(&self, info: &WorkerInfo) -> bool {
+        match self.delivery {
+            Delivery::WorkerGrpc => true,
+            Delivery::EngineHttp => info.engine_endpoint.is_some(),
+        }
+    }
+
+    /// The worker whose engine endpoint is `endpoint` (`host:port`).
+    pub fn worker_at_endpoint(&self, endpoint: &str) -> Option<Arc<WorkerHandle>> {
+        self.workers().into_iter().find(|w| {
+            w.info
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .engine_endpoint
+                .as_deref()
+                == Some(endpoint)
         })
     }
 

@@ -69,6 +69,46 @@ impl RoutedRequest {
         // Dropping `self` releases nothing more: its booking is gone already.
     }
 
+    /// The proxy served the request on `worker`, another candidate of the decision than the
+    /// chosen one (it went down the endpoint picker's fallbacks): the booking moves there
+    /// ([`serve::ServingCore::move_booking`]). The recording keeps the route as decided and
+    /// ends it here.
+    pub fn served_by(
+        &mut self,
+        worker: Arc<WorkerHandle>,
+        request: &RouteRequest,
+        max_tokens: u32,
+    ) {
+        let to = worker.id();
+        if to == self.worker_id {
+            return;
+        }
+        let moved = self.routes.lock().serving.move_booking(
+            &self.booking,
+            &self.decision,
+            &to,
+            request,
+            max_tokens,
+        );
+        if self.recorded {
+            self.recorder.record(|| self.bookkeeping_record(false));
+            self.recorded = false;
+        }
+        self.booking = moved;
+        self.worker = worker;
+        self.worker_id = to;
+        self.cached_blocks = self
+            .decision
+            .explanation
+            .workers
+            .iter()
+            .find(|w| w.worker == self.worker_id)
+            .map_or(0, |w| w.overlap.device);
+        if self.prefill_done {
+            self.routes.lock().serving.prefill_done(&self.booking);
+        }
+    }
+
     /// The recorder's `prefill_done` or `finished` record of this request.
     fn bookkeeping_record(&self, prefill_done: bool) -> Record {
         let (tick, model, key, worker) = (
@@ -129,6 +169,19 @@ impl Candidates {
         routes: &ModelRoutes,
         eligible: impl Fn(WorkerFacts<'_>) -> bool,
     ) -> Self {
+        Self::select_within(pool, routes, eligible, &|_| true)
+    }
+
+    /// [`Candidates::select`] among the workers `within` admits (an endpoint subset).
+    fn select_within(
+        pool: &WorkerPool,
+        routes: &ModelRoutes,
+        eligible: impl Fn(WorkerFacts<'_>) -> bool,
+        within: &dyn Fn(&WorkerInfo) -> bool,
+    ) -> Self {
+        let eligible = |info: &WorkerInfo, draining: bool| {
+            pool.deliverable(info) && within(info) && eligible(facts(info, draining))
+        };
         let workers = pool.workers();
         let answering: Vec<_> = workers
             .iter()
@@ -145,7 +198,7 @@ impl Candidates {
     fn select_from(
         workers: Vec<Arc<WorkerHandle>>,
         routes: &ModelRoutes,
-        eligible: &impl Fn(WorkerFacts<'_>) -> bool,
+        eligible: &impl Fn(&WorkerInfo, bool) -> bool,
     ) -> Self {
         let mut out = Candidates {
             ids: Vec::with_capacity(workers.len()),
@@ -156,7 +209,7 @@ impl Candidates {
             // request was the larger part of routing with many workers.
             let id = {
                 let info = w.info.read().unwrap_or_else(|p| p.into_inner());
-                (info.model == routes.model && eligible(facts(&info, w.is_draining())))
+                (info.model == routes.model && eligible(&info, w.is_draining()))
                     .then(|| info.id.clone())
             };
             if let Some(id) = id {
@@ -239,8 +292,42 @@ pub fn route(
     attempt: u32,
     note: Option<&str>,
 ) -> Result<RoutedRequest, RouteError> {
-    let started = Instant::now();
     let candidates = candidates(pool, routes, filter);
+    route_candidates(
+        pool, routes, candidates, request, max_tokens, tags, attempt, note,
+    )
+}
+
+/// [`route`] (first attempt) among the workers `within` admits as well: the endpoint
+/// picker's subset of endpoints a proxy may send the request to. `note` goes to the decision
+/// log.
+#[allow(clippy::too_many_arguments)]
+pub fn route_within(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    request: &RouteRequest,
+    max_tokens: u32,
+    filter: DecodeFilter<'_>,
+    within: &dyn Fn(&WorkerInfo) -> bool,
+    tags: &Arc<RequestTags>,
+    note: Option<&str>,
+) -> Result<RoutedRequest, RouteError> {
+    let candidates = Candidates::select_within(pool, routes, |w| may_decode(w, filter), within);
+    route_candidates(pool, routes, candidates, request, max_tokens, tags, 1, note)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn route_candidates(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    candidates: Candidates,
+    request: &RouteRequest,
+    max_tokens: u32,
+    tags: &Arc<RequestTags>,
+    attempt: u32,
+    note: Option<&str>,
+) -> Result<RoutedRequest, RouteError> {
+    let started = Instant::now();
     let only = &candidates.ids;
     let (decision, booking) = {
         let mut core = routes.lock();

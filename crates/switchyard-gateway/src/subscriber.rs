@@ -339,6 +339,7 @@ mod tests {
             max_context_tokens: 1000,
             engine: EngineKind::Sim,
             incarnation: 1,
+            engine_endpoint: None,
         };
         let routes = pool.routes_for(&info).unwrap();
         (pool, routes, id)

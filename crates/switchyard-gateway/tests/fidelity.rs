@@ -81,6 +81,7 @@ fn info(id: &str, role: Role, engine: EngineKind) -> WorkerInfo {
         max_context_tokens: 1_000_000,
         engine,
         incarnation: 1,
+        engine_endpoint: None,
     }
 }
 

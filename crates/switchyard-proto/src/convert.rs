@@ -198,6 +198,7 @@ pub fn worker_info_to_wire(info: &WorkerInfo, draining: bool) -> v1::WorkerInfo 
         engine: info.engine.as_str().to_owned(),
         incarnation: info.incarnation,
         draining,
+        engine_endpoint: info.engine_endpoint.clone().unwrap_or_default(),
     }
 }
 
@@ -220,6 +221,7 @@ impl TryFrom<v1::WorkerInfo> for WorkerInfo {
             max_context_tokens: w.max_context_tokens,
             engine,
             incarnation: w.incarnation,
+            engine_endpoint: Some(w.engine_endpoint).filter(|e| !e.is_empty()),
         };
         info.validate()?;
         Ok(info)
@@ -435,6 +437,7 @@ mod tests {
             max_context_tokens: 100,
             engine: EngineKind::Sim,
             incarnation: 3,
+            engine_endpoint: None,
         };
         let wire = worker_info_to_wire(&info, false);
         assert_eq!(WorkerInfo::try_from(wire.clone()).unwrap(), info);

@@ -293,6 +293,7 @@ mod tests {
             max_context_tokens: 100,
             engine: EngineKind::Sim,
             incarnation: 0,
+            engine_endpoint: None,
         }
     }
 

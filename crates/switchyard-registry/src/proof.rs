@@ -118,6 +118,7 @@ mod tests {
             max_context_tokens: 100,
             engine: switchyard_core::EngineKind::Sim,
             incarnation: 7,
+            engine_endpoint: None,
         }
     }
 

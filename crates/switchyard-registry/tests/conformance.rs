@@ -71,6 +71,7 @@ fn worker(id: &str, model: &str, block_size: u32) -> WorkerInfo {
         max_context_tokens: 32768,
         engine: EngineKind::Sim,
         incarnation: 1,
+        engine_endpoint: None,
     }
 }
 

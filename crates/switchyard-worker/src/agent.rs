@@ -209,6 +209,7 @@ pub async fn run(
         max_context_tokens: spec.max_context_tokens,
         engine: spec.kind,
         incarnation,
+        engine_endpoint: config.engine.http_endpoint(),
     };
     info.validate()
         .map_err(|e| AgentError::Describe(e.to_string()))?;

@@ -262,6 +262,10 @@ pub struct WorkerArgs {
     /// vLLM/SGLang: the engine's HTTP base URL (http://host:port).
     #[arg(long, env = "SWITCHYARD_ENGINE_URL")]
     pub engine_url: Option<String>,
+    /// vLLM/SGLang: host:port a proxy reaches the engine's HTTP API on, registered for
+    /// `switchyard epp` (default: host:port of --engine-url).
+    #[arg(long, env = "SWITCHYARD_ENGINE_ADVERTISE")]
+    pub engine_advertise: Option<String>,
     /// vLLM/SGLang: the engine's KV event publisher (tcp://host:5557).
     #[arg(long, env = "SWITCHYARD_KV_EVENTS")]
     pub kv_events: Option<String>,
@@ -364,6 +368,7 @@ impl WorkerArgs {
         let engine = &mut config.engine;
         for (flag, target) in [
             (&self.engine_url, &mut engine.url),
+            (&self.engine_advertise, &mut engine.advertise),
             (&self.kv_events, &mut engine.kv_events),
             (&self.kv_replay, &mut engine.kv_replay),
             (&self.served_model_name, &mut engine.served_model_name),

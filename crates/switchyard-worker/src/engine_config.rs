@@ -16,6 +16,11 @@ pub struct EngineConfig {
     pub kind: EngineKind,
     /// The engine's HTTP base URL (`http://host:port`).
     pub url: Option<String>,
+    /// `host:port` a proxy reaches the engine's HTTP API on, registered for the endpoint picker
+    /// (`switchyard epp`). Default: the host and port of `url`, which is right when the worker
+    /// dials the engine the way the proxy does (a pod IP or Service), and wrong when the engine
+    /// is a sidecar on 127.0.0.1 (then set the pod's IP here).
+    pub advertise: Option<String>,
     /// The engine's KV event publisher (`tcp://host:5557`); rank r publishes on port + r.
     pub kv_events: Option<String>,
     /// The engine's KV event replay socket (`tcp://host:5558`); rank r on port + r.
@@ -50,6 +55,7 @@ impl Default for EngineConfig {
         Self {
             kind: EngineKind::Sim,
             url: None,
+            advertise: None,
             kv_events: None,
             kv_replay: None,
             kv_events_topic: String::new(),
@@ -68,6 +74,35 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// The `host:port` the worker registers as its engine's HTTP endpoint: `advertise`, else
+    /// the authority of `url` (port 80 or 443 by scheme when it names none). None for the
+    /// simulator.
+    pub fn http_endpoint(&self) -> Option<String> {
+        if self.kind == EngineKind::Sim {
+            return None;
+        }
+        if let Some(endpoint) = &self.advertise {
+            return Some(endpoint.clone());
+        }
+        let url = self.url.as_deref()?;
+        let (scheme, rest) = url.split_once("://")?;
+        let authority = rest.split(['/', '?', '#']).next()?;
+        let authority = authority.rsplit('@').next()?;
+        if authority.is_empty() {
+            return None;
+        }
+        let has_port = match authority.rfind(']') {
+            Some(close) => authority[close..].contains(':'),
+            None => authority.contains(':'),
+        };
+        Some(if has_port {
+            authority.to_owned()
+        } else {
+            let port = if scheme == "https" { 443 } else { 80 };
+            format!("{authority}:{port}")
+        })
+    }
+
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         if self.kind == EngineKind::Sim {
@@ -79,6 +114,10 @@ impl EngineConfig {
                 return invalid(format!("--engine-url {url:?} must start with http://"));
             }
             Some(_) => {}
+        }
+        if let Some(endpoint) = &self.advertise {
+            switchyard_core::worker::validate_endpoint(endpoint)
+                .map_err(|e| ConfigError::Invalid(format!("--engine-advertise: {e}")))?;
         }
         if self.dp_ranks == 0 {
             return invalid("dp_ranks must be at least 1".into());
@@ -105,5 +144,60 @@ impl EngineConfig {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vllm(url: &str, advertise: Option<&str>) -> EngineConfig {
+        EngineConfig {
+            kind: EngineKind::Vllm,
+            url: Some(url.into()),
+            advertise: advertise.map(str::to_owned),
+            ..EngineConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_http_endpoint_is_the_advertised_one_or_the_urls_authority() {
+        assert_eq!(
+            vllm("http://10.0.0.7:8000/", None)
+                .http_endpoint()
+                .as_deref(),
+            Some("10.0.0.7:8000")
+        );
+        assert_eq!(
+            vllm("http://vllm.ns.svc", None).http_endpoint().as_deref(),
+            Some("vllm.ns.svc:80")
+        );
+        assert_eq!(
+            vllm("http://[::1]:9000/v1", None)
+                .http_endpoint()
+                .as_deref(),
+            Some("[::1]:9000")
+        );
+        assert_eq!(
+            vllm("http://127.0.0.1:8000", Some("10.1.2.3:8000"))
+                .http_endpoint()
+                .as_deref(),
+            Some("10.1.2.3:8000")
+        );
+        assert_eq!(EngineConfig::default().http_endpoint(), None);
+    }
+
+    #[test]
+    fn a_bad_advertised_endpoint_is_refused() {
+        let err = vllm("http://127.0.0.1:8000", Some("10.1.2.3"))
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--engine-advertise"), "{err}");
+        assert!(
+            vllm("http://127.0.0.1:8000", Some("pod:8000"))
+                .validate()
+                .is_ok()
+        );
     }
 }

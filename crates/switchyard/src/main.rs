@@ -48,6 +48,9 @@ enum Command {
     Gateway(GatewayCommand),
     /// Run a worker agent in front of an engine (the built-in simulator).
     Worker(WorkerArgs),
+    /// Run as the endpoint picker of a Kubernetes Gateway (Gateway API Inference Extension):
+    /// an Envoy ext_proc server choosing the model server pod for each request.
+    Epp(EppCommand),
     /// Size the prefill and decode pools to the load (or `planner profile`: measure a worker).
     Planner(planner_cmd::PlannerCommand),
     /// Replay a trace offline (simulated cluster, several policies) or against an endpoint.
@@ -82,6 +85,14 @@ impl GatewayCommand {
     }
 }
 
+#[derive(Debug, clap::Args)]
+struct EppCommand {
+    #[command(flatten)]
+    registry: GatewayCommand,
+    #[command(flatten)]
+    epp: switchyard_epp::EppArgs,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -112,6 +123,21 @@ fn main() -> ExitCode {
             };
             let traces = trace_export(&config.otlp_endpoint, &[switchyard_telemetry::GATEWAY]);
             run_async(traces, run_gateway(config))
+        }
+        Command::Epp(args) => {
+            let configs = args
+                .registry
+                .resolve()
+                .and_then(|gateway| Ok((gateway, args.epp.resolve()?)));
+            let (gateway, epp) = match configs {
+                Ok(configs) => configs,
+                Err(err) => {
+                    eprintln!("switchyard epp: {err}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let traces = trace_export(&gateway.otlp_endpoint, &[switchyard_telemetry::GATEWAY]);
+            run_async(traces, run_epp(gateway, epp))
         }
         Command::Worker(args) => {
             let config = match args.resolve() {
@@ -326,11 +352,61 @@ async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_epp(gateway: GatewayConfig, epp: switchyard_epp::EppConfig) -> anyhow::Result<()> {
+    let shutdown = shutdown_on_signal();
+    let Some(registry) = connect_etcd(
+        &gateway.etcd_endpoints,
+        &gateway.cluster,
+        &gateway.security,
+        &shutdown,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    switchyard_epp::run(gateway, epp, Arc::new(registry), shutdown, |listening| {
+        let ready = serde_json::json!({
+            "event": "ready",
+            "grpc": listening.grpc.to_string(),
+            "address": listening.http.to_string(),
+        });
+        println!("{ready}");
+    })
+    .await?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    #[test]
+    fn every_subcommand_has_a_consistent_command_line() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let parsed = Cli::try_parse_from([
+            "switchyard",
+            "epp",
+            "--etcd",
+            "http://etcd:2379",
+            "--grpc",
+            "127.0.0.1:9002",
+            "--http",
+            "127.0.0.1:9090",
+            "--failure-mode",
+            "open",
+        ])
+        .unwrap();
+        let Command::Epp(epp) = parsed.command else {
+            panic!("parsed {:?}", parsed.command);
+        };
+        let config = epp.epp.resolve().unwrap();
+        assert_eq!(config.listen.port(), 9002);
+        assert_eq!(config.failure_mode, switchyard_epp::FailureMode::Open);
+        assert_eq!(epp.registry.resolve().unwrap().listen.port(), 9090);
+    }
 
     #[test]
     fn gateway_flags_win_over_the_config_file_for_etcd_and_cluster() {

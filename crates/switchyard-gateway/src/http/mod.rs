@@ -105,6 +105,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The operator's surface alone (admin API, health, readiness, metrics): what the endpoint
+/// picker (`switchyard epp`) serves over HTTP, where a proxy carries the OpenAI API.
+pub fn operations_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .nest("/admin", admin::router(Arc::clone(&state)))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
 async fn not_found() -> ApiError {
     ApiError::NotFound("no such endpoint".into())
 }
@@ -113,14 +125,18 @@ async fn health() -> &'static str {
     "ok"
 }
 
-/// Ready when at least one worker can take a generation. The body's first line says so; each
+/// Ready when at least one worker can take a generation (one the pool can deliver to). The body's first line says so; each
 /// further line names a worker whose KV events cannot be trusted, or one refused for routing
 /// (it stays ready: those workers still serve, but routing around them is blind).
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
     let workers = state.pool.workers();
-    let serving = workers
-        .iter()
-        .any(|w| w.info().role.serves_decode() && !w.is_draining() && w.health.is_answering());
+    let serving = workers.iter().any(|w| {
+        let info = w.info();
+        info.role.serves_decode()
+            && state.pool.deliverable(&info)
+            && !w.is_draining()
+            && w.health.is_answering()
+    });
     let mut body = if serving {
         "ready".to_owned()
     } else {

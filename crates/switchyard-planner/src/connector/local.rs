@@ -271,6 +271,7 @@ mod tests {
             max_context_tokens: 1024,
             engine: EngineKind::default(),
             incarnation: 0,
+            engine_endpoint: None,
         }
     }
 

@@ -73,6 +73,22 @@ impl Decision {
             .iter()
             .find(|w| w.worker == self.worker)
     }
+
+    /// Every candidate, the chosen worker first and then the others best first by the deciding
+    /// policy's own figures (the order its choice rule ranks them in): where a proxy should go
+    /// next when the chosen worker cannot be reached (the endpoint picker's fallbacks).
+    pub fn ranked(&self, request: &RouteRequest) -> Vec<&WorkerId> {
+        let mut others: Vec<&WorkerScore> = self
+            .explanation
+            .workers
+            .iter()
+            .filter(|w| w.worker != self.worker)
+            .collect();
+        others.sort_by(|a, b| explain::compare(request, a, b));
+        std::iter::once(&self.worker)
+            .chain(others.into_iter().map(|w| &w.worker))
+            .collect()
+    }
 }
 
 /// A routing policy. `choose` takes `&mut self` because some policies keep state (a turn

@@ -339,6 +339,29 @@ impl ServingCore {
         self.load.on_prefill_done(&booking.worker, booking.key);
     }
 
+    /// The request was served by `to`, another candidate of `decision` than the one it was
+    /// booked on (a proxy went down the endpoint picker's fallbacks): the booking on the chosen
+    /// worker ends and the request is booked on `to` as aggregated, with what `to` computes of
+    /// the prompt by the decision's breakdown. Returns the new booking.
+    pub fn move_booking(
+        &mut self,
+        booking: &Booking,
+        decision: &Decision,
+        to: &WorkerId,
+        request: &RouteRequest,
+        max_tokens: u32,
+    ) -> Booking {
+        self.finished(booking);
+        let mut served = Decision {
+            worker: to.clone(),
+            explanation: decision.explanation.clone(),
+        };
+        served.explanation.chosen = to.clone();
+        let moved = Booking::aggregated(self.next_key(), &served, request, max_tokens);
+        self.book(&moved, request.now);
+        moved
+    }
+
     /// The booked request ended on its worker (finished, failed or cancelled).
     pub fn finished(&mut self, booking: &Booking) {
         self.load.on_finished(&booking.worker, booking.key);

@@ -260,3 +260,43 @@ fn booking_keys_are_unique_per_core() {
     let c = core.book_prefill(&choice, &request, &mut b);
     assert!(a.key != b.key && b.key != c.key && a.key != c.key);
 }
+
+#[test]
+fn ranked_puts_the_choice_first_then_the_rest_by_cost() {
+    let mut core = core(PolicyKind::Kv);
+    let tokens = prompt(8);
+    store(&mut core, "b", &tokens, 8);
+    store(&mut core, "c", &tokens, 4);
+    let request = route_request(&tokens, bs(), None, 0);
+    let (decision, _) = core
+        .route_decode(&request, &candidates(&["a", "b", "c"]), 16)
+        .unwrap();
+    let ranked: Vec<&str> = decision
+        .ranked(&request)
+        .iter()
+        .map(|w| w.as_str())
+        .collect();
+    assert_eq!(ranked, ["b", "c", "a"]);
+}
+
+#[test]
+fn a_moved_booking_leaves_the_chosen_worker_and_counts_on_the_server() {
+    let mut core = core(PolicyKind::Kv);
+    let tokens = prompt(8);
+    store(&mut core, "b", &tokens, 8);
+    store(&mut core, "c", &tokens, 4);
+    let request = route_request(&tokens, bs(), None, 0);
+    let (decision, booking) = core
+        .route_decode(&request, &candidates(&["a", "b", "c"]), 16)
+        .unwrap();
+    assert_eq!(booking.worker, w("b"));
+    let moved = core.move_booking(&booking, &decision, &w("c"), &request, 16);
+    assert!(booked(&core, "b").is_empty());
+    let on_c = booked(&core, "c");
+    assert_eq!(on_c.len(), 1);
+    // c holds half the prompt: it computes the other half.
+    assert_eq!(moved.uncached_prompt_tokens, u64::from(4 * BS));
+    assert_eq!(moved.worker, w("c"));
+    core.finished(&moved);
+    assert!(booked(&core, "c").is_empty());
+}

@@ -229,6 +229,7 @@ fn info(id: &str, port: u16, role: Role, engine: EngineKind) -> WorkerInfo {
         max_context_tokens: 100_000,
         engine,
         incarnation: 1,
+        engine_endpoint: None,
     }
 }
 
