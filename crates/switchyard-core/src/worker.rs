@@ -254,4 +254,48 @@ mod tests {
         };
         assert!(bad.validate().is_err());
     }
+
+    #[test]
+    fn an_engine_endpoint_is_host_and_port_and_absent_from_json_when_unset() {
+        let info = WorkerInfo {
+            id: WorkerId::new("w1").unwrap(),
+            address: "127.0.0.1:5000".into(),
+            model: "m".into(),
+            role: Role::Both,
+            block_size: BlockSize::new(16).unwrap(),
+            kv_capacity_blocks: 1000,
+            max_context_tokens: 32768,
+            engine: EngineKind::Vllm,
+            incarnation: 7,
+            engine_endpoint: None,
+        };
+        // Entries without one read as before (older gateways refuse unknown fields).
+        assert!(
+            !serde_json::to_string(&info)
+                .unwrap()
+                .contains("engine_endpoint")
+        );
+        let with = WorkerInfo {
+            engine_endpoint: Some("10.0.0.7:8000".into()),
+            ..info.clone()
+        };
+        let json = serde_json::to_string(&with).unwrap();
+        assert_eq!(serde_json::from_str::<WorkerInfo>(&json).unwrap(), with);
+        assert!(with.validate().is_ok());
+        for bad in [
+            "10.0.0.7",
+            "10.0.0.7:0",
+            ":8000",
+            "http://x:80",
+            "::1:80",
+            "h:port",
+        ] {
+            let info = WorkerInfo {
+                engine_endpoint: Some(bad.into()),
+                ..info.clone()
+            };
+            assert!(info.validate().is_err(), "{bad}");
+        }
+        assert!(validate_endpoint("[::1]:8000").is_ok());
+    }
 }

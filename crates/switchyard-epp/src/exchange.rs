@@ -116,14 +116,15 @@ impl Exchange {
     }
 
     fn adopt_modes(&mut self, request: i32, response: i32) -> Result<(), tonic::Status> {
-        let unsupported = |which: &str| {
-            tonic::Status::invalid_argument(format!(
-                "{which} body mode {request} is not one the endpoint picker serves (gRPC bodies)"
-            ))
+        let mode = |which: &str, wire: i32| {
+            BodyMode::from_wire(wire).ok_or_else(|| {
+                tonic::Status::invalid_argument(format!(
+                    "{which} body mode {wire} is not one the endpoint picker serves (gRPC bodies are not)"
+                ))
+            })
         };
-        self.request_mode = BodyMode::from_wire(request).ok_or_else(|| unsupported("request"))?;
-        self.response_mode =
-            BodyMode::from_wire(response).ok_or_else(|| unsupported("response"))?;
+        self.request_mode = mode("request", request)?;
+        self.response_mode = mode("response", response)?;
         Ok(())
     }
 
