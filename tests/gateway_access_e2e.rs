@@ -239,11 +239,15 @@ async fn only_keys_tokens_and_the_recording_dir_get_in_over_https() {
     assert_eq!(metrics.status, 200);
     let text = metrics.body.as_str().unwrap().to_owned();
     assert!(
-        text.contains(r#"switchyard_requests_total{endpoint="v1",status="missing_api_key"} 2"#),
+        text.contains(
+            r#"switchyard_requests_total{endpoint="v1",status="missing_api_key",model=""} 2"#
+        ),
         "{text}"
     );
     assert!(
-        text.contains(r#"switchyard_requests_total{endpoint="v1",status="invalid_api_key"} 2"#),
+        text.contains(
+            r#"switchyard_requests_total{endpoint="v1",status="invalid_api_key",model=""} 2"#
+        ),
         "{text}"
     );
 
