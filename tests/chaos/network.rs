@@ -107,7 +107,9 @@ async fn a_link_cut_mid_stream_moves_the_stream_and_loses_no_request() {
     assert!(api.lists_workers(1).await);
 
     // A long stream on a, the only worker; then b joins, load starts, and a's link is cut.
-    let max_tokens = if chaos_full() { 600 } else { 200 };
+    // The stream must still be running when the link is cut, however slowly b starts and the
+    // load gets going on a busy machine, so it is long (seconds of decoding); it finishes on b.
+    let max_tokens = if chaos_full() { 4000 } else { 1500 };
     let mut long = support::chat("a long answer", max_tokens);
     long["stream"] = json!(true);
     long["stream_options"] = json!({"include_usage": true});
@@ -136,6 +138,10 @@ async fn a_link_cut_mid_stream_moves_the_stream_and_loses_no_request() {
         body.extend_from_slice(&chunk);
     }
     let finished = cut_at.elapsed();
+    assert!(
+        a.proxy.cut() >= 1,
+        "the long stream finished before a's link was cut: nothing was tested"
+    );
     let text = String::from_utf8(body).unwrap();
     let events = switchyard_core::sse::events(&text);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{text}");
@@ -154,7 +160,6 @@ async fn a_link_cut_mid_stream_moves_the_stream_and_loses_no_request() {
     // Continuous: `completion_tokens` counts the tokens the gateway sent this client, across
     // both workers; a token repeated or skipped at the move would change it.
     assert_eq!(usage["completion_tokens"], max_tokens, "{usage}");
-    assert!(a.proxy.cut() >= 1, "the proxy cut a's connection");
     assert!(api.metric("switchyard_dispatch_migrations").await >= 1.0);
     eprintln!(
         "a stream whose link was cut (after 2 KiB) finished on another worker {:.2} s after the cut",
