@@ -59,7 +59,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
     };
     if p.stream {
         record(&state, p.kind, &p.model, "ok");
-        let events = sse_events(Answer {
+        let answer = Answer {
             state,
             p,
             labels,
@@ -67,7 +67,11 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
             texts,
             _in_flight: in_flight,
             first: Some(first),
-        });
+        };
+        if answer.p.kind == Kind::Responses {
+            return super::responses::stream(answer);
+        }
+        let events = sse_events(answer);
         return Sse::new(events)
             .keep_alive(KeepAlive::default())
             .into_response();
@@ -177,11 +181,15 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
             usage: Some(usage),
         })
         .into_response(),
+        Kind::Responses => {
+            let answer = choices.map(|(_, ((content, _), finish))| (content, finish));
+            super::responses::whole(&p, answer, &usage)
+        }
     }
 }
 
 /// The in-flight gauge, up for as long as the response is produced.
-struct InFlight {
+pub(super) struct InFlight {
     state: Arc<AppState>,
 }
 
@@ -232,10 +240,11 @@ impl Piece {
 }
 
 /// One chunk of a stream, in the request's API shape: about choice `index`, or (with `usage`)
-/// the final usage chunk with no choice.
+/// the final usage chunk with no choice. (A Responses stream has events of its own, written by
+/// `super::responses`.)
 fn chunk(p: &Prepared, created: u64, index: u32, piece: Piece, usage: Option<Usage>) -> String {
     let json = match p.kind {
-        Kind::Chat => serde_json::to_string(&ChatCompletionChunk {
+        Kind::Chat | Kind::Responses => serde_json::to_string(&ChatCompletionChunk {
             id: p.completion_id.clone(),
             object: "chat.completion.chunk",
             created,
@@ -281,16 +290,16 @@ fn chunk(p: &Prepared, created: u64, index: u32, piece: Piece, usage: Option<Usa
 
 /// A streamed answer in progress. It owns the choices' events: when the client disconnects,
 /// axum drops the stream, the choices go, and their workers are told to stop.
-struct Answer {
-    state: Arc<AppState>,
-    p: Prepared,
-    labels: ModelLabels,
-    choices: Choices,
-    texts: Vec<ChoiceText>,
+pub(super) struct Answer {
+    pub(super) state: Arc<AppState>,
+    pub(super) p: Prepared,
+    pub(super) labels: ModelLabels,
+    pub(super) choices: Choices,
+    pub(super) texts: Vec<ChoiceText>,
     /// Held for as long as the answer streams.
-    _in_flight: InFlight,
+    pub(super) _in_flight: InFlight,
     /// The event that decided the status, handled first.
-    first: Option<(u32, DispatchEvent)>,
+    pub(super) first: Option<(u32, DispatchEvent)>,
 }
 
 /// The server-sent events of a streamed answer.
