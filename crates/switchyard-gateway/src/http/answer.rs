@@ -147,7 +147,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
         .get_or_create(&labels)
         .observe(p.arrived.elapsed().as_secs_f64());
     let finishes = texts.iter().map(ChoiceText::finish_reason);
-    let choices = contents.into_iter().zip(logprobs).zip(finishes).enumerate();
+    let mut choices = contents.into_iter().zip(logprobs).zip(finishes).enumerate();
     match p.kind {
         Kind::Chat => axum::Json(ChatCompletion {
             id: p.completion_id,
@@ -182,14 +182,17 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
         })
         .into_response(),
         Kind::Responses => {
-            let answer = choices.map(|(_, ((content, _), finish))| (content, finish));
+            // One prompt, one choice.
+            let answer = choices
+                .next()
+                .map(|(_, ((content, _), finish))| (content, finish));
             super::responses::whole(&p, answer, &usage)
         }
     }
 }
 
 /// The in-flight gauge, up for as long as the response is produced.
-pub(super) struct InFlight {
+struct InFlight {
     state: Arc<AppState>,
 }
 
@@ -297,7 +300,7 @@ pub(super) struct Answer {
     pub(super) choices: Choices,
     pub(super) texts: Vec<ChoiceText>,
     /// Held for as long as the answer streams.
-    pub(super) _in_flight: InFlight,
+    _in_flight: InFlight,
     /// The event that decided the status, handled first.
     pub(super) first: Option<(u32, DispatchEvent)>,
 }

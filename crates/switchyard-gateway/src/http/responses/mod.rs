@@ -52,6 +52,13 @@ pub async fn create(
     .await
 }
 
+/// Parses, translates and checks a `/v1/responses` body as the handler does before admission.
+/// Public so that the fuzz targets (`crates/switchyard-fuzz`) drive exactly this code.
+pub fn parse_responses_request(body: &[u8]) -> Result<completions::ParsedRequest, ApiError> {
+    request::split(completions::parse_body(body)?)
+        .and_then(|r| completions::checked(Kind::Responses, r))
+}
+
 /// Tokens of the reasoning items, as the model's tokenizer counts their text.
 fn reasoning_tokens(p: &Prepared, items: &[Item]) -> u32 {
     items
@@ -80,10 +87,10 @@ fn missing_echo() -> Response {
 /// A whole answer (its one choice, with its finish reason) as a response object.
 pub(super) fn whole(
     p: &Prepared,
-    mut answer: impl Iterator<Item = (Gathered, &'static str)>,
+    answer: Option<(Gathered, &'static str)>,
     usage: &Usage,
 ) -> Response {
-    let (Some(echo), Some((gathered, finish))) = (&p.responses, answer.next()) else {
+    let (Some(echo), Some((gathered, finish))) = (&p.responses, answer) else {
         return missing_echo();
     };
     let items = output::items(
