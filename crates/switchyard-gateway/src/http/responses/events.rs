@@ -337,6 +337,9 @@ mod tests {
         assert!(matches!(&w.items()[0], Item::Message { text, .. } if text == " "));
         // Nothing at all: an empty message.
         let mut empty = Writer::new("resp_2");
-        assert_eq!(names(&empty.finish(true)).len(), 5);
+        let events = empty.finish(true);
+        assert_eq!(names(&events).len(), 5);
+        // Cut at the token limit: the item says so.
+        assert_eq!(events[4].data["item"]["status"], "incomplete");
     }
 }
