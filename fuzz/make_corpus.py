@@ -74,6 +74,23 @@ bodies = {
     "completion_echo": {"model": "m", "prompt": "x", "echo": True},
     "completion_bad_logit_bias": {"model": "m", "prompt": "x", "logit_bias": {"abc": 1.0}},
     "completion_zero_max_tokens": {"model": "m", "prompt": "x", "max_tokens": 0},
+    # /v1/responses bodies (the same target tries each body on every endpoint).
+    "responses_text": {"model": "m", "input": "hi", "instructions": "be brief",
+                       "max_output_tokens": 8, "temperature": 0, "stream": True},
+    "responses_items_and_tools": {"model": "m", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "look"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": "{\"city\": \"Paris\"}", "id": "fc_1", "status": "completed"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18 C"}],
+        "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"},
+                   "strict": True}],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
+        "metadata": {"k": "v"}, "store": False},
+    "responses_stateful": {"model": "m", "input": "x", "previous_response_id": "resp_1"},
+    "responses_unknown_role": {"model": "m", "input": [{"role": "tool", "content": "x"}]},
 }
 for name, body in bodies.items():
     write("http_chat_body", name, json.dumps(body))

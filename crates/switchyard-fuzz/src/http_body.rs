@@ -1,7 +1,8 @@
 //! `http_chat_body`: a request body as the gateway's completion endpoints parse and validate it
-//! before admission (`switchyard_gateway::http::completions::parse_*_request`).
+//! before admission (`switchyard_gateway::http::completions::parse_*_request`, and
+//! `switchyard_gateway::http::responses::parse_responses_request`).
 //!
-//! The input is the body, tried as both endpoints' body. A refusal must be a client error
+//! The input is the body, tried as each endpoint's body. A refusal must be a client error
 //! (4xx) with an OpenAI error object; an accepted request must hold what the handler relies on.
 
 use axum::response::IntoResponse;
@@ -9,17 +10,20 @@ use switchyard_gateway::error::ApiError;
 use switchyard_gateway::http::completions::{
     ParsedRequest, PromptSource, parse_chat_request, parse_completion_request,
 };
+use switchyard_gateway::http::responses::parse_responses_request;
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
     check(parse_chat_request(data), Endpoint::Chat);
     check(parse_completion_request(data), Endpoint::Text);
+    check(parse_responses_request(data), Endpoint::Responses);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
     Chat,
     Text,
+    Responses,
 }
 
 fn check(parsed: Result<ParsedRequest, ApiError>, endpoint: Endpoint) {
@@ -31,7 +35,7 @@ fn check(parsed: Result<ParsedRequest, ApiError>, endpoint: Endpoint) {
 
 fn accepted(request: &ParsedRequest, endpoint: Endpoint) {
     match (&request.source, endpoint) {
-        (PromptSource::Chat { messages, .. }, Endpoint::Chat) => {
+        (PromptSource::Chat { messages, .. }, Endpoint::Chat | Endpoint::Responses) => {
             assert!(
                 !messages.is_empty(),
                 "a chat request without messages was accepted"
@@ -45,6 +49,11 @@ fn accepted(request: &ParsedRequest, endpoint: Endpoint) {
         }
         (prompt, endpoint) => panic!("{endpoint:?} body parsed to the other endpoint's {prompt:?}"),
     }
+    assert_eq!(
+        request.responses.is_some(),
+        endpoint == Endpoint::Responses,
+        "only a /v1/responses body carries the settings its answer echoes"
+    );
     if let Some(n) = request.sampling.n {
         assert!((1..=128).contains(&n), "n = {n} was accepted");
     }

@@ -59,7 +59,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
     };
     if p.stream {
         record(&state, p.kind, &p.model, "ok");
-        let events = sse_events(Answer {
+        let answer = Answer {
             state,
             p,
             labels,
@@ -67,7 +67,11 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
             texts,
             _in_flight: in_flight,
             first: Some(first),
-        });
+        };
+        if answer.p.kind == Kind::Responses {
+            return super::responses::stream(answer);
+        }
+        let events = sse_events(answer);
         return Sse::new(events)
             .keep_alive(KeepAlive::default())
             .into_response();
@@ -143,7 +147,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
         .get_or_create(&labels)
         .observe(p.arrived.elapsed().as_secs_f64());
     let finishes = texts.iter().map(ChoiceText::finish_reason);
-    let choices = contents.into_iter().zip(logprobs).zip(finishes).enumerate();
+    let mut choices = contents.into_iter().zip(logprobs).zip(finishes).enumerate();
     match p.kind {
         Kind::Chat => axum::Json(ChatCompletion {
             id: p.completion_id,
@@ -177,6 +181,13 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
             usage: Some(usage),
         })
         .into_response(),
+        Kind::Responses => {
+            // One prompt, one choice.
+            let answer = choices
+                .next()
+                .map(|(_, ((content, _), finish))| (content, finish));
+            super::responses::whole(&p, answer, &usage)
+        }
     }
 }
 
@@ -232,10 +243,11 @@ impl Piece {
 }
 
 /// One chunk of a stream, in the request's API shape: about choice `index`, or (with `usage`)
-/// the final usage chunk with no choice.
+/// the final usage chunk with no choice. (A Responses stream has events of its own, written by
+/// `super::responses`.)
 fn chunk(p: &Prepared, created: u64, index: u32, piece: Piece, usage: Option<Usage>) -> String {
     let json = match p.kind {
-        Kind::Chat => serde_json::to_string(&ChatCompletionChunk {
+        Kind::Chat | Kind::Responses => serde_json::to_string(&ChatCompletionChunk {
             id: p.completion_id.clone(),
             object: "chat.completion.chunk",
             created,
@@ -281,16 +293,16 @@ fn chunk(p: &Prepared, created: u64, index: u32, piece: Piece, usage: Option<Usa
 
 /// A streamed answer in progress. It owns the choices' events: when the client disconnects,
 /// axum drops the stream, the choices go, and their workers are told to stop.
-struct Answer {
-    state: Arc<AppState>,
-    p: Prepared,
-    labels: ModelLabels,
-    choices: Choices,
-    texts: Vec<ChoiceText>,
+pub(super) struct Answer {
+    pub(super) state: Arc<AppState>,
+    pub(super) p: Prepared,
+    pub(super) labels: ModelLabels,
+    pub(super) choices: Choices,
+    pub(super) texts: Vec<ChoiceText>,
     /// Held for as long as the answer streams.
     _in_flight: InFlight,
     /// The event that decided the status, handled first.
-    first: Option<(u32, DispatchEvent)>,
+    pub(super) first: Option<(u32, DispatchEvent)>,
 }
 
 /// The server-sent events of a streamed answer.

@@ -54,12 +54,12 @@ impl ChoiceText {
             logprobs: p
                 .asks
                 .logprobs
-                .map(|_| LogprobsOut::new(p.kind == Kind::Chat)),
+                .map(|_| LogprobsOut::new(p.kind != Kind::Text)),
             offset: prompt
                 .echo
                 .as_deref()
                 .map_or(0, |e| e.chars().count() as u32),
-            shaper: (p.kind == Kind::Chat).then(|| {
+            shaper: (p.kind != Kind::Text).then(|| {
                 Shaper::new(
                     &p.output,
                     &p.completion_id,
@@ -218,8 +218,8 @@ pub(super) fn request_usage(texts: &[ChoiceText], n: u32) -> Usage {
 #[derive(Default)]
 pub(super) struct Gathered {
     pub(super) content: String,
-    reasoning: Option<String>,
-    tool_calls: Vec<ToolCallOut>,
+    pub(super) reasoning: Option<String>,
+    pub(super) tool_calls: Vec<ToolCallOut>,
 }
 
 impl Gathered {

@@ -46,6 +46,8 @@ use super::answer::respond;
 pub(super) enum Kind {
     Chat,
     Text,
+    /// `/v1/responses`: a chat request answered in the Responses shape (`super::responses`).
+    Responses,
 }
 
 impl Kind {
@@ -53,6 +55,7 @@ impl Kind {
         match self {
             Kind::Chat => "chat_completions",
             Kind::Text => "completions",
+            Kind::Responses => "responses",
         }
     }
 
@@ -61,6 +64,7 @@ impl Kind {
         match self {
             Kind::Chat => "/v1/chat/completions",
             Kind::Text => "/v1/completions",
+            Kind::Responses => "/v1/responses",
         }
     }
 
@@ -68,6 +72,7 @@ impl Kind {
         match self {
             Kind::Chat => "POST /v1/chat/completions",
             Kind::Text => "POST /v1/completions",
+            Kind::Responses => "POST /v1/responses",
         }
     }
 }
@@ -88,7 +93,7 @@ pub(crate) fn read_body(
     })
 }
 
-fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(super) fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if std::str::from_utf8(body).is_err() {
         return Err(ApiError::bad_request("request body is not valid UTF-8"));
     }
@@ -164,6 +169,8 @@ pub(super) struct Prepared {
     pub(super) span: tracing::Span,
     /// How a chat answer's reasoning and tool calls are read from the text.
     pub(super) output: ChatOutput,
+    /// `/v1/responses`: the settings its answer repeats.
+    pub(super) responses: Option<Arc<super::responses::Echo>>,
 }
 
 impl Prepared {
@@ -202,6 +209,8 @@ pub struct ParsedRequest {
     pub sampling: SamplingFields,
     pub source: PromptSource,
     pub echo: bool,
+    /// `/v1/responses`: the request's settings, which its answer repeats.
+    pub responses: Option<Arc<super::responses::Echo>>,
 }
 
 /// Parses and checks a `/v1/chat/completions` body as the handler does before admission.
@@ -217,7 +226,7 @@ pub fn parse_completion_request(body: &[u8]) -> Result<ParsedRequest, ApiError> 
 }
 
 /// The checks `serve` makes before admission: the choices asked and the sampling.
-fn checked(kind: Kind, r: ParsedRequest) -> Result<ParsedRequest, ApiError> {
+pub(super) fn checked(kind: Kind, r: ParsedRequest) -> Result<ParsedRequest, ApiError> {
     let asks = asks_of(kind, &r.sampling, r.echo, r.source.count())?;
     let asked = r.sampling.max_completion_tokens.or(r.sampling.max_tokens);
     sampling_of(&r.sampling, asked.unwrap_or(u32::MAX), asks.logprobs)?;
@@ -238,6 +247,7 @@ fn chat_split(request: ChatCompletionRequest) -> Result<ParsedRequest, ApiError>
             parallel_tool_calls: request.parallel_tool_calls,
         },
         echo: false,
+        responses: None,
     })
 }
 
@@ -261,11 +271,12 @@ fn completion_split(request: CompletionRequest) -> Result<ParsedRequest, ApiErro
         sampling: request.sampling,
         source,
         echo: request.echo,
+        responses: None,
     })
 }
 
 /// The client's address, when the server was started with connection info.
-type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+pub(super) type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
 
 /// POST /v1/chat/completions
 pub async fn chat(
@@ -323,16 +334,15 @@ fn client_request_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 fn completion_id(kind: Kind) -> String {
-    let prefix = if kind == Kind::Chat {
-        "chatcmpl"
-    } else {
-        "cmpl"
-    };
-    format!("{prefix}-{:016x}", rand_id())
+    match kind {
+        Kind::Chat => format!("chatcmpl-{:016x}", rand_id()),
+        Kind::Text => format!("cmpl-{:016x}", rand_id()),
+        Kind::Responses => format!("resp_{:016x}", rand_id()),
+    }
 }
 
 /// Runs [`serve`] in the request's trace span (the root of the request's trace).
-async fn handle<T: DeserializeOwned>(
+pub(super) async fn handle<T: DeserializeOwned>(
     state: Arc<AppState>,
     tenant: Option<ApiTenant>,
     kind: Kind,
@@ -410,6 +420,7 @@ async fn serve<T: DeserializeOwned>(
             sampling,
             source,
             echo,
+            responses,
         } = split(request)?;
         let span = tracing::Span::current();
         span.record("gen_ai.request.model", model.as_str());
@@ -464,6 +475,7 @@ async fn serve<T: DeserializeOwned>(
                 client,
                 arrived,
                 output,
+                responses,
             },
         )?;
         Ok::<_, ApiError>((permit, prepared))
@@ -490,6 +502,7 @@ struct Request {
     client: Option<IpAddr>,
     arrived: Instant,
     output: ChatOutput,
+    responses: Option<Arc<super::responses::Echo>>,
 }
 
 /// Checks each prompt against the context and settles its `max_tokens`.
@@ -558,6 +571,7 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
         arrived: r.arrived,
         span,
         output: r.output,
+        responses: r.responses,
     })
 }
 

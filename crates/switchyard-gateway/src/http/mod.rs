@@ -1,5 +1,6 @@
 //! The HTTP surface: OpenAI API ([`completions`], answered by `answer` over `choices` and
-//! `assemble`, with the request's fields read by `asks` and its prompts by `prompts`), vLLM's `/tokenize` and
+//! `assemble`, with the request's fields read by `asks` and its prompts by `prompts`; the
+//! Responses API, [`responses`], translated onto the same path), vLLM's `/tokenize` and
 //! `/detokenize` ([`tokenize`]), admin API ([`admin`]), health, readiness, metrics and the
 //! model list.
 
@@ -11,6 +12,7 @@ mod choices;
 pub mod completions;
 mod guided;
 mod prompts;
+pub mod responses;
 pub mod server;
 pub mod tokenize;
 
@@ -86,6 +88,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/responses", post(responses::create))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/tokenize", post(tokenize::tokenize))

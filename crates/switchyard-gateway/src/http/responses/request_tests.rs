@@ -1,0 +1,208 @@
+use serde_json::{Value as Json, json};
+
+use super::*;
+
+fn parse(body: Json) -> Result<ParsedRequest, ApiError> {
+    split(serde_json::from_value(body).unwrap())
+}
+
+fn param(body: Json) -> String {
+    match parse(body) {
+        Err(ApiError::BadRequest { param, .. }) => param.unwrap_or_default(),
+        other => panic!("expected a 400, got {other:?}"),
+    }
+}
+
+fn messages(parsed: &ParsedRequest) -> Json {
+    match &parsed.source {
+        PromptSource::Chat { messages, .. } => serde_json::to_value(messages).unwrap(),
+        other => panic!("not chat: {other:?}"),
+    }
+}
+
+#[test]
+fn a_string_input_with_instructions_is_a_system_and_a_user_message() {
+    let parsed = parse(
+        json!({"model": "m", "input": "hi", "instructions": "be brief",
+        "max_output_tokens": 9, "temperature": 0.0, "top_p": 0.5, "user": "u", "stream": true}),
+    )
+    .unwrap();
+    assert_eq!(
+        messages(&parsed),
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    );
+    assert_eq!(parsed.sampling.max_tokens, Some(9));
+    assert_eq!(parsed.sampling.temperature, Some(0.0));
+    assert_eq!(parsed.sampling.top_p, Some(0.5));
+    assert_eq!(parsed.sampling.user.as_deref(), Some("u"));
+    assert!(parsed.sampling.stream);
+    let echo = parsed.responses.unwrap();
+    assert_eq!(echo.instructions.as_deref(), Some("be brief"));
+    assert_eq!(echo.tool_choice, json!("auto"));
+    assert!(echo.parallel_tool_calls);
+    assert_eq!(echo.text_format, json!({"type": "text"}));
+}
+
+#[test]
+fn items_become_chat_turns_with_tool_calls_and_tool_messages() {
+    let parsed = parse(json!({"model": "m", "input": [
+        {"role": "developer", "content": "rules"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "look it up"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": "{\"city\":\"Paris\"}", "id": "fc_1", "status": "completed"},
+        {"type": "function_call", "call_id": "call_2", "name": "get_time", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18 C"},
+        {"type": "function_call_output", "call_id": "call_2",
+         "output": [{"type": "input_text", "text": "noon"}]},
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "content": [{"type": "output_text", "text": "It is 18 C.", "annotations": []}]},
+    ]}))
+    .unwrap();
+    let call = |id: &str, name: &str, args: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}});
+    assert_eq!(
+        messages(&parsed),
+        json!([
+            {"role": "system", "content": "rules"},
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "reasoning_content": "look it up", "tool_calls": [
+                call("call_1", "get_weather", "{\"city\":\"Paris\"}"),
+                call("call_2", "get_time", "{}"),
+            ]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "noon"},
+            {"role": "assistant", "content": "It is 18 C."},
+        ])
+    );
+}
+
+#[test]
+fn flat_function_tools_and_tool_choice_become_chats_nested_ones() {
+    let parsed = parse(json!({"model": "m", "input": "x",
+        "tools": [{"type": "function", "name": "f", "description": "d",
+                   "parameters": {"type": "object"}, "strict": true}],
+        "tool_choice": {"type": "function", "name": "f"}, "parallel_tool_calls": false}))
+    .unwrap();
+    let PromptSource::Chat {
+        tools,
+        tool_choice,
+        parallel_tool_calls,
+        ..
+    } = &parsed.source
+    else {
+        panic!("not chat");
+    };
+    assert_eq!(
+        tools.as_deref(),
+        Some(
+            &[
+                json!({"type": "function", "function": {"name": "f", "description": "d",
+            "parameters": {"type": "object"}, "strict": true}})
+            ][..]
+        )
+    );
+    assert_eq!(
+        tool_choice,
+        &Some(json!({"type": "function", "function": {"name": "f"}}))
+    );
+    assert_eq!(parallel_tool_calls, &Some(false));
+    let echo = parsed.responses.unwrap();
+    assert_eq!(echo.tools[0]["name"], "f");
+    assert!(!echo.parallel_tool_calls);
+}
+
+#[test]
+fn text_format_reaches_the_guided_path_as_response_format() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let parsed = parse(json!({"model": "m", "input": "x", "text": {"format":
+        {"type": "json_schema", "name": "n", "schema": schema, "strict": true}}}))
+    .unwrap();
+    assert_eq!(
+        parsed.sampling.response_format,
+        Some(
+            json!({"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": true}})
+        )
+    );
+    let parsed =
+        parse(json!({"model": "m", "input": "x", "text": {"format": {"type": "json_object"}}}))
+            .unwrap();
+    assert_eq!(
+        parsed.sampling.response_format,
+        Some(json!({"type": "json_object"}))
+    );
+    let parsed =
+        parse(json!({"model": "m", "input": "x", "text": {"format": {"type": "text"}}})).unwrap();
+    assert_eq!(parsed.sampling.response_format, None);
+}
+
+#[test]
+fn neutral_values_of_unserved_fields_are_taken() {
+    parse(
+        json!({"model": "m", "input": "x", "store": false, "include": [], "background": false,
+        "truncation": "disabled", "top_logprobs": 0, "previous_response_id": null,
+        "reasoning": {"effort": null}, "metadata": {"k": "v"}}),
+    )
+    .unwrap();
+}
+
+#[test]
+fn what_cannot_be_honoured_is_refused_by_name() {
+    let body = |extra: Json| {
+        let mut b = json!({"model": "m", "input": "x"});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    for (extra, want) in [
+        (json!({"store": true}), "store"),
+        (
+            json!({"previous_response_id": "resp_1"}),
+            "previous_response_id",
+        ),
+        (json!({"conversation": "conv_1"}), "conversation"),
+        (
+            json!({"include": ["reasoning.encrypted_content"]}),
+            "include",
+        ),
+        (json!({"frobnicate": 1}), "frobnicate"),
+        (json!({"reasoning": {"effort": "high"}}), "reasoning.effort"),
+        (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
+        (json!({"tools": [{"type": "function"}]}), "tools[0].name"),
+        (
+            json!({"tool_choice": {"type": "web_search"}}),
+            "tool_choice",
+        ),
+        (json!({"text": {"format": {"type": "xml"}}}), "text.format"),
+        (
+            json!({"text": {"format": {"type": "json_schema", "name": "n"}}}),
+            "text.format",
+        ),
+        (json!({"text": {"verbosity": "low"}}), "text.verbosity"),
+        (
+            json!({"input": [{"role": "tool", "content": "x"}]}),
+            "input[0].role",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": "x", "phase": "y"}]}),
+            "input[0].phase",
+        ),
+        (
+            json!({"input": [{"type": "item_reference", "id": "x"}]}),
+            "input[0].type",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}),
+            "input[0].content[0].type",
+        ),
+        (
+            json!({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}),
+            "input[0].call_id",
+        ),
+        (json!({"input": []}), "input"),
+        (json!({"input": null}), "input"),
+    ] {
+        assert_eq!(param(body(extra.clone())), want, "{extra}");
+    }
+}
