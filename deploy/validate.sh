@@ -199,7 +199,9 @@ refuse "the endpoint picker has no engine pool to pick from" "at least one enabl
 refuse "the endpoint picker's route names a pool that is not an engine pool" "epp.httpRoute.pool" \
   -f "$CHART/ci/epp-values.yaml" --set epp.httpRoute.pool=sim
 refuse "the endpoint picker's failure mode is unknown" "epp/failureMode" -f "$CHART/ci/epp-values.yaml" --set epp.failureMode=maybe
-say "refused: 17 bad value sets, each with its reason"
+refuse "etcd users are on without etcd TLS" "etcd.auth needs etcd.tls.enabled" --set etcd.tls.enabled=false
+refuse "a certificate's lifetime is not a duration" "tls/certManager/duration" --set tls.certManager.duration=90d
+say "refused: 19 bad value sets, each with its reason"
 
 # ---- 5. the image ----
 step="Dockerfile"

@@ -33,6 +33,9 @@ CUSTOM_KINDS = {
     # The endpoint picker variant (epp.enabled): from the upstream CRDs by crd_to_schema.py.
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-inference.networking.k8s.io-v1.json",
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute-gateway.networking.k8s.io-v1.json",
+    # Certificates (tls.certManager): from cert-manager's upstream CRDs by crd_to_schema.py.
+    ("cert-manager.io/v1", "Certificate"): "certificate-cert-manager.io-v1.json",
+    ("cert-manager.io/v1", "Issuer"): "issuer-cert-manager.io-v1.json",
 }
 
 # Shared libraries gcr.io/distroless/cc-debian12 provides (glibc, libgcc, libstdc++, OpenSSL 3).
@@ -237,6 +240,25 @@ def lacks_subcommand(binary, name):
     return proc.returncode != 0 and "unrecognized subcommand" in proc.stderr
 
 
+def identity_uri(args):
+    """The identity URI a member's certificate carries: its role in its cluster."""
+    role = {"epp": "gateway"}.get(args[0], args[0]) if args else "worker"
+    cluster = next((a.split("=", 1)[1] for a in args if a.startswith("--cluster=")), "default")
+    return f"spiffe://switchyard/{cluster}/{role}"
+
+
+def standin_certificate(directory, uri):
+    """tls.crt, tls.key and ca.crt (itself) of a one-day self-signed certificate for `uri`."""
+    directory.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-days", "1", "-subj", "/CN=validate-sh",
+         "-addext", f"subjectAltName=URI:{uri},DNS:localhost",
+         "-keyout", str(directory / "tls.key"), "-out", str(directory / "tls.crt")],
+        check=True, capture_output=True)
+    (directory / "ca.crt").write_bytes((directory / "tls.crt").read_bytes())
+
+
 def run_args(rendered, binary):
     docs = [d for d in yaml.safe_load_all(pathlib.Path(rendered).read_text()) if d]
     # The switchyard image is the gateway container's; worker containers run the same image.
@@ -245,7 +267,7 @@ def run_args(rendered, binary):
     config_maps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
     problems, ran = [], 0
     for doc in docs:
-        if doc["kind"] not in ("Deployment", "StatefulSet"):
+        if doc["kind"] not in ("Deployment", "StatefulSet", "Job"):
             continue
         pod = doc["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
@@ -270,6 +292,14 @@ def run_args(rendered, binary):
                         # A stand-in that reads as a cluster secret (16+ bytes) and as an API
                         # key list (one hashed key and its tenant) alike.
                         inside = mount["mountPath"].rstrip("/")
+                        items = [item["path"] for item in secret.get("items", [])]
+                        if "tls.crt" in items:
+                            # A certificate Secret: a throwaway self-signed certificate naming
+                            # the container's identity (members refuse one that names another).
+                            local_dir = pathlib.Path(tmp, "tls-" + mount["name"])
+                            standin_certificate(local_dir, identity_uri(args))
+                            args = [a.replace(f"{inside}/", f"{local_dir}/") for a in args]
+                            continue
                         for item in secret.get("items", []):
                             local = pathlib.Path(tmp, "secret-" + item["path"])
                             local.write_text("0" * 64 + " validate-sh\n")

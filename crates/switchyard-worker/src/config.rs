@@ -34,6 +34,12 @@ pub struct WorkerConfig {
     /// none serves no metrics.
     #[serde(deserialize_with = "switchyard_config::listen_addr::deserialize_opt")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Bearer token `GET /metrics` requires; none: open to whoever reaches the port.
+    pub metrics_token: Option<String>,
+    /// HTTPS on the metrics port: its certificate chain (PEM), re-read when it changes.
+    pub metrics_tls_cert: Option<PathBuf>,
+    /// HTTPS on the metrics port: the certificate's private key (PEM).
+    pub metrics_tls_key: Option<PathBuf>,
     /// Model name clients ask for.
     pub model: String,
     pub role: Role,
@@ -78,6 +84,9 @@ impl Default for WorkerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             advertise_address: None,
             metrics_listen: None,
+            metrics_token: None,
+            metrics_tls_cert: None,
+            metrics_tls_key: None,
             model: "sim-8b".to_owned(),
             role: Role::Both,
             cluster: "default".to_owned(),
@@ -149,6 +158,7 @@ impl WorkerConfig {
                 self.listen
             ));
         }
+        self.validate_metrics_access()?;
         if let Some(endpoint) = &self.otlp_endpoint {
             switchyard_telemetry::validate_endpoint(endpoint)
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -181,6 +191,46 @@ impl WorkerConfig {
         self.engine.validate()
     }
 
+    /// The metrics port's HTTPS configuration (certificate files read now), when it has one.
+    pub fn metrics_tls(
+        &self,
+    ) -> Result<
+        Option<std::sync::Arc<switchyard_security::listener::HttpsConfig>>,
+        switchyard_security::SecurityError,
+    > {
+        switchyard_security::listener::https_files(
+            self.metrics_tls_cert.as_ref(),
+            self.metrics_tls_key.as_ref(),
+            "metrics_tls_cert and metrics_tls_key",
+        )?
+        .map(|files| switchyard_security::listener::https_config(&files))
+        .transpose()
+    }
+
+    fn validate_metrics_access(&self) -> Result<(), ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        if self
+            .metrics_token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return invalid("metrics_token must not be empty when set");
+        }
+        switchyard_security::listener::https_files(
+            self.metrics_tls_cert.as_ref(),
+            self.metrics_tls_key.as_ref(),
+            "metrics_tls_cert and metrics_tls_key",
+        )
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let protected = self.metrics_token.is_some() || self.metrics_tls_cert.is_some();
+        if protected && self.metrics_listen.is_none() {
+            return invalid(
+                "metrics_token and metrics_tls_cert protect the metrics port: set metrics_listen too",
+            );
+        }
+        Ok(())
+    }
+
     pub fn lease_ttl(&self) -> Duration {
         Duration::from_secs(self.lease_ttl_secs)
     }
@@ -208,6 +258,15 @@ pub struct WorkerArgs {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (default: not served).
     #[arg(long, env = "SWITCHYARD_METRICS_LISTEN", value_parser = switchyard_config::parse_listen_addr)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Bearer token GET /metrics requires (default: open).
+    #[arg(long, env = "SWITCHYARD_METRICS_TOKEN")]
+    pub metrics_token: Option<String>,
+    /// Serve /metrics over HTTPS with this certificate chain (PEM; re-read when it changes).
+    #[arg(long, env = "SWITCHYARD_METRICS_TLS_CERT")]
+    pub metrics_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --metrics-tls-cert.
+    #[arg(long, env = "SWITCHYARD_METRICS_TLS_KEY")]
+    pub metrics_tls_key: Option<PathBuf>,
     /// Model name served.
     #[arg(long, env = "SWITCHYARD_MODEL")]
     pub model: Option<String>,
@@ -343,6 +402,17 @@ impl WorkerArgs {
         if self.metrics_listen.is_some() {
             config.metrics_listen = self.metrics_listen;
         }
+        for (flag, target) in [
+            (&self.metrics_tls_cert, &mut config.metrics_tls_cert),
+            (&self.metrics_tls_key, &mut config.metrics_tls_key),
+        ] {
+            if flag.is_some() {
+                target.clone_from(flag);
+            }
+        }
+        if self.metrics_token.is_some() {
+            config.metrics_token.clone_from(&self.metrics_token);
+        }
         set!(model => config.model);
         set!(role => config.role);
         set!(cluster => config.cluster);
@@ -404,6 +474,9 @@ impl WorkerArgs {
             .security
             .build(&config.cluster, switchyard_security::PeerRole::Worker)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        config
+            .metrics_tls()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(config)
     }
 }
@@ -415,6 +488,42 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         WorkerConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn the_metrics_port_is_protected_only_when_it_exists() {
+        let listen = Some("127.0.0.1:0".parse().unwrap());
+        let with = |f: fn(&mut WorkerConfig)| {
+            let mut config = WorkerConfig::default();
+            f(&mut config);
+            config.validate()
+        };
+        with(|c| c.metrics_token = Some("t0ken".into())).unwrap_err();
+        let err = with(|c| {
+            c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+            c.metrics_token = Some(" ".into());
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("metrics_token"), "{err}");
+        let err = with(|c| {
+            c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+            c.metrics_tls_cert = Some("/cert.pem".into());
+        })
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("metrics_tls_cert and metrics_tls_key together"),
+            "{err}"
+        );
+        let mut config = WorkerConfig {
+            metrics_listen: listen,
+            metrics_token: Some("t0ken".into()),
+            ..WorkerConfig::default()
+        };
+        config.validate().unwrap();
+        config.metrics_listen = None;
+        let err = config.validate().unwrap_err();
+        assert!(err.to_string().contains("set metrics_listen"), "{err}");
     }
 
     #[test]
