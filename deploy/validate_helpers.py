@@ -476,10 +476,18 @@ def check_planner(rendered, namespace):
                 if c.get("args", [])[:1] == ["gateway"]]
     if gateways and flags.get("--etcd") != flag_values(gateways[0]["args"]).get("--etcd"):
         problems.append(f"{where}: --etcd={flags.get('--etcd')} differs from the gateway's")
-    gateway_url = re.fullmatch(r"http://([a-z0-9-]+):([0-9]+)", flags.get("--gateway", ""))
-    service = by_kind.get("Service", {}).get(gateway_url.group(1)) if gateway_url else None
-    if service is None or int(gateway_url.group(2)) not in [p["port"] for p in service["spec"]["ports"]]:
+    gateway_url = re.fullmatch(r"(https?)://([a-z0-9-]+):([0-9]+)", flags.get("--gateway", ""))
+    service = by_kind.get("Service", {}).get(gateway_url.group(2)) if gateway_url else None
+    if service is None or int(gateway_url.group(3)) not in [p["port"] for p in service["spec"]["ports"]]:
         problems.append(f"{where}: --gateway={flags.get('--gateway')} is not a port of a Service the chart renders")
+    # The scheme is the gateway's: https when it serves HTTPS, read with a CA.
+    gateway_https = bool(gateways) and "--http-tls-cert" in flag_values(gateways[0]["args"])
+    if gateway_url and (gateway_url.group(1) == "https") != gateway_https:
+        problems.append(f"{where}: --gateway={flags.get('--gateway')} but the gateway serves "
+                        f"{'HTTPS' if gateway_https else 'plain HTTP'}")
+    if gateway_url and gateway_url.group(1) == "https" and "--gateway-ca" not in flags:
+        problems.append(f"{where}: an https --gateway without --gateway-ca")
+    admin_scheme = "HTTPS" if "--admin-tls-cert" in flags else "HTTP"
     tokens = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for c in (container, *gateways[:1])
               for e in c.get("env", []) if e["name"] == "SWITCHYARD_ADMIN_TOKEN"}
     if not tokens.get("SWITCHYARD_ADMIN_TOKEN"):
@@ -491,6 +499,8 @@ def check_planner(rendered, namespace):
         port = ports.get(get.get("port"), get.get("port"))
         if not admin or get.get("path") != "/health" or port != int(admin.group(1)):
             problems.append(f"{where}: {probe} is not GET /health on the --admin-listen port")
+        if get.get("scheme", "HTTP") != admin_scheme:
+            problems.append(f"{where}: {probe} speaks {get.get('scheme', 'HTTP')} to an {admin_scheme} listener")
 
     if problems:
         fail(problems)

@@ -259,7 +259,7 @@ async fn etcd_auth_limits_the_members_user_to_its_cluster_and_runs_again_harmles
         .start()
         .await;
     let registry = EtcdRegistry::connect_with(
-        &[endpoint.clone()],
+        std::slice::from_ref(&endpoint),
         &cluster,
         &EtcdAuth {
             user: Some(("switchyard".into(), "second-password-0123".into())),
