@@ -7,8 +7,9 @@
 #   2. yamllint on the chart's Chart.yaml, values.yaml and ci/*.yaml
 #   3. helm lint --strict, and helm template for the default values and every ci/*.yaml variant
 #      and every Kubernetes version from the chart's floor (1.30) to the newest that
-#      kubernetes-validate ships, each checked by kubernetes-validate --strict; ServiceMonitor
-#      and PodMonitor (CRDs it has no schema for) are checked against deploy/helm/schemas/ instead
+#      kubernetes-validate ships, each checked by kubernetes-validate --strict; ServiceMonitor,
+#      PodMonitor, cert-manager's Certificate and Issuer and the endpoint picker's CRDs (kinds it
+#      has no schema for) are checked against deploy/helm/schemas/ instead
 #   4. the planner (ci/planner-values.yaml): its Role grants only get and patch on
 #      deployments/scale of the two worker Deployments it scales, nothing cluster-wide, and its
 #      --prefill-deployment/--decode-deployment name prefill and decode pools the chart renders
@@ -17,7 +18,9 @@
 #   5. the image: deploy/docker/Dockerfile copies the release binary that
 #      `cargo build --release -p switchyard` makes, and the switchyard binary accepts the exact
 #      arguments the chart gives its entrypoint in every variant (it resolves and validates its
-#      whole configuration and stops at dialing the chart's etcd). The binary is $SWITCHYARD_BIN
+#      whole configuration and stops at dialing the chart's etcd; a mounted certificate Secret is
+#      a throwaway self-signed certificate naming the container's identity, made with openssl).
+#      The binary is $SWITCHYARD_BIN
 #      (e.g. the release build), else the debug build the test command makes anyway
 #      (cargo test --workspace --no-run, which cargo nextest then reuses)
 #
@@ -152,6 +155,7 @@ broken_edits=(
   's/^kind: Role$/kind: ClusterRole/'
   "s/--decode-deployment=$decode_deployment\$/--decode-deployment=$decode_deployment-x/"
   "s/--prefill-deployment=$prefill_deployment\$/--prefill-deployment=$decode_deployment/"
+  's#--gateway=https://#--gateway=http://#'
 )
 for edit in "${broken_edits[@]}"; do
   sed "$edit" "$planner_render" >"$work/broken-planner.yaml"
@@ -164,7 +168,7 @@ for edit in "${broken_edits[@]}"; do
     exit 1
   fi
 done
-say "self-test: the planner check catches ${#broken_edits[@]} edits (extra verb, extra resource, ClusterRole, wrong Deployment names)"
+say "self-test: the planner check catches ${#broken_edits[@]} edits (extra verb, extra resource, ClusterRole, wrong Deployment names, plain HTTP to an HTTPS gateway)"
 
 refuse() {
   local why=$1 expect=$2
@@ -199,7 +203,9 @@ refuse "the endpoint picker has no engine pool to pick from" "at least one enabl
 refuse "the endpoint picker's route names a pool that is not an engine pool" "epp.httpRoute.pool" \
   -f "$CHART/ci/epp-values.yaml" --set epp.httpRoute.pool=sim
 refuse "the endpoint picker's failure mode is unknown" "epp/failureMode" -f "$CHART/ci/epp-values.yaml" --set epp.failureMode=maybe
-say "refused: 17 bad value sets, each with its reason"
+refuse "etcd users are on without etcd TLS" "etcd.auth needs etcd.tls.enabled" --set etcd.tls.enabled=false
+refuse "a certificate's lifetime is not a duration" "tls/certManager/duration" --set tls.certManager.duration=90d
+say "refused: 19 bad value sets, each with its reason"
 
 # ---- 5. the image ----
 step="Dockerfile"

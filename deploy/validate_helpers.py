@@ -33,6 +33,9 @@ CUSTOM_KINDS = {
     # The endpoint picker variant (epp.enabled): from the upstream CRDs by crd_to_schema.py.
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-inference.networking.k8s.io-v1.json",
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute-gateway.networking.k8s.io-v1.json",
+    # Certificates (tls.certManager): from cert-manager's upstream CRDs by crd_to_schema.py.
+    ("cert-manager.io/v1", "Certificate"): "certificate-cert-manager.io-v1.json",
+    ("cert-manager.io/v1", "Issuer"): "issuer-cert-manager.io-v1.json",
 }
 
 # Shared libraries gcr.io/distroless/cc-debian12 provides (glibc, libgcc, libstdc++, OpenSSL 3).
@@ -237,6 +240,25 @@ def lacks_subcommand(binary, name):
     return proc.returncode != 0 and "unrecognized subcommand" in proc.stderr
 
 
+def identity_uri(args):
+    """The identity URI a member's certificate carries: its role in its cluster."""
+    role = {"epp": "gateway"}.get(args[0], args[0]) if args else "worker"
+    cluster = next((a.split("=", 1)[1] for a in args if a.startswith("--cluster=")), "default")
+    return f"spiffe://switchyard/{cluster}/{role}"
+
+
+def standin_certificate(directory, uri):
+    """tls.crt, tls.key and ca.crt (itself) of a one-day self-signed certificate for `uri`."""
+    directory.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-days", "1", "-subj", "/CN=validate-sh",
+         "-addext", f"subjectAltName=URI:{uri},DNS:localhost",
+         "-keyout", str(directory / "tls.key"), "-out", str(directory / "tls.crt")],
+        check=True, capture_output=True)
+    (directory / "ca.crt").write_bytes((directory / "tls.crt").read_bytes())
+
+
 def run_args(rendered, binary):
     docs = [d for d in yaml.safe_load_all(pathlib.Path(rendered).read_text()) if d]
     # The switchyard image is the gateway container's; worker containers run the same image.
@@ -245,7 +267,7 @@ def run_args(rendered, binary):
     config_maps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
     problems, ran = [], 0
     for doc in docs:
-        if doc["kind"] not in ("Deployment", "StatefulSet"):
+        if doc["kind"] not in ("Deployment", "StatefulSet", "Job"):
             continue
         pod = doc["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
@@ -270,6 +292,14 @@ def run_args(rendered, binary):
                         # A stand-in that reads as a cluster secret (16+ bytes) and as an API
                         # key list (one hashed key and its tenant) alike.
                         inside = mount["mountPath"].rstrip("/")
+                        items = [item["path"] for item in secret.get("items", [])]
+                        if "tls.crt" in items:
+                            # A certificate Secret: a throwaway self-signed certificate naming
+                            # the container's identity (members refuse one that names another).
+                            local_dir = pathlib.Path(tmp, "tls-" + mount["name"])
+                            standin_certificate(local_dir, identity_uri(args))
+                            args = [a.replace(f"{inside}/", f"{local_dir}/") for a in args]
+                            continue
                         for item in secret.get("items", []):
                             local = pathlib.Path(tmp, "secret-" + item["path"])
                             local.write_text("0" * 64 + " validate-sh\n")
@@ -446,10 +476,18 @@ def check_planner(rendered, namespace):
                 if c.get("args", [])[:1] == ["gateway"]]
     if gateways and flags.get("--etcd") != flag_values(gateways[0]["args"]).get("--etcd"):
         problems.append(f"{where}: --etcd={flags.get('--etcd')} differs from the gateway's")
-    gateway_url = re.fullmatch(r"http://([a-z0-9-]+):([0-9]+)", flags.get("--gateway", ""))
-    service = by_kind.get("Service", {}).get(gateway_url.group(1)) if gateway_url else None
-    if service is None or int(gateway_url.group(2)) not in [p["port"] for p in service["spec"]["ports"]]:
+    gateway_url = re.fullmatch(r"(https?)://([a-z0-9-]+):([0-9]+)", flags.get("--gateway", ""))
+    service = by_kind.get("Service", {}).get(gateway_url.group(2)) if gateway_url else None
+    if service is None or int(gateway_url.group(3)) not in [p["port"] for p in service["spec"]["ports"]]:
         problems.append(f"{where}: --gateway={flags.get('--gateway')} is not a port of a Service the chart renders")
+    # The scheme is the gateway's: https when it serves HTTPS, read with a CA.
+    gateway_https = bool(gateways) and "--http-tls-cert" in flag_values(gateways[0]["args"])
+    if gateway_url and (gateway_url.group(1) == "https") != gateway_https:
+        problems.append(f"{where}: --gateway={flags.get('--gateway')} but the gateway serves "
+                        f"{'HTTPS' if gateway_https else 'plain HTTP'}")
+    if gateway_url and gateway_url.group(1) == "https" and "--gateway-ca" not in flags:
+        problems.append(f"{where}: an https --gateway without --gateway-ca")
+    admin_scheme = "HTTPS" if "--admin-tls-cert" in flags else "HTTP"
     tokens = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for c in (container, *gateways[:1])
               for e in c.get("env", []) if e["name"] == "SWITCHYARD_ADMIN_TOKEN"}
     if not tokens.get("SWITCHYARD_ADMIN_TOKEN"):
@@ -461,6 +499,8 @@ def check_planner(rendered, namespace):
         port = ports.get(get.get("port"), get.get("port"))
         if not admin or get.get("path") != "/health" or port != int(admin.group(1)):
             problems.append(f"{where}: {probe} is not GET /health on the --admin-listen port")
+        if get.get("scheme", "HTTP") != admin_scheme:
+            problems.append(f"{where}: {probe} speaks {get.get('scheme', 'HTTP')} to an {admin_scheme} listener")
 
     if problems:
         fail(problems)

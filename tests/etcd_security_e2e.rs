@@ -2,7 +2,8 @@
 //! port speaks TLS only and wants a certificate of the test CA, with authentication enabled;
 //! a worker and a gateway given the CA, a client certificate and a user serve a request through
 //! it, while a registry client without the user, with a wrong password, without a client
-//! certificate, or in plain text is refused.
+//! certificate, or in plain text is refused. `switchyard etcd-auth` (the chart's Job) makes a
+//! member user limited to the cluster's prefix, twice without harm, following a new password.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -134,4 +135,152 @@ async fn a_tls_etcd_with_users_serves_members_and_refuses_the_rest() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(registry.list_workers().await.unwrap().len(), 1);
+}
+
+/// Runs `switchyard etcd-auth` with `args`; its exit code, stdout and stderr.
+async fn etcd_auth(args: &[String]) -> (Option<i32>, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .arg("etcd-auth")
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_auth_limits_the_members_user_to_its_cluster_and_runs_again_harmlessly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("etcd auth test ca").unwrap();
+    let server = ca.issue(dir.path(), "etcd-server", None).unwrap();
+    // etcd takes a client certificate's common name as the user: this one acts as root.
+    let root = ca.issue(dir.path(), "root", None).unwrap();
+    let member = ca.issue(dir.path(), "switchyard", None).unwrap();
+    let etcd = EtcdServer::start_tls(EtcdTls {
+        cert: server.cert.clone(),
+        key: server.key.clone(),
+        ca: server.ca.clone(),
+    })
+    .expect("etcd with tls");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("etcd-auth-{}", std::process::id());
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let password_file = dir.path().join("member-password");
+    std::fs::write(&password_file, "first-password-0123\n").unwrap();
+    let args: Vec<String> = [
+        "--etcd",
+        &endpoint,
+        "--cluster",
+        &cluster,
+        "--user-password-file",
+        &path(&password_file),
+        "--etcd-ca",
+        &path(&root.ca),
+        "--etcd-cert",
+        &path(&root.cert),
+        "--etcd-key",
+        &path(&root.key),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+
+    let (code, stdout, stderr) = etcd_auth(&args).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let done: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(
+        done["created"],
+        json!(["role:switchyard", "user:root", "user:switchyard"])
+    );
+    // Again, with authentication on and a new password: nothing created, the password follows.
+    std::fs::write(&password_file, "second-password-0123\n").unwrap();
+    let (code, stdout, stderr) = etcd_auth(&args).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let done: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(done["created"], json!([]));
+
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let tls = || {
+        etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(&member.ca)))
+            .identity(etcd_client::Identity::from_pem(
+                read(&member.cert),
+                read(&member.key),
+            ))
+    };
+    let login = |password: &'static str| {
+        etcd_client::ConnectOptions::new()
+            .with_tls(tls())
+            .with_user("switchyard", password)
+    };
+    assert!(
+        etcd_client::Client::connect([endpoint.as_str()], Some(login("first-password-0123")))
+            .await
+            .is_err(),
+        "the old password still works"
+    );
+    let mut client =
+        etcd_client::Client::connect([endpoint.as_str()], Some(login("second-password-0123")))
+            .await
+            .expect("the member user logs in");
+    let inside = format!("/switchyard/v1/{cluster}/probe");
+    client.put(inside.as_str(), "x", None).await.unwrap();
+    for outside in [
+        "/switchyard/v1/another-cluster/workers/w".to_owned(),
+        "/elsewhere".to_owned(),
+    ] {
+        let err = client.put(outside.as_str(), "x", None).await.unwrap_err();
+        assert!(
+            err.to_string().contains("permission denied"),
+            "{outside}: {err}"
+        );
+    }
+    assert!(client.user_list().await.is_err(), "the member is not root");
+
+    // A worker logged in as the member user registers and is found.
+    let _worker = Launch::worker(&endpoint, &cluster)
+        .arg("--speedup", "20")
+        .args([
+            "--etcd-username",
+            "switchyard",
+            "--etcd-password-file",
+            &path(&password_file),
+            "--etcd-ca",
+            &path(&member.ca),
+            "--etcd-cert",
+            &path(&member.cert),
+            "--etcd-key",
+            &path(&member.key),
+        ])
+        .start()
+        .await;
+    let registry = EtcdRegistry::connect_with(
+        std::slice::from_ref(&endpoint),
+        &cluster,
+        &EtcdAuth {
+            user: Some(("switchyard".into(), "second-password-0123".into())),
+            ca_pem: Some(read(&member.ca)),
+            identity_pem: Some((read(&member.cert), read(&member.key))),
+            ..EtcdAuth::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(registry.list_workers().await.unwrap().len(), 1);
+
+    // Bad settings: exit 64 with a sentence.
+    let mut no_password = args.clone();
+    no_password[5] = path(&dir.path().join("missing"));
+    let (code, _, stderr) = etcd_auth(&no_password).await;
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("password file"), "{stderr}");
+    let mut root_user = args.clone();
+    root_user.extend(["--user".to_owned(), "root".to_owned()]);
+    let (code, _, stderr) = etcd_auth(&root_user).await;
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("other than root"), "{stderr}");
 }

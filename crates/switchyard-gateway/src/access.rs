@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use switchyard_security::SecurityError;
-use switchyard_security::tls::{Reloading, TlsFiles, http_server_config};
+use switchyard_security::listener::{HttpsConfig, https_config, https_files};
 
 use crate::api_keys::ApiKeyFile;
 
@@ -65,7 +65,7 @@ impl AccessArgs {
 pub struct ClientAccess {
     pub api_keys: Option<ApiKeyFile>,
     pub metrics_token: Option<String>,
-    pub tls: Option<Arc<Reloading<rustls::ServerConfig>>>,
+    pub tls: Option<Arc<HttpsConfig>>,
 }
 
 impl AccessConfig {
@@ -90,23 +90,13 @@ impl AccessConfig {
             .clone()
             .map(ApiKeyFile::open)
             .transpose()?;
-        let tls = match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => {
-                switchyard_security::install_crypto_provider();
-                let files = TlsFiles {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    ca: None,
-                };
-                let for_build = files.clone();
-                Some(Arc::new(Reloading::new(
-                    "https certificate",
-                    &files,
-                    move || http_server_config(&for_build),
-                )?))
-            }
-            _ => None,
-        };
+        let tls = https_files(
+            self.tls_cert.as_ref(),
+            self.tls_key.as_ref(),
+            "[access] tls_cert and tls_key",
+        )?
+        .map(|files| https_config(&files))
+        .transpose()?;
         Ok(ClientAccess {
             api_keys,
             metrics_token: self.metrics_token.clone(),

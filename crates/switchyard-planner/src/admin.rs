@@ -10,7 +10,8 @@
 //! [`router`] is the `/admin/planner` part without authentication: the gateway mounts it
 //! under its own admin routes (and its bearer-token check) when `switchyard up --planner`
 //! embeds the planner. [`serve`] runs the planner's own listener with the same bearer-token
-//! scheme as the gateway's admin API.
+//! scheme as the gateway's admin API, a token on `/metrics` when one is set (as the gateway's),
+//! and HTTPS when a certificate is configured (the gateway's reloading configuration).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -87,10 +88,19 @@ pub async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), Admin
     Ok((listener, addr))
 }
 
+/// Who may use the admin listener: the admin token on `/admin`, a token on `/metrics`, TLS on
+/// the port (`/health` stays open for probes).
+#[derive(Debug, Clone, Default)]
+pub struct AdminAccess {
+    pub admin_token: Option<String>,
+    pub metrics_token: Option<String>,
+    pub tls: Option<Arc<switchyard_security::listener::HttpsConfig>>,
+}
+
 /// Serves the planner's admin API and metrics on `listener` until `shutdown`.
 pub async fn serve(
     listener: TcpListener,
-    token: Option<String>,
+    access: AdminAccess,
     state: Arc<PlannerState>,
     metrics: Arc<PlannerMetrics>,
     shutdown: CancellationToken,
@@ -99,10 +109,10 @@ pub async fn serve(
         Router::new()
             .nest("/admin/planner", router(state))
             .layer(middleware::from_fn_with_state(
-                Arc::new(token),
+                Arc::new(access.admin_token),
                 require_token,
             ));
-    let app = admin
+    let scrape = Router::new()
         .route(
             "/metrics",
             get(move || {
@@ -118,9 +128,12 @@ pub async fn serve(
                 }
             }),
         )
-        .route("/health", get(|| async { "ok" }));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .layer(middleware::from_fn_with_state(
+            Arc::new(access.metrics_token),
+            require_token,
+        ));
+    let app = admin.merge(scrape).route("/health", get(|| async { "ok" }));
+    switchyard_security::listener::serve(listener, access.tls, app, shutdown)
         .await
         .map_err(AdminError::Serve)
 }
@@ -136,12 +149,17 @@ async fn require_token(
         .and_then(|v| v.to_str().ok());
     if !admin_authorized(token.as_deref(), authorization) {
         let body = serde_json::json!({"error": {
-            "message": "missing or wrong admin token",
+            "message": "missing or wrong token",
             "type": "authentication_error",
             "param": null,
             "code": "unauthorized",
         }});
-        return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            axum::Json(body),
+        )
+            .into_response();
     }
     next.run(request).await
 }

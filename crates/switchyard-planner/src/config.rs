@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -79,8 +80,16 @@ pub struct PlannerConfig {
     pub admin_listen: Option<SocketAddr>,
     /// Bearer token the admin API requires; none leaves it open (bind to loopback then).
     pub admin_token: Option<String>,
+    /// Bearer token the planner's own `/metrics` requires; none: open.
+    pub metrics_token: Option<String>,
+    /// HTTPS on the admin listener: its certificate chain (PEM), re-read when it changes.
+    pub admin_tls_cert: Option<PathBuf>,
+    /// HTTPS on the admin listener: the certificate's private key (PEM).
+    pub admin_tls_key: Option<PathBuf>,
     /// Bearer token sent when reading the gateways' `/metrics` (their `[access] metrics_token`).
     pub gateway_metrics_token: Option<String>,
+    /// CA (PEM) of the gateways' HTTPS certificates, for `https://` gateway URLs.
+    pub gateway_ca: Option<PathBuf>,
     pub connector: ConnectorKind,
     pub kubernetes: KubernetesConfig,
     /// How the planner proves itself to workers (mTLS or the cluster secret); empty: an open
@@ -113,7 +122,11 @@ impl Default for PlannerConfig {
             decision_log_size: 100,
             admin_listen: None,
             admin_token: None,
+            metrics_token: None,
+            admin_tls_cert: None,
+            admin_tls_key: None,
             gateway_metrics_token: None,
+            gateway_ca: None,
             connector: ConnectorKind::Local,
             kubernetes: KubernetesConfig::default(),
             security: switchyard_security::SecurityConfig::default(),
@@ -122,6 +135,58 @@ impl Default for PlannerConfig {
 }
 
 impl PlannerConfig {
+    /// The admin listener's HTTPS configuration (certificate files read now), when it has one.
+    pub fn admin_tls(
+        &self,
+    ) -> Result<Option<Arc<switchyard_security::listener::HttpsConfig>>, ConfigError> {
+        switchyard_security::listener::https_files(
+            self.admin_tls_cert.as_ref(),
+            self.admin_tls_key.as_ref(),
+            "admin_tls_cert and admin_tls_key",
+        )
+        .and_then(|files| {
+            files
+                .map(|f| switchyard_security::listener::https_config(&f))
+                .transpose()
+        })
+        .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// The admin listener's token and TLS, and the gateways' scheme, fit together.
+    fn validate_listener(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self
+            .metrics_token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return invalid("metrics_token must not be empty when set".into());
+        }
+        switchyard_security::listener::https_files(
+            self.admin_tls_cert.as_ref(),
+            self.admin_tls_key.as_ref(),
+            "admin_tls_cert and admin_tls_key",
+        )
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let protected = self.metrics_token.is_some() || self.admin_tls_cert.is_some();
+        if protected && self.admin_listen.is_none() {
+            return invalid(
+                "metrics_token and admin_tls_cert protect the admin listener: set admin_listen too"
+                    .into(),
+            );
+        }
+        if let Some(gateway) = self
+            .gateways
+            .iter()
+            .find(|g| g.starts_with("https://") && self.gateway_ca.is_none())
+        {
+            return invalid(format!(
+                "gateway {gateway} is https: give the CA of its certificate (--gateway-ca)"
+            ));
+        }
+        Ok(())
+    }
+
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
         switchyard_config::load_toml(path)
     }
@@ -141,6 +206,7 @@ impl PlannerConfig {
                 "the admin API on {addr} needs an admin_token (--admin-token or SWITCHYARD_ADMIN_TOKEN) beyond loopback"
             ));
         }
+        self.validate_listener()?;
         let positive = |v: f64| v.is_finite() && v > 0.0;
         if needs_etcd && self.etcd_endpoints.is_empty() {
             return invalid("the planner needs --etcd to find the workers".into());

@@ -155,12 +155,19 @@ pub async fn build(
         correction: config.correction,
         decision_log_size: config.decision_log_size,
     }));
+    let mut observer =
+        observe::Observer::new(config.gateways.clone(), Arc::clone(&registry), board)
+            .with_dialer(dialer)
+            .with_metrics_token(config.gateway_metrics_token.clone());
+    if let Some(ca) = &config.gateway_ca {
+        let tls = switchyard_security::tls::https_client_config(ca)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        observer = observer.with_gateway_tls(tls);
+    }
     Ok(Planner::new(
         state,
         Arc::new(PlannerMetrics::new()),
-        observe::Observer::new(config.gateways.clone(), Arc::clone(&registry), board)
-            .with_dialer(dialer)
-            .with_metrics_token(config.gateway_metrics_token.clone()),
+        observer,
         predictor,
         stability::Stabilizer::new(config.stability()),
         connector,

@@ -54,6 +54,8 @@ pub enum RegistryError {
     InvalidWorkerInfo(#[source] CoreError),
     #[error("invalid cluster name {0:?}: use 1 to 128 ASCII letters, digits, '.', '_' or '-'")]
     InvalidCluster(String),
+    #[error("invalid etcd member user {0:?}: give a name other than root")]
+    InvalidUser(String),
     #[error("invalid lease ttl {0:?}: it must be at least one second")]
     InvalidTtl(Duration),
     #[error("a registration cannot change its worker id (from {from} to {to}); register anew")]
@@ -109,6 +111,7 @@ impl RegistryError {
             Self::BlockSizeMismatch { .. }
             | Self::InvalidWorkerInfo(_)
             | Self::InvalidCluster(_)
+            | Self::InvalidUser(_)
             | Self::InvalidTtl(_)
             | Self::IdChanged { .. }
             | Self::Malformed { .. }
@@ -129,6 +132,7 @@ impl RegistryError {
             | Self::AlreadyRegistered(_)
             | Self::InvalidWorkerInfo(_)
             | Self::InvalidCluster(_)
+            | Self::InvalidUser(_)
             | Self::InvalidTtl(_)
             | Self::IdChanged { .. }
             | Self::Encode { .. } => Fault::Caller,

@@ -12,6 +12,7 @@
 //! warning, so one bad write cannot take the cluster's membership down.
 
 mod lease;
+pub mod users;
 mod watch;
 
 pub use watch::RESYNC_REMOVAL_GRACE;

@@ -8,7 +8,8 @@
 //!   changes after it).
 //! - [`keys`] is the etcd key layout of DESIGN.md §3.
 //! - [`etcd`] is the production backend ([`EtcdRegistry`]): leases, transactions, watches,
-//!   and the reconnect/re-register logic that survives etcd restarts.
+//!   and the reconnect/re-register logic that survives etcd restarts; [`etcd::users`] sets up
+//!   etcd's own users for a cluster (a member user limited to its prefix, root, auth enable).
 //! - [`memory`] is the single-process backend ([`MemoryRegistry`]) for `switchyard up` and tests;
 //!   its leases run on tokio time, so tests can pause and advance the clock.
 //! - [`proof`] signs and checks entries ([`EntryProof`]), so a worker written into etcd by

@@ -26,6 +26,8 @@
 //!   with its credential).
 //! - [`incoming`]: TLS handshakes off the accept loop, with a timeout, for the worker's gRPC
 //!   server and the HTTP listeners.
+//! - [`listener`]: HTTPS for the HTTP listeners (the gateway's, the worker's metrics, the
+//!   planner's admin API) from reloaded certificate files, and the server of the side listeners.
 //! - [`config`]: [`SecurityConfig`], the `[security]` table every role's configuration carries,
 //!   and its flags.
 
@@ -38,6 +40,7 @@ pub mod dial;
 pub mod error;
 pub mod identity;
 pub mod incoming;
+pub mod listener;
 pub mod secret;
 pub mod tls;
 

@@ -58,16 +58,20 @@ impl TlsFiles {
                 "mutual TLS needs the cluster CA (tls_ca)".into(),
             ));
         };
-        let mut roots = RootCertStore::empty();
-        for cert in read_certs(ca, "CA file")? {
-            roots.add(cert).map_err(|e| SecurityError::Invalid {
-                what: "CA file",
-                path: ca.clone(),
-                message: e.to_string(),
-            })?;
-        }
-        Ok(Arc::new(roots))
+        ca_roots(ca)
     }
+}
+
+fn ca_roots(ca: &Path) -> Result<Arc<RootCertStore>, SecurityError> {
+    let mut roots = RootCertStore::empty();
+    for cert in read_certs(ca, "CA file")? {
+        roots.add(cert).map_err(|e| SecurityError::Invalid {
+            what: "CA file",
+            path: ca.to_owned(),
+            message: e.to_string(),
+        })?;
+    }
+    Ok(Arc::new(roots))
 }
 
 fn read_certs(
@@ -130,6 +134,15 @@ pub fn http_server_config(files: &TlsFiles) -> Result<ServerConfig, SecurityErro
         .with_single_cert(files.chain()?, files.private_key()?)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
+}
+
+/// A client of an HTTPS listener (the planner reading a gateway's `/metrics`): trusts only
+/// certificates `ca` signs, checked against the host name as any HTTPS client does.
+pub fn https_client_config(ca: &Path) -> Result<ClientConfig, SecurityError> {
+    Ok(ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(ca_roots(ca)?)
+        .with_no_client_auth())
 }
 
 /// A member dialing a worker: presents its own certificate and accepts only a server whose

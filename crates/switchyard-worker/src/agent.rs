@@ -149,6 +149,7 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     // Certificates and the secret are read first: a bad file fails before anything listens.
     let security = config.security.build(&config.cluster, PeerRole::Worker)?;
+    let metrics_tls = config.metrics_tls()?;
     let (listener, local_addr) = bind(config.listen).await?;
     // Bound before the engine starts, so a port already taken fails at once.
     let metrics_listener = match config.metrics_listen {
@@ -224,10 +225,25 @@ pub async fn run(
     let metrics_stop = CancellationToken::new();
     let metrics_addr = metrics_listener.as_ref().map(|(_, addr)| *addr);
     let metrics_server = metrics_listener.map(|(listener, addr)| {
-        tracing::info!(worker = %id, url = %format!("http://{addr}/metrics"), "serving metrics");
+        let scheme = if metrics_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        tracing::info!(
+            worker = %id,
+            url = %format!("{scheme}://{addr}/metrics"),
+            token = config.metrics_token.is_some(),
+            "serving metrics"
+        );
         tokio::spawn(crate::metrics::serve(
             listener,
+            crate::metrics::MetricsAccess {
+                token: config.metrics_token.clone(),
+                tls: metrics_tls,
+            },
             Arc::clone(&metrics),
+            state.clone(),
             metrics_stop.clone(),
         ))
     });

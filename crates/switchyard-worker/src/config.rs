@@ -34,6 +34,12 @@ pub struct WorkerConfig {
     /// none serves no metrics.
     #[serde(deserialize_with = "switchyard_config::listen_addr::deserialize_opt")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Bearer token `GET /metrics` requires; none: open to whoever reaches the port.
+    pub metrics_token: Option<String>,
+    /// HTTPS on the metrics port: its certificate chain (PEM), re-read when it changes.
+    pub metrics_tls_cert: Option<PathBuf>,
+    /// HTTPS on the metrics port: the certificate's private key (PEM).
+    pub metrics_tls_key: Option<PathBuf>,
     /// Model name clients ask for.
     pub model: String,
     pub role: Role,
@@ -78,6 +84,9 @@ impl Default for WorkerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             advertise_address: None,
             metrics_listen: None,
+            metrics_token: None,
+            metrics_tls_cert: None,
+            metrics_tls_key: None,
             model: "sim-8b".to_owned(),
             role: Role::Both,
             cluster: "default".to_owned(),
@@ -149,6 +158,7 @@ impl WorkerConfig {
                 self.listen
             ));
         }
+        self.validate_metrics_access()?;
         if let Some(endpoint) = &self.otlp_endpoint {
             switchyard_telemetry::validate_endpoint(endpoint)
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -208,6 +218,15 @@ pub struct WorkerArgs {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (default: not served).
     #[arg(long, env = "SWITCHYARD_METRICS_LISTEN", value_parser = switchyard_config::parse_listen_addr)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Bearer token GET /metrics requires (default: open).
+    #[arg(long, env = "SWITCHYARD_METRICS_TOKEN")]
+    pub metrics_token: Option<String>,
+    /// Serve /metrics over HTTPS with this certificate chain (PEM; re-read when it changes).
+    #[arg(long, env = "SWITCHYARD_METRICS_TLS_CERT")]
+    pub metrics_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --metrics-tls-cert.
+    #[arg(long, env = "SWITCHYARD_METRICS_TLS_KEY")]
+    pub metrics_tls_key: Option<PathBuf>,
     /// Model name served.
     #[arg(long, env = "SWITCHYARD_MODEL")]
     pub model: Option<String>,
@@ -343,6 +362,17 @@ impl WorkerArgs {
         if self.metrics_listen.is_some() {
             config.metrics_listen = self.metrics_listen;
         }
+        for (flag, target) in [
+            (&self.metrics_tls_cert, &mut config.metrics_tls_cert),
+            (&self.metrics_tls_key, &mut config.metrics_tls_key),
+        ] {
+            if flag.is_some() {
+                target.clone_from(flag);
+            }
+        }
+        if self.metrics_token.is_some() {
+            config.metrics_token.clone_from(&self.metrics_token);
+        }
         set!(model => config.model);
         set!(role => config.role);
         set!(cluster => config.cluster);
@@ -403,6 +433,9 @@ impl WorkerArgs {
         config
             .security
             .build(&config.cluster, switchyard_security::PeerRole::Worker)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        config
+            .metrics_tls()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(config)
     }

@@ -21,6 +21,7 @@ pub mod event_log;
 mod kv_layout;
 mod kv_source;
 pub mod metrics;
+mod metrics_access;
 pub mod peers;
 pub mod service;
 pub mod state;

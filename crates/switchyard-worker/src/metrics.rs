@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-pub use http::serve;
+pub use http::{MetricsAccess, serve};
 
 use crate::engine::Engine;
 use crate::state::WorkerState;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 mod disagg_cmd;
+mod etcd_auth_cmd;
 mod planner_cmd;
 mod replay_cmd;
 mod shared_data;
@@ -53,6 +54,8 @@ enum Command {
     Epp(EppCommand),
     /// Size the prefill and decode pools to the load (or `planner profile`: measure a worker).
     Planner(planner_cmd::PlannerCommand),
+    /// Turn on etcd's users for a cluster: a user limited to the cluster's prefix, root, auth.
+    EtcdAuth(etcd_auth_cmd::EtcdAuthCommand),
     /// Replay a trace offline (simulated cluster, several policies) or against an endpoint.
     Replay(replay_cmd::ReplayArgs),
     /// Measure the offline replayer's own speed on a trace.
@@ -152,6 +155,10 @@ fn main() -> ExitCode {
         }
         Command::Planner(command) => match init_telemetry(None) {
             Ok(_logs_only) => planner_cmd::run(command),
+            Err(code) => code,
+        },
+        Command::EtcdAuth(command) => match init_telemetry(None) {
+            Ok(_logs_only) => etcd_auth_cmd::run(command),
             Err(code) => code,
         },
         Command::Replay(args) => match init_telemetry(None) {
@@ -298,6 +305,11 @@ async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
             None => return Ok(()),
         }
     };
+    let metrics_scheme = if config.metrics_tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     switchyard_worker::run(config, registry, shutdown, |running| {
         // One JSON line on stdout tells scripts and tests where the worker is.
         let ready = serde_json::json!({
@@ -309,7 +321,7 @@ async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
             "block_size": running.info.block_size.get(),
             "kv_capacity_blocks": running.info.kv_capacity_blocks,
             "incarnation": running.info.incarnation,
-            "metrics": running.metrics_addr.map(|a| format!("http://{a}/metrics")),
+            "metrics": running.metrics_addr.map(|a| format!("{metrics_scheme}://{a}/metrics")),
         });
         println!("{ready}");
     })

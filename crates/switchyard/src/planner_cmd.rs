@@ -31,6 +31,19 @@ pub struct PlannerCommand {
     /// Bearer token the admin API requires.
     #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN")]
     admin_token: Option<String>,
+    /// Bearer token the planner's own /metrics requires (default: open).
+    #[arg(long, env = "SWITCHYARD_METRICS_TOKEN")]
+    metrics_token: Option<String>,
+    /// Serve the admin listener over HTTPS with this certificate chain (PEM; re-read when it
+    /// changes).
+    #[arg(long, env = "SWITCHYARD_PLANNER_ADMIN_TLS_CERT")]
+    admin_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --admin-tls-cert.
+    #[arg(long, env = "SWITCHYARD_PLANNER_ADMIN_TLS_KEY")]
+    admin_tls_key: Option<PathBuf>,
+    /// CA (PEM) of the gateways' HTTPS certificates, for https:// --gateway URLs.
+    #[arg(long, env = "SWITCHYARD_GATEWAY_CA")]
+    gateway_ca: Option<PathBuf>,
     /// The gateways' disaggregation threshold (their --disagg-min-uncached-tokens).
     #[arg(long, env = "SWITCHYARD_DISAGG_MIN_UNCACHED_TOKENS")]
     disagg_min_uncached_tokens: Option<u64>,
@@ -122,6 +135,18 @@ impl PlannerCommand {
         if let Some(token) = &self.admin_token {
             config.admin_token = Some(token.clone());
         }
+        for (flag, target) in [
+            (&self.admin_tls_cert, &mut config.admin_tls_cert),
+            (&self.admin_tls_key, &mut config.admin_tls_key),
+            (&self.gateway_ca, &mut config.gateway_ca),
+        ] {
+            if flag.is_some() {
+                target.clone_from(flag);
+            }
+        }
+        if self.metrics_token.is_some() {
+            config.metrics_token.clone_from(&self.metrics_token);
+        }
         if let Some(tokens) = self.disagg_min_uncached_tokens {
             config.disagg_min_uncached_tokens = tokens;
         }
@@ -135,6 +160,11 @@ impl PlannerCommand {
             .security
             .build(&config.cluster, switchyard_security::PeerRole::Planner)
             .map_err(|e| switchyard_planner::ConfigError::Invalid(e.to_string()))?;
+        config.admin_tls()?;
+        if let Some(ca) = &config.gateway_ca {
+            switchyard_security::tls::https_client_config(ca)
+                .map_err(|e| switchyard_planner::ConfigError::Invalid(e.to_string()))?;
+        }
         Ok(config)
     }
 }
@@ -196,6 +226,7 @@ async fn serve(config: PlannerConfig) -> Result<(), Failure> {
     };
     let registry: Arc<dyn Registry> = Arc::new(registry);
     let planner = switchyard_planner::build(&config, registry).await?;
+    let admin_tls = config.admin_tls().map_err(PlannerError::from)?;
     let mut admin_addr = None;
     let admin_task = match config.admin_listen {
         Some(listen) => {
@@ -203,9 +234,19 @@ async fn serve(config: PlannerConfig) -> Result<(), Failure> {
                 .await
                 .map_err(PlannerError::from)?;
             admin_addr = Some(addr);
+            tracing::info!(
+                address = %addr,
+                https = admin_tls.is_some(),
+                metrics_token = config.metrics_token.is_some(),
+                "planner admin listener"
+            );
             Some(tokio::spawn(switchyard_planner::admin::serve(
                 listener,
-                config.admin_token.clone(),
+                switchyard_planner::admin::AdminAccess {
+                    admin_token: config.admin_token.clone(),
+                    metrics_token: config.metrics_token.clone(),
+                    tls: admin_tls,
+                },
                 Arc::clone(&planner.state),
                 Arc::clone(&planner.metrics),
                 shutdown.clone(),

@@ -66,7 +66,7 @@ switchyard.dev/pool: {{ . }}
 {{/* etcd endpoints, comma-separated: the in-chart StatefulSet's Service or the external list. */}}
 {{- define "switchyard.etcdEndpoints" -}}
 {{- if .Values.etcd.enabled -}}
-{{- printf "http://%s-etcd:2379" (include "switchyard.fullname" .) -}}
+{{- printf "%s://%s-etcd:2379" (ternary "https" "http" .Values.etcd.tls.enabled) (include "switchyard.fullname" .) -}}
 {{- else -}}
 {{- if not .Values.etcd.endpoints -}}
 {{- fail "etcd.enabled is false, so etcd.endpoints must list at least one external etcd endpoint" -}}
