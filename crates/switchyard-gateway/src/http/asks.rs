@@ -84,7 +84,7 @@ pub fn asks_of(
 fn logprobs_of(kind: Kind, s: &SamplingFields) -> Result<Option<LogprobsAsk>, ApiError> {
     use serde_json::Value;
     match kind {
-        Kind::Chat => {
+        Kind::Chat | Kind::Messages => {
             let on = match &s.logprobs {
                 None | Some(Value::Null) | Some(Value::Bool(false)) => false,
                 Some(Value::Bool(true)) => true,

@@ -46,6 +46,9 @@ use super::answer::respond;
 pub(super) enum Kind {
     Chat,
     Text,
+    /// Anthropic's Messages API: a chat request, answered in Anthropic's shapes by
+    /// [`super::anthropic`] from the chat answer.
+    Messages,
 }
 
 impl Kind {
@@ -53,7 +56,13 @@ impl Kind {
         match self {
             Kind::Chat => "chat_completions",
             Kind::Text => "completions",
+            Kind::Messages => "messages",
         }
+    }
+
+    /// Whether the answer is a chat answer (messages, reasoning and tool calls).
+    pub(super) fn is_chat(self) -> bool {
+        matches!(self, Kind::Chat | Kind::Messages)
     }
 
     /// The route, as the request's trace span names it.
@@ -61,6 +70,7 @@ impl Kind {
         match self {
             Kind::Chat => "/v1/chat/completions",
             Kind::Text => "/v1/completions",
+            Kind::Messages => "/v1/messages",
         }
     }
 
@@ -68,6 +78,7 @@ impl Kind {
         match self {
             Kind::Chat => "POST /v1/chat/completions",
             Kind::Text => "POST /v1/completions",
+            Kind::Messages => "POST /v1/messages",
         }
     }
 }
@@ -265,7 +276,7 @@ fn completion_split(request: CompletionRequest) -> Result<ParsedRequest, ApiErro
 }
 
 /// The client's address, when the server was started with connection info.
-type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+pub(super) type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
 
 /// POST /v1/chat/completions
 pub async fn chat(
@@ -323,16 +334,15 @@ fn client_request_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 fn completion_id(kind: Kind) -> String {
-    let prefix = if kind == Kind::Chat {
-        "chatcmpl"
-    } else {
-        "cmpl"
-    };
-    format!("{prefix}-{:016x}", rand_id())
+    match kind {
+        Kind::Chat => format!("chatcmpl-{:016x}", rand_id()),
+        Kind::Text => format!("cmpl-{:016x}", rand_id()),
+        Kind::Messages => format!("msg_{:016x}", rand_id()),
+    }
 }
 
 /// Runs [`serve`] in the request's trace span (the root of the request's trace).
-async fn handle<T: DeserializeOwned>(
+pub(super) async fn handle<T: DeserializeOwned>(
     state: Arc<AppState>,
     tenant: Option<ApiTenant>,
     kind: Kind,
