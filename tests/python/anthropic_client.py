@@ -157,6 +157,18 @@ def structured(client) -> None:
            "output_config.effort")
 
 
+def thinking(client) -> None:
+    """The simulator's model has no reasoning parser: adaptive and disabled thinking are what it
+    does already (no thinking blocks); asking for thinking is refused, by name."""
+    for config in ({"type": "adaptive"}, {"type": "disabled"}):
+        m = client.messages.create(model=MODEL, max_tokens=8, messages=MESSAGES, thinking=config)
+        assert [b.type for b in m.content] == ["text"], (config, m)
+    expect(anthropic.BadRequestError,
+           lambda: client.messages.create(model=MODEL, max_tokens=2048, messages=MESSAGES,
+                                          thinking={"type": "enabled", "budget_tokens": 1024}),
+           "thinking", "reasoning parser")
+
+
 def errors(client, base_url: str) -> None:
     kind = expect(anthropic.BadRequestError,
                   lambda: client.messages.create(model=MODEL, max_tokens=8, messages=MESSAGES,
@@ -196,6 +208,7 @@ def main(base_url: str, api_key: str) -> None:
     stop_sequences(client, text)
     tools(client)
     structured(client)
+    thinking(client)
     errors(client, base_url)
     print("anthropic sdk: all checks passed")
 

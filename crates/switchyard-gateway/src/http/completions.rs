@@ -99,7 +99,7 @@ pub(crate) fn read_body(
     })
 }
 
-fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(super) fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if std::str::from_utf8(body).is_err() {
         return Err(ApiError::bad_request("request body is not valid UTF-8"));
     }
@@ -228,7 +228,7 @@ pub fn parse_completion_request(body: &[u8]) -> Result<ParsedRequest, ApiError> 
 }
 
 /// The checks `serve` makes before admission: the choices asked and the sampling.
-fn checked(kind: Kind, r: ParsedRequest) -> Result<ParsedRequest, ApiError> {
+pub(super) fn checked(kind: Kind, r: ParsedRequest) -> Result<ParsedRequest, ApiError> {
     let asks = asks_of(kind, &r.sampling, r.echo, r.source.count())?;
     let asked = r.sampling.max_completion_tokens.or(r.sampling.max_tokens);
     sampling_of(&r.sampling, asked.unwrap_or(u32::MAX), asks.logprobs)?;

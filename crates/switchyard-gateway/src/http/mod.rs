@@ -1,11 +1,11 @@
 //! The HTTP surface: OpenAI API ([`completions`], answered by `answer` over `choices` and
 //! `assemble`, with the request's fields read by `asks` and its prompts by `prompts`), vLLM's `/tokenize` and
-//! `/detokenize` ([`tokenize`]), Anthropic's Messages API (`anthropic`, a translation onto the
+//! `/detokenize` ([`tokenize`]), Anthropic's Messages API ([`anthropic`], a translation onto the
 //! chat path), admin API ([`admin`]), health, readiness, metrics and the model list.
 
 pub mod admin;
 mod answer;
-mod anthropic;
+pub mod anthropic;
 mod asks;
 mod assemble;
 mod choices;

@@ -1,7 +1,7 @@
 //! Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`) as a thin
 //! translation onto the chat pipeline, so routing, sessions, admission and tenants apply
 //! unchanged: the request becomes a chat request ([`request`]) that runs through
-//! `completions::handle` as [`Kind::Messages`], and its chat answer is read back as an
+//! `completions::handle` as `Kind::Messages`, and its chat answer is read back as an
 //! Anthropic message ([`message`]) or, streamed, as Anthropic's events ([`events`]). Every
 //! error on these routes (the API-key check's included) leaves in Anthropic's shape.
 
@@ -70,6 +70,11 @@ fn check_thinking(
     thinking: Thinking,
 ) -> Result<(), ApiError> {
     let reasons = state.config.output.formats(model, dir).reasoning.is_some();
+    thinking_for(model, reasons, thinking)
+}
+
+/// `thinking` for a model that has (`reasons`) or lacks a reasoning parser.
+fn thinking_for(model: &str, reasons: bool, thinking: Thinking) -> Result<(), ApiError> {
     let refuse = |message: String| Err(ApiError::bad_param("thinking", message));
     match (thinking, reasons) {
         (Thinking::Enabled, false) => refuse(format!(
@@ -83,7 +88,7 @@ fn check_thinking(
 }
 
 /// POST /v1/messages
-pub async fn messages(
+async fn messages(
     State(state): State<Arc<AppState>>,
     peer: Peer,
     tenant: Option<Extension<ApiTenant>>,
@@ -103,22 +108,37 @@ pub async fn messages(
             check_thinking(&split_state, &model, &tokenizer.dir, ask.thinking)?;
         }
         stops.clone_from(&ask.stop_sequences);
-        Ok(ParsedRequest {
-            model,
-            sampling: ask.sampling,
-            source: PromptSource::Chat {
-                messages: ask.messages,
-                tools: ask.tools,
-                tool_choice: ask.tool_choice,
-                parallel_tool_calls: ask.parallel_tool_calls,
-            },
-            echo: false,
-        })
+        Ok(parsed(model, ask))
     };
     let tenant = tenant.map(|Extension(t)| t);
     let response =
         completions::handle(state, tenant, Kind::Messages, peer, headers, body, split).await;
     answer(response, stops).await
+}
+
+/// The chat request of `ask`, as the pipeline takes it apart.
+fn parsed(model: String, ask: request::ChatAsk) -> ParsedRequest {
+    ParsedRequest {
+        model,
+        sampling: ask.sampling,
+        source: PromptSource::Chat {
+            messages: ask.messages,
+            tools: ask.tools,
+            tool_choice: ask.tool_choice,
+            parallel_tool_calls: ask.parallel_tool_calls,
+        },
+        echo: false,
+    }
+}
+
+/// Parses and checks a `/v1/messages` body as the handler does before admission (the
+/// model-dependent `thinking` check aside). Public so that the fuzz targets
+/// (`crates/switchyard-fuzz`) drive exactly this code.
+pub fn parse_messages_request(body: &[u8]) -> Result<ParsedRequest, ApiError> {
+    let request: MessagesRequest = completions::parse_body(body)?;
+    let model = request.model.clone();
+    let ask = request::chat_ask(request)?;
+    completions::checked(Kind::Messages, parsed(model, ask))
 }
 
 /// The chat answer in Anthropic's shape: a message, or its events. Errors pass through to
@@ -231,7 +251,7 @@ async fn anthropic_errors(response: Response) -> Response {
 /// POST /v1/messages/count_tokens: `{"input_tokens"}`, the prompt's tokens as a Messages
 /// request with the same fields counts them (its usage's `input_tokens` plus
 /// `cache_read_input_tokens`).
-pub async fn count_tokens(
+async fn count_tokens(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -273,4 +293,31 @@ async fn count(
     let max = preprocess::prompt_limit(routes.max_context_tokens);
     let tokens = preprocess::encode_chat_request(&state.metrics, tokenizer, chat, max).await?;
     Ok(tokens.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thinking_is_refused_only_where_it_cannot_be_honoured() {
+        use Thinking::*;
+        for (thinking, reasons, ok) in [
+            (Unset, false, true),
+            (Unset, true, true),
+            (Adaptive, false, true),
+            (Adaptive, true, true),
+            (Enabled, true, true),
+            (Enabled, false, false),
+            (Disabled, false, true),
+            (Disabled, true, false),
+        ] {
+            let answer = thinking_for("m", reasons, thinking);
+            assert_eq!(answer.is_ok(), ok, "{thinking:?} with parser {reasons}");
+            if let Err(ApiError::BadRequest { param, message }) = answer {
+                assert_eq!(param.as_deref(), Some("thinking"));
+                assert!(message.starts_with("thinking: model `m`"), "{message}");
+            }
+        }
+    }
 }

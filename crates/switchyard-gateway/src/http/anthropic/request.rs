@@ -320,7 +320,7 @@ fn assistant_turn(content: &Json, path: &str) -> Result<ChatMessage, ApiError> {
     }
     let mut turn = message(
         "assistant",
-        (!text.is_empty()).then(|| MessageContent::Parts(text)),
+        (!text.is_empty()).then_some(MessageContent::Parts(text)),
     );
     turn.tool_calls = (!calls.is_empty()).then_some(calls);
     turn.reasoning_content = reasoning;

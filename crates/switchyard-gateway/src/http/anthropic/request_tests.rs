@@ -197,6 +197,26 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             json!({"system": [{"type": "text", "text": "x", "cache_control": {"type": "forever"}}]}),
             "system.0.cache_control.type",
         ),
+        (
+            json!({"cache_control": {"type": "ephemeral", "scope": "org"}}),
+            "cache_control.scope",
+        ),
+        (
+            json!({"output_config": {"effort": "high"}}),
+            "output_config.effort",
+        ),
+        (
+            json!({"output_config": {"format": {"type": "regex", "schema": {}}}}),
+            "output_config.format.type",
+        ),
+        (
+            json!({"thinking": {"type": "adaptive", "display": "omitted"}}),
+            "thinking.display",
+        ),
+        (
+            json!({"thinking": {"type": "between_tools"}}),
+            "thinking.type",
+        ),
     ];
     for (extra, param) in cases {
         let (named, message) = refused(with(extra.clone()));
@@ -211,4 +231,20 @@ fn what_cannot_be_honoured_is_refused_by_name() {
     assert_eq!(enabled.thinking, Thinking::Enabled);
     let disabled = ask(with(json!({"thinking": {"type": "disabled"}}))).unwrap();
     assert_eq!(disabled.thinking, Thinking::Disabled);
+}
+
+#[test]
+fn output_config_cache_control_and_adaptive_thinking_are_taken() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let ask = ask(with(json!({
+        "output_config": {"format": {"type": "json_schema", "schema": schema}},
+        "cache_control": {"type": "ephemeral", "ttl": "1h"},
+        "thinking": {"type": "adaptive", "display": "summarized"},
+    })))
+    .unwrap();
+    assert_eq!(
+        ask.sampling.response_format,
+        Some(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}))
+    );
+    assert_eq!(ask.thinking, Thinking::Adaptive);
 }
