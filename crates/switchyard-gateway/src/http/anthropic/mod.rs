@@ -5,6 +5,7 @@
 //! Anthropic message ([`message`]) or, streamed, as Anthropic's events ([`events`]). Every
 //! error on these routes (the API-key check's included) leaves in Anthropic's shape.
 
+mod blocks;
 mod events;
 mod message;
 mod request;

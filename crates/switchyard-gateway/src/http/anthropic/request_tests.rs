@@ -2,6 +2,8 @@
 
 use serde_json::json;
 
+use switchyard_tokenize::MessageContent;
+
 use super::*;
 
 fn request(body: Json) -> MessagesRequest {
