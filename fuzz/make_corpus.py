@@ -91,6 +91,20 @@ bodies = {
         "metadata": {"k": "v"}, "store": False},
     "responses_stateful": {"model": "m", "input": "x", "previous_response_id": "resp_1"},
     "responses_unknown_role": {"model": "m", "input": [{"role": "tool", "content": "x"}]},
+    "messages_tools_round_trip": {
+        "model": "m", "max_tokens": 64, "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "Use the tool.", "signature": ""},
+                {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C", "is_error": False}]}],
+        "tools": [{"name": "w", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+        "stop_sequences": ["END"], "stream": True, "metadata": {"user_id": "u"}},
+    "messages_image_block": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]},
 }
 for name, body in bodies.items():
     write("http_chat_body", name, json.dumps(body))

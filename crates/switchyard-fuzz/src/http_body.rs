@@ -1,12 +1,14 @@
 //! `http_chat_body`: a request body as the gateway's completion endpoints parse and validate it
 //! before admission (`switchyard_gateway::http::completions::parse_*_request`, and
-//! `switchyard_gateway::http::responses::parse_responses_request`).
+//! `switchyard_gateway::http::responses::parse_responses_request`, and
+//! `http::anthropic::parse_messages_request` for Anthropic's Messages API).
 //!
 //! The input is the body, tried as each endpoint's body. A refusal must be a client error
 //! (4xx) with an OpenAI error object; an accepted request must hold what the handler relies on.
 
 use axum::response::IntoResponse;
 use switchyard_gateway::error::ApiError;
+use switchyard_gateway::http::anthropic::parse_messages_request;
 use switchyard_gateway::http::completions::{
     ParsedRequest, PromptSource, parse_chat_request, parse_completion_request,
 };
@@ -17,6 +19,8 @@ pub fn run(data: &[u8]) {
     check(parse_chat_request(data), Endpoint::Chat);
     check(parse_completion_request(data), Endpoint::Text);
     check(parse_responses_request(data), Endpoint::Responses);
+    // Anthropic's Messages body becomes a chat request.
+    check(parse_messages_request(data), Endpoint::Chat);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,8 +3,8 @@
 //! Each target feeds outside input to the product's own public parsing code and checks that it
 //! answers with a value or an error, never a panic (or an error of the wrong kind):
 //!
-//! - [`http_body`]: the gateway's parsing and validation of `/v1/chat/completions` and
-//!   `/v1/completions` bodies, and the OpenAI error object it answers with.
+//! - [`http_body`]: the gateway's parsing and validation of `/v1/chat/completions`,
+//!   `/v1/completions` and `/v1/messages` bodies, and the error object it answers with.
 //! - [`zmq_event`]: vLLM/SGLang KV-event messages off ZeroMQ: frame splitting (live and replay
 //!   framings), MessagePack batch decoding and the relay into the worker's event log.
 //! - [`proto`]: `switchyard.v1` protobuf messages decoded by prost, their conversions to core

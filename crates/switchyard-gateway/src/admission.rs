@@ -43,8 +43,8 @@ pub struct FlowKey {
 
 impl FlowKey {
     /// The flow of a request: its session within its tenant, the tenant taken from the
-    /// `user` field, else the `Authorization` bearer key (hashed, never kept in clear), else the
-    /// client's address.
+    /// `user` field, else the `Authorization` bearer key or Anthropic's `x-api-key` (hashed,
+    /// never kept in clear), else the client's address.
     pub fn of_request(
         session: Option<String>,
         user: Option<&str>,
@@ -61,7 +61,14 @@ impl FlowKey {
                     .unwrap_or(v)
                     .trim()
             })
-            .filter(|k| !k.is_empty());
+            .filter(|k| !k.is_empty())
+            .or_else(|| {
+                headers
+                    .get("x-api-key")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::trim)
+                    .filter(|k| !k.is_empty())
+            });
         let tenant = match (user, key, peer) {
             (Some(user), _, _) => format!("user:{user}"),
             (None, Some(key), _) => {
@@ -557,9 +564,13 @@ mod tests {
             FlowKey::of_request(None, None, &headers, None),
             flow("anonymous", "")
         );
+        let mut anthropic = HeaderMap::new();
+        anthropic.insert("x-api-key", "sk-1".parse().unwrap());
         headers.insert(header::AUTHORIZATION, "Bearer sk-1".parse().unwrap());
         let keyed = FlowKey::of_request(None, None, &headers, ip);
         assert!(keyed.tenant.starts_with("key:") && !keyed.tenant.contains("sk-1"));
+        // The same key sent as Anthropic's clients send it is the same tenant.
+        assert_eq!(FlowKey::of_request(None, None, &anthropic, ip), keyed);
         let user = FlowKey::of_request(None, Some("alice"), &headers, ip);
         assert_eq!(user, flow("user:alice", ""));
     }

@@ -149,7 +149,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
     let finishes = texts.iter().map(ChoiceText::finish_reason);
     let mut choices = contents.into_iter().zip(logprobs).zip(finishes).enumerate();
     match p.kind {
-        Kind::Chat => axum::Json(ChatCompletion {
+        Kind::Chat | Kind::Messages => axum::Json(ChatCompletion {
             id: p.completion_id,
             object: "chat.completion",
             created: unix_now(),
@@ -247,7 +247,7 @@ impl Piece {
 /// `super::responses`.)
 fn chunk(p: &Prepared, created: u64, index: u32, piece: Piece, usage: Option<Usage>) -> String {
     let json = match p.kind {
-        Kind::Chat | Kind::Responses => serde_json::to_string(&ChatCompletionChunk {
+        Kind::Chat | Kind::Responses | Kind::Messages => serde_json::to_string(&ChatCompletionChunk {
             id: p.completion_id.clone(),
             object: "chat.completion.chunk",
             created,
@@ -371,7 +371,13 @@ fn on_event(
             ..
         } => {
             text.cached_tokens = text.cached_tokens.max(cached_prompt_tokens);
-            if p.kind == Kind::Chat {
+            if p.kind == Kind::Messages {
+                // Anthropic's `message_start` carries the prompt's usage: a usage chunk first.
+                let usage = Usage::new(text.prompt_tokens, 0, text.cached_tokens);
+                queue.push_back(chunk(p, created, index, Piece::default(), Some(usage)));
+            }
+            // The role chunk opens a chat stream; a Responses stream opens with its own events.
+            if matches!(p.kind, Kind::Chat | Kind::Messages) {
                 let piece = Piece {
                     content: Some(String::new()),
                     role: true,

@@ -85,7 +85,7 @@ fn logprobs_of(kind: Kind, s: &SamplingFields) -> Result<Option<LogprobsAsk>, Ap
     use serde_json::Value;
     match kind {
         // A Responses request carries no log-probability fields (it refuses `top_logprobs`).
-        Kind::Chat | Kind::Responses => {
+        Kind::Chat | Kind::Responses | Kind::Messages => {
             let on = match &s.logprobs {
                 None | Some(Value::Null) | Some(Value::Bool(false)) => false,
                 Some(Value::Bool(true)) => true,

@@ -8,7 +8,7 @@ use switchyard_core::{TokenId, TokenLogprob};
 use switchyard_tokenize::{IncrementalDecoder, Tokenizer};
 
 use super::AppState;
-use super::completions::{Kind, Prepared, PromptPlan};
+use super::completions::{Prepared, PromptPlan};
 use crate::chat_output::{Piece as OutputPiece, Shaper, ToolCallOut, prompt_tail};
 use crate::dispatch::Finish;
 use crate::metrics::ModelLabels;
@@ -51,15 +51,12 @@ impl ChoiceText {
             completion_tokens: 0,
             finish: None,
             last_token_at: None,
-            logprobs: p
-                .asks
-                .logprobs
-                .map(|_| LogprobsOut::new(p.kind != Kind::Text)),
+            logprobs: p.asks.logprobs.map(|_| LogprobsOut::new(p.kind.is_chat())),
             offset: prompt
                 .echo
                 .as_deref()
                 .map_or(0, |e| e.chars().count() as u32),
-            shaper: (p.kind != Kind::Text).then(|| {
+            shaper: p.kind.is_chat().then(|| {
                 Shaper::new(
                     &p.output,
                     &p.completion_id,

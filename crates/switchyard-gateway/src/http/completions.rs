@@ -48,6 +48,9 @@ pub(super) enum Kind {
     Text,
     /// `/v1/responses`: a chat request answered in the Responses shape (`super::responses`).
     Responses,
+    /// Anthropic's Messages API: a chat request, answered in Anthropic's shapes by
+    /// [`super::anthropic`] from the chat answer.
+    Messages,
 }
 
 impl Kind {
@@ -56,7 +59,14 @@ impl Kind {
             Kind::Chat => "chat_completions",
             Kind::Text => "completions",
             Kind::Responses => "responses",
+            Kind::Messages => "messages",
         }
+    }
+
+    /// Whether the answer is a chat answer (messages, reasoning and tool calls): every kind but
+    /// the text completion; Responses and Messages answers are chat answers rewritten.
+    pub(super) fn is_chat(self) -> bool {
+        !matches!(self, Kind::Text)
     }
 
     /// The route, as the request's trace span names it.
@@ -65,6 +75,7 @@ impl Kind {
             Kind::Chat => "/v1/chat/completions",
             Kind::Text => "/v1/completions",
             Kind::Responses => "/v1/responses",
+            Kind::Messages => "/v1/messages",
         }
     }
 
@@ -73,6 +84,7 @@ impl Kind {
             Kind::Chat => "POST /v1/chat/completions",
             Kind::Text => "POST /v1/completions",
             Kind::Responses => "POST /v1/responses",
+            Kind::Messages => "POST /v1/messages",
         }
     }
 }
@@ -338,6 +350,7 @@ fn completion_id(kind: Kind) -> String {
         Kind::Chat => format!("chatcmpl-{:016x}", rand_id()),
         Kind::Text => format!("cmpl-{:016x}", rand_id()),
         Kind::Responses => format!("resp_{:016x}", rand_id()),
+        Kind::Messages => format!("msg_{:016x}", rand_id()),
     }
 }
 

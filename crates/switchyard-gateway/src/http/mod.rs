@@ -1,11 +1,12 @@
 //! The HTTP surface: OpenAI API ([`completions`], answered by `answer` over `choices` and
 //! `assemble`, with the request's fields read by `asks` and its prompts by `prompts`; the
 //! Responses API, [`responses`], translated onto the same path), vLLM's `/tokenize` and
-//! `/detokenize` ([`tokenize`]), admin API ([`admin`]), health, readiness, metrics and the
-//! model list.
+//! `/detokenize` ([`tokenize`]), Anthropic's Messages API ([`anthropic`], a translation onto the
+//! chat path), admin API ([`admin`]), health, readiness, metrics and the model list.
 
 pub mod admin;
 mod answer;
+pub mod anthropic;
 mod asks;
 mod assemble;
 mod choices;
@@ -100,6 +101,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         ));
     Router::new()
         .merge(api)
+        .merge(anthropic::router(&state))
         .nest("/admin", admin::router(Arc::clone(&state)))
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -175,7 +177,8 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// With an API key file, `/v1` takes only requests carrying one of its keys (401 in OpenAI's
-/// shape otherwise) and shares the slots by the key's tenant.
+/// shape otherwise) and shares the slots by the key's tenant. The key comes as
+/// `Authorization: Bearer <key>` or, as Anthropic's clients send it, `x-api-key: <key>`.
 async fn require_api_key(
     State(state): State<Arc<AppState>>,
     mut request: axum::extract::Request,
@@ -188,7 +191,13 @@ async fn require_api_key(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let refused = match crate::api_keys::bearer(authorization) {
+    let x_api_key = request
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty());
+    let refused = match crate::api_keys::bearer(authorization).or(x_api_key) {
         None => ApiError::MissingApiKey,
         Some(key) => match keys.tenant(key) {
             Some(tenant) => {

@@ -1,0 +1,255 @@
+//! A streamed chat answer's chunks as Anthropic's stream events: `message_start` (with the
+//! prompt's usage, from the usage chunk a Messages stream begins with) and a `ping`, then for
+//! each block `content_block_start`, its deltas (`thinking_delta`, `text_delta`,
+//! `input_json_delta`) and `content_block_stop`, and at the end `message_delta` (stop reason,
+//! usage) and `message_stop`. An error chunk becomes an `error` event.
+//!
+//! With stop sequences the last few bytes of text are held back until the next piece: when a
+//! stop sequence ends the answer it is cut from the text (the pipeline keeps it there so that
+//! the answer can name it), as Anthropic's text leaves it out.
+
+use serde_json::{Value as Json, json};
+
+use super::message::{error_body, matched_stop, stop_reason, tool_input, tool_use_block, usage};
+
+/// One server-sent event: its `event:` name and its data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub name: &'static str,
+    pub data: Json,
+}
+
+impl Event {
+    fn new(name: &'static str, data: Json) -> Self {
+        Self { name, data }
+    }
+
+    pub fn ping() -> Self {
+        Self::new("ping", json!({"type": "ping"}))
+    }
+
+    /// The event as it goes on the wire.
+    pub fn to_sse(&self) -> String {
+        format!("event: {}\ndata: {}\n\n", self.name, self.data)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Text,
+    Thinking,
+}
+
+/// Turns one stream's chat chunks into Anthropic events.
+#[derive(Debug)]
+pub struct EventWriter {
+    stops: Vec<String>,
+    /// Bytes of text held back: the longest stop sequence.
+    hold: usize,
+    held: String,
+    started: bool,
+    open: Option<Block>,
+    /// The index of the next block (or of the open one).
+    index: u32,
+    /// The stop reason and sequence, once the choice finished.
+    finish: Option<(&'static str, Option<String>)>,
+    done: bool,
+}
+
+impl EventWriter {
+    pub fn new(stops: Vec<String>) -> Self {
+        let hold = stops.iter().map(String::len).max().unwrap_or(0);
+        Self {
+            stops,
+            hold,
+            held: String::new(),
+            started: false,
+            open: None,
+            index: 0,
+            finish: None,
+            done: false,
+        }
+    }
+
+    /// Whether the stream has said all it will (`message_stop` or an error).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The events of one chunk's data (a chat chunk, an error object or `[DONE]`).
+    pub fn push(&mut self, data: &str) -> Vec<Event> {
+        let mut out = Vec::new();
+        if self.done {
+            return out;
+        }
+        if data.trim() == "[DONE]" {
+            return self.end();
+        }
+        let chunk: Json = match serde_json::from_str(data) {
+            Ok(chunk) => chunk,
+            Err(e) => return self.fail(&format!("unreadable chunk from the pipeline: {e}")),
+        };
+        if chunk.get("error").is_some() {
+            self.done = true;
+            return vec![Event::new("error", error_body(&chunk, None))];
+        }
+        let choices = chunk["choices"].as_array().map_or(&[][..], Vec::as_slice);
+        if !self.started {
+            self.started = true;
+            let mut message = json!({
+                "id": chunk["id"], "type": "message", "role": "assistant", "model": chunk["model"],
+                "content": [], "stop_reason": null, "stop_sequence": null,
+                "usage": usage(&chunk["usage"]),
+            });
+            message["usage"]["output_tokens"] = json!(0);
+            out.push(Event::new(
+                "message_start",
+                json!({"type": "message_start", "message": message}),
+            ));
+            out.push(Event::ping());
+            if choices.is_empty() {
+                return out;
+            }
+        }
+        if choices.is_empty() && chunk.get("usage").is_some_and(|u| !u.is_null()) {
+            // The last chunk: the whole request's usage.
+            self.close(&mut out);
+            let (reason, sequence) = self.finish.take().unwrap_or(("end_turn", None));
+            out.push(Event::new(
+                "message_delta",
+                json!({"type": "message_delta",
+                       "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                       "usage": usage(&chunk["usage"])}),
+            ));
+            out.push(Event::new("message_stop", json!({"type": "message_stop"})));
+            self.done = true;
+            return out;
+        }
+        for choice in choices {
+            let delta = &choice["delta"];
+            if let Some(thinking) = delta["reasoning_content"]
+                .as_str()
+                .filter(|t| !t.is_empty())
+            {
+                self.flush_text(false, &mut out);
+                self.open(Block::Thinking, &mut out);
+                out.push(self.delta(json!({"type": "thinking_delta", "thinking": thinking})));
+            }
+            if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+                self.text(text, &mut out);
+            }
+            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                self.flush_text(false, &mut out);
+                self.close(&mut out);
+                out.push(self.block_start(tool_use_block(call, false)));
+                let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
+                let input = tool_input(arguments).to_string();
+                out.push(self.delta(json!({"type": "input_json_delta", "partial_json": input})));
+                out.push(self.block_stop());
+                self.index += 1;
+            }
+            if let Some(finish) = choice["finish_reason"].as_str() {
+                let stopped_by = self.flush_text(finish == "stop", &mut out);
+                self.close(&mut out);
+                let reason = stop_reason(finish, stopped_by.as_deref());
+                self.finish = Some((reason, stopped_by));
+            }
+        }
+        out
+    }
+
+    /// The body ended: a stream that had not finished gets an error event.
+    pub fn end(&mut self) -> Vec<Event> {
+        if self.done {
+            return Vec::new();
+        }
+        self.fail("the generation ended unexpectedly")
+    }
+
+    fn fail(&mut self, message: &str) -> Vec<Event> {
+        self.done = true;
+        vec![Event::new(
+            "error",
+            json!({"type": "error", "error": {"type": "api_error", "message": message}}),
+        )]
+    }
+
+    fn text(&mut self, text: &str, out: &mut Vec<Event>) {
+        self.held.push_str(text);
+        if self.held.len() <= self.hold {
+            return;
+        }
+        let mut cut = self.held.len() - self.hold;
+        while !self.held.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let ready: String = self.held.drain(..cut).collect();
+        self.emit_text(ready, out);
+    }
+
+    /// Writes the held text; `stopped`: the answer ended on a stop, so a stop sequence at its
+    /// end is cut off and returned.
+    fn flush_text(&mut self, stopped: bool, out: &mut Vec<Event>) -> Option<String> {
+        let mut rest = std::mem::take(&mut self.held);
+        let matched = if stopped {
+            matched_stop(&mut rest, &self.stops)
+        } else {
+            None
+        };
+        self.emit_text(rest, out);
+        matched
+    }
+
+    fn emit_text(&mut self, text: String, out: &mut Vec<Event>) {
+        if text.is_empty() {
+            return;
+        }
+        self.open(Block::Text, out);
+        out.push(self.delta(json!({"type": "text_delta", "text": text})));
+    }
+
+    fn open(&mut self, block: Block, out: &mut Vec<Event>) {
+        if self.open == Some(block) {
+            return;
+        }
+        self.close(out);
+        let start = match block {
+            Block::Text => json!({"type": "text", "text": ""}),
+            Block::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+        };
+        out.push(self.block_start(start));
+        self.open = Some(block);
+    }
+
+    fn close(&mut self, out: &mut Vec<Event>) {
+        if self.open.take().is_some() {
+            out.push(self.block_stop());
+            self.index += 1;
+        }
+    }
+
+    fn block_start(&self, block: Json) -> Event {
+        Event::new(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": self.index, "content_block": block}),
+        )
+    }
+
+    fn delta(&self, delta: Json) -> Event {
+        Event::new(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
+        )
+    }
+
+    fn block_stop(&self) -> Event {
+        Event::new(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": self.index}),
+        )
+    }
+}
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;
