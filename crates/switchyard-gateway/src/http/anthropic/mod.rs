@@ -129,6 +129,7 @@ fn parsed(model: String, ask: request::ChatAsk) -> ParsedRequest {
             parallel_tool_calls: ask.parallel_tool_calls,
         },
         echo: false,
+        responses: None,
     }
 }
 
