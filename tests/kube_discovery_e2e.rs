@@ -232,3 +232,59 @@ async fn the_picker_answers_with_the_pods_engine_endpoints() {
     assert_eq!(outcome.destination, [at_a.clone()]);
     assert_eq!(outcome.served.as_ref(), Some(&at_a));
 }
+
+#[tokio::test]
+async fn discovery_settings_are_checked_at_start() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(args)
+            .output()
+            .expect("run switchyard")
+    };
+    for (args, says) in [
+        (&["gateway"][..], "--etcd"),
+        (
+            &[
+                "gateway",
+                "--discovery",
+                "kubernetes",
+                "--k8s-worker-port",
+                "grpc",
+            ][..],
+            "--k8s-selector",
+        ),
+        (
+            &["epp", "--discovery", "kubernetes", "--k8s-pool", "p"][..],
+            "--k8s-worker-port",
+        ),
+        (
+            &[
+                "gateway",
+                "--discovery",
+                "kubernetes",
+                "--k8s-pool",
+                "p",
+                "--k8s-worker-port",
+                "0",
+            ][..],
+            "--k8s-worker-port",
+        ),
+        (
+            &[
+                "gateway",
+                "--discovery",
+                "both",
+                "--k8s-selector",
+                "a=b",
+                "--k8s-worker-port",
+                "7000",
+            ][..],
+            "--etcd",
+        ),
+    ] {
+        let output = run(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}

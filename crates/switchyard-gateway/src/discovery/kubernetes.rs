@@ -479,3 +479,93 @@ impl PodSet {
         workers
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_core::{BlockSize, EngineKind, Role, WorkerId};
+
+    fn pod(name: &str, ip: &str, ready: bool) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "engine", "ports": [{"name": "grpc", "containerPort": 7000}]}]},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
+        }))
+        .unwrap()
+    }
+
+    fn info(id: &str) -> WorkerInfo {
+        WorkerInfo {
+            id: WorkerId::new(id).unwrap(),
+            address: "0.0.0.0:7000".into(),
+            model: "m".into(),
+            role: Role::Both,
+            block_size: BlockSize::new(16).unwrap(),
+            kv_capacity_blocks: 10,
+            max_context_tokens: 100,
+            engine: EngineKind::Vllm,
+            incarnation: 1,
+            engine_endpoint: None,
+        }
+    }
+
+    fn selection() -> Selection {
+        Selection {
+            labels: "app=engine".into(),
+            engine_port: Some(PortRef::Number(8000)),
+        }
+    }
+
+    #[test]
+    fn a_pod_serves_once_its_sidecar_answered_and_leaves_when_unready() {
+        let mut known = PodSet::new(PortRef::Named("grpc".into()));
+        assert!(
+            known
+                .observe(&pod("p0", "10.0.0.1", true), &selection())
+                .is_empty()
+        );
+        let pending = known.pending();
+        assert_eq!(pending.len(), 1);
+        let (name, target) = &pending[0];
+        assert_eq!(target.worker_address, "10.0.0.1:7000");
+        assert_eq!(target.engine_endpoint.as_deref(), Some("10.0.0.1:8000"));
+        let added = known.resolved(name, target, info("w0"));
+        assert_eq!(added, Some(WorkerChange::Added(info("w0"))));
+        assert!(!known.has_pending());
+        // The same pod again (a status update that changes nothing for routing): no change.
+        assert!(
+            known
+                .observe(&pod("p0", "10.0.0.1", true), &selection())
+                .is_empty()
+        );
+        let gone = known.observe(&pod("p0", "10.0.0.1", false), &selection());
+        assert_eq!(gone, [WorkerChange::Removed(WorkerId::new("w0").unwrap())]);
+        assert!(known.workers().is_empty());
+    }
+
+    #[test]
+    fn a_new_address_is_a_new_worker_and_a_duplicate_id_is_ignored() {
+        let mut known = PodSet::new(PortRef::Number(7000));
+        known.observe(&pod("p0", "10.0.0.1", true), &selection());
+        known.observe(&pod("p1", "10.0.0.2", true), &selection());
+        let targets = known.pending();
+        assert!(
+            known
+                .resolved(&targets[0].0, &targets[0].1, info("w0"))
+                .is_some()
+        );
+        assert_eq!(
+            known.resolved(&targets[1].0, &targets[1].1, info("w0")),
+            None
+        );
+        // p0 moves (rescheduled with a new IP): its worker leaves until it answers again.
+        let moved = known.observe(&pod("p0", "10.0.0.9", true), &selection());
+        assert_eq!(moved, [WorkerChange::Removed(WorkerId::new("w0").unwrap())]);
+        // An answer for the old address is stale.
+        assert_eq!(
+            known.resolved(&targets[0].0, &targets[0].1, info("w0")),
+            None
+        );
+        assert!(known.forget("p1").is_empty());
+    }
+}
