@@ -229,7 +229,7 @@ async fn the_picker_answers_with_the_pods_engine_endpoints() {
     assert!(routes_exactly(&admin, "fake-model", &["vllm-a"]).await);
     let outcome = proxy.send(request("k8s-2")).await;
     assert_eq!(outcome.status, 200, "{outcome:?}");
-    assert_eq!(outcome.destination, [at_a.clone()]);
+    assert_eq!(outcome.destination, std::slice::from_ref(&at_a));
     assert_eq!(outcome.served.as_ref(), Some(&at_a));
 }
 

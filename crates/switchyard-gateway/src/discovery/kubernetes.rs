@@ -236,6 +236,8 @@ impl KubernetesDiscovery {
             .labels(&selection.labels)
             .timeout(WATCH_SECS);
         let mut retry = tokio::time::interval(RETRY_INFO);
+        // The tick is awaited only while a pod waits for its sidecar; no burst after a pause.
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let pods = self.pods();
         loop {
             let stream = tokio::select! {
