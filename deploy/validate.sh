@@ -10,7 +10,10 @@
 #      kubernetes-validate ships, each checked by kubernetes-validate --strict; ServiceMonitor,
 #      PodMonitor, cert-manager's Certificate and Issuer and the endpoint picker's CRDs (kinds it
 #      has no schema for) are checked against deploy/helm/schemas/ instead
-#   4. the planner (ci/planner-values.yaml): its Role grants only get and patch on
+#   4. Kubernetes worker discovery (ci/epp-values.yaml): the pods that use it run as the
+#      discovery ServiceAccount, whose one Role reads only pods and InferencePools in the
+#      namespace (validate_helpers.py discovery, for every variant); and
+#      the planner (ci/planner-values.yaml): its Role grants only get and patch on
 #      deployments/scale of the two worker Deployments it scales, nothing cluster-wide, and its
 #      --prefill-deployment/--decode-deployment name prefill and decode pools the chart renders
 #      (validate_helpers.py planner, for every variant; a self-test shows the check catches a
@@ -141,6 +144,8 @@ for variant in "${variants[@]}"; do
   step="planner RBAC and targets ($variant)"
   say "$name:"
   "$PY" deploy/validate_helpers.py planner "$work/$name-${KUBE_VERSIONS[0]}.rendered.yaml" "$NAMESPACE"
+  step="discovery RBAC ($variant)"
+  "$PY" deploy/validate_helpers.py discovery "$work/$name-${KUBE_VERSIONS[0]}.rendered.yaml" "$NAMESPACE"
 done
 # The check itself must catch a Role wider than the connector needs and a planner pointed at the
 # wrong Deployment: each edit of the rendered planner variant has to fail it.

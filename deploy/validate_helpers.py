@@ -9,6 +9,8 @@
                                          rendered chart gives each switchyard container
     planner RENDERED NAMESPACE           the planner's RBAC is exactly what its Kubernetes
                                          connector needs, and its flags name what the chart renders
+    discovery RENDERED NAMESPACE         pods using Kubernetes discovery run as its account, whose
+                                         one Role reads only pods and InferencePools
 
 Each prints what it checked and exits 1 with one sentence per problem.
 Runs under the tools venv of validate.sh (PyYAML and jsonschema come with its packages).
@@ -326,7 +328,9 @@ def run_args(rendered, binary):
                     code, stderr = None, f"still running after {RUN_TIMEOUT_SECS}s"
             ran += 1
             if code == 1 and ETCD_UNREACHABLE in stderr or code is None:
-                print(f"  ok   {where}: `switchyard {' '.join(args[:1])} …` ({len(args) - 1} args) accepted; stopped at etcd")
+                # Still running: waiting for etcd, the Kubernetes API (discovery) or an engine.
+                stopped = "stopped at etcd" if code == 1 else f"still waiting after {RUN_TIMEOUT_SECS}s"
+                print(f"  ok   {where}: `switchyard {' '.join(args[:1])} …` ({len(args) - 1} args) accepted; {stopped}")
             else:
                 last = stderr.splitlines()[-1] if stderr else "(no stderr)"
                 problems.append(f"{where}: switchyard {shlex.join(args)} exited {code}: {last}")
@@ -362,8 +366,19 @@ def pod_spec(doc):
     return doc["spec"]["template"]["spec"]
 
 
+def component(doc):
+    return doc["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+
+
+IDENTITY_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+
+
 def check_planner(rendered, namespace):
     docs = [d for d in yaml.safe_load_all(pathlib.Path(rendered).read_text()) if d]
+    # The discovery identity (gateway and picker reading pods) has its own check.
+    discovery_accounts = {d["metadata"]["name"] for d in docs
+                          if d["kind"] == "ServiceAccount" and component(d) == "discovery"}
+    docs = [d for d in docs if not (d["kind"] in IDENTITY_KINDS and component(d) == "discovery")]
     by_kind = {}
     for doc in docs:
         by_kind.setdefault(doc["kind"], {})[doc["metadata"]["name"]] = doc
@@ -418,6 +433,8 @@ def check_planner(rendered, namespace):
         if other is deployment:
             continue
         other_pod = pod_spec(other)
+        if other_pod.get("serviceAccountName") in discovery_accounts:
+            continue
         if other_pod.get("serviceAccountName") == account:
             problems.append(f"{other['kind']}/{other['metadata']['name']} runs as the planner's account {account}")
         if other_pod.get("automountServiceAccountToken") is not False:
@@ -508,6 +525,73 @@ def check_planner(rendered, namespace):
           f"in {namespace}; Role grants only get, patch on deployments/scale of those two")
 
 
+# What Kubernetes discovery sends: list and watch of pods, get of the picker's InferencePool.
+DISCOVERY_RULES = {("", "pods"), ("inference.networking.k8s.io", "inferencepools")}
+DISCOVERY_VERBS = {"get", "list", "watch"}
+
+
+def check_discovery(rendered, namespace):
+    """Pods that find workers through the Kubernetes API run as the discovery account, with its
+    token, bound to one Role that reads pods and InferencePools in the namespace and nothing
+    else; and they do not use etcd. Without such pods there is no discovery identity."""
+    docs = [d for d in yaml.safe_load_all(pathlib.Path(rendered).read_text()) if d]
+    identity = {(d["kind"], d["metadata"]["name"]): d for d in docs
+                if d["kind"] in IDENTITY_KINDS and component(d) == "discovery"}
+    finders = [(d, c) for d in docs if d["kind"] == "Deployment" for c in pod_spec(d)["containers"]
+               if "--discovery=kubernetes" in c.get("args", [])]
+    if not finders:
+        if identity:
+            fail([f"{rendered}: no pod uses Kubernetes discovery, yet {sorted(identity)}"])
+        print("  ok   no Kubernetes discovery and no discovery identity")
+        return
+    problems = []
+    accounts = {name for kind, name in identity if kind == "ServiceAccount"}
+    for deployment, container in finders:
+        where = f"Deployment/{deployment['metadata']['name']} container {container['name']}"
+        pod = pod_spec(deployment)
+        if pod.get("serviceAccountName") not in accounts:
+            problems.append(f"{where}: runs as {pod.get('serviceAccountName')!r}, not the discovery account")
+        if pod.get("automountServiceAccountToken") is not True:
+            problems.append(f"{where}: automountServiceAccountToken is not true; discovery needs the token")
+        if any(a.startswith("--etcd") for a in container.get("args", [])):
+            problems.append(f"{where}: uses etcd as well as Kubernetes discovery")
+    for kind, name in identity:
+        if kind.startswith("Cluster"):
+            problems.append(f"{kind}/{name}: discovery grants nothing cluster-wide")
+    bindings = [d for (kind, _), d in identity.items() if kind == "RoleBinding"]
+    if len(bindings) != 1:
+        problems.append(f"{len(bindings)} discovery RoleBindings, expected one")
+    for binding in bindings:
+        subjects = [(s.get("kind"), s.get("name"), s.get("namespace")) for s in binding.get("subjects", [])]
+        if subjects != [("ServiceAccount", name, namespace) for name in sorted(accounts)]:
+            problems.append(f"RoleBinding/{binding['metadata']['name']}: subjects {subjects} are not "
+                            f"the discovery account in {namespace}")
+        role = identity.get(("Role", binding["roleRef"]["name"]))
+        if binding["roleRef"].get("kind") != "Role" or role is None:
+            problems.append(f"RoleBinding/{binding['metadata']['name']}: not bound to a discovery Role")
+            continue
+        granted = set()
+        for rule in role.get("rules", []):
+            what = f"Role/{role['metadata']['name']} rule {rule}"
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    if (group, resource) not in DISCOVERY_RULES:
+                        problems.append(f"{what}: grants {group or 'core'}/{resource}")
+                    granted.add((group, resource))
+            extra = set(rule.get("verbs", [])) - DISCOVERY_VERBS
+            if extra:
+                problems.append(f"{what}: grants verbs {sorted(extra)}; only get, list and watch are needed")
+            if rule.get("nonResourceURLs"):
+                problems.append(f"{what}: grants non-resource URLs")
+        for missing in sorted(DISCOVERY_RULES - granted):
+            problems.append(f"Role/{role['metadata']['name']}: does not grant {missing[1]}, which discovery reads")
+    if problems:
+        fail(problems)
+    names = ", ".join(f"Deployment/{d['metadata']['name']}" for d, _ in finders)
+    print(f"  ok   {names}: Kubernetes discovery as {', '.join(sorted(accounts))}; its Role reads only "
+          f"pods and inferencepools in {namespace}; no etcd")
+
+
 def main(argv):
     commands = {
         "split-crds": (split_crds, 3),
@@ -515,6 +599,7 @@ def main(argv):
         "linked-libs": (linked_libs, 1),
         "run-args": (run_args, 2),
         "planner": (check_planner, 2),
+        "discovery": (check_discovery, 2),
     }
     if len(argv) < 2 or argv[1] not in commands or len(argv) - 2 != commands[argv[1]][1]:
         print(__doc__, file=sys.stderr)

@@ -4,7 +4,7 @@
 //! should take it.
 //!
 //! The picker runs the gateway's state without its OpenAI API ([`switchyard_gateway::start`]):
-//! the registry watch, each worker's KV-event and load subscriptions, the tokenizers,
+//! the worker discovery (etcd, or the Kubernetes pods of its InferencePool), each worker's KV-event and load subscriptions, the tokenizers,
 //! admission, and the one serving core that decides. A request's path:
 //!
 //! - [`server`]: the tonic `ExternalProcessor` service; one owned task per stream drives an
@@ -34,7 +34,7 @@ use std::sync::Arc;
 use switchyard_gateway::http::AppState;
 use switchyard_gateway::pool::Delivery;
 use switchyard_gateway::{Extensions, GatewayConfig, GatewayError};
-use switchyard_registry::Registry;
+use switchyard_registry::Discovery;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -73,13 +73,13 @@ pub struct Listening {
 pub async fn run(
     gateway: GatewayConfig,
     epp: EppConfig,
-    registry: Arc<dyn Registry>,
+    discovery: Arc<dyn Discovery>,
     shutdown: CancellationToken,
     on_ready: impl FnOnce(Listening),
 ) -> Result<(), EppError> {
     let Some(state) = switchyard_gateway::start(
         gateway,
-        registry,
+        discovery,
         &shutdown,
         Extensions::default(),
         Delivery::EngineHttp,

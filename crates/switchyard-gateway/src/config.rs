@@ -107,6 +107,8 @@ pub struct GatewayConfig {
     pub access: AccessConfig,
     /// Largest KV recording, in bytes: a recording stops there whatever its request asked.
     pub recording_max_bytes: u64,
+    /// Where the workers are found (`[discovery]`): etcd, Kubernetes, or both.
+    pub discovery: crate::discovery::DiscoveryConfig,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -248,6 +250,7 @@ impl Default for GatewayConfig {
             security: SecurityConfig::default(),
             access: AccessConfig::default(),
             recording_max_bytes: 1 << 30,
+            discovery: crate::discovery::DiscoveryConfig::default(),
         }
     }
 }
@@ -301,6 +304,7 @@ impl GatewayConfig {
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.access.validate().map_err(ConfigError::Invalid)?;
+        self.discovery.validate().map_err(ConfigError::Invalid)?;
         // The admin API drains workers and switches the policy: open only on loopback.
         if self.admin_token.is_none() && !self.listen.ip().is_loopback() {
             return invalid(
@@ -445,6 +449,8 @@ pub struct GatewayArgs {
     pub security: SecurityArgs,
     #[command(flatten)]
     pub access: AccessArgs,
+    #[command(flatten)]
+    pub discovery: crate::discovery::DiscoveryArgs,
     /// Largest KV recording in bytes (default 1 GiB).
     #[arg(long, env = "SWITCHYARD_RECORDING_MAX_BYTES")]
     pub recording_max_bytes: Option<u64>,
@@ -583,6 +589,7 @@ impl GatewayArgs {
         }
         self.security.apply(&mut config.security);
         self.access.apply(&mut config.access);
+        self.discovery.apply(&mut config.discovery);
         if let Some(v) = self.recording_max_bytes {
             config.recording_max_bytes = v;
         }

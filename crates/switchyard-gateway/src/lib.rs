@@ -6,7 +6,8 @@
 //! `switchyard-router`), [`dispatch`] (gRPC to the worker, retries before the first token,
 //! migration mid-stream), and back through [`http`] as JSON or server-sent events
 //! (detokenized incrementally, [`stop`] strings applied).
-//! [`pool`] holds the workers the registry watch reports and each model's routing state;
+//! [`pool`] holds the workers [`discovery`] reports (etcd, Kubernetes, or both) and each
+//! model's routing state;
 //! [`metrics`] the Prometheus metrics; [`config`] the one configuration struct; [`recorder`]
 //! the on-demand recording of the router's inputs for `switchyard replay events`; [`audit`] the
 //! decision log, predicted-against-realized prefix hits and the check of each worker's KV
@@ -20,6 +21,7 @@ pub mod audit;
 pub mod chat_output;
 pub mod config;
 pub mod disagg;
+pub mod discovery;
 pub mod dispatch;
 pub mod error;
 pub mod health;
@@ -42,7 +44,7 @@ use std::time::Duration;
 
 use std::ops::ControlFlow;
 
-use switchyard_registry::{Registry, WorkerChange, WorkerWatch};
+use switchyard_registry::{Discovery, WorkerChange, WorkerWatch};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -69,6 +71,8 @@ pub enum GatewayError {
     },
     #[error("cannot watch the registry: {0}")]
     Registry(String),
+    #[error("worker discovery: {0}")]
+    Discovery(String),
     #[error(transparent)]
     DecisionLog(#[from] audit::disk::DiskLogError),
     #[error("security: {0}")]
@@ -79,25 +83,25 @@ pub enum GatewayError {
 /// listener is open.
 pub async fn run(
     config: GatewayConfig,
-    registry: Arc<dyn Registry>,
+    discovery: Arc<dyn Discovery>,
     shutdown: CancellationToken,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), GatewayError> {
-    run_with(config, registry, shutdown, Extensions::default(), on_ready).await
+    run_with(config, discovery, shutdown, Extensions::default(), on_ready).await
 }
 
 /// [`run`] with parts of other roles served by the gateway's listener (the planner embedded in
 /// `switchyard up --planner`).
 pub async fn run_with(
     config: GatewayConfig,
-    registry: Arc<dyn Registry>,
+    discovery: Arc<dyn Discovery>,
     shutdown: CancellationToken,
     extensions: Extensions,
     on_ready: impl FnOnce(SocketAddr),
 ) -> Result<(), GatewayError> {
     let Some(state) = start(
         config,
-        registry,
+        discovery,
         &shutdown,
         extensions,
         pool::Delivery::WorkerGrpc,
@@ -141,7 +145,7 @@ pub async fn run_with(
 /// answers a proxy instead of clients; [`pool::WorkerPool::shutdown`] ends it.
 pub async fn start(
     config: GatewayConfig,
-    registry: Arc<dyn Registry>,
+    discovery: Arc<dyn Discovery>,
     shutdown: &CancellationToken,
     extensions: Extensions,
     delivery: pool::Delivery,
@@ -195,7 +199,7 @@ pub async fn start(
     // Know the registered workers before announcing readiness, so the first request finds them.
     // etcd may have gone away since the connection was made: wait for it, as at start.
     let watch = switchyard_registry::retry::until_available("watch the workers", shutdown, || {
-        registry.watch_workers()
+        discovery.discover()
     })
     .await
     .map_err(|e| GatewayError::Registry(e.to_string()))?;
@@ -206,7 +210,7 @@ pub async fn start(
     // Applied here, not in the task, so the workers are in the pool when the ready line goes out.
     apply_initial(&pool, &mut watch);
     pool.tasks
-        .spawn(follow_registry(Arc::clone(&pool), registry, Some(watch)));
+        .spawn(follow_registry(Arc::clone(&pool), discovery, Some(watch)));
     Ok(Some(Arc::new(AppState {
         admission: Admission::new(
             config.max_concurrent_requests,
@@ -223,11 +227,11 @@ pub async fn start(
     })))
 }
 
-/// Mirrors the registry into the pool for as long as the gateway runs, starting from `first`
+/// Mirrors the discovered workers (etcd's registry, Kubernetes' pods) into the pool for as long as the gateway runs, starting from `first`
 /// (a watch already opened) and watching again whenever a watch ends or cannot be opened.
 async fn follow_registry(
     pool: Arc<WorkerPool>,
-    registry: Arc<dyn Registry>,
+    discovery: Arc<dyn Discovery>,
     mut applied: Option<WorkerWatch>,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -236,7 +240,7 @@ async fn follow_registry(
             Some(watch) => Ok(watch),
             None => tokio::select! {
                 _ = pool.cancel.cancelled() => return,
-                watch = registry.watch_workers() => watch.map(|mut watch| {
+                watch = discovery.discover() => watch.map(|mut watch| {
                     apply_initial(&pool, &mut watch);
                     watch
                 }),
@@ -248,9 +252,9 @@ async fn follow_registry(
                 if follow_changes(&pool, watch).await.is_break() {
                     return;
                 }
-                tracing::warn!("registry watch ended; watching again");
+                tracing::warn!("worker watch ended; discovering the workers again");
             }
-            Err(err) => tracing::warn!(error = %err, "cannot watch the registry; retrying"),
+            Err(err) => tracing::warn!(error = %err, "cannot discover the workers; retrying"),
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));

@@ -66,6 +66,13 @@ pub enum RegistryError {
     Malformed { key: String, reason: String },
     #[error("worker entry {key} carries no valid proof of who wrote it; ignored")]
     Unverified { key: String },
+    /// A discovery source other than etcd (the Kubernetes API) cannot be read; it may answer
+    /// later.
+    #[error("{backend} discovery is unavailable: {reason}")]
+    DiscoveryUnavailable {
+        backend: &'static str,
+        reason: String,
+    },
     #[error("cannot encode the value for {key}")]
     Encode {
         key: String,
@@ -107,6 +114,7 @@ impl RegistryError {
             | Self::Timeout { .. }
             | Self::LeaseLost(_)
             | Self::LeaseNotFound { .. }
+            | Self::DiscoveryUnavailable { .. }
             | Self::AlreadyRegistered(_) => true,
             Self::BlockSizeMismatch { .. }
             | Self::InvalidWorkerInfo(_)
@@ -126,7 +134,8 @@ impl RegistryError {
             Self::Unavailable { .. }
             | Self::Timeout { .. }
             | Self::LeaseLost(_)
-            | Self::LeaseNotFound { .. } => Fault::Backend,
+            | Self::LeaseNotFound { .. }
+            | Self::DiscoveryUnavailable { .. } => Fault::Backend,
             Self::Malformed { .. } | Self::Unverified { .. } => Fault::Data,
             Self::BlockSizeMismatch { .. }
             | Self::AlreadyRegistered(_)

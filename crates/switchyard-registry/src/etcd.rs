@@ -400,6 +400,13 @@ impl EtcdRegistry {
 }
 
 #[async_trait]
+impl crate::Discovery for EtcdRegistry {
+    async fn discover(&self) -> Result<WorkerWatch, RegistryError> {
+        self.watch_workers().await
+    }
+}
+
+#[async_trait]
 impl Registry for EtcdRegistry {
     async fn register(
         &self,

@@ -15,6 +15,8 @@
 //! - [`proof`] signs and checks entries ([`EntryProof`]), so a worker written into etcd by
 //!   someone else is ignored.
 //! - [`error`] is the one error type, with whose fault it is and whether to retry.
+//! - [`discovery`] is the [`Discovery`] capability every registry offers (membership only),
+//!   which sources outside etcd (Kubernetes) offer too, and [`Merged`] follows several at once.
 //! - [`retry`] waits for an unavailable backend with backoff ([`retry::until_available`]), so
 //!   a role started while etcd is down waits for it instead of exiting.
 //!
@@ -30,6 +32,7 @@ use switchyard_core::{Role, WorkerId, WorkerInfo};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+pub mod discovery;
 pub mod error;
 pub mod etcd;
 pub mod keys;
@@ -37,14 +40,16 @@ pub mod memory;
 pub mod proof;
 pub mod retry;
 
+pub use discovery::{Discovery, Merged};
 pub use error::{Fault, RegistryError};
 pub use etcd::{EtcdAuth, EtcdRegistry};
 pub use memory::MemoryRegistry;
 pub use proof::{EntryProof, Unverified};
 
 /// The registry capability: worker membership under leases, desired roles, and the plan.
+/// Every registry is also a [`Discovery`] source (its `discover` is [`Registry::watch_workers`]).
 #[async_trait]
-pub trait Registry: Send + Sync + std::fmt::Debug {
+pub trait Registry: Discovery + Send + Sync + std::fmt::Debug {
     /// Publishes `info` under a lease of `ttl` (at least one second; etcd rounds it up to whole
     /// seconds) and keeps the lease alive in the background until the returned
     /// [`Registration`] is deregistered, abandoned or dropped.
@@ -106,6 +111,7 @@ pub struct WorkerWatch {
     pub initial: Vec<WorkerInfo>,
     changes_rx: mpsc::UnboundedReceiver<WorkerChange>,
     _feeder: Option<OwnedTask>,
+    _guard: Option<tokio_util::sync::DropGuard>,
 }
 
 impl WorkerWatch {
@@ -118,6 +124,23 @@ impl WorkerWatch {
             initial,
             changes_rx,
             _feeder: feeder,
+            _guard: None,
+        }
+    }
+
+    /// A watch fed by a source outside this crate: `initial`, then what arrives on
+    /// `changes_rx` (closing it ends the watch). Dropping the watch cancels `feeder`'s token,
+    /// which stops the task feeding it.
+    pub fn from_channel(
+        initial: Vec<WorkerInfo>,
+        changes_rx: mpsc::UnboundedReceiver<WorkerChange>,
+        feeder: tokio_util::sync::DropGuard,
+    ) -> Self {
+        Self {
+            initial,
+            changes_rx,
+            _feeder: None,
+            _guard: Some(feeder),
         }
     }
 

@@ -160,6 +160,13 @@ impl MemoryRegistry {
 }
 
 #[async_trait]
+impl crate::Discovery for MemoryRegistry {
+    async fn discover(&self) -> Result<WorkerWatch, RegistryError> {
+        self.watch_workers().await
+    }
+}
+
+#[async_trait]
 impl Registry for MemoryRegistry {
     async fn register(
         &self,

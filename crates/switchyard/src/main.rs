@@ -64,8 +64,8 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct GatewayCommand {
-    /// etcd endpoints, comma-separated.
-    #[arg(long, value_delimiter = ',', env = "SWITCHYARD_ETCD", required = true)]
+    /// etcd endpoints, comma-separated (needed unless `--discovery kubernetes`).
+    #[arg(long, value_delimiter = ',', env = "SWITCHYARD_ETCD")]
     etcd: Vec<String>,
     /// Registry namespace (default: the config file's, else `default`).
     #[arg(long, env = "SWITCHYARD_CLUSTER")]
@@ -79,9 +79,17 @@ impl GatewayCommand {
     /// (`--etcd` and `--cluster` included: they win over the file like every other flag).
     fn resolve(&self) -> Result<GatewayConfig, switchyard_gateway::ConfigError> {
         let mut config = self.gateway.resolve_onto(GatewayConfig::default())?;
-        config.etcd_endpoints = self.etcd.clone();
+        if !self.etcd.is_empty() {
+            config.etcd_endpoints = self.etcd.clone();
+        }
+        config.etcd_endpoints.retain(|e| !e.trim().is_empty());
         if let Some(cluster) = &self.cluster {
             config.cluster = cluster.clone();
+        }
+        if config.discovery.source.uses_etcd() && config.etcd_endpoints.is_empty() {
+            return Err(switchyard_gateway::ConfigError::Invalid(
+                "the workers are found in etcd: give its endpoints (--etcd), or find them in Kubernetes (--discovery kubernetes)".into(),
+            ));
         }
         config.check_security_files()?;
         Ok(config)
@@ -331,28 +339,32 @@ async fn run_worker(config: WorkerConfig) -> anyhow::Result<()> {
 
 async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signal();
-    let Some(registry) = connect_etcd(
-        &config.etcd_endpoints,
-        &config.cluster,
-        &config.security,
-        &shutdown,
-    )
-    .await?
-    else {
-        return Ok(());
-    };
-    // Worker entries without a valid proof are ignored by the registry client; say how many.
-    let unverified = registry.unverified();
-    let extensions = switchyard_gateway::Extensions {
-        metrics: vec![Arc::new(move || {
+    let mut extensions = switchyard_gateway::Extensions::default();
+    let registry = if config.discovery.source.uses_etcd() {
+        let Some(registry) = connect_etcd(
+            &config.etcd_endpoints,
+            &config.cluster,
+            &config.security,
+            &shutdown,
+        )
+        .await?
+        else {
+            return Ok(());
+        };
+        // Worker entries without a valid proof are ignored by the registry client; say how many.
+        let unverified = registry.unverified();
+        extensions.metrics.push(Arc::new(move || {
             format!(
                 "# HELP switchyard_registry_unverified_entries Worker entries ignored for want of a valid proof of who wrote them.\n# TYPE switchyard_registry_unverified_entries counter\nswitchyard_registry_unverified_entries_total {}\n# EOF\n",
                 unverified.count()
             )
-        })],
-        ..Default::default()
+        }));
+        Some(Arc::new(registry) as Arc<dyn Registry>)
+    } else {
+        None
     };
-    switchyard_gateway::run_with(config, Arc::new(registry), shutdown, extensions, |addr| {
+    let discovery = switchyard_gateway::discovery::build(&config, registry).await?;
+    switchyard_gateway::run_with(config, discovery, shutdown, extensions, |addr| {
         let ready = serde_json::json!({
             "event": "ready",
             "url": format!("http://{addr}/v1"),
@@ -366,17 +378,23 @@ async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
 
 async fn run_epp(gateway: GatewayConfig, epp: switchyard_epp::EppConfig) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signal();
-    let Some(registry) = connect_etcd(
-        &gateway.etcd_endpoints,
-        &gateway.cluster,
-        &gateway.security,
-        &shutdown,
-    )
-    .await?
-    else {
-        return Ok(());
+    let registry = if gateway.discovery.source.uses_etcd() {
+        let Some(registry) = connect_etcd(
+            &gateway.etcd_endpoints,
+            &gateway.cluster,
+            &gateway.security,
+            &shutdown,
+        )
+        .await?
+        else {
+            return Ok(());
+        };
+        Some(Arc::new(registry) as Arc<dyn Registry>)
+    } else {
+        None
     };
-    switchyard_epp::run(gateway, epp, Arc::new(registry), shutdown, |listening| {
+    let discovery = switchyard_gateway::discovery::build(&gateway, registry).await?;
+    switchyard_epp::run(gateway, epp, discovery, shutdown, |listening| {
         let ready = serde_json::json!({
             "event": "ready",
             "grpc": listening.grpc.to_string(),

@@ -234,7 +234,7 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
     let (addr_tx, addr_rx) = oneshot::channel::<SocketAddr>();
     let gateway_task = tokio::spawn(switchyard_gateway::run_with(
         gateway,
-        Arc::clone(&registry),
+        Arc::clone(&registry) as Arc<dyn switchyard_registry::Discovery>,
         shutdown.clone(),
         extensions,
         move |addr| {

@@ -75,6 +75,40 @@ switchyard.dev/pool: {{ . }}
 {{- end -}}
 {{- end -}}
 
+{{/* Whether the workers register in etcd: etcd discovery, or the planner (which finds and
+re-roles workers through etcd). */}}
+{{- define "switchyard.workersUseEtcd" -}}
+{{- if or (eq .Values.discovery "etcd") .Values.planner.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The ServiceAccount of the pods that watch the worker pods (discovery: kubernetes). */}}
+{{- define "switchyard.discoveryName" -}}
+{{- printf "%s-discovery" (include "switchyard.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Pod-level identity of a gateway or endpoint picker pod: the discovery ServiceAccount with
+its token when it reads the Kubernetes API, else the shared one without a token. */}}
+{{- define "switchyard.discoveryPodIdentity" -}}
+{{- if eq .Values.discovery "kubernetes" -}}
+serviceAccountName: {{ include "switchyard.discoveryName" . }}
+automountServiceAccountToken: true
+{{- else -}}
+serviceAccountName: {{ include "switchyard.serviceAccountName" . }}
+automountServiceAccountToken: false
+{{- end -}}
+{{- end -}}
+
+{{/* How a gateway finds the workers: etcd, or every worker pod of the release. */}}
+{{- define "switchyard.gatewayDiscoveryArgs" -}}
+{{- if eq .Values.discovery "kubernetes" -}}
+- --discovery=kubernetes
+- --k8s-selector=app.kubernetes.io/name={{ include "switchyard.name" . }},app.kubernetes.io/instance={{ .Release.Name }},app.kubernetes.io/component=worker
+- --k8s-worker-port=grpc
+{{- else -}}
+- --etcd={{ include "switchyard.etcdEndpoints" . }}
+{{- end -}}
+{{- end -}}
+
 {{/* Environment every Switchyard container gets. */}}
 {{- define "switchyard.commonEnv" -}}
 - name: SWITCHYARD_LOG
