@@ -101,7 +101,9 @@ impl AuditMetrics {
     pub fn register(&self, registry: &mut Registry) {
         // Both results exist from the start, so a mismatch rate is 0 rather than absent.
         for result in ["match", "mismatch"] {
-            self.digest_checks.get_or_create(&DigestLabels { result });
+            self.digest_checks
+                .get_or_create(&DigestLabels { result })
+                .inc_by(0);
         }
         registry.register(
             "route_prediction_error_tokens",
@@ -199,14 +201,16 @@ impl AuditMetrics {
         self.kv_silent.get_or_create(&labels).set(0);
         self.kv_mismatch.get_or_create(&labels).set(0);
         // Until its first digest check: nothing found diverged.
-        self.index_diverged.get_or_create(&labels);
-        self.index_divergence_blocks.get_or_create(&labels);
+        self.index_diverged.get_or_create(&labels).set(0);
+        self.index_divergence_blocks.get_or_create(&labels).set(0);
         for cause in crate::audit::realized::Cause::ALL {
-            self.mispredictions.get_or_create(&MispredictionLabels {
-                model: model.to_owned(),
-                worker: worker.to_owned(),
-                cause: cause.as_str(),
-            });
+            self.mispredictions
+                .get_or_create(&MispredictionLabels {
+                    model: model.to_owned(),
+                    worker: worker.to_owned(),
+                    cause: cause.as_str(),
+                })
+                .inc_by(0);
         }
     }
 
