@@ -179,7 +179,8 @@ pub async fn start(
         ),
         None => None,
     };
-    let decisions = audit::DecisionLog::new(config.decision_log_size, disk);
+    let decisions = audit::DecisionLog::new(config.decision_log_size, disk)
+        .counting_outcomes(metrics.audit.decision_outcomes.clone());
     let pool = Arc::new(
         WorkerPool::new(
             config.policy,

@@ -146,7 +146,10 @@ impl WorkerPool {
             models: RwLock::new(BTreeMap::new()),
             policy_settings,
             policy_kind: RwLock::new(policy_kind),
-            decisions: Arc::new(DecisionLog::new(decision_log_size, None)),
+            decisions: Arc::new(
+                DecisionLog::new(decision_log_size, None)
+                    .counting_outcomes(metrics.audit.decision_outcomes.clone()),
+            ),
             audit: AuditConfig::default(),
             refused: RwLock::new(BTreeMap::new()),
             load_interval_ms,
@@ -160,6 +163,11 @@ impl WorkerPool {
             dialer: Dialer::open(Identity::new("default", PeerRole::Gateway)),
             delivery: Delivery::WorkerGrpc,
         })
+    }
+
+    /// The settings every policy is built with.
+    pub fn policy_settings(&self) -> &PolicyConfig {
+        &self.policy_settings
     }
 
     /// The same pool, routing for `delivery`.
@@ -406,6 +414,9 @@ impl WorkerPool {
         self.metrics
             .workers
             .set(self.workers.read().map(|w| w.len()).unwrap_or(0) as i64);
+        self.metrics
+            .audit
+            .worker_joined(info.id.as_str(), &info.model);
         tracing::info!(worker = %info.id, address = %info.address, model = %info.model, role = %info.role, "worker joined");
         crate::subscriber::spawn(self, handle, routes);
     }

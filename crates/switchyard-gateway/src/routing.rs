@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use switchyard_core::{EngineKind, TokenId, WorkerId, WorkerInfo};
 use switchyard_router::serve::{
-    self, Booking, DecodeFilter, PrefillChoice, ServeSettings, WorkerFacts, may_decode,
-    may_prefill_for,
+    self, Booking, DecodeFilter, PrefillChoice, RescoreBasis, ServeSettings, WorkerFacts,
+    may_decode, may_prefill_for,
 };
 use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
 
@@ -329,9 +329,11 @@ fn route_candidates(
 ) -> Result<RoutedRequest, RouteError> {
     let started = Instant::now();
     let only = &candidates.ids;
-    let (decision, booking) = {
+    let (decision, booking, basis) = {
         let mut core = routes.lock();
         let (decision, booking) = core.serving.route_decode(request, only, max_tokens)?;
+        let basis =
+            RescoreBasis::capture(request, &decision, &core.serving.index, &core.serving.load);
         let decision = Arc::new(decision);
         let cached_blocks = cached_blocks(&decision);
         pool.recorder.record(|| {
@@ -344,19 +346,23 @@ fn route_candidates(
                 attempt,
                 &decision,
                 cached_blocks,
+                tags,
             )
         });
-        (decision, booking)
+        (decision, booking, basis)
     };
-    let audit = pool.decisions.push(DecisionEntry::new(
-        Arc::clone(tags),
-        routes.model.clone(),
-        routes.block_size.get(),
-        attempt,
-        Stage::Decode,
-        Arc::clone(&decision),
-        note.map(str::to_owned),
-    ));
+    let audit = pool.decisions.push(
+        DecisionEntry::new(
+            Arc::clone(tags),
+            routes.model.clone(),
+            routes.block_size.get(),
+            attempt,
+            Stage::Decode,
+            Arc::clone(&decision),
+            note.map(str::to_owned),
+        )
+        .with_basis(basis),
+    );
     let m = &pool.metrics;
     m.routing_overhead.observe(started.elapsed().as_secs_f64());
     m.decisions
@@ -414,7 +420,7 @@ pub fn route_prefill(
     attempt: u32,
 ) -> PrefillRoute {
     let candidates = prefill_candidates(pool, routes, engine, exclude);
-    let (decision, booking) = {
+    let (decision, booking, basis) = {
         let mut core = routes.lock();
         let decision =
             match core
@@ -425,20 +431,25 @@ pub fn route_prefill(
                 PrefillChoice::Saturated { why, .. } => return PrefillRoute::Saturated(why),
                 PrefillChoice::Unavailable(err) => return PrefillRoute::Unavailable(err),
             };
+        let basis =
+            RescoreBasis::capture(request, &decision, &core.serving.index, &core.serving.load);
         let booking = core
             .serving
             .book_prefill(&decision, request, &mut decode.booking);
-        (Arc::new(decision), booking)
+        (Arc::new(decision), booking, basis)
     };
-    let audit = pool.decisions.push(DecisionEntry::new(
-        Arc::clone(tags),
-        routes.model.clone(),
-        routes.block_size.get(),
-        attempt,
-        Stage::Prefill,
-        Arc::clone(&decision),
-        None,
-    ));
+    let audit = pool.decisions.push(
+        DecisionEntry::new(
+            Arc::clone(tags),
+            routes.model.clone(),
+            routes.block_size.get(),
+            attempt,
+            Stage::Prefill,
+            Arc::clone(&decision),
+            None,
+        )
+        .with_basis(basis),
+    );
     match routed_request(pool, routes, candidates, decision, booking, audit, false) {
         Ok(routed) => PrefillRoute::Routed(routed),
         Err(err) => PrefillRoute::Unavailable(err),
@@ -508,6 +519,7 @@ fn route_record(
     attempt: u32,
     decision: &Decision,
     cached_blocks: u32,
+    tags: &RequestTags,
 ) -> Record {
     Record::Route(Box::new(RouteRecord {
         tick: request.now,
@@ -518,6 +530,7 @@ fn route_record(
         prompt_tokens: request.prompt_tokens,
         max_tokens,
         session: request.session.clone(),
+        tenant: tags.tenant.clone(),
         block_hashes: request.block_hashes.clone(),
         candidates: candidates.iter().map(|c| c.worker.clone()).collect(),
         policy: decision.explanation.policy.to_owned(),

@@ -25,10 +25,11 @@ use switchyard_router::{
 };
 
 use crate::error::ReplayError;
+use crate::events_filter::RouteFilter;
 use crate::metrics::Percentiles;
 
 /// The format name a recording's header must carry.
-pub use switchyard_router::recording::{FORMAT, VERSION};
+pub use switchyard_router::recording::{FORMAT, OLDEST_VERSION, VERSION};
 use switchyard_router::recording::{Record as Line, RouteRecord};
 use switchyard_router::serve::Booking;
 
@@ -75,6 +76,9 @@ pub struct EventsReport {
     pub complete: bool,
     pub dropped: u64,
     pub records: u64,
+    /// The session or tenant the decisions were narrowed to (`--session`, `--tenant`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
     pub index: IndexCounts,
     pub policies: Vec<PolicyReport>,
 }
@@ -145,6 +149,7 @@ struct Replayer {
     tallies: Vec<Tally>,
     live: Tally,
     counts: IndexCounts,
+    filter: RouteFilter,
 }
 
 impl Replayer {
@@ -277,7 +282,10 @@ impl Replayer {
             .cloned()
             .map(Candidate::from)
             .collect();
-        self.live.add(record, &record.chosen, record.cached_blocks);
+        let counted = self.filter.matches(record);
+        if counted {
+            self.live.add(record, &record.chosen, record.cached_blocks);
+        }
         let model = self.model(&record.model, block_size)?;
         let mut outcomes = Vec::with_capacity(model.lanes.len());
         for lane in &mut model.lanes {
@@ -303,7 +311,7 @@ impl Replayer {
                 Err(_) => outcomes.push(None),
             }
         }
-        for (tally, outcome) in self.tallies.iter_mut().zip(outcomes) {
+        for (tally, outcome) in self.tallies.iter_mut().zip(outcomes).filter(|_| counted) {
             match outcome {
                 Some((worker, cached)) => tally.add(record, &worker, cached),
                 None => tally.failures += 1,
@@ -319,6 +327,16 @@ pub fn replay_recording(
     path: &Path,
     policies: &[PolicyKind],
     seed: Option<u64>,
+) -> Result<EventsReport, ReplayError> {
+    replay_recording_for(path, policies, seed, &RouteFilter::default())
+}
+
+/// [`replay_recording`], counting only the decisions `filter` matches (all are replayed).
+pub fn replay_recording_for(
+    path: &Path,
+    policies: &[PolicyKind],
+    seed: Option<u64>,
+    filter: &RouteFilter,
 ) -> Result<EventsReport, ReplayError> {
     if policies.is_empty() {
         return Err(ReplayError::InvalidConfig("--policies is empty".into()));
@@ -348,15 +366,16 @@ pub fn replay_recording(
             let Line::Header(header) = line else {
                 return Err(invalid(number, "the first line must be the header".into()));
             };
-            if header.format != FORMAT || header.version != VERSION {
+            if header.format != FORMAT || !(OLDEST_VERSION..=VERSION).contains(&header.version) {
                 return Err(invalid(
                     number,
                     format!(
-                        "not a {FORMAT} version {VERSION} file (format {:?}, version {})",
+                        "not a {FORMAT} file of version {OLDEST_VERSION} to {VERSION} (format {:?}, version {})",
                         header.format, header.version
                     ),
                 ));
             }
+            filter.check_version(header.version)?;
             let mut settings = header.policy_settings;
             settings.seed = seed.unwrap_or(settings.seed);
             (live_policy, used_seed) = (header.policy, settings.seed);
@@ -367,6 +386,7 @@ pub fn replay_recording(
                 tallies: policies.iter().map(|_| Tally::default()).collect(),
                 live: Tally::default(),
                 counts: IndexCounts::default(),
+                filter: filter.clone(),
             };
             for worker in header.workers {
                 r.model(&worker.model, worker.block_size)?;
@@ -396,6 +416,7 @@ pub fn replay_recording(
         complete,
         dropped,
         records,
+        filter: filter.describe(),
         index: r.counts,
         policies: reports,
     })
@@ -419,6 +440,12 @@ impl EventsReport {
             self.index.applied,
             self.index.gaps,
         );
+        if let Some(filter) = &self.filter {
+            let _ = writeln!(
+                s,
+                "decisions of {filter} only (every request replayed, these counted)"
+            );
+        }
         let header = [
             "policy",
             "decisions",

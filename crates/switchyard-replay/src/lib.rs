@@ -17,13 +17,15 @@
 //! - [`metrics`], [`report`], [`plot`]: per-request records, per-run [`Summary`] figures,
 //!   tables, JSON/CSV files and the interactivity-vs-throughput Pareto plot (SVG).
 //! - [`events`]: a gateway's KV recording replayed against several policies side by side
-//!   (no simulator: the recorded caches, load reports and candidates are the input).
+//!   (no simulator: the recorded caches, load reports and candidates are the input);
+//!   [`events_filter`] narrows its figures to one session or tenant.
 //! - [`error`] holds [`ReplayError`].
 
 pub mod cluster;
 pub mod disagg_bench;
 pub mod error;
 pub mod events;
+pub mod events_filter;
 pub mod live;
 pub mod metrics;
 pub mod plot;
@@ -39,7 +41,8 @@ pub use cluster::{
     TokenGap, WorkerStats,
 };
 pub use error::ReplayError;
-pub use events::{EventsReport, replay_recording};
+pub use events::{EventsReport, replay_recording, replay_recording_for};
+pub use events_filter::RouteFilter;
 pub use metrics::{Percentiles, RequestRecord, Summary};
 pub use progress::progress_bar;
 pub use report::Report;

@@ -13,8 +13,11 @@ use crate::policy::PolicyConfig;
 
 /// The format name in the header line.
 pub const FORMAT: &str = "switchyard-kv-recording";
-/// The format version in the header line.
-pub const VERSION: u32 = 1;
+/// The format version in the header line. Version 2 added `tenant` to `route` records;
+/// readers accept every version from [`OLDEST_VERSION`] on.
+pub const VERSION: u32 = 2;
+/// The oldest version readers still accept.
+pub const OLDEST_VERSION: u32 = 1;
 
 /// The first line of a recording.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -143,6 +146,9 @@ pub struct RouteRecord {
     pub prompt_tokens: u64,
     pub max_tokens: u32,
     pub session: Option<String>,
+    /// The request's fairness tenant (`user:…`, `key:…`, `ip:…`, `anonymous`); since version 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub block_hashes: Vec<BlockHash>,
     pub candidates: Vec<WorkerId>,
     #[serde(default)]

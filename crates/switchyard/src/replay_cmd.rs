@@ -16,8 +16,8 @@ use switchyard_replay::live::{LiveConfig, replay_live};
 use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
 use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
 use switchyard_replay::{
-    ClusterConfig, ReplayError, Report, Summary, Workload, progress_bar, replay_offline,
-    replay_recording,
+    ClusterConfig, ReplayError, Report, RouteFilter, Summary, Workload, progress_bar,
+    replay_offline, replay_recording_for,
 };
 use switchyard_router::{PolicyConfig, PolicyKind};
 
@@ -58,6 +58,14 @@ struct EventsArgs {
     /// Seed of the sampling policies (default: the recorded gateway's).
     #[arg(long)]
     seed: Option<u64>,
+    /// Count only the decisions of this session (the `x-session-id` it was routed with);
+    /// every request is still replayed.
+    #[arg(long)]
+    session: Option<String>,
+    /// Count only the decisions of this tenant (`user:NAME`, `key:HASH`, `ip:ADDR`,
+    /// `anonymous`; recordings of version 2 on).
+    #[arg(long)]
+    tenant: Option<String>,
     /// Write <name>.json and <name>.csv here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -410,7 +418,11 @@ fn exit(command: &str, result: Result<(), ReplayError>) -> ExitCode {
 
 /// `switchyard replay events`: no simulator, the recording is the input.
 fn run_events(args: &EventsArgs) -> Result<(), ReplayError> {
-    let report = replay_recording(&args.recording, &args.policies, args.seed)?;
+    let filter = RouteFilter {
+        session: args.session.clone(),
+        tenant: args.tenant.clone(),
+    };
+    let report = replay_recording_for(&args.recording, &args.policies, args.seed, &filter)?;
     print!("{}", report.table());
     if let Some(dir) = &args.out {
         for path in report.write_files(dir, &args.name)? {

@@ -9,11 +9,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use switchyard_router::Decision;
+use switchyard_router::serve::RescoreBasis;
 
 use super::disk::DiskLog;
+use super::metrics::DecisionOutcomeLabels;
 use super::realized::Flag;
 use super::{RequestTags, unix_ms};
 use crate::routing::Stage;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 /// How a decision's attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -109,6 +113,9 @@ pub struct DecisionEntry {
     pub note: Option<String>,
     /// Prompt tokens of the chosen worker's leading device-tier blocks, per the index.
     pub predicted_cached_tokens: u64,
+    /// What re-scoring the decision under another policy needs besides its explanation
+    /// ([`switchyard_router::serve::counterfactual`]); kept only in the ring.
+    pub basis: Option<RescoreBasis>,
     outcome: parking_lot::Mutex<Outcome>,
 }
 
@@ -135,8 +142,15 @@ impl DecisionEntry {
             decision,
             note,
             predicted_cached_tokens: u64::from(predicted_blocks) * u64::from(block_size),
+            basis: None,
             outcome: parking_lot::Mutex::new(Outcome::default()),
         }
+    }
+
+    /// The same entry, re-scorable under another policy from `basis`.
+    pub fn with_basis(mut self, basis: RescoreBasis) -> Self {
+        self.basis = Some(basis);
+        self
     }
 
     pub fn outcome(&self) -> Outcome {
@@ -291,6 +305,8 @@ pub struct DecisionLog {
     capacity: usize,
     next_id: AtomicU64,
     disk: Option<DiskLog>,
+    /// Finished decisions by model, policy, stage and outcome.
+    outcomes: Family<DecisionOutcomeLabels, Counter>,
 }
 
 impl DecisionLog {
@@ -302,7 +318,19 @@ impl DecisionLog {
             capacity: capacity.max(1),
             next_id: AtomicU64::new(1),
             disk,
+            outcomes: Family::default(),
         }
+    }
+
+    /// The same log, counting finished decisions in `outcomes` (a registered metric).
+    pub fn counting_outcomes(mut self, outcomes: Family<DecisionOutcomeLabels, Counter>) -> Self {
+        self.outcomes = outcomes;
+        self
+    }
+
+    /// How many decisions the ring keeps.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Logs a new decision and returns it as the log holds it.
@@ -317,8 +345,19 @@ impl DecisionLog {
         entry
     }
 
-    /// `entry` ended: written to the on-disk log, once.
+    /// `entry` ended: counted, and written to the on-disk log, once.
     pub fn ended(&self, entry: &DecisionEntry) {
+        self.outcomes
+            .get_or_create(&DecisionOutcomeLabels {
+                model: entry.model.clone(),
+                policy: entry.decision.explanation.policy,
+                stage: match entry.stage {
+                    Stage::Decode => "decode",
+                    Stage::Prefill => "prefill",
+                },
+                outcome: entry.status().as_str(),
+            })
+            .inc();
         if let Some(disk) = &self.disk {
             disk.write(entry.view());
         }

@@ -25,6 +25,18 @@ pub struct MispredictionLabels {
     pub cause: &'static str,
 }
 
+/// A finished routing decision: for which model, by which policy, for which pool, and how it
+/// ended.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionOutcomeLabels {
+    pub model: String,
+    pub policy: &'static str,
+    /// `decode` or `prefill`.
+    pub stage: &'static str,
+    /// `completed`, `retried`, `migrated`, `rerouted`, `failed` or `cancelled`.
+    pub outcome: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DigestLabels {
     /// `match` or `mismatch`.
@@ -58,6 +70,7 @@ pub struct AuditMetrics {
     pub workers_refused: Gauge,
     pub decisions_logged: Counter,
     pub decision_log_dropped: Counter,
+    pub decision_outcomes: Family<DecisionOutcomeLabels, Counter>,
 }
 
 impl Default for AuditMetrics {
@@ -79,12 +92,19 @@ impl Default for AuditMetrics {
             workers_refused: Gauge::default(),
             decisions_logged: Counter::default(),
             decision_log_dropped: Counter::default(),
+            decision_outcomes: Family::default(),
         }
     }
 }
 
 impl AuditMetrics {
     pub fn register(&self, registry: &mut Registry) {
+        // Both results exist from the start, so a mismatch rate is 0 rather than absent.
+        for result in ["match", "mismatch"] {
+            self.digest_checks
+                .get_or_create(&DigestLabels { result })
+                .inc_by(0);
+        }
         registry.register(
             "route_prediction_error_tokens",
             "Per routed generation: prompt tokens the router predicted cached on the chosen worker minus those the engine reported reusing",
@@ -161,10 +181,37 @@ impl AuditMetrics {
             self.decisions_logged.clone(),
         );
         registry.register(
+            "routing_decision_outcomes",
+            "Finished routing decisions by model, policy, stage (decode or prefill) and outcome (completed, retried, migrated, rerouted, failed, cancelled)",
+            self.decision_outcomes.clone(),
+        );
+        registry.register(
             "decision_log_dropped",
             "Finished decisions not written to the on-disk log because its writer fell behind or failed",
             self.decision_log_dropped.clone(),
         );
+    }
+
+    /// A worker joined: its health series start at 0 rather than absent, so dashboards and
+    /// alerts (`== 1`, `increase(...) > 0`) see every worker from the start.
+    pub fn worker_joined(&self, worker: &str, model: &str) {
+        let labels = WorkerLabels {
+            worker: worker.to_owned(),
+        };
+        self.kv_silent.get_or_create(&labels).set(0);
+        self.kv_mismatch.get_or_create(&labels).set(0);
+        // Until its first digest check: nothing found diverged.
+        self.index_diverged.get_or_create(&labels).set(0);
+        self.index_divergence_blocks.get_or_create(&labels).set(0);
+        for cause in crate::audit::realized::Cause::ALL {
+            self.mispredictions
+                .get_or_create(&MispredictionLabels {
+                    model: model.to_owned(),
+                    worker: worker.to_owned(),
+                    cause: cause.as_str(),
+                })
+                .inc_by(0);
+        }
     }
 
     /// Forgets a departed worker's labelled series.

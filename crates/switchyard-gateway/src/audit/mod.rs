@@ -10,8 +10,10 @@
 //!   cause of a decision whose hit fell far short.
 //! - [`kv`]: per worker, whether its KV events arrive and agree with its own view (digests,
 //!   identity), reported at once in metrics, logs, `/admin/workers` and `/ready`.
+//! - [`counterfactual`]: what another policy would have chosen for a logged decision.
 //! - [`metrics`]: the series the above export.
 
+pub mod counterfactual;
 pub mod decisions;
 pub mod disk;
 pub mod kv;

@@ -30,6 +30,14 @@ pub enum Cause {
 }
 
 impl Cause {
+    pub const ALL: [Cause; 5] = [
+        Self::KvEventsSilent,
+        Self::IndexStale,
+        Self::EvictedInFlight,
+        Self::EventLag,
+        Self::IndexMissingBlocks,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::KvEventsSilent => "kv_events_silent",

@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | GET | `/admin/workers` | workers with role, drain state, load and index size |
 //! | POST | `/admin/explain` | the routing decision for a prompt, without running it |
+//! | GET, POST | `/admin/explain?request_id=…&policy=…` | what another policy would have chosen for a logged decision ([`crate::audit::counterfactual`]) |
 //! | GET | `/admin/decisions?limit=N&request_id=…` | decisions, newest first, filtered by request, session, tenant, worker, model, time, outcome ([`crate::audit::decisions`]) |
 //! | GET | `/admin/index` | prefix-index statistics per model |
 //! | GET, PUT | `/admin/policy` | the routing policy; PUT `{"policy": "round-robin"}` switches it |
@@ -32,6 +33,7 @@ use switchyard_router::{IndexStats, PolicyKind, WorkerLoad};
 
 use super::AppState;
 use crate::audit::DecisionQuery;
+use crate::audit::counterfactual::{CounterfactualQuery, Counterfactuals, counterfactuals};
 use crate::audit::kv::KvAuditView;
 use crate::error::ApiError;
 use crate::openai::PromptInput;
@@ -48,7 +50,7 @@ pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/workers", get(workers))
         .route("/workers/{id}/drain", post(drain))
         .route("/workers/{id}/resume", post(resume))
-        .route("/explain", post(explain))
+        .route("/explain", get(counterfactual).post(explain))
         .route("/decisions", get(decisions))
         .route("/index", get(index))
         .route("/policy", get(get_policy).put(set_policy).post(set_policy))
@@ -158,11 +160,39 @@ struct ExplainResponse {
     disaggregation: crate::disagg::ModeExplanation,
 }
 
-async fn explain(
+/// `GET /admin/explain?request_id=…&policy=…`: a logged decision re-scored under a policy.
+async fn counterfactual(
     State(state): State<Arc<AppState>>,
-    body: Bytes,
+    query: Result<Query<CounterfactualQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::Json<Counterfactuals>, ApiError> {
+    let Query(query) =
+        query.map_err(|e| ApiError::bad_request(format!("invalid counterfactual query: {e}")))?;
+    let answer = counterfactuals(&state.pool.decisions, &query, state.pool.policy_settings())?;
+    Ok(axum::Json(answer))
+}
+
+/// `POST /admin/explain`: a prompt's decision, or — when the body names a logged decision
+/// (`request_id` or `decision_id`) — that decision re-scored under `policy`.
+async fn explain(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid explain request: {e}")))?;
+    let names_decision = ["request_id", "decision_id"]
+        .iter()
+        .any(|key| value.get(key).is_some());
+    if names_decision {
+        let query: CounterfactualQuery = serde_json::from_value(value)
+            .map_err(|e| ApiError::bad_request(format!("invalid counterfactual request: {e}")))?;
+        let answer = counterfactuals(&state.pool.decisions, &query, state.pool.policy_settings())?;
+        return Ok(axum::Json(answer).into_response());
+    }
+    Ok(explain_prompt(&state, value).await?.into_response())
+}
+
+async fn explain_prompt(
+    state: &AppState,
+    value: serde_json::Value,
 ) -> Result<axum::Json<ExplainResponse>, ApiError> {
-    let request: ExplainRequest = serde_json::from_slice(&body)
+    let request: ExplainRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("invalid explain request: {e}")))?;
     let routes = state
         .pool

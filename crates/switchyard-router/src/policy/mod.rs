@@ -158,6 +158,12 @@ impl PolicyKind {
         }
     }
 
+    /// Whether the policy's explanation shows the prefix index's overlap (every policy but
+    /// `approx-kv`, which shows its own prediction).
+    pub fn scores_index_overlap(self) -> bool {
+        self != PolicyKind::ApproxKv
+    }
+
     /// Builds the policy, checking the settings it uses.
     pub fn build(self, config: &PolicyConfig) -> Result<Box<dyn Policy>, RouteError> {
         Ok(match self {

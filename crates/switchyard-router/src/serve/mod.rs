@@ -23,11 +23,15 @@
 //! [`ServingCore::serve`] takes the steps in one call for callers with no I/O between them (the
 //! replay lab, the planner's bench); the gateway takes them one by one around its calls.
 //!
+//! [`counterfactual`] re-scores a decision already made under another policy, over the load
+//! and index overlap recorded with it (the admin API's counterfactual explain).
+//!
 //! What a booking counts is decided in one place ([`Booking`]'s constructors): a generating
 //! worker holds `prompt + max_tokens` tokens of KV, a prefill worker `prompt` tokens; a
 //! worker's queued prefill is what it computes of the prompt.
 
 mod candidates;
+pub mod counterfactual;
 mod offline;
 mod settings;
 
@@ -40,6 +44,7 @@ use crate::load::{LoadConfig, LoadView, RequestId, Tick};
 use crate::policy::{Candidate, Decision, Policy, PolicyConfig, PolicyKind, RouteRequest};
 
 pub use candidates::{DecodeFilter, WorkerFacts, may_decode, may_prefill_for, needs_prefill};
+pub use counterfactual::{RescoreBasis, rescore};
 pub use offline::{ServeOutcome, Served};
 pub use settings::{
     DEFAULT_MAX_PREFILL_QUEUE_TOKENS, DEFAULT_MIN_UNCACHED_TOKENS, Disaggregation, ServeSettings,
