@@ -23,6 +23,7 @@ pub mod builtin;
 pub mod chat;
 pub mod decode;
 pub mod error;
+mod fast;
 pub mod model_dir;
 pub mod output;
 pub mod preprocess;
