@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use switchyard_tokenize::Tokenizer;
 
@@ -86,7 +86,7 @@ fn cjk_text(json: &serde_json::Value, bytes: usize) -> String {
         match (state >> 20) % 9 {
             0 => out.push('，'),
             1 => out.push('。'),
-            2 if (state >> 40) % 5 == 0 => out.push('\n'),
+            2 if (state >> 40).is_multiple_of(5) => out.push('\n'),
             _ => {}
         }
     }
@@ -144,14 +144,14 @@ fn main() {
         )
     });
     let json: serde_json::Value = serde_json::from_slice(&raw).unwrap();
-    let load_started = Instant::now();
+    let load_started = thread_cpu();
     let fast = Tokenizer::from_hf_file(&path).unwrap();
-    let fast_load = load_started.elapsed();
-    let load_started = Instant::now();
+    let fast_load = thread_cpu() - load_started;
+    let load_started = thread_cpu();
     let hf = Tokenizer::from_hf_file_without_fast_path(&path).unwrap();
-    let hf_load = load_started.elapsed();
+    let hf_load = thread_cpu() - load_started;
     assert!(fast.uses_fast_path());
-    let started = Instant::now();
+    let started = thread_cpu();
     let byte_char: HashMap<char, u8> = {
         let mut map = HashMap::new();
         let mut extra = 0u32;
@@ -190,7 +190,7 @@ fn main() {
         QWEN2_REGEX,
     )
     .unwrap();
-    let core_load = started.elapsed();
+    let core_load = thread_cpu() - started;
 
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut prose = String::new();
@@ -200,7 +200,7 @@ fn main() {
     let cjk = cjk_text(&json, 200_000);
 
     println!(
-        "load: HF {hf_load:?}, HF + fast {fast_load:?}, tiktoken CoreBPE {core_load:?} (wall)"
+        "load: HF {hf_load:?}, HF + fast {fast_load:?}, tiktoken CoreBPE {core_load:?} (CPU time)"
     );
     println!(
         "| text | tokens | HF ms | HF M tok/s | tiktoken ms | tiktoken M tok/s | tiktoken = HF | fast ms | fast M tok/s | fast / HF |"

@@ -1,10 +1,10 @@
 //! Byte-pair merging with Hugging Face's semantics: the pair with the lowest merge rank is
 //! merged first, the leftmost one on a tie, and only pairs listed in `merges` ever merge.
 //!
-//! Short pieces (almost all of them) use tiktoken's scheme: a flat array of parts whose pair
-//! ranks are updated around each merge. Long pieces (a run of CJK letters, a long line of
-//! dashes) use a heap over a linked list, as `tokenizers` does, so the work stays
-//! O(n log n) in the piece length.
+//! Pieces up to 256 bytes (nearly all of them, CJK runs included) use tiktoken's scheme: a
+//! flat array of parts whose pair ranks are updated around each merge. Longer ones (a long
+//! line of dashes or spaces) use a heap over a linked list, as `tokenizers` does, so the work
+//! stays O(n log n) in the piece length.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -111,11 +111,11 @@ impl Merges {
             parts[at].id = parts[at].merged;
             parts.remove(at + 1);
             parts[at].rank = u32::MAX;
-            if at + 1 < parts.len() {
-                if let Some((rank, merged)) = self.get(parts[at].id, parts[at + 1].id) {
-                    parts[at].rank = rank;
-                    parts[at].merged = merged;
-                }
+            if at + 1 < parts.len()
+                && let Some((rank, merged)) = self.get(parts[at].id, parts[at + 1].id)
+            {
+                parts[at].rank = rank;
+                parts[at].merged = merged;
             }
             if at > 0 {
                 parts[at - 1].rank = u32::MAX;
@@ -171,10 +171,10 @@ impl Merges {
                 }
             }
             let before = prev[left];
-            if before != NONE {
-                if let Some((r, m)) = self.get(ids[before], merged) {
-                    heap.push(Reverse((r, before, m)));
-                }
+            if before != NONE
+                && let Some((r, m)) = self.get(ids[before], merged)
+            {
+                heap.push(Reverse((r, before, m)));
             }
         }
         let mut k = 0;

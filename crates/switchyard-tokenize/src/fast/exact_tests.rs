@@ -1,7 +1,7 @@
 //! The fast path against the `tokenizers` pipeline it replaces: ids and token starts must be
 //! identical for every input. Needs Qwen3's `tokenizer.json` (`fetch-test-models.sh`); the
-//! cl100k-pattern and `ignore_merges` cases are Qwen3's file with that one field changed,
-//! so each recognised variant runs through the real Hugging Face pipeline.
+//! cl100k-pattern and Llama 3-shaped cases are Qwen3's file with those fields changed, so
+//! each recognised variant runs through the real Hugging Face pipeline.
 
 use std::path::PathBuf;
 
@@ -222,10 +222,30 @@ fn cl100k_pattern_matches_hugging_face() {
     })));
 }
 
+/// Llama 3's pipeline on Qwen3's vocabulary: cl100k pattern, no normalizer, `ignore_merges`,
+/// and its `Sequence[ByteLevel, TemplateProcessing]` post-processor.
 #[test]
-fn ignore_merges_matches_hugging_face() {
+fn llama3_shape_matches_hugging_face() {
     check_variant(&pair(Some(&|json| {
+        json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = Value::from(CL100K_REGEX);
+        json["normalizer"] = Value::Null;
         json["model"]["ignore_merges"] = Value::from(true);
+        json["post_processor"] = serde_json::json!({
+            "type": "Sequence",
+            "processors": [
+                {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false,
+                 "use_regex": true},
+                {"type": "TemplateProcessing",
+                 "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                            {"Sequence": {"id": "A", "type_id": 0}}],
+                 "pair": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                          {"Sequence": {"id": "A", "type_id": 0}},
+                          {"SpecialToken": {"id": "<|endoftext|>", "type_id": 1}},
+                          {"Sequence": {"id": "B", "type_id": 1}}],
+                 "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>",
+                                    "ids": [151643], "tokens": ["<|endoftext|>"]}}}
+            ]
+        });
     })));
 }
 

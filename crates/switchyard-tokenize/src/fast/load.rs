@@ -189,18 +189,22 @@ fn pre_tokenizer(value: Option<&Value>) -> Result<Pattern, NotRecognised> {
     Ok(pattern)
 }
 
-/// None, or ByteLevel without offset trimming: either leaves ids and offsets as they are
-/// when no special tokens are added.
+/// None, ByteLevel without offset trimming, TemplateProcessing (Llama 3), or a Sequence of
+/// these: each leaves ids and offsets as they are, since `encode` adds no special tokens.
 fn post_processor(value: Option<&Value>) -> Result<(), NotRecognised> {
-    match value {
-        None | Some(Value::Null) => Ok(()),
-        Some(v)
-            if v.get("type").and_then(Value::as_str) == Some("ByteLevel")
-                && flag(v, "trim_offsets") == Some(false) =>
-        {
-            Ok(())
-        }
-        Some(_) => Err(NotRecognised("post-processor")),
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(());
+    };
+    match value.get("type").and_then(Value::as_str) {
+        Some("ByteLevel") if flag(value, "trim_offsets") == Some(false) => Ok(()),
+        Some("TemplateProcessing") => Ok(()),
+        Some("Sequence") => value
+            .get("processors")
+            .and_then(Value::as_array)
+            .ok_or(NotRecognised("post-processor"))?
+            .iter()
+            .try_for_each(|p| post_processor(Some(p))),
+        _ => Err(NotRecognised("post-processor")),
     }
 }
 
@@ -221,11 +225,10 @@ fn merge_pair(merge: &Value) -> Option<(&str, &str)> {
 
 /// Added tokens, all matched on the raw text (no normalization, strip or single-word
 /// rules), found leftmost-longest as `tokenizers` finds them.
-#[allow(clippy::type_complexity)]
 fn added_tokens(
     root: &Value,
     added_id: &dyn Fn(&str) -> Option<TokenId>,
-) -> Result<Option<(aho_corasick::AhoCorasick, Vec<TokenId>)>, NotRecognised> {
+) -> Result<Option<super::AddedTokens>, NotRecognised> {
     let tokens = match root.get("added_tokens") {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Array(tokens)) => tokens,

@@ -23,6 +23,12 @@ use unicode_normalization_alignments::{IsNormalized, is_nfc_quick};
 use crate::error::TokenizeError;
 use crate::tokenizer::offset_u32;
 
+/// Token ids and the byte offset where each starts.
+type IdsAndStarts = (Vec<TokenId>, Vec<u32>);
+
+/// Added tokens (all matched on the raw text) and their ids, by pattern index.
+type AddedTokens = (AhoCorasick, Vec<TokenId>);
+
 /// The fast encoder for one recognised `tokenizer.json`.
 #[derive(Debug)]
 pub(crate) struct FastBpe {
@@ -34,8 +40,7 @@ pub(crate) struct FastBpe {
     /// every token of the vocab (as `tokenizers` does), otherwise each token whose own bytes
     /// merge back into it.
     whole_pieces: HashMap<Vec<u8>, TokenId, BuildHasherDefault<bpe::BytesHasher>>,
-    /// Added tokens (all matched on the raw text) and their ids, by pattern index.
-    added: Option<(AhoCorasick, Vec<TokenId>)>,
+    added: Option<AddedTokens>,
 }
 
 impl FastBpe {
@@ -58,7 +63,7 @@ impl FastBpe {
     pub(crate) fn encode_with_starts(
         &self,
         text: &str,
-    ) -> Option<Result<(Vec<TokenId>, Vec<u32>), TokenizeError>> {
+    ) -> Option<Result<IdsAndStarts, TokenizeError>> {
         if !self.normalized(text) {
             return None;
         }

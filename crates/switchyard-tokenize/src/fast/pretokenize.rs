@@ -45,10 +45,10 @@ impl Pattern {
         let s = Scan { text };
         let (c, class, after) = s.at(i);
         // 1. (?i:'s|'t|'re|'ve|'m|'ll|'d)
-        if c == '\'' {
-            if let Some(end) = s.contraction(after) {
-                return end;
-            }
+        if c == '\''
+            && let Some(end) = s.contraction(after)
+        {
+            return end;
         }
         // 2. [^\r\n\p{L}\p{N}]?\p{L}+
         if class == Class::Letter {

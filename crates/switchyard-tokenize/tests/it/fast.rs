@@ -62,10 +62,10 @@ fn compare_sessions(model: &ModelDir, path: &Path) -> (usize, usize) {
         for (turn, blocks) in sequence.turns.iter().enumerate() {
             let chat = conversation(trace, blocks, 3);
             for message in &chat.messages {
-                if let Some(MessageContent::Text(text)) = &message.content {
-                    if seen.insert(text.clone()) {
-                        check(&format!("{} turn {turn}", sequence.name), text);
-                    }
+                if let Some(MessageContent::Text(text)) = &message.content
+                    && seen.insert(text.clone())
+                {
+                    check(&format!("{} turn {turn}", sequence.name), text);
                 }
             }
         }
