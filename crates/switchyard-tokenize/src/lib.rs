@@ -3,6 +3,8 @@
 //!
 //! - [`tokenizer`]: [`Tokenizer`], one type over a Hugging Face `tokenizer.json` and the
 //!   built-in BPE ([`builtin`]: `cl100k_base` with ChatML tokens, the offline default).
+//!   A `tokenizer.json` of the common byte-level BPE shape encodes through `fast`, an exact
+//!   hand-written pre-tokenizer and merge loop; anything else through `tokenizers`.
 //! - [`chat`]: OpenAI-style messages ([`ChatMessage`], [`ChatRequest`]) and
 //!   [`ChatTemplate`], Jinja chat templates rendered with minijinja as `transformers` does;
 //!   `pyjson` supplies Python's `tojson`.
@@ -23,6 +25,7 @@ pub mod builtin;
 pub mod chat;
 pub mod decode;
 pub mod error;
+mod fast;
 pub mod model_dir;
 pub mod output;
 pub mod preprocess;

@@ -1,5 +1,6 @@
 //! One tokenizer type over two backends: a Hugging Face `tokenizer.json` and the built-in
-//! OpenAI BPE.
+//! OpenAI BPE. A `tokenizer.json` of the common byte-level BPE shape also gets the exact fast
+//! encoder of [`crate::fast`]; decoding and everything else stay with Hugging Face.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -8,6 +9,7 @@ use switchyard_core::TokenId;
 
 use crate::builtin::BuiltinBpe;
 use crate::error::TokenizeError;
+use crate::fast::FastBpe;
 use crate::session::seam::{SeamPolicy, SeamRules};
 
 /// A loaded tokenizer. Cheap to share behind an `Arc`; every method takes `&self`.
@@ -42,6 +44,8 @@ enum Backend {
         /// Ids of added tokens marked special, read once: the library clones its whole
         /// added-token table on every lookup.
         special_ids: HashSet<TokenId>,
+        /// The fast encoder when the pipeline is one it reproduces exactly.
+        fast: Option<Box<FastBpe>>,
     },
     Builtin(BuiltinBpe),
 }
@@ -59,8 +63,24 @@ impl Tokenizer {
         }
     }
 
-    /// Loads a Hugging Face `tokenizer.json`.
+    /// Loads a Hugging Face `tokenizer.json`, with the fast encoder when its pipeline is the
+    /// common byte-level BPE shape (see [`uses_fast_path`](Self::uses_fast_path)).
     pub fn from_hf_file(path: &Path) -> Result<Self, TokenizeError> {
+        Self::load_hf(path, true)
+    }
+
+    /// Loads a Hugging Face `tokenizer.json` that always encodes through the `tokenizers`
+    /// crate: the reference the fast path is checked and measured against.
+    pub fn from_hf_file_without_fast_path(path: &Path) -> Result<Self, TokenizeError> {
+        Self::load_hf(path, false)
+    }
+
+    /// Whether `encode` runs the fast encoder (texts it cannot take still go to Hugging Face).
+    pub fn uses_fast_path(&self) -> bool {
+        matches!(&self.backend, Backend::HuggingFace { fast: Some(_), .. })
+    }
+
+    fn load_hf(path: &Path, try_fast: bool) -> Result<Self, TokenizeError> {
         let bytes = std::fs::read(path).map_err(|source| TokenizeError::Io {
             path: path.to_owned(),
             source,
@@ -77,6 +97,17 @@ impl Tokenizer {
             .filter(|(_, token)| token.special)
             .map(|(id, _)| id)
             .collect();
+        let fast = if try_fast {
+            match FastBpe::from_json(&bytes, &|content| inner.token_to_id(content)) {
+                Ok(fast) => Some(Box::new(fast)),
+                Err(why) => {
+                    tracing::info!(tokenizer = %path.display(), %why, "fast tokenizer path not used");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let seam_rules = crate::session::hf_rules::seam_rules(&inner);
         let max_token_bytes =
             crate::session::hf_rules::max_token_bytes(&inner, seam_rules.policy());
@@ -87,6 +118,7 @@ impl Tokenizer {
             backend: Backend::HuggingFace {
                 inner: Box::new(inner),
                 special_ids,
+                fast,
             },
         })
     }
@@ -101,10 +133,15 @@ impl Tokenizer {
     /// `<|im_start|>`, become their single ids.
     pub fn encode(&self, text: &str) -> Result<Vec<TokenId>, TokenizeError> {
         match &self.backend {
-            Backend::HuggingFace { inner: tok, .. } => tok
-                .encode_fast(text, false)
-                .map(|enc| enc.get_ids().to_vec())
-                .map_err(|source| TokenizeError::Encode { source }),
+            Backend::HuggingFace {
+                inner: tok, fast, ..
+            } => match fast.as_ref().and_then(|fast| fast.encode(text)) {
+                Some(ids) => Ok(ids),
+                None => tok
+                    .encode_fast(text, false)
+                    .map(|enc| enc.get_ids().to_vec())
+                    .map_err(|source| TokenizeError::Encode { source }),
+            },
             Backend::Builtin(bpe) => Ok(bpe.encode(text)),
         }
     }
@@ -116,7 +153,12 @@ impl Tokenizer {
         text: &str,
     ) -> Result<(Vec<TokenId>, Vec<u32>), TokenizeError> {
         match &self.backend {
-            Backend::HuggingFace { inner: tok, .. } => {
+            Backend::HuggingFace {
+                inner: tok, fast, ..
+            } => {
+                if let Some(result) = fast.as_ref().and_then(|f| f.encode_with_starts(text)) {
+                    return result;
+                }
                 let enc = tok
                     .encode(text, false)
                     .map_err(|source| TokenizeError::Encode { source })?;

@@ -9,6 +9,7 @@
 mod builtin;
 mod decode;
 mod errors;
+mod fast;
 mod qwen3;
 mod session;
 mod session_replay;

@@ -26,16 +26,25 @@ fn sample_path() -> PathBuf {
 }
 
 /// One replayable sequence of turns: a trace's top-level requests, or one sub-agent's.
-struct Sequence {
-    name: String,
-    turns: Vec<Vec<u64>>,
+pub struct Sequence {
+    pub name: String,
+    pub turns: Vec<Vec<u64>>,
 }
 
 fn load_sequences() -> Vec<Sequence> {
-    let file = std::fs::File::open(sample_path())
-        .unwrap_or_else(|e| panic!("{}: {e}", sample_path().display()));
+    load_sequences_from(&sample_path())
+}
+
+/// The sequences of a Weka trace file, gzipped (`.gz`) or plain.
+pub fn load_sequences_from(path: &std::path::Path) -> Vec<Sequence> {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
     let mut sequences = Vec::new();
-    for line in BufReader::new(GzDecoder::new(file)).lines() {
+    for line in BufReader::new(reader).lines() {
         let trace: Value = serde_json::from_str(&line.unwrap()).unwrap();
         let id = trace["id"].as_str().unwrap().to_owned();
         let hash_ids = |r: &Value| -> Vec<u64> {
@@ -72,7 +81,7 @@ fn load_sequences() -> Vec<Sequence> {
 }
 
 /// The chat for one turn: messages made of the blocks' synthetic words.
-fn conversation(trace: &str, blocks: &[u64], words_per_block: usize) -> ChatRequest {
+pub fn conversation(trace: &str, blocks: &[u64], words_per_block: usize) -> ChatRequest {
     let mut messages = vec![ChatMessage::text("system", "You are a coding agent.")];
     let mut contents: Vec<(usize, String)> = Vec::new();
     for (i, &block) in blocks.iter().enumerate() {
