@@ -36,6 +36,7 @@ use tracing::{Instrument, Span};
 
 use crate::error::ApiError;
 use crate::pool::{ModelRoutes, WorkerPool};
+use crate::recorder::ServedAs;
 use crate::routing::{self, PrefillRoute, RoutedRequest};
 
 pub use switchyard_router::serve::Disaggregation;
@@ -244,6 +245,7 @@ pub async fn prefill_stage(
     };
     let uncached = decode.uncached_prompt_tokens();
     if let ModeChoice::Aggregated(why) = serving_mode(&settings.serve, uncached, needs_prefill) {
+        decode.record_served(ServedAs::Aggregated, None);
         decided(&mut route_span, "aggregated", &why, None);
         return Prefilled::Aggregated(why);
     }
