@@ -51,7 +51,12 @@ pub(crate) async fn generate(
     let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
     let cached = source.cached_prompt_tokens.min(prompt_tokens);
     metrics.pull_received();
-    let stream = engine.generate_with_transfer(params, transfer).await?;
+    let transferring = engine.engine_transfer().ok_or(EngineError::Unsupported(
+        "this engine cannot take engine transfer parameters (they come from a vllm or sglang prefill worker)",
+    ))?;
+    let stream = transferring
+        .generate_with_transfer(params, transfer)
+        .await?;
     let metrics = Arc::clone(metrics);
     let mut started = false;
     Ok(Box::pin(stream.map(move |item| {
@@ -87,8 +92,8 @@ mod tests {
 
     use super::*;
     use crate::engine::{
-        DropGuard, EngineError, EngineSpec, FinishReason, GenerationStream, KvPull, PrefillOutcome,
-        PrefillParams,
+        DropGuard, EngineError, EngineSpec, EngineTransfer, FinishReason, GenerationStream,
+        PrefillOutcome, PrefillParams,
     };
     use crate::event_log::EventLog;
 
@@ -121,19 +126,7 @@ mod tests {
     }
 
     #[async_trait::async_trait]
-    impl Engine for Receiving {
-        fn spec(&self) -> &EngineSpec {
-            &self.spec
-        }
-        async fn generate(&self, _: GenerateParams) -> Result<GenerationStream, EngineError> {
-            Err(EngineError::Unsupported("not in this test"))
-        }
-        async fn prefill(&self, _: PrefillParams) -> Result<PrefillOutcome, EngineError> {
-            Err(EngineError::Unsupported("not in this test"))
-        }
-        async fn pull_kv(&self, _: &str) -> Result<KvPull, EngineError> {
-            Err(EngineError::Unsupported("not in this test"))
-        }
+    impl EngineTransfer for Receiving {
         async fn generate_with_transfer(
             &self,
             params: GenerateParams,
@@ -159,6 +152,22 @@ mod tests {
             tx.send(Ok(chunk(vec![8], Some(FinishReason::Length), 2)))
                 .unwrap();
             Ok(GenerationStream::new(rx, DropGuard::new(|| {})))
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Engine for Receiving {
+        fn spec(&self) -> &EngineSpec {
+            &self.spec
+        }
+        async fn generate(&self, _: GenerateParams) -> Result<GenerationStream, EngineError> {
+            Err(EngineError::Unsupported("not in this test"))
+        }
+        async fn prefill(&self, _: PrefillParams) -> Result<PrefillOutcome, EngineError> {
+            Err(EngineError::Unsupported("not in this test"))
+        }
+        fn engine_transfer(&self) -> Option<&dyn EngineTransfer> {
+            Some(self)
         }
         fn load(&self) -> LoadStats {
             LoadStats::default()

@@ -28,9 +28,9 @@ use tonic::Status;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::engine::pd::moves_kv_itself;
 use crate::engine::{
     Engine, EngineError, FinishReason, GenerateParams, GenerationChunk, HeldBlock, KvImport,
+    KvImporter,
 };
 use crate::metrics::{PullFailure, WorkerMetrics};
 
@@ -55,7 +55,7 @@ pub(crate) async fn generate_from_source(
     dialer: &Dialer,
 ) -> Result<ChunkStream, Status> {
     // Engines that move KV themselves take the prefill engine's parameters instead of a pull.
-    if !source.engine_transfer_params.is_empty() || moves_kv_itself(engine.spec().kind) {
+    if !source.engine_transfer_params.is_empty() || engine.engine_transfer().is_some() {
         return crate::engine_transfer::generate(engine, params, source, metrics).await;
     }
     let handle = source
@@ -86,12 +86,19 @@ pub(crate) async fn generate_from_source(
         metrics.pull_failed(reason);
         status
     };
-    let mut import = engine
+    let importer = engine
+        .kv_import()
+        .ok_or(EngineError::Unsupported(
+            "this engine cannot import KV blocks (disaggregated decode needs the simulator)",
+        ))
+        .map_err(|e| failed((PullFailure::Import, e.into())))?;
+    let mut import = importer
         .start_import()
         .map_err(|e| failed((PullFailure::Import, e.into())))?;
     let end = async {
         let end = pull_and_import(
             engine,
+            importer,
             &source.address,
             &handle,
             &expected,
@@ -219,8 +226,10 @@ struct PullEnd {
 /// Reads the `PullKv` stream to its last chunk, checking each chunk continues the prompt's
 /// blocks and importing it before reading the next. Reading to the end and dropping the
 /// stream is what releases the prefill worker's hold on the blocks.
+#[allow(clippy::too_many_arguments)]
 async fn pull_and_import(
     engine: &dyn Engine,
+    importer: &dyn KvImporter,
     address: &str,
     handle: &str,
     expected: &[BlockHash],
@@ -313,7 +322,7 @@ async fn pull_and_import(
         )
         .map_err(|s| (PullFailure::Mismatch, s))?;
         next_block += blocks.len();
-        engine
+        importer
             .import_kv(import, blocks)
             .await
             .map_err(|e| (PullFailure::Import, e.into()))?;

@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::engine::{Engine, FinishReason, GenerateParams, PrefillParams};
+use crate::engine::{Engine, EngineError, FinishReason, GenerateParams, PrefillParams};
 use crate::event_log::SubscriptionStart;
 use crate::kv_source::{ChunkStream, generate_from_source};
 use crate::metrics::{RequestKind, RequestRecord, WorkerMetrics};
@@ -257,8 +257,16 @@ impl WorkerService {
             0 => self.limits.default_blocks_per_chunk,
             n => n,
         } as usize;
+        let Some(export) = self.engine.kv_export() else {
+            let status = Status::from(EngineError::Unsupported(
+                "this worker's engine holds no blocks to pull: a vllm/sglang prefill worker's \
+                 engine hands the KV to the decode engine itself (engine transfer parameters)",
+            ));
+            record.finish(status.code());
+            return Err(status);
+        };
         let in_flight = self.state.begin_request();
-        let pull = match self.engine.pull_kv(&handle).await {
+        let pull = match export.pull_kv(&handle).await {
             Ok(pull) => pull,
             Err(err) => {
                 let status = Status::from(err);
