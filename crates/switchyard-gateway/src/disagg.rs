@@ -26,11 +26,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchyard_core::{EngineKind, TokenId, WorkerId};
+use switchyard_proto::ErrorCode;
 use switchyard_proto::v1::{self, PrefillRequest};
 use switchyard_router::serve::{ModeChoice, PrefillChoice, ServeSettings, serving_mode};
 use switchyard_router::{Decision, RouteError, RouteRequest};
 use switchyard_telemetry::{GATEWAY_SPANS, record_error};
-use tonic::Code;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
@@ -466,7 +466,7 @@ async fn run_prefill(
                 running,
             });
         }
-        Ok(Err(status)) if status.code() == Code::InvalidArgument => {
+        Ok(Err(status)) if ErrorCode::of(&status) == ErrorCode::InvalidRequest => {
             record_error(&prefill_span, status.message());
             PrefillFailure::Refused(status.message().to_owned())
         }

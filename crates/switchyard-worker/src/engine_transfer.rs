@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use serde_json::Value;
-use switchyard_proto::v1;
+use switchyard_proto::{ErrorCode, v1};
 use tonic::Status;
 
 use crate::engine::{Engine, EngineError, FinishReason, GenerateParams, GenerationChunk};
@@ -35,7 +35,7 @@ pub(crate) async fn generate(
 ) -> Result<ChunkStream, Status> {
     let kind = engine.spec().kind;
     if source.engine_transfer_params.is_empty() {
-        return Err(Status::failed_precondition(format!(
+        return Err(ErrorCode::WrongWorker.status(format!(
             "this worker's {kind} engine fetches KV itself and needs the prefill engine's transfer \
              parameters; the kv_source has none (a prefill worker of another engine kind?)"
         )));
@@ -43,9 +43,8 @@ pub(crate) async fn generate(
     let transfer = match serde_json::from_str::<Value>(&source.engine_transfer_params) {
         Ok(Value::Object(fields)) => fields,
         Ok(_) | Err(_) => {
-            return Err(Status::invalid_argument(
-                "kv_source.engine_transfer_params is not a JSON object",
-            ));
+            return Err(ErrorCode::InvalidRequest
+                .status("kv_source.engine_transfer_params is not a JSON object"));
         }
     };
     let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);

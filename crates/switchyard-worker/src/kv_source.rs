@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt, stream};
 use switchyard_core::{BlockHash, BlockSize, block_hashes};
-use switchyard_proto::v1;
+use switchyard_proto::{ErrorCode, v1};
 use switchyard_security::Dialer;
 use switchyard_telemetry::{WORKER_SPANS, record_error};
 use tonic::Status;
@@ -63,9 +63,9 @@ pub(crate) async fn generate_from_source(
         .as_ref()
         .map(|h| h.id.clone())
         .filter(|id| !id.is_empty())
-        .ok_or_else(|| Status::invalid_argument("kv_source.handle is missing"))?;
+        .ok_or_else(|| ErrorCode::InvalidRequest.status("kv_source.handle is missing"))?;
     if source.address.is_empty() {
-        return Err(Status::invalid_argument("kv_source.address is missing"));
+        return Err(ErrorCode::InvalidRequest.status("kv_source.address is missing"));
     }
     let span = tracing::info_span!(
         target: WORKER_SPANS,
@@ -258,7 +258,7 @@ async fn pull_and_import(
         .map_err(|_| {
             (
                 PullFailure::Connect,
-                Status::invalid_argument("kv_source.address is not host:port"),
+                ErrorCode::InvalidRequest.status("kv_source.address is not host:port"),
             )
         })?
         .connect_timeout(pull_timeout.min(Duration::from_secs(2)));
@@ -352,7 +352,7 @@ fn check_continues(
     if matches {
         Ok(())
     } else {
-        Err(Status::invalid_argument(format!(
+        Err(ErrorCode::InvalidRequest.status(format!(
             "kv_source blocks {first_block}..{} are not the prompt's blocks {next_block}.. under block size {}",
             first_block + blocks.len(),
             block_size.get()

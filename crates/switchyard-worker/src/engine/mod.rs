@@ -30,6 +30,7 @@ use std::time::{Duration, SystemTime};
 
 use futures::Stream;
 use switchyard_core::{BlockHash, BlockSize, EngineKind, LoadStats, TokenId};
+use switchyard_proto::ErrorCode;
 use tokio::sync::mpsc;
 
 use crate::event_log::EventLog;
@@ -314,21 +315,24 @@ pub enum EngineError {
     KvSource(String),
 }
 
-impl From<EngineError> for tonic::Status {
-    fn from(err: EngineError) -> Self {
-        match &err {
-            EngineError::InvalidRequest(_) => tonic::Status::invalid_argument(err.to_string()),
-            EngineError::HandleNotFound(_) => tonic::Status::not_found(err.to_string()),
-            EngineError::Stopped | EngineError::Unavailable(_) => {
-                tonic::Status::unavailable(err.to_string())
-            }
-            EngineError::Unsupported(_) => tonic::Status::unimplemented(err.to_string()),
+impl EngineError {
+    /// What the failure means on the wire ([`ErrorCode`]).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            EngineError::InvalidRequest(_) => ErrorCode::InvalidRequest,
+            EngineError::HandleNotFound(_) => ErrorCode::NotFound,
+            EngineError::Stopped | EngineError::Unavailable(_) => ErrorCode::Unavailable,
+            EngineError::Unsupported(_) => ErrorCode::Unsupported,
             // The one place a worker marks a failure as the KV source's: the gateway reads
             // the mark, not the message, to blame the prefill worker.
-            EngineError::KvSource(message) => {
-                switchyard_proto::fault::kv_source_unavailable(message.clone())
-            }
+            EngineError::KvSource(_) => ErrorCode::KvSource,
         }
+    }
+}
+
+impl From<EngineError> for tonic::Status {
+    fn from(err: EngineError) -> Self {
+        err.code().status(err.to_string())
     }
 }
 
