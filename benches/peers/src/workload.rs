@@ -11,14 +11,19 @@
 
 use std::collections::{HashMap, HashSet};
 
-/// SplitMix64: deterministic data without a dependency.
+use switchyard_core::rng::SplitMix64;
+
+/// The workspace's seeded generator (`switchyard_core::rng::SplitMix64`): deterministic data
+/// without a dependency.
 #[derive(Debug, Clone)]
-pub struct Rng(pub u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(SplitMix64::new(seed))
+    }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        mix(self.0)
+        self.0.next_u64()
     }
     pub fn below(&mut self, n: u64) -> u64 {
         ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
@@ -26,12 +31,7 @@ impl Rng {
 }
 
 /// The SplitMix64 finaliser, also used to turn trace ids into local hashes.
-pub fn mix(x: u64) -> u64 {
-    let mut z = x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+pub use switchyard_core::rng::mix64 as mix;
 
 /// One block: its local hash and its chained sequence hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -167,7 +167,7 @@ pub struct Synthetic {
 
 impl Synthetic {
     pub fn prompt(&self) -> Query {
-        let mut rng = Rng(self.seed ^ 0x9e0f);
+        let mut rng = Rng::new(self.seed ^ 0x9e0f);
         let locals: Vec<u64> = (0..self.prompt_len).map(|_| rng.next_u64()).collect();
         Query {
             blocks: chain(None, &locals),
@@ -187,7 +187,7 @@ impl Synthetic {
         let shared_chains = (self.pairs / 20 / CHAIN_BLOCKS).max(1) as u64;
         let seed = self.seed;
         (0..self.workers).flat_map(move |w| {
-            let mut rng = Rng(seed.wrapping_mul(31).wrapping_add(w as u64));
+            let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(w as u64));
             let mut events = Vec::new();
             if w < holders {
                 let len = self.prompt_len * (w + 1) / holders;
@@ -207,7 +207,7 @@ impl Synthetic {
                     if !taken.insert(id) {
                         continue;
                     }
-                    let mut r = Rng(seed ^ mix(id + 1));
+                    let mut r = Rng::new(seed ^ mix(id + 1));
                     (0..CHAIN_BLOCKS).map(|_| r.next_u64()).collect()
                 } else {
                     (0..CHAIN_BLOCKS).map(|_| rng.next_u64()).collect()
@@ -229,7 +229,7 @@ impl Synthetic {
     /// of 256 shared prefixes) and the matching `Remove`, children first, so a batch leaves the
     /// index as it found it.
     pub fn churn(&self, events: usize) -> Vec<Event> {
-        let mut rng = Rng(self.seed ^ 0xc4c4);
+        let mut rng = Rng::new(self.seed ^ 0xc4c4);
         let prefixes: Vec<Vec<u64>> = (0..256)
             .map(|_| (0..4).map(|_| rng.next_u64()).collect())
             .collect();

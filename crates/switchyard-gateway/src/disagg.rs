@@ -26,16 +26,17 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchyard_core::{EngineKind, TokenId, WorkerId};
+use switchyard_proto::ErrorCode;
 use switchyard_proto::v1::{self, PrefillRequest};
 use switchyard_router::serve::{ModeChoice, PrefillChoice, ServeSettings, serving_mode};
 use switchyard_router::{Decision, RouteError, RouteRequest};
 use switchyard_telemetry::{GATEWAY_SPANS, record_error};
-use tonic::Code;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
 use crate::error::ApiError;
 use crate::pool::{ModelRoutes, WorkerPool};
+use crate::recorder::ServedAs;
 use crate::routing::{self, PrefillRoute, RoutedRequest};
 
 pub use switchyard_router::serve::Disaggregation;
@@ -244,6 +245,7 @@ pub async fn prefill_stage(
     };
     let uncached = decode.uncached_prompt_tokens();
     if let ModeChoice::Aggregated(why) = serving_mode(&settings.serve, uncached, needs_prefill) {
+        decode.record_served(ServedAs::Aggregated, None);
         decided(&mut route_span, "aggregated", &why, None);
         return Prefilled::Aggregated(why);
     }
@@ -464,7 +466,7 @@ async fn run_prefill(
                 running,
             });
         }
-        Ok(Err(status)) if status.code() == Code::InvalidArgument => {
+        Ok(Err(status)) if ErrorCode::of(&status) == ErrorCode::InvalidRequest => {
             record_error(&prefill_span, status.message());
             PrefillFailure::Refused(status.message().to_owned())
         }

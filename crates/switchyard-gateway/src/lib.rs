@@ -2,7 +2,7 @@
 //!
 //! A request goes through [`http`] (parse, validate, admit: [`admission`] shares the slots
 //! fairly), [`preprocess`] (chat template and tokenizer, off the reactor), [`routing`] (the
-//! model's prefix index and load view, fed by [`subscriber`], choose a worker through
+//! model's prefix index and load view, fed by [`pool::subscriber`], choose a worker through
 //! `switchyard-router`), [`dispatch`] (gRPC to the worker, retries before the first token,
 //! migration mid-stream), and back through [`http`] as JSON or server-sent events
 //! (detokenized incrementally, [`stop`] strings applied).
@@ -35,7 +35,6 @@ pub mod preprocess;
 pub mod recorder;
 pub mod routing;
 pub mod stop;
-pub mod subscriber;
 pub mod transport;
 
 use std::net::SocketAddr;

@@ -8,8 +8,7 @@
 //! `x-switchyard-fault: kv-source` metadata entry ([`kv_source_unavailable`]) and the gateway
 //! reads the mark ([`fault_of`]); both ends share this module so they cannot drift apart.
 
-use tonic::metadata::MetadataValue;
-use tonic::{Code, Status};
+use tonic::Status;
 
 /// The metadata key (trailers of a failed call) naming the party at fault.
 pub const FAULT_KEY: &str = "x-switchyard-fault";
@@ -45,24 +44,16 @@ impl Fault {
     }
 }
 
-/// `UNAVAILABLE` with `message`, marked as the KV source's fault.
+/// `UNAVAILABLE` with `message`, marked as the KV source's fault
+/// ([`ErrorCode::KvSource`](crate::ErrorCode::KvSource)).
 pub fn kv_source_unavailable(message: impl Into<String>) -> Status {
-    let mut status = Status::new(Code::Unavailable, message);
-    status.metadata_mut().insert(
-        FAULT_KEY,
-        MetadataValue::from_static(Fault::KvSource.as_str()),
-    );
-    status
+    crate::ErrorCode::KvSource.status(message)
 }
 
-/// `INVALID_ARGUMENT` with `message`, marked as a KV layout mismatch between the two workers.
+/// `INVALID_ARGUMENT` with `message`, marked as a KV layout mismatch between the two workers
+/// ([`ErrorCode::KvLayout`](crate::ErrorCode::KvLayout)).
 pub fn kv_layout_mismatch(message: impl Into<String>) -> Status {
-    let mut status = Status::new(Code::InvalidArgument, message);
-    status.metadata_mut().insert(
-        FAULT_KEY,
-        MetadataValue::from_static(Fault::KvLayout.as_str()),
-    );
-    status
+    crate::ErrorCode::KvLayout.status(message)
 }
 
 /// The fault `status` is marked with, if any. Unknown values (a newer worker's) are no mark:
@@ -78,6 +69,9 @@ pub fn fault_of(status: &Status) -> Option<Fault> {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use tonic::Code;
+    use tonic::metadata::MetadataValue;
 
     use super::*;
 

@@ -7,6 +7,7 @@
 //! worker's.
 
 pub mod convert;
+pub mod error_code;
 pub mod fault;
 
 /// Generated protocol types, package `switchyard.v1`.
@@ -21,3 +22,4 @@ pub mod v1 {
 }
 
 pub use convert::ProtoError;
+pub use error_code::ErrorCode;

@@ -10,14 +10,17 @@ use switchyard_core::{BlockHash, KvEvent, LoadStats, SnapshotBlock, WorkerId, Wo
 
 use crate::load::Tick;
 use crate::policy::PolicyConfig;
+use crate::serve::ServeSettings;
 
 /// The format name in the header line.
 pub const FORMAT: &str = "switchyard-kv-recording";
-/// The format version in the header line. Version 2 added `tenant` to `route` records;
-/// readers accept every version from [`OLDEST_VERSION`] on.
+/// The format version in the header line. Version 2 added the serving settings to the header,
+/// the serving mode and prefill step to `route` records (with `prefill_failed` records) and
+/// `tenant` to `route` records; version 1 files read as recordings of a gateway with
+/// disaggregation off and without tenants.
 pub const VERSION: u32 = 2;
-/// The oldest version readers still accept.
-pub const OLDEST_VERSION: u32 = 1;
+/// The oldest version readers accept.
+pub const MIN_VERSION: u32 = 1;
 
 /// The first line of a recording.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,6 +39,10 @@ pub struct Header {
     pub policy: String,
     #[serde(default)]
     pub policy_settings: PolicyConfig,
+    /// The live serving settings (disaggregation mode and its thresholds) when the recording
+    /// started; absent in version 1 files, which read as disaggregation off.
+    #[serde(default)]
+    pub serve: ServeSettings,
     /// The workers known when the recording started (later ones arrive as `worker_joined`).
     #[serde(default)]
     pub workers: Vec<WorkerInfo>,
@@ -131,7 +138,60 @@ pub enum Record {
         #[serde(default)]
         worker: Option<WorkerId>,
     },
+    /// A booked prefill failed (or was given up): its booking `key` ends, and the decode
+    /// request `decode_key` computes its prompt itself again.
+    PrefillFailed {
+        #[serde(default)]
+        tick: Tick,
+        model: String,
+        key: u64,
+        decode_key: u64,
+    },
     Trailer(Trailer),
+}
+
+/// How the live gateway served a routed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServedAs {
+    /// On the decode worker alone (also every route of a version 1 file).
+    #[default]
+    Aggregated,
+    /// Prefilled on [`PrefillRecord::chosen`], decoded on the route's `chosen`.
+    Disaggregated,
+    /// `enforce` and no prefill worker: answered 503.
+    Refused,
+    /// The decode worker serves only with a prefill worker and got none: the next attempt's
+    /// route, among workers that serve aggregated, follows.
+    Rerouted,
+}
+
+impl ServedAs {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServedAs::Aggregated => "aggregated",
+            ServedAs::Disaggregated => "disaggregated",
+            ServedAs::Refused => "refused",
+            ServedAs::Rerouted => "rerouted",
+        }
+    }
+}
+
+/// The prefill step of a route, when the gateway consulted the prefill pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillRecord {
+    /// The prefill booking's key (its `prefill_done`, `finished` or `prefill_failed` records
+    /// name it), when a prefill worker was booked.
+    #[serde(default)]
+    pub key: Option<u64>,
+    /// The prefill pool's candidates for the decode worker.
+    pub candidates: Vec<WorkerId>,
+    /// The prefill worker chosen: booked, or (saturated pool) left for aggregated serving.
+    #[serde(default)]
+    pub chosen: Option<WorkerId>,
+    /// Leading prompt blocks the prefill worker held in its device tier.
+    #[serde(default)]
+    pub cached_blocks: u32,
 }
 
 /// A routing request as recorded.
@@ -156,6 +216,17 @@ pub struct RouteRecord {
     pub chosen: WorkerId,
     /// Leading prompt blocks the chosen worker held in its device tier.
     pub cached_blocks: u32,
+    /// Whether the attempt could use the prefill pool (not a migration, no log probabilities,
+    /// disaggregation on). A route record that could is written once the serving mode is
+    /// decided, with it.
+    #[serde(default)]
+    pub prefill_pool: bool,
+    /// How the attempt was served.
+    #[serde(default)]
+    pub served: ServedAs,
+    /// The prefill step, when the prefill pool was consulted.
+    #[serde(default)]
+    pub prefill: Option<PrefillRecord>,
 }
 
 #[cfg(test)]

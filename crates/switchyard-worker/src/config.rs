@@ -12,8 +12,9 @@ use serde::Deserialize;
 use switchyard_core::{BlockSize, EngineKind, Role, WorkerId};
 use switchyard_engine_sim::{KvLayout, SimConfig};
 
+pub use crate::engine::config::EngineConfig;
 use crate::engine::openai_http::TokenIdSource;
-pub use crate::engine_config::EngineConfig;
+use crate::engine::sim::TransferSetup;
 pub use crate::transfer_config::KvTransferConfig;
 
 pub use switchyard_config::ConfigError;
@@ -109,6 +110,11 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// The layouts on both sides of a pull into this worker, and how fragments are coalesced.
+    pub fn transfer_setup(&self) -> TransferSetup {
+        self.kv_transfer.setup(self.kv_layout)
+    }
+
     /// Reads a TOML config file.
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
         switchyard_config::load_toml(path)

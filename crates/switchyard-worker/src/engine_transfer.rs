@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use serde_json::Value;
-use switchyard_proto::v1;
+use switchyard_proto::{ErrorCode, v1};
 use tonic::Status;
 
 use crate::engine::{Engine, EngineError, FinishReason, GenerateParams, GenerationChunk};
@@ -35,7 +35,7 @@ pub(crate) async fn generate(
 ) -> Result<ChunkStream, Status> {
     let kind = engine.spec().kind;
     if source.engine_transfer_params.is_empty() {
-        return Err(Status::failed_precondition(format!(
+        return Err(ErrorCode::WrongWorker.status(format!(
             "this worker's {kind} engine fetches KV itself and needs the prefill engine's transfer \
              parameters; the kv_source has none (a prefill worker of another engine kind?)"
         )));
@@ -43,15 +43,19 @@ pub(crate) async fn generate(
     let transfer = match serde_json::from_str::<Value>(&source.engine_transfer_params) {
         Ok(Value::Object(fields)) => fields,
         Ok(_) | Err(_) => {
-            return Err(Status::invalid_argument(
-                "kv_source.engine_transfer_params is not a JSON object",
-            ));
+            return Err(ErrorCode::InvalidRequest
+                .status("kv_source.engine_transfer_params is not a JSON object"));
         }
     };
     let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
     let cached = source.cached_prompt_tokens.min(prompt_tokens);
     metrics.pull_received();
-    let stream = engine.generate_with_transfer(params, transfer).await?;
+    let transferring = engine.engine_transfer().ok_or(EngineError::Unsupported(
+        "this engine cannot take engine transfer parameters (they come from a vllm or sglang prefill worker)",
+    ))?;
+    let stream = transferring
+        .generate_with_transfer(params, transfer)
+        .await?;
     let metrics = Arc::clone(metrics);
     let mut started = false;
     Ok(Box::pin(stream.map(move |item| {
@@ -87,8 +91,8 @@ mod tests {
 
     use super::*;
     use crate::engine::{
-        DropGuard, EngineError, EngineSpec, FinishReason, GenerationStream, KvPull, PrefillOutcome,
-        PrefillParams,
+        DropGuard, EngineError, EngineSpec, EngineTransfer, FinishReason, GenerationStream,
+        PrefillOutcome, PrefillParams,
     };
     use crate::event_log::EventLog;
 
@@ -121,19 +125,7 @@ mod tests {
     }
 
     #[async_trait::async_trait]
-    impl Engine for Receiving {
-        fn spec(&self) -> &EngineSpec {
-            &self.spec
-        }
-        async fn generate(&self, _: GenerateParams) -> Result<GenerationStream, EngineError> {
-            Err(EngineError::Unsupported("not in this test"))
-        }
-        async fn prefill(&self, _: PrefillParams) -> Result<PrefillOutcome, EngineError> {
-            Err(EngineError::Unsupported("not in this test"))
-        }
-        async fn pull_kv(&self, _: &str) -> Result<KvPull, EngineError> {
-            Err(EngineError::Unsupported("not in this test"))
-        }
+    impl EngineTransfer for Receiving {
         async fn generate_with_transfer(
             &self,
             params: GenerateParams,
@@ -159,6 +151,22 @@ mod tests {
             tx.send(Ok(chunk(vec![8], Some(FinishReason::Length), 2)))
                 .unwrap();
             Ok(GenerationStream::new(rx, DropGuard::new(|| {})))
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Engine for Receiving {
+        fn spec(&self) -> &EngineSpec {
+            &self.spec
+        }
+        async fn generate(&self, _: GenerateParams) -> Result<GenerationStream, EngineError> {
+            Err(EngineError::Unsupported("not in this test"))
+        }
+        async fn prefill(&self, _: PrefillParams) -> Result<PrefillOutcome, EngineError> {
+            Err(EngineError::Unsupported("not in this test"))
+        }
+        fn engine_transfer(&self) -> Option<&dyn EngineTransfer> {
+            Some(self)
         }
         fn load(&self) -> LoadStats {
             LoadStats::default()

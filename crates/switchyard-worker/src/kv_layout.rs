@@ -10,7 +10,7 @@
 //! announcement) is planned from `[kv_transfer] prefill_tensor_parallel`, as before.
 
 use switchyard_engine_sim::KvLayout;
-use switchyard_proto::fault::kv_layout_mismatch;
+use switchyard_proto::ErrorCode;
 use switchyard_proto::v1;
 use tonic::Status;
 
@@ -42,7 +42,7 @@ pub(crate) fn accept(
         tensor_parallel: announced.tensor_parallel,
     };
     if !source.same_model(own) || announced.block_size != own_block_size {
-        return Err(kv_layout_mismatch(format!(
+        return Err(ErrorCode::KvLayout.status(format!(
             "the prefill worker {address} holds KV for {} but this decode worker holds {}: the \
              KV cannot be used here (pair workers of one model shape; only tensor_parallel may differ)",
             describe(&source, announced.block_size),
@@ -51,7 +51,7 @@ pub(crate) fn accept(
     }
     // Same shape, so only the split can be wrong (0, or not dividing the heads).
     source.validate().map_err(|e| {
-        kv_layout_mismatch(format!(
+        ErrorCode::KvLayout.status(format!(
             "the prefill worker {address} announces an impossible kv layout: {e}"
         ))
     })?;

@@ -21,16 +21,16 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt, stream};
 use switchyard_core::{BlockHash, BlockSize, block_hashes};
-use switchyard_proto::v1;
+use switchyard_proto::{ErrorCode, v1};
 use switchyard_security::Dialer;
 use switchyard_telemetry::{WORKER_SPANS, record_error};
 use tonic::Status;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::engine::pd::moves_kv_itself;
 use crate::engine::{
     Engine, EngineError, FinishReason, GenerateParams, GenerationChunk, HeldBlock, KvImport,
+    KvImporter,
 };
 use crate::metrics::{PullFailure, WorkerMetrics};
 
@@ -55,7 +55,7 @@ pub(crate) async fn generate_from_source(
     dialer: &Dialer,
 ) -> Result<ChunkStream, Status> {
     // Engines that move KV themselves take the prefill engine's parameters instead of a pull.
-    if !source.engine_transfer_params.is_empty() || moves_kv_itself(engine.spec().kind) {
+    if !source.engine_transfer_params.is_empty() || engine.engine_transfer().is_some() {
         return crate::engine_transfer::generate(engine, params, source, metrics).await;
     }
     let handle = source
@@ -63,9 +63,9 @@ pub(crate) async fn generate_from_source(
         .as_ref()
         .map(|h| h.id.clone())
         .filter(|id| !id.is_empty())
-        .ok_or_else(|| Status::invalid_argument("kv_source.handle is missing"))?;
+        .ok_or_else(|| ErrorCode::InvalidRequest.status("kv_source.handle is missing"))?;
     if source.address.is_empty() {
-        return Err(Status::invalid_argument("kv_source.address is missing"));
+        return Err(ErrorCode::InvalidRequest.status("kv_source.address is missing"));
     }
     let span = tracing::info_span!(
         target: WORKER_SPANS,
@@ -86,12 +86,19 @@ pub(crate) async fn generate_from_source(
         metrics.pull_failed(reason);
         status
     };
-    let mut import = engine
+    let importer = engine
+        .kv_import()
+        .ok_or(EngineError::Unsupported(
+            "this engine cannot import KV blocks (disaggregated decode needs the simulator)",
+        ))
+        .map_err(|e| failed((PullFailure::Import, e.into())))?;
+    let mut import = importer
         .start_import()
         .map_err(|e| failed((PullFailure::Import, e.into())))?;
     let end = async {
         let end = pull_and_import(
             engine,
+            importer,
             &source.address,
             &handle,
             &expected,
@@ -219,8 +226,10 @@ struct PullEnd {
 /// Reads the `PullKv` stream to its last chunk, checking each chunk continues the prompt's
 /// blocks and importing it before reading the next. Reading to the end and dropping the
 /// stream is what releases the prefill worker's hold on the blocks.
+#[allow(clippy::too_many_arguments)]
 async fn pull_and_import(
     engine: &dyn Engine,
+    importer: &dyn KvImporter,
     address: &str,
     handle: &str,
     expected: &[BlockHash],
@@ -249,7 +258,7 @@ async fn pull_and_import(
         .map_err(|_| {
             (
                 PullFailure::Connect,
-                Status::invalid_argument("kv_source.address is not host:port"),
+                ErrorCode::InvalidRequest.status("kv_source.address is not host:port"),
             )
         })?
         .connect_timeout(pull_timeout.min(Duration::from_secs(2)));
@@ -313,7 +322,7 @@ async fn pull_and_import(
         )
         .map_err(|s| (PullFailure::Mismatch, s))?;
         next_block += blocks.len();
-        engine
+        importer
             .import_kv(import, blocks)
             .await
             .map_err(|e| (PullFailure::Import, e.into()))?;
@@ -343,7 +352,7 @@ fn check_continues(
     if matches {
         Ok(())
     } else {
-        Err(Status::invalid_argument(format!(
+        Err(ErrorCode::InvalidRequest.status(format!(
             "kv_source blocks {first_block}..{} are not the prompt's blocks {next_block}.. under block size {}",
             first_block + blocks.len(),
             block_size.get()

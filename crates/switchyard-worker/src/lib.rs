@@ -6,7 +6,7 @@
 //! [`event_log::EventLog`] that lets consumers resume or resynchronise; it registers itself in
 //! the registry with a lease and keeps its role there up to date; and on shutdown it drains
 //! before it deregisters ([`agent`]). [`config`] holds the one configuration struct and its
-//! flag/environment layer (the engine's part in `engine_config`); [`state`] the role, drain flag and in-flight count shared by all;
+//! flag/environment layer (the engine's part in `engine::config`); [`state`] the role, drain flag and in-flight count shared by all;
 //! [`metrics`] the Prometheus metrics and their `/metrics` listener. A decode worker pulls a
 //! disaggregated prompt's KV in `kv_source`, planned against the layout the prefill worker
 //! announces (`kv_layout`), only from a live worker of its cluster (`peers`); who may make which
@@ -15,7 +15,6 @@
 pub mod agent;
 pub mod config;
 pub mod engine;
-mod engine_config;
 mod engine_transfer;
 pub mod event_log;
 mod kv_layout;

@@ -13,13 +13,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::{Stream, StreamExt, stream};
 use switchyard_core::WorkerInfo;
 use switchyard_proto::convert::{load_to_wire, role_from_wire, worker_info_to_wire};
-use switchyard_proto::v1;
+use switchyard_proto::{ErrorCode, v1};
 use switchyard_telemetry::{WORKER_SPANS, extract_parent, record_error};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use crate::engine::{Engine, FinishReason, GenerateParams, PrefillParams};
+use crate::engine::{Engine, EngineError, FinishReason, GenerateParams, PrefillParams};
 use crate::event_log::SubscriptionStart;
 use crate::kv_source::{ChunkStream, generate_from_source};
 use crate::metrics::{RequestKind, RequestRecord, WorkerMetrics};
@@ -100,7 +100,7 @@ impl WorkerService {
 
     fn check_accepting(&self) -> Result<(), Status> {
         if self.state.is_draining() {
-            return Err(Status::unavailable(format!(
+            return Err(ErrorCode::Unavailable.status(format!(
                 "worker {} is draining and takes no new requests",
                 self.info.id
             )));
@@ -110,12 +110,12 @@ impl WorkerService {
 
     fn check_prompt(&self, prompt: &[u32], max_tokens: u32) -> Result<(), Status> {
         if prompt.is_empty() {
-            return Err(Status::invalid_argument("prompt is empty"));
+            return Err(ErrorCode::InvalidRequest.status("prompt is empty"));
         }
         let context = self.engine.spec().max_context_tokens;
         let needed = prompt.len() as u64 + u64::from(max_tokens);
         if needed > context {
-            return Err(Status::invalid_argument(format!(
+            return Err(ErrorCode::InvalidRequest.status(format!(
                 "prompt of {} tokens plus max_tokens {max_tokens} exceeds the worker's context of {context} tokens",
                 prompt.len()
             )));
@@ -155,10 +155,10 @@ impl WorkerService {
         span.record("prompt_tokens", req.prompt_token_ids.len() as i64);
         span.record("disaggregated", req.kv_source.is_some());
         let sampling = switchyard_core::Sampling::try_from(req.sampling.unwrap_or_default())
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
         self.check_prompt(&req.prompt_token_ids, sampling.max_tokens)?;
         if !self.state.role().serves_decode() {
-            return Err(Status::failed_precondition(format!(
+            return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role prefill and does not generate; send Prefill",
                 self.info.id
             )));
@@ -174,7 +174,7 @@ impl WorkerService {
             // The first token comes from the prefill worker, which computes no log
             // probabilities: the gateway serves such requests aggregated.
             Some(_) if params.sampling.logprobs.is_some() => {
-                return Err(Status::invalid_argument(
+                return Err(ErrorCode::InvalidRequest.status(
                     "log probabilities are served aggregated, not from a prefill worker's KV",
                 ));
             }
@@ -207,7 +207,7 @@ impl WorkerService {
         span.record("prompt_tokens", req.prompt_token_ids.len() as i64);
         self.check_prompt(&req.prompt_token_ids, 1)?;
         if !self.state.role().serves_prefill() {
-            return Err(Status::failed_precondition(format!(
+            return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role decode and does not prefill",
                 self.info.id
             )));
@@ -250,15 +250,23 @@ impl WorkerService {
         let record = self.metrics.request(RequestKind::Pull);
         let Some(handle) = req.handle.map(|h| h.id).filter(|id| !id.is_empty()) else {
             record.finish(tonic::Code::InvalidArgument);
-            return Err(Status::invalid_argument("handle is missing"));
+            return Err(ErrorCode::InvalidRequest.status("handle is missing"));
         };
         span.record("handle", handle.as_str());
         let per_chunk = match req.blocks_per_chunk {
             0 => self.limits.default_blocks_per_chunk,
             n => n,
         } as usize;
+        let Some(export) = self.engine.kv_export() else {
+            let status = Status::from(EngineError::Unsupported(
+                "this worker's engine holds no blocks to pull: a vllm/sglang prefill worker's \
+                 engine hands the KV to the decode engine itself (engine transfer parameters)",
+            ));
+            record.finish(status.code());
+            return Err(status);
+        };
         let in_flight = self.state.begin_request();
-        let pull = match self.engine.pull_kv(&handle).await {
+        let pull = match export.pull_kv(&handle).await {
             Ok(pull) => pull,
             Err(err) => {
                 let status = Status::from(err);
@@ -544,11 +552,11 @@ impl v1::worker_server::Worker for WorkerService {
         let command = request
             .into_inner()
             .command
-            .ok_or_else(|| Status::invalid_argument("control command is missing"))?;
+            .ok_or_else(|| ErrorCode::InvalidRequest.status("control command is missing"))?;
         match command {
             v1::control_request::Command::SetRole(set) => {
                 let role = role_from_wire(set.role)
-                    .map_err(|_| Status::invalid_argument("set_role needs a role"))?;
+                    .map_err(|_| ErrorCode::InvalidRequest.status("set_role needs a role"))?;
                 tracing::info!(worker = %self.info.id, %role, "role changed by control request");
                 self.state.set_role(role);
             }

@@ -3,7 +3,6 @@
 use serde::Deserialize;
 use switchyard_engine_sim::KvLayout;
 
-use crate::config::WorkerConfig;
 use crate::engine::sim::TransferSetup;
 
 /// KV transfer planning on the decode side (`[kv_transfer]`).
@@ -31,21 +30,19 @@ impl Default for KvTransferConfig {
     }
 }
 
-impl WorkerConfig {
-    /// The layouts on both sides of a pull into this worker, and how fragments are coalesced.
-    pub fn transfer_setup(&self) -> TransferSetup {
-        let source_tp = self
-            .kv_transfer
-            .prefill_tensor_parallel
-            .unwrap_or(self.kv_layout.tensor_parallel);
+impl KvTransferConfig {
+    /// The layouts on both sides of a pull into a worker whose own layout is `own`, and how
+    /// fragments are coalesced.
+    pub fn setup(&self, own: KvLayout) -> TransferSetup {
+        let source_tp = self.prefill_tensor_parallel.unwrap_or(own.tensor_parallel);
         TransferSetup {
             source: KvLayout {
                 tensor_parallel: source_tp,
-                ..self.kv_layout
+                ..own
             },
-            dest: self.kv_layout,
-            coalesce: self.kv_transfer.coalesce,
-            staging_bytes: self.kv_transfer.staging_bytes,
+            dest: own,
+            coalesce: self.coalesce,
+            staging_bytes: self.staging_bytes,
         }
     }
 }

@@ -13,7 +13,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use switchyard_core::{BlockSize, EngineKind, Role, block_hashes};
-use switchyard_worker::engine::{Engine, EngineError, FinishReason, GenerateParams, PrefillParams};
+use switchyard_worker::engine::{
+    Engine, EngineError, EngineTransfer, FinishReason, GenerateParams, PrefillParams,
+};
 use switchyard_worker::metrics::{WorkerMetrics, sample};
 use switchyard_worker::state::WorkerState;
 

@@ -3,9 +3,8 @@
 //! No I/O here: the driver in [`super`] runs each attempt and feeds its end back.
 
 use switchyard_core::{Sampling, TokenId, WorkerId};
-use switchyard_proto::fault::{Fault, fault_of};
+use switchyard_proto::ErrorCode;
 use switchyard_router::serve::{self, ServeSettings};
-use tonic::Code;
 
 use super::Finish;
 use crate::error::ApiError;
@@ -258,26 +257,28 @@ impl Attempts {
     }
 }
 
-/// What a worker's failed `Generate` means for the request. The one place the gateway reads
-/// the worker's fault mark (`switchyard_proto::fault`): the message is for people and is only
-/// passed on.
+/// What a worker's failed `Generate` means for the request, read with the protocol's one
+/// error-code type ([`ErrorCode`]: code, fault mark, retryability): the message is for people
+/// and is only passed on.
 pub fn classify(status: tonic::Status) -> AttemptEnd {
-    match status.code() {
-        // The decode worker cannot use the prefill worker's KV (another model shape): the
-        // deployment pairs workers that must not pair. Not the client's fault (so not a 400),
-        // and not a transient one of either worker (so no retry that would hide it).
-        Code::InvalidArgument if fault_of(&status) == Some(Fault::KvLayout) => {
-            AttemptEnd::Refused(ApiError::Upstream(status.message().to_owned()))
-        }
-        Code::InvalidArgument | Code::OutOfRange => {
-            AttemptEnd::Refused(ApiError::bad_request(status.message().to_owned()))
-        }
-        code => AttemptEnd::WorkerFailed {
-            reason: format!("{code:?}: {}", status.message()),
-            blame: match fault_of(&status) {
-                Some(Fault::KvSource) => Blame::KvSource,
-                Some(Fault::KvLayout) | None => Blame::Answering,
-            },
+    let code = ErrorCode::of(&status);
+    if !code.retryable() {
+        // The request itself is wrong (400), or the decode worker cannot use the prefill
+        // worker's KV (another model shape: the deployment pairs workers that must not pair;
+        // not the client's fault, so 502, and no retry that would hide it).
+        let message = status.message().to_owned();
+        return AttemptEnd::Refused(if code.http() == 400 {
+            ApiError::bad_request(message)
+        } else {
+            ApiError::Upstream(message)
+        });
+    }
+    AttemptEnd::WorkerFailed {
+        reason: format!("{:?}: {}", status.code(), status.message()),
+        blame: if code == ErrorCode::KvSource {
+            Blame::KvSource
+        } else {
+            Blame::Answering
         },
     }
 }

@@ -29,7 +29,9 @@ use tracing::field::Empty;
 
 use crate::audit::realized::{Realized, realize};
 use crate::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
-use crate::disagg::{DisaggSettings, Prefilled, prefill_stage, serves_only_with_prefill};
+use crate::disagg::{
+    DisaggSettings, Disaggregation, Prefilled, prefill_stage, serves_only_with_prefill,
+};
 use crate::error::ApiError;
 use crate::health::{Liveness, is_transport_failure};
 use crate::pool::{ModelRoutes, WorkerPool};
@@ -166,6 +168,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         // comes without one, so such a request is served aggregated.
         let logprobs = job.sampling.logprobs.is_some();
         let aggregated_only = logprobs || attempts.aggregated_only(&job.disagg.serve);
+        let prefill_pool = attempts.may_use_prefill_pool() && !logprobs;
         let route_span = tracing::info_span!(
             target: GATEWAY_SPANS,
             parent: &job.span,
@@ -187,7 +190,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             aggregated_only,
         };
         let routed = route_span.in_scope(|| {
-            routing::route(
+            routing::route_attempt(
                 pool,
                 &job.routes,
                 &request,
@@ -196,6 +199,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 &job.tags,
                 attempt,
                 attempts.rerouted.as_deref(),
+                prefill_pool && job.disagg.mode() != Disaggregation::Off,
             )
         });
         let mut routed = match routed {
@@ -228,7 +232,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         );
         tracing::debug!(request = %job.request_id, worker = %worker_id, attempt, "dispatching");
 
-        let source = if attempts.may_use_prefill_pool() && !logprobs {
+        let source = if prefill_pool {
             let prefilled = prefill_stage(
                 pool,
                 &job.routes,

@@ -456,6 +456,7 @@ async fn start_recording(
         start_tick: pool.now_tick(),
         policy: pool.policy_kind().as_str().to_owned(),
         policy_settings: state.config.policy_settings.clone(),
+        serve: state.config.disagg().serve,
         workers: pool.workers().iter().map(|w| w.info()).collect(),
         max_records: request.max_records,
         max_bytes,

@@ -26,7 +26,9 @@ use tokio::time::Instant;
 
 use serde::Serialize;
 use switchyard_router::Tick;
-pub use switchyard_router::recording::{FORMAT, Header, Record, RouteRecord, Trailer, VERSION};
+pub use switchyard_router::recording::{
+    FORMAT, Header, PrefillRecord, Record, RouteRecord, ServedAs, Trailer, VERSION,
+};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;

@@ -11,6 +11,7 @@ fn header() -> Header {
         start_tick: 0,
         policy: "kv".to_owned(),
         policy_settings: PolicyConfig::default(),
+        serve: Default::default(),
         workers: Vec::new(),
         max_records: None,
         max_bytes: None,

@@ -6,11 +6,9 @@ use std::hash::{Hash, Hasher};
 use serde::Serialize;
 use switchyard_core::WorkerId;
 
-use super::kv::KvConfig;
-use super::{Candidate, RouteRequest};
+use super::RouteRequest;
 use crate::hasher::FxHasher;
 use crate::index::TierOverlap;
-use crate::load::LoadView;
 use switchyard_core::rng::{SplitMix64, mix64};
 
 /// Why a request went where it went: the admin API returns this as JSON.
@@ -37,7 +35,7 @@ pub struct WorkerScore {
     /// Leading prompt blocks the worker holds, per tier level.
     pub overlap: TierOverlap,
     /// Prompt tokens the worker would have to compute, after crediting cached blocks (host and
-    /// disk hits count partially, see [`KvConfig`]).
+    /// disk hits count partially, see [`KvConfig`](crate::policy::KvConfig)).
     pub uncached_prompt_tokens: u64,
     /// Prefill tokens already queued there (reported plus routed since).
     pub queued_prefill_tokens: u64,
@@ -53,48 +51,6 @@ pub struct WorkerScore {
     /// Probability of being picked, when the policy sampled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probability: Option<f64>,
-}
-
-/// Fills the breakdown of every candidate; `score` is set to the kv cost
-/// (`prefill_term + decode_term`), which policies may overwrite.
-pub(crate) fn breakdown(
-    request: &RouteRequest,
-    candidates: &[Candidate],
-    load: &LoadView,
-    cfg: &KvConfig,
-    overlap_of: impl Fn(&WorkerId) -> TierOverlap,
-) -> Vec<WorkerScore> {
-    let bs = f64::from(request.block_size.get());
-    let prompt = request.prompt_tokens as f64;
-    candidates
-        .iter()
-        .map(|c| {
-            let overlap = overlap_of(&c.worker);
-            let device = f64::from(overlap.device);
-            let host_only = f64::from(overlap.device_or_host - overlap.device);
-            let disk_only = f64::from(overlap.any_tier - overlap.device_or_host);
-            let cached =
-                bs * (device + cfg.host_hit_factor * host_only + cfg.disk_hit_factor * disk_only);
-            let uncached = (prompt - cached).max(0.0).round() as u64;
-            let l = load.get(&c.worker);
-            let prefill_term = cfg.prefill_weight * (uncached + l.queued_prefill_tokens) as f64;
-            let decode_term = cfg.decode_weight * l.active_blocks as f64 * bs;
-            WorkerScore {
-                worker: c.worker.clone(),
-                overlap,
-                uncached_prompt_tokens: uncached,
-                queued_prefill_tokens: l.queued_prefill_tokens,
-                running_requests: l.running_requests,
-                active_decode_sequences: l.active_decode_sequences,
-                active_blocks: l.active_blocks,
-                kv_utilisation: l.kv_utilisation(),
-                prefill_term,
-                decode_term,
-                score: prefill_term + decode_term,
-                probability: None,
-            }
-        })
-        .collect()
 }
 
 /// A stable per-request key for rendezvous tie-breaking: the session id if any, else the

@@ -21,65 +21,16 @@
 //! `∝ exp(-(cost - min) / (max - min) / temperature)` from a generator seeded by the policy
 //! seed, so a run is reproducible.
 
-use serde::{Deserialize, Serialize};
 use switchyard_core::WorkerId;
 
+use super::cost;
+pub use super::cost::KvConfig;
 use super::explain::{self, Explanation, WorkerScore, thousands};
 use super::{Candidate, Decision, Policy, RouteRequest};
 use crate::error::RouteError;
 use crate::index::{PrefixIndex, TierOverlap};
 use crate::load::LoadView;
 use switchyard_core::rng::SplitMix64;
-
-/// Settings of the `kv` policy (also the load terms of the other policies).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KvConfig {
-    pub prefill_weight: f64,
-    pub decode_weight: f64,
-    /// Fraction of a device hit's saving a host-tier hit is worth, in `[0, 1]`.
-    pub host_hit_factor: f64,
-    /// Fraction of a device hit's saving a disk-tier hit is worth, in `[0, 1]`.
-    pub disk_hit_factor: f64,
-    /// 0 picks the lowest cost; above 0 samples (softmax over normalised costs).
-    pub temperature: f64,
-}
-
-impl Default for KvConfig {
-    fn default() -> Self {
-        Self {
-            prefill_weight: 1.0,
-            decode_weight: 0.1,
-            host_hit_factor: 0.75,
-            disk_hit_factor: 0.25,
-            temperature: 0.0,
-        }
-    }
-}
-
-impl KvConfig {
-    pub fn validate(&self) -> Result<(), RouteError> {
-        let finite_non_neg = |v: f64| v.is_finite() && v >= 0.0;
-        if !finite_non_neg(self.prefill_weight) || !finite_non_neg(self.decode_weight) {
-            return Err(RouteError::InvalidConfig(
-                "kv weights must be finite and non-negative".into(),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.host_hit_factor)
-            || !(0.0..=1.0).contains(&self.disk_hit_factor)
-        {
-            return Err(RouteError::InvalidConfig(
-                "host and disk hit factors must be between 0 and 1".into(),
-            ));
-        }
-        if !finite_non_neg(self.temperature) {
-            return Err(RouteError::InvalidConfig(
-                "temperature must be finite and non-negative".into(),
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// The `kv` policy; see the module docs.
 #[derive(Debug, Clone)]
@@ -113,7 +64,7 @@ impl KvPolicy {
         if candidates.is_empty() {
             return Err(RouteError::NoCandidates);
         }
-        let mut scores = explain::breakdown(request, candidates, load, &self.config, overlap_of);
+        let mut scores = cost::breakdown(request, candidates, load, &self.config, overlap_of);
         let sampled = self.config.temperature > 0.0 && scores.len() > 1;
         let chosen = if sampled {
             explain::sample(&mut scores, self.config.temperature, &mut self.rng)

@@ -13,6 +13,7 @@
 //! compared across policies; `score` is the policy's own figure (lower is better).
 
 pub mod approx;
+mod cost;
 mod explain;
 pub mod kv;
 pub mod session;
@@ -26,8 +27,9 @@ use crate::index::PrefixIndex;
 use crate::load::{LoadView, Tick};
 
 pub use approx::{ApproxConfig, ApproxKvPolicy};
+pub use cost::KvConfig;
 pub use explain::{Explanation, WorkerScore};
-pub use kv::{KvConfig, KvPolicy};
+pub use kv::KvPolicy;
 pub use session::{SessionConfig, SessionPolicy};
 pub use simple::{LeastLoadedPolicy, RandomPolicy, RoundRobinPolicy};
 

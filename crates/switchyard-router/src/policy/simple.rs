@@ -2,6 +2,7 @@
 //! comparison and still fill the full breakdown (overlap included) so their explanations show
 //! what a cache-aware choice would have seen.
 
+use super::cost;
 use super::explain::{self, thousands};
 use super::kv::{KvConfig, check_inputs, finish, index_overlap};
 use super::{Candidate, Decision, Policy, RouteRequest, WorkerScore};
@@ -20,7 +21,7 @@ fn checked_breakdown(
     load: &LoadView,
 ) -> Result<Vec<WorkerScore>, RouteError> {
     check_inputs(request, candidates, index)?;
-    Ok(explain::breakdown(
+    Ok(cost::breakdown(
         request,
         candidates,
         load,

@@ -55,8 +55,10 @@ pub const DEFAULT_MIN_UNCACHED_TOKENS: u64 = 2048;
 /// Default [`ServeSettings::max_prefill_queue_tokens`].
 pub const DEFAULT_MAX_PREFILL_QUEUE_TOKENS: u64 = 262_144;
 
-/// The serving decision's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The serving decision's settings (a KV recording's header carries them, so a replay serves as
+/// the live gateway did; missing fields read as the defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ServeSettings {
     pub disaggregation: Disaggregation,
     /// `auto` uses the prefill pool from this many uncached prompt tokens on the decode worker

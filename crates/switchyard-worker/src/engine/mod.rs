@@ -8,6 +8,8 @@
 //! disaggregated prefill/decode through the engines' own KV transfer in [`pd`]). An engine
 //! publishes its KV cache changes into its [`EventLog`].
 
+mod capability;
+pub mod config;
 pub mod engine_logprobs;
 pub mod engine_metrics;
 pub mod kv_decode;
@@ -28,9 +30,12 @@ use std::time::{Duration, SystemTime};
 
 use futures::Stream;
 use switchyard_core::{BlockHash, BlockSize, EngineKind, LoadStats, TokenId};
+use switchyard_proto::ErrorCode;
 use tokio::sync::mpsc;
 
 use crate::event_log::EventLog;
+
+pub use capability::{EngineTransfer, KvExport, KvImporter};
 
 /// Fixed facts about an engine, announced at registration.
 #[derive(Debug, Clone, PartialEq)]
@@ -310,21 +315,24 @@ pub enum EngineError {
     KvSource(String),
 }
 
-impl From<EngineError> for tonic::Status {
-    fn from(err: EngineError) -> Self {
-        match &err {
-            EngineError::InvalidRequest(_) => tonic::Status::invalid_argument(err.to_string()),
-            EngineError::HandleNotFound(_) => tonic::Status::not_found(err.to_string()),
-            EngineError::Stopped | EngineError::Unavailable(_) => {
-                tonic::Status::unavailable(err.to_string())
-            }
-            EngineError::Unsupported(_) => tonic::Status::unimplemented(err.to_string()),
+impl EngineError {
+    /// What the failure means on the wire ([`ErrorCode`]).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            EngineError::InvalidRequest(_) => ErrorCode::InvalidRequest,
+            EngineError::HandleNotFound(_) => ErrorCode::NotFound,
+            EngineError::Stopped | EngineError::Unavailable(_) => ErrorCode::Unavailable,
+            EngineError::Unsupported(_) => ErrorCode::Unsupported,
             // The one place a worker marks a failure as the KV source's: the gateway reads
             // the mark, not the message, to blame the prefill worker.
-            EngineError::KvSource(message) => {
-                switchyard_proto::fault::kv_source_unavailable(message.clone())
-            }
+            EngineError::KvSource(_) => ErrorCode::KvSource,
         }
+    }
+}
+
+impl From<EngineError> for tonic::Status {
+    fn from(err: EngineError) -> Self {
+        err.code().status(err.to_string())
     }
 }
 
@@ -339,48 +347,28 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// Runs a prefill and holds its blocks under a handle until pulled or expired.
     async fn prefill(&self, params: PrefillParams) -> Result<PrefillOutcome, EngineError>;
 
-    /// Claims the blocks held under `handle`; a second claim of the same handle fails.
-    async fn pull_kv(&self, handle: &str) -> Result<KvPull, EngineError>;
-
     /// How this engine lays out its KV cache, when it knows (the simulator does): announced to
     /// the decode workers that pull from it, and checked against what their sources announce.
     fn kv_layout(&self) -> Option<switchyard_engine_sim::KvLayout> {
         None
     }
 
-    /// Starts importing a prompt's KV blocks pulled from a prefill worker.
-    fn start_import(&self) -> Result<KvImport, EngineError> {
-        Err(EngineError::Unsupported(
-            "this engine cannot import KV blocks (disaggregated decode needs the simulator)",
-        ))
+    /// Its KV export, when it holds a prefill's blocks for a decode worker to pull (the
+    /// simulator); `None` when its prefills hand the KV over otherwise.
+    fn kv_export(&self) -> Option<&dyn KvExport> {
+        None
     }
 
-    /// Places the next KV blocks of `import` (continuing its chain, in prompt order) into the
-    /// engine's cache, charging their transfer, so the request that follows finds them as a
-    /// prefix hit. Returns how many blocks the cache took (a prefix of `blocks`).
-    async fn import_kv(
-        &self,
-        import: &mut KvImport,
-        blocks: Vec<HeldBlock>,
-    ) -> Result<usize, EngineError> {
-        let _ = (import, blocks);
-        Err(EngineError::Unsupported(
-            "this engine cannot import KV blocks (disaggregated decode needs the simulator)",
-        ))
+    /// Its KV import, when it takes blocks pulled from a prefill worker into its cache (the
+    /// simulator).
+    fn kv_import(&self) -> Option<&dyn KvImporter> {
+        None
     }
 
-    /// Generates the whole completion of a prompt whose KV the engine fetches itself from a
-    /// prefill engine, as described by `transfer` (the prefill's
-    /// [`PrefillOutcome::engine_transfer_params`], a JSON object).
-    async fn generate_with_transfer(
-        &self,
-        params: GenerateParams,
-        transfer: serde_json::Map<String, serde_json::Value>,
-    ) -> Result<GenerationStream, EngineError> {
-        let _ = (params, transfer);
-        Err(EngineError::Unsupported(
-            "this engine cannot take engine transfer parameters (they come from a vllm or sglang prefill worker)",
-        ))
+    /// Its engine-managed transfer, when it fetches a prompt's KV from the prefill engine
+    /// itself (vLLM's KV connectors, SGLang's bootstrap).
+    fn engine_transfer(&self) -> Option<&dyn EngineTransfer> {
+        None
     }
 
     /// Current load.

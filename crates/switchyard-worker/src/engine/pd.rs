@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Map, Value, json};
-use switchyard_core::{EngineKind, block_hashes};
+use switchyard_core::block_hashes;
 use tokio::sync::mpsc;
 
 use super::openai_http::{self, Dialect};
@@ -283,11 +283,6 @@ fn bootstrap_room() -> u64 {
         .map_or(0, |d| d.as_nanos())
         .hash(&mut hasher);
     hasher.finish() >> 1
-}
-
-/// Whether an engine kind moves KV itself (its prefill answers carry transfer parameters).
-pub fn moves_kv_itself(kind: EngineKind) -> bool {
-    matches!(kind, EngineKind::Vllm | EngineKind::Sglang)
 }
 
 #[cfg(test)]

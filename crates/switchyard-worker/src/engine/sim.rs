@@ -24,7 +24,8 @@ use tokio_util::task::TaskTracker;
 
 use super::{
     DropGuard, Engine, EngineError, EngineSpec, FinishReason, GenerateParams, GenerationChunk,
-    GenerationStream, HeldBlock, KvImport, KvPiece, KvPull, PrefillOutcome, PrefillParams,
+    GenerationStream, HeldBlock, KvExport, KvImport, KvImporter, KvPiece, KvPull, PrefillOutcome,
+    PrefillParams,
 };
 use crate::event_log::EventLog;
 
@@ -260,6 +261,57 @@ impl SimEngine {
 type ChunkRx = mpsc::UnboundedReceiver<Result<GenerationChunk, EngineError>>;
 
 #[async_trait::async_trait]
+impl KvExport for SimEngine {
+    async fn pull_kv(&self, handle: &str) -> Result<KvPull, EngineError> {
+        let held = self
+            .lock_handles()
+            .remove(handle)
+            .ok_or_else(|| EngineError::HandleNotFound(handle.to_owned()))?;
+        let id = held.request;
+        // Ends the hold when the puller is done, and a pipelined prefill the puller abandons.
+        let release = self.abort_guard(id);
+        if let Some(pieces) = held.pieces {
+            return Ok(KvPull::streaming(pieces, release));
+        }
+        let (reply, reply_rx) = oneshot::channel();
+        self.send(Command::Held { id, reply })?;
+        let blocks = reply_rx
+            .await
+            .map_err(|_| EngineError::Stopped)?
+            .ok_or_else(|| EngineError::HandleNotFound(handle.to_owned()))?;
+        Ok(KvPull::complete(to_held(blocks), release))
+    }
+}
+
+#[async_trait::async_trait]
+impl KvImporter for SimEngine {
+    fn start_import(&self) -> Result<KvImport, EngineError> {
+        let hold = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let tx = self.cmd_tx.clone();
+        Ok(KvImport {
+            hold,
+            parent: None,
+            imported: 0,
+            stopped: false,
+            link_free_at: None,
+            stats: Default::default(),
+            source_layout: None,
+            _release: DropGuard::new(move || {
+                let _ = tx.send(Command::Release(hold));
+            }),
+        })
+    }
+
+    async fn import_kv(
+        &self,
+        import: &mut KvImport,
+        blocks: Vec<HeldBlock>,
+    ) -> Result<usize, EngineError> {
+        self.import_chunk(import, blocks).await
+    }
+}
+
+#[async_trait::async_trait]
 impl Engine for SimEngine {
     fn spec(&self) -> &EngineSpec {
         &self.spec
@@ -369,54 +421,17 @@ impl Engine for SimEngine {
         })
     }
 
-    async fn pull_kv(&self, handle: &str) -> Result<KvPull, EngineError> {
-        let held = self
-            .lock_handles()
-            .remove(handle)
-            .ok_or_else(|| EngineError::HandleNotFound(handle.to_owned()))?;
-        let id = held.request;
-        // Ends the hold when the puller is done, and a pipelined prefill the puller abandons.
-        let release = self.abort_guard(id);
-        if let Some(pieces) = held.pieces {
-            return Ok(KvPull::streaming(pieces, release));
-        }
-        let (reply, reply_rx) = oneshot::channel();
-        self.send(Command::Held { id, reply })?;
-        let blocks = reply_rx
-            .await
-            .map_err(|_| EngineError::Stopped)?
-            .ok_or_else(|| EngineError::HandleNotFound(handle.to_owned()))?;
-        Ok(KvPull::complete(to_held(blocks), release))
-    }
-
     fn kv_layout(&self) -> Option<switchyard_engine_sim::KvLayout> {
         // The destination side of its transfer setup is this worker's own layout.
         Some(self.transfer.dest)
     }
 
-    fn start_import(&self) -> Result<KvImport, EngineError> {
-        let hold = self.next_request.fetch_add(1, Ordering::Relaxed);
-        let tx = self.cmd_tx.clone();
-        Ok(KvImport {
-            hold,
-            parent: None,
-            imported: 0,
-            stopped: false,
-            link_free_at: None,
-            stats: Default::default(),
-            source_layout: None,
-            _release: DropGuard::new(move || {
-                let _ = tx.send(Command::Release(hold));
-            }),
-        })
+    fn kv_export(&self) -> Option<&dyn KvExport> {
+        Some(self)
     }
 
-    async fn import_kv(
-        &self,
-        import: &mut KvImport,
-        blocks: Vec<HeldBlock>,
-    ) -> Result<usize, EngineError> {
-        self.import_chunk(import, blocks).await
+    fn kv_import(&self) -> Option<&dyn KvImporter> {
+        Some(self)
     }
 
     fn load(&self) -> LoadStats {

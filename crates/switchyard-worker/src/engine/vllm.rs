@@ -10,7 +10,8 @@
 //!
 //! Disaggregated serving goes through the engines' own KV transfer ([`pd`](super::pd)): the
 //! prefill answer carries the engine's transfer parameters and the decode side hands them to its
-//! engine, so [`Engine::pull_kv`] answers [`EngineError::Unsupported`].
+//! engine: it offers [`EngineTransfer`], not [`KvExport`](super::KvExport), so a `PullKv` from
+//! it answers `UNIMPLEMENTED`.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -22,16 +23,16 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::config::EngineConfig;
 use super::engine_metrics::Scrape;
 use super::kv_relay::KvRelay;
 use super::openai_http::{self, Dialect};
 use super::stats::{AdapterCounters, AdapterStats, EngineScrapeCounters, EngineTelemetry};
 use super::zmq_events::{RankEndpoints, RelayShared, follow_rank, rank_endpoint};
 use super::{
-    DropGuard, Engine, EngineError, EngineSpec, GenerateParams, GenerationStream, KvPull,
+    DropGuard, Engine, EngineError, EngineSpec, EngineTransfer, GenerateParams, GenerationStream,
     PrefillOutcome, PrefillParams,
 };
-use crate::config::EngineConfig;
 use crate::event_log::EventLog;
 
 /// How often the relay counters are logged when they changed.
@@ -438,6 +439,17 @@ async fn log_stats(counters: Arc<AdapterCounters>, cancel: CancellationToken) {
 }
 
 #[async_trait::async_trait]
+impl EngineTransfer for VllmEngine {
+    async fn generate_with_transfer(
+        &self,
+        params: GenerateParams,
+        transfer: Map<String, Value>,
+    ) -> Result<GenerationStream, EngineError> {
+        self.generate_transfer(params, transfer).await
+    }
+}
+
+#[async_trait::async_trait]
 impl Engine for VllmEngine {
     fn spec(&self) -> &EngineSpec {
         &self.spec
@@ -458,19 +470,8 @@ impl Engine for VllmEngine {
         }
     }
 
-    async fn generate_with_transfer(
-        &self,
-        params: GenerateParams,
-        transfer: Map<String, Value>,
-    ) -> Result<GenerationStream, EngineError> {
-        self.generate_transfer(params, transfer).await
-    }
-
-    async fn pull_kv(&self, _: &str) -> Result<KvPull, EngineError> {
-        Err(EngineError::Unsupported(
-            "a vllm/sglang prefill worker holds no blocks to pull: its engine hands the KV to the \
-             decode engine itself (engine transfer parameters)",
-        ))
+    fn engine_transfer(&self) -> Option<&dyn EngineTransfer> {
+        Some(self)
     }
 
     fn load(&self) -> LoadStats {

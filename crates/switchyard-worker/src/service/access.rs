@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use switchyard_proto::ErrorCode;
 use switchyard_security::{Authorizer, Dialer, Identity, PeerRole};
 use tonic::{Request, Status};
 
@@ -104,9 +105,8 @@ impl Access {
                 address,
                 "refused a kv_source that is not a registered worker of this cluster"
             );
-            Err(Status::permission_denied(
-                "kv_source.address is not a registered worker of this cluster",
-            ))
+            Err(ErrorCode::PermissionDenied
+                .status("kv_source.address is not a registered worker of this cluster"))
         }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use switchyard_proto::convert::{kv_event_to_wire, snapshot_block_to_wire};
-use switchyard_proto::v1;
+use switchyard_proto::{ErrorCode, v1};
 use switchyard_telemetry::record_error;
 use tokio::sync::broadcast;
 use tonic::Status;
@@ -133,9 +133,8 @@ impl PullState {
                 return None;
             }
             let status = match self.pull.next_piece().await {
-                None => Status::unavailable(
-                    "the prefill ended before its last kv chunk (engine stopped)",
-                ),
+                None => ErrorCode::Unavailable
+                    .status("the prefill ended before its last kv chunk (engine stopped)"),
                 Some(Err(err)) => err.into(),
                 Some(Ok(piece)) => {
                     self.split(piece);

@@ -9,6 +9,7 @@
 use std::sync::OnceLock;
 
 use serde_json::{Map, Value as Json, json};
+use switchyard_core::rng::SplitMix64;
 use switchyard_core::{Guided, TokenId};
 use switchyard_tokenize::Tokenizer;
 
@@ -28,7 +29,7 @@ pub fn script(guided: &Guided, seed: u64) -> Result<Vec<TokenId>, String> {
 
 /// The text a request constrained by `guided` produces, from `seed`.
 pub fn answer(guided: &Guided, seed: u64) -> Result<String, String> {
-    let mut draw = Draw(seed ^ 0x005E_ED0F_5C4E_3A00);
+    let mut draw = Draw(SplitMix64::new(seed ^ 0x005E_ED0F_5C4E_3A00));
     match guided {
         Guided::JsonObject => Ok(json!({"answer": draw.word()}).to_string()),
         Guided::JsonSchema(text) => {
@@ -53,20 +54,14 @@ pub fn answer(guided: &Guided, seed: u64) -> Result<String, String> {
     }
 }
 
-/// A deterministic stream of numbers (splitmix64).
-struct Draw(u64);
+/// A deterministic stream of numbers: the workspace's seeded generator
+/// (`switchyard_core::rng`), drawn from by remainder as the simulator always has, so a seed
+/// gives the same guided output as before.
+struct Draw(SplitMix64);
 
 impl Draw {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
+        if n == 0 { 0 } else { self.0.next_u64() % n }
     }
 
     fn word(&mut self) -> String {

@@ -112,7 +112,7 @@ mod tests {
 
     use super::TransferSetup;
     use crate::engine::sim::SimEngine;
-    use crate::engine::{Engine, HeldBlock};
+    use crate::engine::{Engine, HeldBlock, KvImporter};
 
     fn engine(coalesce: bool) -> SimEngine {
         let config = SimConfig {
@@ -140,6 +140,26 @@ mod tests {
             setup,
         )
         .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_simulator_offers_kv_export_and_import_but_no_engine_transfer() {
+        let engine = engine(true);
+        let dyn_engine: &dyn Engine = &engine;
+        assert!(dyn_engine.kv_export().is_some());
+        assert!(dyn_engine.kv_import().is_some());
+        assert!(dyn_engine.engine_transfer().is_none());
+        let err = dyn_engine
+            .kv_export()
+            .unwrap()
+            .pull_kv("no-such-handle")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, crate::engine::EngineError::HandleNotFound(_)),
+            "{err}"
+        );
+        dyn_engine.shutdown();
     }
 
     fn blocks(n: u32) -> Vec<HeldBlock> {

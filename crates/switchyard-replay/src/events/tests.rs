@@ -158,3 +158,119 @@ fn other_files_are_refused_with_the_line() {
     let file = recording(&[]);
     assert!(replay_recording(file.path(), &[PolicyKind::Kv], None).is_err());
 }
+
+#[test]
+fn a_version_1_recording_reads_as_disaggregation_off() {
+    let mut lines = sample();
+    lines[0]["version"] = json!(1);
+    let file = recording(&lines);
+    let report = replay_recording(file.path(), &[PolicyKind::Kv], None).unwrap();
+    assert_eq!(report.disaggregation, "off");
+    let kv = &report.policies[1];
+    assert_eq!((kv.agreement, kv.stage_agreement), (1.0, 1.0), "{kv:?}");
+    assert_eq!((kv.disaggregated, kv.prefill_agreement), (0, None));
+    lines[0]["version"] = json!(VERSION + 1);
+    let file = recording(&lines);
+    let err = replay_recording(file.path(), &[PolicyKind::Kv], None).unwrap_err();
+    assert!(err.to_string().contains("version"), "{err}");
+}
+
+fn pd_worker(id: &str, role: &str) -> Value {
+    let mut w = worker(id);
+    w["role"] = json!(role);
+    w
+}
+
+fn snapshot(id: &str, tokens: &[u32]) -> Value {
+    let blocks: Vec<Value> = hashes(tokens)
+        .iter()
+        .map(|h| json!({"hash": h, "parent": null, "tier": "device"}))
+        .collect();
+    json!({"type": "snapshot", "tick": 2, "model": "m", "worker": id, "incarnation": 1,
+           "next_seq": 0, "blocks": blocks})
+}
+
+/// A route record of a request served through the prefill pool.
+fn pd_route(key: u64, tokens: &[u32], decode: &str, prefill: Option<(u64, &str)>) -> Value {
+    let mut r = route(key, tokens, &["d1", "d2"], decode, tokens.len() as u32 / BS);
+    r["prefill_pool"] = json!(true);
+    r["served"] = json!(if prefill.is_some() {
+        "disaggregated"
+    } else {
+        "aggregated"
+    });
+    if let Some((key, chosen)) = prefill {
+        r["prefill"] = json!({"key": key, "candidates": ["p1", "p2"], "chosen": chosen,
+                              "cached_blocks": tokens.len() as u32 / BS});
+    }
+    r
+}
+
+/// Two decode and two prefill workers; each prompt is cached on one of each, so the live `kv`
+/// decisions (decode and prefill) are the cached ones.
+fn pd_sample(mode: &str, min_uncached: u64) -> Vec<Value> {
+    let (first, second) = (prompt(1, 8), prompt(2, 6));
+    vec![
+        json!({"type": "header", "format": FORMAT, "version": VERSION, "policy": "kv",
+               "policy_settings": {"seed": 7},
+               "serve": {"disaggregation": mode, "min_uncached_tokens": min_uncached},
+               "workers": [pd_worker("d1", "decode"), pd_worker("d2", "decode"),
+                           pd_worker("p1", "prefill"), pd_worker("p2", "prefill")]}),
+        snapshot("d1", &first[..16]),
+        snapshot("p1", &first),
+        snapshot("d2", &second[..12]),
+        snapshot("p2", &second),
+        pd_route(1, &first, "d1", Some((2, "p1"))),
+        json!({"type": "prefill_done", "tick": 1100, "model": "m", "key": 2, "worker": "p1"}),
+        json!({"type": "prefill_done", "tick": 1101, "model": "m", "key": 1, "worker": "d1"}),
+        finished(2, "p1"),
+        finished(1, "d1"),
+        pd_route(3, &second, "d2", Some((4, "p2"))),
+        json!({"type": "prefill_failed", "tick": 1200, "model": "m", "key": 4, "decode_key": 3}),
+        finished(3, "d2"),
+    ]
+}
+
+#[test]
+fn disaggregated_decisions_replay_with_their_prefill_worker() {
+    // The decode workers hold half the prompt: 16 and 12 uncached tokens, both above the
+    // threshold of 8, so `auto` prefills both as `enforce` does.
+    for mode in ["enforce", "auto"] {
+        let file = recording(&pd_sample(mode, 8));
+        let report = replay_recording(file.path(), &[PolicyKind::Kv], None).unwrap();
+        assert_eq!(report.disaggregation, mode);
+        let [live, kv] = &report.policies[..] else {
+            panic!("{report:?}")
+        };
+        assert_eq!(live.disaggregated, 2);
+        assert_eq!(live.prefill_agreement, Some(1.0));
+        assert_eq!(kv.decisions, 2);
+        assert_eq!(kv.agreement, 1.0, "{mode}: {kv:?}");
+        assert_eq!(kv.stage_agreement, 1.0, "{mode}: {kv:?}");
+        assert_eq!(kv.disaggregated, 2, "{mode}: {kv:?}");
+        assert_eq!(kv.prefill_decisions, 2);
+        assert_eq!(kv.prefill_agreement, Some(1.0), "{mode}: {kv:?}");
+        assert!(report.table().contains("100.0%"));
+        assert!(
+            report
+                .to_csv()
+                .lines()
+                .nth(1)
+                .unwrap()
+                .ends_with(",1.00000,2,2,1.00000")
+        );
+    }
+}
+
+#[test]
+fn a_replay_that_serves_otherwise_than_live_disagrees_on_the_stage() {
+    // Recorded as disaggregated, but the header's threshold says the decode worker's uncached
+    // tokens were too few: the replay serves aggregated and says so.
+    let file = recording(&pd_sample("auto", 1000));
+    let report = replay_recording(file.path(), &[PolicyKind::Kv], None).unwrap();
+    let kv = &report.policies[1];
+    assert_eq!(kv.agreement, 1.0, "{kv:?}");
+    assert_eq!(kv.stage_agreement, 0.0, "{kv:?}");
+    assert_eq!(kv.disaggregated, 0);
+    assert_eq!(kv.prefill_agreement, Some(0.0));
+}

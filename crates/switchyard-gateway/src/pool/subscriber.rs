@@ -17,8 +17,8 @@ use switchyard_proto::convert::{kv_event_from_wire, snapshot_block_from_wire};
 use switchyard_proto::v1::{self, KvEventsRequest, LoadStatsRequest, kv_events_response::Payload};
 use switchyard_router::ApplyOutcome;
 
+use super::{ModelRoutes, WorkerHandle, WorkerPool};
 use crate::metrics::WorkerLabels;
-use crate::pool::{ModelRoutes, WorkerHandle, WorkerPool};
 use crate::recorder::Record;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);

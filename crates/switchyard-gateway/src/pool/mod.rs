@@ -1,7 +1,7 @@
 //! The workers the gateway knows, and the routing state of each model.
 //!
 //! The registry watch adds, updates and removes workers here. Each worker gets a lazily
-//! connected gRPC client and two subscriber tasks ([`crate::subscriber`]): its KV events feed
+//! connected gRPC client and two subscriber tasks ([`subscriber`]): its KV events feed
 //! the model's prefix index, its load reports feed the model's load view (both in the
 //! [`ServingCore`]). A worker that
 //! leaves is dropped from both at once. Routing ([`crate::routing`]) locks a model's
@@ -25,6 +25,8 @@ use crate::audit::{AuditConfig, DecisionLog, KvAudit};
 use crate::metrics::{Metrics, WorkerLabels};
 use crate::recorder::{Record, Recorder};
 use crate::transport::{GrpcTransport, WorkerTransport};
+
+pub mod subscriber;
 
 /// A worker reports its load every `load_interval_ms`; twenty reports missed (and at least
 /// 2 s) make it unresponsive, well above a busy runtime's hiccup.
@@ -418,7 +420,7 @@ impl WorkerPool {
             .audit
             .worker_joined(info.id.as_str(), &info.model);
         tracing::info!(worker = %info.id, address = %info.address, model = %info.model, role = %info.role, "worker joined");
-        crate::subscriber::spawn(self, handle, routes);
+        subscriber::spawn(self, handle, routes);
     }
 
     /// A worker left: stop following it and forget its blocks and load at once.

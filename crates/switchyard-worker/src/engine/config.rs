@@ -1,12 +1,13 @@
 //! The engine behind a worker (`[engine]`): the simulator, or a vLLM/SGLang server, and how to
-//! reach it. Part of [`WorkerConfig`](crate::config::WorkerConfig), validated with it.
+//! reach it. Part of the worker's configuration (`WorkerConfig`), validated with it.
 
 use serde::Deserialize;
 use switchyard_core::{BlockSize, EngineKind};
 
-use crate::config::ConfigError;
-use crate::engine::openai_http::TokenIdSource;
-use crate::engine::zmq_events::rank_endpoint;
+use switchyard_config::ConfigError;
+
+use super::openai_http::TokenIdSource;
+use super::zmq_events::rank_endpoint;
 
 /// The engine behind the worker: the simulator, or a vLLM/SGLang server reached over HTTP and
 /// ZMQ (see `docs/engines.md`).
@@ -68,7 +69,7 @@ impl Default for EngineConfig {
             startup_timeout_secs: 600,
             vllm_token_ids: TokenIdSource::default(),
             bootstrap_host: None,
-            bootstrap_port: crate::engine::pd::SGLANG_DEFAULT_BOOTSTRAP_PORT,
+            bootstrap_port: super::pd::SGLANG_DEFAULT_BOOTSTRAP_PORT,
         }
     }
 }

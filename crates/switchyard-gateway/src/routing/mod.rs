@@ -8,15 +8,18 @@ use std::time::Instant;
 
 use switchyard_core::{EngineKind, TokenId, WorkerId, WorkerInfo};
 use switchyard_router::serve::{
-    self, Booking, DecodeFilter, PrefillChoice, RescoreBasis, ServeSettings, WorkerFacts,
-    may_decode, may_prefill_for,
+    self, Booking, DecodeFilter, PrefillChoice, RescoreBasis, ServeSettings, may_decode,
 };
 use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
+
+mod candidates;
+
+pub use candidates::{Candidates, candidates, needs_prefill, prefill_candidates};
 
 use crate::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::metrics::PolicyLabels;
 use crate::pool::{ModelRoutes, WorkerHandle, WorkerPool};
-use crate::recorder::{Record, Recorder, RouteRecord};
+use crate::recorder::{PrefillRecord, Record, Recorder, RouteRecord, ServedAs};
 
 /// A routed request. While it lives, the model's load view counts its [`Booking`] on the
 /// chosen worker; dropping it releases that count.
@@ -37,14 +40,28 @@ pub struct RoutedRequest {
     pub routes: Arc<ModelRoutes>,
     prefill_done: bool,
     recorder: Arc<Recorder>,
-    /// Whether the KV recording sees this request. Prefill-pool routes are left out: a
-    /// recording replays generations against policies, and a prefill is not one.
+    /// Whether the KV recording sees this request's bookkeeping (`prefill_done`, `finished`,
+    /// `prefill_failed`).
     recorded: bool,
+    /// The route record of a decode decision whose serving mode is decided next (the prefill
+    /// step): written with it by [`RoutedRequest::record_served`] or [`route_prefill`].
+    pending: Option<Box<RouteRecord>>,
 }
 
 impl RoutedRequest {
+    /// Writes the route record this decision still holds, with how the attempt is served (see
+    /// [`RoutedRequest::pending`]), at once and under the model's lock like every router input.
+    /// Nothing happens when the record was written already or the recording is off.
+    pub fn record_served(&mut self, served: ServedAs, prefill: Option<PrefillRecord>) {
+        if let Some(record) = self.pending.take() {
+            let _core = self.routes.lock();
+            write_route(&self.recorder, record, served, prefill);
+        }
+    }
+
     /// The first token arrived: the request moves from the prefill queue to decoding.
     pub fn prefill_done(&mut self) {
+        self.record_served(ServedAs::Aggregated, None);
         if !self.prefill_done {
             self.prefill_done = true;
             self.routes.lock().serving.prefill_done(&self.booking);
@@ -61,12 +78,21 @@ impl RoutedRequest {
 
     /// This prefill failed or was given up: its booking goes, and `decode` computes its prompt
     /// itself again (until another prefill worker is booked for it).
-    pub fn prefill_failed(self, decode: &mut RoutedRequest) {
-        self.routes
-            .lock()
-            .serving
+    pub fn prefill_failed(mut self, decode: &mut RoutedRequest) {
+        let mut core = self.routes.lock();
+        core.serving
             .prefill_failed(&self.booking, &mut decode.booking);
-        // Dropping `self` releases nothing more: its booking is gone already.
+        if self.recorded {
+            self.recorder.record(|| Record::PrefillFailed {
+                tick: self.recorder.now_tick(),
+                model: self.routes.model.clone(),
+                key: self.booking.key,
+                decode_key: decode.booking.key,
+            });
+        }
+        drop(core);
+        // Dropping `self` releases and records nothing more: its booking is gone already.
+        self.recorded = false;
     }
 
     /// The proxy served the request on `worker`, another candidate of the decision than the
@@ -83,6 +109,7 @@ impl RoutedRequest {
         if to == self.worker_id {
             return;
         }
+        self.record_served(ServedAs::Aggregated, None);
         let moved = self.routes.lock().serving.move_booking(
             &self.booking,
             &self.decision,
@@ -143,129 +170,12 @@ impl Drop for RoutedRequest {
             self.decisions
                 .end(&self.audit, OutcomeStatus::Completed, None);
         }
+        self.record_served(ServedAs::Aggregated, None);
         self.routes.lock().serving.finished(&self.booking);
         if self.recorded {
             self.recorder.record(|| self.bookkeeping_record(false));
         }
     }
-}
-
-/// The workers a request may go to: what the policy sees, and their handles in the same
-/// order. Two lists rather than pairs, so the policy gets its slice without a copy of every
-/// worker id.
-#[derive(Debug, Default)]
-pub struct Candidates {
-    ids: Vec<Candidate>,
-    handles: Vec<Arc<WorkerHandle>>,
-}
-
-impl Candidates {
-    /// The workers of `routes`' model for which the core's filter `eligible` holds, leaving
-    /// out those that stopped answering ([`crate::health`]) unless none answers: then all are
-    /// tried rather than the request refused (a moment when the gateway reaches no worker
-    /// should not become 503s; attempts on workers that are really gone fail fast).
-    fn select(
-        pool: &WorkerPool,
-        routes: &ModelRoutes,
-        eligible: impl Fn(WorkerFacts<'_>) -> bool,
-    ) -> Self {
-        Self::select_within(pool, routes, eligible, &|_| true)
-    }
-
-    /// [`Candidates::select`] among the workers `within` admits (an endpoint subset).
-    fn select_within(
-        pool: &WorkerPool,
-        routes: &ModelRoutes,
-        eligible: impl Fn(WorkerFacts<'_>) -> bool,
-        within: &dyn Fn(&WorkerInfo) -> bool,
-    ) -> Self {
-        let eligible = |info: &WorkerInfo, draining: bool| {
-            pool.deliverable(info) && within(info) && eligible(facts(info, draining))
-        };
-        let workers = pool.workers();
-        let answering: Vec<_> = workers
-            .iter()
-            .filter(|w| w.health.is_answering())
-            .cloned()
-            .collect();
-        let answering = Self::select_from(answering, routes, &eligible);
-        if !answering.is_empty() {
-            return answering;
-        }
-        Self::select_from(workers, routes, &eligible)
-    }
-
-    fn select_from(
-        workers: Vec<Arc<WorkerHandle>>,
-        routes: &ModelRoutes,
-        eligible: &impl Fn(&WorkerInfo, bool) -> bool,
-    ) -> Self {
-        let mut out = Candidates {
-            ids: Vec::with_capacity(workers.len()),
-            handles: Vec::with_capacity(workers.len()),
-        };
-        for w in workers {
-            // Read each worker's info in place: cloning it (three strings) per worker per
-            // request was the larger part of routing with many workers.
-            let id = {
-                let info = w.info.read().unwrap_or_else(|p| p.into_inner());
-                (info.model == routes.model && eligible(&info, w.is_draining()))
-                    .then(|| info.id.clone())
-            };
-            if let Some(id) = id {
-                out.ids.push(Candidate::from(id));
-                out.handles.push(w);
-            }
-        }
-        out
-    }
-
-    pub fn ids(&self) -> &[Candidate] {
-        &self.ids
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
-    /// The handle of the chosen worker.
-    fn take(mut self, worker: &WorkerId) -> Option<Arc<WorkerHandle>> {
-        let at = self.ids.iter().position(|c| c.worker == *worker)?;
-        Some(self.handles.swap_remove(at))
-    }
-}
-
-/// The serving core's view of a registered worker.
-fn facts(info: &WorkerInfo, draining: bool) -> WorkerFacts<'_> {
-    WorkerFacts {
-        id: &info.id,
-        role: info.role,
-        engine: info.engine,
-        draining,
-    }
-}
-
-/// Whether `info`'s worker can generate only from a prefill worker's KV
-/// ([`serve::needs_prefill`]). The gateway learns this from the registry entry alone (engine
-/// kind and role), so it holds for workers of any version.
-pub fn needs_prefill(info: &WorkerInfo) -> bool {
-    serve::needs_prefill(info.role, info.engine)
-}
-
-/// Workers of the model that can take a generation now under `filter`.
-pub fn candidates(pool: &WorkerPool, routes: &ModelRoutes, filter: DecodeFilter<'_>) -> Candidates {
-    Candidates::select(pool, routes, |w| may_decode(w, filter))
-}
-
-/// Prefill-pool workers of the model that can prefill now for a decode worker in front of
-/// `engine`.
-pub fn prefill_candidates(
-    pool: &WorkerPool,
-    routes: &ModelRoutes,
-    engine: EngineKind,
-    exclude: &[WorkerId],
-) -> Candidates {
-    Candidates::select(pool, routes, |w| may_prefill_for(w, engine, exclude))
 }
 
 /// The route request for `tokens` (hashing happens here, outside any lock).
@@ -280,7 +190,8 @@ pub fn route_request(
 
 /// Step 1 of the serving core: chooses the generating worker for `request` among the
 /// candidates `filter` leaves, books it, and records the decision; `note` says in the decision
-/// log why the candidates were narrowed when an earlier attempt decided it.
+/// log why the candidates were narrowed when an earlier attempt decided it. The attempt is
+/// served aggregated ([`route_attempt`] when the prefill pool may follow).
 #[allow(clippy::too_many_arguments)]
 pub fn route(
     pool: &WorkerPool,
@@ -293,9 +204,46 @@ pub fn route(
     note: Option<&str>,
 ) -> Result<RoutedRequest, RouteError> {
     let candidates = candidates(pool, routes, filter);
-    route_candidates(
-        pool, routes, candidates, request, max_tokens, tags, attempt, note,
-    )
+    let attempt = Attempt {
+        number: attempt,
+        note,
+        prefill_pool: false,
+    };
+    route_candidates(pool, routes, candidates, request, max_tokens, tags, attempt)
+}
+
+/// [`route`] for an attempt whose serving mode is decided next when `prefill_pool` (it may use
+/// the prefill pool): the KV recording's route record then waits for the mode
+/// ([`RoutedRequest::record_served`], [`route_prefill`]), so a replay serves the request in
+/// one step as the serving core's [`serve::ServingCore::serve`] does.
+#[allow(clippy::too_many_arguments)]
+pub fn route_attempt(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    request: &RouteRequest,
+    max_tokens: u32,
+    filter: DecodeFilter<'_>,
+    tags: &Arc<RequestTags>,
+    attempt: u32,
+    note: Option<&str>,
+    prefill_pool: bool,
+) -> Result<RoutedRequest, RouteError> {
+    let candidates = candidates(pool, routes, filter);
+    let attempt = Attempt {
+        number: attempt,
+        note,
+        prefill_pool,
+    };
+    route_candidates(pool, routes, candidates, request, max_tokens, tags, attempt)
+}
+
+/// Which attempt a decode route is, for the decision log and the recording.
+#[derive(Debug, Clone, Copy)]
+struct Attempt<'a> {
+    number: u32,
+    note: Option<&'a str>,
+    /// The prefill step follows (see [`route_attempt`]).
+    prefill_pool: bool,
 }
 
 /// [`route`] (first attempt) among the workers `within` admits as well: the endpoint
@@ -313,10 +261,14 @@ pub fn route_within(
     note: Option<&str>,
 ) -> Result<RoutedRequest, RouteError> {
     let candidates = Candidates::select_within(pool, routes, |w| may_decode(w, filter), within);
-    route_candidates(pool, routes, candidates, request, max_tokens, tags, 1, note)
+    let attempt = Attempt {
+        number: 1,
+        note,
+        prefill_pool: false,
+    };
+    route_candidates(pool, routes, candidates, request, max_tokens, tags, attempt)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn route_candidates(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
@@ -324,20 +276,19 @@ fn route_candidates(
     request: &RouteRequest,
     max_tokens: u32,
     tags: &Arc<RequestTags>,
-    attempt: u32,
-    note: Option<&str>,
+    attempt: Attempt<'_>,
 ) -> Result<RoutedRequest, RouteError> {
     let started = Instant::now();
     let only = &candidates.ids;
-    let (decision, booking, basis) = {
+    let (decision, booking, basis, pending) = {
         let mut core = routes.lock();
         let (decision, booking) = core.serving.route_decode(request, only, max_tokens)?;
         let basis =
             RescoreBasis::capture(request, &decision, &core.serving.index, &core.serving.load);
         let decision = Arc::new(decision);
-        let cached_blocks = cached_blocks(&decision);
-        pool.recorder.record(|| {
-            route_record(
+        let mut pending = None;
+        if pool.recorder.is_active() {
+            let record = route_record(
                 routes,
                 request,
                 only,
@@ -345,21 +296,25 @@ fn route_candidates(
                 booking.key,
                 attempt,
                 &decision,
-                cached_blocks,
                 tags,
-            )
-        });
-        (decision, booking, basis)
+            );
+            if attempt.prefill_pool {
+                pending = Some(record);
+            } else {
+                write_route(&pool.recorder, record, ServedAs::Aggregated, None);
+            }
+        }
+        (decision, booking, basis, pending)
     };
     let audit = pool.decisions.push(
         DecisionEntry::new(
             Arc::clone(tags),
             routes.model.clone(),
             routes.block_size.get(),
-            attempt,
+            attempt.number,
             Stage::Decode,
             Arc::clone(&decision),
-            note.map(str::to_owned),
+            attempt.note.map(str::to_owned),
         )
         .with_basis(basis),
     );
@@ -374,7 +329,9 @@ fn route_candidates(
         .inc_by(request.block_hashes.len() as u64);
     m.prompt_blocks_cached
         .inc_by(u64::from(cached_blocks(&decision)));
-    routed_request(pool, routes, candidates, decision, booking, audit, true)
+    let mut routed = routed_request(pool, routes, candidates, decision, booking, audit)?;
+    routed.pending = pending;
+    Ok(routed)
 }
 
 fn cached_blocks(decision: &Decision) -> u32 {
@@ -405,7 +362,8 @@ pub enum PrefillRoute {
 
 /// Steps 3 and 4 of the serving core: chooses a prefill worker for `request` among those of
 /// the decode worker's `engine`, books it, makes `decode`'s booking disaggregated, and logs the
-/// decision.
+/// decision. The first prefill route of an attempt writes the decode route's record with its
+/// outcome (a prefill retried after a failure is not recorded: see `docs/kv-recording.md`).
 #[allow(clippy::too_many_arguments)]
 pub fn route_prefill(
     pool: &WorkerPool,
@@ -422,20 +380,46 @@ pub fn route_prefill(
     let candidates = prefill_candidates(pool, routes, engine, exclude);
     let (decision, booking, basis) = {
         let mut core = routes.lock();
+        let pending = decode.pending.take();
+        let record = |served, chosen: Option<&Decision>, key| {
+            if let Some(record) = pending {
+                let prefill = PrefillRecord {
+                    key,
+                    candidates: candidates.ids.iter().map(|c| c.worker.clone()).collect(),
+                    chosen: chosen.map(|d| d.worker.clone()),
+                    cached_blocks: chosen.map_or(0, cached_blocks),
+                };
+                write_route(&pool.recorder, record, served, Some(prefill));
+            }
+        };
         let decision =
             match core
                 .serving
                 .choose_prefill(settings, request, &candidates.ids, needs_prefill)
             {
                 PrefillChoice::Chosen(decision) => decision,
-                PrefillChoice::Saturated { why, .. } => return PrefillRoute::Saturated(why),
-                PrefillChoice::Unavailable(err) => return PrefillRoute::Unavailable(err),
+                PrefillChoice::Saturated { why, decision } => {
+                    record(ServedAs::Aggregated, Some(&decision), None);
+                    return PrefillRoute::Saturated(why);
+                }
+                PrefillChoice::Unavailable(err) => {
+                    let served = if settings.disaggregation == serve::Disaggregation::Enforce {
+                        ServedAs::Refused
+                    } else if needs_prefill {
+                        ServedAs::Rerouted
+                    } else {
+                        ServedAs::Aggregated
+                    };
+                    record(served, None, None);
+                    return PrefillRoute::Unavailable(err);
+                }
             };
         let basis =
             RescoreBasis::capture(request, &decision, &core.serving.index, &core.serving.load);
         let booking = core
             .serving
             .book_prefill(&decision, request, &mut decode.booking);
+        record(ServedAs::Disaggregated, Some(&decision), Some(booking.key));
         (Arc::new(decision), booking, basis)
     };
     let audit = pool.decisions.push(
@@ -450,7 +434,7 @@ pub fn route_prefill(
         )
         .with_basis(basis),
     );
-    match routed_request(pool, routes, candidates, decision, booking, audit, false) {
+    match routed_request(pool, routes, candidates, decision, booking, audit) {
         Ok(routed) => PrefillRoute::Routed(routed),
         Err(err) => PrefillRoute::Unavailable(err),
     }
@@ -472,8 +456,7 @@ pub fn explain_prefill(
         .explain_prefill(settings, request, &only, needs_prefill)
 }
 
-/// The [`RoutedRequest`] for `decision`, whose booking the core made. `recorded` says whether
-/// the recorder was told of the route (its bookkeeping then follows).
+/// The [`RoutedRequest`] for `decision`, whose booking the core made.
 fn routed_request(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
@@ -481,7 +464,6 @@ fn routed_request(
     decision: Arc<Decision>,
     booking: Booking,
     audit: Arc<DecisionEntry>,
-    recorded: bool,
 ) -> Result<RoutedRequest, RouteError> {
     let Some(worker) = candidates.take(&decision.worker) else {
         // Cannot happen (the policy chooses among the candidates); release what was booked.
@@ -504,28 +486,28 @@ fn routed_request(
         routes: Arc::clone(routes),
         prefill_done: false,
         recorder: Arc::clone(&pool.recorder),
-        recorded,
+        recorded: true,
+        pending: None,
     })
 }
 
-/// The recorder's `route` record of a decision.
-#[allow(clippy::too_many_arguments)]
+/// The recorder's `route` record of a decode decision; its serving mode is filled in when it
+/// is written ([`write_route`]).
 fn route_record(
     routes: &ModelRoutes,
     request: &RouteRequest,
     candidates: &[Candidate],
     max_tokens: u32,
     key: u64,
-    attempt: u32,
+    attempt: Attempt<'_>,
     decision: &Decision,
-    cached_blocks: u32,
     tags: &RequestTags,
-) -> Record {
-    Record::Route(Box::new(RouteRecord {
+) -> Box<RouteRecord> {
+    Box::new(RouteRecord {
         tick: request.now,
         model: routes.model.clone(),
         key,
-        attempt,
+        attempt: attempt.number,
         block_size: request.block_size.get(),
         prompt_tokens: request.prompt_tokens,
         max_tokens,
@@ -535,8 +517,23 @@ fn route_record(
         candidates: candidates.iter().map(|c| c.worker.clone()).collect(),
         policy: decision.explanation.policy.to_owned(),
         chosen: decision.worker.clone(),
-        cached_blocks,
-    }))
+        cached_blocks: cached_blocks(decision),
+        prefill_pool: attempt.prefill_pool,
+        served: ServedAs::Aggregated,
+        prefill: None,
+    })
+}
+
+/// Writes a route record with how the attempt was served. Callers hold the model's lock.
+fn write_route(
+    recorder: &Recorder,
+    mut record: Box<RouteRecord>,
+    served: ServedAs,
+    prefill: Option<PrefillRecord>,
+) {
+    record.served = served;
+    record.prefill = prefill;
+    recorder.record(|| Record::Route(record));
 }
 
 /// What the current policy would decide for `tokens`, without sending or recording anything.

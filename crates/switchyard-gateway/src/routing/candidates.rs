@@ -1,0 +1,128 @@
+//! The workers a request may go to, read from the pool through the serving core's filters
+//! (`switchyard_router::serve::candidates`), preferring those that answer.
+
+use std::sync::Arc;
+
+use switchyard_core::{EngineKind, WorkerId, WorkerInfo};
+use switchyard_router::Candidate;
+use switchyard_router::serve::{self, DecodeFilter, WorkerFacts, may_decode, may_prefill_for};
+
+use crate::pool::{ModelRoutes, WorkerHandle, WorkerPool};
+
+/// The workers a request may go to: what the policy sees, and their handles in the same
+/// order. Two lists rather than pairs, so the policy gets its slice without a copy of every
+/// worker id.
+#[derive(Debug, Default)]
+pub struct Candidates {
+    pub(super) ids: Vec<Candidate>,
+    handles: Vec<Arc<WorkerHandle>>,
+}
+
+impl Candidates {
+    /// The workers of `routes`' model for which the core's filter `eligible` holds, leaving
+    /// out those that stopped answering ([`crate::health`]) unless none answers: then all are
+    /// tried rather than the request refused (a moment when the gateway reaches no worker
+    /// should not become 503s; attempts on workers that are really gone fail fast).
+    pub(super) fn select(
+        pool: &WorkerPool,
+        routes: &ModelRoutes,
+        eligible: impl Fn(WorkerFacts<'_>) -> bool,
+    ) -> Self {
+        Self::select_within(pool, routes, eligible, &|_| true)
+    }
+
+    /// [`Candidates::select`] among the workers `within` admits (an endpoint subset).
+    pub(super) fn select_within(
+        pool: &WorkerPool,
+        routes: &ModelRoutes,
+        eligible: impl Fn(WorkerFacts<'_>) -> bool,
+        within: &dyn Fn(&WorkerInfo) -> bool,
+    ) -> Self {
+        let eligible = |info: &WorkerInfo, draining: bool| {
+            pool.deliverable(info) && within(info) && eligible(facts(info, draining))
+        };
+        let workers = pool.workers();
+        let answering: Vec<_> = workers
+            .iter()
+            .filter(|w| w.health.is_answering())
+            .cloned()
+            .collect();
+        let answering = Self::select_from(answering, routes, &eligible);
+        if !answering.is_empty() {
+            return answering;
+        }
+        Self::select_from(workers, routes, &eligible)
+    }
+
+    fn select_from(
+        workers: Vec<Arc<WorkerHandle>>,
+        routes: &ModelRoutes,
+        eligible: &impl Fn(&WorkerInfo, bool) -> bool,
+    ) -> Self {
+        let mut out = Candidates {
+            ids: Vec::with_capacity(workers.len()),
+            handles: Vec::with_capacity(workers.len()),
+        };
+        for w in workers {
+            // Read each worker's info in place: cloning it (three strings) per worker per
+            // request was the larger part of routing with many workers.
+            let id = {
+                let info = w.info.read().unwrap_or_else(|p| p.into_inner());
+                (info.model == routes.model && eligible(&info, w.is_draining()))
+                    .then(|| info.id.clone())
+            };
+            if let Some(id) = id {
+                out.ids.push(Candidate::from(id));
+                out.handles.push(w);
+            }
+        }
+        out
+    }
+
+    pub fn ids(&self) -> &[Candidate] {
+        &self.ids
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The handle of the chosen worker.
+    pub(super) fn take(mut self, worker: &WorkerId) -> Option<Arc<WorkerHandle>> {
+        let at = self.ids.iter().position(|c| c.worker == *worker)?;
+        Some(self.handles.swap_remove(at))
+    }
+}
+
+/// The serving core's view of a registered worker.
+fn facts(info: &WorkerInfo, draining: bool) -> WorkerFacts<'_> {
+    WorkerFacts {
+        id: &info.id,
+        role: info.role,
+        engine: info.engine,
+        draining,
+    }
+}
+
+/// Whether `info`'s worker can generate only from a prefill worker's KV
+/// ([`serve::needs_prefill`]). The gateway learns this from the registry entry alone (engine
+/// kind and role), so it holds for workers of any version.
+pub fn needs_prefill(info: &WorkerInfo) -> bool {
+    serve::needs_prefill(info.role, info.engine)
+}
+
+/// Workers of the model that can take a generation now under `filter`.
+pub fn candidates(pool: &WorkerPool, routes: &ModelRoutes, filter: DecodeFilter<'_>) -> Candidates {
+    Candidates::select(pool, routes, |w| may_decode(w, filter))
+}
+
+/// Prefill-pool workers of the model that can prefill now for a decode worker in front of
+/// `engine`.
+pub fn prefill_candidates(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    engine: EngineKind,
+    exclude: &[WorkerId],
+) -> Candidates {
+    Candidates::select(pool, routes, |w| may_prefill_for(w, engine, exclude))
+}
