@@ -289,17 +289,45 @@ async fn the_picker_gets_the_gateways_kv_hit_rate_on_a_shared_prefix_workload() 
     let api = format!("http://{}", gateway.address);
     settle(&api, &fakes).await;
     let client = reqwest::Client::new();
-    for prompt in &prompts {
+    // Every other request streams: vLLM counts cached tokens only in its final usage, and the
+    // gateway's answer must still carry them, whole and streamed.
+    let mut gateway_client_cached = 0;
+    for (i, prompt) in prompts.iter().enumerate() {
+        let mut request = body(prompt);
+        let streamed = i % 2 == 1;
+        if streamed {
+            request["stream"] = json!(true);
+            request["stream_options"] = json!({"include_usage": true});
+        }
         let response = client
             .post(format!("{api}/v1/completions"))
-            .json(&body(prompt))
+            .json(&request)
             .send()
             .await
             .unwrap();
         assert_eq!(response.status(), 200);
+        let answer = response.bytes().await.unwrap();
+        let usage = if streamed {
+            let text = String::from_utf8(answer.to_vec()).unwrap();
+            let events = switchyard_core::sse::events(&text);
+            let last_usage = events
+                .iter()
+                .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+                .filter(|c| !c["usage"].is_null())
+                .last()
+                .expect("a usage chunk");
+            serde_json::to_vec(&last_usage).unwrap()
+        } else {
+            answer.to_vec()
+        };
+        gateway_client_cached += usage_of(&usage).1;
         settle(&api, &fakes).await;
     }
     let (gateway_prompt, gateway_hits) = engine_hits(&fakes).await;
+    assert_eq!(
+        gateway_client_cached as f64, gateway_hits,
+        "the gateway's answers report the cached tokens the engines served"
+    );
 
     assert_eq!(
         picker_prompt, gateway_prompt,

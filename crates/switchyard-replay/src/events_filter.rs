@@ -83,6 +83,9 @@ mod tests {
             policy: "kv".into(),
             chosen: w,
             cached_blocks: 0,
+            prefill_pool: false,
+            served: Default::default(),
+            prefill: None,
         }
     }
 

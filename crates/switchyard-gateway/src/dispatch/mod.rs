@@ -79,6 +79,9 @@ pub enum DispatchEvent {
         ids: Vec<TokenId>,
         logprobs: Vec<TokenLogprob>,
     },
+    /// The worker reported more cached prompt tokens than `Started` said: engines that count
+    /// them only in their final usage (vLLM) report them with the last message.
+    Cached(u32),
     Finished(Finish),
     Failed(ApiError),
 }
@@ -452,8 +455,12 @@ async fn stream_attempt(
         Err(status) => failed(status),
         Ok(mut stream) => {
             let mut end = AttemptEnd::worker_failed("worker closed the stream early");
-            // The first message carries the prompt's cached tokens (the engine's realized hit).
+            // The prompt's cached tokens (the engine's realized hit): the simulator and SGLang
+            // report them with the first message, vLLM only with its final usage. The audit
+            // takes the first nonzero count, or the last when none is (`Realize`).
             let mut first_message = true;
+            let mut cached_seen = 0u32;
+            let mut realize_pending = false;
             loop {
                 let message = tokio::select! {
                     message = stream.next() => message,
@@ -476,19 +483,31 @@ async fn stream_attempt(
                     prefill.prefill_done();
                 }
                 routed.prefill_done();
-                if first_message {
+                let cached_grew = message.cached_prompt_tokens > cached_seen;
+                cached_seen = cached_seen.max(message.cached_prompt_tokens);
+                if first_message || (realize_pending && cached_seen > 0) {
+                    realize_pending = first_message && cached_seen == 0;
                     first_message = false;
-                    realize(
-                        pool,
-                        Realized {
-                            entry: &routed.audit,
-                            worker: &routed.worker,
-                            routes: &routed.routes,
-                            prompt_blocks,
-                            cached_prompt_tokens: u64::from(message.cached_prompt_tokens),
-                            comparable: !disaggregated,
-                        },
-                    );
+                    if !realize_pending {
+                        realize(
+                            pool,
+                            Realized {
+                                entry: &routed.audit,
+                                worker: &routed.worker,
+                                routes: &routed.routes,
+                                prompt_blocks,
+                                cached_prompt_tokens: u64::from(cached_seen),
+                                comparable: !disaggregated,
+                            },
+                        );
+                    }
+                }
+                if attempts.started
+                    && cached_grew
+                    && tx.send(DispatchEvent::Cached(cached_seen)).await.is_err()
+                {
+                    end = AttemptEnd::ConsumerGone;
+                    break;
                 }
                 if !attempts.started {
                     attempts.started = true;
@@ -534,6 +553,20 @@ async fn stream_attempt(
                     _ => None,
                 };
                 if let Some(finish) = finish {
+                    if realize_pending {
+                        // The engine never reported a cached token: its hit was 0.
+                        realize(
+                            pool,
+                            Realized {
+                                entry: &routed.audit,
+                                worker: &routed.worker,
+                                routes: &routed.routes,
+                                prompt_blocks,
+                                cached_prompt_tokens: 0,
+                                comparable: !disaggregated,
+                            },
+                        );
+                    }
                     decode_span.record(
                         "finish_reason",
                         match finish {

@@ -118,6 +118,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
                 cached_prompt_tokens,
                 ..
             } => text.cached_tokens = cached_prompt_tokens,
+            DispatchEvent::Cached(cached) => text.cached_tokens = text.cached_tokens.max(cached),
             DispatchEvent::Tokens { ids, logprobs } => {
                 let piece = text.tokens(&state, &labels, p.arrived, &ids, &logprobs);
                 let done = text.finish.is_some();
@@ -247,29 +248,31 @@ impl Piece {
 /// `super::responses`.)
 fn chunk(p: &Prepared, created: u64, index: u32, piece: Piece, usage: Option<Usage>) -> String {
     let json = match p.kind {
-        Kind::Chat | Kind::Responses | Kind::Messages => serde_json::to_string(&ChatCompletionChunk {
-            id: p.completion_id.clone(),
-            object: "chat.completion.chunk",
-            created,
-            model: p.model.clone(),
-            choices: if usage.is_some() {
-                Vec::new()
-            } else {
-                vec![ChatChunkChoice {
-                    index,
-                    delta: ChatDelta {
-                        role: piece.role.then_some("assistant"),
-                        content: piece.content,
-                        reasoning_content: piece.reasoning.clone(),
-                        reasoning: piece.reasoning,
-                        tool_calls: piece.tool_calls,
-                    },
-                    finish_reason: piece.finish,
-                    logprobs: piece.logprobs,
-                }]
-            },
-            usage,
-        }),
+        Kind::Chat | Kind::Responses | Kind::Messages => {
+            serde_json::to_string(&ChatCompletionChunk {
+                id: p.completion_id.clone(),
+                object: "chat.completion.chunk",
+                created,
+                model: p.model.clone(),
+                choices: if usage.is_some() {
+                    Vec::new()
+                } else {
+                    vec![ChatChunkChoice {
+                        index,
+                        delta: ChatDelta {
+                            role: piece.role.then_some("assistant"),
+                            content: piece.content,
+                            reasoning_content: piece.reasoning.clone(),
+                            reasoning: piece.reasoning,
+                            tool_calls: piece.tool_calls,
+                        },
+                        finish_reason: piece.finish,
+                        logprobs: piece.logprobs,
+                    }]
+                },
+                usage,
+            })
+        }
         Kind::Text => serde_json::to_string(&Completion {
             id: p.completion_id.clone(),
             object: "text_completion",
@@ -393,6 +396,10 @@ fn on_event(
                 };
                 queue.push_back(chunk(p, created, index, piece, None));
             }
+        }
+        DispatchEvent::Cached(cached) => {
+            // Reported with the last message (vLLM): the final usage chunk says it.
+            text.cached_tokens = text.cached_tokens.max(cached);
         }
         DispatchEvent::Tokens { ids, logprobs } => {
             let content = text.tokens(state, labels, p.arrived, &ids, &logprobs);

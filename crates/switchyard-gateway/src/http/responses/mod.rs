@@ -199,6 +199,10 @@ impl Streamed {
                 text.cached_tokens = text.cached_tokens.max(cached_prompt_tokens);
                 return;
             }
+            DispatchEvent::Cached(cached) => {
+                text.cached_tokens = text.cached_tokens.max(cached);
+                return;
+            }
             DispatchEvent::Tokens { ids, logprobs } => {
                 let content = text.tokens(state, labels, p.arrived, &ids, &logprobs);
                 if text.finish.is_some() {
