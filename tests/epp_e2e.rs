@@ -312,9 +312,9 @@ async fn the_picker_gets_the_gateways_kv_hit_rate_on_a_shared_prefix_workload() 
             let events = switchyard_core::sse::events(&text);
             let last_usage = events
                 .iter()
+                .rev()
                 .filter_map(|e| serde_json::from_str::<Value>(e).ok())
-                .filter(|c| !c["usage"].is_null())
-                .last()
+                .find(|c| !c["usage"].is_null())
                 .expect("a usage chunk");
             serde_json::to_vec(&last_usage).unwrap()
         } else {

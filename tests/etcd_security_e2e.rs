@@ -39,21 +39,7 @@ async fn a_tls_etcd_with_users_serves_members_and_refuses_the_rest() {
     };
 
     // Turn etcd's authentication on: a root user, then auth enable.
-    {
-        let tls = etcd_client::TlsOptions::new()
-            .ca_certificate(etcd_client::Certificate::from_pem(read(&client.ca)))
-            .identity(etcd_client::Identity::from_pem(
-                read(&client.cert),
-                read(&client.key),
-            ));
-        let options = etcd_client::ConnectOptions::new().with_tls(tls);
-        let mut admin = etcd_client::Client::connect([endpoint.as_str()], Some(options))
-            .await
-            .unwrap();
-        admin.user_add("root", PASSWORD, None).await.unwrap();
-        admin.user_grant_role("root", "root").await.unwrap();
-        admin.auth_enable().await.unwrap();
-    }
+    enable_auth(&endpoint, &client).await;
     let cluster = format!("etcd-sec-{}", std::process::id());
     let member = EtcdAuth {
         user: Some(("root".into(), PASSWORD.into())),
@@ -283,4 +269,139 @@ async fn etcd_auth_limits_the_members_user_to_its_cluster_and_runs_again_harmles
     let (code, _, stderr) = etcd_auth(&root_user).await;
     assert_eq!(code, Some(64), "{stderr}");
     assert!(stderr.contains("other than root"), "{stderr}");
+}
+
+/// Turns authentication on in the etcd at `endpoint` (TLS, client certificate `client`): a root
+/// user with [`PASSWORD`], then auth enable.
+async fn enable_auth(endpoint: &str, client: &switchyard_testkit::certs::MemberFiles) {
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(read(&client.ca)))
+        .identity(etcd_client::Identity::from_pem(
+            read(&client.cert),
+            read(&client.key),
+        ));
+    let options = etcd_client::ConnectOptions::new().with_tls(tls);
+    let mut admin = etcd_client::Client::connect([endpoint], Some(options))
+        .await
+        .unwrap();
+    admin.user_add("root", PASSWORD, None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+}
+
+/// Everything on at once, as the chart deploys it: etcd over TLS with client certificates and
+/// users, mTLS between the gateway and the worker (identities in their certificates), HTTPS on
+/// the gateway with API keys. A client with a key is served; without one it gets a 401; plain
+/// HTTP to the gateway gets no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_tls_mtls_etcd_users_and_api_keys_serves_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("secured cluster test ca").unwrap();
+    let server = ca.issue(dir.path(), "etcd-server", None).unwrap();
+    let etcd_client_files = ca.issue(dir.path(), "etcd-client", None).unwrap();
+    let etcd = EtcdServer::start_tls(EtcdTls {
+        cert: server.cert.clone(),
+        key: server.key.clone(),
+        ca: server.ca.clone(),
+    })
+    .expect("etcd with tls");
+    let endpoint = etcd.endpoint();
+    enable_auth(&endpoint, &etcd_client_files).await;
+
+    let cluster = format!("secured-{}", std::process::id());
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let password_file = dir.path().join("etcd-password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
+    let etcd_flags = vec![
+        "--etcd-username".to_owned(),
+        "root".to_owned(),
+        "--etcd-password-file".to_owned(),
+        path(&password_file),
+        "--etcd-ca".to_owned(),
+        path(&etcd_client_files.ca),
+        "--etcd-cert".to_owned(),
+        path(&etcd_client_files.cert),
+        "--etcd-key".to_owned(),
+        path(&etcd_client_files.key),
+    ];
+    let member_flags = |role: &str| {
+        let files = ca
+            .issue(
+                dir.path(),
+                &format!("member-{role}"),
+                Some(&TestCa::identity_uri(&cluster, role)),
+            )
+            .unwrap();
+        vec![
+            "--tls-cert".to_owned(),
+            path(&files.cert),
+            "--tls-key".to_owned(),
+            path(&files.key),
+            "--tls-ca".to_owned(),
+            path(&files.ca),
+        ]
+    };
+    let https = ca.issue(dir.path(), "gateway-https", None).unwrap();
+    const KEY: &str = "sk-secured-0123456789abcdef";
+    let keys = dir.path().join("api-keys");
+    std::fs::write(
+        &keys,
+        format!(
+            "{} team-a\n",
+            switchyard_security::secret::sha256_hex(KEY.as_bytes())
+        ),
+    )
+    .unwrap();
+
+    let _worker = Launch::worker(&endpoint, &cluster)
+        .arg("--speedup", "20")
+        .args(&etcd_flags)
+        .args(member_flags("worker"))
+        .start()
+        .await;
+    let gateway = Launch::gateway(&endpoint, &cluster)
+        .args(&etcd_flags)
+        .args(member_flags("gateway"))
+        .arg("--api-keys-file", &path(&keys))
+        .arg("--http-tls-cert", &path(&https.cert))
+        .arg("--http-tls-key", &path(&https.key))
+        .start()
+        .await;
+
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.cert_pem.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let port = gateway.address.rsplit(':').next().unwrap().to_owned();
+    let base = format!("https://localhost:{port}");
+    let body = json!({"model": "sim-8b", "prompt": tokens(2, 64), "max_tokens": 2});
+    let send = |key: Option<&'static str>| {
+        let mut request = client.post(format!("{base}/v1/completions")).json(&body);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        request.send()
+    };
+    // The worker joins through the TLS etcd and is called over mTLS: a keyed request is served.
+    let served = support::eventually(std::time::Duration::from_secs(20), || async {
+        send(Some(KEY))
+            .await
+            .is_ok_and(|r| r.status() == reqwest::StatusCode::OK)
+    })
+    .await;
+    assert!(served, "a client with a key was served end to end");
+    let answer: serde_json::Value = send(Some(KEY)).await.unwrap().json().await.unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], 2, "{answer}");
+    assert_eq!(send(None).await.unwrap().status(), 401);
+    let plain = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/completions"))
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await;
+    assert!(
+        plain.is_err_and(|e| !e.is_status()),
+        "plain HTTP got an HTTP answer from the HTTPS port"
+    );
 }

@@ -288,7 +288,7 @@ fn route_candidates(
         let decision = Arc::new(decision);
         let mut pending = None;
         if pool.recorder.is_active() {
-            let record = route_record(
+            let mut record = route_record(
                 routes,
                 request,
                 only,
@@ -296,8 +296,8 @@ fn route_candidates(
                 booking.key,
                 attempt,
                 &decision,
-                tags,
             );
+            record.tenant.clone_from(&tags.tenant);
             if attempt.prefill_pool {
                 pending = Some(record);
             } else {
@@ -501,7 +501,6 @@ fn route_record(
     key: u64,
     attempt: Attempt<'_>,
     decision: &Decision,
-    tags: &RequestTags,
 ) -> Box<RouteRecord> {
     Box::new(RouteRecord {
         tick: request.now,
@@ -512,7 +511,7 @@ fn route_record(
         prompt_tokens: request.prompt_tokens,
         max_tokens,
         session: request.session.clone(),
-        tenant: tags.tenant.clone(),
+        tenant: None,
         block_hashes: request.block_hashes.clone(),
         candidates: candidates.iter().map(|c| c.worker.clone()).collect(),
         policy: decision.explanation.policy.to_owned(),
