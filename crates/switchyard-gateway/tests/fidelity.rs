@@ -482,6 +482,42 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Found by the property test: `auto`, every worker that serves aggregated draining, so the
+/// SGLang decode worker is chosen, has no SGLang prefill worker, and the reroute finds nobody.
+/// The gateway logs the first decision and answers 503; the replay side must too.
+#[test]
+fn a_reroute_that_finds_nobody_is_refused_alike() {
+    let case = Case {
+        policy: PolicyKind::Kv,
+        mode: Disaggregation::Auto,
+        min_uncached_tokens: 0,
+        max_prefill_queue_tokens: 0,
+        sglang_prefill: false,
+    };
+    let ops = vec![
+        Op::Drain {
+            worker: 2,
+            draining: true,
+        },
+        Op::Drain {
+            worker: 1,
+            draining: true,
+        },
+        Op::Drain {
+            worker: 0,
+            draining: true,
+        },
+        Op::Request {
+            family: 0,
+            blocks: 1,
+            extra: 0,
+            max_tokens: 1,
+            session: None,
+        },
+    ];
+    runtime().block_on(run_case(case, ops)).unwrap();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 96,

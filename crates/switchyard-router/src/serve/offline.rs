@@ -37,8 +37,9 @@ pub enum Served {
         prefill_decision: Decision,
         prefill: Booking,
     },
-    /// `enforce` and no prefill worker for the decision's decode worker: the gateway answers
-    /// 503. Nothing stays booked.
+    /// `enforce` and no prefill worker for the decision's decode worker, or a decode worker
+    /// that serves only with a prefill worker, none free, and no other worker to reroute to:
+    /// the gateway answers 503. Nothing stays booked.
     Refused { decision: Decision, why: String },
 }
 
@@ -65,7 +66,27 @@ impl ServingCore {
                 aggregated_only: aggregated_only(settings, false, rerouted),
             };
             let candidates = ids(workers, |w| may_decode(w, filter));
-            let (decision, mut booking) = self.route_decode(request, &candidates, max_tokens)?;
+            let (decision, mut booking) = match self.route_decode(request, &candidates, max_tokens)
+            {
+                Ok(routed) => routed,
+                Err(err) => match rerouted_from.take() {
+                    // The reroute found no worker that serves aggregated: the first decision
+                    // stands, refused, as the gateway logs it and answers 503.
+                    Some(decision) => {
+                        return Ok(ServeOutcome {
+                            served: Served::Refused {
+                                decision,
+                                why: format!(
+                                    "the decode worker needs a prefill worker, none is free, \
+                                     and no worker serves aggregated: {err}"
+                                ),
+                            },
+                            rerouted_from: None,
+                        });
+                    }
+                    None => return Err(err),
+                },
+            };
             let Some(facts) = workers.iter().find(|w| *w.id == decision.worker) else {
                 self.finished(&booking);
                 return Err(RouteError::NoCandidates);
