@@ -190,14 +190,7 @@ async fn etcd_auth_limits_the_members_user_to_its_cluster_and_runs_again_harmles
     assert_eq!(done["created"], json!([]));
 
     let read = |p: &std::path::Path| std::fs::read(p).unwrap();
-    let tls = || {
-        etcd_client::TlsOptions::new()
-            .ca_certificate(etcd_client::Certificate::from_pem(read(&member.ca)))
-            .identity(etcd_client::Identity::from_pem(
-                read(&member.cert),
-                read(&member.key),
-            ))
-    };
+    let tls = || etcd_tls(&member);
     let login = |password: &'static str| {
         etcd_client::ConnectOptions::new()
             .with_tls(tls())
@@ -271,17 +264,21 @@ async fn etcd_auth_limits_the_members_user_to_its_cluster_and_runs_again_harmles
     assert!(stderr.contains("other than root"), "{stderr}");
 }
 
+/// etcd client TLS presenting `files` (the test CA, a client certificate and its key).
+fn etcd_tls(files: &switchyard_testkit::certs::MemberFiles) -> etcd_client::TlsOptions {
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(read(&files.ca)))
+        .identity(etcd_client::Identity::from_pem(
+            read(&files.cert),
+            read(&files.key),
+        ))
+}
+
 /// Turns authentication on in the etcd at `endpoint` (TLS, client certificate `client`): a root
 /// user with [`PASSWORD`], then auth enable.
 async fn enable_auth(endpoint: &str, client: &switchyard_testkit::certs::MemberFiles) {
-    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
-    let tls = etcd_client::TlsOptions::new()
-        .ca_certificate(etcd_client::Certificate::from_pem(read(&client.ca)))
-        .identity(etcd_client::Identity::from_pem(
-            read(&client.cert),
-            read(&client.key),
-        ));
-    let options = etcd_client::ConnectOptions::new().with_tls(tls);
+    let options = etcd_client::ConnectOptions::new().with_tls(etcd_tls(client));
     let mut admin = etcd_client::Client::connect([endpoint], Some(options))
         .await
         .unwrap();
