@@ -18,7 +18,7 @@ impl PrefixIndex {
         let mut digest = BlockSetDigest::default();
         // The order queue may name a block twice or name blocks since removed (module docs):
         // each block counts once, in the tiers the holder map says.
-        for &block in &state.order {
+        for &block in state.order.iter() {
             if !seen.insert(block) {
                 continue;
             }

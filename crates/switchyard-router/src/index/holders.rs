@@ -113,6 +113,19 @@ impl HolderMap {
         self.map.len()
     }
 
+    /// Looks every block up once, so their buckets are in cache when an event changes them.
+    /// The lookups are independent of one another, so the processor overlaps their cache misses
+    /// (the change that follows depends on each lookup's result, which serialises its misses);
+    /// at a million pairs the map is far larger than the caches and this halves an event's time.
+    #[inline]
+    pub fn warm(&self, blocks: impl Iterator<Item = BlockHash>) {
+        let mut held = 0usize;
+        for block in blocks {
+            held += usize::from(self.map.contains_key(&block));
+        }
+        std::hint::black_box(held);
+    }
+
     /// Holders of `block`, sorted by slot.
     #[inline]
     pub fn get(&self, block: BlockHash) -> &[Holder] {

@@ -15,10 +15,11 @@
 //!
 //! ## Memory layout
 //! Workers are interned to dense `u32` slots. Blocks live in a [`HolderMap`] (16-byte entries;
-//! see `holders.rs`). Each worker also keeps its blocks in insertion order in a `VecDeque` of
+//! see `holders.rs`). Each worker also keeps its blocks in insertion order in a queue of
 //! hashes (8 bytes per entry), used to drop a worker wholesale and to pick eviction victims.
-//! Removals do not search that queue: they leave a stale entry that is skipped when met and
-//! swept out when the queue grows past twice the worker's live entries.
+//! Removals do not search that queue: they leave a stale entry, skipped when met, and a note in
+//! a log from which a sweep drops the stale entries without reading the block map (see
+//! `order.rs`).
 //!
 //! ## Prefix closure and the jump search
 //! A worker's blocks are *prefix-closed* when, for every block it holds, it also holds the
@@ -50,11 +51,12 @@
 
 mod digest;
 mod holders;
+mod order;
 pub(crate) use holders::tier_bit as holders_tier_bit;
 mod overlap;
 mod store;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -126,7 +128,7 @@ struct WorkerState {
     incarnation: Incarnation,
     sync: Sync,
     /// The worker's blocks in insertion order, possibly with stale entries (see module docs).
-    order: VecDeque<BlockHash>,
+    order: order::InsertionOrder,
     /// Number of `(block, this worker)` pairs in the index.
     live: usize,
     /// The worker's blocks may not be prefix-closed (see the module docs); sticky until the
@@ -339,7 +341,7 @@ impl PrefixIndex {
             .workers
             .iter()
             .flatten()
-            .map(|w| w.order.capacity() * std::mem::size_of::<BlockHash>())
+            .map(|w| w.order.heap_bytes())
             .sum();
         self.holders.heap_bytes()
             + order
@@ -429,7 +431,7 @@ impl PrefixIndex {
             id: worker.clone(),
             incarnation,
             sync: Sync::Expecting(0),
-            order: VecDeque::new(),
+            order: order::InsertionOrder::default(),
             live: 0,
             broken: false,
             mixed: 0,

@@ -6,7 +6,7 @@ use switchyard_core::{BlockHash, KvEvent, SnapshotBlock, StoredBlock};
 
 use super::PrefixIndex;
 use super::holders::{CHILD_MAX, DEVICE, PairChange, tier_bit};
-use crate::hasher::{FxHashMap, FxHashSet};
+use crate::hasher::FxHashMap;
 
 /// Buffers reused by each `Removed` event.
 #[derive(Debug, Default)]
@@ -47,7 +47,7 @@ impl PrefixIndex {
             ),
             KvEvent::Removed { blocks, tier } => {
                 self.remove_blocks(slot, blocks, tier_bit(*tier));
-                self.maybe_compact(slot);
+                self.maybe_sweep(slot);
             }
             KvEvent::Cleared => self.clear_worker(slot),
         }
@@ -58,6 +58,7 @@ impl PrefixIndex {
     /// the same map access (one lookup per block), and the tail ends up older than its head in
     /// the eviction queue, so eviction takes children before parents.
     fn store_chain(&mut self, slot: u32, parent: BlockHash, blocks: &[StoredBlock], bit: u8) {
+        self.holders.warm(blocks.iter().map(|b| b.hash));
         let mut child_added = false;
         for i in (0..blocks.len()).rev() {
             let parent_i = if i == 0 { parent } else { blocks[i - 1].hash };
@@ -127,7 +128,7 @@ impl PrefixIndex {
         let state = self.state_mut(slot);
         if added {
             state.live += 1;
-            state.order.push_back(block);
+            state.order.push(block);
         }
         if mixed(after) && !mixed(before) {
             state.mixed += 1;
@@ -147,6 +148,7 @@ impl PrefixIndex {
         } = std::mem::take(&mut self.scratch);
         gone.clear();
         parents.clear();
+        self.holders.warm(blocks.iter().copied());
         for &block in blocks {
             let r = self.holders.remove(block, slot, bit);
             let after = r.before.tiers() & !bit;
@@ -163,6 +165,7 @@ impl PrefixIndex {
             self.entries -= 1;
             let state = self.state_mut(slot);
             state.live -= 1;
+            state.order.note_removed(block);
             if mixed(r.before.tiers()) {
                 state.mixed -= 1;
             }
@@ -256,7 +259,7 @@ impl PrefixIndex {
         loop {
             let Some(block) = self.workers[victim as usize]
                 .as_mut()
-                .and_then(|s| s.order.pop_front())
+                .and_then(|s| s.order.pop_oldest())
             else {
                 return false;
             };
@@ -265,6 +268,7 @@ impl PrefixIndex {
             self.refresh_jumpable(victim);
             if self.entries < before {
                 self.evicted += 1;
+                self.maybe_sweep(victim);
                 return true;
             }
         }
@@ -275,7 +279,7 @@ impl PrefixIndex {
         let Some(state) = self.workers[slot as usize].as_mut() else {
             return;
         };
-        let order = std::mem::take(&mut state.order);
+        let order = state.order.take();
         state.live = 0;
         state.mixed = 0;
         state.broken = false;
@@ -290,21 +294,11 @@ impl PrefixIndex {
         }
     }
 
-    /// Sweeps stale entries out of the worker's order queue once they outnumber live ones.
-    fn maybe_compact(&mut self, slot: u32) {
-        let Some(state) = self.workers[slot as usize].as_mut() else {
-            return;
-        };
-        if state.order.len() <= 2 * state.live + 64 {
-            return;
+    /// Sweeps stale entries out of the worker's order queue when due (see `order.rs`).
+    fn maybe_sweep(&mut self, slot: u32) {
+        if let Some(state) = self.workers[slot as usize].as_mut() {
+            state.order.maybe_sweep(state.live);
         }
-        let mut seen = FxHashSet::default();
-        seen.reserve(state.live);
-        let holders = &self.holders;
-        state
-            .order
-            .retain(|&b| holders.tiers_of(b, slot) != 0 && seen.insert(b));
-        state.order.shrink_to(state.order.len() * 2);
     }
 
     /// Brings `slot`'s cached jumpable flag and the index's count of unjumpable workers up to

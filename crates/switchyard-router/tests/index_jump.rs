@@ -1,0 +1,214 @@
+//! The overlap query's jump search on long prompts, against a naive model (proptest).
+//!
+//! `index_model.rs` checks every rule of the index on short chains; this suite aims at the
+//! jump search, which only pays off (and only has room to go wrong) on long ones: workers hold
+//! prefixes of a 96-block prompt to random depths, stored in random chunks, with branches that
+//! leave the prompt at random points (a block holding children that are not the prompt's next
+//! block, including at the end of a worker's prefix), tails evicted, holes punched in the middle
+//! (the worker is no longer prefix-closed), copies in host memory and on disk (tiers), and
+//! workers cleared. After every step the index's overlap for prefixes of the prompt equals the
+//! model's.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use switchyard_core::{
+    BlockHash, BlockSize, KvEvent, StorageTier, StoredBlock, WorkerId, block_hashes,
+};
+use switchyard_router::{IndexConfig, PrefixIndex, TierOverlap};
+
+const BS: u32 = 2;
+const LEN: usize = 96;
+const WORKERS: usize = 6;
+
+fn bs() -> BlockSize {
+    BlockSize::new(BS).unwrap()
+}
+
+/// Tokens of the prompt (`branch` 0) or of a branch leaving it after block `from`.
+fn tokens(branch: u32, from: usize) -> Vec<u32> {
+    (0..(LEN as u32) * BS)
+        .map(|t| {
+            if branch == 0 || (t / BS) < from as u32 {
+                t
+            } else {
+                branch * 100_000 + t
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Blocks `from..to` of a chain (the prompt or a branch leaving it after `leave`).
+    Store {
+        w: usize,
+        branch: u32,
+        leave: usize,
+        from: usize,
+        to: usize,
+        tier: StorageTier,
+    },
+    /// The prompt's blocks `from..to`, tail first, from one tier.
+    Remove {
+        w: usize,
+        from: usize,
+        to: usize,
+        tier: StorageTier,
+    },
+    Clear {
+        w: usize,
+    },
+}
+
+fn tier() -> impl Strategy<Value = StorageTier> {
+    prop_oneof![
+        8 => Just(StorageTier::Device),
+        1 => Just(StorageTier::Host),
+        1 => Just(StorageTier::Disk),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let w = 0..WORKERS;
+    prop_oneof![
+        // Extend the prompt from where a worker may already be (prefix-closed when `from` is
+        // at or below its depth), in chunks of up to 40 blocks.
+        10 => (w.clone(), prop_oneof![2 => Just(0), 1 => 0..LEN], 1..40usize, tier())
+            .prop_map(|(w, from, n, tier)| Step::Store {
+                w, branch: 0, leave: 0, from, to: (from + n).min(LEN), tier,
+            }),
+        // A branch leaving the prompt after block `leave`.
+        3 => (w.clone(), 1u32..4, 1..LEN, 1..12usize, tier()).prop_map(|(w, branch, leave, n, tier)| {
+            Step::Store { w, branch, leave, from: leave, to: (leave + n).min(LEN), tier }
+        }),
+        // Evict a tail (closed) or punch a hole (not closed).
+        4 => (w.clone(), 0..LEN, 1..20usize, tier()).prop_map(|(w, from, n, tier)| Step::Remove {
+            w, from, to: (from + n).min(LEN), tier,
+        }),
+        1 => w.prop_map(|w| Step::Clear { w }),
+    ]
+}
+
+fn mask(tier: StorageTier) -> u8 {
+    match tier {
+        StorageTier::Device => 1,
+        StorageTier::Host => 2,
+        StorageTier::Disk => 4,
+    }
+}
+
+fn event(step: &Step) -> KvEvent {
+    match step {
+        Step::Store {
+            branch,
+            leave,
+            from,
+            to,
+            tier,
+            ..
+        } => {
+            let toks = tokens(*branch, *leave);
+            let hashes = block_hashes(&toks, bs());
+            let b = BS as usize;
+            KvEvent::Stored {
+                parent: from.checked_sub(1).map(|i| hashes[i]),
+                blocks: (*from..*to)
+                    .map(|i| StoredBlock {
+                        hash: hashes[i],
+                        tokens: toks[i * b..(i + 1) * b].to_vec(),
+                    })
+                    .collect(),
+                tier: *tier,
+            }
+        }
+        Step::Remove { from, to, tier, .. } => {
+            let hashes = block_hashes(&tokens(0, 0), bs());
+            KvEvent::Removed {
+                blocks: (*from..*to).rev().map(|i| hashes[i]).collect(),
+                tier: *tier,
+            }
+        }
+        Step::Clear { .. } => KvEvent::Cleared,
+    }
+}
+
+/// Per worker, each block's tier mask, changed the obvious way.
+fn model_apply(held: &mut BTreeMap<BlockHash, u8>, ev: &KvEvent) {
+    match ev {
+        KvEvent::Stored { blocks, tier, .. } => {
+            for b in blocks {
+                *held.entry(b.hash).or_default() |= mask(*tier);
+            }
+        }
+        KvEvent::Removed { blocks, tier } => {
+            for h in blocks {
+                if let Some(m) = held.get_mut(h) {
+                    *m &= !mask(*tier);
+                    if *m == 0 {
+                        held.remove(h);
+                    }
+                }
+            }
+        }
+        KvEvent::Cleared => held.clear(),
+    }
+}
+
+fn model_overlap(held: &BTreeMap<BlockHash, u8>, prompt: &[BlockHash]) -> TierOverlap {
+    let lead = |level: u8| {
+        prompt
+            .iter()
+            .take_while(|h| held.get(h).is_some_and(|m| m & level != 0))
+            .count() as u32
+    };
+    TierOverlap {
+        device: lead(1),
+        device_or_host: lead(3),
+        any_tier: lead(7),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_jump_search_answers_as_the_model_on_long_prompts(
+        steps in proptest::collection::vec(step(), 1..60),
+        lens in proptest::collection::vec(3..=LEN, 3),
+    ) {
+        let mut index = PrefixIndex::new(IndexConfig::new(bs()));
+        let ids: Vec<WorkerId> = (0..WORKERS)
+            .map(|i| WorkerId::new(format!("w{i}")).unwrap())
+            .collect();
+        let mut model: Vec<BTreeMap<BlockHash, u8>> = vec![BTreeMap::new(); WORKERS];
+        let mut seqs = [0u64; WORKERS];
+        let prompt = block_hashes(&tokens(0, 0), bs());
+        for step in &steps {
+            let w = match step {
+                Step::Store { w, .. } | Step::Remove { w, .. } | Step::Clear { w } => *w,
+            };
+            let ev = event(step);
+            index.apply(&ids[w], 1, seqs[w], &ev).unwrap();
+            seqs[w] += 1;
+            model_apply(&mut model[w], &ev);
+            for &len in lens.iter().chain([LEN].iter()) {
+                let q = &prompt[..len];
+                let scores = index.overlap(q);
+                for (i, id) in ids.iter().enumerate() {
+                    let got = index.worker_key(id).map(|k| scores.get(k)).unwrap_or_default();
+                    prop_assert_eq!(
+                        got,
+                        model_overlap(&model[i], q),
+                        "worker {} on a {}-block prompt after {:?}",
+                        i,
+                        len,
+                        step
+                    );
+                }
+            }
+        }
+    }
+}
