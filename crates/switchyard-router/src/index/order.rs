@@ -48,12 +48,12 @@ impl InsertionOrder {
         Some(block)
     }
 
-    /// Sweeps stale entries out once the removals logged since the last sweep outnumber the
-    /// worker's `live` pairs (plus a little, so tiny workers do not sweep on every event). The
-    /// queue then never holds more than `2 · live + 64` entries, nor the log more than
-    /// `live + 64`.
+    /// Sweeps stale entries out once the removals logged since the last sweep outnumber half
+    /// the worker's `live` pairs (plus a little, so tiny workers do not sweep on every event).
+    /// The queue then never holds more than `1.5 · live + 64` entries, nor the log more than
+    /// `live / 2 + 64`.
     pub fn maybe_sweep(&mut self, live: usize) {
-        if self.removed.len() <= live + 64 {
+        if self.removed.len() <= live / 2 + 64 {
             return;
         }
         // The last position at which each block was removed.
@@ -73,7 +73,7 @@ impl InsertionOrder {
         debug_assert!(self.queue.len() <= live, "sweep left stale entries");
         self.base = 0;
         self.removed.clear();
-        self.removed.shrink_to(live + 64);
+        self.removed.shrink_to(live / 2 + 64);
         self.queue.shrink_to(self.queue.len() * 2);
     }
 
@@ -158,14 +158,14 @@ mod tests {
                     Step::Add(_) | Step::Remove(_) => {}
                 }
                 order.maybe_sweep(held.len());
-                prop_assert!(order.iter().count() <= 2 * held.len() + 64);
-                prop_assert!(order.removed.len() <= held.len() + 65);
+                prop_assert!(order.iter().count() <= held.len() + held.len() / 2 + 64);
+                prop_assert!(order.removed.len() <= held.len() / 2 + 65);
                 let queued: BTreeSet<u64> = order.iter().map(|b| b.0).collect();
                 prop_assert!(held.iter().all(|b| queued.contains(b)));
             }
             // Force a sweep: only the held blocks remain, oldest first.
             let live = held.len();
-            for _ in 0..=live + 64 {
+            for _ in 0..=live / 2 + 64 {
                 order.removed.push((BlockHash(u64::MAX), 0));
             }
             order.maybe_sweep(live);
