@@ -8,10 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dynamo_kv_router::nested_map::SearchMode;
-use switchyard_peer_bench::contenders::{
-    Contender, DynamoConcurrent, DynamoPositional, DynamoRadix, Switchyard,
-};
+use switchyard_peer_bench::contenders::{self, Contender};
 use switchyard_peer_bench::measure::{
     Account, CountingAlloc, Machine, loadavg, median, percentile,
 };
@@ -34,26 +31,15 @@ struct Entry {
     account: Account,
 }
 
-/// Every contender, for an index of `workers` workers. `big` leaves out the binary-search
-/// positional indexer: it builds the same structure as the strided one (only its query
-/// differs), and at 10M pairs a second copy would cost gigabytes on a shared machine.
+/// Every contender (see `contenders::lineup`), each with its own heap account. `only=<name
+/// part>` arguments keep the matching ones.
 fn lineup(workers: usize, big: bool) -> Vec<Entry> {
-    let mut contenders: Vec<Box<dyn Contender>> = vec![
-        Box::new(Switchyard::new(workers)),
-        Box::new(DynamoRadix::new()),
-        Box::new(DynamoPositional::new(SearchMode::Strided)),
-    ];
-    if !big {
-        contenders.push(Box::new(DynamoPositional::new(SearchMode::Binary)));
-    }
-    contenders.push(Box::new(DynamoConcurrent::new()));
     let only: Vec<String> = std::env::args()
         .filter_map(|a| a.strip_prefix("only=").map(str::to_owned))
         .collect();
-    contenders
+    contenders::lineup(workers, big, &only)
         .into_iter()
         .enumerate()
-        .filter(|(_, c)| only.is_empty() || only.iter().any(|o| c.name().contains(o.as_str())))
         .map(|(i, contender)| Entry {
             contender,
             account: Account(i + 1),
@@ -179,7 +165,7 @@ impl Bench {
             let q = Query {
                 blocks: prompt.blocks[..len.min(prompt.blocks.len())].to_vec(),
             };
-            let expected = synthetic_expected(&spec, q.blocks.len());
+            let expected = spec.expected(q.blocks.len());
             self.queries(&mut line, label, &q, &expected);
         }
         for e in &line {
@@ -341,25 +327,6 @@ fn rotation(n: usize, round: usize) -> impl Iterator<Item = usize> {
     (0..n).map(move |i| (i + round) % n)
 }
 
-/// Holders of the synthetic prompt hold prefixes of known lengths; nobody else holds any of it.
-fn synthetic_expected(spec: &Synthetic, len: usize) -> Scores {
-    let holders = spec.holders.min(spec.workers);
-    (0..holders)
-        .map(|i| {
-            let held = spec.prompt_len * (i + 1) / holders;
-            (i as u32, held.min(len) as u32)
-        })
-        .filter(|&(_, n)| n > 0)
-        .collect()
-}
-
-fn data_dir() -> PathBuf {
-    std::env::var_os("SWITCHYARD_DATA").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"),
-        PathBuf::from,
-    )
-}
-
 fn date() -> String {
     std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
@@ -413,7 +380,7 @@ fn main() {
         bench.synthetic(spec, "synthetic 10M pairs, 64 workers", &[128, 8192], true);
     }
 
-    let data = data_dir();
+    let data = traces::data_dir();
     let mooncake = data.join("traces/mooncake/conversation_trace.jsonl");
     match traces::mooncake(&mooncake) {
         Ok(requests) => {
