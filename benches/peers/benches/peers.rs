@@ -1,8 +1,10 @@
 //! Switchyard's prefix index and Dynamo's indexers, side by side, in one run.
 //!
 //! `cargo bench` (in `benches/peers/`) runs everything; `cargo bench -- quick` skips the 10M-pair
-//! index and the agent sessions; `only=<name part>` (repeatable) keeps only matching contenders. The table is printed and written to `results/peers.md` and
-//! `results/peers.json`. See `src/lib.rs` for what each part does and `docs/BENCHMARKS.md` for
+//! index and the agent sessions; `only=<name part>` (repeatable) keeps only matching
+//! contenders. The table is printed and written to `results/peers.md` and
+//! `results/peers.json`. `tests/same_streams.rs` checks, untimed, that every contender answers
+//! the small copies of these workloads as the reference does. See `src/lib.rs` for what each part does and `docs/BENCHMARKS.md` for
 //! how to read the figures.
 
 use std::path::PathBuf;
@@ -404,6 +406,7 @@ fn main() {
         "Same thread: every contender but Dynamo's concurrent radix tree applies and queries on the bench's thread; that tree can only apply events in its worker loop, so it gets one dedicated thread (its queries run on the bench's thread), and the median empty round trip is subtracted from its apply timings.".to_owned(),
         "Like with like: Switchyard answers per-worker leading blocks at three tier levels (device, device-or-host, any); Dynamo's indexers answer one count per worker. All events here are device-tier, and every answer is checked against the reference (analytic for synthetic prompts, the simulation for traces): only equal answers are compared.".to_owned(),
         "Queries are given per-block hashes computed beforehand: chained hashes to Switchyard (what its gateway computes from tokens), local hashes to Dynamo (what its router computes from tokens). Dynamo's positional indexer chains local hashes inside its query; that work is part of its figure.".to_owned(),
+        "Dynamo's approximate indexer is not a column: it consumes no KV events (it predicts each worker's cache from the router's own decisions, through async leases and an LRU or TTL model), so it cannot be fed the same stream; it runs inside the concurrent radix tree's worker loop, which it feeds with events it makes up, and its queries are that tree's, measured here.".to_owned(),
     ];
     notes.append(&mut bench.notes);
     let report = Report {

@@ -40,9 +40,9 @@ pub const BLOCK_TOKENS: u32 = 16;
 /// differs), and at 10M pairs a second copy would cost gigabytes on a shared machine.
 ///
 /// Dynamo's approximate indexer is not here: it consumes no KV events (it predicts a worker's
-/// cache from the router's own decisions, through async leases and an LRU or TTL model, and
-/// answers queries from a radix tree it feeds itself), so no event stream can be given to it
-/// and to the others alike.
+/// cache from the router's own decisions, through async leases and an LRU or TTL model), so no
+/// event stream can be given to it and to the others alike. It runs inside the concurrent radix
+/// tree's worker loop, feeding that tree events it makes up; its queries are that tree's.
 pub fn lineup(workers: usize, big: bool, only: &[String]) -> Vec<Box<dyn Contender>> {
     let mut contenders: Vec<Box<dyn Contender>> = vec![
         Box::new(Switchyard::new(workers)),
