@@ -19,8 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use dynamo_kv_router::indexer::{SyncIndexer, WorkerTask};
-use dynamo_kv_router::nested_map::LevelIndex;
-use dynamo_kv_router::nested_map::SearchMode;
+use dynamo_kv_router::nested_map::{LevelIndex, SearchMode};
 use dynamo_kv_router::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
     KvCacheStoredBlockData, LocalBlockHash, OverlapScores, RouterEvent, WorkerWithDpRank,
@@ -34,6 +33,29 @@ use crate::workload::{Event, Op, Query, Scores};
 /// Tokens per block given to Switchyard's index (hashes are not re-verified, so the tokens'
 /// values do not matter; their count must match the index's block size).
 pub const BLOCK_TOKENS: u32 = 16;
+
+/// Every contender, Switchyard first, for an index of `workers` workers, keeping those whose
+/// name contains one of `only` (all when `only` is empty). `big` leaves out the binary-search
+/// positional indexer: it builds the same structure as the strided one (only its query
+/// differs), and at 10M pairs a second copy would cost gigabytes on a shared machine.
+///
+/// Dynamo's approximate indexer is not here: it consumes no KV events (it predicts a worker's
+/// cache from the router's own decisions, through async leases and an LRU or TTL model), so no
+/// event stream can be given to it and to the others alike. It runs inside the concurrent radix
+/// tree's worker loop, feeding that tree events it makes up; its queries are that tree's.
+pub fn lineup(workers: usize, big: bool, only: &[String]) -> Vec<Box<dyn Contender>> {
+    let mut contenders: Vec<Box<dyn Contender>> = vec![
+        Box::new(Switchyard::new(workers)),
+        Box::new(DynamoRadix::new()),
+        Box::new(DynamoPositional::new(SearchMode::Strided)),
+    ];
+    if !big {
+        contenders.push(Box::new(DynamoPositional::new(SearchMode::Binary)));
+    }
+    contenders.push(Box::new(DynamoConcurrent::new()));
+    contenders.retain(|c| only.is_empty() || only.iter().any(|o| c.name().contains(o.as_str())));
+    contenders
+}
 
 pub trait Contender {
     fn name(&self) -> &'static str;

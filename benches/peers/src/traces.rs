@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::workload::{Block, Event, Op, Query, Scores, chain, mix};
 
@@ -46,6 +46,14 @@ impl Replay {
             .map(|e| e.block_ops() as u64)
             .sum()
     }
+}
+
+/// The shared data directory: `SWITCHYARD_DATA`, else `shared/data` beside the repository.
+pub fn data_dir() -> PathBuf {
+    std::env::var_os("SWITCHYARD_DATA").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"),
+        PathBuf::from,
+    )
 }
 
 /// Reads the Mooncake trace: one request per line, `hash_ids` chained ids of 512-token blocks.

@@ -174,6 +174,19 @@ impl Synthetic {
         }
     }
 
+    /// The answer to a query of the prompt's first `len` blocks: the holders of the prompt hold
+    /// prefixes of known lengths, and nobody else holds any of it.
+    pub fn expected(&self, len: usize) -> Scores {
+        let holders = self.holders.min(self.workers);
+        (0..holders)
+            .map(|i| {
+                let held = self.prompt_len * (i + 1) / holders;
+                (i as u32, held.min(len) as u32)
+            })
+            .filter(|&(_, n)| n > 0)
+            .collect()
+    }
+
     /// The population, one worker at a time, as an iterator of events (10M pairs do not need to
     /// sit in memory as events).
     pub fn population(&self) -> impl Iterator<Item = Event> + '_ {
