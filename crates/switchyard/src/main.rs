@@ -116,8 +116,12 @@ fn main() -> ExitCode {
                 }
             };
             // One process, both roles: its spans are exported as the gateway's and the workers'.
+            let otlp = resolved
+                .gateways
+                .first()
+                .and_then(|g| g.otlp_endpoint.clone());
             let traces = trace_export(
-                &resolved.gateway.otlp_endpoint,
+                &otlp,
                 &[switchyard_telemetry::GATEWAY, switchyard_telemetry::WORKER],
             );
             run_async(traces, async move {
@@ -359,7 +363,10 @@ async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
                 unverified.count()
             )
         }));
-        Some(Arc::new(registry) as Arc<dyn Registry>)
+        let registry = Arc::new(registry);
+        // The gateway replicas find each other where the workers are (`[fleet]`).
+        extensions.replicas = Some(Arc::clone(&registry) as Arc<dyn switchyard_registry::Replicas>);
+        Some(registry as Arc<dyn Registry>)
     } else {
         None
     };
