@@ -14,6 +14,8 @@
 pub mod config;
 pub mod forward;
 pub mod owner;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
