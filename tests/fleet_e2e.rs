@@ -16,7 +16,8 @@ fn turn(history: &[Value], n: usize) -> (Vec<Value>, Value) {
     let mut messages = history.to_vec();
     let words: String = (0..60).map(|i| format!("turn{n}word{i} ")).collect();
     messages.push(json!({"role": "user", "content": words}));
-    let body = json!({"model": "sim-8b", "messages": messages, "max_tokens": 4, "ignore_eos": true});
+    let body =
+        json!({"model": "sim-8b", "messages": messages, "max_tokens": 4, "ignore_eos": true});
     (messages, body)
 }
 
@@ -64,35 +65,61 @@ async fn a_sessions_turns_alternating_over_two_replicas_keep_their_worker_and_to
         let (status, answer) = api.send(request).await;
         assert_eq!(status, 200, "turn {n}: {answer}");
         history = messages;
-        history.push(json!({"role": "assistant", "content": answer["choices"][0]["message"]["content"]}));
+        history.push(
+            json!({"role": "assistant", "content": answer["choices"][0]["message"]["content"]}),
+        );
     }
 
     // One replica owns the session: it served every turn, half of them forwarded to it.
     let forwarded = [
-        api_a.metric("switchyard_fleet_forwarded_requests{outcome=\"forwarded\"}").await,
-        api_b.metric("switchyard_fleet_forwarded_requests{outcome=\"forwarded\"}").await,
+        api_a
+            .metric("switchyard_fleet_forwarded_requests{outcome=\"forwarded\"}")
+            .await,
+        api_b
+            .metric("switchyard_fleet_forwarded_requests{outcome=\"forwarded\"}")
+            .await,
     ];
     let received = [
         api_a.metric("switchyard_fleet_received_requests").await,
         api_b.metric("switchyard_fleet_received_requests").await,
     ];
-    let (owner, other) = if received[0] > 0.0 { (&api_a, &api_b) } else { (&api_b, &api_a) };
-    assert_eq!(forwarded.iter().sum::<f64>(), (turns / 2) as f64, "{forwarded:?}");
-    assert_eq!(received.iter().sum::<f64>(), (turns / 2) as f64, "{received:?}");
+    let (owner, other) = if received[0] > 0.0 {
+        (&api_a, &api_b)
+    } else {
+        (&api_b, &api_a)
+    };
+    assert_eq!(
+        forwarded.iter().sum::<f64>(),
+        (turns / 2) as f64,
+        "{forwarded:?}"
+    );
+    assert_eq!(
+        received.iter().sum::<f64>(),
+        (turns / 2) as f64,
+        "{received:?}"
+    );
     assert!(
         forwarded[0] == 0.0 || forwarded[1] == 0.0,
         "only the replica that does not own the session forwards: {forwarded:?}"
     );
     for api in [&api_a, &api_b] {
         assert_eq!(
-            api.metric("switchyard_fleet_forwarded_requests{outcome=\"owner_unreachable\"}").await,
+            api.metric("switchyard_fleet_forwarded_requests{outcome=\"owner_unreachable\"}")
+                .await,
             0.0
         );
     }
     // Tokenized incrementally after the first turn, all at the owner.
-    assert_eq!(owner.metric("switchyard_tokenizer_turns{tokenization=\"full\"}").await, 1.0);
     assert_eq!(
-        owner.metric("switchyard_tokenizer_turns{tokenization=\"incremental\"}").await,
+        owner
+            .metric("switchyard_tokenizer_turns{tokenization=\"full\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        owner
+            .metric("switchyard_tokenizer_turns{tokenization=\"incremental\"}")
+            .await,
         (turns - 1) as f64
     );
     assert_eq!(other.metric("switchyard_tokenizer_turns").await, 0.0);
@@ -105,16 +132,25 @@ async fn a_sessions_turns_alternating_over_two_replicas_keep_their_worker_and_to
         .map(|d| d["explanation"]["chosen"].as_str().unwrap_or_default())
         .collect();
     assert_eq!(chosen.len(), turns, "{decisions}");
-    assert!(chosen.iter().all(|w| *w == chosen[0] && !w.is_empty()), "{chosen:?}");
+    assert!(
+        chosen.iter().all(|w| *w == chosen[0] && !w.is_empty()),
+        "{chosen:?}"
+    );
 }
 
 #[tokio::test]
 async fn up_starts_gateway_replicas_that_share_the_workers_and_each_other() {
     let up = Launch::up(2).arg("--gateways", "2").start().await;
-    let urls = up.ready["gateways"].as_array().expect("gateways in the ready line");
+    let urls = up.ready["gateways"]
+        .as_array()
+        .expect("gateways in the ready line");
     assert_eq!(urls.len(), 2, "{}", up.ready);
     for url in urls {
-        let base = url.as_str().expect("url").trim_end_matches("/v1").to_owned();
+        let base = url
+            .as_str()
+            .expect("url")
+            .trim_end_matches("/v1")
+            .to_owned();
         let api = Api::at(&base);
         assert!(api.lists_workers(2).await, "{base} lists the workers");
         assert!(

@@ -106,8 +106,14 @@ async fn a_turn_is_served_by_its_owner_once_and_an_unreachable_owner_falls_back_
         id: "dead".into(),
         address: format!("127.0.0.1:{dead_port}"),
     };
-    let _owner_entry = registry.announce(owner.clone(), std::time::Duration::from_secs(2)).await.unwrap();
-    let _dead_entry = registry.announce(dead.clone(), std::time::Duration::from_secs(2)).await.unwrap();
+    let _owner_entry = registry
+        .announce(owner.clone(), std::time::Duration::from_secs(2))
+        .await
+        .unwrap();
+    let _dead_entry = registry
+        .announce(dead.clone(), std::time::Duration::from_secs(2))
+        .await
+        .unwrap();
     let me_addr_placeholder = ReplicaInfo {
         id: "me".into(),
         address: "127.0.0.1:9".into(),
@@ -117,19 +123,31 @@ async fn a_turn_is_served_by_its_owner_once_and_an_unreachable_owner_falls_back_
     let all = [dead.clone(), me_addr_placeholder.clone(), owner.clone()];
 
     let theirs = session_owned_by("owner", &all);
-    assert_eq!(send(me, &theirs, None).await, (200, "owner forwarded=true".into()));
+    assert_eq!(
+        send(me, &theirs, None).await,
+        (200, "owner forwarded=true".into())
+    );
     assert_eq!(forwarded(&metrics, "forwarded"), 1);
 
     let mine = session_owned_by("me", &all);
-    assert_eq!(send(me, &mine, None).await, (200, "me forwarded=false".into()));
+    assert_eq!(
+        send(me, &mine, None).await,
+        (200, "me forwarded=false".into())
+    );
 
     // Already forwarded: served here whoever owns it, never forwarded again.
-    assert_eq!(send(me, &theirs, Some("open")).await, (200, "me forwarded=true".into()));
+    assert_eq!(
+        send(me, &theirs, Some("open")).await,
+        (200, "me forwarded=true".into())
+    );
     assert_eq!(metrics.fleet.received.get(), 1);
     assert_eq!(forwarded(&metrics, "forwarded"), 1);
 
     let orphan = session_owned_by("dead", &all);
-    assert_eq!(send(me, &orphan, None).await, (200, "me forwarded=false".into()));
+    assert_eq!(
+        send(me, &orphan, None).await,
+        (200, "me forwarded=false".into())
+    );
     assert_eq!(forwarded(&metrics, "owner_unreachable"), 1);
     // Set aside until the registry lists it again: the next turn does not wait on it.
     assert_eq!(send(me, &orphan, None).await.0, 200);
@@ -155,6 +173,9 @@ async fn with_a_cluster_secret_only_a_member_may_forward() {
     let worker = switchyard_security::Identity::new("test", switchyard_security::PeerRole::Worker);
     let not_a_gateway = secret.credential(&worker, std::time::SystemTime::now());
     assert_eq!(send(me, "s", Some(&not_a_gateway)).await.0, 401);
-    assert_eq!(send(me, "s", Some(&fleet.credential())).await, (200, "me forwarded=true".into()));
+    assert_eq!(
+        send(me, "s", Some(&fleet.credential())).await,
+        (200, "me forwarded=true".into())
+    );
     assert_eq!(metrics.fleet.received.get(), 1);
 }
