@@ -3,6 +3,8 @@
 //! incrementally, because each turn is served by the replica that owns the session; and
 //! `switchyard up --gateways N` starts N replicas that find each other.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
 mod support;
 
 use std::time::Duration;
