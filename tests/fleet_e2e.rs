@@ -172,3 +172,57 @@ async fn up_starts_gateway_replicas_that_share_the_workers_and_each_other() {
         assert_eq!(status, 200, "{answer}");
     }
 }
+
+#[tokio::test]
+async fn a_live_replay_spreads_over_the_replicas_as_a_service_would() {
+    let up = Launch::up(2)
+        .arg("--gateways", "2")
+        .arg("--speedup", "20")
+        .start()
+        .await;
+    let urls: Vec<String> = up.ready["gateways"]
+        .as_array()
+        .expect("gateways")
+        .iter()
+        .map(|u| u.as_str().expect("url").to_owned())
+        .collect();
+    let fixture = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data/agentx/fixtures/weka-two-plays.jsonl");
+    let dir = tempfile::tempdir().unwrap();
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["replay", "agentx", "--trace", fixture.to_str().unwrap()])
+        .args([
+            "--concurrency",
+            "2",
+            "--endpoint",
+            &urls[0],
+            "--spread-over",
+            &urls[1],
+        ])
+        .args(["--out", dir.path().to_str().unwrap(), "--name", "spread"])
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("replay finishes within 120 s")
+        .expect("run switchyard replay");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("spread.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["runs"][0]["requests_completed"], 3, "{report}");
+    assert_eq!(report["runs"][0]["requests_failed"], 0);
+    // Each replica took requests from the client: served them, or forwarded them to the
+    // session's owner.
+    for url in &urls {
+        let api = Api::at(url.trim_end_matches("/v1"));
+        let reached = api.metric("switchyard_requests").await
+            + api.metric("switchyard_fleet_forwarded_requests").await
+            - api.metric("switchyard_fleet_received_requests").await;
+        assert!(reached >= 1.0, "{url} got no request from the client");
+    }
+}
