@@ -69,10 +69,10 @@ in etcd and forward over plain HTTP, authenticated by the cluster secret when tl
 {{- else if and .Values.tls.enabled (not .Values.security.clusterSecret.enabled) -}}
 {{- $why = "the cluster secret (security.clusterSecret.enabled), which authenticates the forwarding hop" -}}
 {{- end -}}
-{{- if and (eq $mode "on") $why -}}
-{{- fail (printf "gateway.shareSessions=on needs %s; set it to auto or off" $why) -}}
+{{- if and (eq $mode "always") $why -}}
+{{- fail (printf "gateway.shareSessions=always needs %s; set it to auto or never" $why) -}}
 {{- end -}}
-{{- if and (ne $mode "off") (not $why) -}}true{{- end -}}
+{{- if and (ne $mode "never") (not $why) -}}true{{- end -}}
 {{- end -}}
 
 {{- define "switchyard.gatewayHttps" -}}
