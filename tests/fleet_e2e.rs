@@ -226,3 +226,41 @@ async fn a_live_replay_spreads_over_the_replicas_as_a_service_would() {
         assert!(reached >= 1.0, "{url} got no request from the client");
     }
 }
+
+/// Runs `switchyard <args>` that must refuse its configuration: exit code 64 and a sentence
+/// naming `needle`.
+async fn refused(args: &[&str], needle: &str) {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("exits within 30 s")
+        .expect("run switchyard");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+    assert!(stderr.contains(needle), "{args:?}: {stderr}");
+}
+
+#[tokio::test]
+async fn fleet_settings_that_cannot_work_are_refused_at_start() {
+    refused(&["up", "--gateways", "0"], "--gateways").await;
+    refused(
+        &["epp", "--etcd", "127.0.0.1:1", "--fleet-sessions"],
+        "share_sessions",
+    )
+    .await;
+    refused(
+        &[
+            "gateway",
+            "--etcd",
+            "127.0.0.1:1",
+            "--fleet-sessions",
+            "--replica-id",
+            "a/b",
+        ],
+        "fleet.replica_id",
+    )
+    .await;
+}

@@ -151,6 +151,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
+            // The picker answers a proxy and serves no turns, so it has none to forward.
+            if gateway.fleet.share_sessions {
+                eprintln!(
+                    "switchyard epp: [fleet] share_sessions is for gateway replicas serving the API; the endpoint picker cannot forward turns"
+                );
+                return ExitCode::from(EXIT_CONFIG);
+            }
             let traces = trace_export(&gateway.otlp_endpoint, &[switchyard_telemetry::GATEWAY]);
             run_async(traces, run_epp(gateway, epp))
         }
