@@ -174,8 +174,13 @@ pub struct Api {
 
 impl Api {
     pub fn new(process: &SwitchyardProcess) -> Self {
+        Self::at(&format!("http://{}", process.address))
+    }
+
+    /// A client of the HTTP API at `base` (`http://host:port`).
+    pub fn at(base: &str) -> Self {
         Self {
-            base: format!("http://{}", process.address),
+            base: base.to_owned(),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(120))
                 .build()

@@ -109,6 +109,8 @@ pub struct GatewayConfig {
     pub recording_max_bytes: u64,
     /// Where the workers are found (`[discovery]`): etcd, Kubernetes, or both.
     pub discovery: crate::discovery::DiscoveryConfig,
+    /// Sessions shared with the other gateway replicas (`[fleet]`).
+    pub fleet: crate::fleet::FleetConfig,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -251,6 +253,7 @@ impl Default for GatewayConfig {
             access: AccessConfig::default(),
             recording_max_bytes: 1 << 30,
             discovery: crate::discovery::DiscoveryConfig::default(),
+            fleet: crate::fleet::FleetConfig::default(),
         }
     }
 }
@@ -305,6 +308,7 @@ impl GatewayConfig {
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.access.validate().map_err(ConfigError::Invalid)?;
         self.discovery.validate().map_err(ConfigError::Invalid)?;
+        self.validate_fleet()?;
         // The admin API drains workers and switches the policy: open only on loopback.
         if self.admin_token.is_none() && !self.listen.ip().is_loopback() {
             return invalid(
@@ -321,6 +325,26 @@ impl GatewayConfig {
         self.policy
             .build(&self.policy_settings)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        Ok(())
+    }
+
+    /// `[fleet]` on its own, and what the forwarding hop supports: plain HTTP between the
+    /// replicas, authenticated by the cluster secret when the cluster is secured.
+    fn validate_fleet(&self) -> Result<(), ConfigError> {
+        self.fleet.validate().map_err(ConfigError::Invalid)?;
+        if !self.fleet.share_sessions {
+            return Ok(());
+        }
+        if self.access.tls_cert.is_some() {
+            return Err(ConfigError::Invalid(
+                "fleet.share_sessions forwards turns over plain HTTP and this listener serves HTTPS ([access] tls_cert): terminate TLS in front of the replicas, or turn session sharing off".into(),
+            ));
+        }
+        if self.security.tls_cert.is_some() && self.security.cluster_secret_file.is_none() {
+            return Err(ConfigError::Invalid(
+                "fleet.share_sessions authenticates the forwarding hop with the cluster secret: give --cluster-secret-file too (mTLS alone does not cover it)".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -451,6 +475,8 @@ pub struct GatewayArgs {
     pub access: AccessArgs,
     #[command(flatten)]
     pub discovery: crate::discovery::DiscoveryArgs,
+    #[command(flatten)]
+    pub fleet: crate::fleet::FleetArgs,
     /// Largest KV recording in bytes (default 1 GiB).
     #[arg(long, env = "SWITCHYARD_RECORDING_MAX_BYTES")]
     pub recording_max_bytes: Option<u64>,
@@ -590,6 +616,7 @@ impl GatewayArgs {
         self.security.apply(&mut config.security);
         self.access.apply(&mut config.access);
         self.discovery.apply(&mut config.discovery);
+        self.fleet.apply(&mut config.fleet);
         if let Some(v) = self.recording_max_bytes {
             config.recording_max_bytes = v;
         }

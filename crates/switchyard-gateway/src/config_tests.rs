@@ -1,6 +1,7 @@
 //! Tests of the gateway configuration (`config.rs`).
 
 use super::*;
+use crate::fleet::FleetArgs;
 
 #[test]
 fn defaults_validate_and_flags_override() {
@@ -105,4 +106,49 @@ fn otlp_endpoint_is_checked_once() {
         ..GatewayConfig::default()
     };
     assert_eq!(args.resolve_onto(traced).unwrap().otlp_endpoint, None);
+}
+
+#[test]
+fn fleet_settings_are_read_and_what_the_hop_cannot_do_is_refused() {
+    let file: GatewayConfig = toml::from_str(
+        "[fleet]\nshare_sessions = true\nreplica_id = \"gw-a\"\nadvertise = \"10.0.0.7:8000\"",
+    )
+    .unwrap();
+    file.validate().unwrap();
+    assert_eq!(file.fleet.replica_id.as_deref(), Some("gw-a"));
+    let refused = |toml_text: &str, needle: &str| {
+        let config: GatewayConfig = toml::from_str(toml_text).unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains(needle), "{toml_text}: {err}");
+    };
+    refused(
+        "[fleet]\nshare_sessions = true\nreplica_id = \"a/b\"",
+        "fleet.replica_id",
+    );
+    refused(
+        "[fleet]\nshare_sessions = true\nadvertise = \"nohost\"",
+        "fleet.advertise",
+    );
+    refused(
+        "[fleet]\nshare_sessions = true\nrefresh_ms = 0",
+        "fleet.refresh_ms",
+    );
+    refused(
+        "[fleet]\nshare_sessions = true\n[access]\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"",
+        "HTTPS",
+    );
+    refused(
+        "[fleet]\nshare_sessions = true\n[security]\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\ntls_ca = \"ca.pem\"",
+        "cluster secret",
+    );
+    let config = GatewayArgs {
+        fleet: FleetArgs {
+            share_sessions: true,
+            ..FleetArgs::default()
+        },
+        ..Default::default()
+    }
+    .resolve_onto(GatewayConfig::default())
+    .unwrap();
+    assert!(config.fleet.share_sessions);
 }

@@ -24,6 +24,7 @@ pub mod disagg;
 pub mod discovery;
 pub mod dispatch;
 pub mod error;
+pub mod fleet;
 pub mod health;
 pub mod http;
 pub mod metrics;
@@ -74,6 +75,8 @@ pub enum GatewayError {
     Discovery(String),
     #[error(transparent)]
     DecisionLog(#[from] audit::disk::DiskLogError),
+    #[error("gateway fleet: {0}")]
+    Fleet(String),
     #[error("security: {0}")]
     Security(#[from] switchyard_security::SecurityError),
 }
@@ -125,7 +128,8 @@ pub async fn run_with(
     let metrics = Arc::clone(&state.metrics);
     let pool = Arc::clone(&state.pool);
     let tls = state.access.tls.clone();
-    let app = http::router(state);
+    let fleet = join_fleet(&state, local_addr, &shutdown).await?;
+    let app = http::router(state, fleet);
     tracing::info!(
         address = %local_addr,
         max_connections = limits.max_connections,
@@ -136,6 +140,57 @@ pub async fn run_with(
     http::server::serve(listener, app, limits, tls, metrics, shutdown).await;
     pool.shutdown().await;
     Ok(())
+}
+
+/// With `[fleet] share_sessions`, announces this replica (listening at `local_addr`) among the
+/// gateway replicas of the registry the caller handed over, and follows them.
+async fn join_fleet(
+    state: &Arc<AppState>,
+    local_addr: SocketAddr,
+    shutdown: &CancellationToken,
+) -> Result<Option<Arc<fleet::Fleet>>, GatewayError> {
+    let config = &state.config;
+    if !config.fleet.share_sessions {
+        return Ok(None);
+    }
+    let Some(replicas) = state.extensions.replicas.clone() else {
+        return Err(GatewayError::Fleet(
+            "sharing sessions needs the replicas' registry: give etcd endpoints (--etcd)".into(),
+        ));
+    };
+    let address = match &config.fleet.advertise {
+        Some(address) => address.clone(),
+        None if local_addr.ip().is_unspecified() => {
+            return Err(GatewayError::Fleet(format!(
+                "the gateway listens on {local_addr}: say where the other replicas reach it (--advertise host:port)"
+            )));
+        }
+        None => local_addr.to_string(),
+    };
+    let id = config
+        .fleet
+        .replica_id
+        .clone()
+        .unwrap_or_else(|| address.replace([':', '[', ']'], "-"));
+    let me = switchyard_registry::ReplicaInfo { id, address };
+    me.validate().map_err(GatewayError::Fleet)?;
+    let secret = match &config.security.cluster_secret_file {
+        Some(path) => Some(switchyard_security::ClusterSecret::from_file(path)?),
+        None => None,
+    };
+    let fleet = fleet::Fleet::join(
+        &config.fleet,
+        me,
+        replicas,
+        secret,
+        &config.cluster,
+        Arc::clone(&state.metrics),
+        config.max_body_bytes,
+        &state.pool.tasks,
+        shutdown.clone(),
+    )
+    .await?;
+    Ok(Some(fleet))
 }
 
 /// The gateway's state, up and following the registry: tokenizers loaded, the worker pool

@@ -62,6 +62,8 @@ pub enum RegistryError {
     IdChanged { from: WorkerId, to: WorkerId },
     #[error("the lease of worker {0} is gone; it is being re-registered in the background")]
     LeaseLost(WorkerId),
+    #[error("invalid gateway replica: {0}")]
+    InvalidReplica(String),
     #[error("malformed value under {key}: {reason}")]
     Malformed { key: String, reason: String },
     #[error("worker entry {key} carries no valid proof of who wrote it; ignored")]
@@ -121,6 +123,7 @@ impl RegistryError {
             | Self::InvalidCluster(_)
             | Self::InvalidUser(_)
             | Self::InvalidTtl(_)
+            | Self::InvalidReplica(_)
             | Self::IdChanged { .. }
             | Self::Malformed { .. }
             | Self::Unverified { .. }
@@ -143,6 +146,7 @@ impl RegistryError {
             | Self::InvalidCluster(_)
             | Self::InvalidUser(_)
             | Self::InvalidTtl(_)
+            | Self::InvalidReplica(_)
             | Self::IdChanged { .. }
             | Self::Encode { .. } => Fault::Caller,
         }

@@ -12,6 +12,7 @@
 //! warning, so one bad write cannot take the cluster's membership down.
 
 mod lease;
+mod replicas;
 pub mod users;
 mod watch;
 
@@ -290,9 +291,10 @@ pub(crate) fn parse_worker(conn: &Conn, kv: &KeyValue) -> Result<WorkerInfo, Reg
     let id = conn.keys.worker_id_of(kv.key())?;
     let key = || String::from_utf8_lossy(kv.key()).into_owned();
     let malformed = |reason: String| RegistryError::Malformed { key: key(), reason };
-    let info = crate::proof::decode(kv.value(), conn.proof.as_deref(), &conn.unverified)
-        .map_err(|e| malformed(format!("not worker info: {e}")))?
-        .ok_or_else(|| RegistryError::Unverified { key: key() })?;
+    let info =
+        crate::proof::decode::<WorkerInfo>(kv.value(), conn.proof.as_deref(), &conn.unverified)
+            .map_err(|e| malformed(format!("not worker info: {e}")))?
+            .ok_or_else(|| RegistryError::Unverified { key: key() })?;
     if info.id != id {
         return Err(malformed(format!("value names worker {}", info.id)));
     }

@@ -7,6 +7,7 @@
 //! | `workers/<id>` | JSON of [`WorkerInfo`](switchyard_core::WorkerInfo), attached to the worker's lease | the worker |
 //! | `roles/<id>` | the desired role as plain text: `prefill`, `decode` or `both` | the planner |
 //! | `plan` | the planner's latest decision, opaque JSON | the planner |
+//! | `gateways/<id>` | JSON of [`ReplicaInfo`](crate::replicas::ReplicaInfo), attached to the replica's lease | the gateway replica |
 
 use switchyard_core::WorkerId;
 
@@ -63,6 +64,17 @@ impl Keys {
         format!("{}roles/{id}", self.root)
     }
 
+    /// `/switchyard/v1/<cluster>/gateways/`
+    pub fn gateways_prefix(&self) -> String {
+        format!("{}gateways/", self.root)
+    }
+
+    /// `/switchyard/v1/<cluster>/gateways/<id>` (`id` checked by
+    /// [`ReplicaInfo::validate`](crate::replicas::ReplicaInfo::validate)).
+    pub fn gateway(&self, id: &str) -> String {
+        format!("{}gateways/{id}", self.root)
+    }
+
     /// `/switchyard/v1/<cluster>/plan`
     pub fn plan(&self) -> String {
         format!("{}plan", self.root)
@@ -93,6 +105,7 @@ mod tests {
         assert_eq!(keys.worker(&id), "/switchyard/v1/prod-1/workers/w1");
         assert_eq!(keys.role(&id), "/switchyard/v1/prod-1/roles/w1");
         assert_eq!(keys.plan(), "/switchyard/v1/prod-1/plan");
+        assert_eq!(keys.gateway("g-0"), "/switchyard/v1/prod-1/gateways/g-0");
         assert_eq!(keys.worker_id_of(keys.worker(&id).as_bytes()).unwrap(), id);
         assert!(
             keys.worker_id_of(b"/switchyard/v1/prod-1/workers/a b")

@@ -17,6 +17,8 @@
 //! - [`error`] is the one error type, with whose fault it is and whether to retry.
 //! - [`discovery`] is the [`Discovery`] capability every registry offers (membership only),
 //!   which sources outside etcd (Kubernetes) offer too, and [`Merged`] follows several at once.
+//! - [`replicas`] is the [`Replicas`] capability: gateway replicas announce themselves under a
+//!   lease and list each other, to share sessions.
 //! - [`retry`] waits for an unavailable backend with backoff ([`retry::until_available`]), so
 //!   a role started while etcd is down waits for it instead of exiting.
 //!
@@ -38,6 +40,7 @@ pub mod etcd;
 pub mod keys;
 pub mod memory;
 pub mod proof;
+pub mod replicas;
 pub mod retry;
 
 pub use discovery::{Discovery, Merged};
@@ -45,11 +48,13 @@ pub use error::{Fault, RegistryError};
 pub use etcd::{EtcdAuth, EtcdRegistry};
 pub use memory::MemoryRegistry;
 pub use proof::{EntryProof, Unverified};
+pub use replicas::{Announcement, ReplicaInfo, Replicas};
 
 /// The registry capability: worker membership under leases, desired roles, and the plan.
-/// Every registry is also a [`Discovery`] source (its `discover` is [`Registry::watch_workers`]).
+/// Every registry is also a [`Discovery`] source (its `discover` is [`Registry::watch_workers`])
+/// and holds the gateway [`Replicas`].
 #[async_trait]
-pub trait Registry: Discovery + Send + Sync + std::fmt::Debug {
+pub trait Registry: Discovery + Replicas + Send + Sync + std::fmt::Debug {
     /// Publishes `info` under a lease of `ttl` (at least one second; etcd rounds it up to whole
     /// seconds) and keeps the lease alive in the background until the returned
     /// [`Registration`] is deregistered, abandoned or dropped.

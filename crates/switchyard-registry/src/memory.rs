@@ -15,6 +15,7 @@ use switchyard_core::{Role, WorkerId, WorkerInfo};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
+use crate::replicas::{Announcement, DropHook, ReplicaInfo, Replicas};
 use crate::{
     LeaseHandle, LeaseState, OwnedTask, Registration, Registry, RegistryError, WorkerChange,
     WorkerWatch, check_admission, check_ttl,
@@ -45,6 +46,9 @@ struct State {
     next_lease: LeaseId,
     roles: HashMap<WorkerId, Role>,
     plan: Option<serde_json::Value>,
+    /// Gateway replicas by id, with the announcement that holds each (a newer one replaces).
+    replicas: BTreeMap<String, (ReplicaInfo, u64)>,
+    next_announcement: u64,
     watchers: Vec<mpsc::UnboundedSender<WorkerChange>>,
 }
 
@@ -163,6 +167,37 @@ impl MemoryRegistry {
 impl crate::Discovery for MemoryRegistry {
     async fn discover(&self) -> Result<WorkerWatch, RegistryError> {
         self.watch_workers().await
+    }
+}
+
+/// A replica lives exactly as long as its announcement: one process, nothing to outlive.
+#[async_trait]
+impl Replicas for MemoryRegistry {
+    async fn announce(
+        &self,
+        replica: ReplicaInfo,
+        ttl: Duration,
+    ) -> Result<Announcement, RegistryError> {
+        replica.validate().map_err(RegistryError::InvalidReplica)?;
+        check_ttl(ttl)?;
+        let mut state = self.shared.lock();
+        let token = state.next_announcement;
+        state.next_announcement += 1;
+        let id = replica.id.clone();
+        state.replicas.insert(id.clone(), (replica, token));
+        drop(state);
+        let shared = Arc::clone(&self.shared);
+        Ok(Announcement::withdrawn_by(DropHook(Box::new(move || {
+            let mut state = shared.lock();
+            if state.replicas.get(&id).is_some_and(|(_, t)| *t == token) {
+                state.replicas.remove(&id);
+            }
+        }))))
+    }
+
+    async fn list_replicas(&self) -> Result<Vec<ReplicaInfo>, RegistryError> {
+        let state = self.shared.lock();
+        Ok(state.replicas.values().map(|(r, _)| r.clone()).collect())
     }
 }
 

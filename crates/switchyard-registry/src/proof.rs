@@ -4,14 +4,16 @@
 //! and have gateways send it prompts. With an [`EntryProof`] (the cluster secret's HMAC), a
 //! worker's entry is stored as `{"worker": <WorkerInfo>, "proof": "<hex>"}`, the proof made over
 //! the worker's JSON; readers that hold the proof ignore entries without a valid one (logged
-//! and counted, see [`Unverified`]), as if they were not there.
+//! and counted, see [`Unverified`]), as if they were not there. A gateway replica's entry
+//! ([`ReplicaInfo`](crate::ReplicaInfo)) is signed the same way, so no one can have sessions
+//! forwarded to an address of their choice.
 
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use switchyard_core::WorkerInfo;
 
 /// Signs and checks registry entries.
 pub trait EntryProof: Send + Sync + Debug {
@@ -35,23 +37,24 @@ impl Unverified {
     }
 }
 
+/// The field keeps the name it had when only workers were signed, so stored entries stay valid.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SignedEntry {
-    worker: WorkerInfo,
+struct SignedEntry<T> {
+    worker: T,
     proof: String,
 }
 
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum StoredEntry {
-    Signed(SignedEntry),
-    Plain(WorkerInfo),
+enum StoredEntry<T> {
+    Signed(SignedEntry<T>),
+    Plain(T),
 }
 
-/// The stored value of `info`: signed when there is a proof.
-pub(crate) fn encode(
-    info: &WorkerInfo,
+/// The stored value of `info` (a worker or a gateway replica): signed when there is a proof.
+pub(crate) fn encode<T: Serialize + Clone>(
+    info: &T,
     proof: Option<&dyn EntryProof>,
 ) -> Result<Vec<u8>, serde_json::Error> {
     let plain = serde_json::to_vec(info)?;
@@ -64,14 +67,14 @@ pub(crate) fn encode(
     }
 }
 
-/// The worker a stored value describes; `Ok(None)` when a proof is required and the value has
-/// no valid one (counted in `unverified`).
-pub(crate) fn decode(
+/// What a stored value describes; `Ok(None)` when a proof is required and the value has no
+/// valid one (counted in `unverified`).
+pub(crate) fn decode<T: Serialize + DeserializeOwned>(
     value: &[u8],
     proof: Option<&dyn EntryProof>,
     unverified: &Unverified,
-) -> Result<Option<WorkerInfo>, serde_json::Error> {
-    let stored: StoredEntry = serde_json::from_slice(value)?;
+) -> Result<Option<T>, serde_json::Error> {
+    let stored: StoredEntry<T> = serde_json::from_slice(value)?;
     let Some(proof) = proof else {
         return Ok(Some(match stored {
             StoredEntry::Signed(signed) => signed.worker,
@@ -94,6 +97,7 @@ pub(crate) fn decode(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_core::WorkerInfo;
 
     #[derive(Debug)]
     struct Xor(u8);
@@ -128,7 +132,7 @@ mod tests {
         let proof = Xor(0x5a);
         let signed = encode(&info(), Some(&proof)).unwrap();
         assert_eq!(
-            decode(&signed, Some(&proof), &unverified).unwrap(),
+            decode::<WorkerInfo>(&signed, Some(&proof), &unverified).unwrap(),
             Some(info())
         );
         // A plain entry, one signed with another key, and one edited after signing.
@@ -138,12 +142,21 @@ mod tests {
             .unwrap()
             .replace("127.0.0.1:7000", "10.6.6.6:7000");
         for forged in [&plain, &other, &edited.into_bytes()] {
-            assert_eq!(decode(forged, Some(&proof), &unverified).unwrap(), None);
+            assert_eq!(
+                decode::<WorkerInfo>(forged, Some(&proof), &unverified).unwrap(),
+                None
+            );
         }
         assert_eq!(unverified.count(), 3);
         // A reader without the proof takes both forms.
-        assert_eq!(decode(&signed, None, &unverified).unwrap(), Some(info()));
-        assert_eq!(decode(&plain, None, &unverified).unwrap(), Some(info()));
+        assert_eq!(
+            decode::<WorkerInfo>(&signed, None, &unverified).unwrap(),
+            Some(info())
+        );
+        assert_eq!(
+            decode::<WorkerInfo>(&plain, None, &unverified).unwrap(),
+            Some(info())
+        );
         assert_eq!(unverified.count(), 3);
     }
 }

@@ -29,6 +29,9 @@ pub struct LiveConfig {
     pub model: Option<String>,
     /// Per-request limit, from send to the last byte.
     pub request_timeout: Duration,
+    /// More base URLs of the same deployment (gateway replicas): request `id` goes to
+    /// `[endpoint, spread..][id mod n]`, as a Service spreads connections over its pods.
+    pub spread: Vec<String>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -85,7 +88,10 @@ pub async fn replay_live(
         Some(m) => m.clone(),
         None => first_model(&client, &config.endpoint).await?,
     };
-    let url = format!("{}/completions", config.endpoint.trim_end_matches('/'));
+    let urls: Vec<String> = std::iter::once(&config.endpoint)
+        .chain(&config.spread)
+        .map(|endpoint| format!("{}/completions", endpoint.trim_end_matches('/')))
+        .collect();
     let start = Instant::now();
     let mut pending = BinaryHeap::new();
     let mut seq = 0u64;
@@ -108,7 +114,8 @@ pub async fn replay_live(
                 let now = micros_since(start);
                 while pending.peek().is_some_and(|p| p.at <= now) {
                     let Some(p) = pending.pop() else { break };
-                    let (client, url, model) = (client.clone(), url.clone(), model.clone());
+                    let url = urls[(p.spec.id % urls.len() as u64) as usize].clone();
+                    let (client, model) = (client.clone(), model.clone());
                     tasks.spawn(send_one(client, url, model, p.spec, start));
                 }
             }

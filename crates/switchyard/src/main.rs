@@ -116,8 +116,12 @@ fn main() -> ExitCode {
                 }
             };
             // One process, both roles: its spans are exported as the gateway's and the workers'.
+            let otlp = resolved
+                .gateways
+                .first()
+                .and_then(|g| g.otlp_endpoint.clone());
             let traces = trace_export(
-                &resolved.gateway.otlp_endpoint,
+                &otlp,
                 &[switchyard_telemetry::GATEWAY, switchyard_telemetry::WORKER],
             );
             run_async(traces, async move {
@@ -147,6 +151,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
+            // The picker answers a proxy and serves no turns, so it has none to forward.
+            if gateway.fleet.share_sessions {
+                eprintln!(
+                    "switchyard epp: [fleet] share_sessions is for gateway replicas serving the API; the endpoint picker cannot forward turns"
+                );
+                return ExitCode::from(EXIT_CONFIG);
+            }
             let traces = trace_export(&gateway.otlp_endpoint, &[switchyard_telemetry::GATEWAY]);
             run_async(traces, run_epp(gateway, epp))
         }
@@ -359,7 +370,10 @@ async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
                 unverified.count()
             )
         }));
-        Some(Arc::new(registry) as Arc<dyn Registry>)
+        let registry = Arc::new(registry);
+        // The gateway replicas find each other where the workers are (`[fleet]`).
+        extensions.replicas = Some(Arc::clone(&registry) as Arc<dyn switchyard_registry::Replicas>);
+        Some(registry as Arc<dyn Registry>)
     } else {
         None
     };

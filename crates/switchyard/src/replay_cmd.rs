@@ -159,6 +159,10 @@ struct CommonArgs {
     /// Live mode: an OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1.
     #[arg(long)]
     endpoint: Option<String>,
+    /// Live mode: more base URLs of the same deployment (gateway replicas), comma-separated;
+    /// requests are spread over --endpoint and these in turn, as a Service would.
+    #[arg(long, value_delimiter = ',')]
+    spread_over: Vec<String>,
     /// Live mode: the model name (default: the endpoint's first model).
     #[arg(long)]
     model: Option<String>,
@@ -397,6 +401,9 @@ pub fn run(args: ReplayArgs, bench: bool) -> ExitCode {
             "bench measures the offline replayer; drop --endpoint".into(),
         )),
         (Some(endpoint), false) => run_live(&plan, endpoint),
+        (None, _) if !plan.common.spread_over.is_empty() => Err(ReplayError::InvalidConfig(
+            "--spread-over spreads a live replay: give --endpoint too".into(),
+        )),
         (None, _) => run_offline(&plan, bench),
     };
     exit(command, result)
@@ -528,6 +535,7 @@ fn print_bench(plan: &Plan, timings: &[(PolicyKind, f64, Duration, u64, u64, usi
 fn run_live(plan: &Plan, endpoint: &str) -> Result<(), ReplayError> {
     let config = LiveConfig {
         endpoint: endpoint.to_owned(),
+        spread: plan.common.spread_over.clone(),
         model: plan.common.model.clone(),
         request_timeout: Duration::from_secs(plan.common.timeout_s),
     };

@@ -1,7 +1,9 @@
 //! `switchyard up`: the whole system in one process, ready for an OpenAI client.
 //!
 //! Starts a registry (in memory, or etcd with `--etcd`), N simulated workers registered in it,
-//! and the gateway that watches it. Each worker serves its own `/metrics` on a free loopback
+//! and the gateway that watches it; with `--gateways N`, N gateway replicas on their own ports
+//! (consecutive from `--http`'s, or each a free one for port 0) that share sessions through
+//! the registry as a deployment's replicas do. Each worker serves its own `/metrics` on a free loopback
 //! port, printed in the banner. Ctrl-C or SIGTERM stops the gateway first, then drains the
 //! workers.
 //!
@@ -29,6 +31,10 @@ pub struct UpArgs {
     /// Simulated workers to start.
     #[arg(long, default_value_t = 4, env = "SWITCHYARD_WORKERS")]
     pub workers: usize,
+    /// Gateway replicas to start over the same registry and workers; more than one share
+    /// sessions (each turn is served by the replica that owns its `x-session-id`).
+    #[arg(long, default_value_t = 1, env = "SWITCHYARD_GATEWAYS")]
+    pub gateways: usize,
     /// Model name the workers serve.
     #[arg(long, default_value = "sim-8b", env = "SWITCHYARD_MODEL")]
     pub model: String,
@@ -66,7 +72,8 @@ pub struct UpArgs {
 /// Everything `switchyard up` starts, checked.
 #[derive(Debug)]
 pub struct Resolved {
-    pub gateway: GatewayConfig,
+    /// One configuration per gateway replica.
+    pub gateways: Vec<GatewayConfig>,
     pub workers: Vec<WorkerConfig>,
     pub planner: Option<PlannerConfig>,
 }
@@ -75,6 +82,9 @@ pub struct Resolved {
 pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
     if args.workers == 0 {
         return Err("--workers must be at least 1".into());
+    }
+    if args.gateways == 0 || args.gateways > MAX_GATEWAYS {
+        return Err(format!("--gateways must be 1 to {MAX_GATEWAYS}"));
     }
     let mut gateway = args
         .gateway
@@ -157,18 +167,52 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
         workers.push(config);
     }
     Ok(Resolved {
-        gateway,
+        gateways: replicas(gateway, args.gateways)?,
         workers,
         planner,
     })
 }
 
+/// Most gateway replicas `up` starts (they share two cores with the workers).
+const MAX_GATEWAYS: usize = 16;
+
+/// `count` gateway configurations from `gateway`: replica `i` listens on the port after
+/// replica `i - 1`'s (all on free ports when the port is 0) and, with more than one, shares
+/// sessions as `gw-<i>`.
+fn replicas(gateway: GatewayConfig, count: usize) -> Result<Vec<GatewayConfig>, String> {
+    if count == 1 {
+        return Ok(vec![gateway]);
+    }
+    let base = gateway.listen;
+    (0..count)
+        .map(|i| {
+            let mut replica = gateway.clone();
+            if base.port() != 0 {
+                let port = u16::try_from(usize::from(base.port()) + i).map_err(|_| {
+                    format!(
+                        "--gateways {count} from port {} runs past 65535",
+                        base.port()
+                    )
+                })?;
+                replica.listen.set_port(port);
+            }
+            replica.fleet.share_sessions = true;
+            replica.fleet.replica_id = Some(format!("gw-{i}"));
+            replica.fleet.advertise = None;
+            Ok(replica)
+        })
+        .collect()
+}
+
 pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Result<()> {
     let Resolved {
-        gateway,
+        gateways,
         workers,
         planner,
     } = resolved;
+    let Some(gateway) = gateways.first() else {
+        return Err(anyhow::anyhow!("no gateway to start"));
+    };
     let registry: Arc<dyn Registry> = if gateway.etcd_endpoints.is_empty() {
         Arc::new(MemoryRegistry::new())
     } else {
@@ -231,34 +275,50 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
         }
         None => None,
     };
-    let (addr_tx, addr_rx) = oneshot::channel::<SocketAddr>();
-    let gateway_task = tokio::spawn(switchyard_gateway::run_with(
-        gateway,
-        Arc::clone(&registry) as Arc<dyn switchyard_registry::Discovery>,
-        shutdown.clone(),
-        extensions,
-        move |addr| {
-            let _ = addr_tx.send(addr);
-        },
-    ));
-    match addr_rx.await {
-        Ok(addr) => {
-            if let Some(mut planner) = planner.take() {
-                // The planner reads this gateway's /metrics, known once it listens.
-                planner.set_gateways(vec![format!("http://{addr}")]);
-                tasks.spawn(planner.run(planner_stop));
+    extensions.replicas = Some(Arc::clone(&registry) as Arc<dyn switchyard_registry::Replicas>);
+    let mut gateway_tasks = tokio::task::JoinSet::new();
+    let mut addresses = Vec::with_capacity(gateways.len());
+    for gateway in gateways {
+        let (addr_tx, addr_rx) = oneshot::channel::<SocketAddr>();
+        gateway_tasks.spawn(switchyard_gateway::run_with(
+            gateway,
+            Arc::clone(&registry) as Arc<dyn switchyard_registry::Discovery>,
+            shutdown.clone(),
+            extensions.clone(),
+            move |addr| {
+                let _ = addr_tx.send(addr);
+            },
+        ));
+        match addr_rx.await {
+            Ok(addr) => addresses.push(addr),
+            Err(_) => {
+                worker_stop.cancel();
+                shutdown.cancel();
+                while let Some(result) = gateway_tasks.join_next().await {
+                    if let Ok(Err(err)) = result {
+                        return Err(err.into());
+                    }
+                }
+                return Err(anyhow::anyhow!("a gateway failed to start"));
             }
-            print_banner(addr, worker_count, &model, planning, &worker_metrics)
-        }
-        Err(_) => {
-            worker_stop.cancel();
-            return match gateway_task.await {
-                Ok(Err(err)) => Err(err.into()),
-                _ => Err(anyhow::anyhow!("the gateway failed to start")),
-            };
         }
     }
-    let gateway_result = gateway_task.await;
+    if let Some(mut planner) = planner.take() {
+        // The planner reads the gateways' /metrics, known once they listen.
+        planner.set_gateways(addresses.iter().map(|a| format!("http://{a}")).collect());
+        tasks.spawn(planner.run(planner_stop));
+    }
+    print_banner(&addresses, worker_count, &model, planning, &worker_metrics);
+    let mut gateway_result = Ok(Ok(()));
+    while let Some(result) = gateway_tasks.join_next().await {
+        // One replica failing stops the others: `up` is one system.
+        if !matches!(result, Ok(Ok(()))) {
+            shutdown.cancel();
+            if gateway_result.as_ref().is_ok_and(|r| r.is_ok()) {
+                gateway_result = result;
+            }
+        }
+    }
     // The planner stops before the workers so no move is under way while they drain.
     planner_cancel.cancel();
     worker_stop.cancel();
@@ -271,17 +331,21 @@ pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Res
 }
 
 fn print_banner(
-    addr: SocketAddr,
+    addresses: &[SocketAddr],
     workers: usize,
     model: &str,
     planner: bool,
     worker_metrics: &[(String, String)],
 ) {
+    let Some(addr) = addresses.first() else {
+        return;
+    };
     let url = format!("http://{addr}/v1");
     let ready = serde_json::json!({
         "event": "ready",
         "url": url,
         "address": addr.to_string(),
+        "gateways": addresses.iter().map(|a| format!("http://{a}/v1")).collect::<Vec<_>>(),
         "workers": workers,
         "model": model,
         "worker_metrics": worker_metrics
@@ -304,6 +368,15 @@ fn print_banner(
     );
     if planner {
         println!("  planner: http://{addr}/admin/planner (plan and decisions)");
+    }
+    if addresses.len() > 1 {
+        println!(
+            "  {} gateway replicas sharing sessions by x-session-id:",
+            addresses.len()
+        );
+        for (i, a) in addresses.iter().enumerate() {
+            println!("    gw-{i}: http://{a}/v1   metrics: http://{a}/metrics");
+        }
     }
     for (id, url) in worker_metrics {
         println!("  worker {id} metrics: {url}");

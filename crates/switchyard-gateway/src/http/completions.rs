@@ -113,7 +113,8 @@ pub(super) fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
-fn session_of(headers: &HeaderMap) -> Option<String> {
+/// The session a request names (`x-session-id`); the fleet forwards by the same reading.
+pub(crate) fn session_of(headers: &HeaderMap) -> Option<String> {
     headers
         .get("x-session-id")
         .and_then(|v| v.to_str().ok())

@@ -62,6 +62,9 @@ pub struct Extensions {
     pub admin: Vec<(&'static str, Router)>,
     /// Metrics appended to `/metrics`.
     pub metrics: Vec<MetricsSource>,
+    /// Where this gateway announces itself and finds the other replicas, to share sessions
+    /// (`[fleet]`): the registry its workers are in.
+    pub replicas: Option<Arc<dyn switchyard_registry::Replicas>>,
 }
 
 impl std::fmt::Debug for Extensions {
@@ -72,6 +75,7 @@ impl std::fmt::Debug for Extensions {
                 &self.admin.iter().map(|(p, _)| p).collect::<Vec<_>>(),
             )
             .field("metrics", &self.metrics.len())
+            .field("replicas", &self.replicas.is_some())
             .finish()
     }
 }
@@ -83,22 +87,32 @@ pub(crate) fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The gateway's HTTP application.
-pub fn router(state: Arc<AppState>) -> Router {
+/// The gateway's HTTP application; with a `fleet`, a session's turns are served at the replica
+/// that owns the session.
+pub fn router(state: Arc<AppState>, fleet: Option<Arc<crate::fleet::Fleet>>) -> Router {
     let body_limit = state.config.max_body_bytes;
-    let api = Router::new()
+    let mut api = Router::new()
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/responses", post(responses::create))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize))
-        .layer(DefaultBodyLimit::max(body_limit))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state),
-            require_api_key,
+        .route("/detokenize", post(tokenize::detokenize));
+    // Inside the API key check: a turn is let in by the replica it reached, and again by its
+    // owner (the key travels with it).
+    if let Some(fleet) = fleet {
+        api = api.layer(axum::middleware::from_fn_with_state(
+            fleet,
+            crate::fleet::forward::forward_session,
         ));
+    }
+    let api =
+        api.layer(DefaultBodyLimit::max(body_limit))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&state),
+                require_api_key,
+            ));
     Router::new()
         .merge(api)
         .merge(anthropic::router(&state))

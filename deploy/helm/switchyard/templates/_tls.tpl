@@ -57,6 +57,24 @@ the files within a second, so a rotation needs no restart.
 {{- end -}}
 
 {{/* HTTPS on the gateway's port. */}}
+{{/* "true" when the gateway replicas share sessions (gateway.shareSessions): they find each other
+in etcd and forward over plain HTTP, authenticated by the cluster secret when tls is on. */}}
+{{- define "switchyard.gatewayShareSessions" -}}
+{{- $mode := .Values.gateway.shareSessions -}}
+{{- $why := "" -}}
+{{- if not (has .Values.discovery (list "etcd" "both")) -}}
+{{- $why = "etcd discovery (discovery: etcd or both), where the replicas find each other" -}}
+{{- else if include "switchyard.gatewayHttps" . -}}
+{{- $why = "a plain-HTTP gateway port (tls.gatewayHttps: false), as the forwarding hop does not speak HTTPS yet" -}}
+{{- else if and .Values.tls.enabled (not .Values.security.clusterSecret.enabled) -}}
+{{- $why = "the cluster secret (security.clusterSecret.enabled), which authenticates the forwarding hop" -}}
+{{- end -}}
+{{- if and (eq $mode "always") $why -}}
+{{- fail (printf "gateway.shareSessions=always needs %s; set it to auto or never" $why) -}}
+{{- end -}}
+{{- if and (ne $mode "never") (not $why) -}}true{{- end -}}
+{{- end -}}
+
 {{- define "switchyard.gatewayHttps" -}}
 {{- if and .Values.tls.enabled .Values.tls.gatewayHttps -}}true{{- end -}}
 {{- end -}}
