@@ -109,6 +109,8 @@ pub struct GatewayConfig {
     pub recording_max_bytes: u64,
     /// Where the workers are found (`[discovery]`): etcd, Kubernetes, or both.
     pub discovery: crate::discovery::DiscoveryConfig,
+    /// Fleet-wide per-tenant quotas and the Redis they are counted in (`[quota]`).
+    pub quota: crate::quota::QuotaConfig,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -251,6 +253,7 @@ impl Default for GatewayConfig {
             access: AccessConfig::default(),
             recording_max_bytes: 1 << 30,
             discovery: crate::discovery::DiscoveryConfig::default(),
+            quota: crate::quota::QuotaConfig::default(),
         }
     }
 }
@@ -305,6 +308,7 @@ impl GatewayConfig {
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.access.validate().map_err(ConfigError::Invalid)?;
         self.discovery.validate().map_err(ConfigError::Invalid)?;
+        self.quota.validate().map_err(ConfigError::Invalid)?;
         // The admin API drains workers and switches the policy: open only on loopback.
         if self.admin_token.is_none() && !self.listen.ip().is_loopback() {
             return invalid(
@@ -451,6 +455,8 @@ pub struct GatewayArgs {
     pub access: AccessArgs,
     #[command(flatten)]
     pub discovery: crate::discovery::DiscoveryArgs,
+    #[command(flatten)]
+    pub quota: crate::quota::QuotaArgs,
     /// Largest KV recording in bytes (default 1 GiB).
     #[arg(long, env = "SWITCHYARD_RECORDING_MAX_BYTES")]
     pub recording_max_bytes: Option<u64>,
@@ -590,6 +596,8 @@ impl GatewayArgs {
         self.security.apply(&mut config.security);
         self.access.apply(&mut config.access);
         self.discovery.apply(&mut config.discovery);
+        self.quota.apply(&mut config.quota);
+        self.quota.check(&config.quota).map_err(ConfigError::Invalid)?;
         if let Some(v) = self.recording_max_bytes {
             config.recording_max_bytes = v;
         }

@@ -16,6 +16,7 @@
 
 pub mod access;
 pub mod admission;
+pub mod quota;
 pub mod api_keys;
 pub mod audit;
 pub mod chat_output;
@@ -74,6 +75,8 @@ pub enum GatewayError {
     Discovery(String),
     #[error(transparent)]
     DecisionLog(#[from] audit::disk::DiskLogError),
+    #[error("quota: {0}")]
+    Quota(String),
     #[error("security: {0}")]
     Security(#[from] switchyard_security::SecurityError),
 }
@@ -166,6 +169,10 @@ pub async fn start(
         tracing::warn!(listen = %config.listen, "/v1 takes requests without an API key: set [access] api_keys_file (see docs/security.md)");
     }
     let metrics = Arc::new(Metrics::new());
+    let quota = Arc::new(
+        quota::Quotas::new(config.quota.clone(), metrics.quota.clone())
+            .map_err(|e| GatewayError::Quota(e.to_string()))?,
+    );
     let disk = match &config.audit.decision_log_path {
         Some(path) => Some(
             audit::disk::DiskLog::open(
@@ -211,7 +218,10 @@ pub async fn start(
     apply_initial(&pool, &mut watch);
     pool.tasks
         .spawn(follow_registry(Arc::clone(&pool), discovery, Some(watch)));
+    pool.tasks
+        .spawn(Arc::clone(&quota).renew_leases(pool.cancel.clone()));
     Ok(Some(Arc::new(AppState {
+        quota,
         admission: Admission::new(
             config.max_concurrent_requests,
             config.max_queued_requests,

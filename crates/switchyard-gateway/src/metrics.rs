@@ -109,6 +109,8 @@ pub struct Metrics {
     pub worker_indexed_blocks: Family<WorkerLabels, Gauge>,
     /// Decisions, predictions against realized hits, KV event health ([`crate::audit`]).
     pub audit: crate::audit::AuditMetrics,
+    /// Quota refusals and store errors ([`crate::quota`]).
+    pub quota: crate::quota::QuotaMetrics,
 }
 
 fn length_histogram() -> Histogram {
@@ -175,6 +177,7 @@ impl Metrics {
             worker_active_blocks: Family::default(),
             worker_indexed_blocks: Family::default(),
             audit: crate::audit::AuditMetrics::default(),
+            quota: crate::quota::QuotaMetrics::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -384,6 +387,7 @@ impl Metrics {
             m.worker_indexed_blocks.clone(),
         );
         m.audit.register(&mut registry);
+        m.quota.register(&mut registry);
         Self { registry, ..m }
     }
 

@@ -26,6 +26,7 @@ use tracing::field::Empty;
 
 use super::AppState;
 use crate::admission::FlowKey;
+use crate::quota::QuotaPass;
 use crate::chat_output::ChatOutput;
 use crate::error::ApiError;
 use crate::http::ApiTenant;
@@ -183,6 +184,8 @@ pub(super) struct Prepared {
     pub(super) output: ChatOutput,
     /// `/v1/responses`: the settings its answer repeats.
     pub(super) responses: Option<Arc<super::responses::Echo>>,
+    /// The tenant's quota, held until the answer is written; each choice charges its tokens.
+    pub(super) quota: Arc<QuotaPass>,
 }
 
 impl Prepared {
@@ -464,6 +467,8 @@ async fn serve<T: DeserializeOwned>(
                 FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client)
             }
         };
+        // The tenant's fleet-wide quota first: a request over it waits for no local slot.
+        let quota = Arc::new(state.quota.enter(&flow.tenant).await?);
         let admission = tracing::info_span!(target: GATEWAY_SPANS, "admission");
         let permit = state
             .admission
@@ -489,6 +494,7 @@ async fn serve<T: DeserializeOwned>(
                 arrived,
                 output,
                 responses,
+                quota,
             },
         )?;
         Ok::<_, ApiError>((permit, prepared))
@@ -516,6 +522,7 @@ struct Request {
     arrived: Instant,
     output: ChatOutput,
     responses: Option<Arc<super::responses::Echo>>,
+    quota: Arc<QuotaPass>,
 }
 
 /// Checks each prompt against the context and settles its `max_tokens`.
@@ -585,6 +592,7 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
         span,
         output: r.output,
         responses: r.responses,
+        quota: r.quota,
     })
 }
 
