@@ -597,7 +597,9 @@ impl GatewayArgs {
         self.access.apply(&mut config.access);
         self.discovery.apply(&mut config.discovery);
         self.quota.apply(&mut config.quota);
-        self.quota.check(&config.quota).map_err(ConfigError::Invalid)?;
+        self.quota
+            .check(&config.quota)
+            .map_err(ConfigError::Invalid)?;
         if let Some(v) = self.recording_max_bytes {
             config.recording_max_bytes = v;
         }

@@ -107,9 +107,7 @@ impl ApiError {
             | ApiError::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_)
             | ApiError::TooManyConnections(_)
-            | ApiError::QuotaStoreDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            | ApiError::QuotaStoreDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
@@ -130,7 +128,9 @@ impl ApiError {
             ApiError::Saturated { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
             ApiError::ClientLimit(_) => ("rate_limit_error", Some("too_many_concurrent_requests")),
             ApiError::QuotaExceeded { .. } => ("rate_limit_error", Some("quota_exceeded")),
-            ApiError::QuotaStoreDown => ("service_unavailable_error", Some("quota_store_unavailable")),
+            ApiError::QuotaStoreDown => {
+                ("service_unavailable_error", Some("quota_store_unavailable"))
+            }
             ApiError::Unavailable(_) => ("service_unavailable_error", Some("no_worker_available")),
             ApiError::TooManyConnections(_) => {
                 ("service_unavailable_error", Some("too_many_connections"))
@@ -206,9 +206,9 @@ impl IntoResponse for ApiError {
             | ApiError::QuotaExceeded {
                 retry_after_secs, ..
             } => Some(retry_after_secs),
-            ApiError::ClientLimit(_) | ApiError::TooManyConnections(_) | ApiError::QuotaStoreDown => {
-                Some(1)
-            }
+            ApiError::ClientLimit(_)
+            | ApiError::TooManyConnections(_)
+            | ApiError::QuotaStoreDown => Some(1),
             _ => None,
         };
         if let Some(secs) = retry_after
@@ -266,11 +266,19 @@ mod tests {
         };
         let json = err.to_json();
         assert_eq!(json["error"]["code"], "quota_exceeded");
-        assert!(json["error"]["message"].as_str().unwrap().contains("requests_per_window"));
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("requests_per_window")
+        );
         let response = err.into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[header::RETRY_AFTER], "7");
-        assert_eq!(response.headers()["x-switchyard-quota-limit"], "requests_per_window");
+        assert_eq!(
+            response.headers()["x-switchyard-quota-limit"],
+            "requests_per_window"
+        );
         let down = ApiError::QuotaStoreDown.into_response();
         assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(down.headers()[header::RETRY_AFTER], "1");

@@ -16,7 +16,6 @@
 
 pub mod access;
 pub mod admission;
-pub mod quota;
 pub mod api_keys;
 pub mod audit;
 pub mod chat_output;
@@ -33,6 +32,7 @@ mod needs_prefill_tests;
 pub mod openai;
 pub mod pool;
 pub mod preprocess;
+pub mod quota;
 pub mod recorder;
 pub mod routing;
 pub mod stop;

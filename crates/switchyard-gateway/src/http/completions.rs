@@ -26,7 +26,6 @@ use tracing::field::Empty;
 
 use super::AppState;
 use crate::admission::FlowKey;
-use crate::quota::QuotaPass;
 use crate::chat_output::ChatOutput;
 use crate::error::ApiError;
 use crate::http::ApiTenant;
@@ -35,6 +34,7 @@ use crate::metrics::RequestLabels;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, SamplingFields};
 use crate::pool::ModelRoutes;
 use crate::preprocess;
+use crate::quota::QuotaPass;
 
 use super::asks::{Asks, asks_of, sampling_of};
 pub use super::prompts::PromptSource;

@@ -133,7 +133,10 @@ impl QuotaConfig {
             return Err("quota.store_timeout_ms must be at least 1".into());
         }
         if self.lease_ttl_secs < 3 {
-            return Err("quota.lease_ttl_secs must be at least 3 (leases are renewed every third of it)".into());
+            return Err(
+                "quota.lease_ttl_secs must be at least 3 (leases are renewed every third of it)"
+                    .into(),
+            );
         }
         if self.key_prefix.is_empty() {
             return Err("quota.key_prefix must not be empty".into());
@@ -232,8 +235,14 @@ impl QuotaArgs {
     /// Redis settings given without a Redis URL would be silently ignored: refuse them.
     pub fn check(&self, config: &QuotaConfig) -> Result<(), String> {
         let orphan = [
-            ("--quota-redis-password-file", self.quota_redis_password_file.is_some()),
-            ("--quota-redis-username", self.quota_redis_username.is_some()),
+            (
+                "--quota-redis-password-file",
+                self.quota_redis_password_file.is_some(),
+            ),
+            (
+                "--quota-redis-username",
+                self.quota_redis_username.is_some(),
+            ),
             ("--quota-redis-ca-file", self.quota_redis_ca_file.is_some()),
         ]
         .into_iter()
@@ -297,7 +306,10 @@ mod tests {
         let mut config = QuotaConfig::default();
         args.apply(&mut config);
         assert_eq!(config.default.requests_per_window, 7);
-        assert_eq!(config.redis.as_ref().map(|r| r.url.as_str()), Some("redis://h:1"));
+        assert_eq!(
+            config.redis.as_ref().map(|r| r.url.as_str()),
+            Some("redis://h:1")
+        );
         assert_eq!(config.on_store_error, StoreDown::FailClosed);
         args.check(&config).unwrap();
         let orphan = QuotaArgs {
@@ -306,6 +318,11 @@ mod tests {
         };
         let mut config = QuotaConfig::default();
         orphan.apply(&mut config);
-        assert!(orphan.check(&config).unwrap_err().contains("--quota-redis-ca-file"));
+        assert!(
+            orphan
+                .check(&config)
+                .unwrap_err()
+                .contains("--quota-redis-ca-file")
+        );
     }
 }

@@ -152,7 +152,12 @@ impl Quotas {
         };
         let verdict = tokio::time::timeout(
             self.config.store_timeout(),
-            store.enter(&lease, limits, self.config.window(), self.config.lease_ttl()),
+            store.enter(
+                &lease,
+                limits,
+                self.config.window(),
+                self.config.lease_ttl(),
+            ),
         )
         .await
         .unwrap_or_else(|_| Err(StoreError("no answer in time".into())));
@@ -178,7 +183,11 @@ impl Quotas {
                         limit: limit.name(),
                     })
                     .inc();
-                tracing::debug!(tenant, limit = limit.name(), "request over its tenant's quota");
+                tracing::debug!(
+                    tenant,
+                    limit = limit.name(),
+                    "request over its tenant's quota"
+                );
                 Err(ApiError::QuotaExceeded {
                     limit: limit.name(),
                     retry_after_secs: retry_after.as_millis().div_ceil(1000).max(1) as u64,

@@ -120,10 +120,14 @@ fn client_of(config: &RedisConfig) -> Result<Client, StoreError> {
     let url = redacted(&config.url);
     let bad = |e: &dyn std::fmt::Display| StoreError(format!("redis url {url}: {e}"));
     let mut info: redis::ConnectionInfo =
-        redis::IntoConnectionInfo::into_connection_info(config.url.as_str()).map_err(|e| bad(&e))?;
+        redis::IntoConnectionInfo::into_connection_info(config.url.as_str())
+            .map_err(|e| bad(&e))?;
     if let Some(path) = &config.password_file {
         let password = std::fs::read_to_string(path).map_err(|e| {
-            StoreError(format!("cannot read the redis password file {}: {e}", path.display()))
+            StoreError(format!(
+                "cannot read the redis password file {}: {e}",
+                path.display()
+            ))
         })?;
         let mut settings = info.redis_settings().clone().set_password(password.trim());
         if let Some(user) = &config.username {
@@ -134,7 +138,10 @@ fn client_of(config: &RedisConfig) -> Result<Client, StoreError> {
     match &config.ca_file {
         Some(path) => {
             let root_cert = std::fs::read(path).map_err(|e| {
-                StoreError(format!("cannot read the redis CA file {}: {e}", path.display()))
+                StoreError(format!(
+                    "cannot read the redis CA file {}: {e}",
+                    path.display()
+                ))
             })?;
             let certs = redis::TlsCertificates {
                 client_tls: None,
@@ -226,7 +233,9 @@ impl QuotaStore for RedisStore {
         let mut invocation = self.renew.prepare_invoke();
         invocation.arg(ms(lease_ttl));
         for lease in leases {
-            invocation.key(self.key(&lease.tenant, "leases")).arg(&lease.id);
+            invocation
+                .key(self.key(&lease.tenant, "leases"))
+                .arg(&lease.id);
         }
         let mut connection = self.connection.clone();
         let _: i64 = invocation
@@ -255,7 +264,10 @@ mod tests {
 
     #[test]
     fn passwords_do_not_reach_the_log() {
-        assert_eq!(redacted("redis://:s3cret@host:6379/0"), "redis://***@host:6379/0");
+        assert_eq!(
+            redacted("redis://:s3cret@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
         assert_eq!(redacted("rediss://host:6380"), "rediss://host:6380");
     }
 
@@ -267,7 +279,10 @@ mod tests {
             ..RedisConfig::default()
         };
         let err = RedisStore::connect(&config, "t", Duration::from_secs(1)).unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/redis-password"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/redis-password"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
@@ -308,6 +323,9 @@ mod tests {
             ..without
         };
         let store = RedisStore::connect(&with, "pw", Duration::from_secs(2)).unwrap();
-        assert_eq!(store.enter(&lease, limits, window, ttl).await.unwrap(), Verdict::Admit);
+        assert_eq!(
+            store.enter(&lease, limits, window, ttl).await.unwrap(),
+            Verdict::Admit
+        );
     }
 }

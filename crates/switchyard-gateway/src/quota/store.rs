@@ -270,25 +270,43 @@ pub(crate) mod conformance {
         };
         let short = Duration::from_millis(300);
         let (a, b, c) = (lease(tenant, "a"), lease(tenant, "b"), lease(tenant, "c"));
-        assert_eq!(store.enter(&a, limits, WINDOW, TTL).await.unwrap(), Verdict::Admit);
+        assert_eq!(
+            store.enter(&a, limits, WINDOW, TTL).await.unwrap(),
+            Verdict::Admit
+        );
         // b's replica "crashes": its lease is never released nor renewed.
-        assert_eq!(store.enter(&b, limits, WINDOW, short).await.unwrap(), Verdict::Admit);
+        assert_eq!(
+            store.enter(&b, limits, WINDOW, short).await.unwrap(),
+            Verdict::Admit
+        );
         let full = store.enter(&c, limits, WINDOW, TTL).await.unwrap();
         assert!(
-            matches!(full, Verdict::Refuse { limit: Limit::Concurrency, .. }),
+            matches!(
+                full,
+                Verdict::Refuse {
+                    limit: Limit::Concurrency,
+                    ..
+                }
+            ),
             "{full:?}"
         );
         // a renewed stays; b expires and its slot comes back.
         store.renew(std::slice::from_ref(&a), TTL).await.unwrap();
         tokio::time::sleep(short * 2).await;
-        assert_eq!(store.enter(&c, limits, WINDOW, TTL).await.unwrap(), Verdict::Admit);
+        assert_eq!(
+            store.enter(&c, limits, WINDOW, TTL).await.unwrap(),
+            Verdict::Admit
+        );
         let d = lease(tenant, "d");
         assert!(matches!(
             store.enter(&d, limits, WINDOW, TTL).await.unwrap(),
             Verdict::Refuse { .. }
         ));
         store.release(&a).await.unwrap();
-        assert_eq!(store.enter(&d, limits, WINDOW, TTL).await.unwrap(), Verdict::Admit);
+        assert_eq!(
+            store.enter(&d, limits, WINDOW, TTL).await.unwrap(),
+            Verdict::Admit
+        );
     }
 
     /// Every check, each on its own tenant so the store may be shared.

@@ -48,7 +48,9 @@ async fn per_tenant_limits_replace_the_default() {
         requests_per_window: 1,
         ..Limits::default()
     });
-    config.tenants.insert("tenant:free".into(), Limits::default());
+    config
+        .tenants
+        .insert("tenant:free".into(), Limits::default());
     let quotas = gate(config);
     for _ in 0..5 {
         quotas.enter("tenant:free").await.unwrap();
@@ -99,7 +101,13 @@ async fn tokens_used_are_charged_when_the_request_ends() {
     quotas.settled().await;
     let refused = quotas.enter("user:a").await.unwrap_err();
     assert!(
-        matches!(refused, ApiError::QuotaExceeded { limit: "tokens_per_window", .. }),
+        matches!(
+            refused,
+            ApiError::QuotaExceeded {
+                limit: "tokens_per_window",
+                ..
+            }
+        ),
         "{refused:?}"
     );
 }
