@@ -162,7 +162,7 @@ async fn a_tenant_gets_its_limit_across_three_replicas_and_the_store_going_away_
     let bases: Vec<String> = replicas.iter().map(SwitchyardProcess::endpoint).collect();
 
     // Two whole windows, each hammered from just after it starts to just before it ends.
-    for round in 0..2 {
+    for (round, other_replica) in replicas.iter().take(2).enumerate() {
         let start = into_next_window(300).await;
         let (admitted, refused, per_replica) =
             hammer(&bases, "tenant-a", start + WINDOW_SECS * 1000 - 500).await;
@@ -183,7 +183,7 @@ async fn a_tenant_gets_its_limit_across_three_replicas_and_the_store_going_away_
             "round {round}: every replica served some: {per_replica:?}"
         );
         // Another tenant has its own count, on any replica.
-        let (status, answer) = Api::new(&replicas[round])
+        let (status, answer) = Api::new(other_replica)
             .post("/v1/chat/completions", &user_chat("tenant-b"))
             .await;
         assert_eq!(status, 200, "{answer}");
