@@ -12,6 +12,7 @@
 #                                does not ship)
 #   test   build, plus what the tests start or drive:
 #            etcd-server        (registry and end-to-end tests start their own etcd)
+#            redis-server       (the fleet-wide quota tests start their own Redis)
 #            curl               (a client in the gateway end-to-end tests)
 #            python3-venv       (deploy/validate.sh keeps its linters in a venv; Debian's own
 #                                python3 cannot make one without it)
@@ -75,6 +76,7 @@ missing_debian() {
   missing_protoc
   if [ "$mode" != build ]; then
     command -v etcd >/dev/null 2>&1 || echo etcd-server
+    command -v redis-server >/dev/null 2>&1 || echo redis-server
     command -v curl >/dev/null 2>&1 || echo curl
     python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || echo python3-venv
     command -v helm >/dev/null 2>&1 || command -v npm >/dev/null 2>&1 || echo npm

@@ -176,6 +176,7 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
     .unwrap();
     Arc::new(AppState {
         admission: Admission::new(1 << 20, 0, 0),
+        quota: Default::default(),
         config,
         pool,
         tokenizers,

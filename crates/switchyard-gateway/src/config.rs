@@ -111,6 +111,8 @@ pub struct GatewayConfig {
     pub discovery: crate::discovery::DiscoveryConfig,
     /// Sessions shared with the other gateway replicas (`[fleet]`).
     pub fleet: crate::fleet::FleetConfig,
+    /// Fleet-wide per-tenant quotas and the Redis they are counted in (`[quota]`).
+    pub quota: crate::quota::QuotaConfig,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -254,6 +256,7 @@ impl Default for GatewayConfig {
             recording_max_bytes: 1 << 30,
             discovery: crate::discovery::DiscoveryConfig::default(),
             fleet: crate::fleet::FleetConfig::default(),
+            quota: crate::quota::QuotaConfig::default(),
         }
     }
 }
@@ -309,6 +312,7 @@ impl GatewayConfig {
         self.access.validate().map_err(ConfigError::Invalid)?;
         self.discovery.validate().map_err(ConfigError::Invalid)?;
         self.validate_fleet()?;
+        self.quota.validate().map_err(ConfigError::Invalid)?;
         // The admin API drains workers and switches the policy: open only on loopback.
         if self.admin_token.is_none() && !self.listen.ip().is_loopback() {
             return invalid(
@@ -477,6 +481,8 @@ pub struct GatewayArgs {
     pub discovery: crate::discovery::DiscoveryArgs,
     #[command(flatten)]
     pub fleet: crate::fleet::FleetArgs,
+    #[command(flatten)]
+    pub quota: crate::quota::QuotaArgs,
     /// Largest KV recording in bytes (default 1 GiB).
     #[arg(long, env = "SWITCHYARD_RECORDING_MAX_BYTES")]
     pub recording_max_bytes: Option<u64>,
@@ -617,6 +623,10 @@ impl GatewayArgs {
         self.access.apply(&mut config.access);
         self.discovery.apply(&mut config.discovery);
         self.fleet.apply(&mut config.fleet);
+        self.quota.apply(&mut config.quota);
+        self.quota
+            .check(&config.quota)
+            .map_err(ConfigError::Invalid)?;
         if let Some(v) = self.recording_max_bytes {
             config.recording_max_bytes = v;
         }

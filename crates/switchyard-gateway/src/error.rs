@@ -37,6 +37,15 @@ pub enum ApiError {
         "this client already has {0} requests in flight, the most the gateway allows one client (max_requests_per_client); retry after 1 s"
     )]
     ClientLimit(usize),
+    /// The request's tenant is over one of its fleet-wide quotas ([`crate::quota`]).
+    #[error("this tenant is over its quota {limit}; retry after {retry_after_secs} s")]
+    QuotaExceeded {
+        limit: &'static str,
+        retry_after_secs: u64,
+    },
+    /// The quota store did not answer and the gateway is configured to fail closed.
+    #[error("the quota store is unavailable and quotas fail closed; retry after 1 s")]
+    QuotaStoreDown,
     /// The gateway has as many connections open as it may.
     #[error("the gateway has its limit of {0} connections open (max_connections); retry after 1 s")]
     TooManyConnections(usize),
@@ -93,10 +102,12 @@ impl ApiError {
             ApiError::Unauthorized | ApiError::MissingApiKey | ApiError::InvalidApiKey => {
                 StatusCode::UNAUTHORIZED
             }
-            ApiError::Saturated { .. } | ApiError::ClientLimit(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) | ApiError::TooManyConnections(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Saturated { .. }
+            | ApiError::ClientLimit(_)
+            | ApiError::QuotaExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_)
+            | ApiError::TooManyConnections(_)
+            | ApiError::QuotaStoreDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
@@ -116,6 +127,10 @@ impl ApiError {
             ApiError::InvalidApiKey => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::Saturated { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
             ApiError::ClientLimit(_) => ("rate_limit_error", Some("too_many_concurrent_requests")),
+            ApiError::QuotaExceeded { .. } => ("rate_limit_error", Some("quota_exceeded")),
+            ApiError::QuotaStoreDown => {
+                ("service_unavailable_error", Some("quota_store_unavailable"))
+            }
             ApiError::Unavailable(_) => ("service_unavailable_error", Some("no_worker_available")),
             ApiError::TooManyConnections(_) => {
                 ("service_unavailable_error", Some("too_many_connections"))
@@ -151,6 +166,8 @@ impl ApiError {
             self,
             ApiError::Saturated { .. }
                 | ApiError::ClientLimit(_)
+                | ApiError::QuotaExceeded { .. }
+                | ApiError::QuotaStoreDown
                 | ApiError::TooManyConnections(_)
                 | ApiError::Unavailable(_)
                 | ApiError::Upstream(_)
@@ -169,6 +186,8 @@ impl ApiError {
             ApiError::InvalidApiKey => "invalid_api_key",
             ApiError::Saturated { .. } => "saturated",
             ApiError::ClientLimit(_) => "client_limit",
+            ApiError::QuotaExceeded { .. } => "quota_exceeded",
+            ApiError::QuotaStoreDown => "quota_store_unavailable",
             ApiError::TooManyConnections(_) => "too_many_connections",
             ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::Unavailable(_) => "unavailable",
@@ -183,14 +202,24 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status(), axum::Json(self.to_json())).into_response();
         let retry_after = match self {
-            ApiError::Saturated { retry_after_secs } => Some(retry_after_secs),
-            ApiError::ClientLimit(_) | ApiError::TooManyConnections(_) => Some(1),
+            ApiError::Saturated { retry_after_secs }
+            | ApiError::QuotaExceeded {
+                retry_after_secs, ..
+            } => Some(retry_after_secs),
+            ApiError::ClientLimit(_)
+            | ApiError::TooManyConnections(_)
+            | ApiError::QuotaStoreDown => Some(1),
             _ => None,
         };
         if let Some(secs) = retry_after
             && let Ok(value) = HeaderValue::from_str(&secs.to_string())
         {
             response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        if let ApiError::QuotaExceeded { limit, .. } = self {
+            response
+                .headers_mut()
+                .insert("x-switchyard-quota-limit", HeaderValue::from_static(limit));
         }
         if matches!(
             self,
@@ -227,5 +256,31 @@ mod tests {
         .into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+    }
+
+    #[test]
+    fn a_quota_refusal_names_its_limit() {
+        let err = ApiError::QuotaExceeded {
+            limit: "requests_per_window",
+            retry_after_secs: 7,
+        };
+        let json = err.to_json();
+        assert_eq!(json["error"]["code"], "quota_exceeded");
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("requests_per_window")
+        );
+        let response = err.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "7");
+        assert_eq!(
+            response.headers()["x-switchyard-quota-limit"],
+            "requests_per_window"
+        );
+        let down = ApiError::QuotaStoreDown.into_response();
+        assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(down.headers()[header::RETRY_AFTER], "1");
     }
 }

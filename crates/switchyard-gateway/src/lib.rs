@@ -33,6 +33,7 @@ mod needs_prefill_tests;
 pub mod openai;
 pub mod pool;
 pub mod preprocess;
+pub mod quota;
 pub mod recorder;
 pub mod routing;
 pub mod stop;
@@ -77,6 +78,8 @@ pub enum GatewayError {
     DecisionLog(#[from] audit::disk::DiskLogError),
     #[error("gateway fleet: {0}")]
     Fleet(String),
+    #[error("quota: {0}")]
+    Quota(String),
     #[error("security: {0}")]
     Security(#[from] switchyard_security::SecurityError),
 }
@@ -221,6 +224,10 @@ pub async fn start(
         tracing::warn!(listen = %config.listen, "/v1 takes requests without an API key: set [access] api_keys_file (see docs/security.md)");
     }
     let metrics = Arc::new(Metrics::new());
+    let quota = Arc::new(
+        quota::Quotas::new(config.quota.clone(), metrics.quota.clone())
+            .map_err(|e| GatewayError::Quota(e.to_string()))?,
+    );
     let disk = match &config.audit.decision_log_path {
         Some(path) => Some(
             audit::disk::DiskLog::open(
@@ -266,7 +273,10 @@ pub async fn start(
     apply_initial(&pool, &mut watch);
     pool.tasks
         .spawn(follow_registry(Arc::clone(&pool), discovery, Some(watch)));
+    pool.tasks
+        .spawn(Arc::clone(&quota).renew_leases(pool.cancel.clone()));
     Ok(Some(Arc::new(AppState {
+        quota,
         admission: Admission::new(
             config.max_concurrent_requests,
             config.max_queued_requests,

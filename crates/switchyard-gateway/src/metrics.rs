@@ -111,6 +111,8 @@ pub struct Metrics {
     pub audit: crate::audit::AuditMetrics,
     /// Turns forwarded between gateway replicas ([`crate::fleet`]).
     pub fleet: crate::fleet::FleetMetrics,
+    /// Quota refusals and store errors ([`crate::quota`]).
+    pub quota: crate::quota::QuotaMetrics,
 }
 
 fn length_histogram() -> Histogram {
@@ -178,6 +180,7 @@ impl Metrics {
             worker_indexed_blocks: Family::default(),
             audit: crate::audit::AuditMetrics::default(),
             fleet: crate::fleet::FleetMetrics::default(),
+            quota: crate::quota::QuotaMetrics::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -388,6 +391,7 @@ impl Metrics {
         );
         m.audit.register(&mut registry);
         m.fleet.register(&mut registry);
+        m.quota.register(&mut registry);
         Self { registry, ..m }
     }
 

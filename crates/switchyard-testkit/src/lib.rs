@@ -4,6 +4,7 @@
 //! - [`EtcdServer`] runs a real, single-member etcd on free loopback ports with a throwaway data
 //!   directory, and can stop and restart it on the same ports and data so tests can simulate
 //!   "etcd was briefly down".
+//! - [`redis::RedisServer`] runs a real, in-memory `redis-server` on a free loopback port.
 //! - [`certs::TestCa`] makes a throwaway CA and member certificates for TLS and mTLS tests.
 //!
 //! Everything here is synchronous (`std::process`, `std::net`), so it works from plain tests and
@@ -19,6 +20,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod certs;
+pub mod redis;
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -38,6 +40,10 @@ pub const ETCD_START_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum TestkitError {
     #[error("etcd not found: install Debian's etcd-server (the README test command does)")]
     EtcdNotFound,
+    #[error("redis-server not found: install Debian's redis-server (deploy/build-deps.sh test)")]
+    RedisNotFound,
+    #[error("redis-server on port {port} did not answer within {waited:?}")]
+    RedisUnhealthy { port: u16, waited: Duration },
     #[error("{context}")]
     Io {
         context: String,
@@ -187,6 +193,11 @@ impl EtcdServer {
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The running etcd's process id (for CPU and memory figures of benchmarks).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// The client port.

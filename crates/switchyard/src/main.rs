@@ -12,6 +12,7 @@ mod planner_cmd;
 mod replay_cmd;
 mod shared_data;
 mod up;
+mod workers_cmd;
 
 use clap::{Parser, Subcommand};
 use switchyard_gateway::{GatewayArgs, GatewayConfig};
@@ -49,6 +50,8 @@ enum Command {
     Gateway(GatewayCommand),
     /// Run a worker agent in front of an engine (the built-in simulator).
     Worker(WorkerArgs),
+    /// Run many simulated workers in one process (fleet tests, scale benchmarks).
+    Workers(workers_cmd::WorkersArgs),
     /// Run as the endpoint picker of a Kubernetes Gateway (Gateway API Inference Extension):
     /// an Envoy ext_proc server choosing the model server pod for each request.
     Epp(EppCommand),
@@ -171,6 +174,18 @@ fn main() -> ExitCode {
             };
             let traces = trace_export(&config.otlp_endpoint, &[switchyard_telemetry::WORKER]);
             run_async(traces, run_worker(config))
+        }
+        Command::Workers(args) => {
+            let configs = match workers_cmd::resolve(&args) {
+                Ok(configs) => configs,
+                Err(err) => {
+                    eprintln!("switchyard workers: {err}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            run_async(None, async move {
+                workers_cmd::run(configs, shutdown_on_signal()).await
+            })
         }
         Command::Planner(command) => match init_telemetry(None) {
             Ok(_logs_only) => planner_cmd::run(command),

@@ -13,6 +13,7 @@ use crate::chat_output::{Piece as OutputPiece, Shaper, ToolCallOut, prompt_tail}
 use crate::dispatch::Finish;
 use crate::metrics::ModelLabels;
 use crate::openai::{ChatMessageOut, LogprobsOut, Usage};
+use crate::quota::QuotaPass;
 use crate::stop::{StopMatcher, StopOutcome};
 
 /// Turns one choice's dispatch events into text, counts and log probabilities.
@@ -33,6 +34,8 @@ pub(super) struct ChoiceText {
     offset: u32,
     /// Chat answers: reasoning and tool calls read from the text.
     shaper: Option<Shaper>,
+    /// The request's quota, charged with this choice's tokens when it is counted.
+    quota: Arc<QuotaPass>,
 }
 
 impl ChoiceText {
@@ -63,6 +66,7 @@ impl ChoiceText {
                     &prompt_tail(&p.model_dir, &prompt.tokens),
                 )
             }),
+            quota: Arc::clone(&p.quota),
         }
     }
 
@@ -187,6 +191,8 @@ impl ChoiceText {
             .get_or_create(labels)
             .observe(f64::from(self.completion_tokens));
         m.cached_prompt_tokens.inc_by(u64::from(self.cached_tokens));
+        self.quota
+            .charge(u64::from(self.prompt_tokens) + u64::from(self.completion_tokens));
         if let Some(shaper) = &self.shaper {
             m.tool_calls.inc_by(u64::from(shaper.tool_calls()));
             m.tool_calls_malformed

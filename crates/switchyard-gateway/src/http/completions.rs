@@ -34,6 +34,7 @@ use crate::metrics::RequestLabels;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, SamplingFields};
 use crate::pool::ModelRoutes;
 use crate::preprocess;
+use crate::quota::QuotaPass;
 
 use super::asks::{Asks, asks_of, sampling_of};
 pub use super::prompts::PromptSource;
@@ -184,6 +185,8 @@ pub(super) struct Prepared {
     pub(super) output: ChatOutput,
     /// `/v1/responses`: the settings its answer repeats.
     pub(super) responses: Option<Arc<super::responses::Echo>>,
+    /// The tenant's quota, held until the answer is written; each choice charges its tokens.
+    pub(super) quota: Arc<QuotaPass>,
 }
 
 impl Prepared {
@@ -465,6 +468,8 @@ async fn serve<T: DeserializeOwned>(
                 FlowKey::of_request(session.clone(), sampling.user.as_deref(), &headers, client)
             }
         };
+        // The tenant's fleet-wide quota first: a request over it waits for no local slot.
+        let quota = Arc::new(state.quota.enter(&flow.tenant).await?);
         let admission = tracing::info_span!(target: GATEWAY_SPANS, "admission");
         let permit = state
             .admission
@@ -490,6 +495,7 @@ async fn serve<T: DeserializeOwned>(
                 arrived,
                 output,
                 responses,
+                quota,
             },
         )?;
         Ok::<_, ApiError>((permit, prepared))
@@ -517,6 +523,7 @@ struct Request {
     arrived: Instant,
     output: ChatOutput,
     responses: Option<Arc<super::responses::Echo>>,
+    quota: Arc<QuotaPass>,
 }
 
 /// Checks each prompt against the context and settles its `max_tokens`.
@@ -586,6 +593,7 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
         span,
         output: r.output,
         responses: r.responses,
+        quota: r.quota,
     })
 }
 

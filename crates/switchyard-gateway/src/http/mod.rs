@@ -43,6 +43,8 @@ pub struct AppState {
     pub tokenizers: Tokenizers,
     pub metrics: Arc<Metrics>,
     pub admission: Admission,
+    /// Fleet-wide per-tenant quotas, checked before admission.
+    pub quota: Arc<crate::quota::Quotas>,
     pub extensions: Extensions,
     /// API keys, the metrics token, HTTPS.
     pub access: ClientAccess,
