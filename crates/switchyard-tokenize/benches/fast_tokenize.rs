@@ -13,127 +13,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // bench code: a panic is a failure report
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use switchyard_tokenize::Tokenizer;
 
-const RUNS: usize = 3;
-const MIN_CPU: Duration = Duration::from_millis(1500);
+mod texts;
+
+use texts::{cjk_text, cpu_per_call, cut, qwen3_json, read_tree, thread_cpu};
 const SIZES: [usize; 3] = [1_000, 9_000, 36_000];
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
-fn qwen3_json() -> PathBuf {
-    let root = std::env::var_os("SWITCHYARD_TEST_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/switchyard/test-models"))
-        })
-        .unwrap_or_else(|| PathBuf::from(".cache/switchyard/test-models"));
-    root.join("qwen3/tokenizer.json")
-}
-
-fn read_tree(dir: &Path, ext: &str, out: &mut String) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        if path.is_dir() {
-            read_tree(&path, ext, out);
-        } else if path.extension().is_some_and(|e| e == ext) {
-            out.push_str(&std::fs::read_to_string(&path).unwrap());
-        }
-    }
-}
-
-/// CJK text from the vocabulary: words of ideographs, a comma or full stop every few words.
-fn cjk_text(json: &serde_json::Value, bytes: usize) -> String {
-    let byte_char: HashMap<char, u8> = {
-        let mut map = HashMap::new();
-        let mut extra = 0u32;
-        for b in 0..=255u8 {
-            let cp = if matches!(b, 33..=126 | 161..=172 | 174..=255) {
-                u32::from(b)
-            } else {
-                extra += 1;
-                255 + extra
-            };
-            map.insert(char::from_u32(cp).unwrap(), b);
-        }
-        map
-    };
-    let mut words: Vec<String> = json["model"]["vocab"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .filter_map(|t| {
-            let bytes: Vec<u8> = t.chars().map(|c| byte_char[&c]).collect();
-            let s = String::from_utf8(bytes).ok()?;
-            (s.chars().count() >= 1 && s.chars().all(|c| ('\u{4e00}'..='\u{9fff}').contains(&c)))
-                .then_some(s)
-        })
-        .collect();
-    words.sort();
-    let mut state = 0x1234_5678_u64;
-    let mut out = String::new();
-    while out.len() < bytes {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        out.push_str(&words[(state >> 33) as usize % words.len()]);
-        match (state >> 20) % 9 {
-            0 => out.push('，'),
-            1 => out.push('。'),
-            2 if (state >> 40).is_multiple_of(5) => out.push('\n'),
-            _ => {}
-        }
-    }
-    out
-}
-
-/// The longest prefix of `corpus` (repeated as needed) with about `tokens` tokens.
-fn cut(tok: &Tokenizer, corpus: &str, tokens: usize) -> String {
-    let mut text = corpus.to_owned();
-    while tok.encode(&text).unwrap().len() < tokens {
-        text.push_str(corpus);
-    }
-    let (mut lo, mut hi) = (0, text.len());
-    while hi - lo > 64 {
-        let mid = text.floor_char_boundary((lo + hi) / 2);
-        if tok.encode(&text[..mid]).unwrap().len() < tokens {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    text.truncate(text.floor_char_boundary(hi));
-    text
-}
-
-/// CPU time this thread has used (user + system), from `/proc/thread-self/stat`: on a
-/// shared machine wall time counts the neighbours' builds too.
-fn thread_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after_name.split(' ').collect();
-    // Fields 14 and 15 of the file (utime, stime) are 11 and 12 after the name.
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    Duration::from_millis(ticks * 10)
-}
-
-/// Mean CPU time of one call, over at least `MIN_CPU` of CPU time (clock ticks are 10 ms).
-fn cpu_per_call(mut f: impl FnMut()) -> Duration {
-    f();
-    let started = thread_cpu();
-    let mut calls = 0u32;
-    while calls < RUNS as u32 || thread_cpu() - started < MIN_CPU {
-        f();
-        calls += 1;
-    }
-    (thread_cpu() - started) / calls
-}
 
 fn main() {
     let path = qwen3_json();

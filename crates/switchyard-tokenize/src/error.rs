@@ -104,6 +104,11 @@ pub enum TokenizeError {
     #[error("tokenization pool is closed")]
     PoolClosed,
 
+    /// A piece of a text tokenized in parallel never came back (its blocking task panicked,
+    /// or the runtime is shutting down).
+    #[error("a piece of a parallel tokenization was lost")]
+    PieceLost,
+
     #[error("text of {bytes} bytes is too long to tokenize")]
     TextTooLong { bytes: usize },
 
@@ -134,7 +139,8 @@ impl TokenizeError {
             Self::Encode { .. }
             | Self::Decode { .. }
             | Self::TaskFailed { .. }
-            | Self::PoolClosed => Fault::Internal,
+            | Self::PoolClosed
+            | Self::PieceLost => Fault::Internal,
         }
     }
 }

@@ -17,6 +17,9 @@
 //! - [`session`]: [`SessionTokenizer`], incremental tokenization of a session's growing
 //!   history: only the text after (a little before) the seam with the previous turn is
 //!   tokenized, and the result always equals a full tokenization.
+//! - `parallel`: one long text cut at clean splits (the seams of [`session`]) and its pieces
+//!   tokenized at once on tokio's blocking pool, identical to one pass; the session tokenizer
+//!   uses it for long fresh prompts and long new tails.
 //! - [`output`]: [`OutputParser`], generated text split into content, reasoning and tool calls
 //!   in the model family's own formats.
 //! - [`error`]: [`TokenizeError`] and whose [`Fault`] it is.
@@ -28,6 +31,7 @@ pub mod error;
 mod fast;
 pub mod model_dir;
 pub mod output;
+mod parallel;
 pub mod preprocess;
 mod pyjson;
 pub mod session;

@@ -262,7 +262,7 @@ impl Tokenizer {
 
     /// The first clean split at or after `target`, or the end of the text when there is none
     /// nearby (or the tokenizer allows none).
-    fn next_cut(&self, text: &[u8], target: usize) -> usize {
+    pub(crate) fn next_cut(&self, text: &[u8], target: usize) -> usize {
         if target >= text.len() || self.seam_policy() == SeamPolicy::Disabled {
             return text.len();
         }

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::pretokenize::CL100K_REGEX;
 use crate::Tokenizer;
 
-fn qwen3_json() -> PathBuf {
+pub(crate) fn qwen3_json() -> PathBuf {
     let root = std::env::var_os("SWITCHYARD_TEST_MODELS")
         .map(PathBuf::from)
         .or_else(|| {

@@ -148,4 +148,4 @@ enum Segment {
 }
 
 #[cfg(test)]
-mod exact_tests;
+pub(crate) mod exact_tests;

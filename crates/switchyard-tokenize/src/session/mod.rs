@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use switchyard_core::TokenId;
 
 use crate::error::TokenizeError;
-use crate::tokenizer::Tokenizer;
+use crate::parallel::ParallelPlan;
+use crate::tokenizer::{Bounded, Tokenizer};
 use seam::{SeamPolicy, common_prefix};
 use store::{SessionState, SessionStore};
 
@@ -180,7 +181,7 @@ impl SessionTokenizer {
         let (ids, starts, reused) = match &base {
             Some(base) => self.splice(base, text, max)?,
             None => {
-                let encoded = self.tokenizer.encode_with_starts_within(text, max);
+                let encoded = self.encode_bounded(text, max);
                 self.count_tokenized(encoded.tokenized_bytes);
                 let (ids, starts) = encoded.result?;
                 (ids, starts, 0)
@@ -313,7 +314,7 @@ impl SessionTokenizer {
         };
         let keep = restart.token;
         let tail_max = max.saturating_sub(keep);
-        let encoded = self.tokenizer.encode_with_starts_within(tail, tail_max);
+        let encoded = self.encode_bounded(tail, tail_max);
         self.count_tokenized(encoded.tokenized_bytes);
         let (tail_ids, tail_starts) = encoded.result.map_err(|err| match err {
             TokenizeError::TooManyTokens { at_least, .. } => TokenizeError::TooManyTokens {
@@ -380,6 +381,16 @@ impl SessionTokenizer {
         }
         let n = self.turns.fetch_add(1, Ordering::Relaxed) as f64;
         ((n + 1.0) * rate).floor() > (n * rate).floor()
+    }
+
+    /// Tokenizes a fresh text or a turn's new tail: a long one in pieces on several cores.
+    fn encode_bounded(&self, text: &str, max: usize) -> Bounded {
+        crate::parallel::encode_with_starts_within(
+            &self.tokenizer,
+            text,
+            max,
+            &ParallelPlan::default(),
+        )
     }
 
     fn count_tokenized(&self, bytes: usize) {
