@@ -132,3 +132,77 @@ async fn up_listens_on_a_host_name_and_logs_plain_text_to_a_pipe() {
         "no colour codes in piped logs: {stderr:?}"
     );
 }
+
+/// Runs the real binary to completion and returns (success, stdout, stderr).
+async fn run_switchyard(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn offline_runs_in_parallel_report_what_serial_runs_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let common = [
+        "mooncake",
+        "--limit",
+        "60",
+        "--policies",
+        "kv,round-robin",
+        "--speed",
+        "1,4",
+        "--sim-block-size",
+        "64",
+        "--kv-blocks",
+        "2048",
+        "--out",
+        out,
+    ];
+    let serial: Vec<&str> = ["replay"]
+        .into_iter()
+        .chain(common)
+        .chain(["--threads", "1", "--name", "serial"])
+        .collect();
+    let (ok, stdout, stderr) = run_switchyard(&serial).await;
+    assert!(ok, "{stdout}\n{stderr}");
+    let parallel: Vec<&str> = ["bench"]
+        .into_iter()
+        .chain(common)
+        .chain(["--threads", "3", "--name", "parallel"])
+        .collect();
+    let (ok, stdout, stderr) = run_switchyard(&parallel).await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("3 threads"), "{stdout}");
+    assert!(stdout.contains("all runs: "), "{stdout}");
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+    let report = read("serial.json");
+    assert!(report.contains("round-robin"), "{report}");
+    assert_eq!(report, read("parallel.json"));
+    assert_eq!(read("serial.csv"), read("parallel.csv"));
+}
+
+#[tokio::test]
+async fn threads_are_refused_for_a_live_replay() {
+    let (ok, _, stderr) = run_switchyard(&[
+        "replay",
+        "mooncake",
+        "--limit",
+        "4",
+        "--endpoint",
+        "http://127.0.0.1:9/v1",
+        "--threads",
+        "2",
+    ])
+    .await;
+    assert!(!ok);
+    assert!(stderr.contains("--threads"), "{stderr}");
+}

@@ -1,7 +1,9 @@
 //! The public [`Simulator`]: request intake, aborts, holds and introspection. The step itself
 //! lives in the `scheduler` module.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use rustc_hash::FxHashSet;
 
 use switchyard_core::{BlockHash, LoadStats, SnapshotBlock, TokenId};
 
@@ -30,7 +32,7 @@ pub struct Simulator {
     /// so imports waiting for their request can never deadlock the cache.
     pub(crate) import_holds: BTreeSet<u64>,
     /// Ids of waiting, running and held requests.
-    pub(crate) live_ids: HashSet<u64>,
+    pub(crate) live_ids: FxHashSet<u64>,
     pub(crate) preemptions_total: u64,
     pub(crate) cached_prompt_tokens_total: u64,
     pub(crate) prompt_tokens_total: u64,
@@ -49,7 +51,7 @@ impl Simulator {
             running: Vec::new(),
             held: BTreeMap::new(),
             import_holds: BTreeSet::new(),
-            live_ids: HashSet::new(),
+            live_ids: FxHashSet::default(),
             preemptions_total: 0,
             cached_prompt_tokens_total: 0,
             prompt_tokens_total: 0,
@@ -170,7 +172,7 @@ impl Simulator {
             .iter()
             .map(|s| {
                 let max_hit = (s.tokens.len() - 1) / bs;
-                s.tokens.len() - self.kv.lookup_prefix(&s.hashes, max_hit).len() * bs
+                s.tokens.len() - self.kv.cached_prefix_len(&s.hashes, max_hit) * bs
             })
             .sum();
         LoadStats {

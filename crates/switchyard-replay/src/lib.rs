@@ -19,6 +19,8 @@
 //! - [`events`]: a gateway's KV recording replayed against several policies side by side
 //!   (no simulator: the recorded caches, load reports and candidates are the input);
 //!   [`events_filter`] narrows its figures to one session or tenant.
+//! - [`parallel`]: independent runs (policies, load levels) on several threads, results in
+//!   the order a serial loop gives them.
 //! - [`error`] holds [`ReplayError`].
 
 pub mod cluster;
@@ -28,6 +30,7 @@ pub mod events;
 pub mod events_filter;
 pub mod live;
 pub mod metrics;
+pub mod parallel;
 pub mod plot;
 pub mod progress;
 pub mod report;
@@ -44,7 +47,7 @@ pub use error::ReplayError;
 pub use events::{EventsReport, replay_recording, replay_recording_for};
 pub use events_filter::RouteFilter;
 pub use metrics::{Percentiles, RequestRecord, Summary};
-pub use progress::progress_bar;
+pub use progress::{ProgressGroup, progress_bar};
 pub use report::Report;
 pub use workload::{Micros, Outbox, RequestSpec, Workload};
 

@@ -6,7 +6,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 use parking_lot::Mutex;
 
 /// How often a progress line is written when stderr is not a terminal.
@@ -33,6 +33,36 @@ pub fn progress_bar(len: Option<u64>, message: String) -> ProgressBar {
             Box::new(std::io::stderr()),
             PROGRESS_LINE_INTERVAL,
         )
+    }
+}
+
+/// The bars of replays that run at the same time: at a terminal each keeps its own line (one
+/// [`MultiProgress`] draws them all), elsewhere each writes its own spaced lines.
+#[derive(Debug, Clone)]
+pub struct ProgressGroup {
+    multi: Option<MultiProgress>,
+}
+
+impl ProgressGroup {
+    pub fn new() -> Self {
+        Self {
+            multi: std::io::stderr().is_terminal().then(MultiProgress::new),
+        }
+    }
+
+    /// A [`progress_bar`] drawn with the group's other bars.
+    pub fn bar(&self, len: Option<u64>, message: String) -> ProgressBar {
+        let bar = progress_bar(len, message);
+        match &self.multi {
+            Some(multi) => multi.add(bar),
+            None => bar,
+        }
+    }
+}
+
+impl Default for ProgressGroup {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

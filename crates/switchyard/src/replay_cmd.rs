@@ -16,8 +16,8 @@ use switchyard_replay::live::{LiveConfig, replay_live};
 use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
 use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
 use switchyard_replay::{
-    ClusterConfig, ReplayError, Report, RouteFilter, Summary, Workload, progress_bar,
-    replay_offline, replay_recording_for,
+    ClusterConfig, ProgressGroup, ReplayError, Report, RouteFilter, Summary, Workload, parallel,
+    progress_bar, replay_offline, replay_recording_for,
 };
 use switchyard_router::{PolicyConfig, PolicyKind};
 
@@ -150,6 +150,10 @@ struct CommonArgs {
     /// Longest prompt plus output a worker accepts, in tokens.
     #[arg(long)]
     max_context: Option<u64>,
+    /// Offline runs (policies × levels) replayed at once, one thread each (0 = one per core;
+    /// 1 = one after another). The figures do not depend on it.
+    #[arg(long)]
+    threads: Option<usize>,
     /// Delay before a step's KV events reach the router's index, in ms (offline).
     #[arg(long, default_value_t = 0.0)]
     event_delay_ms: f64,
@@ -400,6 +404,9 @@ pub fn run(args: ReplayArgs, bench: bool) -> ExitCode {
         (Some(_), true) => Err(ReplayError::InvalidConfig(
             "bench measures the offline replayer; drop --endpoint".into(),
         )),
+        (Some(_), false) if plan.common.threads.is_some() => Err(ReplayError::InvalidConfig(
+            "--threads applies to offline replays; a live replay sends one level at a time".into(),
+        )),
         (Some(endpoint), false) => run_live(&plan, endpoint),
         (None, _) if !plan.common.spread_over.is_empty() => Err(ReplayError::InvalidConfig(
             "--spread-over spreads a live replay: give --endpoint too".into(),
@@ -466,38 +473,63 @@ fn report(plan: &Plan, mode: &str, runs: Vec<Summary>, live: bool) -> Report {
     }
 }
 
+/// One offline run's figures and how long it took.
+struct Timing {
+    policy: PolicyKind,
+    level: f64,
+    wall: Duration,
+    steps: u64,
+    kv_events: u64,
+    requests: usize,
+}
+
 fn run_offline(plan: &Plan, bench: bool) -> Result<(), ReplayError> {
-    let mut runs = Vec::new();
-    let mut timings = Vec::new();
-    for level in plan.source.levels() {
-        for &policy in &plan.common.policies {
-            let mut workload = plan.source.build(level, plan.common.seed)?;
-            let config = ClusterConfig {
-                policy,
-                ..plan.cluster.clone()
-            };
-            let bar = progress_bar(
-                workload.expected_requests(),
-                format!("{policy} @ {}={level}", plan.level_kind),
-            );
-            let started = Instant::now();
-            let run = replay_offline(workload.as_mut(), &config, level, &bar)?;
-            let wall = started.elapsed();
-            bar.finish_and_clear();
-            timings.push((
-                policy,
-                level,
-                wall,
-                run.run.steps,
-                run.run.kv_events,
-                run.run.records.len(),
-            ));
-            runs.push(run.summary);
-        }
+    let jobs: Vec<(f64, PolicyKind)> = plan
+        .source
+        .levels()
+        .into_iter()
+        .flat_map(|level| plan.common.policies.iter().map(move |&p| (level, p)))
+        .collect();
+    let threads = parallel::threads_for(jobs.len(), plan.common.threads.unwrap_or(0));
+    let bars = ProgressGroup::new();
+    let started = Instant::now();
+    // Each run owns its workload and cluster; results come back in job order, so the report
+    // is the one a serial loop writes.
+    let results = parallel::run_ordered(jobs.len(), threads, |i| {
+        let (level, policy) = jobs[i];
+        let mut workload = plan.source.build(level, plan.common.seed)?;
+        let config = ClusterConfig {
+            policy,
+            ..plan.cluster.clone()
+        };
+        let bar = bars.bar(
+            workload.expected_requests(),
+            format!("{policy} @ {}={level}", plan.level_kind),
+        );
+        let run_started = Instant::now();
+        let run = replay_offline(workload.as_mut(), &config, level, &bar)?;
+        let timing = Timing {
+            policy,
+            level,
+            wall: run_started.elapsed(),
+            steps: run.run.steps,
+            kv_events: run.run.kv_events,
+            requests: run.run.records.len(),
+        };
+        bar.finish_and_clear();
+        Ok::<_, ReplayError>((run.summary, timing))
+    });
+    let total = started.elapsed();
+    let mut runs = Vec::with_capacity(results.len());
+    let mut timings = Vec::with_capacity(results.len());
+    for result in results {
+        let (summary, timing) = result?;
+        runs.push(summary);
+        timings.push(timing);
     }
     let report = report(plan, "offline", runs, false);
     if bench {
-        print_bench(plan, &timings);
+        print_bench(plan, &timings, total, threads);
         if plan.common.out.is_some() {
             finish(plan, &report)?;
         }
@@ -506,30 +538,32 @@ fn run_offline(plan: &Plan, bench: bool) -> Result<(), ReplayError> {
     finish(plan, &report)
 }
 
-fn print_bench(plan: &Plan, timings: &[(PolicyKind, f64, Duration, u64, u64, usize)]) {
+fn print_bench(plan: &Plan, timings: &[Timing], total: Duration, threads: usize) {
     println!(
-        "{} offline replay speed ({} workers, trace {})",
+        "{} offline replay speed ({} workers, trace {}, {threads} thread{})",
         plan.name,
         plan.cluster.workers,
-        Path::new(&plan.trace).display()
+        Path::new(&plan.trace).display(),
+        if threads == 1 { "" } else { "s" }
     );
     println!(
         "{:>12} {:>7} {:>9} {:>9} {:>10} {:>10} {:>12}",
         "policy", "level", "requests", "wall s", "steps", "kv events", "steps/s"
     );
-    for (policy, level, wall, steps, events, requests) in timings {
-        let secs = wall.as_secs_f64();
+    for t in timings {
+        let secs = t.wall.as_secs_f64();
         println!(
             "{:>12} {:>7} {:>9} {:>9.3} {:>10} {:>10} {:>12.0}",
-            policy.as_str(),
-            level,
-            requests,
+            t.policy.as_str(),
+            t.level,
+            t.requests,
             secs,
-            steps,
-            events,
-            *steps as f64 / secs.max(1e-9)
+            t.steps,
+            t.kv_events,
+            t.steps as f64 / secs.max(1e-9)
         );
     }
+    println!("all runs: {:.3} s wall", total.as_secs_f64());
 }
 
 fn run_live(plan: &Plan, endpoint: &str) -> Result<(), ReplayError> {

@@ -15,7 +15,7 @@
 //! `prompt + [first]` for the remaining tokens, its prompt part a prefix hit; the import hold is
 //! let go once that continuation produces its first token (it is admitted), as live.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use indicatif::ProgressBar;
 use serde::Serialize;

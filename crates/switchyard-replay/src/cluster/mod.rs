@@ -15,9 +15,12 @@
 //! to it, chunk by chunk, on a simulated link costed from the same transfer plan the workers use.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 use indicatif::ProgressBar;
+// Request ids are looked up for every token of every step: FxHash, not SipHash. No map here
+// is iterated, so the hasher cannot change a result.
+use rustc_hash::FxHashMap as HashMap;
 mod control;
 mod disagg;
 
@@ -217,7 +220,7 @@ impl Cluster {
         }
         Ok(Self {
             core,
-            bookings: HashMap::new(),
+            bookings: HashMap::default(),
             finished: Vec::new(),
             flows: disagg::Flows::default(),
             config,
@@ -228,7 +231,7 @@ impl Cluster {
             records: Vec::new(),
             last_token_at: Vec::new(),
             token_gaps: Vec::new(),
-            live: HashMap::new(),
+            live: HashMap::default(),
             steps: 0,
             kv_events: 0,
             now: 0,
