@@ -539,8 +539,8 @@ mod tests {
         relay.apply(0, &batch(vec![event]), &log, &c);
         assert_eq!(
             relay.held_blocks()[0].1,
-            StorageTier::Disk,
-            "never a device hit"
+            StorageTier::Remote,
+            "the remote tier, never a device hit"
         );
     }
 
