@@ -189,6 +189,7 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
         engine: switchyard_core::EngineKind::Sim,
         incarnation: 1,
         engine_endpoint: None,
+        kv_tiers: None,
     };
     use switchyard_registry::Registry as _;
     let _hung_registration = registry

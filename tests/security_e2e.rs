@@ -234,6 +234,7 @@ async fn with_a_cluster_secret_only_members_in_their_roles_get_in() {
         engine: switchyard_core::EngineKind::Sim,
         incarnation: 1,
         engine_endpoint: None,
+        kv_tiers: None,
     };
     let unsigned =
         switchyard_registry::EtcdRegistry::connect(std::slice::from_ref(&endpoint), &name)

@@ -158,6 +158,7 @@ pub async fn register_ghost(
         engine: switchyard_core::EngineKind::Sim,
         incarnation: 1,
         engine_endpoint: None,
+        kv_tiers: None,
     };
     registry.register(ghost, ttl).await.expect("register ghost")
 }

@@ -53,6 +53,7 @@ fn mix(hash: BlockHash, tier: StorageTier) -> u64 {
         StorageTier::Device => 0x9e37_79b9_7f4a_7c15,
         StorageTier::Host => 0xbf58_476d_1ce4_e5b9,
         StorageTier::Disk => 0x94d0_49bb_1331_11eb,
+        StorageTier::Remote => 0xd6e8_feb8_6659_fd93,
     };
     let mut z = hash.get() ^ salt;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -26,18 +26,28 @@ pub enum StorageTier {
     Device,
     /// Host memory: a hit here costs a copy back to the device.
     Host,
-    /// Local disk or remote store.
+    /// The worker's local disk.
     Disk,
+    /// A store outside the worker's node (SGLang's `EXTERNAL` medium, LMCache's remote
+    /// backends, media an engine names that Switchyard does not know): reached over the
+    /// network, and possibly shared by several workers.
+    Remote,
 }
 
 impl StorageTier {
-    pub const ALL: [StorageTier; 3] = [StorageTier::Device, StorageTier::Host, StorageTier::Disk];
+    pub const ALL: [StorageTier; 4] = [
+        StorageTier::Device,
+        StorageTier::Host,
+        StorageTier::Disk,
+        StorageTier::Remote,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             StorageTier::Device => "device",
             StorageTier::Host => "host",
             StorageTier::Disk => "disk",
+            StorageTier::Remote => "remote",
         }
     }
 }
@@ -49,6 +59,7 @@ impl std::str::FromStr for StorageTier {
             "device" | "gpu" => Ok(StorageTier::Device),
             "host" | "cpu" => Ok(StorageTier::Host),
             "disk" => Ok(StorageTier::Disk),
+            "remote" | "external" => Ok(StorageTier::Remote),
             _ => Err(CoreError::UnknownTier(s.to_owned())),
         }
     }

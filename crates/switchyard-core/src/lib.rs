@@ -27,6 +27,7 @@ pub mod promtext;
 pub mod rng;
 pub mod sampling;
 pub mod sse;
+pub mod tier_cost;
 pub mod tokens;
 pub mod worker;
 
@@ -40,5 +41,6 @@ pub use hash::{BlockHash, block_hashes, block_key, chain_hash, chain_hash_keyed}
 pub use load::LoadStats;
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob};
 pub use sampling::{Sampling, SamplingError};
+pub use tier_cost::{KvTierCosts, TierLink};
 pub use tokens::{BlockSize, TokenId};
 pub use worker::{EngineKind, Role, WorkerId, WorkerInfo};

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{BlockSize, CoreError};
+use crate::{BlockSize, CoreError, KvTierCosts};
 
 /// A worker's stable name. It appears in etcd keys, metrics labels and logs, so it is limited to
 /// `[A-Za-z0-9._-]`, 1 to 128 characters.
@@ -160,6 +160,11 @@ pub struct WorkerInfo {
     /// which serves only through the worker's gRPC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_endpoint: Option<String>,
+    /// What loading KV from each non-device tier costs the worker, against recomputing it
+    /// (see [`KvTierCosts`]). None from workers that predate it: routers assume
+    /// [`KvTierCosts::typical`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_tiers: Option<KvTierCosts>,
 }
 
 impl WorkerInfo {
@@ -183,6 +188,9 @@ impl WorkerInfo {
         }
         if let Some(endpoint) = &self.engine_endpoint {
             validate_endpoint(endpoint).map_err(CoreError::InvalidWorkerInfo)?;
+        }
+        if let Some(costs) = &self.kv_tiers {
+            costs.validate()?;
         }
         Ok(())
     }
@@ -244,6 +252,7 @@ mod tests {
             engine: EngineKind::Sim,
             incarnation: 7,
             engine_endpoint: None,
+            kv_tiers: None,
         };
         let json = serde_json::to_string(&info).unwrap();
         assert_eq!(serde_json::from_str::<WorkerInfo>(&json).unwrap(), info);
@@ -268,6 +277,7 @@ mod tests {
             engine: EngineKind::Vllm,
             incarnation: 7,
             engine_endpoint: None,
+            kv_tiers: None,
         };
         // Entries without one read as before (older gateways refuse unknown fields).
         assert!(

@@ -137,6 +137,7 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
             engine: EngineKind::Vllm,
             incarnation: 1,
             engine_endpoint: Some(format!("10.0.0.{}:8000", i + 1)),
+            kv_tiers: None,
         });
     }
     let routes = pool.model(MODEL).unwrap();

@@ -118,6 +118,7 @@ fn info(id: &str, endpoint: Option<&str>) -> WorkerInfo {
         engine: EngineKind::Vllm,
         incarnation: 1,
         engine_endpoint: endpoint.map(str::to_owned),
+        kv_tiers: None,
     }
 }
 

@@ -82,6 +82,7 @@ fn info(id: &str, role: Role, engine: EngineKind) -> WorkerInfo {
         engine,
         incarnation: 1,
         engine_endpoint: None,
+        kv_tiers: None,
     }
 }
 

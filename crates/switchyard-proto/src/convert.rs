@@ -1,9 +1,9 @@
 //! Conversions between protocol messages and core types.
 
 use switchyard_core::{
-    BlockHash, BlockSize, CoreError, EngineKind, Guided, KvEvent, LoadStats, Role, Sampling,
-    SamplingError, SnapshotBlock, StorageTier, StoredBlock, TokenLogprob, TopLogprob, WorkerId,
-    WorkerInfo,
+    BlockHash, BlockSize, CoreError, EngineKind, Guided, KvEvent, KvTierCosts, LoadStats, Role,
+    Sampling, SamplingError, SnapshotBlock, StorageTier, StoredBlock, TierLink, TokenLogprob,
+    TopLogprob, WorkerId, WorkerInfo,
 };
 
 use crate::v1;
@@ -171,6 +171,7 @@ impl From<StorageTier> for v1::StorageTier {
             StorageTier::Device => v1::StorageTier::Device,
             StorageTier::Host => v1::StorageTier::Host,
             StorageTier::Disk => v1::StorageTier::Disk,
+            StorageTier::Remote => v1::StorageTier::Remote,
         }
     }
 }
@@ -181,8 +182,41 @@ pub fn tier_from_wire(value: i32) -> Result<StorageTier, ProtoError> {
         Ok(v1::StorageTier::Device) => Ok(StorageTier::Device),
         Ok(v1::StorageTier::Host) => Ok(StorageTier::Host),
         Ok(v1::StorageTier::Disk) => Ok(StorageTier::Disk),
+        Ok(v1::StorageTier::Remote) => Ok(StorageTier::Remote),
         Err(_) => Err(ProtoError::MissingField("tier")),
     }
+}
+
+fn tier_costs_to_wire(c: &KvTierCosts) -> v1::KvTierCosts {
+    let link = |l: &TierLink| v1::TierLink {
+        bytes_per_s: l.bytes_per_s,
+        latency_us: l.latency_us,
+    };
+    v1::KvTierCosts {
+        bytes_per_block: c.bytes_per_block,
+        prefill_tokens_per_s: c.prefill_tokens_per_s,
+        host: Some(link(&c.host)),
+        disk: Some(link(&c.disk)),
+        remote: Some(link(&c.remote)),
+    }
+}
+
+/// Every tier's link is required: a cost the worker did not give is not guessed.
+fn tier_costs_from_wire(c: v1::KvTierCosts) -> Result<KvTierCosts, ProtoError> {
+    let link = |l: Option<v1::TierLink>, field| {
+        l.map(|l| TierLink {
+            bytes_per_s: l.bytes_per_s,
+            latency_us: l.latency_us,
+        })
+        .ok_or(ProtoError::MissingField(field))
+    };
+    Ok(KvTierCosts {
+        bytes_per_block: c.bytes_per_block,
+        prefill_tokens_per_s: c.prefill_tokens_per_s,
+        host: link(c.host, "kv_tiers.host")?,
+        disk: link(c.disk, "kv_tiers.disk")?,
+        remote: link(c.remote, "kv_tiers.remote")?,
+    })
 }
 
 /// Wire form of a worker's description, plus whether it is draining.
@@ -199,6 +233,7 @@ pub fn worker_info_to_wire(info: &WorkerInfo, draining: bool) -> v1::WorkerInfo 
         incarnation: info.incarnation,
         draining,
         engine_endpoint: info.engine_endpoint.clone().unwrap_or_default(),
+        kv_tiers: info.kv_tiers.as_ref().map(tier_costs_to_wire),
     }
 }
 
@@ -222,6 +257,7 @@ impl TryFrom<v1::WorkerInfo> for WorkerInfo {
             engine,
             incarnation: w.incarnation,
             engine_endpoint: Some(w.engine_endpoint).filter(|e| !e.is_empty()),
+            kv_tiers: w.kv_tiers.map(tier_costs_from_wire).transpose()?,
         };
         info.validate()?;
         Ok(info)
@@ -425,9 +461,8 @@ mod tests {
         assert!(err.to_string().contains("kind"));
     }
 
-    #[test]
-    fn worker_info_round_trips_and_refuses_bad_values() {
-        let info = WorkerInfo {
+    fn sample_info() -> WorkerInfo {
+        WorkerInfo {
             id: WorkerId::new("w-1").unwrap(),
             address: "127.0.0.1:1".into(),
             model: "m".into(),
@@ -438,7 +473,13 @@ mod tests {
             engine: EngineKind::Sim,
             incarnation: 3,
             engine_endpoint: None,
-        };
+            kv_tiers: None,
+        }
+    }
+
+    #[test]
+    fn worker_info_round_trips_and_refuses_bad_values() {
+        let info = sample_info();
         let wire = worker_info_to_wire(&info, false);
         assert_eq!(WorkerInfo::try_from(wire.clone()).unwrap(), info);
         let zero_block = v1::WorkerInfo {
@@ -448,5 +489,33 @@ mod tests {
         assert!(WorkerInfo::try_from(zero_block).is_err());
         let no_role = v1::WorkerInfo { role: 0, ..wire };
         assert!(WorkerInfo::try_from(no_role).is_err());
+    }
+
+    #[test]
+    fn announced_tier_costs_round_trip_and_a_missing_link_is_named() {
+        let mut info = sample_info();
+        info.kv_tiers = Some(KvTierCosts::typical(2 << 20));
+        let wire = worker_info_to_wire(&info, false);
+        assert_eq!(WorkerInfo::try_from(wire.clone()).unwrap(), info);
+        let mut no_remote = wire.clone();
+        if let Some(c) = no_remote.kv_tiers.as_mut() {
+            c.remote = None;
+        }
+        let err = WorkerInfo::try_from(no_remote).unwrap_err().to_string();
+        assert!(err.contains("kv_tiers.remote"), "{err}");
+        let mut zero_rate = wire;
+        if let Some(c) = zero_rate.kv_tiers.as_mut() {
+            c.prefill_tokens_per_s = 0;
+        }
+        assert!(
+            WorkerInfo::try_from(zero_rate).is_err(),
+            "validated on the way in"
+        );
+    }
+
+    #[test]
+    fn the_remote_tier_crosses_the_wire() {
+        let tier: v1::StorageTier = StorageTier::Remote.into();
+        assert_eq!(tier_from_wire(tier as i32).unwrap(), StorageTier::Remote);
     }
 }

@@ -345,6 +345,7 @@ mod tests {
             engine: EngineKind::Sim,
             incarnation: 0,
             engine_endpoint: None,
+            kv_tiers: None,
         }
     }
 

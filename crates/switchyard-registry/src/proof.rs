@@ -123,6 +123,7 @@ mod tests {
             engine: switchyard_core::EngineKind::Sim,
             incarnation: 7,
             engine_endpoint: None,
+            kv_tiers: None,
         }
     }
 

@@ -72,6 +72,7 @@ fn worker(id: &str, model: &str, block_size: u32) -> WorkerInfo {
         engine: EngineKind::Sim,
         incarnation: 1,
         engine_endpoint: None,
+        kv_tiers: None,
     }
 }
 

@@ -61,6 +61,9 @@ pub struct WorkerLoad {
     pub capacity_blocks: u64,
     /// Requests routed to the worker and not yet reflected in a report.
     pub in_flight_requests: u64,
+    /// KV bytes queued on the worker's transfer path (tier loads of requests routed there and
+    /// not yet prefilled, plus any the worker reported).
+    pub queued_onboard_bytes: u64,
     /// Whether the worker has reported at least once.
     pub reported: bool,
 }
@@ -91,12 +94,15 @@ struct InFlight {
     routed_at: Tick,
     prefill_tokens: u64,
     blocks: u64,
+    onboard_bytes: u64,
     prefill_done: bool,
 }
 
 #[derive(Debug, Default)]
 struct WorkerEntry {
     reported: Option<LoadStats>,
+    /// Transfer-path queue as last reported (see [`LoadView::report_transfer_queue`]).
+    reported_onboard_bytes: u64,
     in_flight: FxHashMap<RequestId, InFlight>,
 }
 
@@ -157,9 +163,32 @@ impl LoadView {
                 routed_at: now,
                 prefill_tokens,
                 blocks,
+                onboard_bytes: 0,
                 prefill_done: false,
             },
         );
+    }
+
+    /// `request`, in flight on `worker`, loads `bytes` of its cached prefix from non-device
+    /// tiers before its prefill: they queue on the worker's transfer path until it is done.
+    pub fn set_onboard_bytes(&mut self, worker: &WorkerId, request: RequestId, bytes: u64) {
+        if let Some(r) = self
+            .workers
+            .get_mut(worker)
+            .and_then(|e| e.in_flight.get_mut(&request))
+        {
+            r.onboard_bytes = bytes;
+        }
+    }
+
+    /// `worker`'s transfer path has `bytes` queued besides what the router routed since
+    /// (replaces the previous figure); the counterfactual explain restores a recorded queue
+    /// with it.
+    pub fn report_transfer_queue(&mut self, worker: &WorkerId, bytes: u64) {
+        self.workers
+            .entry(worker.clone())
+            .or_default()
+            .reported_onboard_bytes = bytes;
     }
 
     /// `request`, still in flight on `worker`, now has `prefill_tokens` to compute there (its
@@ -237,6 +266,7 @@ impl LoadView {
             active_blocks: base.active_blocks,
             capacity_blocks: base.capacity_blocks,
             in_flight_requests: e.in_flight.len() as u64,
+            queued_onboard_bytes: e.reported_onboard_bytes,
             reported: e.reported.is_some(),
         };
         for r in e.in_flight.values() {
@@ -246,6 +276,7 @@ impl LoadView {
                 load.active_decode_sequences += 1;
             } else {
                 load.queued_prefill_tokens += r.prefill_tokens;
+                load.queued_onboard_bytes += r.onboard_bytes;
             }
         }
         load
@@ -283,6 +314,26 @@ mod tests {
         view.on_finished(&a, 1);
         assert_eq!(view.get(&a).active_blocks, 10);
         assert_eq!(view.get(&w("nobody")), WorkerLoad::default());
+    }
+
+    #[test]
+    fn tier_loads_queue_on_the_transfer_path_until_prefill_is_done() {
+        let mut view = LoadView::new(LoadConfig::default());
+        let a = w("a");
+        view.report_transfer_queue(&a, 1_000);
+        view.on_routed(&a, 1, 10, 1, 0);
+        view.set_onboard_bytes(&a, 1, 4_000);
+        view.on_routed(&a, 2, 10, 1, 0);
+        view.set_onboard_bytes(&a, 2, 500);
+        assert_eq!(view.get(&a).queued_onboard_bytes, 5_500);
+        view.on_prefill_done(&a, 1);
+        assert_eq!(view.get(&a).queued_onboard_bytes, 1_500);
+        view.on_finished(&a, 2);
+        view.report_transfer_queue(&a, 0);
+        assert_eq!(view.get(&a).queued_onboard_bytes, 0);
+        // Unknown requests are ignored.
+        view.set_onboard_bytes(&a, 99, 1);
+        assert_eq!(view.get(&a).queued_onboard_bytes, 0);
     }
 
     #[test]

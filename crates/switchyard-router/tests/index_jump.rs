@@ -68,6 +68,7 @@ fn tier() -> impl Strategy<Value = StorageTier> {
         8 => Just(StorageTier::Device),
         1 => Just(StorageTier::Host),
         1 => Just(StorageTier::Disk),
+        1 => Just(StorageTier::Remote),
     ]
 }
 
@@ -97,6 +98,7 @@ fn mask(tier: StorageTier) -> u8 {
         StorageTier::Device => 1,
         StorageTier::Host => 2,
         StorageTier::Disk => 4,
+        StorageTier::Remote => 8,
     }
 }
 
@@ -167,7 +169,8 @@ fn model_overlap(held: &BTreeMap<BlockHash, u8>, prompt: &[BlockHash]) -> TierOv
     TierOverlap {
         device: lead(1),
         device_or_host: lead(3),
-        any_tier: lead(7),
+        device_host_or_disk: lead(7),
+        any_tier: lead(15),
     }
 }
 

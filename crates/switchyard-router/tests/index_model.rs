@@ -52,6 +52,7 @@ fn mask(tier: StorageTier) -> u8 {
         StorageTier::Device => 1,
         StorageTier::Host => 2,
         StorageTier::Disk => 4,
+        StorageTier::Remote => 8,
     }
 }
 
@@ -133,6 +134,7 @@ fn tier() -> impl Strategy<Value = StorageTier> {
         3 => Just(StorageTier::Device),
         1 => Just(StorageTier::Host),
         1 => Just(StorageTier::Disk),
+        1 => Just(StorageTier::Remote),
     ]
 }
 
@@ -256,7 +258,8 @@ impl Reference {
             let o = TierOverlap {
                 device: lead(1),
                 device_or_host: lead(3),
-                any_tier: lead(7),
+                device_host_or_disk: lead(7),
+                any_tier: lead(15),
             };
             if o.any_tier > 0 {
                 out.insert(id.clone(), o);

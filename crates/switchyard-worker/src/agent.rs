@@ -211,6 +211,11 @@ pub async fn run(
         engine: spec.kind,
         incarnation,
         engine_endpoint: config.engine.http_endpoint(),
+        kv_tiers: Some(config.kv_tiers.announce(
+            spec.kind,
+            config.kv_bytes_per_token * u64::from(spec.block_size.get()),
+            &config.sim.timing,
+        )),
     };
     info.validate()
         .map_err(|e| AgentError::Describe(e.to_string()))?;

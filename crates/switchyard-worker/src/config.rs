@@ -15,6 +15,7 @@ use switchyard_engine_sim::{KvLayout, SimConfig};
 pub use crate::engine::config::EngineConfig;
 use crate::engine::openai_http::TokenIdSource;
 use crate::engine::sim::TransferSetup;
+pub use crate::kv_tiers::{KvTierArgs, KvTierConfig};
 pub use crate::transfer_config::KvTransferConfig;
 
 pub use switchyard_config::ConfigError;
@@ -65,6 +66,8 @@ pub struct WorkerConfig {
     pub kv_layout: KvLayout,
     /// How a decode worker moves KV pulled from prefill workers.
     pub kv_transfer: KvTransferConfig,
+    /// What loading KV from host, disk and remote tiers costs, announced to routers.
+    pub kv_tiers: KvTierConfig,
     /// Longest a decode worker waits for the prefill worker's next KV chunk before failing the
     /// request as unavailable (so a dead or hung prefill worker cannot hang it).
     pub kv_pull_timeout_ms: u64,
@@ -101,6 +104,7 @@ impl Default for WorkerConfig {
             sim: SimConfig::default(),
             kv_layout: KvLayout::default(),
             kv_transfer: KvTransferConfig::default(),
+            kv_tiers: KvTierConfig::default(),
             kv_pull_timeout_ms: 30_000,
             engine: EngineConfig::default(),
             otlp_endpoint: None,
@@ -185,6 +189,7 @@ impl WorkerConfig {
                 self.kv_bytes_per_token
             ));
         }
+        self.kv_tiers.validate()?;
         if self.kv_pull_timeout_ms == 0 {
             return invalid("kv_pull_timeout_ms must be at least 1".into());
         }
@@ -281,6 +286,8 @@ pub struct WorkerArgs {
     /// Decode side: coalesce KV fragments through the staging area (true or false).
     #[arg(long, env = "SWITCHYARD_KV_COALESCE")]
     pub kv_coalesce: Option<bool>,
+    #[command(flatten)]
+    pub kv_tiers: KvTierArgs,
     /// Engine behind the worker: sim, vllm or sglang.
     #[arg(long, env = "SWITCHYARD_ENGINE", value_parser = parse_engine_kind)]
     pub engine: Option<EngineKind>,
@@ -400,6 +407,7 @@ impl WorkerArgs {
             config.kv_transfer.prefill_tensor_parallel = self.prefill_tensor_parallel;
         }
         set!(kv_coalesce => config.kv_transfer.coalesce);
+        self.kv_tiers.apply(&mut config.kv_tiers);
         set!(engine => config.engine.kind);
         let engine = &mut config.engine;
         for (flag, target) in [

@@ -19,6 +19,7 @@ mod engine_transfer;
 pub mod event_log;
 mod kv_layout;
 mod kv_source;
+pub mod kv_tiers;
 pub mod metrics;
 mod metrics_access;
 pub mod peers;

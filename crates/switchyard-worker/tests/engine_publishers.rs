@@ -35,7 +35,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::{Instant, sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
-use StorageTier::{Device, Disk, Host};
+use StorageTier::{Device, Host, Remote};
 
 /// The publishers' block (page) size, and the worker's.
 const BS: u32 = 4;
@@ -400,7 +400,7 @@ async fn stores(release: Release, env: &[(&str, &str)]) {
     let external = if release.vllm() {
         View::new()
     } else {
-        blocks_from(&other, 0, Disk)
+        blocks_from(&other, 0, Remote)
     };
     let host = blocks_from(&host_tokens, host_from, Host);
     let plain = union([dev(&t1), host.clone(), dev(&t2), external]);

@@ -68,6 +68,7 @@ pub fn pool(workers: usize, prompt: &[TokenId]) -> (Arc<WorkerPool>, Arc<ModelRo
             engine: EngineKind::Sim,
             incarnation: 1,
             engine_endpoint: None,
+            kv_tiers: None,
         });
     }
     let routes = pool.model(MODEL).unwrap();

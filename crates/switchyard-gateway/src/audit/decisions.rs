@@ -406,7 +406,8 @@ impl DecisionLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchyard_core::WorkerId;
+    use switchyard_core::{KvTierCosts, WorkerId};
+    use switchyard_router::policy::Onboarding;
     use switchyard_router::{Explanation, TierOverlap, WorkerScore};
 
     pub(crate) fn decision(worker: &str, device: u32) -> Arc<Decision> {
@@ -422,17 +423,20 @@ mod tests {
                 sampled: false,
                 workers: vec![WorkerScore {
                     worker: id,
-                    overlap: TierOverlap {
-                        device,
-                        device_or_host: device,
-                        any_tier: device,
-                    },
+                    overlap: TierOverlap::uniform(device),
                     uncached_prompt_tokens: 0,
                     queued_prefill_tokens: 0,
                     running_requests: 0,
                     active_decode_sequences: 0,
                     active_blocks: 0,
                     kv_utilisation: 0.0,
+                    onboarding: Onboarding::price(
+                        TierOverlap::uniform(device),
+                        KvTierCosts::typical(1),
+                        false,
+                        0,
+                        16,
+                    ),
                     prefill_term: 0.0,
                     decode_term: 0.0,
                     score: 0.0,

@@ -508,6 +508,7 @@ mod tests {
             engine: EngineKind::Vllm,
             incarnation: 1,
             engine_endpoint: None,
+            kv_tiers: None,
         }
     }
 

@@ -340,6 +340,7 @@ mod tests {
             engine: EngineKind::Sim,
             incarnation: 1,
             engine_endpoint: None,
+            kv_tiers: None,
         };
         let routes = pool.routes_for(&info).unwrap();
         (pool, routes, id)

@@ -69,10 +69,10 @@ impl Candidates {
             let id = {
                 let info = w.info.read().unwrap_or_else(|p| p.into_inner());
                 (info.model == routes.model && eligible(&info, w.is_draining()))
-                    .then(|| info.id.clone())
+                    .then(|| Candidate::of(&info))
             };
-            if let Some(id) = id {
-                out.ids.push(Candidate::from(id));
+            if let Some(candidate) = id {
+                out.ids.push(candidate);
                 out.handles.push(w);
             }
         }

@@ -272,6 +272,7 @@ mod tests {
             engine: EngineKind::default(),
             incarnation: 0,
             engine_endpoint: None,
+            kv_tiers: None,
         }
     }
 

@@ -1,7 +1,7 @@
 //! Compact storage of which workers hold each block, and each block's parent.
 //!
 //! One `(block, worker)` pair is a packed `u32` [`Holder`]: the worker's dense slot in the low
-//! 24 bits, the mask of tiers it holds the block in above them (3 bits), and in the next 4 bits
+//! 23 bits, the mask of tiers it holds the block in above them (4 bits), and in the next 4 bits
 //! how many children of the block the same worker holds (saturating at 15, which then means "15
 //! or more"; the index uses it to know whether a worker's blocks stay prefix-closed, see
 //! `mod.rs`). The block map's value is the block's parent hash ([`BlockHash::ROOT`] for the first
@@ -18,9 +18,10 @@ use switchyard_core::{BlockHash, StorageTier};
 use crate::hasher::FxHashMap;
 
 /// Largest number of worker slots a holder can name.
-pub const MAX_SLOTS: usize = 1 << 24;
-const SLOT_MASK: u32 = (1 << 24) - 1;
-const TIER_SHIFT: u32 = 24;
+pub const MAX_SLOTS: usize = 1 << 23;
+const SLOT_MASK: u32 = (1 << 23) - 1;
+const TIER_SHIFT: u32 = 23;
+const TIER_MASK: u32 = 0xf;
 const CHILD_SHIFT: u32 = 27;
 /// Child counts saturate here; a saturated count is never decremented.
 pub const CHILD_MAX: u32 = 15;
@@ -29,12 +30,16 @@ const ARENA_FLAG: u32 = 1 << 31;
 pub const DEVICE: u8 = 1;
 pub const HOST: u8 = 2;
 pub const DISK: u8 = 4;
+pub const REMOTE: u8 = 8;
+/// Every tier: removing it removes the pair.
+pub const ALL_TIERS: u8 = DEVICE | HOST | DISK | REMOTE;
 
 pub fn tier_bit(tier: StorageTier) -> u8 {
     match tier {
         StorageTier::Device => DEVICE,
         StorageTier::Host => HOST,
         StorageTier::Disk => DISK,
+        StorageTier::Remote => REMOTE,
     }
 }
 
@@ -45,7 +50,7 @@ pub struct Holder(u32);
 
 impl Holder {
     pub fn new(slot: u32, tiers: u8) -> Self {
-        debug_assert!(slot <= SLOT_MASK && tiers != 0 && tiers < 8);
+        debug_assert!(slot <= SLOT_MASK && tiers != 0 && u32::from(tiers) <= TIER_MASK);
         Holder(slot | (u32::from(tiers) << TIER_SHIFT))
     }
     #[inline]
@@ -54,7 +59,7 @@ impl Holder {
     }
     #[inline]
     pub fn tiers(self) -> u8 {
-        ((self.0 >> TIER_SHIFT) & 0x7) as u8
+        ((self.0 >> TIER_SHIFT) & TIER_MASK) as u8
     }
     #[inline]
     pub fn children(self) -> u32 {
@@ -62,7 +67,7 @@ impl Holder {
     }
     #[inline]
     fn with_tiers(self, tiers: u8) -> Self {
-        Holder((self.0 & !(0x7 << TIER_SHIFT)) | (u32::from(tiers) << TIER_SHIFT))
+        Holder((self.0 & !(TIER_MASK << TIER_SHIFT)) | (u32::from(tiers) << TIER_SHIFT))
     }
     #[inline]
     fn with_children(self, n: u32) -> Self {
@@ -390,6 +395,26 @@ mod tests {
         add(&mut m, b, 3, DEVICE);
         assert_eq!(m.arena.len(), 1);
         assert!(m.free.is_empty());
+    }
+
+    #[test]
+    fn the_four_tier_bits_slot_and_child_count_do_not_overlap() {
+        let top = (MAX_SLOTS - 1) as u32;
+        let all = ALL_TIERS;
+        let h = Holder::new(top, all).with_children(CHILD_MAX);
+        assert_eq!((h.slot(), h.tiers(), h.children()), (top, all, CHILD_MAX));
+        assert_eq!(
+            h.0 & ARENA_FLAG,
+            0,
+            "a holder must never look like an arena index"
+        );
+        let h = h.with_tiers(REMOTE);
+        assert_eq!(
+            (h.slot(), h.tiers(), h.children()),
+            (top, REMOTE, CHILD_MAX)
+        );
+        let remote_only = Holder::new(0, REMOTE);
+        assert_eq!((remote_only.slot(), remote_only.children()), (0, 0));
     }
 
     #[test]

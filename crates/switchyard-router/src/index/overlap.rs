@@ -1,14 +1,16 @@
 //! The overlap query: for a prompt's blocks, how many leading blocks each worker holds.
 //!
 //! Prefix semantics: a worker's count stops at its first missing block, because an engine can
-//! only reuse a cached prefix. Counts are given at three nested tier levels:
+//! only reuse a cached prefix. Counts are given at four nested tier levels:
 //! - `device`: leading blocks all held in device memory (free to reuse);
 //! - `device_or_host`: leading blocks each held on the device or in host memory (reusable after
 //!   a host-to-device copy);
-//! - `any_tier`: leading blocks each held in some tier (device, host or disk).
+//! - `device_host_or_disk`: leading blocks each held on the worker's node (device, host or
+//!   local disk);
+//! - `any_tier`: leading blocks each held in some tier, the remote one included.
 //!
-//! so `device <= device_or_host <= any_tier`. A block held in several tiers counts at the
-//! fastest one.
+//! so `device <= device_or_host <= device_host_or_disk <= any_tier`. A block held in several
+//! tiers counts at the fastest one.
 //!
 //! Two ways to answer, with the same result:
 //! - **Jump search**, when every worker holding the first block is prefix-closed and holds its
@@ -33,15 +35,28 @@
 use serde::Serialize;
 use switchyard_core::BlockHash;
 
-use super::holders::{DEVICE, HOST, Holder};
+use super::holders::{DEVICE, DISK, HOST, Holder};
 use super::{PrefixIndex, WorkerKey};
 
-/// Leading blocks a worker holds, at three nested tier levels (see the module docs).
+/// Leading blocks a worker holds, at four nested tier levels (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct TierOverlap {
     pub device: u32,
     pub device_or_host: u32,
+    pub device_host_or_disk: u32,
     pub any_tier: u32,
+}
+
+impl TierOverlap {
+    /// `n` leading blocks, all on the device.
+    pub fn uniform(n: u32) -> Self {
+        TierOverlap {
+            device: n,
+            device_or_host: n,
+            device_host_or_disk: n,
+            any_tier: n,
+        }
+    }
 }
 
 /// Per-worker overlap for one prompt. Workers that hold not even the first block are absent
@@ -81,19 +96,22 @@ impl OverlapScores {
 #[derive(Debug, Clone, Copy)]
 struct Active {
     slot: u32,
-    /// Bit 0: still matching at device level; bit 1: at device-or-host level.
+    /// Bit 0: still matching at device level; bit 1: at device-or-host level; bit 2: at
+    /// device-host-or-disk level.
     alive: u8,
     device_end: u32,
     host_end: u32,
+    disk_end: u32,
 }
 
 impl Active {
     fn new(slot: u32, tiers: u8) -> Self {
         let mut a = Active {
             slot,
-            alive: 0b11,
+            alive: 0b111,
             device_end: 0,
             host_end: 0,
+            disk_end: 0,
         };
         a.step(0, tiers);
         a
@@ -111,6 +129,10 @@ impl Active {
                 self.alive &= !2;
                 self.host_end = i;
             }
+            if self.alive & 4 != 0 && tiers & (HOST | DISK) == 0 {
+                self.alive &= !4;
+                self.disk_end = i;
+            }
         }
     }
 
@@ -126,6 +148,11 @@ impl Active {
                 end
             } else {
                 self.host_end
+            },
+            device_host_or_disk: if self.alive & 4 != 0 {
+                end
+            } else {
+                self.disk_end
             },
             any_tier: end,
         };
@@ -175,7 +202,7 @@ impl PrefixIndex {
 
 impl PrefixIndex {
     /// The jump search (see the module docs); every worker in `first` is jumpable, so each
-    /// count holds at all three tier levels.
+    /// count holds at all four tier levels.
     ///
     /// When every worker of the index is jumpable, a block's holders are a subset of the
     /// workers still followed (a closed worker holding block `j` holds every block before it),
@@ -239,7 +266,7 @@ impl PrefixIndex {
             active.retain(|&slot| {
                 let stays = at_b.binary_search_by_key(&slot, |h| h.slot()).is_ok();
                 if !stays {
-                    done.push((WorkerKey(slot), uniform(count)));
+                    done.push((WorkerKey(slot), TierOverlap::uniform(count)));
                 }
                 stays
             });
@@ -254,17 +281,13 @@ impl PrefixIndex {
             predicted = gap > 1;
         }
         let end = if active.is_empty() { 0 } else { lo as u32 + 1 };
-        done.extend(active.iter().map(|&slot| (WorkerKey(slot), uniform(end))));
+        done.extend(
+            active
+                .iter()
+                .map(|&slot| (WorkerKey(slot), TierOverlap::uniform(end))),
+        );
         done.sort_unstable_by_key(|(k, _)| *k);
         OverlapScores { scores: done }
-    }
-}
-
-fn uniform(n: u32) -> TierOverlap {
-    TierOverlap {
-        device: n,
-        device_or_host: n,
-        any_tier: n,
     }
 }
 
@@ -293,7 +316,7 @@ fn leave_childless(
             }
         };
         if !stays {
-            done.push((WorkerKey(slot), uniform(count)));
+            done.push((WorkerKey(slot), TierOverlap::uniform(count)));
         }
         stays
     });

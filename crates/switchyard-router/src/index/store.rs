@@ -5,7 +5,7 @@
 use switchyard_core::{BlockHash, KvEvent, SnapshotBlock, StoredBlock};
 
 use super::PrefixIndex;
-use super::holders::{CHILD_MAX, DEVICE, PairChange, tier_bit};
+use super::holders::{ALL_TIERS, CHILD_MAX, DEVICE, PairChange, tier_bit};
 use crate::hasher::FxHashMap;
 
 /// Buffers reused by each `Removed` event.
@@ -264,7 +264,7 @@ impl PrefixIndex {
                 return false;
             };
             let before = self.entries;
-            self.remove_blocks(victim, &[block], 0b111);
+            self.remove_blocks(victim, &[block], ALL_TIERS);
             self.refresh_jumpable(victim);
             if self.entries < before {
                 self.evicted += 1;
@@ -288,7 +288,7 @@ impl PrefixIndex {
             self.unjumpable -= 1;
         }
         for block in order {
-            if self.holders.remove(block, slot, 0b111).change == PairChange::Removed {
+            if self.holders.remove(block, slot, ALL_TIERS).change == PairChange::Removed {
                 self.entries -= 1;
             }
         }

@@ -78,27 +78,30 @@ fn tier_levels_are_nested() {
         .unwrap();
     idx.apply(&a, 1, 2, &stored(1, 4, 5, StorageTier::Disk))
         .unwrap();
-    idx.apply(&a, 1, 3, &stored(1, 5, 6, StorageTier::Device))
+    idx.apply(&a, 1, 3, &stored(1, 5, 6, StorageTier::Remote))
         .unwrap();
-    let got = idx.overlap(&hashes(1, 6)).get(idx.worker_key(&a).unwrap());
+    idx.apply(&a, 1, 4, &stored(1, 6, 7, StorageTier::Device))
+        .unwrap();
+    let got = idx.overlap(&hashes(1, 7)).get(idx.worker_key(&a).unwrap());
     assert_eq!(
         got,
         TierOverlap {
             device: 2,
             device_or_host: 4,
-            any_tier: 6
+            device_host_or_disk: 5,
+            any_tier: 7
         }
     );
     // A block in two tiers counts at the faster one.
-    idx.apply(&a, 1, 4, &stored(1, 2, 3, StorageTier::Device))
+    idx.apply(&a, 1, 5, &stored(1, 2, 3, StorageTier::Device))
         .unwrap();
-    let got = idx.overlap(&hashes(1, 6)).get(idx.worker_key(&a).unwrap());
+    let got = idx.overlap(&hashes(1, 7)).get(idx.worker_key(&a).unwrap());
     assert_eq!(got.device, 3);
     assert_eq!(
         idx.tiers_of(&a, hashes(1, 3)[2]),
         vec![StorageTier::Device, StorageTier::Host]
     );
-    assert_eq!(idx.stats().entries, 6, "tiers do not multiply entries");
+    assert_eq!(idx.stats().entries, 7, "tiers do not multiply entries");
 }
 
 #[test]

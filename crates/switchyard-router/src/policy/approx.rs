@@ -206,14 +206,8 @@ impl Policy for ApproxKvPolicy {
         }
         self.cache.expire(request.now, self.config.ttl);
         let cache = &self.cache;
-        let overlap_of = |w: &WorkerId| {
-            let n = cache.overlap(w, &request.block_hashes);
-            TierOverlap {
-                device: n,
-                device_or_host: n,
-                any_tier: n,
-            }
-        };
+        let overlap_of =
+            |w: &WorkerId| TierOverlap::uniform(cache.overlap(w, &request.block_hashes));
         let mut d = self
             .kv
             .decide("approx-kv", request, candidates, load, overlap_of)?;

@@ -1,10 +1,28 @@
 //! The cost model every load-aware policy scores with: the `kv` policy's settings and the
-//! per-worker breakdown (`prefill_weight × (uncached + queued prefill) + decode_weight ×
-//! active blocks × block size`) that the explanation shows. Its own file so that the `kv`
-//! policy and the explanation both build on it without using each other.
+//! per-worker breakdown the explanation shows, in seconds of the worker's time:
+//!
+//! ```text
+//! prefill_term = prefill_weight × ((uncached + queued prefill tokens) / prefill rate + onboarding)
+//! decode_term  = decode_weight  × active blocks × block size / prefill rate
+//! ```
+//!
+//! `uncached` is what the worker recomputes: the prompt past its longest cached prefix in any
+//! tier. `onboarding` is the time to bring that prefix's non-device blocks to the device:
+//! per tier, the tier's latency plus the blocks' bytes over its bandwidth, plus the bytes
+//! already queued on the worker's transfer path drained at its host link (every tier's blocks
+//! cross the host-to-device link last). Bytes per block, bandwidths, latencies and the prefill
+//! rate are what the worker announced at registration ([`KvTierCosts`]); a worker that
+//! announced none is assumed [`KvTierCosts::typical`], and the explanation says so. A hit is
+//! priced at its load time, as the engine will take it (vLLM, SGLang and LMCache load every
+//! hit they find); the explanation shows the time recomputing the same tokens would take, so
+//! a tier slower than recompute is visible, and a worker holding blocks only there loses to a
+//! cold one with the same queue.
+//!
+//! Its own file so that the `kv` policy and the explanation both build on it without using each
+//! other.
 
 use serde::{Deserialize, Serialize};
-use switchyard_core::WorkerId;
+use switchyard_core::{KvTierCosts, StorageTier, WorkerId};
 
 use super::explain::WorkerScore;
 use super::{Candidate, RouteRequest};
@@ -12,16 +30,22 @@ use crate::error::RouteError;
 use crate::index::TierOverlap;
 use crate::load::LoadView;
 
+/// KV bytes per token assumed for a worker that announces no tier costs: an 8B-class model in
+/// fp16 (32 layers × 8 KV heads × 128 dims × K and V × 2 bytes), the simulator's default.
+pub const ASSUMED_KV_BYTES_PER_TOKEN: u64 = 131_072;
+
 /// Settings of the `kv` policy (also the load terms of the other policies).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvConfig {
     pub prefill_weight: f64,
     pub decode_weight: f64,
-    /// Fraction of a device hit's saving a host-tier hit is worth, in `[0, 1]`.
-    pub host_hit_factor: f64,
-    /// Fraction of a device hit's saving a disk-tier hit is worth, in `[0, 1]`.
-    pub disk_hit_factor: f64,
+    /// Replaced by the tier costs workers announce; refused when set (see [`KvConfig::validate`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_hit_factor: Option<f64>,
+    /// Replaced like `host_hit_factor`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_hit_factor: Option<f64>,
     /// 0 picks the lowest cost; above 0 samples (softmax over normalised costs).
     pub temperature: f64,
 }
@@ -31,8 +55,8 @@ impl Default for KvConfig {
         Self {
             prefill_weight: 1.0,
             decode_weight: 0.1,
-            host_hit_factor: 0.75,
-            disk_hit_factor: 0.25,
+            host_hit_factor: None,
+            disk_hit_factor: None,
             temperature: 0.0,
         }
     }
@@ -40,17 +64,20 @@ impl Default for KvConfig {
 
 impl KvConfig {
     pub fn validate(&self) -> Result<(), RouteError> {
+        for (key, set) in [
+            ("host_hit_factor", self.host_hit_factor.is_some()),
+            ("disk_hit_factor", self.disk_hit_factor.is_some()),
+        ] {
+            if set {
+                return Err(RouteError::InvalidConfig(format!(
+                    "kv.{key} is no longer used: a tier hit is priced in time from the tier costs each worker announces (the worker's [kv_tiers] section or --kv-host-gbytes-per-s and the like); remove it"
+                )));
+            }
+        }
         let finite_non_neg = |v: f64| v.is_finite() && v >= 0.0;
         if !finite_non_neg(self.prefill_weight) || !finite_non_neg(self.decode_weight) {
             return Err(RouteError::InvalidConfig(
                 "kv weights must be finite and non-negative".into(),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.host_hit_factor)
-            || !(0.0..=1.0).contains(&self.disk_hit_factor)
-        {
-            return Err(RouteError::InvalidConfig(
-                "host and disk hit factors must be between 0 and 1".into(),
             ));
         }
         if !finite_non_neg(self.temperature) {
@@ -62,8 +89,90 @@ impl KvConfig {
     }
 }
 
+/// What serving the request's cached prefix costs a worker: blocks to load per tier, the time
+/// that takes, and what recomputing them instead would take.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Onboarding {
+    /// Leading blocks to load from host, disk and the remote tier.
+    pub host_blocks: u32,
+    pub disk_blocks: u32,
+    pub remote_blocks: u32,
+    /// Bytes those blocks are.
+    pub bytes: u64,
+    /// Bytes already queued on the worker's transfer path ahead of them.
+    pub queued_bytes: u64,
+    /// Seconds until they are on the device (queue, latencies, transfers).
+    pub seconds: f64,
+    /// Seconds recomputing the same tokens would take there.
+    pub recompute_seconds: f64,
+    /// The figures used.
+    pub costs: KvTierCosts,
+    /// Whether the worker announced them (else [`KvTierCosts::typical`] was assumed).
+    pub announced: bool,
+}
+
+impl Onboarding {
+    /// The onboarding of `overlap`'s non-device blocks on a worker with `costs` and
+    /// `queued_bytes` ahead on its transfer path.
+    pub fn price(
+        overlap: TierOverlap,
+        costs: KvTierCosts,
+        announced: bool,
+        queued_bytes: u64,
+        block_size: u32,
+    ) -> Self {
+        let host_blocks = overlap.device_or_host.saturating_sub(overlap.device);
+        let disk_blocks = overlap
+            .device_host_or_disk
+            .saturating_sub(overlap.device_or_host);
+        let remote_blocks = overlap.any_tier.saturating_sub(overlap.device_host_or_disk);
+        let bytes_of = |blocks: u32| u64::from(blocks) * costs.bytes_per_block;
+        let mut seconds = 0.0;
+        for (tier, blocks) in [
+            (StorageTier::Host, host_blocks),
+            (StorageTier::Disk, disk_blocks),
+            (StorageTier::Remote, remote_blocks),
+        ] {
+            if let Some(link) = costs.link(tier) {
+                seconds += link.seconds(bytes_of(blocks), 0);
+            }
+        }
+        let loaded = host_blocks + disk_blocks + remote_blocks;
+        if loaded > 0 {
+            seconds += queued_bytes as f64 / costs.host.bytes_per_s as f64;
+        }
+        Self {
+            host_blocks,
+            disk_blocks,
+            remote_blocks,
+            bytes: bytes_of(loaded),
+            queued_bytes,
+            seconds,
+            recompute_seconds: costs.recompute_seconds(u64::from(loaded) * u64::from(block_size)),
+            costs,
+            announced,
+        }
+    }
+
+    /// Blocks to load from outside device memory.
+    pub fn blocks(&self) -> u32 {
+        self.host_blocks + self.disk_blocks + self.remote_blocks
+    }
+}
+
+/// The tier costs a candidate is scored with, and whether it announced them.
+pub(crate) fn costs_of(candidate: &Candidate, block_size: u32) -> (KvTierCosts, bool) {
+    match candidate.kv_tiers {
+        Some(c) => (c, true),
+        None => (
+            KvTierCosts::typical(ASSUMED_KV_BYTES_PER_TOKEN * u64::from(block_size)),
+            false,
+        ),
+    }
+}
+
 /// Fills the breakdown of every candidate; `score` is set to the kv cost
-/// (`prefill_term + decode_term`), which policies may overwrite.
+/// (`prefill_term + decode_term`, seconds), which policies may overwrite.
 pub(crate) fn breakdown(
     request: &RouteRequest,
     candidates: &[Candidate],
@@ -71,21 +180,22 @@ pub(crate) fn breakdown(
     cfg: &KvConfig,
     overlap_of: impl Fn(&WorkerId) -> TierOverlap,
 ) -> Vec<WorkerScore> {
-    let bs = f64::from(request.block_size.get());
-    let prompt = request.prompt_tokens as f64;
+    let bs = request.block_size.get();
     candidates
         .iter()
         .map(|c| {
             let overlap = overlap_of(&c.worker);
-            let device = f64::from(overlap.device);
-            let host_only = f64::from(overlap.device_or_host - overlap.device);
-            let disk_only = f64::from(overlap.any_tier - overlap.device_or_host);
-            let cached =
-                bs * (device + cfg.host_hit_factor * host_only + cfg.disk_hit_factor * disk_only);
-            let uncached = (prompt - cached).max(0.0).round() as u64;
             let l = load.get(&c.worker);
-            let prefill_term = cfg.prefill_weight * (uncached + l.queued_prefill_tokens) as f64;
-            let decode_term = cfg.decode_weight * l.active_blocks as f64 * bs;
+            let (costs, announced) = costs_of(c, bs);
+            let onboarding =
+                Onboarding::price(overlap, costs, announced, l.queued_onboard_bytes, bs);
+            let cached = u64::from(overlap.any_tier) * u64::from(bs);
+            let uncached = request.prompt_tokens.saturating_sub(cached);
+            let prefill_seconds =
+                costs.recompute_seconds(uncached + l.queued_prefill_tokens) + onboarding.seconds;
+            let prefill_term = cfg.prefill_weight * prefill_seconds;
+            let decode_term =
+                cfg.decode_weight * costs.recompute_seconds(l.active_blocks * u64::from(bs));
             WorkerScore {
                 worker: c.worker.clone(),
                 overlap,
@@ -95,6 +205,7 @@ pub(crate) fn breakdown(
                 active_decode_sequences: l.active_decode_sequences,
                 active_blocks: l.active_blocks,
                 kv_utilisation: l.kv_utilisation(),
+                onboarding,
                 prefill_term,
                 decode_term,
                 score: prefill_term + decode_term,

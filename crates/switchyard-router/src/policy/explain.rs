@@ -7,6 +7,7 @@ use serde::Serialize;
 use switchyard_core::WorkerId;
 
 use super::RouteRequest;
+use super::cost::Onboarding;
 use crate::hasher::FxHasher;
 use crate::index::TierOverlap;
 use switchyard_core::rng::{SplitMix64, mix64};
@@ -34,8 +35,8 @@ pub struct WorkerScore {
     pub worker: WorkerId,
     /// Leading prompt blocks the worker holds, per tier level.
     pub overlap: TierOverlap,
-    /// Prompt tokens the worker would have to compute, after crediting cached blocks (host and
-    /// disk hits count partially, see [`KvConfig`](crate::policy::KvConfig)).
+    /// Prompt tokens the worker would have to compute: the prompt past its longest cached
+    /// prefix in any tier.
     pub uncached_prompt_tokens: u64,
     /// Prefill tokens already queued there (reported plus routed since).
     pub queued_prefill_tokens: u64,
@@ -43,9 +44,11 @@ pub struct WorkerScore {
     pub active_decode_sequences: u64,
     pub active_blocks: u64,
     pub kv_utilisation: f64,
-    /// `prefill_weight × (uncached + queued)`.
+    /// Bringing the cached prefix's non-device blocks to the device, against recomputing them.
+    pub onboarding: Onboarding,
+    /// `prefill_weight × ((uncached + queued) / prefill rate + onboarding seconds)`, seconds.
     pub prefill_term: f64,
-    /// `decode_weight × active_blocks × block_size`.
+    /// `decode_weight × active_blocks × block_size / prefill rate`, seconds.
     pub decode_term: f64,
     pub score: f64,
     /// Probability of being picked, when the policy sampled.

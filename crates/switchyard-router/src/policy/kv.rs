@@ -3,16 +3,19 @@
 //! For each candidate:
 //!
 //! ```text
-//! cost = prefill_weight × (uncached_prompt_tokens + queued_prefill_tokens)
-//!      + decode_weight  × active_blocks × block_size
+//! cost = prefill_weight × ((uncached_prompt_tokens + queued_prefill_tokens) / prefill rate
+//!                          + onboarding seconds)
+//!      + decode_weight  × active_blocks × block_size / prefill rate
 //! ```
 //!
-//! The first term is the prefill work standing between the request and its first token on that
-//! worker: what it must compute itself (the prompt minus its cached leading blocks, host-tier
-//! hits credited at `host_hit_factor` and disk-tier hits at `disk_hit_factor` of a device hit)
-//! plus what is already queued there. The second is decode pressure: KV tokens of the sequences
-//! running there, each of which slows every decode step. Both are in tokens, so the weights say
-//! how many queued prefill tokens one resident decode token is worth (default 0.1).
+//! The first term is the time standing between the request and its first token on that
+//! worker: computing what it does not hold (the prompt past its cached leading blocks) and what
+//! is already queued there, at the worker's announced prefill rate, plus bringing the cached
+//! blocks held off the device (host, disk, remote) to it, priced from the worker's announced
+//! tier bandwidths and latencies and its transfer queue (see `cost`). The second is decode
+//! pressure: KV tokens of the sequences running there, each of which slows every decode step,
+//! in the same seconds, so the weights say how much one second of queued prefill weighs against
+//! the time to prefill the resident decode tokens (default 0.1).
 //!
 //! With `temperature == 0` the lowest cost wins; ties go to fewer running requests, then to the
 //! highest rendezvous hash of (session id or first block hash, worker id), so equal cold
@@ -116,13 +119,14 @@ pub(crate) fn kv_why(
         "lowest predicted cost".to_owned()
     };
     let mut why = format!(
-        "{}: {how} {:.0}: prefill {} uncached + {} queued tokens ({} of {} prompt blocks cached on device), decode load {} active blocks",
+        "{}: {how} {:.3} s: prefill {} uncached + {} queued tokens ({} of {} prompt blocks cached on device{}), decode load {} active blocks",
         w.worker,
         w.score,
         thousands(w.uncached_prompt_tokens),
         thousands(w.queued_prefill_tokens),
         w.overlap.device,
         request.block_hashes.len(),
+        onboarding_why(w),
         thousands(w.active_blocks),
     );
     if let Some(r) = explain::runner_up(request, scores, chosen) {
@@ -132,14 +136,38 @@ pub(crate) fn kv_why(
             ""
         };
         why.push_str(&format!(
-            "; runner-up {} cost {:.0} ({} uncached + {} queued){tie}",
+            "; runner-up {} cost {:.3} s ({} uncached + {} queued{}){tie}",
             r.worker,
             r.score,
             thousands(r.uncached_prompt_tokens),
             thousands(r.queued_prefill_tokens),
+            onboarding_why(r),
         ));
     }
     why
+}
+
+/// `", 8 more loaded from host/disk/remote in 0.012 s (recompute 0.064 s)"`, or nothing when
+/// the worker loads nothing.
+fn onboarding_why(w: &WorkerScore) -> String {
+    let o = &w.onboarding;
+    if o.blocks() == 0 {
+        return String::new();
+    }
+    let assumed = if o.announced {
+        ""
+    } else {
+        ", assumed tier costs"
+    };
+    format!(
+        ", {} more loaded ({} host, {} disk, {} remote) in {:.3} s (recompute {:.3} s{assumed})",
+        o.blocks(),
+        o.host_blocks,
+        o.disk_blocks,
+        o.remote_blocks,
+        o.seconds,
+        o.recompute_seconds,
+    )
 }
 
 /// Checks the request was hashed like the index.

@@ -2,7 +2,7 @@
 //!
 //! | name | chooses |
 //! |---|---|
-//! | `kv` (default) | the lowest predicted cost: prefill work the request adds (uncached tokens plus the queue already there) plus decode pressure; see [`kv`] |
+//! | `kv` (default) | the lowest predicted cost in seconds: prefill the request waits for (its uncached tokens plus the queue already there, plus loading its cached prefix from host, disk or remote tiers) plus decode pressure; see [`kv`] and `cost` |
 //! | `round-robin` | the next candidate in turn |
 //! | `random` | a uniformly random candidate (seeded) |
 //! | `least-loaded` | the lowest queued prefill plus decode pressure, ignoring caches |
@@ -20,14 +20,14 @@ pub mod session;
 mod simple;
 
 use serde::{Deserialize, Serialize};
-use switchyard_core::{BlockHash, BlockSize, WorkerId};
+use switchyard_core::{BlockHash, BlockSize, KvTierCosts, WorkerId, WorkerInfo};
 
 use crate::error::RouteError;
 use crate::index::PrefixIndex;
 use crate::load::{LoadView, Tick};
 
 pub use approx::{ApproxConfig, ApproxKvPolicy};
-pub use cost::KvConfig;
+pub use cost::{ASSUMED_KV_BYTES_PER_TOKEN, KvConfig, Onboarding};
 pub use explain::{Explanation, WorkerScore};
 pub use kv::KvPolicy;
 pub use session::{SessionConfig, SessionPolicy};
@@ -52,11 +52,26 @@ pub struct RouteRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
     pub worker: WorkerId,
+    /// The tier costs the worker announced; none: typical figures are assumed.
+    pub kv_tiers: Option<KvTierCosts>,
+}
+
+impl Candidate {
+    /// A worker as its registration describes it.
+    pub fn of(info: &WorkerInfo) -> Self {
+        Self {
+            worker: info.id.clone(),
+            kv_tiers: info.kv_tiers,
+        }
+    }
 }
 
 impl From<WorkerId> for Candidate {
     fn from(worker: WorkerId) -> Self {
-        Self { worker }
+        Self {
+            worker,
+            kv_tiers: None,
+        }
     }
 }
 
@@ -204,3 +219,5 @@ impl std::fmt::Display for PolicyKind {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tier_tests;

@@ -127,8 +127,8 @@ impl Policy for RandomPolicy {
     }
 }
 
-/// The lowest `prefill_weight × queued_prefill_tokens + decode_weight × active KV tokens`,
-/// that is the kv cost without the cache term; ties as in `kv`.
+/// The lowest `prefill_weight × queued prefill seconds + decode_weight × active KV tokens /
+/// prefill rate`, that is the kv cost without the cache terms; ties as in `kv`.
 #[derive(Debug, Clone)]
 pub struct LeastLoadedPolicy {
     config: KvConfig,
@@ -159,7 +159,11 @@ impl Policy for LeastLoadedPolicy {
     ) -> Result<Decision, RouteError> {
         let mut scores = checked_breakdown(&self.config, request, candidates, index, load)?;
         for s in &mut scores {
-            s.score = self.config.prefill_weight * s.queued_prefill_tokens as f64 + s.decode_term;
+            s.score = self.config.prefill_weight
+                * s.onboarding
+                    .costs
+                    .recompute_seconds(s.queued_prefill_tokens)
+                + s.decode_term;
         }
         let chosen = explain::best(request, &scores);
         let w = &scores[chosen];

@@ -3,23 +3,23 @@ use crate::index::IndexConfig;
 use crate::load::LoadConfig;
 use switchyard_core::{KvEvent, LoadStats, StorageTier, StoredBlock, block_hashes};
 
-const BS: u32 = 16;
+pub(super) const BS: u32 = 16;
 
-fn bs() -> BlockSize {
+pub(super) fn bs() -> BlockSize {
     BlockSize::new(BS).unwrap()
 }
 
-fn w(n: &str) -> WorkerId {
+pub(super) fn w(n: &str) -> WorkerId {
     WorkerId::new(n).unwrap()
 }
 
-fn prompt(family: u32, blocks: usize) -> Vec<u32> {
+pub(super) fn prompt(family: u32, blocks: usize) -> Vec<u32> {
     (0..blocks as u32 * BS)
         .map(|t| family * 1_000_000 + t)
         .collect()
 }
 
-fn request(tokens: &[u32], session: Option<&str>, now: Tick) -> RouteRequest {
+pub(super) fn request(tokens: &[u32], session: Option<&str>, now: Tick) -> RouteRequest {
     RouteRequest {
         block_hashes: block_hashes(tokens, bs()),
         prompt_tokens: tokens.len() as u64,
@@ -44,18 +44,18 @@ fn store(index: &mut PrefixIndex, worker: &str, seq: u64, tokens: &[u32], blocks
     index.apply(&w(worker), 1, seq, &ev).unwrap();
 }
 
-fn candidates(names: &[&str]) -> Vec<Candidate> {
+pub(super) fn candidates(names: &[&str]) -> Vec<Candidate> {
     names.iter().map(|n| Candidate::from(w(n))).collect()
 }
 
-fn setup() -> (PrefixIndex, LoadView) {
+pub(super) fn setup() -> (PrefixIndex, LoadView) {
     (
         PrefixIndex::new(IndexConfig::new(bs())),
         LoadView::new(LoadConfig::default()),
     )
 }
 
-fn kv() -> Box<dyn Policy> {
+pub(super) fn kv() -> Box<dyn Policy> {
     PolicyKind::Kv.build(&PolicyConfig::default()).unwrap()
 }
 
@@ -232,7 +232,7 @@ fn kv_with_temperature_samples_reproducibly() {
 }
 
 #[test]
-fn host_hits_count_partially() {
+fn host_hits_are_priced_as_loads_from_the_host() {
     let (mut index, load) = setup();
     let p = prompt(1, 8);
     store(&mut index, "dev", 0, &p, 4);
@@ -259,8 +259,11 @@ fn host_hits_count_partially() {
     let host = &d.explanation.workers[1];
     assert_eq!(host.overlap.device, 0);
     assert_eq!(host.overlap.device_or_host, 8);
-    // 8 host blocks × 16 tokens × 0.75 credited.
-    assert_eq!(host.uncached_prompt_tokens, 128 - 96);
+    assert_eq!(host.uncached_prompt_tokens, 0);
+    assert_eq!(host.onboarding.host_blocks, 8);
+    // Typical figures: 8 × 2 MiB over 25 GB/s is well under recomputing 4 blocks.
+    assert!(host.onboarding.seconds < host.onboarding.recompute_seconds);
+    assert!(!host.onboarding.announced);
     assert_eq!(d.worker, w("host"));
 }
 
@@ -286,7 +289,7 @@ fn errors_are_clear() {
     assert_eq!(RouteError::NoCandidates.to_string(), "no candidate workers");
     let bad = PolicyConfig {
         kv: KvConfig {
-            host_hit_factor: 2.0,
+            temperature: -1.0,
             ..KvConfig::default()
         },
         ..PolicyConfig::default()

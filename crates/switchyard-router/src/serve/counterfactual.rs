@@ -146,18 +146,23 @@ pub fn rescore(
             ..LoadStats::default()
         };
         load.report(&w.worker, stats, basis.now);
+        load.report_transfer_queue(&w.worker, w.onboarding.queued_bytes);
     }
+    // The tier costs the decision was priced with, announced or assumed as then.
     let candidates: Vec<Candidate> = explanation
         .workers
         .iter()
-        .map(|w| Candidate::from(w.worker.clone()))
+        .map(|w| Candidate {
+            worker: w.worker.clone(),
+            kv_tiers: w.onboarding.announced.then_some(w.onboarding.costs),
+        })
         .collect();
     let mut policy = kind.build(config)?;
     policy.choose(&request, &candidates, &index, &load)
 }
 
 /// The snapshot of a worker whose leading blocks of `chain` have `overlap`: device blocks
-/// first, then host, then disk, so the index computes the same three nested counts.
+/// first, then host, then disk, then remote, so the index computes the same nested counts.
 fn held_blocks(chain: &[BlockHash], overlap: TierOverlap) -> Vec<SnapshotBlock> {
     let any = (overlap.any_tier as usize).min(chain.len());
     (0..any)
@@ -166,8 +171,10 @@ fn held_blocks(chain: &[BlockHash], overlap: TierOverlap) -> Vec<SnapshotBlock> 
                 StorageTier::Device
             } else if i < overlap.device_or_host as usize {
                 StorageTier::Host
-            } else {
+            } else if i < overlap.device_host_or_disk as usize {
                 StorageTier::Disk
+            } else {
+                StorageTier::Remote
             };
             SnapshotBlock {
                 hash: chain[i],
@@ -283,6 +290,7 @@ mod tests {
             TierOverlap {
                 device: 6,
                 device_or_host: 8,
+                device_host_or_disk: 8,
                 any_tier: 8
             }
         );

@@ -93,6 +93,9 @@ pub struct Booking {
     pub prefill_tokens: u64,
     /// KV blocks the request will occupy there.
     pub blocks: u64,
+    /// Bytes of its cached prefix the worker loads from non-device tiers first (they queue on
+    /// its transfer path).
+    pub onboard_bytes: u64,
 }
 
 impl Booking {
@@ -115,6 +118,7 @@ impl Booking {
             prefill_tokens: uncached,
             blocks: (request.prompt_tokens + u64::from(max_tokens))
                 .div_ceil(u64::from(request.block_size.get())),
+            onboard_bytes: onboard_bytes_of(decision),
         }
     }
 }
@@ -319,6 +323,7 @@ impl ServingCore {
             blocks: request
                 .prompt_tokens
                 .div_ceil(u64::from(self.block_size.get())),
+            onboard_bytes: onboard_bytes_of(prefill),
         };
         self.book(&booking, request.now);
         decode.kind = BookingKind::DisaggregatedDecode;
@@ -380,7 +385,15 @@ impl ServingCore {
             booking.blocks,
             now,
         );
+        self.load
+            .set_onboard_bytes(&booking.worker, booking.key, booking.onboard_bytes);
     }
+}
+
+/// What the decision's worker loads from non-device tiers (nothing when the policy gave no
+/// breakdown).
+fn onboard_bytes_of(decision: &Decision) -> u64 {
+    decision.chosen().map_or(0, |c| c.onboarding.bytes)
 }
 
 /// What the decision's worker would compute of the prompt (all of it when the policy gave no

@@ -21,6 +21,9 @@ pub struct ServeOutcome {
 }
 
 /// How one request is served.
+// One value per request, returned and matched at once, never stored in bulk: boxing the larger
+// variant would only add an allocation per request.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Served {
     /// On the decode worker alone. `wanted_prefill`: the mode tried the prefill pool, which

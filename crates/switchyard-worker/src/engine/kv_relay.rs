@@ -17,7 +17,7 @@
 //! smaller one is a partial page; a larger one is reported, naming both sizes), of full-attention
 //! KV-cache groups (vLLM's sliding-window or Mamba groups do not name prefixes), in a medium
 //! mapped to a tier explicitly (`GPU` device; `CPU`, `CPU_PINNED` host; `DISK`, `STORAGE` disk;
-//! `EXTERNAL` — SGLang's shared/remote pool — and any medium not known here, a non-device tier,
+//! `EXTERNAL` — SGLang's shared/remote pool — and any medium not known here, the remote tier,
 //! the unknown ones counted and reported).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -349,9 +349,11 @@ pub fn tier(medium: Option<&str>) -> (StorageTier, bool) {
         "GPU" | "DEVICE" | "HBM" => (StorageTier::Device, true),
         "CPU" | "CPU_PINNED" | "HOST" => (StorageTier::Host, true),
         "DISK" | "STORAGE" | "SSD" | "NVME" => (StorageTier::Disk, true),
-        // SGLang's L4 pool (Mooncake and the like): shared or remote, never the device.
-        "EXTERNAL" => (StorageTier::Disk, true),
-        _ => (StorageTier::Disk, false),
+        // SGLang's L4 pool (Mooncake and the like) and LMCache's remote backends.
+        "EXTERNAL" | "REMOTE" | "LMCACHE" => (StorageTier::Remote, true),
+        // A medium named by a newer engine: somewhere off the device, reached at an unknown
+        // cost; the remote tier (the costliest the router prices) until it is mapped here.
+        _ => (StorageTier::Remote, false),
     }
 }
 
@@ -524,8 +526,8 @@ mod tests {
         assert_eq!(tier(Some("cpu")), (StorageTier::Host, true));
         assert_eq!(tier(Some("CPU_PINNED")), (StorageTier::Host, true));
         assert_eq!(tier(Some("STORAGE")), (StorageTier::Disk, true));
-        assert_eq!(tier(Some("EXTERNAL")), (StorageTier::Disk, true));
-        assert_eq!(tier(Some("QUANTUM")), (StorageTier::Disk, false));
+        assert_eq!(tier(Some("EXTERNAL")), (StorageTier::Remote, true));
+        assert_eq!(tier(Some("QUANTUM")), (StorageTier::Remote, false));
         let (mut relay, log, c) = setup(1);
         let event = EngineEvent::BlockStored(StoredEvent {
             block_hashes: vec![1],
@@ -537,8 +539,8 @@ mod tests {
         relay.apply(0, &batch(vec![event]), &log, &c);
         assert_eq!(
             relay.held_blocks()[0].1,
-            StorageTier::Disk,
-            "never a device hit"
+            StorageTier::Remote,
+            "the remote tier, never a device hit"
         );
     }
 

@@ -230,6 +230,7 @@ fn info(id: &str, port: u16, role: Role, engine: EngineKind) -> WorkerInfo {
         engine,
         incarnation: 1,
         engine_endpoint: None,
+        kv_tiers: None,
     }
 }
 
