@@ -62,7 +62,12 @@ impl Workload for PauseThenReturn {
         if id == 1 {
             // The agent's tool call: others' traffic now, the agent's next turn after the pause.
             for k in 0..6u64 {
-                self.send(out, now + 1 + k * 1_000_000, prompt(100 + k, 64, 0, 100 + k), None);
+                self.send(
+                    out,
+                    now + 1 + k * 1_000_000,
+                    prompt(100 + k, 64, 0, 100 + k),
+                    None,
+                );
             }
             self.agent_turns = 2;
             self.send(out, now + PAUSE_US, prompt(1, 64, 4, 2), Some("agent"));
@@ -96,8 +101,13 @@ fn run(host_blocks: u64, retention: bool) -> OfflineRun {
         retention: retention.then(RetentionConfig::default),
     };
     let mut workload = PauseThenReturn::default();
-    let run = replay_offline(&mut workload, &config, 1.0, &indicatif::ProgressBar::hidden())
-        .unwrap();
+    let run = replay_offline(
+        &mut workload,
+        &config,
+        1.0,
+        &indicatif::ProgressBar::hidden(),
+    )
+    .unwrap();
     assert_eq!(run.summary.requests_completed, 8);
     run
 }
