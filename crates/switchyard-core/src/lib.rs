@@ -10,6 +10,7 @@
 //! - [`event`]: the KV event model (`Stored`, `Removed`, `Cleared`) with per-incarnation
 //!   sequence numbers.
 //! - [`load`]: the load figures a worker reports.
+//! - [`retention`]: a request's hint to keep its prefix cached across a session's pause.
 //! - [`sampling`]: a request's sampling settings ([`Sampling`]), validated once.
 //! - [`logprobs`]: log probabilities of generated tokens ([`TokenLogprob`]).
 //! - [`rng`], [`promtext`], [`sse`]: the workspace's one seeded generator, one Prometheus text
@@ -24,6 +25,7 @@ pub mod hash;
 pub mod load;
 pub mod logprobs;
 pub mod promtext;
+pub mod retention;
 pub mod rng;
 pub mod sampling;
 pub mod sse;
@@ -40,6 +42,7 @@ pub use guided::Guided;
 pub use hash::{BlockHash, block_hashes, block_key, chain_hash, chain_hash_keyed};
 pub use load::LoadStats;
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob};
+pub use retention::Retention;
 pub use sampling::{Sampling, SamplingError};
 pub use tier_cost::{KvTierCosts, TierLink};
 pub use tokens::{BlockSize, TokenId};

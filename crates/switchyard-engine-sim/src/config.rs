@@ -18,6 +18,10 @@ pub struct SimConfig {
     pub num_device_blocks: u64,
     /// Host (CPU) KV tier capacity in blocks; 0 disables the tier.
     pub num_host_blocks: u64,
+    /// Share of the device blocks that retention hints may keep pinned while idle, in [0, 1];
+    /// 0 ignores hints. Pinned blocks are still evicted when nothing else is left, so this
+    /// bounds how far pins reorder eviction, and admission never waits on a pin.
+    pub retention_budget_fraction: f64,
     /// Most sequences in the running batch at once.
     pub max_num_seqs: usize,
     /// Per-step token budget shared by decode tokens and prefill chunks.
@@ -40,6 +44,7 @@ impl Default for SimConfig {
             block_size: BlockSize::new(16).unwrap_or_else(|_| unreachable!("16 is a valid size")),
             num_device_blocks: 8192,
             num_host_blocks: 0,
+            retention_budget_fraction: 0.5,
             max_num_seqs: 256,
             max_batched_tokens: 8192,
             max_context_tokens: 131_072,
@@ -52,6 +57,11 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
+    /// Idle device blocks retention hints may keep pinned.
+    pub fn retention_budget_blocks(&self) -> usize {
+        (self.num_device_blocks as f64 * self.retention_budget_fraction).floor() as usize
+    }
+
     /// Refuses configurations the scheduler cannot run: an empty cache, a zero budget, an EOS
     /// token that can never be sampled, or a timing model with negative or non-finite costs.
     pub fn validate(&self) -> Result<(), SimError> {
@@ -64,6 +74,12 @@ impl SimConfig {
                 "num_device_blocks must be at most {}, got {}",
                 u32::MAX,
                 self.num_device_blocks
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.retention_budget_fraction) {
+            return fail(format!(
+                "retention_budget_fraction must be in [0, 1], got {}",
+                self.retention_budget_fraction
             ));
         }
         if self.max_num_seqs == 0 {
@@ -110,6 +126,11 @@ mod tests {
         let cfg = SimConfig {
             eos_token_id: 100,
             vocab_size: 100,
+            ..SimConfig::default()
+        };
+        assert!(cfg.validate().is_err());
+        let cfg = SimConfig {
+            retention_budget_fraction: 1.5,
             ..SimConfig::default()
         };
         assert!(cfg.validate().is_err());

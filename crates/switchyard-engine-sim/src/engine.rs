@@ -45,7 +45,11 @@ impl Simulator {
             SimError::InvalidConfig("num_device_blocks does not fit in 32 bits".into())
         })?;
         Ok(Self {
-            kv: KvCache::new(device_blocks, config.num_host_blocks),
+            kv: KvCache::new(
+                device_blocks,
+                config.num_host_blocks,
+                config.retention_budget_blocks(),
+            ),
             config,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -60,6 +64,19 @@ impl Simulator {
 
     pub fn config(&self) -> &SimConfig {
         &self.config
+    }
+
+    /// Sets the clock retention hints expire against (it never goes backwards): the caller's
+    /// time, virtual in a replay, wall-clock in a live worker. Call it before adding requests
+    /// and before each step.
+    pub fn set_clock(&mut self, now: std::time::Duration) {
+        self.kv
+            .set_now(u64::try_from(now.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    /// Idle device blocks that retention hints keep pinned now.
+    pub fn retained_blocks(&self) -> usize {
+        self.kv.retained_blocks()
     }
 
     /// Queues a request behind those already waiting, after checking it can ever run.

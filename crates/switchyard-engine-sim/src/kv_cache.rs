@@ -10,6 +10,11 @@
 //! forgotten. A prefix hit on a host block *copies* it back to a device block: the host copy
 //! stays, so the events are `Stored{Device}` only, and a later device eviction of that block
 //! emits `Removed{Device}` without a second `Stored{Host}`.
+//!
+//! A retention hint pins a finished request's blocks until an expiry on the caller's clock
+//! ([`KvCache::set_now`]): idle pinned blocks wait on their own list ([`Retained`]), bounded by
+//! a budget, and are evicted only once no unpinned block is left, so a pin reorders eviction
+//! and never blocks an allocation.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +23,7 @@ use rustc_hash::FxHashMap;
 use switchyard_core::{BlockHash, SnapshotBlock, StorageTier, TokenId};
 
 use crate::events::EventLog;
+use crate::retained::{Pin, Placed, Retained, RetainedKey};
 
 /// Index of a device block.
 pub(crate) type BlockId = u32;
@@ -33,8 +39,12 @@ struct CachedBlock {
 struct DeviceBlock {
     ref_count: u32,
     cached: Option<CachedBlock>,
-    /// Position on the LRU list while cached and unreferenced.
+    /// Position on the LRU list while cached, unreferenced and not pinned.
     lru_tick: Option<u64>,
+    /// The strongest retention pin a finished request put on it (possibly expired).
+    pin: Option<Pin>,
+    /// Position on the pinned list while cached, unreferenced and pinned.
+    retained_key: Option<RetainedKey>,
 }
 
 #[derive(Debug)]
@@ -62,10 +72,13 @@ pub(crate) struct KvCache {
     host: FxHashMap<BlockHash, HostBlock>,
     host_lru: BTreeMap<u64, BlockHash>,
     tick: u64,
+    retained: Retained,
+    /// The caller's clock, in microseconds: pins expire against it.
+    now_us: u64,
 }
 
 impl KvCache {
-    pub(crate) fn new(device_blocks: u32, host_blocks: u64) -> Self {
+    pub(crate) fn new(device_blocks: u32, host_blocks: u64, retention_budget: usize) -> Self {
         Self {
             blocks: (0..device_blocks).map(|_| DeviceBlock::default()).collect(),
             free: (0..device_blocks).rev().collect(),
@@ -75,6 +88,43 @@ impl KvCache {
             host: FxHashMap::default(),
             host_lru: BTreeMap::new(),
             tick: 0,
+            retained: Retained::new(retention_budget),
+            now_us: 0,
+        }
+    }
+
+    /// Moves the clock pins expire against (never backwards).
+    pub(crate) fn set_now(&mut self, now_us: u64) {
+        self.now_us = self.now_us.max(now_us);
+    }
+
+    pub(crate) fn now_us(&self) -> u64 {
+        self.now_us
+    }
+
+    /// Idle blocks pinned by a retention hint now.
+    pub(crate) fn retained_blocks(&self) -> usize {
+        self.retained.len()
+    }
+
+    /// Pins the registered blocks of `table` (a finished request's) with `pin`; they take the
+    /// pinned list when their last reference goes.
+    pub(crate) fn pin(&mut self, table: &[BlockId], pin: Pin) {
+        for &block in table {
+            let b = &mut self.blocks[block as usize];
+            if b.cached.is_some() {
+                b.pin = Some(b.pin.map_or(pin, |old| old.merge(pin)));
+            }
+        }
+    }
+
+    /// Puts blocks whose pin expired back on the LRU list, at their release position.
+    fn expire_pins(&mut self) {
+        for (tick, block) in self.retained.expire(self.now_us) {
+            let b = &mut self.blocks[block as usize];
+            b.retained_key = None;
+            b.lru_tick = Some(tick);
+            self.lru.insert(tick, block);
         }
     }
 
@@ -87,9 +137,9 @@ impl KvCache {
         self.blocks.len()
     }
 
-    /// Blocks an allocation could obtain: truly free plus evictable.
+    /// Blocks an allocation could obtain: truly free plus evictable (pinned ones included).
     pub(crate) fn available(&self) -> usize {
-        self.free.len() + self.lru.len()
+        self.free.len() + self.lru.len() + self.retained.len()
     }
 
     /// Blocks with at least one reference.
@@ -220,6 +270,9 @@ impl KvCache {
         if let Some(tick) = b.lru_tick.take() {
             self.lru.remove(&tick);
         }
+        if let Some(key) = b.retained_key.take() {
+            self.retained.take(key);
+        }
         b.ref_count += 1;
     }
 
@@ -229,15 +282,25 @@ impl KvCache {
         if n > self.available() {
             return None;
         }
+        if n > self.free.len() {
+            // Expired pins compete on plain recency again before anything is evicted.
+            self.expire_pins();
+        }
         let mut out = Vec::with_capacity(n);
         let mut evicted = Vec::new();
         for _ in 0..n {
             let block = match self.free.pop() {
                 Some(b) => b,
                 None => {
-                    let (_, b) = self.lru.pop_first()?;
+                    // Unpinned victims first; pinned ones only when none is left.
+                    let b = match self.lru.pop_first() {
+                        Some((_, b)) => b,
+                        None => self.retained.pop_weakest()?.1,
+                    };
                     let slot = &mut self.blocks[b as usize];
                     slot.lru_tick = None;
+                    slot.retained_key = None;
+                    slot.pin = None;
                     if let Some(cached) = slot.cached.take() {
                         self.by_hash.remove(&cached.hash);
                         events.removed(StorageTier::Device, cached.hash);
@@ -333,9 +396,28 @@ impl KvCache {
                 continue;
             }
             if b.cached.is_some() {
+                let pin = b.pin;
                 let tick = self.next_tick();
-                self.blocks[block as usize].lru_tick = Some(tick);
-                self.lru.insert(tick, block);
+                let placed = match pin {
+                    Some(pin) => self.retained.insert(block, pin, tick, self.now_us),
+                    None => Placed::Unpinned,
+                };
+                match placed {
+                    Placed::Pinned(displaced) => {
+                        self.blocks[block as usize].retained_key =
+                            pin.map(|p| (p.priority, p.expiry_us, tick));
+                        if let Some((old_tick, old)) = displaced {
+                            let o = &mut self.blocks[old as usize];
+                            o.retained_key = None;
+                            o.lru_tick = Some(old_tick);
+                            self.lru.insert(old_tick, old);
+                        }
+                    }
+                    Placed::Unpinned => {
+                        self.blocks[block as usize].lru_tick = Some(tick);
+                        self.lru.insert(tick, block);
+                    }
+                }
             } else {
                 self.free.push(block);
             }
@@ -397,7 +479,7 @@ mod tests {
 
     #[test]
     fn eviction_takes_free_blocks_first_then_lru_tails() {
-        let mut kv = KvCache::new(4, 0);
+        let mut kv = KvCache::new(4, 0, 0);
         let mut ev = EventLog::default();
         let hs = cache_chain(&mut kv, &[10, 20, 30], &mut ev);
         assert_eq!(kv.used_blocks(), 3);
@@ -418,7 +500,7 @@ mod tests {
 
     #[test]
     fn a_twin_block_is_shared_not_stored_twice() {
-        let mut kv = KvCache::new(4, 0);
+        let mut kv = KvCache::new(4, 0, 0);
         let mut ev = EventLog::default();
         let t = kv.allocate(2, &mut ev).unwrap();
         let (h, tokens) = block(None, 1);

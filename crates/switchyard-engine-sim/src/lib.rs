@@ -8,7 +8,8 @@
 //! - [`timing`] holds [`TimingModel`], the cost of a step from what it computes; public so a
 //!   planner can derive a performance profile without running the simulator.
 //! - `kv_cache` is the paged device block pool with reference counts, prefix caching keyed by
-//!   the chained [`switchyard_core::BlockHash`], LRU eviction, and the optional host tier.
+//!   the chained [`switchyard_core::BlockHash`], LRU eviction, and the optional host tier;
+//!   `retained` keeps the idle blocks retention hints pin, within a budget.
 //! - `events` merges one step's KV events into the fewest ordered `Stored`/`Removed` events.
 //! - `sequence` is a request's state inside the engine and its deterministic sampler.
 //! - `scheduler` is [`Simulator::step`]: continuous batching with chunked prefill and
@@ -31,6 +32,7 @@ mod events;
 pub mod import;
 mod kv_cache;
 pub mod request;
+mod retained;
 mod scheduler;
 mod sequence;
 pub mod timing;
@@ -46,6 +48,8 @@ pub use transfer_plan::{KvLayout, PlanStats, StagingArea};
 
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod retention_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use switchyard_core::{BlockHash, KvEvent, TokenId, TokenLogprob};
+use switchyard_core::{BlockHash, KvEvent, Retention, TokenId, TokenLogprob};
 
 /// One generation request.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -49,6 +49,10 @@ pub struct SimRequest {
     /// [`FinishReason::Stop`] after the last, or with [`FinishReason::Length`] at `max_tokens`.
     #[serde(default)]
     pub script: Vec<TokenId>,
+    /// Keep the request's blocks for a while after it ends (within the engine's retention
+    /// budget, see [`crate::SimConfig::retention_budget_fraction`]).
+    #[serde(default)]
+    pub retention: Retention,
 }
 
 impl SimRequest {
@@ -108,6 +112,8 @@ pub struct StepOutcome {
     pub decode_sequences: usize,
     /// Sequences preempted in this step.
     pub preempted: usize,
+    /// Host-tier blocks copied back to the device for prefix hits in this step.
+    pub host_hit_blocks: usize,
     /// Prompt blocks of `pipeline` prefills that became available in this step.
     pub exports: Vec<BlockExport>,
 }

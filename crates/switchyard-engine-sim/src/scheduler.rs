@@ -24,6 +24,7 @@ use switchyard_core::StorageTier;
 use crate::{
     BlockExport, Simulator, StepOutcome, TokenOutput,
     events::EventLog,
+    retained::Pin,
     sequence::Sequence,
     timing::{StepWork, attention_pairs},
 };
@@ -61,6 +62,7 @@ impl Simulator {
             prefill_tokens: work.prefill_tokens as usize,
             decode_sequences: work.decode_sequences as usize,
             preempted,
+            host_hit_blocks: work.host_to_device_blocks as usize,
             exports,
         }
     }
@@ -264,6 +266,17 @@ impl Simulator {
             self.held.insert(seq.id, held.to_vec());
         } else {
             self.live_ids.remove(&seq.id);
+            if seq.retention.is_some() {
+                let expiry_us = self
+                    .kv
+                    .now_us()
+                    .saturating_add(seq.retention.ttl_ms.saturating_mul(1000));
+                let pin = Pin {
+                    priority: seq.retention.priority,
+                    expiry_us,
+                };
+                self.kv.pin(&seq.table, pin);
+            }
             self.kv.release(&seq.table);
         }
     }

@@ -29,6 +29,7 @@ pub(crate) struct Sequence {
     /// The tokens to generate, when the caller wrote them ([`SimRequest::script`]).
     script: Vec<TokenId>,
     pub(crate) hold_blocks: bool,
+    pub(crate) retention: switchyard_core::Retention,
     pub(crate) pipeline: bool,
     /// Alternatives per token when log probabilities are asked for.
     pub(crate) logprobs: Option<u32>,
@@ -80,6 +81,7 @@ impl Sequence {
             forced: req.forced,
             script: req.script,
             hold_blocks: req.hold_blocks,
+            retention: req.retention,
             pipeline: req.hold_blocks && req.pipeline,
             logprobs: req.logprobs,
             greedy: req.greedy,

@@ -76,6 +76,7 @@ impl Driver {
 
     /// Steps once, checking every event validates and applies cleanly to the model.
     pub(crate) fn step(&mut self) -> &StepOutcome {
+        self.sim.set_clock(self.now);
         let out = self.sim.step();
         self.apply(&out.events);
         self.now += out.duration;

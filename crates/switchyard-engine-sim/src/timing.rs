@@ -155,6 +155,12 @@ impl TimingModel {
         Duration::from_nanos((us * 1_000.0).round() as u64)
     }
 
+    /// The `host_to_device_block_us` of a host link of `gbps` gigabits per second moving
+    /// blocks of `bytes_per_block` bytes.
+    pub fn host_block_us(bytes_per_block: u64, gbps: f64) -> f64 {
+        bytes_per_block as f64 * 8.0 / (gbps * 1e3)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), SimError> {
         if !(self.kv_transfer_gbps.is_finite() && self.kv_transfer_gbps > 0.0) {
             return Err(SimError::InvalidConfig(format!(
@@ -240,6 +246,13 @@ mod tests {
             ..TimingModel::default()
         };
         assert!(zero.validate().is_err());
+    }
+
+    #[test]
+    fn a_host_link_costs_blocks_by_their_bytes() {
+        // A 16-token block of 2 MiB over 400 Gbit/s (50 GB/s): ≈ 42 µs.
+        let us = TimingModel::host_block_us(16 * 131_072, 400.0);
+        assert!((us - 41.943).abs() < 0.01, "{us}");
     }
 
     #[test]

@@ -117,6 +117,7 @@ pub fn run_setup(
     let config = ClusterConfig {
         disagg: setup.disagg.clone(),
         token_gaps: true,
+        retention: None,
         ..base.clone()
     };
     let bar = progress_bar(workload.expected_requests(), setup.label.clone());

@@ -66,12 +66,21 @@ pub fn replay_offline(
     progress: &ProgressBar,
 ) -> Result<OfflineRun, ReplayError> {
     let run = Cluster::new(config.clone())?.run(workload, progress)?;
-    let summary = Summary::from_records(
-        config.policy.as_str(),
+    let mut summary = Summary::from_records(
+        &config.label(),
         level,
         config.workers,
         workload.sessions_completed(),
         &run.records,
     );
+    let host_hit_blocks: u64 = run.workers.iter().map(|w| w.host_hit_blocks).sum();
+    let block_tokens = u64::from(config.sim.block_size.get());
+    let block_bytes = block_tokens * switchyard_engine_sim::KvLayout::default().bytes_per_token();
+    if summary.prompt_tokens > 0 {
+        summary.host_hit_rate =
+            (host_hit_blocks * block_tokens) as f64 / summary.prompt_tokens as f64;
+    }
+    summary.recomputed_tokens = run.workers.iter().map(|w| w.prefill_tokens).sum();
+    summary.transferred_bytes = host_hit_blocks * block_bytes + run.disagg.bytes;
     Ok(OfflineRun { summary, run })
 }

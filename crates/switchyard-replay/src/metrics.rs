@@ -81,6 +81,18 @@ pub struct Summary {
     pub cached_tokens: u64,
     /// Prompt tokens served from cache / prompt tokens.
     pub cache_hit_rate: f64,
+    /// Prompt tokens served from the host tier / prompt tokens (offline runs; a recompute
+    /// after preemption that hits host again counts again). The device tier's share is
+    /// `cache_hit_rate - host_hit_rate`.
+    #[serde(default)]
+    pub host_hit_rate: f64,
+    /// Prompt tokens the workers computed, recomputes after preemption included (offline).
+    #[serde(default)]
+    pub recomputed_tokens: u64,
+    /// KV bytes moved: host-tier hits copied to the device plus transfers between workers
+    /// (offline).
+    #[serde(default)]
+    pub transferred_bytes: u64,
 }
 
 impl Summary {
@@ -126,6 +138,9 @@ impl Summary {
             prompt_tokens,
             cached_tokens,
             cache_hit_rate: ratio(cached_tokens as f64, prompt_tokens as f64),
+            host_hit_rate: 0.0,
+            recomputed_tokens: 0,
+            transferred_bytes: 0,
         }
     }
 }

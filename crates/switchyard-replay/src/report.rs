@@ -48,8 +48,11 @@ impl Report {
             "tok/s/user",
             "out tok/s/wkr",
             "hit rate",
+            "host hit",
+            "recomputed",
+            "moved GB",
         ];
-        let widths = [12, 7, 7, 5, 5, 10, 10, 10, 9, 9, 10, 13, 8];
+        let widths = [12, 7, 7, 5, 5, 10, 10, 10, 9, 9, 10, 13, 8, 8, 12, 9];
         let mut line = String::new();
         for (h, w) in header.iter().zip(widths) {
             let _ = write!(line, "{h:>w$} ");
@@ -71,6 +74,9 @@ impl Report {
                 format!("{:.1}", r.interactivity_tok_s),
                 format!("{:.1}", r.output_tok_s_per_worker),
                 format!("{:.1}%", r.cache_hit_rate * 100.0),
+                format!("{:.1}%", r.host_hit_rate * 100.0),
+                r.recomputed_tokens.to_string(),
+                format!("{:.1}", r.transferred_bytes as f64 / 1e9),
             ];
             let mut row = String::new();
             for (c, w) in cells.iter().zip(widths) {
@@ -90,12 +96,13 @@ impl Report {
             "workload,mode,policy,level_kind,level,workers,requests_completed,requests_failed,\
              sessions_completed,duration_s,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,ttft_mean_ms,\
              tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,interactivity_tok_s,output_tokens,\
-             output_tok_s_per_worker,prompt_tokens,cached_tokens,cache_hit_rate\n",
+             output_tok_s_per_worker,prompt_tokens,cached_tokens,cache_hit_rate,host_hit_rate,\
+             recomputed_tokens,transferred_bytes\n",
         );
         for r in &self.runs {
             let _ = writeln!(
                 s,
-                "{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.3},{},{},{:.5}",
+                "{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.3},{},{},{:.5},{:.5},{},{}",
                 self.workload,
                 self.mode,
                 r.label,
@@ -119,6 +126,9 @@ impl Report {
                 r.prompt_tokens,
                 r.cached_tokens,
                 r.cache_hit_rate,
+                r.host_hit_rate,
+                r.recomputed_tokens,
+                r.transferred_bytes,
             );
         }
         s

@@ -34,6 +34,7 @@ fn base() -> ClusterConfig {
         load_report_interval_us: 0,
         disagg: None,
         token_gaps: true,
+        retention: None,
     }
 }
 

@@ -38,6 +38,7 @@ fn cluster(policy: PolicyKind, block_size: u32, kv_blocks: u64, seed: u64) -> Cl
         load_report_interval_us: 0,
         disagg: None,
         token_gaps: false,
+        retention: None,
     }
 }
 

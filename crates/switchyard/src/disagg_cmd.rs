@@ -133,6 +133,7 @@ fn cluster(args: &DisaggArgs, workers: usize) -> Result<ClusterConfig, ReplayErr
         load_report_interval_us: 0,
         disagg: None,
         token_gaps: true,
+        retention: None,
     })
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use switchyard_core::BlockSize;
-use switchyard_engine_sim::SimConfig;
+use switchyard_engine_sim::{SimConfig, TimingModel};
 use switchyard_replay::live::{LiveConfig, replay_live};
 use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
 use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
@@ -19,6 +19,7 @@ use switchyard_replay::{
     ClusterConfig, ProgressGroup, ReplayError, Report, RouteFilter, Summary, Workload, parallel,
     progress_bar, replay_offline, replay_recording_for,
 };
+use switchyard_router::serve::RetentionConfig;
 use switchyard_router::{PolicyConfig, PolicyKind};
 
 use crate::EXIT_CONFIG;
@@ -179,6 +180,90 @@ struct CommonArgs {
     /// File stem of the written reports (default: the workload name).
     #[arg(long)]
     name: Option<String>,
+    /// Cache variants to run each policy with (offline): `base` (device cache only), `host`
+    /// (plus a host tier that evicted blocks move to), `retention` (retention hints from each
+    /// session's think times), `host+retention`.
+    #[arg(long, value_delimiter = ',', default_value = "base")]
+    variants: Vec<Variant>,
+    /// Host KV tier per worker, in blocks, for the `host` variants (default: twice the device
+    /// cache).
+    #[arg(long)]
+    host_kv_blocks: Option<u64>,
+    /// Host-to-device link of the `host` variants, in Gbit/s: a host hit costs its bytes over
+    /// it (128 KiB of KV per token) instead of a recompute.
+    #[arg(long, default_value_t = 400.0)]
+    host_gbps: f64,
+    /// Longest retention hint of the `retention` variants, in seconds.
+    #[arg(long, default_value_t = 300.0)]
+    retention_cap_s: f64,
+    /// Share of each worker's device blocks retention hints may keep pinned, in [0, 1].
+    #[arg(long, default_value_t = 0.5)]
+    retention_budget: f64,
+}
+
+/// A cache configuration a policy runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Variant {
+    Base,
+    Host,
+    Retention,
+    #[value(name = "host+retention")]
+    HostRetention,
+}
+
+impl Variant {
+    fn host(self) -> bool {
+        matches!(self, Variant::Host | Variant::HostRetention)
+    }
+
+    fn retention(self) -> bool {
+        matches!(self, Variant::Retention | Variant::HostRetention)
+    }
+
+    /// `base` with the host tier and retention of this variant (from `common`'s settings).
+    fn apply(
+        self,
+        base: &ClusterConfig,
+        common: &CommonArgs,
+    ) -> Result<ClusterConfig, ReplayError> {
+        let mut config = base.clone();
+        if self.host() {
+            config.sim.num_host_blocks = common
+                .host_kv_blocks
+                .unwrap_or(config.sim.num_device_blocks.saturating_mul(2));
+            if !(common.host_gbps.is_finite() && common.host_gbps > 0.0) {
+                return Err(ReplayError::InvalidConfig(format!(
+                    "--host-gbps must be a positive number, got {}",
+                    common.host_gbps
+                )));
+            }
+            let block_bytes = u64::from(config.sim.block_size.get())
+                * switchyard_engine_sim::KvLayout::default().bytes_per_token();
+            config.sim.timing.host_to_device_block_us =
+                TimingModel::host_block_us(block_bytes, common.host_gbps);
+        }
+        if self.retention() {
+            if !(common.retention_cap_s.is_finite() && common.retention_cap_s >= 0.001) {
+                return Err(ReplayError::InvalidConfig(format!(
+                    "--retention-cap-s must be at least 0.001, got {}",
+                    common.retention_cap_s
+                )));
+            }
+            let cap_ms = (common.retention_cap_s * 1000.0).round() as u64;
+            let defaults = RetentionConfig::default();
+            config.retention = Some(RetentionConfig {
+                cap_ms,
+                initial_ms: defaults.initial_ms.min(cap_ms),
+                ..defaults
+            });
+            config.sim.retention_budget_fraction = common.retention_budget;
+        }
+        config
+            .sim
+            .validate()
+            .map_err(|e| ReplayError::InvalidConfig(e.to_string()))?;
+        Ok(config)
+    }
 }
 
 /// A loaded workload source that can build fresh workloads for each run.
@@ -259,6 +344,14 @@ fn cluster_config(
     if common.policies.is_empty() {
         return Err(ReplayError::InvalidConfig("--policies is empty".into()));
     }
+    if common.variants.is_empty() {
+        return Err(ReplayError::InvalidConfig("--variants is empty".into()));
+    }
+    if common.host_kv_blocks.is_some() && !common.variants.iter().any(|v| v.host()) {
+        return Err(ReplayError::InvalidConfig(
+            "--host-kv-blocks needs a host variant in --variants (host or host+retention)".into(),
+        ));
+    }
     Ok(ClusterConfig {
         workers: common.workers,
         sim,
@@ -271,6 +364,7 @@ fn cluster_config(
         load_report_interval_us: ms_to_us(common.load_report_ms)?,
         disagg: None,
         token_gaps: false,
+        retention: None,
     })
 }
 
@@ -375,6 +469,17 @@ fn settings(plan: &Plan, live: bool) -> serde_json::Value {
         );
         s["sim"] = serde_json::to_value(&c.sim).unwrap_or_default();
         s["event_delay_us"] = json!(c.event_delay_us);
+        s["variants"] = json!(
+            plan.common
+                .variants
+                .iter()
+                .map(|v| format!("{v:?}").to_lowercase())
+                .collect::<Vec<_>>()
+        );
+        s["host_kv_blocks"] = json!(plan.common.host_kv_blocks);
+        s["host_gbps"] = json!(plan.common.host_gbps);
+        s["retention_cap_s"] = json!(plan.common.retention_cap_s);
+        s["retention_budget"] = json!(plan.common.retention_budget);
         s["load_report_interval_us"] = json!(c.load_report_interval_us);
     }
     s
@@ -484,11 +589,15 @@ struct Timing {
 }
 
 fn run_offline(plan: &Plan, bench: bool) -> Result<(), ReplayError> {
-    let jobs: Vec<(f64, PolicyKind)> = plan
+    let jobs: Vec<(f64, Variant, PolicyKind)> = plan
         .source
         .levels()
         .into_iter()
-        .flat_map(|level| plan.common.policies.iter().map(move |&p| (level, p)))
+        .flat_map(|level| {
+            plan.common.variants.iter().flat_map(move |&v| {
+                plan.common.policies.iter().map(move |&p| (level, v, p))
+            })
+        })
         .collect();
     let threads = parallel::threads_for(jobs.len(), plan.common.threads.unwrap_or(0));
     let bars = ProgressGroup::new();
@@ -496,15 +605,15 @@ fn run_offline(plan: &Plan, bench: bool) -> Result<(), ReplayError> {
     // Each run owns its workload and cluster; results come back in job order, so the report
     // is the one a serial loop writes.
     let results = parallel::run_ordered(jobs.len(), threads, |i| {
-        let (level, policy) = jobs[i];
+        let (level, variant, policy) = jobs[i];
         let mut workload = plan.source.build(level, plan.common.seed)?;
         let config = ClusterConfig {
             policy,
-            ..plan.cluster.clone()
+            ..variant.apply(&plan.cluster, &plan.common)?
         };
         let bar = bars.bar(
             workload.expected_requests(),
-            format!("{policy} @ {}={level}", plan.level_kind),
+            format!("{} @ {}={level}", config.label(), plan.level_kind),
         );
         let run_started = Instant::now();
         let run = replay_offline(workload.as_mut(), &config, level, &bar)?;
@@ -567,6 +676,11 @@ fn print_bench(plan: &Plan, timings: &[Timing], total: Duration, threads: usize)
 }
 
 fn run_live(plan: &Plan, endpoint: &str) -> Result<(), ReplayError> {
+    if plan.common.variants != [Variant::Base] {
+        return Err(ReplayError::InvalidConfig(
+            "--variants applies to the offline cluster; a live endpoint has its own cache".into(),
+        ));
+    }
     let config = LiveConfig {
         endpoint: endpoint.to_owned(),
         spread: plan.common.spread_over.clone(),

@@ -185,6 +185,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, ReplayEr
         load_report_interval_us: settings.load_report_ms * 1000,
         disagg: Some(disagg),
         token_gaps: false,
+        retention: None,
     })?;
     let arrivals = workload::arrivals(settings);
     let phases: Vec<usize> = arrivals.iter().map(|a| a.phase).collect();

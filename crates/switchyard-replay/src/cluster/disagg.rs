@@ -111,6 +111,8 @@ pub struct WorkerStats {
     pub longest_prefill: u64,
     /// Sequences preempted (their KV dropped for lack of room, recomputed later).
     pub preempted: u64,
+    /// Host-tier blocks copied back to the device for prefix hits.
+    pub host_hit_blocks: u64,
 }
 
 /// The prefill pool's and the links' totals.

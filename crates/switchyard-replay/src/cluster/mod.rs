@@ -16,6 +16,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+use std::time::Duration;
 
 use indicatif::ProgressBar;
 // Request ids are looked up for every token of every step: FxHash, not SipHash. No map here
@@ -24,9 +25,13 @@ use rustc_hash::FxHashMap as HashMap;
 mod control;
 mod disagg;
 
-use switchyard_core::{BlockHash, BlockSize, EngineKind, KvEvent, Role, TokenId, WorkerId};
+use switchyard_core::{
+    BlockHash, BlockSize, EngineKind, KvEvent, Retention, Role, TokenId, WorkerId,
+};
 use switchyard_engine_sim::{SimConfig, SimRequest, Simulator, StagingArea, StepOutcome};
-use switchyard_router::serve::{self, Booking, Served, ServingCore, WorkerFacts};
+use switchyard_router::serve::{
+    self, Booking, RetentionConfig, Served, ServingCore, ThinkTimes, WorkerFacts,
+};
 use switchyard_router::{IndexConfig, LoadConfig, PolicyConfig, PolicyKind};
 
 use crate::error::ReplayError;
@@ -53,6 +58,23 @@ pub struct ClusterConfig {
     pub disagg: Option<DisaggConfig>,
     /// Record every gap between two tokens of a request ([`ClusterRun::token_gaps`]).
     pub token_gaps: bool,
+    /// Retention hints from each session's think times, as the gateway sets them (aggregated
+    /// requests with a session); `None`: no hints.
+    pub retention: Option<RetentionConfig>,
+}
+
+impl ClusterConfig {
+    /// The run's label: the policy, plus `+host` with a host tier and `+retention` with hints.
+    pub fn label(&self) -> String {
+        let mut label = self.policy.as_str().to_owned();
+        if self.sim.num_host_blocks > 0 {
+            label.push_str("+host");
+        }
+        if self.retention.is_some() {
+            label.push_str("+retention");
+        }
+        label
+    }
 }
 
 /// What a replay produced.
@@ -157,6 +179,9 @@ pub struct Cluster {
     token_gaps: Vec<TokenGap>,
     /// Request id → index in `records`, for requests in flight.
     live: HashMap<u64, usize>,
+    think_times: Option<ThinkTimes>,
+    /// Session of each request in flight that carried a retention hint.
+    sessions: HashMap<u64, String>,
     steps: u64,
     kv_events: u64,
     now: Micros,
@@ -213,6 +238,10 @@ impl Cluster {
             &config.policy_config,
         )
         .map_err(|e| ReplayError::Cluster(e.to_string()))?;
+        if let Some(retention) = &config.retention {
+            retention.validate().map_err(ReplayError::InvalidConfig)?;
+        }
+        let think_times = config.retention.map(ThinkTimes::new);
         if !workers.iter().any(|w| w.role.serves_decode()) {
             return Err(ReplayError::InvalidConfig(
                 "at least one worker must decode (role both or decode)".into(),
@@ -232,6 +261,8 @@ impl Cluster {
             last_token_at: Vec::new(),
             token_gaps: Vec::new(),
             live: HashMap::default(),
+            think_times,
+            sessions: HashMap::default(),
             steps: 0,
             kv_events: 0,
             now: 0,
@@ -426,8 +457,16 @@ impl Cluster {
             }
         };
         self.workers[w].booked += 1;
+        let retention = match (&mut self.think_times, &spec.session) {
+            (Some(think_times), Some(session)) => {
+                self.sessions.insert(spec.id, session.clone());
+                think_times.arrive(session, self.now)
+            }
+            _ => Retention::default(),
+        };
         let sim_request = SimRequest {
             ignore_eos: true,
+            retention,
             ..SimRequest::new(spec.id, tokens, spec.max_tokens)
         };
         self.records.push(RequestRecord {
@@ -444,8 +483,10 @@ impl Cluster {
         let slot = self.records.len() - 1;
         self.last_token_at.push(self.now);
         let worker = &mut self.workers[w];
+        worker.sim.set_clock(Duration::from_micros(self.now));
         if worker.sim.add_request(sim_request).is_err() {
             // Refused by the engine (too long for its context or cache): a failed request.
+            self.session_ended(spec.id);
             self.release(&booking);
             progress.inc(1);
             workload.on_finished(spec.id, false, self.now, out);
@@ -459,7 +500,19 @@ impl Cluster {
         Ok(())
     }
 
+    /// A request that carried a retention hint ended: its session's pause starts now.
+    fn session_ended(&mut self, id: u64) {
+        if let (Some(think_times), Some(session)) =
+            (&mut self.think_times, self.sessions.remove(&id))
+        {
+            think_times.finished(&session, self.now);
+        }
+    }
+
     fn start_step(&mut self, w: usize) {
+        self.workers[w]
+            .sim
+            .set_clock(Duration::from_micros(self.now));
         let outcome = self.workers[w].sim.step();
         if outcome.is_idle() {
             return;
@@ -485,6 +538,7 @@ impl Cluster {
         stats.busy_s += outcome.duration.as_secs_f64();
         stats.prefill_tokens += outcome.prefill_tokens as u64;
         stats.preempted += outcome.preempted as u64;
+        stats.host_hit_blocks += outcome.host_hit_blocks as u64;
         self.publish(w, outcome.events);
         self.export(&outcome.exports);
         for token in &outcome.outputs {
@@ -534,6 +588,7 @@ impl Cluster {
                     self.release(&booking);
                 }
                 self.finished.push(slot);
+                self.session_ended(token.id);
                 progress.inc(1);
                 workload.on_finished(token.id, true, self.now, out);
             }

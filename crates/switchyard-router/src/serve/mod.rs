@@ -23,6 +23,9 @@
 //! [`ServingCore::serve`] takes the steps in one call for callers with no I/O between them (the
 //! replay lab, the planner's bench); the gateway takes them one by one around its calls.
 //!
+//! [`retention`] turns a session's observed think times into the retention hint its requests
+//! carry ([`ThinkTimes`]), for the live gateway and the replay lab alike.
+//!
 //! [`counterfactual`] re-scores a decision already made under another policy, over the load
 //! and index overlap recorded with it (the admin API's counterfactual explain).
 //!
@@ -33,6 +36,7 @@
 mod candidates;
 pub mod counterfactual;
 mod offline;
+pub mod retention;
 mod settings;
 
 use serde::Serialize;
@@ -46,6 +50,7 @@ use crate::policy::{Candidate, Decision, Policy, PolicyConfig, PolicyKind, Route
 pub use candidates::{DecodeFilter, WorkerFacts, may_decode, may_prefill_for, needs_prefill};
 pub use counterfactual::{RescoreBasis, rescore};
 pub use offline::{ServeOutcome, Served};
+pub use retention::{RetentionConfig, ThinkTimes};
 pub use settings::{
     DEFAULT_MAX_PREFILL_QUEUE_TOKENS, DEFAULT_MIN_UNCACHED_TOKENS, Disaggregation, ServeSettings,
 };

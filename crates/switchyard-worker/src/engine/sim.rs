@@ -359,6 +359,8 @@ impl Engine for SimEngine {
             pipeline: false,
             logprobs: s.logprobs,
             script,
+            // The protocol carries no retention hint yet (docs/engines.md).
+            retention: Default::default(),
         };
         let rx = self.add(request).await?;
         Ok(GenerationStream::new(rx, self.abort_guard(id)))
