@@ -49,6 +49,10 @@ pub struct SimRequest {
     /// [`FinishReason::Stop`] after the last, or with [`FinishReason::Length`] at `max_tokens`.
     #[serde(default)]
     pub script: Vec<TokenId>,
+    /// The adapter and cache salt the prompt's KV is named by: its blocks are cached (and
+    /// announced) under that identity, shared only with requests of the same identity.
+    #[serde(default)]
+    pub identity: switchyard_core::KvIdentity,
 }
 
 impl SimRequest {
