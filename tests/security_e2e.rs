@@ -72,6 +72,7 @@ fn generate(kv_source: Option<v1::KvSource>) -> v1::GenerateRequest {
             ..Default::default()
         }),
         kv_source,
+        identity: None,
     }
 }
 
@@ -81,6 +82,7 @@ fn prefill() -> v1::PrefillRequest {
         prompt_token_ids: tokens(10, 256),
         hold_ms: 600_000,
         pipelined: false,
+        identity: None,
     }
 }
 

@@ -39,6 +39,7 @@ fn generate_request(prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
             ..Default::default()
         }),
         kv_source: None,
+        identity: None,
     }
 }
 

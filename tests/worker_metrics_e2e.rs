@@ -73,6 +73,7 @@ async fn worker_serves_metrics_on_its_own_port_and_counts_a_generation() {
                 ..Default::default()
             }),
             kv_source: None,
+            identity: None,
         })
         .await
         .unwrap()

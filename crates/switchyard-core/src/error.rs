@@ -18,4 +18,6 @@ pub enum CoreError {
     HashMismatch { hash: String, expected: String },
     #[error("worker info is invalid: {0}")]
     InvalidWorkerInfo(String),
+    #[error("invalid KV identity: {0}")]
+    InvalidIdentity(String),
 }

@@ -4,6 +4,8 @@
 //!
 //! - [`tokens`]: token ids and the block size that cuts a prompt into blocks.
 //! - [`hash`]: the chained 64-bit [`BlockHash`], Switchyard's own stable name for a prefix.
+//! - [`identity`]: what besides its tokens names a request's KV ([`KvIdentity`]: a LoRA
+//!   adapter, a cache salt) and the one rule that keys blocks by it.
 //! - [`digest`]: an order-independent digest of a set of cached blocks, to check a consumer's
 //!   view of a worker's cache against the worker's own.
 //! - [`worker`]: who a worker is ([`WorkerId`], [`WorkerInfo`]) and what it does ([`Role`]).
@@ -22,6 +24,7 @@ pub mod error;
 pub mod event;
 pub mod guided;
 pub mod hash;
+pub mod identity;
 pub mod load;
 pub mod logprobs;
 pub mod promtext;
@@ -40,6 +43,7 @@ pub use event::{
 };
 pub use guided::Guided;
 pub use hash::{BlockHash, block_hashes, block_key, chain_hash, chain_hash_keyed};
+pub use identity::{KvIdentity, identity_block_key};
 pub use load::LoadStats;
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob};
 pub use retention::Retention;

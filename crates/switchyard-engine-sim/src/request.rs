@@ -53,6 +53,10 @@ pub struct SimRequest {
     /// budget, see [`crate::SimConfig::retention_budget_fraction`]).
     #[serde(default)]
     pub retention: Retention,
+    /// The adapter and cache salt the prompt's KV is named by: its blocks are cached (and
+    /// announced) under that identity, shared only with requests of the same identity.
+    #[serde(default)]
+    pub identity: switchyard_core::KvIdentity,
 }
 
 impl SimRequest {

@@ -2,7 +2,7 @@
 
 use switchyard_core::{
     BlockHash, BlockSize, MAX_TOP_LOGPROBS, TokenId, TokenLogprob, TopLogprob, chain_hash,
-    hash::extend_block_hashes,
+    chain_hash_keyed,
 };
 
 use crate::{FinishReason, SimRequest, kv_cache::BlockId};
@@ -42,8 +42,11 @@ pub(crate) struct Sequence {
     stream: u64,
     /// Prompt then generated tokens; a preempted sequence recomputes all of them.
     pub(crate) tokens: Vec<TokenId>,
-    /// Chained hashes of every full block of `tokens`.
+    /// Chained hashes of every full block of `tokens`, under the request's identity.
     pub(crate) hashes: Vec<BlockHash>,
+    /// The keys of the first block and of every later one under the request's identity
+    /// (`KvIdentity::block_key`; `None` when plain).
+    keys: (Option<u64>, Option<u64>),
     pub(crate) completion_tokens: u32,
     /// Tokens whose KV is computed (the last sampled token's is not, until it is decoded).
     pub(crate) computed: usize,
@@ -58,7 +61,8 @@ pub(crate) struct Sequence {
 
 impl Sequence {
     pub(crate) fn new(req: SimRequest, engine_seed: u64, block_size: BlockSize) -> Self {
-        let hashes = switchyard_core::block_hashes(&req.prompt, block_size);
+        let hashes = req.identity.block_hashes(&req.prompt, block_size);
+        let keys = (req.identity.block_key(true), req.identity.block_key(false));
         // The prompt takes part so that two requests sharing a seed but not a prompt differ,
         // as they would with a real model's logits.
         let prompt_print = chain_hash(None, &req.prompt).get();
@@ -89,6 +93,7 @@ impl Sequence {
             stream,
             tokens: req.prompt,
             hashes,
+            keys,
             completion_tokens: 0,
             computed: 0,
             table: Vec::new(),
@@ -223,7 +228,14 @@ impl Sequence {
         if self.tokens.len().is_multiple_of(bs) {
             let start = self.tokens.len() - bs;
             let parent = self.hashes.last().copied();
-            extend_block_hashes(&mut self.hashes, parent, &self.tokens[start..], block_size);
+            // The first block carries the salt too (a prompt shorter than a block).
+            let key = if parent.is_some() {
+                self.keys.1
+            } else {
+                self.keys.0
+            };
+            self.hashes
+                .push(chain_hash_keyed(parent, &self.tokens[start..], key));
         }
     }
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use serde_json::Value;
-use switchyard_core::TokenId;
+use switchyard_core::{KvIdentity, TokenId};
 use switchyard_gateway::admission::{Admitted, FlowKey};
 use switchyard_gateway::audit::RequestTags;
 use switchyard_gateway::error::ApiError;
@@ -110,7 +110,7 @@ pub async fn pick(
         },
     };
     let session_tag = session.clone();
-    let request = routing::route_request(&state.pool, &routes, &tokens, session);
+    let request = routing::route_request(&state.pool, &routes, &tokens, &KvIdentity::PLAIN, session);
     let room = routes
         .max_context_tokens
         .saturating_sub(tokens.len() as u64)

@@ -13,6 +13,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use switchyard_core::KvIdentity;
 use switchyard_gateway::routing;
 use switchyard_router::serve::DecodeFilter;
 use switchyard_tokenize::ModelDir;
@@ -81,7 +82,7 @@ fn main() {
                     &pool,
                     &routes,
                     // Hashing the prompt is part of routing's cost, as dispatch pays it per attempt.
-                    &routing::route_request(&pool, &routes, black_box(&prompt), None),
+                    &routing::route_request(&pool, &routes, black_box(&prompt), &KvIdentity::PLAIN, None),
                     4,
                     DecodeFilter::default(),
                     &std::sync::Arc::new(switchyard_gateway::audit::RequestTags::new("b")),

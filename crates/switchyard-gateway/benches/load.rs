@@ -250,6 +250,7 @@ async fn worker_ttft(
             ..Default::default()
         }),
         kv_source: None,
+        identity: None,
     };
     let t = Instant::now();
     let mut stream = client.generate(request).await.unwrap().into_inner();

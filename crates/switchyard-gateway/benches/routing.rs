@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use switchyard_core::KvIdentity;
 use switchyard_gateway::routing;
 use switchyard_router::serve::DecodeFilter;
 use switchyard_tokenize::ModelDir;
@@ -40,7 +41,7 @@ fn routing_overhead(c: &mut Criterion) {
                             &pool,
                             &routes,
                             // Hashing the prompt is part of routing's cost, as dispatch pays it per attempt.
-                            &routing::route_request(&pool, &routes, black_box(prompt), None),
+                            &routing::route_request(&pool, &routes, black_box(prompt), &KvIdentity::PLAIN, None),
                             4,
                             DecodeFilter::default(),
                             &std::sync::Arc::new(switchyard_gateway::audit::RequestTags::new("b")),

@@ -229,9 +229,8 @@ pub async fn prefill_stage(
     routes: &Arc<ModelRoutes>,
     settings: &DisaggSettings,
     request: &RouteRequest,
-    prompt: &[TokenId],
+    ask: PrefillAsk<'_>,
     decode: &mut RoutedRequest,
-    request_id: &str,
     tags: &Arc<crate::audit::RequestTags>,
     attempts: u32,
     excluded: &mut Vec<WorkerId>,
@@ -320,9 +319,8 @@ pub async fn prefill_stage(
             settings,
             &request_span,
             prefill,
-            prompt,
+            ask,
             &request.block_hashes,
-            request_id,
             attempt,
         )
         .await
@@ -343,7 +341,7 @@ pub async fn prefill_stage(
                 );
             }
             PrefillFailure::Failed(failure) => {
-                tracing::warn!(request = %request_id, %failure, "prefill failed; trying another prefill worker");
+                tracing::warn!(request = %ask.request_id, %failure, "prefill failed; trying another prefill worker");
                 pool.metrics.retries.inc();
                 excluded.push(worker);
                 last_failure = Some(failure);
@@ -379,17 +377,29 @@ enum PrefillFailure {
 /// Runs Prefill on the routed prefill worker through the pool's transport. On success, the
 /// [`Prefilled::Source`] to generate with; on failure the route back (so the caller can undo its
 /// booking) and what went wrong.
+/// What a prefill worker is asked to compute: the request's prompt under its KV identity.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillAsk<'a> {
+    pub request_id: &'a str,
+    pub prompt: &'a [TokenId],
+    pub identity: &'a switchyard_core::KvIdentity,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run_prefill(
     pool: &WorkerPool,
     settings: &DisaggSettings,
     request_span: &Span,
     mut prefill: RoutedRequest,
-    prompt: &[TokenId],
+    ask: PrefillAsk<'_>,
     prompt_blocks: &[switchyard_core::BlockHash],
-    request_id: &str,
     attempt: u32,
 ) -> Result<Prefilled, (RoutedRequest, PrefillFailure)> {
+    let PrefillAsk {
+        request_id,
+        prompt,
+        identity,
+    } = ask;
     let worker = prefill.worker_id.clone();
     let prefill_span = tracing::info_span!(
         target: GATEWAY_SPANS,
@@ -409,6 +419,7 @@ async fn run_prefill(
         hold_ms: 0,
         // A worker that cannot pipeline answers when done (response.pipelined = false).
         pipelined: settings.kv_transfer == KvTransfer::Pipelined,
+        identity: switchyard_proto::identity_to_proto(identity),
     });
     switchyard_telemetry::inject_context(&prefill_span, call.metadata_mut());
     let answer = tokio::time::timeout(

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use switchyard_core::{BlockSize, EngineKind, Role, WorkerId, WorkerInfo};
+use switchyard_core::{BlockSize, EngineKind, KvIdentity, Role, WorkerId, WorkerInfo};
 use switchyard_router::serve::{DecodeFilter, ServeSettings};
 use switchyard_router::{PolicyConfig, PolicyKind};
 use tokio::time::Instant;
@@ -117,7 +117,7 @@ async fn stage(
     settings: DisaggSettings,
 ) -> Prefilled {
     let tokens: Vec<u32> = (0..16).collect();
-    let request = routing::route_request(pool, routes, &tokens, None);
+    let request = routing::route_request(pool, routes, &tokens, &KvIdentity::PLAIN, None);
     let mut decode = routing::route(
         pool,
         routes,
@@ -135,9 +135,12 @@ async fn stage(
         routes,
         &settings,
         &request,
-        &tokens,
+        crate::disagg::PrefillAsk {
+            request_id: "r",
+            prompt: &tokens,
+            identity: &KvIdentity::PLAIN,
+        },
         &mut decode,
-        "r",
         &Arc::new(crate::audit::RequestTags::new("r")),
         2,
         &mut excluded,
@@ -192,7 +195,7 @@ async fn explain_shows_the_forced_prefill_and_the_reroute() {
     let d = WorkerId::new("d").unwrap();
     let tokens: Vec<u32> = (0..16).collect();
     let (p, r) = pool(&[info("d", Role::Decode, EngineKind::Sglang)]);
-    let request = routing::route_request(&p, &r, &tokens, None);
+    let request = routing::route_request(&p, &r, &tokens, &KvIdentity::PLAIN, None);
     let explained = disagg::explain(&p, &r, &auto(), &d, &request, 16);
     assert_eq!(explained.mode, "rerouted");
     assert!(
@@ -219,6 +222,7 @@ fn job(routes: &Arc<ModelRoutes>, mode: Disaggregation) -> GenerateJob {
         tags: Arc::new(crate::audit::RequestTags::new("r")),
         routes: Arc::clone(routes),
         prompt: (0..16).collect(),
+        identity: switchyard_core::KvIdentity::PLAIN,
         sampling: switchyard_core::Sampling {
             max_tokens: 4,
             temperature: Some(0.0),

@@ -310,6 +310,7 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     max_migrations: 0,
                     disagg,
                     span: tracing::Span::none(),
+                    identity: Default::default(),
                 };
                 let now = pool.now_tick();
                 let events = dispatch::start(&pool, job);

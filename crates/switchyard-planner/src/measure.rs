@@ -101,7 +101,7 @@ async fn generate(
                 ignore_eos: true,
                 ..Default::default()
             }),
-            kv_source: None,
+            ..Default::default()
         })
         .await?
         .into_inner();

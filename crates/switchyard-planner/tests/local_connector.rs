@@ -76,6 +76,7 @@ async fn in_flight_generation(
                 ..Default::default()
             }),
             kv_source: None,
+            identity: None,
         })
         .await
         .unwrap()
@@ -174,6 +175,7 @@ async fn a_moved_decode_worker_finishes_its_sequence_and_takes_the_new_role() {
                 ..Default::default()
             }),
             kv_source: None,
+            identity: None,
         })
         .await
         .unwrap_err();

@@ -1,9 +1,9 @@
 //! Conversions between protocol messages and core types.
 
 use switchyard_core::{
-    BlockHash, BlockSize, CoreError, EngineKind, Guided, KvEvent, KvTierCosts, LoadStats, Role,
-    Sampling, SamplingError, SnapshotBlock, StorageTier, StoredBlock, TierLink, TokenLogprob,
-    TopLogprob, WorkerId, WorkerInfo,
+    BlockHash, BlockSize, CoreError, EngineKind, Guided, KvEvent, KvIdentity, KvTierCosts,
+    LoadStats, Role, Sampling, SamplingError, SnapshotBlock, StorageTier, StoredBlock, TierLink,
+    TokenLogprob, TopLogprob, WorkerId, WorkerInfo,
 };
 
 use crate::v1;
@@ -112,6 +112,22 @@ impl From<v1::TokenLogprob> for TokenLogprob {
                 })
                 .collect(),
         }
+    }
+}
+
+/// A request's KV identity on the wire; the plain identity is sent as no message at all.
+pub fn identity_to_proto(identity: &KvIdentity) -> Option<v1::KvIdentity> {
+    (!identity.is_plain()).then(|| v1::KvIdentity {
+        adapter: identity.adapter.clone(),
+        cache_salt: identity.salt.clone(),
+    })
+}
+
+/// A request's KV identity off the wire, validated ([`KvIdentity::new`]); absent is plain.
+pub fn identity_from_proto(identity: Option<v1::KvIdentity>) -> Result<KvIdentity, ProtoError> {
+    match identity {
+        None => Ok(KvIdentity::PLAIN),
+        Some(i) => Ok(KvIdentity::new(i.adapter, i.cache_salt)?),
     }
 }
 

@@ -205,6 +205,7 @@ mod tests {
                 ignore_eos: true,
                 ..switchyard_core::Sampling::default()
             },
+            identity: Default::default(),
         }
     }
 

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, stream};
-use switchyard_core::{BlockHash, BlockSize, block_hashes};
+use switchyard_core::{BlockHash, BlockSize};
 use switchyard_proto::{ErrorCode, v1};
 use switchyard_security::Dialer;
 use switchyard_telemetry::{WORKER_SPANS, record_error};
@@ -79,7 +79,7 @@ pub(crate) async fn generate_from_source(
         raw_descriptors = Empty,
         source_tensor_parallel = Empty,
     );
-    let expected = block_hashes(&params.prompt, engine.spec().block_size);
+    let expected = params.identity.block_hashes(&params.prompt, engine.spec().block_size);
     metrics.pull_received();
     let pull_started = tokio::time::Instant::now();
     let failed = |(reason, status): PullError| {

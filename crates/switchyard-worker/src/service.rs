@@ -157,6 +157,8 @@ impl WorkerService {
         let sampling = switchyard_core::Sampling::try_from(req.sampling.unwrap_or_default())
             .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
         self.check_prompt(&req.prompt_token_ids, sampling.max_tokens)?;
+        let identity = switchyard_proto::identity_from_proto(req.identity)
+            .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
         if !self.state.role().serves_decode() {
             return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role prefill and does not generate; send Prefill",
@@ -169,6 +171,7 @@ impl WorkerService {
             request_id: req.request_id,
             prompt: req.prompt_token_ids,
             sampling,
+            identity,
         };
         let engine_stream: ChunkStream = match req.kv_source {
             // The first token comes from the prefill worker, which computes no log
@@ -206,6 +209,8 @@ impl WorkerService {
         span.record("request_id", req.request_id.as_str());
         span.record("prompt_tokens", req.prompt_token_ids.len() as i64);
         self.check_prompt(&req.prompt_token_ids, 1)?;
+        let identity = switchyard_proto::identity_from_proto(req.identity)
+            .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
         if !self.state.role().serves_prefill() {
             return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role decode and does not prefill",
@@ -225,6 +230,7 @@ impl WorkerService {
                 prompt: req.prompt_token_ids,
                 hold,
                 pipelined: req.pipelined,
+                identity,
             })
             .await?;
         Ok(Response::new(v1::PrefillResponse {

@@ -89,6 +89,7 @@ fn request(prompt: Vec<u32>, kv_source: Option<KvSource>) -> GenerateRequest {
             ..Default::default()
         }),
         kv_source,
+        identity: None,
     }
 }
 
@@ -121,6 +122,7 @@ async fn disaggregated_ms(
             prompt_token_ids: p.clone(),
             hold_ms: 0,
             pipelined,
+            identity: None,
         })
         .await
         .expect("prefill")

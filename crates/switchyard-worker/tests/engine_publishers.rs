@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchyard_core::{BlockHash, BlockSize, StorageTier, WorkerId, block_hashes};
+use switchyard_core::{BlockHash, BlockSize, KvIdentity, StorageTier, WorkerId, block_hashes};
 use switchyard_worker::engine::kv_relay::KvRelay;
 use switchyard_worker::engine::stats::{AdapterCounters, AdapterStats};
 use switchyard_worker::engine::zmq_events::{
@@ -406,34 +406,49 @@ async fn stores(release: Release, env: &[(&str, &str)]) {
     let plain = union([dev(&t1), host.clone(), dev(&t2), external]);
     w.assert_view(&p, &plain, "stores").await;
 
-    // The same tokens under an adapter (vLLM: lora_name and extra keys, which its hashes
-    // include too; SGLang: a LoRA's extra_key) or a cache salt (SGLang) are other blocks.
+    // The same tokens under an adapter or a cache salt are other blocks, and exactly the ones a
+    // request naming that adapter and salt hashes to (`KvIdentity`): vLLM publishes the
+    // adapter's name and the salt untagged in each block's extra keys (the salt on the prompt's
+    // first block only) and `lora_name`; SGLang names both once per event.
+    let (lora, salt) = (
+        KvIdentity::new(Some("lora-a".into()), None).unwrap(),
+        KvIdentity::new(None, Some("tenant-1".into())).unwrap(),
+    );
     let keyed = if release.vllm() {
-        let keys =
+        let lora_keys =
             json!({"lora_id": 7, "lora_name": "lora-a", "extra_keys": [["lora-a"], ["lora-a"]]});
-        vec![with(p.store("-", None, &t1[..8], 0), keys)]
-    } else {
-        let lora =
-            json!({"extra_key": "k-0123456789abcdef0123456789abcdef", "lora_name": "lora-a"});
-        let salt = json!({"cache_salt": "tenant-1"});
+        let salt_keys = json!({"extra_keys": [["tenant-1"]]});
         vec![
-            with(p.store("l", None, &t1[..4], 0), lora),
-            with(p.store("s", None, &t1[..4], 0), salt),
+            with(p.store("-", None, &t1[..8], 0), lora_keys),
+            with(p.store("-", None, &t1[..4], 0), salt_keys),
+        ]
+    } else {
+        let lora_keys =
+            json!({"extra_key": "k-0123456789abcdef0123456789abcdef", "lora_name": "lora-a"});
+        let salt_keys = json!({"cache_salt": "tenant-1"});
+        vec![
+            with(p.store("l", None, &t1[..8], 0), lora_keys),
+            with(p.store("s", None, &t1[..4], 0), salt_keys),
         ]
     };
     p.send(0, keyed).await;
     assert!(w.caught_up(&p, DEADLINE).await, "{:#?}", w.stats_all());
     let with_keyed = w.view();
     let extra = minus(&with_keyed, &plain);
+    let bs = BlockSize::new(BS).unwrap();
+    let requested: View = [lora.block_hashes(&t1[..8], bs), salt.block_hashes(&t1[..4], bs)]
+        .into_iter()
+        .flatten()
+        .map(|h| (h, Device))
+        .collect();
+    assert!(with_keyed.is_superset(&plain), "{extra:?}");
+    assert_eq!(
+        extra, requested,
+        "keyed blocks are named as a request with that adapter or salt names them"
+    );
     let plain_hashes: BTreeSet<BlockHash> = plain.iter().map(|(h, _)| *h).collect();
     assert!(
-        with_keyed.is_superset(&plain) && extra.len() == 2,
-        "{extra:?}"
-    );
-    assert!(
-        extra
-            .iter()
-            .all(|(h, t)| *t == Device && !plain_hashes.contains(h)),
+        extra.iter().all(|(h, _)| !plain_hashes.contains(h)),
         "a keyed block took a plain block's name: {extra:?}"
     );
 

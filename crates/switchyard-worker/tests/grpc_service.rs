@@ -73,6 +73,7 @@ fn gen_req(prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
             ..Default::default()
         }),
         kv_source: None,
+        identity: None,
     }
 }
 
@@ -87,6 +88,7 @@ async fn prefill_holds_blocks_until_pulled_once() {
             prompt_token_ids: tokens.clone(),
             hold_ms: 60_000,
             pipelined: false,
+            identity: None,
         })
         .await
         .expect("prefill")
@@ -160,6 +162,7 @@ async fn an_unpulled_handle_expires_and_releases_its_blocks() {
             prompt_token_ids: prompt(64),
             hold_ms: 200,
             pipelined: false,
+            identity: None,
         })
         .await
         .expect("prefill")
@@ -312,6 +315,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
             prompt_token_ids: vec![],
             hold_ms: 0,
             pipelined: false,
+            identity: None,
         })
         .await
         .expect_err("empty prompt");
@@ -345,6 +349,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
                 ..Default::default()
             }),
             kv_source: None,
+            identity: None,
         })
         .await
         .expect_err("nan temperature");

@@ -78,6 +78,7 @@ async fn disaggregated_via(
             prompt_token_ids: prompt.to_vec(),
             hold_ms: 0,
             pipelined: false,
+            identity: None,
         })
         .await
         .expect("prefill")
@@ -97,6 +98,7 @@ async fn disaggregated_via(
             cached_prompt_tokens: pre.cached_prompt_tokens,
             ..Default::default()
         }),
+        identity: None,
     };
     let mut stream = decode.client.generate(request).await?.into_inner();
     let mut tokens = Vec::new();

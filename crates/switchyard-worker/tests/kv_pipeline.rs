@@ -54,6 +54,7 @@ async fn prefill(worker: &mut Worker, prompt: &[u32], pipelined: bool) -> v1::Pr
             prompt_token_ids: prompt.to_vec(),
             hold_ms: 0,
             pipelined,
+            identity: None,
         })
         .await
         .expect("prefill")
@@ -77,6 +78,7 @@ fn generate(prompt: &[u32], address: String, pre: &v1::PrefillResponse) -> Gener
             pipelined: pre.pipelined,
             ..Default::default()
         }),
+        identity: None,
     }
 }
 
@@ -334,6 +336,7 @@ async fn an_unpulled_pipelined_handle_expires_and_stops_the_prefill() {
             prompt_token_ids: prompt(4096),
             hold_ms: 50,
             pipelined: true,
+            identity: None,
         })
         .await
         .expect("prefill")

@@ -42,6 +42,7 @@ impl Worker {
                 prompt_token_ids: prompt.to_vec(),
                 hold_ms: 0,
                 pipelined: false,
+                identity: None,
             })
             .await
             .expect("prefill")
@@ -63,6 +64,7 @@ fn request(prompt: &[u32], max_tokens: u32, source: KvSource) -> GenerateRequest
             ..Default::default()
         }),
         kv_source: Some(source),
+        identity: None,
     }
 }
 

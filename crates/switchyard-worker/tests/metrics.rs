@@ -83,6 +83,7 @@ fn generate(prompt: Vec<u32>, max_tokens: u32, source: Option<KvSource>) -> Gene
             ..Default::default()
         }),
         kv_source: source,
+        identity: None,
     }
 }
 
@@ -92,6 +93,7 @@ fn prefill(prompt: Vec<u32>, hold_ms: u32) -> PrefillRequest {
         prompt_token_ids: prompt,
         hold_ms,
         pipelined: false,
+        identity: None,
     }
 }
 

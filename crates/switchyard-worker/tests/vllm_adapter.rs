@@ -33,6 +33,7 @@ fn params(prompt: Vec<u32>, max_tokens: u32) -> GenerateParams {
             ignore_eos: true,
             ..switchyard_core::Sampling::default()
         },
+        identity: Default::default(),
     }
 }
 
@@ -291,6 +292,7 @@ async fn errors_map_to_whose_fault_and_dropping_a_stream_aborts() {
             prompt: seq(1, 4),
             hold: Duration::from_secs(1),
             pipelined: false,
+            identity: Default::default(),
         })
         .await
         .unwrap_err();
@@ -343,6 +345,7 @@ fn prefill_params(prompt: Vec<u32>, hold: Duration) -> PrefillParams {
         prompt,
         hold,
         pipelined: false,
+        identity: Default::default(),
     }
 }
 
@@ -556,6 +559,7 @@ async fn run(
             request_id: "sampled".into(),
             prompt: seq(1, 10),
             sampling,
+            identity: Default::default(),
         })
         .await
         .unwrap();

@@ -17,7 +17,7 @@ mod tests;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use switchyard_core::{Sampling, TokenId, TokenLogprob, WorkerId};
+use switchyard_core::{KvIdentity, Sampling, TokenId, TokenLogprob, WorkerId};
 use switchyard_proto::v1::{self, GenerateRequest, SamplingParams};
 use switchyard_router::RouteError;
 use switchyard_router::serve::DecodeFilter;
@@ -30,7 +30,8 @@ use tracing::field::Empty;
 use crate::audit::realized::{Realized, realize};
 use crate::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::disagg::{
-    DisaggSettings, Disaggregation, Prefilled, prefill_stage, serves_only_with_prefill,
+    DisaggSettings, Disaggregation, PrefillAsk, Prefilled, prefill_stage,
+    serves_only_with_prefill,
 };
 use crate::error::ApiError;
 use crate::health::{Liveness, is_transport_failure};
@@ -49,6 +50,9 @@ pub struct GenerateJob {
     pub prompt: Vec<TokenId>,
     /// How to sample, validated; its `max_tokens` is the whole request's.
     pub sampling: Sampling,
+    /// The adapter and cache salt the prompt's KV is named by: its blocks are hashed under
+    /// them and the workers (and their engines) receive them.
+    pub identity: KvIdentity,
     pub session: Option<String>,
     pub deadline: Instant,
     pub max_retries: u32,
@@ -187,7 +191,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             prefill_worker = Empty,
         );
         // Hashing happens here, outside the model's lock.
-        let request = routing::route_request(pool, &job.routes, &context, job.session.clone());
+        let request = routing::route_request(pool, &job.routes, &context, &job.identity, job.session.clone());
         let filter = DecodeFilter {
             exclude: &attempts.excluded,
             aggregated_only,
@@ -241,9 +245,12 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                 &job.routes,
                 &job.disagg,
                 &request,
-                &context,
+                PrefillAsk {
+                    request_id: &job.request_id,
+                    prompt: &context,
+                    identity: &job.identity,
+                },
                 &mut routed,
-                &job.request_id,
                 &job.tags,
                 job.max_retries + 1,
                 &mut attempts.excluded_prefill,
@@ -409,6 +416,7 @@ async fn stream_attempt(
         prompt_token_ids: context,
         sampling: Some(SamplingParams::from(&attempts.sampling(&job.sampling))),
         kv_source,
+        identity: switchyard_proto::identity_to_proto(&job.identity),
     };
     let mut request = tonic::Request::new(request);
     switchyard_telemetry::inject_context(&decode_span, request.metadata_mut());

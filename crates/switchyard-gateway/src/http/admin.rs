@@ -147,6 +147,8 @@ struct ExplainRequest {
     /// Or chat messages, rendered with the model's template.
     messages: Option<Vec<serde_json::Value>>,
     session_id: Option<String>,
+    /// The request's cache salt: its blocks are looked up as a salted request's are.
+    cache_salt: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -230,7 +232,15 @@ async fn explain_prompt(
         exclude: &[],
         aggregated_only: aggregated_only(&settings.serve, false, false),
     };
-    let route_request = routing::route_request(&state.pool, &routes, &tokens, request.session_id);
+    let identity = switchyard_core::KvIdentity::new(None, request.cache_salt)
+        .map_err(|e| ApiError::bad_param("cache_salt", e.to_string()))?;
+    let route_request = routing::route_request(
+        &state.pool,
+        &routes,
+        &tokens,
+        &identity,
+        request.session_id,
+    );
     let decision = routing::explain(&state.pool, &routes, &route_request, filter)
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
     let uncached = decision

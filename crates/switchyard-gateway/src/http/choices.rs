@@ -61,6 +61,7 @@ impl Choices {
                     routes: Arc::clone(&p.routes),
                     prompt: prompt.tokens.clone(),
                     sampling,
+                    identity: p.identity.clone(),
                     session: p.session.clone().or_else(|| p.user.clone()),
                     deadline: tokio::time::Instant::from_std(
                         p.arrived + state.config.request_timeout(),

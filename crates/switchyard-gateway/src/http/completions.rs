@@ -18,7 +18,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
-use switchyard_core::{Sampling, TokenId};
+use switchyard_core::{KvIdentity, Sampling, TokenId};
 use switchyard_telemetry::GATEWAY_SPANS;
 use switchyard_tokenize::ModelDir;
 use tracing::Instrument;
@@ -175,6 +175,8 @@ pub(super) struct Prepared {
     /// OpenAI's `user`: the fairness tenant, and the session when no `x-session-id` names one.
     pub(super) user: Option<String>,
     pub(super) session: Option<String>,
+    /// What besides its tokens names the prompt's KV (the cache salt).
+    pub(super) identity: KvIdentity,
     /// Where each choice after the first waits for admission.
     pub(super) flow: FlowKey,
     pub(super) client: Option<IpAddr>,
@@ -562,6 +564,8 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
             echo,
         });
     }
+    let identity = KvIdentity::new(None, r.sampling.cache_salt.clone())
+        .map_err(|e| ApiError::bad_param("cache_salt", e.to_string()))?;
     let Ids {
         request_id,
         completion_id,
@@ -587,6 +591,7 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
             .is_some_and(|o| o.include_usage),
         user: r.sampling.user,
         session: r.session,
+        identity,
         flow: r.flow,
         client: r.client,
         arrived: r.arrived,

@@ -85,6 +85,9 @@ pub struct SamplingFields {
     pub guided_regex: Option<String>,
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
+    /// vLLM's and SGLang's cache salt: the request's KV is shared only with requests of the
+    /// same salt (routing hashes its blocks under it; the engine receives it).
+    pub cache_salt: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use switchyard_core::{EngineKind, TokenId, WorkerId, WorkerInfo};
+use switchyard_core::{EngineKind, KvIdentity, TokenId, WorkerId, WorkerInfo};
 use switchyard_router::serve::{
     self, Booking, DecodeFilter, PrefillChoice, RescoreBasis, ServeSettings, may_decode,
 };
@@ -183,9 +183,10 @@ pub fn route_request(
     pool: &WorkerPool,
     routes: &ModelRoutes,
     tokens: &[TokenId],
+    identity: &KvIdentity,
     session: Option<String>,
 ) -> RouteRequest {
-    serve::route_request(tokens, routes.block_size, session, pool.now_tick())
+    serve::route_request_as(tokens, identity, routes.block_size, session, pool.now_tick())
 }
 
 /// Step 1 of the serving core: chooses the generating worker for `request` among the

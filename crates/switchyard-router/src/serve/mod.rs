@@ -40,7 +40,7 @@ pub mod retention;
 mod settings;
 
 use serde::Serialize;
-use switchyard_core::{BlockSize, TokenId, WorkerId, block_hashes};
+use switchyard_core::{BlockSize, KvIdentity, TokenId, WorkerId};
 
 use crate::error::RouteError;
 use crate::index::{IndexConfig, PrefixIndex};
@@ -62,8 +62,20 @@ pub fn route_request(
     session: Option<String>,
     now: Tick,
 ) -> RouteRequest {
+    route_request_as(tokens, &KvIdentity::PLAIN, block_size, session, now)
+}
+
+/// [`route_request`] for a prompt whose KV is named by `identity` (an adapter, a cache salt):
+/// its blocks hash as the engine's events for that identity do, so it only matches them.
+pub fn route_request_as(
+    tokens: &[TokenId],
+    identity: &KvIdentity,
+    block_size: BlockSize,
+    session: Option<String>,
+    now: Tick,
+) -> RouteRequest {
     RouteRequest {
-        block_hashes: block_hashes(tokens, block_size),
+        block_hashes: identity.block_hashes(tokens, block_size),
         prompt_tokens: tokens.len() as u64,
         block_size,
         session,

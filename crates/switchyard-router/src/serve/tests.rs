@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use switchyard_core::{KvEvent, StorageTier, StoredBlock};
+use switchyard_core::{KvEvent, StorageTier, StoredBlock, block_hashes};
 
 use super::*;
 use crate::load::BookedRequest;

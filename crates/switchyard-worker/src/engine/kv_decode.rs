@@ -210,37 +210,38 @@ fn decode_stored(fields: &Fields<'_>) -> Result<StoredEvent, DecodeError> {
     let token_ids = token_list(get("token_ids"))?;
     let block_size = small_uint(get("block_size"), E, "block_size")?;
     let group = small_uint(get("group_idx"), E, "group_idx")?.unwrap_or(0);
-    // What names a block besides its tokens: the adapter (vLLM's lora_name, else its lora_id),
-    // SGLang's cache salt, and vLLM's per-block extra keys (adapter, multimodal inputs, salt).
+    // What names a block besides its tokens (`switchyard_core::identity`): the adapter (vLLM's
+    // and SGLang's lora_name, else the deprecated lora_id), the cache salt on a prompt's first
+    // block, and any other per-block extra key (multimodal inputs, prompt embeddings).
     let lora = string(get("lora_name")).or_else(|| {
         get("lora_id")
             .and_then(Value::as_u64)
             .map(|id| format!("lora_id:{id}"))
     });
-    let salt = string(get("cache_salt"));
-    let extra: Vec<Option<Vec<u8>>> = match get("extra_keys") {
+    let event_salt = string(get("cache_salt"));
+    let extra: Vec<ExtraKeys> = match get("extra_keys") {
         Some(Value::Array(per_block)) => per_block
             .iter()
-            .map(|k| {
-                (!k.is_nil()).then(|| {
-                    let mut out = Vec::new();
-                    // Writing to a Vec cannot fail.
-                    let _ = rmpv::encode::write_value(&mut out, k);
-                    out
-                })
-            })
+            .map(|k| ExtraKeys::read(k, lora.as_deref()))
             .collect(),
         _ => Vec::new(),
     };
-    let keyed = lora.is_some() || salt.is_some() || extra.iter().any(Option::is_some);
+    let keyed = lora.is_some() || event_salt.is_some() || extra.iter().any(ExtraKeys::is_some);
     let block_keys = if keyed {
         (0..block_hashes.len())
             .map(|i| {
-                switchyard_core::block_key(&[
-                    lora.as_deref().map(str::as_bytes),
-                    salt.as_deref().map(str::as_bytes),
-                    extra.get(i).and_then(|e| e.as_deref()),
-                ])
+                let extra = extra.get(i);
+                // SGLang names the salt once per event; it keys the prompt's first block, from
+                // which every later hash chains. vLLM puts it in that block's extra keys.
+                let first = i == 0 && parent.is_none();
+                let salt = extra
+                    .and_then(|e| e.salt.as_deref())
+                    .or(event_salt.as_deref().filter(|_| first));
+                switchyard_core::identity_block_key(
+                    lora.as_deref(),
+                    salt,
+                    extra.and_then(|e| e.other.as_deref()),
+                )
             })
             .collect()
     } else {
@@ -256,6 +257,54 @@ fn decode_stored(fields: &Fields<'_>) -> Result<StoredEvent, DecodeError> {
         spec_kind: string(get("kv_cache_spec_kind")),
         block_keys,
     })
+}
+
+/// One block's entry of vLLM's `extra_keys`, published untagged: the adapter's name first
+/// when the block is an adapter's, `(mm_identifier, offset)` pairs, the cache salt (a string,
+/// on a prompt's first block) and prompt-embedding digests (bytes), in that order. The name
+/// and the salt become their own parts of the block's key, so a request that names the same
+/// adapter and salt hashes to the same block; the rest is kept msgpack-encoded.
+#[derive(Debug, Default)]
+struct ExtraKeys {
+    salt: Option<String>,
+    other: Option<Vec<u8>>,
+}
+
+impl ExtraKeys {
+    fn read(entry: &Value, lora: Option<&str>) -> Self {
+        let Value::Array(items) = entry else {
+            if entry.is_nil() {
+                return Self::default();
+            }
+            return Self {
+                salt: None,
+                other: Some(msgpack(entry)),
+            };
+        };
+        let mut items: &[Value] = items;
+        if let (Some(name), Some(first)) = (lora, items.first())
+            && first.as_str() == Some(name)
+        {
+            items = &items[1..];
+        }
+        let salt = items.iter().find_map(Value::as_str).map(str::to_owned);
+        let rest: Vec<Value> = items.iter().filter(|v| !v.is_str()).cloned().collect();
+        Self {
+            salt,
+            other: (!rest.is_empty()).then(|| msgpack(&Value::Array(rest))),
+        }
+    }
+
+    fn is_some(&self) -> bool {
+        self.salt.is_some() || self.other.is_some()
+    }
+}
+
+fn msgpack(value: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail.
+    let _ = rmpv::encode::write_value(&mut out, value);
+    out
 }
 
 fn string(value: Option<&Value>) -> Option<String> {
@@ -600,6 +649,40 @@ mod tests {
         assert_eq!(lora.len(), 2);
         assert!(lora.iter().all(Option::is_some));
         assert_ne!(lora, salt);
+        // The keys a request naming the same adapter and salt hashes with, whichever way the
+        // engine published them: SGLang's event-wide fields, vLLM's untagged extra keys (the
+        // adapter's name on every block, the salt on the prompt's first).
+        let identity = |adapter: Option<&str>, salt: Option<&str>| {
+            let id = switchyard_core::KvIdentity::new(
+                adapter.map(Into::into),
+                salt.map(Into::into),
+            )
+            .unwrap();
+            vec![id.block_key(true), id.block_key(false)]
+        };
+        assert_eq!(lora, identity(Some("sql-adapter"), None));
+        assert_eq!(salt, identity(None, Some("tenant-a")));
+        let vllm = event(vec![
+            ("lora_name", "sql-adapter".into()),
+            (
+                "extra_keys",
+                Value::Array(vec![
+                    Value::Array(vec!["sql-adapter".into(), "tenant-a".into()]),
+                    Value::Array(vec!["sql-adapter".into()]),
+                ]),
+            ),
+        ]);
+        assert_eq!(vllm, identity(Some("sql-adapter"), Some("tenant-a")));
+        let vllm_salt = event(vec![(
+            "extra_keys",
+            Value::Array(vec![Value::Array(vec!["tenant-a".into()]), Value::Nil]),
+        )]);
+        assert_eq!(vllm_salt, identity(None, Some("tenant-a")));
+        let continued = event(vec![
+            ("cache_salt", "tenant-a".into()),
+            ("parent_block_hash", 4.into()),
+        ]);
+        assert_eq!(continued, vec![None, None], "only a prompt's first block is salted");
         let image = event(vec![(
             "extra_keys",
             Value::Array(vec![

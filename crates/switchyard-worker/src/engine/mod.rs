@@ -55,6 +55,8 @@ pub struct GenerateParams {
     pub prompt: Vec<TokenId>,
     /// How to sample (validated); unset fields stay unset so the engine's defaults apply.
     pub sampling: switchyard_core::Sampling,
+    /// The adapter and cache salt the prompt's KV is named by; the engine receives both.
+    pub identity: switchyard_core::KvIdentity,
 }
 
 /// Why a generation ended.
@@ -157,6 +159,8 @@ pub struct PrefillParams {
     pub hold: Duration,
     /// Answer once the prefill is admitted and stream its blocks to the puller chunk by chunk.
     pub pipelined: bool,
+    /// The adapter and cache salt the prompt's KV is named by, as in [`GenerateParams`].
+    pub identity: switchyard_core::KvIdentity,
 }
 
 /// What a finished prefill holds.

@@ -91,6 +91,8 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
     put("ignore_eos", s.ignore_eos.then_some(json!(true)));
     match dialect {
         Dialect::Vllm(source) => {
+            // vLLM serves a LoRA adapter under its own model name.
+            let model = p.identity.adapter.as_deref().unwrap_or(model);
             let mut body = json!({
                 "model": model,
                 "prompt": p.prompt,
@@ -125,6 +127,9 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
             if let Some(guided) = &s.guided {
                 body["structured_outputs"] = vllm_structured_outputs(guided);
             }
+            if let Some(salt) = &p.identity.salt {
+                body["cache_salt"] = json!(salt);
+            }
             ("/v1/completions", body)
         }
         Dialect::Sglang => {
@@ -150,8 +155,20 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
                 body["return_logprob"] = json!(true);
                 body["top_logprobs_num"] = json!(k);
             }
+            sglang_identity(&mut body, &p.identity);
             ("/generate", body)
         }
+    }
+}
+
+/// SGLang's names for a request's KV identity on `/generate`: the adapter as `lora_path`, the
+/// salt as `cache_salt`.
+pub(super) fn sglang_identity(body: &mut Value, identity: &switchyard_core::KvIdentity) {
+    if let Some(adapter) = &identity.adapter {
+        body["lora_path"] = json!(adapter);
+    }
+    if let Some(salt) = &identity.salt {
+        body["cache_salt"] = json!(salt);
     }
 }
 
@@ -571,6 +588,7 @@ mod tests {
                 guided: Some(guided),
                 ..Default::default()
             },
+            identity: Default::default(),
         };
         let vllm = |g| request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &with(g)).1;
         let sglang = |g| request_body(Dialect::Sglang, "m", &with(g)).1;
@@ -611,9 +629,40 @@ mod tests {
                 max_tokens: 1,
                 ..Default::default()
             },
+            identity: Default::default(),
         };
         let (_, body) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &plain);
         assert!(body.get("structured_outputs").is_none());
+    }
+
+    #[test]
+    fn the_adapter_and_the_salt_reach_each_engine_in_its_own_names() {
+        let params = GenerateParams {
+            request_id: "r".into(),
+            prompt: vec![1, 2],
+            sampling: switchyard_core::Sampling {
+                max_tokens: 2,
+                ..Default::default()
+            },
+            identity: switchyard_core::KvIdentity::new(Some("sql".into()), Some("t-1".into()))
+                .unwrap(),
+        };
+        let (_, vllm) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &params);
+        assert_eq!((&vllm["model"], &vllm["cache_salt"]), (&json!("sql"), &json!("t-1")));
+        let (_, sglang) = request_body(Dialect::Sglang, "m", &params);
+        assert_eq!(
+            (&sglang["lora_path"], &sglang["cache_salt"]),
+            (&json!("sql"), &json!("t-1"))
+        );
+        let plain = GenerateParams {
+            identity: Default::default(),
+            ..params
+        };
+        let (_, vllm) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &plain);
+        assert_eq!(vllm["model"], "m");
+        assert!(vllm.get("cache_salt").is_none());
+        let (_, sglang) = request_body(Dialect::Sglang, "m", &plain);
+        assert!(sglang.get("lora_path").is_none() && sglang.get("cache_salt").is_none());
     }
 
     #[test]
@@ -626,6 +675,7 @@ mod tests {
                 logprobs: Some(3),
                 ..Default::default()
             },
+            identity: Default::default(),
         };
         let (_, body) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &params);
         assert_eq!(body["logprobs"], 3);

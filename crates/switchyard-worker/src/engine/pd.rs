@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Map, Value, json};
-use switchyard_core::block_hashes;
 use tokio::sync::mpsc;
 
 use super::openai_http::{self, Dialect};
@@ -60,6 +59,7 @@ impl VllmEngine {
                 ignore_eos: true,
                 ..switchyard_core::Sampling::default()
             },
+            identity: params.identity.clone(),
         };
         let (path, mut body) = openai_http::request_body(self.dialect, &self.model, &generate);
         body["stream"] = json!(false);
@@ -108,7 +108,7 @@ impl VllmEngine {
         let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
         Ok(PrefillOutcome {
             handle: format!("vllm:{}", params.request_id),
-            block_hashes: block_hashes(&params.prompt, self.spec.block_size),
+            block_hashes: params.identity.block_hashes(&params.prompt, self.spec.block_size),
             prompt_tokens: count("/usage/prompt_tokens").unwrap_or(prompt_tokens),
             cached_prompt_tokens: count("/usage/prompt_tokens_details/cached_tokens")
                 .unwrap_or(0)
@@ -130,7 +130,7 @@ impl VllmEngine {
     ) -> Result<PrefillOutcome, EngineError> {
         let room = bootstrap_room();
         let (host, port) = (&self.bootstrap.0, self.bootstrap.1);
-        let body = json!({
+        let mut body = json!({
             "input_ids": params.prompt,
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0, "skip_special_tokens": false},
             "stream": true,
@@ -139,6 +139,7 @@ impl VllmEngine {
             "bootstrap_port": port,
             "bootstrap_room": room,
         });
+        openai_http::sglang_identity(&mut body, &params.identity);
         // Not `post`: this request outlives the call (it finishes in the background task).
         let mut send = Box::pin(
             self.http
@@ -203,7 +204,7 @@ impl VllmEngine {
         });
         Ok(PrefillOutcome {
             handle: format!("sglang:{room}"),
-            block_hashes: block_hashes(&params.prompt, self.spec.block_size),
+            block_hashes: params.identity.block_hashes(&params.prompt, self.spec.block_size),
             prompt_tokens,
             // Not known yet: the engine is still working when this answer leaves. The decode
             // engine generates the first token itself, so nothing depends on these.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use switchyard_core::{
-    BlockHash, EngineKind, LoadStats, TokenId, WorkerId, block_hashes, chain_hash,
+    BlockHash, EngineKind, LoadStats, TokenId, WorkerId, chain_hash,
 };
 use switchyard_engine_sim::{
     BlockExport, FinishReason as SimFinish, SimConfig, SimError, SimRequest, Simulator,
@@ -361,6 +361,7 @@ impl Engine for SimEngine {
             script,
             // The protocol carries no retention hint yet (docs/engines.md).
             retention: Default::default(),
+            identity: params.identity,
         };
         let rx = self.add(request).await?;
         Ok(GenerationStream::new(rx, self.abort_guard(id)))
@@ -375,9 +376,10 @@ impl Engine for SimEngine {
             ignore_eos: true,
             hold_blocks: true,
             pipeline: params.pipelined,
+            identity: params.identity.clone(),
             ..SimRequest::default()
         };
-        let block_hashes = block_hashes(&params.prompt, self.spec.block_size);
+        let block_hashes = params.identity.block_hashes(&params.prompt, self.spec.block_size);
         if params.pipelined {
             // The handle is valid once the request is queued: its blocks reach the puller
             // chunk by chunk, and the first token with the last piece.

@@ -265,6 +265,7 @@ fn job(routes: &Arc<ModelRoutes>, disagg: DisaggSettings) -> GenerateJob {
         tags: Arc::new(crate::audit::RequestTags::new("req")),
         routes: Arc::clone(routes),
         prompt: PROMPT.to_vec(),
+        identity: switchyard_core::KvIdentity::PLAIN,
         sampling: switchyard_core::Sampling {
             max_tokens: 4,
             temperature: Some(0.0),
