@@ -60,10 +60,16 @@ async fn a_salted_request_reuses_only_its_own_salts_kv() {
         overlap_on(&admin, &holder, &prompt, Some("tenant-a")).await >= 64
     })
     .await;
-    assert!(indexed, "the salted blocks reached the index under the salt");
+    assert!(
+        indexed,
+        "the salted blocks reached the index under the salt"
+    );
     // The same tokens without the salt, or under another, match nothing.
     assert_eq!(overlap_on(&admin, &holder, &prompt, None).await, 0);
-    assert_eq!(overlap_on(&admin, &holder, &prompt, Some("tenant-b")).await, 0);
+    assert_eq!(
+        overlap_on(&admin, &holder, &prompt, Some("tenant-b")).await,
+        0
+    );
 
     // Served: another salt computes the whole prompt (whichever worker it lands on), the same
     // salt is routed back to its blocks and reuses them.

@@ -147,12 +147,19 @@ mod tests {
     fn the_salt_keys_the_first_block_and_the_adapter_every_block() {
         let tokens: Vec<u32> = (0..12).collect();
         let salted = id(None, Some("s")).block_hashes(&tokens, bs());
-        let first = chain_hash_keyed(None, &tokens[..4], identity_block_key(None, Some("s"), None));
+        let first = chain_hash_keyed(
+            None,
+            &tokens[..4],
+            identity_block_key(None, Some("s"), None),
+        );
         assert_eq!(salted[0], first);
         assert_eq!(salted[1], chain_hash(Some(first), &tokens[4..8]));
         let adapted = id(Some("a"), Some("s")).block_hashes(&tokens, bs());
         let key = identity_block_key(Some("a"), None, None);
-        assert_eq!(adapted[2], chain_hash_keyed(Some(adapted[1]), &tokens[8..], key));
+        assert_eq!(
+            adapted[2],
+            chain_hash_keyed(Some(adapted[1]), &tokens[8..], key)
+        );
     }
 
     #[test]

@@ -110,7 +110,8 @@ pub async fn pick(
         },
     };
     let session_tag = session.clone();
-    let request = routing::route_request(&state.pool, &routes, &tokens, &KvIdentity::PLAIN, session);
+    let request =
+        routing::route_request(&state.pool, &routes, &tokens, &KvIdentity::PLAIN, session);
     let room = routes
         .max_context_tokens
         .saturating_sub(tokens.len() as u64)

@@ -41,7 +41,13 @@ fn routing_overhead(c: &mut Criterion) {
                             &pool,
                             &routes,
                             // Hashing the prompt is part of routing's cost, as dispatch pays it per attempt.
-                            &routing::route_request(&pool, &routes, black_box(prompt), &KvIdentity::PLAIN, None),
+                            &routing::route_request(
+                                &pool,
+                                &routes,
+                                black_box(prompt),
+                                &KvIdentity::PLAIN,
+                                None,
+                            ),
                             4,
                             DecodeFilter::default(),
                             &std::sync::Arc::new(switchyard_gateway::audit::RequestTags::new("b")),

@@ -79,7 +79,9 @@ pub(crate) async fn generate_from_source(
         raw_descriptors = Empty,
         source_tensor_parallel = Empty,
     );
-    let expected = params.identity.block_hashes(&params.prompt, engine.spec().block_size);
+    let expected = params
+        .identity
+        .block_hashes(&params.prompt, engine.spec().block_size);
     metrics.pull_received();
     let pull_started = tokio::time::Instant::now();
     let failed = |(reason, status): PullError| {

@@ -436,11 +436,14 @@ async fn stores(release: Release, env: &[(&str, &str)]) {
     let with_keyed = w.view();
     let extra = minus(&with_keyed, &plain);
     let bs = BlockSize::new(BS).unwrap();
-    let requested: View = [lora.block_hashes(&t1[..8], bs), salt.block_hashes(&t1[..4], bs)]
-        .into_iter()
-        .flatten()
-        .map(|h| (h, Device))
-        .collect();
+    let requested: View = [
+        lora.block_hashes(&t1[..8], bs),
+        salt.block_hashes(&t1[..4], bs),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|h| (h, Device))
+    .collect();
     assert!(with_keyed.is_superset(&plain), "{extra:?}");
     assert_eq!(
         extra, requested,

@@ -594,9 +594,10 @@ fn run_offline(plan: &Plan, bench: bool) -> Result<(), ReplayError> {
         .levels()
         .into_iter()
         .flat_map(|level| {
-            plan.common.variants.iter().flat_map(move |&v| {
-                plan.common.policies.iter().map(move |&p| (level, v, p))
-            })
+            plan.common
+                .variants
+                .iter()
+                .flat_map(move |&v| plan.common.policies.iter().map(move |&p| (level, v, p)))
         })
         .collect();
     let threads = parallel::threads_for(jobs.len(), plan.common.threads.unwrap_or(0));

@@ -30,8 +30,7 @@ use tracing::field::Empty;
 use crate::audit::realized::{Realized, realize};
 use crate::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::disagg::{
-    DisaggSettings, Disaggregation, PrefillAsk, Prefilled, prefill_stage,
-    serves_only_with_prefill,
+    DisaggSettings, Disaggregation, PrefillAsk, Prefilled, prefill_stage, serves_only_with_prefill,
 };
 use crate::error::ApiError;
 use crate::health::{Liveness, is_transport_failure};
@@ -191,7 +190,13 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             prefill_worker = Empty,
         );
         // Hashing happens here, outside the model's lock.
-        let request = routing::route_request(pool, &job.routes, &context, &job.identity, job.session.clone());
+        let request = routing::route_request(
+            pool,
+            &job.routes,
+            &context,
+            &job.identity,
+            job.session.clone(),
+        );
         let filter = DecodeFilter {
             exclude: &attempts.excluded,
             aggregated_only,

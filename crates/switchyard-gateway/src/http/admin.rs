@@ -234,13 +234,8 @@ async fn explain_prompt(
     };
     let identity = switchyard_core::KvIdentity::new(None, request.cache_salt)
         .map_err(|e| ApiError::bad_param("cache_salt", e.to_string()))?;
-    let route_request = routing::route_request(
-        &state.pool,
-        &routes,
-        &tokens,
-        &identity,
-        request.session_id,
-    );
+    let route_request =
+        routing::route_request(&state.pool, &routes, &tokens, &identity, request.session_id);
     let decision = routing::explain(&state.pool, &routes, &route_request, filter)
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
     let uncached = decision

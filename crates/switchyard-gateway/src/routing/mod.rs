@@ -186,7 +186,13 @@ pub fn route_request(
     identity: &KvIdentity,
     session: Option<String>,
 ) -> RouteRequest {
-    serve::route_request_as(tokens, identity, routes.block_size, session, pool.now_tick())
+    serve::route_request_as(
+        tokens,
+        identity,
+        routes.block_size,
+        session,
+        pool.now_tick(),
+    )
 }
 
 /// Step 1 of the serving core: chooses the generating worker for `request` among the

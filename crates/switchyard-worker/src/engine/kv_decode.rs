@@ -653,11 +653,9 @@ mod tests {
         // engine published them: SGLang's event-wide fields, vLLM's untagged extra keys (the
         // adapter's name on every block, the salt on the prompt's first).
         let identity = |adapter: Option<&str>, salt: Option<&str>| {
-            let id = switchyard_core::KvIdentity::new(
-                adapter.map(Into::into),
-                salt.map(Into::into),
-            )
-            .unwrap();
+            let id =
+                switchyard_core::KvIdentity::new(adapter.map(Into::into), salt.map(Into::into))
+                    .unwrap();
             vec![id.block_key(true), id.block_key(false)]
         };
         assert_eq!(lora, identity(Some("sql-adapter"), None));
@@ -682,7 +680,11 @@ mod tests {
             ("cache_salt", "tenant-a".into()),
             ("parent_block_hash", 4.into()),
         ]);
-        assert_eq!(continued, vec![None, None], "only a prompt's first block is salted");
+        assert_eq!(
+            continued,
+            vec![None, None],
+            "only a prompt's first block is salted"
+        );
         let image = event(vec![(
             "extra_keys",
             Value::Array(vec![

@@ -648,7 +648,10 @@ mod tests {
                 .unwrap(),
         };
         let (_, vllm) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &params);
-        assert_eq!((&vllm["model"], &vllm["cache_salt"]), (&json!("sql"), &json!("t-1")));
+        assert_eq!(
+            (&vllm["model"], &vllm["cache_salt"]),
+            (&json!("sql"), &json!("t-1"))
+        );
         let (_, sglang) = request_body(Dialect::Sglang, "m", &params);
         assert_eq!(
             (&sglang["lora_path"], &sglang["cache_salt"]),

@@ -108,7 +108,9 @@ impl VllmEngine {
         let prompt_tokens = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
         Ok(PrefillOutcome {
             handle: format!("vllm:{}", params.request_id),
-            block_hashes: params.identity.block_hashes(&params.prompt, self.spec.block_size),
+            block_hashes: params
+                .identity
+                .block_hashes(&params.prompt, self.spec.block_size),
             prompt_tokens: count("/usage/prompt_tokens").unwrap_or(prompt_tokens),
             cached_prompt_tokens: count("/usage/prompt_tokens_details/cached_tokens")
                 .unwrap_or(0)
@@ -204,7 +206,9 @@ impl VllmEngine {
         });
         Ok(PrefillOutcome {
             handle: format!("sglang:{room}"),
-            block_hashes: params.identity.block_hashes(&params.prompt, self.spec.block_size),
+            block_hashes: params
+                .identity
+                .block_hashes(&params.prompt, self.spec.block_size),
             prompt_tokens,
             // Not known yet: the engine is still working when this answer leaves. The decode
             // engine generates the first token itself, so nothing depends on these.

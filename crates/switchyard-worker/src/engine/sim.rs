@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use switchyard_core::{
-    BlockHash, EngineKind, LoadStats, TokenId, WorkerId, chain_hash,
-};
+use switchyard_core::{BlockHash, EngineKind, LoadStats, TokenId, WorkerId, chain_hash};
 use switchyard_engine_sim::{
     BlockExport, FinishReason as SimFinish, SimConfig, SimError, SimRequest, Simulator,
     StagingArea, TimingModel, TokenOutput,
@@ -379,7 +377,9 @@ impl Engine for SimEngine {
             identity: params.identity.clone(),
             ..SimRequest::default()
         };
-        let block_hashes = params.identity.block_hashes(&params.prompt, self.spec.block_size);
+        let block_hashes = params
+            .identity
+            .block_hashes(&params.prompt, self.spec.block_size);
         if params.pipelined {
             // The handle is valid once the request is queued: its blocks reach the puller
             // chunk by chunk, and the first token with the last piece.
