@@ -159,7 +159,12 @@ finish_step() {
 
 # ---- the root, from the cache or made now ----
 step "Debian root (mmdebstrap minbase)"
-command -v mmdebstrap >/dev/null 2>&1 || bash deploy/build-deps.sh test >&2
+# mmdebstrap builds the root; it is this check's own tool, not a build or test dependency.
+if ! command -v mmdebstrap >/dev/null 2>&1; then
+  echo "fresh-machine: installing mmdebstrap (apt-get)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >&2
+fi
 sources=()
 for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list; do
   [ -s "$f" ] && grep -Eq '^(deb |URIs:)' "$f" && sources+=("$f")
