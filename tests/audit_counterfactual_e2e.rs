@@ -387,15 +387,24 @@ async fn the_routing_dashboard_queries_only_metrics_a_live_gateway_exports() {
     let up = Launch::up(2).arg("--speedup", "50").start().await;
     let api = Api::new(&up);
     complete(&api, "dash-1", None, &prompt_body(&tokens(90, 64), "alice")).await;
-    let metrics = api
-        .http
-        .get(format!("{}/metrics", api.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let scrape = || async {
+        api.http
+            .get(format!("{}/metrics", api.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    // A decision's outcome is counted when its request's dispatch ends, which can come just
+    // after the client has its answer.
+    let outcome_counted = eventually(Duration::from_secs(10), || async {
+        exported_names(&scrape().await).contains("switchyard_routing_decision_outcomes_total")
+    })
+    .await;
+    assert!(outcome_counted, "the decision's outcome was never counted");
+    let metrics = scrape().await;
     let exported = exported_names(&metrics);
     assert!(
         exported.contains("switchyard_route_accuracy_ratio"),
