@@ -232,8 +232,7 @@ async fn explain_prompt(
         exclude: &[],
         aggregated_only: aggregated_only(&settings.serve, false, false),
     };
-    let identity = switchyard_core::KvIdentity::new(None, request.cache_salt)
-        .map_err(|e| ApiError::bad_param("cache_salt", e.to_string()))?;
+    let identity = super::completions::salted_identity(request.cache_salt)?;
     let route_request =
         routing::route_request(&state.pool, &routes, &tokens, &identity, request.session_id);
     let decision = routing::explain(&state.pool, &routes, &route_request, filter)

@@ -528,6 +528,11 @@ struct Request {
     quota: Arc<QuotaPass>,
 }
 
+/// The KV identity a request's `cache_salt` names, refused by that field's name when invalid.
+pub(super) fn salted_identity(cache_salt: Option<String>) -> Result<KvIdentity, ApiError> {
+    KvIdentity::new(None, cache_salt).map_err(|e| ApiError::bad_param("cache_salt", e.to_string()))
+}
+
 /// Checks each prompt against the context and settles its `max_tokens`.
 fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
     let context = r.routes.max_context_tokens;
@@ -564,8 +569,7 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
             echo,
         });
     }
-    let identity = KvIdentity::new(None, r.sampling.cache_salt.clone())
-        .map_err(|e| ApiError::bad_param("cache_salt", e.to_string()))?;
+    let identity = salted_identity(r.sampling.cache_salt.clone())?;
     let Ids {
         request_id,
         completion_id,
