@@ -8,10 +8,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
+mod support;
+
 use std::path::PathBuf;
 
+use support::{cluster, shared};
+
 use serde_json::{Value, json};
-use switchyard_core::BlockSize;
 use switchyard_core::rng::splitmix;
 use switchyard_engine_sim::SimConfig;
 use switchyard_replay::workload::mix::{MixConfig, MixWorkload};
@@ -21,35 +24,6 @@ use switchyard_replay::{
     Cluster, ClusterConfig, ClusterRun, DisaggConfig, DisaggMode, Summary, Workload,
 };
 use switchyard_router::{PolicyConfig, PolicyKind};
-
-fn shared(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data")
-        .join(path)
-}
-
-fn cluster(policy: PolicyKind, block_size: u32, kv_blocks: u64, seed: u64) -> ClusterConfig {
-    ClusterConfig {
-        workers: 4,
-        sim: SimConfig {
-            block_size: BlockSize::new(block_size).unwrap(),
-            num_device_blocks: kv_blocks,
-            max_context_tokens: 1 << 20,
-            seed,
-            ..SimConfig::default()
-        },
-        policy,
-        policy_config: PolicyConfig {
-            seed,
-            ..PolicyConfig::default()
-        },
-        event_delay_us: 0,
-        load_report_interval_us: 0,
-        disagg: None,
-        token_gaps: false,
-        retention: None,
-    }
-}
 
 /// Folds every field of every record and gap into one number.
 fn digest(run: &ClusterRun) -> String {

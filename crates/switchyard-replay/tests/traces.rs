@@ -4,43 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-use std::path::PathBuf;
+mod support;
 
-use switchyard_core::BlockSize;
-use switchyard_engine_sim::SimConfig;
+use support::{cluster, shared};
+
 use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
 use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
-use switchyard_replay::{ClusterConfig, Report, progress_bar, replay_offline};
-use switchyard_router::{PolicyConfig, PolicyKind};
-
-fn shared(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data")
-        .join(path)
-}
-
-fn cluster(policy: PolicyKind, block_size: u32, kv_blocks: u64, seed: u64) -> ClusterConfig {
-    ClusterConfig {
-        workers: 4,
-        sim: SimConfig {
-            block_size: BlockSize::new(block_size).unwrap(),
-            num_device_blocks: kv_blocks,
-            max_context_tokens: 1 << 20,
-            seed,
-            ..SimConfig::default()
-        },
-        policy,
-        policy_config: PolicyConfig {
-            seed,
-            ..PolicyConfig::default()
-        },
-        event_delay_us: 0,
-        load_report_interval_us: 0,
-        disagg: None,
-        token_gaps: false,
-        retention: None,
-    }
-}
+use switchyard_replay::{Report, progress_bar, replay_offline};
+use switchyard_router::PolicyKind;
 
 fn hidden() -> indicatif::ProgressBar {
     indicatif::ProgressBar::hidden()

@@ -1,0 +1,43 @@
+//! Setup shared by the replay crate's integration tests: where the shared traces live and the
+//! four-worker simulated cluster they replay on.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::PathBuf;
+
+use switchyard_core::BlockSize;
+use switchyard_engine_sim::SimConfig;
+use switchyard_replay::ClusterConfig;
+use switchyard_router::{PolicyConfig, PolicyKind};
+
+/// A file under the workspace's sibling `shared/data` directory.
+pub fn shared(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data")
+        .join(path)
+}
+
+/// Four simulated workers of `kv_blocks` device blocks each, routed by `policy`, with events and
+/// load reports applied at once and no disaggregation or retention.
+pub fn cluster(policy: PolicyKind, block_size: u32, kv_blocks: u64, seed: u64) -> ClusterConfig {
+    ClusterConfig {
+        workers: 4,
+        sim: SimConfig {
+            block_size: BlockSize::new(block_size).expect("test block sizes are valid"),
+            num_device_blocks: kv_blocks,
+            max_context_tokens: 1 << 20,
+            seed,
+            ..SimConfig::default()
+        },
+        policy,
+        policy_config: PolicyConfig {
+            seed,
+            ..PolicyConfig::default()
+        },
+        event_delay_us: 0,
+        load_report_interval_us: 0,
+        disagg: None,
+        token_gaps: false,
+        retention: None,
+    }
+}
