@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Api, Launch, eventually};
+use support::{Api, Launch, eventually, refused_at_start};
 use switchyard_testkit::EtcdServer;
 
 /// The growing conversation of a session: turn `n` resends the whole history.
@@ -227,31 +227,15 @@ async fn a_live_replay_spreads_over_the_replicas_as_a_service_would() {
     }
 }
 
-/// Runs `switchyard <args>` that must refuse its configuration: exit code 64 and a sentence
-/// naming `needle`.
-async fn refused(args: &[&str], needle: &str) {
-    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(args)
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(30), run)
-        .await
-        .expect("exits within 30 s")
-        .expect("run switchyard");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
-    assert!(stderr.contains(needle), "{args:?}: {stderr}");
-}
-
 #[tokio::test]
 async fn fleet_settings_that_cannot_work_are_refused_at_start() {
-    refused(&["up", "--gateways", "0"], "--gateways").await;
-    refused(
+    refused_at_start(&["up", "--gateways", "0"], "--gateways").await;
+    refused_at_start(
         &["epp", "--etcd", "127.0.0.1:1", "--fleet-sessions"],
         "share_sessions",
     )
     .await;
-    refused(
+    refused_at_start(
         &[
             "gateway",
             "--etcd",

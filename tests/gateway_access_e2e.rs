@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Launch, eventually, tokens};
+use support::{Launch, eventually, refused_at_start, tokens};
 use switchyard_security::secret::sha256_hex;
 use switchyard_testkit::EtcdServer;
 use switchyard_testkit::certs::TestCa;
@@ -360,15 +360,10 @@ async fn bad_access_settings_exit_64_with_a_sentence() {
         ),
     ];
     for (args, expected) in cases {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args(["gateway", "--etcd", "http://127.0.0.1:1"])
-            .args(&args)
-            .output()
-            .await
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
-        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        let mut command: Vec<String> = ["gateway", "--etcd", "http://127.0.0.1:1"]
+            .map(String::from)
+            .to_vec();
+        command.extend(args);
+        refused_at_start(&command, expected).await;
     }
 }

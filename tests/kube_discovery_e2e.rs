@@ -21,7 +21,7 @@ use envoy_proxy::{ClientRequest, EnvoyProxy, ProxyConfig};
 use fake_kube::{FakeKube, NAMESPACE, pod};
 use serde_json::json;
 use support::fake_engine::{Fake, assert_mirrored};
-use support::{Api, Launch, SwitchyardProcess, eventually, tokens};
+use support::{Api, Launch, SwitchyardProcess, eventually, refused_at_start, tokens};
 
 /// A simulated worker with no registry, listening on a free loopback port.
 async fn sim_worker(id: &str) -> SwitchyardProcess {
@@ -235,12 +235,6 @@ async fn the_picker_answers_with_the_pods_engine_endpoints() {
 
 #[tokio::test]
 async fn discovery_settings_are_checked_at_start() {
-    let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args(args)
-            .output()
-            .expect("run switchyard")
-    };
     for (args, says) in [
         (&["gateway"][..], "--etcd"),
         (
@@ -282,9 +276,6 @@ async fn discovery_settings_are_checked_at_start() {
             "--etcd",
         ),
     ] {
-        let output = run(args);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
-        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        refused_at_start(args, says).await;
     }
 }

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{Launch, eventually};
+use support::{Launch, eventually, refused_at_start};
 use switchyard_testkit::EtcdServer;
 use switchyard_testkit::certs::TestCa;
 
@@ -244,15 +244,8 @@ async fn bad_listener_settings_exit_64_with_a_sentence() {
         ),
     ];
     for (subcommand, args, expected) in cases {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .arg(subcommand)
-            .args(&args)
-            .output()
-            .await
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
-        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        let mut command = vec![subcommand.to_string()];
+        command.extend(args);
+        refused_at_start(&command, expected).await;
     }
 }

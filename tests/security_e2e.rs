@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
-use support::{Api, Launch, SwitchyardProcess, tokens};
+use support::{Api, Launch, SwitchyardProcess, refused_at_start, tokens};
 use switchyard_proto::v1::{self, worker_client::WorkerClient};
 use switchyard_security::tls::{Reloading, TlsFiles, grpc_client_config};
 use switchyard_security::{AuthChannel, ClusterSecret, Credential, Dialer, Identity, PeerRole};
@@ -576,16 +576,9 @@ async fn bad_security_settings_exit_64_with_a_sentence() {
         ),
     ];
     for (args, expected) in cases {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .arg("worker")
-            .args(&args)
-            .output()
-            .await
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
-        assert!(stderr.contains(expected), "{args:?}: {stderr}");
-        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        let mut command = vec!["worker".to_string()];
+        command.extend(args);
+        refused_at_start(&command, expected).await;
     }
     // The same files in the config file's [security] table.
     let config = dir.path().join("worker.toml");

@@ -304,3 +304,26 @@ pub fn tokens(seed: u32, len: u32) -> Vec<u32> {
         .map(|i| 1000 + (seed * 7919 + i * 13) % 20000)
         .collect()
 }
+
+/// Runs `switchyard <args>` that must refuse its configuration before starting anything: exit
+/// code 64 (EX_USAGE) and one line on stderr naming `needle`.
+pub async fn refused_at_start<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(
+    args: &[S],
+    needle: &str,
+) {
+    let run = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("a refused configuration exits within 30 s")
+        .expect("run switchyard");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?} should name {needle:?}: {stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+}
