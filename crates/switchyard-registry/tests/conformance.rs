@@ -9,56 +9,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
+use support::{CLUSTER, DEADLINE, Env, TTL, etcd_env, eventually, memory_env};
+
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_core::{BlockSize, EngineKind, Role, WorkerId, WorkerInfo};
 use switchyard_registry::{
-    EtcdRegistry, LeaseState, MemoryRegistry, Registry, RegistryError, WorkerChange, WorkerWatch,
+    EtcdRegistry, LeaseState, Registry, RegistryError, WorkerChange, WorkerWatch,
 };
-use switchyard_testkit::EtcdServer;
-
-/// Lease ttl used by the suite: etcd's minimum lease is about 1.5 s.
-const TTL: Duration = Duration::from_secs(2);
-/// Upper bound for anything the suite waits for.
-const DEADLINE: Duration = Duration::from_secs(20);
-const CLUSTER: &str = "conformance";
-
-/// A registry under test, plus whatever keeps its backend running.
-struct Env {
-    registry: Arc<dyn Registry>,
-    etcd: Option<EtcdServer>,
-}
-
-/// Shows the registry's logs for failing tests (`RUST_LOG=switchyard_registry=debug`).
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .try_init();
-}
-
-async fn memory_env() -> Env {
-    init_tracing();
-    Env {
-        registry: Arc::new(MemoryRegistry::new()),
-        etcd: None,
-    }
-}
-
-async fn etcd_env() -> Env {
-    init_tracing();
-    let etcd = EtcdServer::start().unwrap();
-    let registry = EtcdRegistry::connect(&[etcd.endpoint()], CLUSTER)
-        .await
-        .unwrap();
-    Env {
-        registry: Arc::new(registry),
-        etcd: Some(etcd),
-    }
-}
 
 fn worker(id: &str, model: &str, block_size: u32) -> WorkerInfo {
     WorkerInfo {
@@ -78,22 +39,6 @@ fn worker(id: &str, model: &str, block_size: u32) -> WorkerInfo {
 
 fn id(id: &str) -> WorkerId {
     WorkerId::new(id).unwrap()
-}
-
-/// Polls `check` until it holds, failing the test after [`DEADLINE`].
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn next_change(watch: &mut WorkerWatch) -> WorkerChange {

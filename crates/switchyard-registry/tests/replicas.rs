@@ -5,36 +5,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
+mod support;
+
+use support::{CLUSTER, Env, TTL, etcd_env, eventually, memory_env};
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use switchyard_registry::{EtcdRegistry, MemoryRegistry, Registry, RegistryError, ReplicaInfo};
-use switchyard_testkit::EtcdServer;
-
-const TTL: Duration = Duration::from_secs(2);
-const DEADLINE: Duration = Duration::from_secs(20);
-const CLUSTER: &str = "replicas";
+use switchyard_registry::{Registry, RegistryError, ReplicaInfo};
 
 fn replica(id: &str, port: u16) -> ReplicaInfo {
     ReplicaInfo {
         id: id.into(),
         address: format!("127.0.0.1:{port}"),
-    }
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -92,39 +75,38 @@ async fn bad_announcements_are_refused(registry: Arc<dyn Registry>) {
     ));
 }
 
-async fn etcd() -> (EtcdServer, Arc<dyn Registry>) {
-    let etcd = EtcdServer::start().unwrap();
-    let registry = EtcdRegistry::connect(&[etcd.endpoint()], CLUSTER)
-        .await
-        .unwrap();
-    (etcd, Arc::new(registry))
-}
-
 #[tokio::test]
 async fn memory_announce_list_replace_leave() {
-    announce_list_replace_leave(Arc::new(MemoryRegistry::new())).await;
+    announce_list_replace_leave(memory_env().await.registry).await;
 }
 
 #[tokio::test]
 async fn memory_bad_announcements_are_refused() {
-    bad_announcements_are_refused(Arc::new(MemoryRegistry::new())).await;
+    bad_announcements_are_refused(memory_env().await.registry).await;
 }
 
 #[tokio::test]
 async fn etcd_announce_list_replace_leave() {
-    let (_etcd, registry) = etcd().await;
+    let Env {
+        registry,
+        etcd: _etcd,
+    } = etcd_env().await;
     announce_list_replace_leave(registry).await;
 }
 
 #[tokio::test]
 async fn etcd_bad_announcements_are_refused() {
-    let (_etcd, registry) = etcd().await;
+    let Env {
+        registry,
+        etcd: _etcd,
+    } = etcd_env().await;
     bad_announcements_are_refused(registry).await;
 }
 
 #[tokio::test]
 async fn etcd_entry_is_kept_alive_and_comes_back_after_its_lease_is_revoked() {
-    let (etcd, registry) = etcd().await;
+    let Env { registry, etcd } = etcd_env().await;
+    let etcd = etcd.expect("an etcd backend");
     let _a = registry.announce(replica("gw-a", 1), TTL).await.unwrap();
     tokio::time::sleep(TTL * 2).await;
     assert_eq!(ids(registry.as_ref()).await, vec!["gw-a"]);
@@ -145,7 +127,8 @@ async fn etcd_entry_is_kept_alive_and_comes_back_after_its_lease_is_revoked() {
 
 #[tokio::test]
 async fn etcd_garbage_under_gateways_is_skipped() {
-    let (etcd, registry) = etcd().await;
+    let Env { registry, etcd } = etcd_env().await;
+    let etcd = etcd.expect("an etcd backend");
     let _a = registry.announce(replica("gw-a", 1), TTL).await.unwrap();
     let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
         .await
