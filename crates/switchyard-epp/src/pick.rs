@@ -12,6 +12,7 @@ use switchyard_gateway::admission::{Admitted, FlowKey};
 use switchyard_gateway::audit::RequestTags;
 use switchyard_gateway::error::ApiError;
 use switchyard_gateway::http::AppState;
+use switchyard_gateway::http::completions::salted_identity;
 use switchyard_gateway::pool::ModelRoutes;
 use switchyard_gateway::preprocess::{self, Sessions};
 use switchyard_gateway::routing::{self, RoutedRequest};
@@ -56,6 +57,9 @@ struct Asked {
     model: Option<String>,
     user: Option<String>,
     max_tokens: Option<u32>,
+    /// The request's `cache_salt`: the engine keys the prompt's blocks by it, so routing must
+    /// hash the prompt under it too.
+    identity: KvIdentity,
     prompt: Option<PromptText>,
 }
 
@@ -110,8 +114,7 @@ pub async fn pick(
         },
     };
     let session_tag = session.clone();
-    let request =
-        routing::route_request(&state.pool, &routes, &tokens, &KvIdentity::PLAIN, session);
+    let request = routing::route_request(&state.pool, &routes, &tokens, &asked.identity, session);
     let room = routes
         .max_context_tokens
         .saturating_sub(tokens.len() as u64)
@@ -218,7 +221,7 @@ fn destination(
 }
 
 /// Reads what routing needs from an OpenAI request body: the model, the prompt (chat messages,
-/// text or token ids), `max_tokens` and `user`. Other fields are the model server's to judge.
+/// text or token ids), `max_tokens`, `user` and `cache_salt`. Other fields are the model server's to judge.
 fn read_body(path: &str, body: &[u8]) -> Result<Asked, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the request body is not JSON: {e}")))?;
@@ -240,6 +243,16 @@ fn read_body(path: &str, body: &[u8]) -> Result<Asked, ApiError> {
         .get("user")
         .and_then(Value::as_str)
         .map(str::to_owned);
+    let identity = match fields.remove("cache_salt") {
+        None | Some(Value::Null) => KvIdentity::PLAIN,
+        Some(Value::String(salt)) => salted_identity(Some(salt))?,
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "cache_salt",
+                "cache_salt must be a string",
+            ));
+        }
+    };
     let chat = path.starts_with("/v1/chat/") || fields.contains_key("messages");
     let prompt = if chat {
         let messages = match fields.remove("messages") {
@@ -266,6 +279,7 @@ fn read_body(path: &str, body: &[u8]) -> Result<Asked, ApiError> {
         model,
         user,
         max_tokens,
+        identity,
         prompt: Some(prompt),
     })
 }

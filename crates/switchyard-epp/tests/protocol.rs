@@ -20,7 +20,7 @@ use envoy_proxy::{ClientRequest, EnvoyProxy, ProxyConfig};
 use parking_lot::Mutex;
 use serde_json::json;
 use switchyard_core::{
-    BlockSize, EngineKind, Role, SnapshotBlock, StorageTier, WorkerId, WorkerInfo, block_hashes,
+    BlockSize, EngineKind, KvIdentity, Role, SnapshotBlock, StorageTier, WorkerId, WorkerInfo,
 };
 use switchyard_epp::proto::mode::processing_mode::BodySendMode;
 use switchyard_epp::{EppConfig, FailureMode};
@@ -199,7 +199,12 @@ impl Picker {
 
     /// `worker` holds the first `blocks` blocks of `tokens` on device.
     fn holds(&self, worker: &str, tokens: &[u32], blocks: usize) {
-        let hashes = block_hashes(tokens, BlockSize::new(BLOCK).unwrap());
+        self.holds_as(worker, tokens, blocks, &KvIdentity::PLAIN);
+    }
+
+    /// `worker` holds the first `blocks` blocks of `tokens`, keyed by `identity`, on device.
+    fn holds_as(&self, worker: &str, tokens: &[u32], blocks: usize, identity: &KvIdentity) {
+        let hashes = identity.block_hashes(tokens, BlockSize::new(BLOCK).unwrap());
         let snapshot: Vec<SnapshotBlock> = hashes[..blocks]
             .iter()
             .map(|&hash| SnapshotBlock {
@@ -339,6 +344,71 @@ async fn every_body_mode_routes_a_prefix_to_its_holder_with_fallbacks() {
         "{logged:?}"
     );
     assert!(logged.contains(&"req-Buffered".to_owned()), "{logged:?}");
+    picker.stop().await;
+}
+
+/// The engine keys a salted prompt's blocks by its `cache_salt`; the picker must hash the prompt
+/// the same way, or it sends salted requests to holders of the unsalted prefix (which the engine
+/// will not reuse) and away from the worker holding the salted one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_salted_prompt_goes_to_the_holder_of_its_salted_blocks() {
+    let a = Engine::start("a", false).await;
+    let b = Engine::start("b", false).await;
+    let picker = Picker::start(
+        vec![info("a", Some(&a.endpoint)), info("b", Some(&b.endpoint))],
+        |_| {},
+        EppConfig::default(),
+    )
+    .await;
+    let prompt = tokens(2, 64);
+    let salted = KvIdentity::new(None, Some("tenant-7".into())).unwrap();
+    picker.holds_as("a", &prompt, 16, &salted);
+    picker.holds("b", &prompt, 16);
+    let proxy = picker.proxy(BodySendMode::Buffered, BodySendMode::Buffered);
+    let with_salt = ClientRequest::post(
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": prompt, "max_tokens": 8, "cache_salt": "tenant-7"}),
+    );
+    let outcome = proxy.send(with_salt.clone()).await;
+    assert_eq!(outcome.status, 200, "{outcome:?}");
+    assert_eq!(engine_of(&outcome), "a", "the salted blocks' holder");
+    assert_eq!(
+        outcome.forwarded, with_salt.body,
+        "the salt reaches the engine"
+    );
+    let outcome = proxy.send(completion(&prompt)).await;
+    assert_eq!(engine_of(&outcome), "b", "the plain blocks' holder");
+    let other_salt = ClientRequest::post(
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": prompt, "max_tokens": 8, "cache_salt": "tenant-8"}),
+    );
+    let outcome = proxy.send(other_salt).await;
+    assert_eq!(outcome.status, 200, "{outcome:?}");
+    // Per the index, the chosen worker held every block of the salted and the plain prompt, and
+    // nothing of the prompt under another salt.
+    let predicted: Vec<u64> = picker
+        .state
+        .pool
+        .decisions
+        .entries()
+        .iter()
+        .filter(|d| d.model == MODEL)
+        .map(|d| d.predicted_cached_tokens)
+        .collect();
+    assert_eq!(predicted, [16 * u64::from(BLOCK), 16 * u64::from(BLOCK), 0]);
+    for (salt, says) in [
+        (json!(""), "cache_salt"),
+        (json!(3), "cache_salt must be a string"),
+    ] {
+        let bad = ClientRequest::post(
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": prompt, "cache_salt": salt}),
+        );
+        let outcome = proxy.send(bad).await;
+        assert_eq!(outcome.status, 400, "{outcome:?}");
+        let error = outcome.json()["error"]["message"].to_string();
+        assert!(error.contains(says), "{error}");
+    }
     picker.stop().await;
 }
 

@@ -529,7 +529,7 @@ struct Request {
 }
 
 /// The KV identity a request's `cache_salt` names, refused by that field's name when invalid.
-pub(super) fn salted_identity(cache_salt: Option<String>) -> Result<KvIdentity, ApiError> {
+pub fn salted_identity(cache_salt: Option<String>) -> Result<KvIdentity, ApiError> {
     KvIdentity::new(None, cache_salt).map_err(|e| ApiError::bad_param("cache_salt", e.to_string()))
 }
 
