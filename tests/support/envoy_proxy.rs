@@ -102,11 +102,21 @@ pub struct Outcome {
     pub served: Option<String>,
     /// Whether the picker answered with an immediate response.
     pub immediate: bool,
+    /// The headers the picker set on its immediate response (lower-case names).
+    pub immediate_headers: Vec<(String, String)>,
     /// The request body as forwarded upstream (after the picker's mutations).
     pub forwarded: Vec<u8>,
 }
 
 impl Outcome {
+    /// The value of the immediate response's header `name`, if set.
+    pub fn immediate_header(&self, name: &str) -> Option<&str> {
+        self.immediate_headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
@@ -513,10 +523,25 @@ fn immediate(answer: &ProcessingResponse) -> Outcome {
     let Some(Response::ImmediateResponse(immediate)) = &answer.response else {
         unreachable!("checked by is_immediate");
     };
+    let immediate_headers = immediate
+        .headers
+        .iter()
+        .flat_map(|mutation| &mutation.set_headers)
+        .filter_map(|option| option.header.as_ref())
+        .map(|h| {
+            let value = if h.raw_value.is_empty() {
+                h.value.clone()
+            } else {
+                String::from_utf8_lossy(&h.raw_value).into_owned()
+            };
+            (h.key.to_ascii_lowercase(), value)
+        })
+        .collect();
     Outcome {
         status: immediate.status.as_ref().map_or(0, |s| s.code as u16),
         body: immediate.body.clone(),
         immediate: true,
+        immediate_headers,
         ..Outcome::default()
     }
 }

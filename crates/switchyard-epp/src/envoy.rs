@@ -302,21 +302,33 @@ pub fn trailers(request: bool) -> ProcessingResponse {
 
 /// The proxy answers the client itself with `status` and a JSON `body` (an OpenAI error object);
 /// `details` goes to the proxy's access log.
-pub fn immediate(status: u16, body: &serde_json::Value, details: &str) -> ProcessingResponse {
+pub fn immediate(
+    status: u16,
+    body: &serde_json::Value,
+    details: &str,
+    headers: &[(http::HeaderName, http::HeaderValue)],
+) -> ProcessingResponse {
+    let header = |key: &str, value: &[u8]| HeaderValueOption {
+        header: Some(HeaderValue {
+            key: key.to_owned(),
+            value: String::new(),
+            raw_value: value.to_vec(),
+        }),
+        ..HeaderValueOption::default()
+    };
+    let mut set_headers = vec![header("content-type", b"application/json")];
+    set_headers.extend(
+        headers
+            .iter()
+            .map(|(name, value)| header(name.as_str(), value.as_bytes())),
+    );
     ProcessingResponse {
         response: Some(Response::ImmediateResponse(ImmediateResponse {
             status: Some(HttpStatus {
                 code: i32::from(status),
             }),
             headers: Some(HeaderMutation {
-                set_headers: vec![HeaderValueOption {
-                    header: Some(HeaderValue {
-                        key: "content-type".to_owned(),
-                        value: String::new(),
-                        raw_value: b"application/json".to_vec(),
-                    }),
-                    ..HeaderValueOption::default()
-                }],
+                set_headers,
                 remove_headers: Vec::new(),
             }),
             body: body.to_string().into_bytes(),

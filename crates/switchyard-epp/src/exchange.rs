@@ -23,6 +23,7 @@ use crate::envoy::{self, Headers};
 use crate::pick::{PickInput, Picked, pick};
 use crate::proto::ext_proc::processing_request::Request;
 use crate::proto::ext_proc::{HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse};
+use crate::usage::UsageScan;
 
 /// What the stream is waiting for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +60,8 @@ pub struct Exchange {
     body: Vec<u8>,
     picked: Option<Picked>,
     settled: bool,
+    /// The completion tokens the response reports, as it streams through.
+    usage: UsageScan,
 }
 
 impl Exchange {
@@ -74,6 +77,7 @@ impl Exchange {
             body: Vec::new(),
             picked: None,
             settled: false,
+            usage: UsageScan::default(),
         }
     }
 
@@ -264,6 +268,7 @@ impl Exchange {
                 err.status().as_u16(),
                 &err.to_json(),
                 &format!("switchyard_epp: {err}"),
+                &err.headers(),
             )],
             done: true,
         }
@@ -311,6 +316,7 @@ impl Exchange {
         if let Some(picked) = self.picked.as_mut() {
             // The first response bytes: the engine is past the prompt.
             picked.routed.prefill_done();
+            self.usage.feed(&body.body);
         }
         let end = body.end_of_stream || body.end_of_stream_without_message;
         let answer = if self.response_mode == BodyMode::FullDuplexStreamed {
@@ -327,10 +333,32 @@ impl Exchange {
         }
     }
 
-    /// The response ended: the booking and the admission slot go.
+    /// The response ended: the booking and the admission slot go, and the tenant's quota is
+    /// charged the completion (as the engine reported it, else the `max_tokens` it was allowed:
+    /// the picker sees no usage when the proxy does not send it the response body, or the
+    /// response has none).
     fn finish(&mut self) {
         self.phase = Phase::Done;
-        self.picked = None;
+        self.release();
+    }
+
+    /// Ends the request's hold on its worker, admission slot and quota, charging its completion.
+    fn release(&mut self) {
+        if let Some(picked) = self.picked.take() {
+            let completion = self
+                .usage
+                .completion_tokens()
+                .unwrap_or(u64::from(picked.max_tokens));
+            picked.quota.charge(completion);
+        }
+    }
+}
+
+impl Drop for Exchange {
+    /// The proxy went away mid-request (a cancelled client): the request is charged as if it
+    /// had ended, so cancelling is no way around a token limit.
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

@@ -27,6 +27,7 @@ pub mod exchange;
 pub mod pick;
 pub mod proto;
 pub mod server;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -15,6 +15,7 @@ use switchyard_gateway::http::AppState;
 use switchyard_gateway::http::completions::salted_identity;
 use switchyard_gateway::pool::ModelRoutes;
 use switchyard_gateway::preprocess::{self, Sessions};
+use switchyard_gateway::quota::QuotaPass;
 use switchyard_gateway::routing::{self, RoutedRequest};
 use switchyard_router::serve::DecodeFilter;
 use switchyard_router::{RouteError, RouteRequest};
@@ -39,7 +40,8 @@ pub struct PickInput<'a> {
 }
 
 /// A chosen destination. While it lives the request is booked on its worker and holds its
-/// admission slot; dropping it (the request ended, or the proxy went away) releases both.
+/// admission slot and its tenant's quota pass; dropping it (the request ended, or the proxy
+/// went away) releases them, charging the tokens counted in `quota`.
 #[derive(Debug)]
 pub struct Picked {
     pub routed: RoutedRequest,
@@ -48,6 +50,9 @@ pub struct Picked {
     /// `primary,fallback,…` as `ip:port`s: the header value and the `envoy.lb` entry.
     pub destination: String,
     pub request_id: String,
+    /// The tenant's fleet-wide quota; the prompt's tokens are charged at the pick, the
+    /// completion's when the response ends ([`crate::usage`]).
+    pub quota: QuotaPass,
     _admitted: Admitted,
 }
 
@@ -101,6 +106,9 @@ pub async fn pick(
         &headers.to_http(),
         None,
     );
+    // The tenant's fleet-wide quota first, as in the gateway: a request over it waits for no
+    // local slot.
+    let quota = state.quota.enter(&flow.tenant).await?;
     let admitted = state.admission.admit(flow, None, &state.metrics).await?;
     let tokens = match asked.prompt {
         None => Vec::new(),
@@ -151,12 +159,14 @@ pub async fn pick(
     )
     .map_err(|err| unavailable(&routes, subset, err))?;
     let destination = destination(state, &routed, &request, epp.fallbacks);
+    quota.charge(tokens.len() as u64);
     Ok(Picked {
         routed,
         request,
         max_tokens,
         destination,
         request_id,
+        quota,
         _admitted: admitted,
     })
 }

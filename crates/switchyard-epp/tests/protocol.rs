@@ -88,7 +88,8 @@ impl Engine {
 
 async fn answer(State(state): State<EngineState>, body: Bytes) -> axum::response::Response {
     state.received.lock().push(body.to_vec());
-    let text = json!({"engine": state.name}).to_string();
+    // Like an OpenAI server's whole answer, it reports its usage: 3 completion tokens.
+    let text = json!({"engine": state.name, "usage": {"completion_tokens": 3}}).to_string();
     let gate = Arc::clone(&state.gate);
     let chunks = futures::stream::once(async move {
         gate.acquire().await.unwrap().forget();
@@ -409,6 +410,59 @@ async fn a_salted_prompt_goes_to_the_holder_of_its_salted_blocks() {
         let error = outcome.json()["error"]["message"].to_string();
         assert!(error.contains(says), "{error}");
     }
+    picker.stop().await;
+}
+
+/// A tenant's quota holds behind the picker as in the gateway: prompt tokens are charged at the
+/// pick, completion tokens as the engine reports them in the response streaming through the
+/// picker, or the request's `max_tokens` when the picker does not see the response; over the
+/// limit the proxy answers 429 with `Retry-After` and the limit's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_token_quotas_hold_behind_the_picker() {
+    let a = Engine::start("a", false).await;
+    let picker = Picker::start(
+        vec![info("a", Some(&a.endpoint))],
+        |config| {
+            config.quota.default.tokens_per_window = 90;
+            config.quota.window_secs = 3600;
+        },
+        EppConfig::default(),
+    )
+    .await;
+    let ask = |user: &str| {
+        ClientRequest::post(
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": tokens(3, 40), "max_tokens": 8, "user": user}),
+        )
+    };
+    // The response passes through the picker: each request costs 40 + 3 tokens, so a third one
+    // still finds 86 < 90 used.
+    let through = picker.proxy(
+        BodySendMode::FullDuplexStreamed,
+        BodySendMode::FullDuplexStreamed,
+    );
+    for n in 0..3 {
+        let outcome = through.send(ask("reads")).await;
+        assert_eq!(outcome.status, 200, "request {n}: {outcome:?}");
+        picker.state.quota.settled().await;
+    }
+    let over = through.send(ask("reads")).await;
+    assert_eq!(over.status, 429, "{over:?}");
+    assert!(over.immediate_header("retry-after").is_some(), "{over:?}");
+    assert_eq!(
+        over.immediate_header("x-switchyard-quota-limit"),
+        Some("tokens_per_window")
+    );
+    assert_eq!(over.json()["error"]["code"], "quota_exceeded");
+    // The picker never sees the response: each request costs 40 + max_tokens 8, so the third
+    // finds 96 used.
+    let blind = picker.proxy(BodySendMode::FullDuplexStreamed, BodySendMode::None);
+    for n in 0..2 {
+        let outcome = blind.send(ask("blind")).await;
+        assert_eq!(outcome.status, 200, "request {n}: {outcome:?}");
+        picker.state.quota.settled().await;
+    }
+    assert_eq!(blind.send(ask("blind")).await.status, 429);
     picker.stop().await;
 }
 

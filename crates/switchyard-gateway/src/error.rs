@@ -198,37 +198,46 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status(), axum::Json(self.to_json())).into_response();
+impl ApiError {
+    /// The headers this error's response carries besides its JSON body: `Retry-After` when a
+    /// retry may succeed later, the limit's name for a quota refusal, the auth scheme for an
+    /// authentication failure. The gateway's answers and the endpoint picker's immediate
+    /// responses carry the same.
+    pub fn headers(&self) -> Vec<(header::HeaderName, HeaderValue)> {
+        let mut headers = Vec::new();
         let retry_after = match self {
             ApiError::Saturated { retry_after_secs }
             | ApiError::QuotaExceeded {
                 retry_after_secs, ..
-            } => Some(retry_after_secs),
+            } => Some(*retry_after_secs),
             ApiError::ClientLimit(_)
             | ApiError::TooManyConnections(_)
             | ApiError::QuotaStoreDown => Some(1),
             _ => None,
         };
-        if let Some(secs) = retry_after
-            && let Ok(value) = HeaderValue::from_str(&secs.to_string())
-        {
-            response.headers_mut().insert(header::RETRY_AFTER, value);
+        if let Some(secs) = retry_after {
+            headers.push((header::RETRY_AFTER, HeaderValue::from(secs)));
         }
         if let ApiError::QuotaExceeded { limit, .. } = self {
-            response
-                .headers_mut()
-                .insert("x-switchyard-quota-limit", HeaderValue::from_static(limit));
+            headers.push((
+                header::HeaderName::from_static("x-switchyard-quota-limit"),
+                HeaderValue::from_static(limit),
+            ));
         }
         if matches!(
             self,
             ApiError::Unauthorized | ApiError::MissingApiKey | ApiError::InvalidApiKey
         ) {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            headers.push((header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")));
         }
+        headers
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), axum::Json(self.to_json())).into_response();
+        response.headers_mut().extend(self.headers());
         response
     }
 }

@@ -284,10 +284,9 @@ impl Quotas {
     }
 }
 
-#[cfg(test)]
 impl Quotas {
-    /// Waits for the releases and charges of dropped passes.
-    async fn settled(&self) {
+    /// Waits for the releases and charges of the passes dropped so far to reach the store.
+    pub async fn settled(&self) {
         self.tasks.close();
         self.tasks.wait().await;
         self.tasks.reopen();
