@@ -420,6 +420,7 @@ async fn run_prefill(
         // A worker that cannot pipeline answers when done (response.pipelined = false).
         pipelined: settings.kv_transfer == KvTransfer::Pipelined,
         identity: switchyard_proto::identity_to_proto(identity),
+        retention: None,
     });
     switchyard_telemetry::inject_context(&prefill_span, call.metadata_mut());
     let answer = tokio::time::timeout(

@@ -422,6 +422,7 @@ async fn stream_attempt(
         sampling: Some(SamplingParams::from(&attempts.sampling(&job.sampling))),
         kv_source,
         identity: switchyard_proto::identity_to_proto(&job.identity),
+        retention: None,
     };
     let mut request = tonic::Request::new(request);
     switchyard_telemetry::inject_context(&decode_span, request.metadata_mut());
