@@ -49,7 +49,7 @@ impl RetentionSettings {
     /// The estimator's configuration; one sentence naming the setting when one is wrong.
     pub fn estimator(&self) -> Result<RetentionConfig, String> {
         let ms = |name: &str, secs: f64| {
-            if secs.is_finite() && secs >= 0.001 && secs <= 86_400.0 {
+            if (0.001..=86_400.0).contains(&secs) {
                 Ok((secs * 1e3).round() as u64)
             } else {
                 Err(format!(
