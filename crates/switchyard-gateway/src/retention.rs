@@ -189,6 +189,23 @@ mod tests {
     }
 
     #[test]
+    fn the_retention_table_is_read_and_checked_with_the_gateways_configuration() {
+        let config: crate::GatewayConfig = toml::from_str(
+            "[retention]\nenabled = true\nmax_seconds = 90.0\ninitial_seconds = 10.0\n\
+             factor = 3.0\npriority = 7",
+        )
+        .unwrap();
+        let estimator = config.retention.estimator().unwrap();
+        assert!(config.retention.enabled);
+        assert_eq!((estimator.cap_ms, estimator.initial_ms), (90_000, 10_000));
+        assert_eq!((estimator.factor, estimator.priority), (3.0, 7));
+        assert!(toml::from_str::<crate::GatewayConfig>("[retention]\nttl = 5").is_err());
+        let bad: crate::GatewayConfig = toml::from_str("[retention]\nmax_seconds = 0.0").unwrap();
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(err.contains("retention.max_seconds"), "{err}");
+    }
+
+    #[test]
     fn hints_off_send_nothing() {
         let retention = SessionRetention::new(&RetentionSettings::default()).unwrap();
         assert!(!retention.begin(Some("s")).hint().is_some());
