@@ -73,6 +73,7 @@ fn generate(kv_source: Option<v1::KvSource>) -> v1::GenerateRequest {
         }),
         kv_source,
         identity: None,
+        retention: None,
     }
 }
 
@@ -83,6 +84,7 @@ fn prefill() -> v1::PrefillRequest {
         hold_ms: 600_000,
         pipelined: false,
         identity: None,
+        retention: None,
     }
 }
 

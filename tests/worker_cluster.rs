@@ -40,6 +40,7 @@ fn generate_request(prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
         }),
         kv_source: None,
         identity: None,
+        retention: None,
     }
 }
 

@@ -74,6 +74,7 @@ async fn worker_serves_metrics_on_its_own_port_and_counts_a_generation() {
             }),
             kv_source: None,
             identity: None,
+            retention: None,
         })
         .await
         .unwrap()

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use switchyard_core::{BlockHash, LoadStats, SnapshotBlock, TokenId};
 
@@ -31,6 +31,8 @@ pub struct Simulator {
     /// The entries of `held` that are imports: pins a step gives up when nothing else can run,
     /// so imports waiting for their request can never deadlock the cache.
     pub(crate) import_holds: BTreeSet<u64>,
+    /// The retention hints of entries of `held`, applied when their hold is released.
+    pub(crate) held_retention: FxHashMap<u64, switchyard_core::Retention>,
     /// Ids of waiting, running and held requests.
     pub(crate) live_ids: FxHashSet<u64>,
     pub(crate) preemptions_total: u64,
@@ -55,6 +57,7 @@ impl Simulator {
             running: Vec::new(),
             held: BTreeMap::new(),
             import_holds: BTreeSet::new(),
+            held_retention: FxHashMap::default(),
             live_ids: FxHashSet::default(),
             preemptions_total: 0,
             cached_prompt_tokens_total: 0,
@@ -131,18 +134,23 @@ impl Simulator {
             self.kv.release(&seq.table);
         } else if let Some(table) = self.held.remove(&id) {
             self.import_holds.remove(&id);
+            self.held_retention.remove(&id);
             self.kv.release(&table);
         }
         true
     }
 
-    /// Drops the references a finished `hold_blocks` prefill (or a held import) keeps.
+    /// Drops the references a finished `hold_blocks` prefill (or a held import) keeps; a
+    /// prefill's retention hint pins its blocks from now.
     pub fn release_hold(&mut self, id: u64) -> bool {
         let Some(table) = self.held.remove(&id) else {
             return false;
         };
         self.import_holds.remove(&id);
         self.live_ids.remove(&id);
+        if let Some(retention) = self.held_retention.remove(&id) {
+            self.pin_for(&table, retention);
+        }
         self.kv.release(&table);
         true
     }

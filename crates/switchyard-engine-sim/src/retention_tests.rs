@@ -110,3 +110,25 @@ fn pinned_sessions_never_keep_a_new_session_from_being_admitted() {
         assert!(d.sim.retained_blocks() <= 16);
     }
 }
+
+#[test]
+fn a_held_prefills_hint_pins_its_blocks_once_the_hold_is_released() {
+    // A is a disaggregated prefill: its blocks are held for a puller, then released. With a
+    // hint they outlive B's (released later) when C needs room; without one, LRU takes them.
+    for (hint, expect) in [(Retention::default(), 0), (keep(60_000, 0), 4)] {
+        let mut d = Driver::new(tiny(4, 8));
+        let a = range(0, 16);
+        d.add(crate::SimRequest {
+            hold_blocks: true,
+            retention: hint,
+            ..req(1, a.clone(), 1)
+        });
+        d.run(10);
+        assert!(d.sim.release_hold(1));
+        d.add(req(2, range(100, 16), 1));
+        d.run(10);
+        d.add(req(3, range(200, 16), 1));
+        d.run(10);
+        assert_eq!(cached(&d, &block_hashes(&a, bs(4))), expect, "{hint:?}");
+    }
+}

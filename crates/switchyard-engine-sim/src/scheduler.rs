@@ -264,20 +264,34 @@ impl Simulator {
             let (held, rest) = seq.table.split_at(keep.min(seq.table.len()));
             self.kv.release(rest);
             self.held.insert(seq.id, held.to_vec());
+            // A held prefill's hint applies when its hold is released (`release_hold`).
+            if seq.retention.is_some() {
+                self.held_retention.insert(seq.id, seq.retention);
+            }
         } else {
             self.live_ids.remove(&seq.id);
-            if seq.retention.is_some() {
-                let expiry_us = self
-                    .kv
-                    .now_us()
-                    .saturating_add(seq.retention.ttl_ms.saturating_mul(1000));
-                let pin = Pin {
-                    priority: seq.retention.priority,
-                    expiry_us,
-                };
-                self.kv.pin(&seq.table, pin);
-            }
+            self.pin_for(&seq.table, seq.retention);
             self.kv.release(&seq.table);
+        }
+    }
+
+    /// Pins `table`'s cached blocks for `retention`'s time from now (nothing if it asks for
+    /// nothing); the caller releases them next.
+    pub(crate) fn pin_for(
+        &mut self,
+        table: &[crate::kv_cache::BlockId],
+        retention: switchyard_core::Retention,
+    ) {
+        if retention.is_some() {
+            let expiry_us = self
+                .kv
+                .now_us()
+                .saturating_add(retention.ttl_ms.saturating_mul(1000));
+            let pin = Pin {
+                priority: retention.priority,
+                expiry_us,
+            };
+            self.kv.pin(table, pin);
         }
     }
 }

@@ -183,6 +183,8 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
         tokenizers,
         metrics,
         extensions: Default::default(),
+        retention: switchyard_gateway::retention::SessionRetention::new(&Default::default())
+            .unwrap(),
         access: switchyard_gateway::access::ClientAccess {
             api_keys: None,
             metrics_token: None,

@@ -251,6 +251,7 @@ async fn worker_ttft(
         }),
         kv_source: None,
         identity: None,
+        retention: None,
     };
     let t = Instant::now();
     let mut stream = client.generate(request).await.unwrap().into_inner();

@@ -113,6 +113,8 @@ pub struct GatewayConfig {
     pub fleet: crate::fleet::FleetConfig,
     /// Fleet-wide per-tenant quotas and the Redis they are counted in (`[quota]`).
     pub quota: crate::quota::QuotaConfig,
+    /// Retention hints on sessions' turns (`[retention]`).
+    pub retention: crate::retention::RetentionSettings,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -257,6 +259,7 @@ impl Default for GatewayConfig {
             discovery: crate::discovery::DiscoveryConfig::default(),
             fleet: crate::fleet::FleetConfig::default(),
             quota: crate::quota::QuotaConfig::default(),
+            retention: crate::retention::RetentionSettings::default(),
         }
     }
 }
@@ -313,6 +316,7 @@ impl GatewayConfig {
         self.discovery.validate().map_err(ConfigError::Invalid)?;
         self.validate_fleet()?;
         self.quota.validate().map_err(ConfigError::Invalid)?;
+        self.retention.estimator().map_err(ConfigError::Invalid)?;
         // The admin API drains workers and switches the policy: open only on loopback.
         if self.admin_token.is_none() && !self.listen.ip().is_loopback() {
             return invalid(
@@ -483,6 +487,8 @@ pub struct GatewayArgs {
     pub fleet: crate::fleet::FleetArgs,
     #[command(flatten)]
     pub quota: crate::quota::QuotaArgs,
+    #[command(flatten)]
+    pub retention: crate::retention::RetentionArgs,
     /// Largest KV recording in bytes (default 1 GiB).
     #[arg(long, env = "SWITCHYARD_RECORDING_MAX_BYTES")]
     pub recording_max_bytes: Option<u64>,
@@ -624,6 +630,7 @@ impl GatewayArgs {
         self.discovery.apply(&mut config.discovery);
         self.fleet.apply(&mut config.fleet);
         self.quota.apply(&mut config.quota);
+        self.retention.apply(&mut config.retention);
         self.quota
             .check(&config.quota)
             .map_err(ConfigError::Invalid)?;

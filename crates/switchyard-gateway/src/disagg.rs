@@ -383,6 +383,8 @@ pub struct PrefillAsk<'a> {
     pub request_id: &'a str,
     pub prompt: &'a [TokenId],
     pub identity: &'a switchyard_core::KvIdentity,
+    /// The retention hint the prefill worker keeps the prompt's blocks by.
+    pub retention: switchyard_core::Retention,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -399,6 +401,7 @@ async fn run_prefill(
         request_id,
         prompt,
         identity,
+        retention,
     } = ask;
     let worker = prefill.worker_id.clone();
     let prefill_span = tracing::info_span!(
@@ -420,6 +423,7 @@ async fn run_prefill(
         // A worker that cannot pipeline answers when done (response.pipelined = false).
         pipelined: settings.kv_transfer == KvTransfer::Pipelined,
         identity: switchyard_proto::identity_to_proto(identity),
+        retention: switchyard_proto::retention_to_proto(&retention),
     });
     switchyard_telemetry::inject_context(&prefill_span, call.metadata_mut());
     let answer = tokio::time::timeout(

@@ -35,6 +35,7 @@ pub mod pool;
 pub mod preprocess;
 pub mod quota;
 pub mod recorder;
+pub mod retention;
 pub mod routing;
 pub mod stop;
 pub mod transport;
@@ -275,8 +276,11 @@ pub async fn start(
         .spawn(follow_registry(Arc::clone(&pool), discovery, Some(watch)));
     pool.tasks
         .spawn(Arc::clone(&quota).renew_leases(pool.cancel.clone()));
+    let retention =
+        retention::SessionRetention::new(&config.retention).map_err(GatewayError::Routing)?;
     Ok(Some(Arc::new(AppState {
         quota,
+        retention,
         admission: Admission::new(
             config.max_concurrent_requests,
             config.max_queued_requests,

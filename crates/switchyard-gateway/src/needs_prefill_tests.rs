@@ -139,6 +139,7 @@ async fn stage(
             request_id: "r",
             prompt: &tokens,
             identity: &KvIdentity::PLAIN,
+            retention: Default::default(),
         },
         &mut decode,
         &Arc::new(crate::audit::RequestTags::new("r")),
@@ -241,6 +242,7 @@ fn job(routes: &Arc<ModelRoutes>, mode: Disaggregation) -> GenerateJob {
             ..auto()
         },
         span: Span::none(),
+        retention: Default::default(),
     }
 }
 

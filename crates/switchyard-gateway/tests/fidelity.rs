@@ -311,6 +311,7 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     disagg,
                     span: tracing::Span::none(),
                     identity: Default::default(),
+                    retention: Default::default(),
                 };
                 let now = pool.now_tick();
                 let events = dispatch::start(&pool, job);

@@ -77,6 +77,7 @@ async fn in_flight_generation(
             }),
             kv_source: None,
             identity: None,
+            retention: None,
         })
         .await
         .unwrap()
@@ -176,6 +177,7 @@ async fn a_moved_decode_worker_finishes_its_sequence_and_takes_the_new_role() {
             }),
             kv_source: None,
             identity: None,
+            retention: None,
         })
         .await
         .unwrap_err();

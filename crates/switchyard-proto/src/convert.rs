@@ -2,8 +2,8 @@
 
 use switchyard_core::{
     BlockHash, BlockSize, CoreError, EngineKind, Guided, KvEvent, KvIdentity, KvTierCosts,
-    LoadStats, Role, Sampling, SamplingError, SnapshotBlock, StorageTier, StoredBlock, TierLink,
-    TokenLogprob, TopLogprob, WorkerId, WorkerInfo,
+    LoadStats, Retention, Role, Sampling, SamplingError, SnapshotBlock, StorageTier, StoredBlock,
+    TierLink, TokenLogprob, TopLogprob, WorkerId, WorkerInfo,
 };
 
 use crate::v1;
@@ -21,6 +21,8 @@ pub enum ProtoError {
     Sampling(#[from] SamplingError),
     #[error("{0}")]
     Guided(&'static str),
+    #[error("retention priority {0} is out of range (0 to 255)")]
+    RetentionPriority(u32),
 }
 
 impl From<ProtoError> for tonic::Status {
@@ -129,6 +131,28 @@ pub fn identity_from_proto(identity: Option<v1::KvIdentity>) -> Result<KvIdentit
         None => Ok(KvIdentity::PLAIN),
         Some(i) => Ok(KvIdentity::new(i.adapter, i.cache_salt)?),
     }
+}
+
+/// A request's retention hint on the wire; a hint that asks for nothing is sent as no message.
+pub fn retention_to_proto(retention: &Retention) -> Option<v1::RetentionHint> {
+    retention.is_some().then(|| v1::RetentionHint {
+        ttl_ms: retention.ttl_ms,
+        priority: u32::from(retention.priority),
+    })
+}
+
+/// A request's retention hint off the wire; absent asks for nothing, a priority past 255 is
+/// refused.
+pub fn retention_from_proto(hint: Option<v1::RetentionHint>) -> Result<Retention, ProtoError> {
+    let Some(hint) = hint else {
+        return Ok(Retention::default());
+    };
+    let priority =
+        u8::try_from(hint.priority).map_err(|_| ProtoError::RetentionPriority(hint.priority))?;
+    Ok(Retention {
+        ttl_ms: hint.ttl_ms,
+        priority,
+    })
 }
 
 /// The sampling of a request off the wire, validated ([`Sampling::validate`]).
@@ -533,5 +557,24 @@ mod tests {
     fn the_remote_tier_crosses_the_wire() {
         let tier: v1::StorageTier = StorageTier::Remote.into();
         assert_eq!(tier_from_wire(tier as i32).unwrap(), StorageTier::Remote);
+    }
+
+    #[test]
+    fn retention_hints_cross_the_wire_and_bad_priorities_are_refused() {
+        let hint = Retention {
+            ttl_ms: 90_000,
+            priority: 7,
+        };
+        let wire = retention_to_proto(&hint);
+        assert_eq!(retention_from_proto(wire).unwrap(), hint);
+        // Asking for nothing is sent as nothing, and nothing reads back as no hint.
+        assert_eq!(retention_to_proto(&Retention::default()), None);
+        assert_eq!(retention_from_proto(None).unwrap(), Retention::default());
+        let err = retention_from_proto(Some(v1::RetentionHint {
+            ttl_ms: 1,
+            priority: 256,
+        }))
+        .unwrap_err();
+        assert!(err.to_string().contains("256"), "{err}");
     }
 }

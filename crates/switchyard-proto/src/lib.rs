@@ -21,5 +21,7 @@ pub mod v1 {
     tonic::include_proto!("switchyard.v1");
 }
 
-pub use convert::{ProtoError, identity_from_proto, identity_to_proto};
+pub use convert::{
+    ProtoError, identity_from_proto, identity_to_proto, retention_from_proto, retention_to_proto,
+};
 pub use error_code::ErrorCode;

@@ -206,6 +206,7 @@ mod tests {
                 ..switchyard_core::Sampling::default()
             },
             identity: Default::default(),
+            retention: Default::default(),
         }
     }
 

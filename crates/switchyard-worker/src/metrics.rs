@@ -125,6 +125,13 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HintLabels {
+    /// `passed` (handed to an engine that honours it) or `unhonoured` (the engine has no such
+    /// control and ignores it).
+    outcome: &'static str,
+}
+
 /// Every metric a worker exports.
 #[derive(Debug)]
 pub struct WorkerMetrics {
@@ -142,6 +149,7 @@ pub struct WorkerMetrics {
     kv_bytes: Family<DirectionLabels, Counter>,
     kv_descriptors: Family<StageLabels, Counter>,
     kv_transfer: Histogram,
+    retention_hints: Family<HintLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -171,6 +179,7 @@ impl WorkerMetrics {
             kv_bytes: Family::default(),
             kv_descriptors: Family::default(),
             kv_transfer: latency_histogram(),
+            retention_hints: Family::default(),
         };
         // Series that exist from the start, at 0, so `rate()` and alerts see them before the
         // first occurrence.
@@ -191,6 +200,9 @@ impl WorkerMetrics {
             };
             let _ = m.prompt_tokens.get_or_create(&labels);
             let _ = m.cached_prompt_tokens.get_or_create(&labels);
+        }
+        for outcome in ["passed", "unhonoured"] {
+            let _ = m.retention_hints.get_or_create(&HintLabels { outcome });
         }
         for stage in ["planned", "issued"] {
             let _ = m.kv_descriptors.get_or_create(&StageLabels { stage });
@@ -267,6 +279,11 @@ impl WorkerMetrics {
             "Decode side: from the first pull call to the last block imported, per request",
             m.kv_transfer.clone(),
         );
+        r.register(
+            "retention_hints",
+            "Requests that carried a retention hint: passed to the engine, or unhonoured (it has no such control)",
+            m.retention_hints.clone(),
+        );
         r.register_collector(Box::new(scrape::ScrapeCollector::new(engine, state)));
         Self { registry, ..m }
     }
@@ -318,6 +335,14 @@ impl WorkerMetrics {
             .get_or_create(&labels)
             .inc_by(u64::from(cached));
         self.completion_tokens.inc_by(u64::from(completion));
+    }
+
+    /// A request carried a retention hint, which its engine honours or not.
+    pub fn retention_hint(&self, honoured: bool) {
+        let outcome = if honoured { "passed" } else { "unhonoured" };
+        self.retention_hints
+            .get_or_create(&HintLabels { outcome })
+            .inc();
     }
 
     /// A prefill worker starts serving a pull.

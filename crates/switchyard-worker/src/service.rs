@@ -123,6 +123,26 @@ impl WorkerService {
         Ok(())
     }
 
+    /// A request's retention hint, checked and counted: passed to an engine that honours it,
+    /// unhonoured (and dropped) otherwise.
+    fn retention(
+        &self,
+        hint: Option<v1::RetentionHint>,
+    ) -> Result<switchyard_core::Retention, Status> {
+        let retention = switchyard_proto::retention_from_proto(hint)
+            .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
+        if !retention.is_some() {
+            return Ok(retention);
+        }
+        let honoured = self.engine.honours_retention();
+        self.metrics.retention_hint(honoured);
+        Ok(if honoured {
+            retention
+        } else {
+            switchyard_core::Retention::default()
+        })
+    }
+
     /// `Generate` inside its `generate` span, which the returned stream holds until it ends.
     async fn start_generate(
         &self,
@@ -159,6 +179,7 @@ impl WorkerService {
         self.check_prompt(&req.prompt_token_ids, sampling.max_tokens)?;
         let identity = switchyard_proto::identity_from_proto(req.identity)
             .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
+        let retention = self.retention(req.retention)?;
         if !self.state.role().serves_decode() {
             return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role prefill and does not generate; send Prefill",
@@ -172,6 +193,7 @@ impl WorkerService {
             prompt: req.prompt_token_ids,
             sampling,
             identity,
+            retention,
         };
         let engine_stream: ChunkStream = match req.kv_source {
             // The first token comes from the prefill worker, which computes no log
@@ -211,6 +233,7 @@ impl WorkerService {
         self.check_prompt(&req.prompt_token_ids, 1)?;
         let identity = switchyard_proto::identity_from_proto(req.identity)
             .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
+        let retention = self.retention(req.retention)?;
         if !self.state.role().serves_prefill() {
             return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role decode and does not prefill",
@@ -231,6 +254,7 @@ impl WorkerService {
                 hold,
                 pipelined: req.pipelined,
                 identity,
+                retention,
             })
             .await?;
         Ok(Response::new(v1::PrefillResponse {

@@ -90,6 +90,7 @@ fn request(prompt: Vec<u32>, kv_source: Option<KvSource>) -> GenerateRequest {
         }),
         kv_source,
         identity: None,
+        retention: None,
     }
 }
 
@@ -123,6 +124,7 @@ async fn disaggregated_ms(
             hold_ms: 0,
             pipelined,
             identity: None,
+            retention: None,
         })
         .await
         .expect("prefill")

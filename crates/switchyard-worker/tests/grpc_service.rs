@@ -74,6 +74,7 @@ fn gen_req(prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
         }),
         kv_source: None,
         identity: None,
+        retention: None,
     }
 }
 
@@ -89,6 +90,7 @@ async fn prefill_holds_blocks_until_pulled_once() {
             hold_ms: 60_000,
             pipelined: false,
             identity: None,
+            retention: None,
         })
         .await
         .expect("prefill")
@@ -163,6 +165,7 @@ async fn an_unpulled_handle_expires_and_releases_its_blocks() {
             hold_ms: 200,
             pipelined: false,
             identity: None,
+            retention: None,
         })
         .await
         .expect("prefill")
@@ -316,6 +319,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
             hold_ms: 0,
             pipelined: false,
             identity: None,
+            retention: None,
         })
         .await
         .expect_err("empty prompt");
@@ -350,6 +354,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
             }),
             kv_source: None,
             identity: None,
+            retention: None,
         })
         .await
         .expect_err("nan temperature");

@@ -79,6 +79,7 @@ async fn disaggregated_via(
             hold_ms: 0,
             pipelined: false,
             identity: None,
+            retention: None,
         })
         .await
         .expect("prefill")
@@ -99,6 +100,7 @@ async fn disaggregated_via(
             ..Default::default()
         }),
         identity: None,
+        retention: Default::default(),
     };
     let mut stream = decode.client.generate(request).await?.into_inner();
     let mut tokens = Vec::new();

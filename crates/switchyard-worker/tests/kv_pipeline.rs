@@ -55,6 +55,7 @@ async fn prefill(worker: &mut Worker, prompt: &[u32], pipelined: bool) -> v1::Pr
             hold_ms: 0,
             pipelined,
             identity: None,
+            retention: None,
         })
         .await
         .expect("prefill")
@@ -79,6 +80,7 @@ fn generate(prompt: &[u32], address: String, pre: &v1::PrefillResponse) -> Gener
             ..Default::default()
         }),
         identity: None,
+        retention: None,
     }
 }
 
@@ -337,6 +339,7 @@ async fn an_unpulled_pipelined_handle_expires_and_stops_the_prefill() {
             hold_ms: 50,
             pipelined: true,
             identity: None,
+            retention: None,
         })
         .await
         .expect("prefill")

@@ -43,6 +43,7 @@ impl Worker {
                 hold_ms: 0,
                 pipelined: false,
                 identity: None,
+                retention: None,
             })
             .await
             .expect("prefill")
@@ -65,6 +66,7 @@ fn request(prompt: &[u32], max_tokens: u32, source: KvSource) -> GenerateRequest
         }),
         kv_source: Some(source),
         identity: None,
+        retention: None,
     }
 }
 

@@ -84,6 +84,7 @@ fn generate(prompt: Vec<u32>, max_tokens: u32, source: Option<KvSource>) -> Gene
         }),
         kv_source: source,
         identity: None,
+        retention: None,
     }
 }
 
@@ -94,6 +95,7 @@ fn prefill(prompt: Vec<u32>, hold_ms: u32) -> PrefillRequest {
         hold_ms,
         pipelined: false,
         identity: None,
+        retention: None,
     }
 }
 
@@ -427,4 +429,40 @@ async fn prefill_pull_and_import_count_on_both_sides() {
     assert_eq!(expired.get("switchyard_worker_kv_handles_held", &[]), 0.0);
     p.stop().await;
     d.stop().await;
+}
+
+#[tokio::test]
+async fn a_retention_hint_reaches_the_simulator_and_is_counted() {
+    let mut worker = start("sim-retain", Role::Both, 50.0).await;
+    let hinted = GenerateRequest {
+        retention: Some(v1::RetentionHint {
+            ttl_ms: 600_000,
+            priority: 1,
+        }),
+        ..generate(prompt(64, 1), 2, None)
+    };
+    run(&mut worker, hinted).await.unwrap();
+    // The four full prompt blocks stay pinned, idle, after the request ended.
+    let scrape = until(&worker, "switchyard_worker_kv_retained_blocks", &[], 4.0).await;
+    let hints = "switchyard_worker_retention_hints_total";
+    assert_eq!(scrape.get(hints, &[("outcome", "passed")]), 1.0);
+    assert_eq!(scrape.get(hints, &[("outcome", "unhonoured")]), 0.0);
+    // Without a hint nothing more is pinned.
+    run(&mut worker, generate(prompt(64, 5000), 2, None))
+        .await
+        .unwrap();
+    let scrape = Scrape::of(&worker).await;
+    assert_eq!(scrape.get("switchyard_worker_kv_retained_blocks", &[]), 4.0);
+    assert_eq!(scrape.get(hints, &[("outcome", "passed")]), 1.0);
+    // A priority past the wire's range is the caller's error.
+    let bad = GenerateRequest {
+        retention: Some(v1::RetentionHint {
+            ttl_ms: 1,
+            priority: 256,
+        }),
+        ..generate(prompt(64, 9000), 2, None)
+    };
+    let err = run(&mut worker, bad).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("retention priority"), "{err}");
 }

@@ -34,6 +34,7 @@ fn params(prompt: Vec<u32>, max_tokens: u32) -> GenerateParams {
             ..switchyard_core::Sampling::default()
         },
         identity: Default::default(),
+        retention: Default::default(),
     }
 }
 
@@ -293,6 +294,7 @@ async fn errors_map_to_whose_fault_and_dropping_a_stream_aborts() {
             hold: Duration::from_secs(1),
             pipelined: false,
             identity: Default::default(),
+            retention: Default::default(),
         })
         .await
         .unwrap_err();
@@ -346,6 +348,7 @@ fn prefill_params(prompt: Vec<u32>, hold: Duration) -> PrefillParams {
         hold,
         pipelined: false,
         identity: Default::default(),
+        retention: Default::default(),
     }
 }
 
@@ -560,6 +563,7 @@ async fn run(
             prompt: seq(1, 10),
             sampling,
             identity: Default::default(),
+            retention: Default::default(),
         })
         .await
         .unwrap();

@@ -79,6 +79,10 @@ pub struct Outcome {
     pub mode: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefill_worker: Option<String>,
+    /// The retention hint the worker was sent (`ttl_ms`, `priority`), when the request is a
+    /// session's turn and hints are on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention: Option<switchyard_core::Retention>,
     /// Prompt tokens the engine reported reusing from its prefix cache.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub realized_cached_tokens: Option<u64>,

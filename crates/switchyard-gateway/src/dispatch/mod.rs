@@ -52,6 +52,9 @@ pub struct GenerateJob {
     /// The adapter and cache salt the prompt's KV is named by: its blocks are hashed under
     /// them and the workers (and their engines) receive them.
     pub identity: KvIdentity,
+    /// The turn of its session it is (`x-session-id`), with the retention hint its worker
+    /// receives; the turn ends when the last clone of the job is dropped.
+    pub retention: Arc<crate::retention::SessionTurn>,
     pub session: Option<String>,
     pub deadline: Instant,
     pub max_retries: u32,
@@ -254,6 +257,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
                     request_id: &job.request_id,
                     prompt: &context,
                     identity: &job.identity,
+                    retention: job.retention.hint(),
                 },
                 &mut routed,
                 &job.tags,
@@ -395,6 +399,7 @@ async fn stream_attempt(
             "aggregated"
         });
         o.prefill_worker = prefill_worker.as_ref().map(ToString::to_string);
+        o.retention = Some(job.retention.hint()).filter(switchyard_core::Retention::is_some);
     });
     let decode_span = tracing::info_span!(
         target: GATEWAY_SPANS,
@@ -422,6 +427,7 @@ async fn stream_attempt(
         sampling: Some(SamplingParams::from(&attempts.sampling(&job.sampling))),
         kv_source,
         identity: switchyard_proto::identity_to_proto(&job.identity),
+        retention: switchyard_proto::retention_to_proto(&job.retention.hint()),
     };
     let mut request = tonic::Request::new(request);
     switchyard_telemetry::inject_context(&decode_span, request.metadata_mut());

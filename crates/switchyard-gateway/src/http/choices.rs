@@ -62,6 +62,7 @@ impl Choices {
                     prompt: prompt.tokens.clone(),
                     sampling,
                     identity: p.identity.clone(),
+                    retention: Arc::new(state.retention.begin(p.session.as_deref())),
                     session: p.session.clone().or_else(|| p.user.clone()),
                     deadline: tokio::time::Instant::from_std(
                         p.arrived + state.config.request_timeout(),

@@ -48,6 +48,8 @@ pub struct AppState {
     pub extensions: Extensions,
     /// API keys, the metrics token, HTTPS.
     pub access: ClientAccess,
+    /// Sessions' think times, for the retention hints of their turns.
+    pub retention: Arc<crate::retention::SessionRetention>,
 }
 
 /// The tenant of the API key a `/v1` request was let in with.

@@ -57,6 +57,9 @@ pub struct GenerateParams {
     pub sampling: switchyard_core::Sampling,
     /// The adapter and cache salt the prompt's KV is named by; the engine receives both.
     pub identity: switchyard_core::KvIdentity,
+    /// Keep the request's blocks cached after it ends (honoured where
+    /// [`Engine::honours_retention`]).
+    pub retention: switchyard_core::Retention,
 }
 
 /// Why a generation ended.
@@ -161,6 +164,8 @@ pub struct PrefillParams {
     pub pipelined: bool,
     /// The adapter and cache salt the prompt's KV is named by, as in [`GenerateParams`].
     pub identity: switchyard_core::KvIdentity,
+    /// Keep the prompt's blocks cached once the hold is released, as in [`GenerateParams`].
+    pub retention: switchyard_core::Retention,
 }
 
 /// What a finished prefill holds.
@@ -373,6 +378,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// itself (vLLM's KV connectors, SGLang's bootstrap).
     fn engine_transfer(&self) -> Option<&dyn EngineTransfer> {
         None
+    }
+
+    /// Whether it keeps a request's blocks as its retention hint asks (the simulator); an
+    /// engine without such a control ignores hints and the worker counts them unhonoured.
+    fn honours_retention(&self) -> bool {
+        false
     }
 
     /// Current load.

@@ -589,6 +589,7 @@ mod tests {
                 ..Default::default()
             },
             identity: Default::default(),
+            retention: Default::default(),
         };
         let vllm = |g| request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &with(g)).1;
         let sglang = |g| request_body(Dialect::Sglang, "m", &with(g)).1;
@@ -630,6 +631,7 @@ mod tests {
                 ..Default::default()
             },
             identity: Default::default(),
+            retention: Default::default(),
         };
         let (_, body) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &plain);
         assert!(body.get("structured_outputs").is_none());
@@ -646,6 +648,7 @@ mod tests {
             },
             identity: switchyard_core::KvIdentity::new(Some("sql".into()), Some("t-1".into()))
                 .unwrap(),
+            retention: Default::default(),
         };
         let (_, vllm) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &params);
         assert_eq!(
@@ -679,6 +682,7 @@ mod tests {
                 ..Default::default()
             },
             identity: Default::default(),
+            retention: Default::default(),
         };
         let (_, body) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &params);
         assert_eq!(body["logprobs"], 3);

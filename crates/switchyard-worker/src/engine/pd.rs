@@ -60,6 +60,7 @@ impl VllmEngine {
                 ..switchyard_core::Sampling::default()
             },
             identity: params.identity.clone(),
+            retention: params.retention,
         };
         let (path, mut body) = openai_http::request_body(self.dialect, &self.model, &generate);
         body["stream"] = json!(false);

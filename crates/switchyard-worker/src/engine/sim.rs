@@ -96,6 +96,8 @@ pub struct SimEngine {
     handles: Arc<Mutex<HashMap<String, HeldHandle>>>,
     /// Handles that expired unpulled since start.
     expired_handles: Arc<AtomicU64>,
+    /// Idle blocks retention hints pin, as the runner last saw.
+    retained_blocks: Arc<AtomicU64>,
     tasks: TaskTracker,
     cancel: CancellationToken,
     /// Charges KV imports their transfer time.
@@ -150,6 +152,7 @@ impl SimEngine {
         let (load_tx, load_rx) = watch::channel(sim.load());
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let retained_blocks = Arc::new(AtomicU64::new(0));
         let runner = Runner {
             sim,
             cmd_rx,
@@ -157,6 +160,8 @@ impl SimEngine {
             events: Arc::clone(&events),
             sinks: HashMap::new(),
             speedup,
+            started: Instant::now(),
+            retained_blocks: Arc::clone(&retained_blocks),
         };
         tasks.spawn(runner.run(cancel.clone()));
         Ok(Self {
@@ -167,6 +172,7 @@ impl SimEngine {
             next_request: AtomicU64::new(1),
             handles: Arc::new(Mutex::new(HashMap::new())),
             expired_handles: Arc::new(AtomicU64::new(0)),
+            retained_blocks,
             tasks,
             cancel,
             timing,
@@ -357,8 +363,7 @@ impl Engine for SimEngine {
             pipeline: false,
             logprobs: s.logprobs,
             script,
-            // The protocol carries no retention hint yet (docs/engines.md).
-            retention: Default::default(),
+            retention: params.retention,
             identity: params.identity,
         };
         let rx = self.add(request).await?;
@@ -375,6 +380,7 @@ impl Engine for SimEngine {
             hold_blocks: true,
             pipeline: params.pipelined,
             identity: params.identity.clone(),
+            retention: params.retention,
             ..SimRequest::default()
         };
         let block_hashes = params
@@ -438,6 +444,10 @@ impl Engine for SimEngine {
         Some(self)
     }
 
+    fn honours_retention(&self) -> bool {
+        true
+    }
+
     fn load(&self) -> LoadStats {
         *self.load_rx.borrow()
     }
@@ -445,6 +455,7 @@ impl Engine for SimEngine {
     fn telemetry(&self) -> super::stats::EngineTelemetry {
         super::stats::EngineTelemetry {
             held_kv_handles: Some(self.held_handles() as u64),
+            retained_kv_blocks: Some(self.retained_blocks.load(Ordering::Relaxed)),
             expired_kv_handles: Some(self.expired_handles.load(Ordering::Relaxed)),
             ..Default::default()
         }
@@ -467,6 +478,11 @@ struct Runner {
     events: Arc<EventLog>,
     sinks: HashMap<u64, Sink>,
     speedup: f64,
+    /// Retention hints expire on the wall clock (the gateway measures think times on it), from
+    /// the runner's start.
+    started: Instant,
+    /// Idle blocks retention hints pin, after each step (for `/metrics`).
+    retained_blocks: Arc<AtomicU64>,
 }
 
 impl Runner {
@@ -474,6 +490,7 @@ impl Runner {
         let mut clock_start = Instant::now();
         let mut simulated = Duration::ZERO;
         loop {
+            self.sim.set_clock(self.started.elapsed());
             while let Ok(cmd) = self.cmd_rx.try_recv() {
                 self.handle(cmd);
             }
@@ -532,6 +549,8 @@ impl Runner {
                 self.deliver(output);
             }
             self.load_tx.send_replace(self.sim.load());
+            self.retained_blocks
+                .store(self.sim.retained_blocks() as u64, Ordering::Relaxed);
         }
         for (_, sink) in self.sinks.drain() {
             sink.fail(EngineError::Stopped);
@@ -539,6 +558,8 @@ impl Runner {
     }
 
     fn handle(&mut self, cmd: Command) {
+        // A command can end a wait of any length: the pins it makes start from now.
+        self.sim.set_clock(self.started.elapsed());
         match cmd {
             Command::Add { request, out, ack } => {
                 let id = request.id;

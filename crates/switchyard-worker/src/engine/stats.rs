@@ -174,6 +174,8 @@ pub struct EngineTelemetry {
     pub held_kv_handles: Option<u64>,
     /// KV handles that expired unpulled since start.
     pub expired_kv_handles: Option<u64>,
+    /// Idle KV blocks retention hints keep pinned.
+    pub retained_kv_blocks: Option<u64>,
     /// The KV event relay's counters, per data-parallel rank.
     pub relay_ranks: Vec<AdapterStats>,
     /// Scrapes of the engine's `/metrics`: (succeeded, failed, last one succeeded).

@@ -270,6 +270,14 @@ impl Collector for ScrapeCollector {
                 held,
             )?;
         }
+        if let Some(retained) = t.retained_kv_blocks {
+            gauge(
+                e,
+                "kv_retained_blocks",
+                "Idle KV blocks retention hints keep pinned (within the retention budget)",
+                retained,
+            )?;
+        }
         if let Some(expired) = t.expired_kv_handles {
             counter(
                 e,

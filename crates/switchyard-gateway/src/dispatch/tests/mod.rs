@@ -278,6 +278,7 @@ fn job(routes: &Arc<ModelRoutes>, disagg: DisaggSettings) -> GenerateJob {
         max_migrations: 2,
         disagg,
         span: tracing::Span::none(),
+        retention: Default::default(),
     }
 }
 
