@@ -143,6 +143,9 @@ pub struct KvEventEnvelope {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotBlock {
     pub hash: BlockHash,
+    /// `None` for a prompt's first block. A source that does not track parents sends `None`
+    /// for every block; the prefix index then cannot assume the worker's blocks are
+    /// prefix-closed.
     pub parent: Option<BlockHash>,
     pub tier: StorageTier,
 }
