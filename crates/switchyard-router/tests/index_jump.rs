@@ -18,8 +18,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use switchyard_core::{
-    BlockHash, BlockSize, KvEvent, SnapshotBlock, StorageTier, StoredBlock, WorkerId,
-    block_hashes,
+    BlockHash, BlockSize, KvEvent, SnapshotBlock, StorageTier, StoredBlock, WorkerId, block_hashes,
 };
 use switchyard_router::{ApplyOutcome, IndexConfig, PrefixIndex, TierOverlap};
 
@@ -66,11 +65,18 @@ enum Step {
         w: usize,
     },
     /// The worker's next change (`Store`, `Remove` or `Clear`) never reaches the index.
-    Lose { w: usize },
+    Lose {
+        w: usize,
+    },
     /// The worker is resynced from a snapshot of its true state.
-    Resync { w: usize, shape: Shape },
+    Resync {
+        w: usize,
+        shape: Shape,
+    },
     /// A fresh index is loaded from every worker's snapshot and replaces the old one.
-    Rebuild { shape: Shape },
+    Rebuild {
+        shape: Shape,
+    },
 }
 
 /// How a snapshot lists its blocks.
