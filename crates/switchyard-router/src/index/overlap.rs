@@ -23,9 +23,10 @@
 //!   that block and leaves without the next block being probed. After a drop the query probes
 //!   the last block the same spacing predicts the next worker holds, so drops at a steady
 //!   spacing (turns of a conversation, prompts sharing a template) cost one lookup each; it
-//!   gallops (steps doubling) while the predicate holds. A bisection looks up the seven octiles
-//!   of its range at once before each three of its levels, so their cache misses overlap (a
-//!   query on a cold cache is bound by those misses, not by the lookups' count). Its cost is at
+//!   gallops (steps doubling) while the predicate holds. A query on a cold cache is bound by
+//!   its dependent cache misses, not by its lookups' count, so a bisection looks up the three
+//!   quartiles of its range at once before each two of its levels, and steady drops look up the
+//!   next eight predicted probes at once: their misses overlap. Its cost is at
 //!   most about `2·log2(gap)` lookups per point where some worker leaves instead of one lookup
 //!   per block: a 128k-token prompt (8,192 blocks) that 32 workers hold to evenly spaced depths
 //!   costs about 45 lookups.
@@ -236,8 +237,20 @@ impl PrefixIndex {
         let mut step = last;
         // The next probe tests the block where the spacing of earlier drops predicts one.
         let mut predicted = false;
+        // The spacing of the last two drops, and the last block looked up ahead at that spacing.
+        let (mut spacing, mut warmed_to) = (0usize, 0usize);
         while !active.is_empty() && lo < last {
             let hi = (lo + step).min(last);
+            if predicted && hi > warmed_to && spacing > 1 {
+                // Drops at a steady spacing: look up the next eight predicted probes at once, so
+                // their cache misses overlap (a wrong prediction only wastes the lookups).
+                warmed_to = hi + 7 * spacing;
+                self.holders.warm_holders(
+                    (hi..=warmed_to.min(last))
+                        .step_by(spacing)
+                        .map(|p| blocks[p]),
+                );
+            }
             let at_hi = self.holders.get(blocks[hi]);
             if hold(&active, at_hi) {
                 lo = hi;
@@ -246,6 +259,7 @@ impl PrefixIndex {
                     let gap = hi + 1 - last_drain;
                     last_drain = hi + 1;
                     step = gap;
+                    spacing = gap;
                     predicted = true;
                 } else {
                     step = if predicted { 1 } else { step.saturating_mul(2) };
@@ -257,12 +271,13 @@ impl PrefixIndex {
             let (mut a, mut b, mut at_b) = (lo, hi, at_hi);
             let mut level = 0u32;
             while b - a > 1 {
-                // The next three levels probe among the range's octiles: look them all up at
-                // once, so their cache misses overlap instead of following one another.
-                if level.is_multiple_of(3) && b - a >= 16 {
+                // The next two levels probe among the range's quartiles: look the three up at
+                // once, so their cache misses overlap instead of following one another (one of
+                // the three goes unused, cheap next to a miss).
+                if level.is_multiple_of(2) && b - a >= 8 {
                     let span = b - a;
                     self.holders
-                        .warm_holders((1..8).map(|k| blocks[a + span * k / 8]));
+                        .warm_holders((1..4).map(|k| blocks[a + span * k / 4]));
                 }
                 level += 1;
                 let mid = a + (b - a) / 2;
@@ -289,6 +304,7 @@ impl PrefixIndex {
             last_drain = b;
             lo = b;
             step = gap.saturating_sub(1).max(1);
+            spacing = gap;
             predicted = gap > 1;
         }
         let end = if active.is_empty() { 0 } else { lo as u32 + 1 };
