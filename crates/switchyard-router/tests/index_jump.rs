@@ -268,7 +268,7 @@ fn load_snapshot(
     e.awaiting = false;
 }
 
-/// Applies `step` to the engines and the index; returns the worker it changed, if one.
+/// Applies `step` to the engines and the index, checking the outcome of each event it delivers.
 fn run_step(
     index: &mut PrefixIndex,
     ids: &[WorkerId],
