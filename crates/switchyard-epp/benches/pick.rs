@@ -151,16 +151,7 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
             if i < holders {
                 let len = hashes.len() * (i + 1) / holders;
                 // Parents named, as engines' snapshots do (a snapshot naming none is walked).
-                blocks.extend(
-                    hashes[..len]
-                        .iter()
-                        .enumerate()
-                        .map(|(j, &hash)| SnapshotBlock {
-                            hash,
-                            parent: j.checked_sub(1).map(|p| hashes[p]),
-                            tier: StorageTier::Device,
-                        }),
-                );
+                blocks.extend(SnapshotBlock::chain(&hashes[..len], StorageTier::Device));
             }
             while blocks.len() < INDEX_BLOCKS / workers {
                 blocks.push(SnapshotBlock {
