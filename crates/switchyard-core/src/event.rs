@@ -143,14 +143,41 @@ pub struct KvEventEnvelope {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotBlock {
     pub hash: BlockHash,
+    /// `None` for a prompt's first block. A source that does not track parents sends `None`
+    /// for every block; the prefix index then cannot assume the worker's blocks are
+    /// prefix-closed.
     pub parent: Option<BlockHash>,
     pub tier: StorageTier,
+}
+
+impl SnapshotBlock {
+    /// A prompt's chained block hashes as snapshot blocks in `tier`, each naming its parent.
+    pub fn chain(hashes: &[BlockHash], tier: StorageTier) -> impl Iterator<Item = Self> + '_ {
+        hashes
+            .iter()
+            .enumerate()
+            .map(move |(j, &hash)| SnapshotBlock {
+                hash,
+                parent: j.checked_sub(1).map(|p| hashes[p]),
+                tier,
+            })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::block_hashes;
+
+    #[test]
+    fn a_snapshot_chain_names_each_blocks_parent() {
+        let h = block_hashes(&[1, 2, 3, 4, 5, 6], BlockSize::new(2).unwrap());
+        let got: Vec<SnapshotBlock> = SnapshotBlock::chain(&h, StorageTier::Host).collect();
+        let parents: Vec<Option<BlockHash>> = got.iter().map(|b| b.parent).collect();
+        assert_eq!(parents, vec![None, Some(h[0]), Some(h[1])]);
+        assert!(got.iter().zip(&h).all(|(b, &hash)| b.hash == hash));
+        assert!(got.iter().all(|b| b.tier == StorageTier::Host));
+    }
 
     #[test]
     fn validate_accepts_a_true_chain_and_refuses_forgeries() {

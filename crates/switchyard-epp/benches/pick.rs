@@ -150,11 +150,8 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
             let mut blocks = Vec::with_capacity(INDEX_BLOCKS / workers);
             if i < holders {
                 let len = hashes.len() * (i + 1) / holders;
-                blocks.extend(hashes[..len].iter().map(|&hash| SnapshotBlock {
-                    hash,
-                    parent: None,
-                    tier: StorageTier::Device,
-                }));
+                // Parents named, as engines' snapshots do (a snapshot naming none is walked).
+                blocks.extend(SnapshotBlock::chain(&hashes[..len], StorageTier::Device));
             }
             while blocks.len() < INDEX_BLOCKS / workers {
                 blocks.push(SnapshotBlock {

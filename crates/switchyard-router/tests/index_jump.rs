@@ -6,8 +6,11 @@
 //! leave the prompt at random points (a block holding children that are not the prompt's next
 //! block, including at the end of a worker's prefix), tails evicted, holes punched in the middle
 //! (the worker is no longer prefix-closed), copies in host memory and on disk (tiers), and
-//! workers cleared. After every step the index's overlap for prefixes of the prompt equals the
-//! model's.
+//! workers cleared. Events are lost (the index asks for a resync and keeps its stale view until
+//! the snapshot), workers are resynced from snapshots of their true state (in either order, with
+//! or without the blocks' parents, as engines that do not know them send), and the whole index is
+//! rebuilt from snapshots, then carries on with later events. After every step the index's
+//! overlap for prefixes of the prompt equals the model's view of what the index was told.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,9 +18,9 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use switchyard_core::{
-    BlockHash, BlockSize, KvEvent, StorageTier, StoredBlock, WorkerId, block_hashes,
+    BlockHash, BlockSize, KvEvent, SnapshotBlock, StorageTier, StoredBlock, WorkerId, block_hashes,
 };
-use switchyard_router::{IndexConfig, PrefixIndex, TierOverlap};
+use switchyard_router::{ApplyOutcome, IndexConfig, PrefixIndex, TierOverlap};
 
 const BS: u32 = 2;
 const LEN: usize = 96;
@@ -61,6 +64,28 @@ enum Step {
     Clear {
         w: usize,
     },
+    /// The worker's next change (`Store`, `Remove` or `Clear`) never reaches the index.
+    Lose {
+        w: usize,
+    },
+    /// The worker is resynced from a snapshot of its true state.
+    Resync {
+        w: usize,
+        shape: Shape,
+    },
+    /// A fresh index is loaded from every worker's snapshot and replaces the old one.
+    Rebuild {
+        shape: Shape,
+    },
+}
+
+/// How a snapshot lists its blocks.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// Each block names its parent (engines that track it), or none does (engines that do not).
+    parents: bool,
+    /// Blocks by descending hash instead of ascending (the index must not depend on the order).
+    reverse: bool,
 }
 
 fn tier() -> impl Strategy<Value = StorageTier> {
@@ -89,8 +114,16 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (w.clone(), 0..LEN, 1..20usize, tier()).prop_map(|(w, from, n, tier)| Step::Remove {
             w, from, to: (from + n).min(LEN), tier,
         }),
-        1 => w.prop_map(|w| Step::Clear { w }),
+        1 => w.clone().prop_map(|w| Step::Clear { w }),
+        1 => w.clone().prop_map(|w| Step::Lose { w }),
+        2 => (w, shape()).prop_map(|(w, shape)| Step::Resync { w, shape }),
+        1 => shape().prop_map(|shape| Step::Rebuild { shape }),
     ]
+}
+
+fn shape() -> impl Strategy<Value = Shape> {
+    (proptest::bool::weighted(0.75), proptest::bool::ANY)
+        .prop_map(|(parents, reverse)| Shape { parents, reverse })
 }
 
 fn mask(tier: StorageTier) -> u8 {
@@ -134,7 +167,43 @@ fn event(step: &Step) -> KvEvent {
             }
         }
         Step::Clear { .. } => KvEvent::Cleared,
+        Step::Lose { .. } | Step::Resync { .. } | Step::Rebuild { .. } => {
+            unreachable!("{step:?} is not an event")
+        }
     }
+}
+
+/// Records the parent of every block `ev` stores (a block hash names its parent).
+fn note_parents(parents: &mut BTreeMap<BlockHash, Option<BlockHash>>, ev: &KvEvent) {
+    if let KvEvent::Stored { parent, blocks, .. } = ev {
+        let mut up = *parent;
+        for b in blocks {
+            parents.insert(b.hash, up);
+            up = Some(b.hash);
+        }
+    }
+}
+
+/// A snapshot of `held`: one entry per (block, tier), as engines send them.
+fn snapshot(
+    held: &BTreeMap<BlockHash, u8>,
+    parents: &BTreeMap<BlockHash, Option<BlockHash>>,
+    shape: Shape,
+) -> Vec<SnapshotBlock> {
+    let mut out: Vec<SnapshotBlock> = held
+        .iter()
+        .flat_map(|(&hash, &m)| {
+            let parent = if shape.parents { parents[&hash] } else { None };
+            StorageTier::ALL
+                .into_iter()
+                .filter(move |t| m & mask(*t) != 0)
+                .map(move |tier| SnapshotBlock { hash, parent, tier })
+        })
+        .collect();
+    if shape.reverse {
+        out.reverse();
+    }
+    out
 }
 
 /// Per worker, each block's tier mask, changed the obvious way.
@@ -174,6 +243,75 @@ fn model_overlap(held: &BTreeMap<BlockHash, u8>, prompt: &[BlockHash]) -> TierOv
     }
 }
 
+/// One simulated engine: what it truly holds, the view the index was given, its sequence.
+#[derive(Debug, Clone, Default)]
+struct Engine {
+    held: BTreeMap<BlockHash, u8>,
+    known: BTreeMap<BlockHash, u8>,
+    seq: u64,
+    lose_next: bool,
+    /// The index has seen a gap and refuses events until a snapshot.
+    awaiting: bool,
+}
+
+fn load_snapshot(
+    index: &mut PrefixIndex,
+    id: &WorkerId,
+    e: &mut Engine,
+    parents: &BTreeMap<BlockHash, Option<BlockHash>>,
+    shape: Shape,
+) {
+    index
+        .apply_snapshot(id, 1, e.seq, &snapshot(&e.held, parents, shape))
+        .unwrap();
+    e.known = e.held.clone();
+    e.awaiting = false;
+}
+
+/// Applies `step` to the engines and the index, checking the outcome of each event it delivers.
+fn run_step(
+    index: &mut PrefixIndex,
+    ids: &[WorkerId],
+    engines: &mut [Engine],
+    parents: &mut BTreeMap<BlockHash, Option<BlockHash>>,
+    step: &Step,
+) -> Result<(), TestCaseError> {
+    match *step {
+        Step::Store { w, .. } | Step::Remove { w, .. } | Step::Clear { w } => {
+            let ev = event(step);
+            note_parents(parents, &ev);
+            let e = &mut engines[w];
+            model_apply(&mut e.held, &ev);
+            let seq = e.seq;
+            e.seq += 1;
+            if std::mem::take(&mut e.lose_next) {
+                return Ok(());
+            }
+            let outcome = index.apply(&ids[w], 1, seq, &ev).unwrap();
+            if outcome == ApplyOutcome::Applied {
+                prop_assert!(!e.awaiting);
+                model_apply(&mut e.known, &ev);
+            } else {
+                prop_assert!(
+                    matches!(outcome, ApplyOutcome::ResyncNeeded { .. }),
+                    "{:?}",
+                    outcome
+                );
+                e.awaiting = true;
+            }
+        }
+        Step::Lose { w } => engines[w].lose_next = true,
+        Step::Resync { w, shape } => load_snapshot(index, &ids[w], &mut engines[w], parents, shape),
+        Step::Rebuild { shape } => {
+            *index = PrefixIndex::new(IndexConfig::new(bs()));
+            for (id, e) in ids.iter().zip(engines.iter_mut()) {
+                load_snapshot(index, id, e, parents, shape);
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -186,17 +324,11 @@ proptest! {
         let ids: Vec<WorkerId> = (0..WORKERS)
             .map(|i| WorkerId::new(format!("w{i}")).unwrap())
             .collect();
-        let mut model: Vec<BTreeMap<BlockHash, u8>> = vec![BTreeMap::new(); WORKERS];
-        let mut seqs = [0u64; WORKERS];
+        let mut engines = vec![Engine::default(); WORKERS];
+        let mut parents = BTreeMap::new();
         let prompt = block_hashes(&tokens(0, 0), bs());
         for step in &steps {
-            let w = match step {
-                Step::Store { w, .. } | Step::Remove { w, .. } | Step::Clear { w } => *w,
-            };
-            let ev = event(step);
-            index.apply(&ids[w], 1, seqs[w], &ev).unwrap();
-            seqs[w] += 1;
-            model_apply(&mut model[w], &ev);
+            run_step(&mut index, &ids, &mut engines, &mut parents, step)?;
             for &len in lens.iter().chain([LEN].iter()) {
                 let q = &prompt[..len];
                 let scores = index.overlap(q);
@@ -204,7 +336,7 @@ proptest! {
                     let got = index.worker_key(id).map(|k| scores.get(k)).unwrap_or_default();
                     prop_assert_eq!(
                         got,
-                        model_overlap(&model[i], q),
+                        model_overlap(&engines[i].known, q),
                         "worker {} on a {}-block prompt after {:?}",
                         i,
                         len,

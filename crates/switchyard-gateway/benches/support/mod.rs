@@ -82,16 +82,7 @@ pub fn pool(workers: usize, prompt: &[TokenId]) -> (Arc<WorkerPool>, Arc<ModelRo
             let mut blocks: Vec<SnapshotBlock> = Vec::with_capacity(per_worker);
             if i < holders {
                 let len = hashes.len() * (i + 1) / holders;
-                blocks.extend(
-                    hashes[..len]
-                        .iter()
-                        .enumerate()
-                        .map(|(j, &hash)| SnapshotBlock {
-                            hash,
-                            parent: j.checked_sub(1).map(|p| hashes[p]),
-                            tier: StorageTier::Device,
-                        }),
-                );
+                blocks.extend(SnapshotBlock::chain(&hashes[..len], StorageTier::Device));
             }
             while blocks.len() < per_worker {
                 blocks.push(SnapshotBlock {

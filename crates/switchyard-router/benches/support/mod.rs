@@ -78,16 +78,7 @@ pub fn build_shared(
         blocks.clear();
         if i < holders {
             let len = prompt_len * (i + 1) / holders;
-            blocks.extend(
-                prompt[..len]
-                    .iter()
-                    .enumerate()
-                    .map(|(j, &hash)| SnapshotBlock {
-                        hash,
-                        parent: j.checked_sub(1).map(|p| prompt[p]),
-                        tier: StorageTier::Device,
-                    }),
-            );
+            blocks.extend(SnapshotBlock::chain(&prompt[..len], StorageTier::Device));
         }
         let mut seen = std::collections::HashSet::new();
         while blocks.len()

@@ -36,9 +36,10 @@
 //! one recorded, or a pair removed (by an event or by eviction) while the worker still holds one
 //! of its children — within one `Removed` event the check is made after the whole event, so the
 //! order of its blocks does not matter. `broken` only clears when all of the worker's blocks go
-//! (`Cleared`, a new incarnation, a snapshot, which is checked as a whole). The query jumps only
-//! when every worker it follows is closed and holds its blocks on the device only; otherwise it
-//! walks block by block, so answers are exact either way.
+//! (`Cleared`, a new incarnation, a snapshot, which is checked as a whole; a snapshot in which
+//! no block names a parent leaves the worker broken, since its closure cannot be checked). The
+//! query jumps only when every worker it follows is closed and holds its blocks on the device
+//! only; otherwise it walks block by block, so answers are exact either way.
 //!
 //! ## Bounded memory
 //! [`IndexConfig::max_entries`] caps the `(block, worker)` pairs. When a new pair would exceed

@@ -18,11 +18,18 @@
 //!   holding blocks `0..=j`, so "every worker still followed holds block `j`" is monotone in
 //!   `j`. The query first probes the last block (when all hold it, one lookup answers), then
 //!   bisects to the first block where the predicate fails; the workers missing there leave with
-//!   that count. After a drop it first tries the same spacing again (one block short of it, then
-//!   at it), and gallops (steps doubling) while the predicate holds. Its cost is at
-//!   most about `2·log2(gap)` lookups per point where some worker leaves, and two when drops
-//!   come at a steady spacing, instead of one lookup per block: a 128k-token prompt (8,192
-//!   blocks) that 32 workers hold to evenly spaced depths costs under a hundred lookups.
+//!   that count. Each probe also reads, for every worker holding the block, how many of the
+//!   block's children it holds (exact for such a worker): one holding none ends its prefix at
+//!   that block and leaves without the next block being probed. After a drop the query probes
+//!   the last block the same spacing predicts the next worker holds, so drops at a steady
+//!   spacing (turns of a conversation, prompts sharing a template) cost one lookup each; it
+//!   gallops (steps doubling) while the predicate holds. A query on a cold cache is bound by
+//!   its dependent cache misses, not by its lookups' count, so a bisection looks up the three
+//!   quartiles of its range at once before each two of its levels, and steady drops look up the
+//!   next eight predicted probes at once: their misses overlap. Its cost is at
+//!   most about `2·log2(gap)` lookups per point where some worker leaves instead of one lookup
+//!   per block: a 128k-token prompt (8,192 blocks) that 32 workers hold to evenly spaced depths
+//!   costs about 45 lookups.
 //! - **Walk**, otherwise: the prompt's blocks are visited once, intersecting the set of workers
 //!   still matching (sorted by slot) with each block's holders (also sorted), stopping as soon
 //!   as that set is empty. Its cost is bounded by the blocks walked times the workers still
@@ -218,27 +225,61 @@ impl PrefixIndex {
         };
         let mut active: Vec<u32> = first.iter().map(|h| h.slot()).collect();
         let mut done: Vec<(WorkerKey, TierOverlap)> = Vec::with_capacity(active.len());
+        let mut last_drain = 0usize;
+        if leave_childless(&mut active, first, 1, &mut done) {
+            last_drain = 1;
+        }
         let last = blocks.len() - 1;
         // Every active worker holds blocks[0..=lo].
         let mut lo = 0usize;
         // The first probe is the last block: often every worker holding the first block holds
         // the whole prompt (a shared system prompt, a resent conversation).
         let mut step = last;
-        let mut last_drain = 0usize;
         // The next probe tests the block where the spacing of earlier drops predicts one.
         let mut predicted = false;
+        // The spacing of the last two drops, and the last block looked up ahead at that spacing.
+        let (mut spacing, mut warmed_to) = (0usize, 0usize);
         while !active.is_empty() && lo < last {
             let hi = (lo + step).min(last);
+            if predicted && hi > warmed_to && spacing > 1 {
+                // Drops at a steady spacing: look up the next eight predicted probes at once, so
+                // their cache misses overlap (a wrong prediction only wastes the lookups).
+                warmed_to = hi + 7 * spacing;
+                self.holders.warm_holders(
+                    (hi..=warmed_to.min(last))
+                        .step_by(spacing)
+                        .map(|p| blocks[p]),
+                );
+            }
             let at_hi = self.holders.get(blocks[hi]);
             if hold(&active, at_hi) {
                 lo = hi;
-                step = if predicted { 1 } else { step.saturating_mul(2) };
-                predicted = false;
+                if leave_childless(&mut active, at_hi, hi as u32 + 1, &mut done) {
+                    // Settled from the held side: the next drop is predicted one spacing on.
+                    let gap = hi + 1 - last_drain;
+                    last_drain = hi + 1;
+                    step = gap;
+                    spacing = gap;
+                    predicted = true;
+                } else {
+                    step = if predicted { 1 } else { step.saturating_mul(2) };
+                    predicted = false;
+                }
                 continue;
             }
             // All hold blocks[a], not all hold blocks[b]: find the first failing block.
             let (mut a, mut b, mut at_b) = (lo, hi, at_hi);
+            let mut level = 0u32;
             while b - a > 1 {
+                // The next two levels probe among the range's quartiles: look the three up at
+                // once, so their cache misses overlap instead of following one another (one of
+                // the three goes unused, cheap next to a miss).
+                if level.is_multiple_of(2) && b - a >= 8 {
+                    let span = b - a;
+                    self.holders
+                        .warm_holders((1..4).map(|k| blocks[a + span * k / 4]));
+                }
+                level += 1;
                 let mid = a + (b - a) / 2;
                 let at_mid = self.holders.get(blocks[mid]);
                 if hold(&active, at_mid) {
@@ -255,12 +296,15 @@ impl PrefixIndex {
                 }
                 stays
             });
+            leave_childless(&mut active, at_b, count + 1, &mut done);
             // Workers often drop out at a steady spacing (turns of a conversation, prompts
-            // sharing a template): probe one block short of the same gap first, then the gap.
+            // sharing a template): probe the last block the next one is predicted to hold, where
+            // a worker holding none of its children is settled by that one probe.
             let gap = b - last_drain;
             last_drain = b;
             lo = b;
             step = gap.saturating_sub(1).max(1);
+            spacing = gap;
             predicted = gap > 1;
         }
         let end = if active.is_empty() { 0 } else { lo as u32 + 1 };
@@ -272,6 +316,38 @@ impl PrefixIndex {
         done.sort_unstable_by_key(|(k, _)| *k);
         OverlapScores { scores: done }
     }
+}
+
+/// Moves to `done`, with `count` leading blocks, the workers of `active` (sorted, all among
+/// `holders`) whose pair holds none of the block's children: a jumpable worker's child counts
+/// are exact, so such a worker cannot hold the prompt's next block, and its overlap is settled
+/// without probing that block. Returns whether any left.
+#[inline]
+fn leave_childless(
+    active: &mut Vec<u32>,
+    holders: &[Holder],
+    count: u32,
+    done: &mut Vec<(WorkerKey, TierOverlap)>,
+) -> bool {
+    if holders.iter().all(|h| h.children() != 0) {
+        return false;
+    }
+    let before = done.len();
+    let mut j = 0;
+    active.retain(|&slot| {
+        let stays = loop {
+            match holders.get(j) {
+                Some(h) if h.slot() < slot => j += 1,
+                Some(h) if h.slot() == slot => break h.children() != 0,
+                _ => break true,
+            }
+        };
+        if !stays {
+            done.push((WorkerKey(slot), TierOverlap::uniform(count)));
+        }
+        stays
+    });
+    done.len() > before
 }
 
 /// Whether every slot of `active` (sorted) is among `holders` (sorted by slot).

@@ -208,7 +208,14 @@ impl PrefixIndex {
 
     /// Replaces nothing (the caller cleared the worker): stores every snapshot block, then
     /// checks the snapshot's closure as a whole, so its order does not matter.
+    ///
+    /// A snapshot in which no block names a parent comes from a source that does not track
+    /// parents: its `None`s cannot be told from first blocks, so the worker's closure is unknown
+    /// and it is marked broken (walked, never jumped over) until its blocks are all replaced.
     pub(super) fn store_snapshot(&mut self, slot: u32, blocks: &[SnapshotBlock]) {
+        if !blocks.is_empty() && blocks.iter().all(|b| b.parent.is_none()) {
+            self.state_mut(slot).broken = true;
+        }
         let mut added: Vec<(BlockHash, BlockHash)> = Vec::with_capacity(blocks.len());
         for b in blocks {
             let parent = b.parent.unwrap_or(BlockHash::ROOT);
