@@ -66,7 +66,8 @@ async fn sessions_sharing_a_system_prompt_reuse_its_tokens() {
     );
     let prompt_tokens = turn(&api, "agent-b", &second).await;
     assert!(prompt_tokens > 1500, "{prompt_tokens} prompt tokens");
-    let (_, full) = api.post("/admin/explain", &second).await;
+    let explain = json!({"model": "sim-8b", "messages": second["messages"]});
+    let (_, full) = api.post("/admin/explain", &explain).await;
     assert_eq!(
         full["prompt_tokens"], prompt_tokens,
         "a hit equals a full tokenization"

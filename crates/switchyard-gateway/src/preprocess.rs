@@ -105,35 +105,12 @@ impl Tokenizers {
 
     /// Prefix-cache counters summed over every tokenizer.
     pub fn prefix_stats(&self) -> PrefixStats {
-        let mut total = PrefixStats::default();
-        for t in self.all() {
-            let s = t.sessions.prefix_stats();
-            total.segments += s.segments;
-            total.bytes += s.bytes;
-            total.hits += s.hits;
-            total.misses += s.misses;
-            total.reused_tokens += s.reused_tokens;
-            total.evictions += s.evictions;
-        }
-        total
+        self.all().map(|t| t.sessions.prefix_stats()).sum()
     }
 
     /// Session-cache counters summed over every tokenizer.
     pub fn session_stats(&self) -> SessionStats {
-        let mut total = SessionStats::default();
-        for t in self.all() {
-            let s = t.sessions.stats();
-            total.sessions += s.sessions;
-            total.bytes += s.bytes;
-            total.hits += s.hits;
-            total.misses += s.misses;
-            total.verified += s.verified;
-            total.verify_mismatches += s.verify_mismatches;
-            total.evictions += s.evictions;
-            total.reused_tokens += s.reused_tokens;
-            total.tokenized_bytes += s.tokenized_bytes;
-        }
-        total
+        self.all().map(|t| t.sessions.stats()).sum()
     }
 }
 

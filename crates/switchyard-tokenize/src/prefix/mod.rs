@@ -40,6 +40,20 @@ pub struct PrefixStats {
     pub evictions: u64,
 }
 
+impl std::iter::Sum for PrefixStats {
+    /// Figures of several caches (one per tokenizer) added up.
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(Self::default(), |a, b| Self {
+            segments: a.segments + b.segments,
+            bytes: a.bytes + b.bytes,
+            hits: a.hits + b.hits,
+            misses: a.misses + b.misses,
+            reused_tokens: a.reused_tokens + b.reused_tokens,
+            evictions: a.evictions + b.evictions,
+        })
+    }
+}
+
 /// What a look-up found: the tokens of `text[..bytes]`, made of `segments` whole segments.
 #[derive(Debug, Default)]
 pub(crate) struct PrefixHit {
@@ -131,6 +145,9 @@ impl PrefixCache {
 
     /// Counts a look-up whose result was used: a hit when it reused a segment.
     pub(crate) fn count(&self, hit: &PrefixHit) {
+        if !self.is_enabled() {
+            return;
+        }
         if hit.segments > 0 {
             self.hits.fetch_add(1, Ordering::Relaxed);
             self.reused_tokens

@@ -75,6 +75,23 @@ pub struct SessionStats {
     pub tokenized_bytes: u64,
 }
 
+impl std::iter::Sum for SessionStats {
+    /// Figures of several session tokenizers (one per tokenizer) added up.
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(Self::default(), |a, b| Self {
+            sessions: a.sessions + b.sessions,
+            bytes: a.bytes + b.bytes,
+            hits: a.hits + b.hits,
+            misses: a.misses + b.misses,
+            verified: a.verified + b.verified,
+            verify_mismatches: a.verify_mismatches + b.verify_mismatches,
+            evictions: a.evictions + b.evictions,
+            reused_tokens: a.reused_tokens + b.reused_tokens,
+            tokenized_bytes: a.tokenized_bytes + b.tokenized_bytes,
+        })
+    }
+}
+
 /// The result of one turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionEncoding {
