@@ -196,6 +196,9 @@ pub struct SessionCacheConfig {
     /// Fraction of incremental turns also tokenized in full and compared (0 to 1); a mismatch
     /// is counted and the full result used.
     pub verify_sample_rate: f64,
+    /// Bytes per tokenizer of the cross-request prefix cache: prompt openings (system
+    /// prompts, tool definitions) tokenized once for every session; 0 turns it off.
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for SessionCacheConfig {
@@ -205,6 +208,7 @@ impl Default for SessionCacheConfig {
             max_sessions: defaults.max_sessions,
             max_bytes: defaults.max_bytes,
             verify_sample_rate: defaults.verify_sample_rate,
+            prefix_cache_bytes: defaults.prefix_cache_bytes,
         }
     }
 }
@@ -215,6 +219,7 @@ impl SessionCacheConfig {
             max_sessions: self.max_sessions,
             max_bytes: self.max_bytes,
             verify_sample_rate: self.verify_sample_rate,
+            prefix_cache_bytes: self.prefix_cache_bytes,
         }
     }
 }
@@ -435,6 +440,10 @@ pub struct GatewayArgs {
     /// Fraction (0-1) of incremental session tokenizations checked against a full one.
     #[arg(long, env = "SWITCHYARD_SESSION_VERIFY_SAMPLE_RATE")]
     pub session_verify_sample_rate: Option<f64>,
+    /// Bytes per tokenizer of the cross-request prefix cache (prompt openings shared by
+    /// sessions); 0 turns it off.
+    #[arg(long, env = "SWITCHYARD_PREFIX_CACHE_BYTES")]
+    pub prefix_cache_bytes: Option<usize>,
     /// Requests one session (or one tenant's requests without a session) may have waiting.
     #[arg(long, env = "SWITCHYARD_MAX_QUEUED_PER_SESSION")]
     pub max_queued_per_session: Option<usize>,
@@ -566,6 +575,9 @@ impl GatewayArgs {
         }
         if let Some(v) = self.session_verify_sample_rate {
             config.session_cache.verify_sample_rate = v;
+        }
+        if let Some(v) = self.prefix_cache_bytes {
+            config.session_cache.prefix_cache_bytes = v;
         }
         if let Some(v) = self.max_queued_per_session {
             config.max_queued_per_session = v;

@@ -152,3 +152,26 @@ fn fleet_settings_are_read_and_what_the_hop_cannot_do_is_refused() {
     .unwrap();
     assert!(config.fleet.share_sessions);
 }
+
+#[test]
+fn the_prefix_cache_bound_comes_from_files_and_flags() {
+    let default = GatewayConfig::default().session_cache.to_session_config();
+    assert_eq!(
+        default.prefix_cache_bytes,
+        switchyard_tokenize::DEFAULT_PREFIX_CACHE_BYTES
+    );
+    let file: GatewayConfig = toml::from_str("[session_cache]\nprefix_cache_bytes = 4096").unwrap();
+    assert_eq!(
+        file.session_cache.to_session_config().prefix_cache_bytes,
+        4096
+    );
+    let args = GatewayArgs {
+        prefix_cache_bytes: Some(0),
+        ..Default::default()
+    };
+    let config = args.resolve_onto(file).unwrap();
+    assert_eq!(
+        config.session_cache.to_session_config().prefix_cache_bytes,
+        0
+    );
+}

@@ -29,6 +29,12 @@ pub struct ModelLabels {
 pub type ModelHistogram = Family<ModelLabels, Histogram>;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PrefixLookupLabels {
+    /// `hit` (reused at least one cached segment) or `miss`.
+    pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SessionTurnLabels {
     /// `incremental` (reused an earlier turn's tokens) or `full`.
     pub tokenization: &'static str,
@@ -91,6 +97,12 @@ pub struct Metrics {
     pub session_turns: Family<SessionTurnLabels, Counter>,
     pub session_reused_tokens: Counter,
     pub session_verify_mismatches: Counter,
+    /// The cross-request prefix cache: look-ups by result, tokens reused, what it holds.
+    pub prefix_lookups: Family<PrefixLookupLabels, Counter>,
+    pub prefix_reused_tokens: Counter,
+    pub prefix_evictions: Counter,
+    pub prefix_bytes: Gauge,
+    pub prefix_segments: Gauge,
     pub tokenized_bytes: Counter,
     /// HTTP connections open, refused over the cap, and closed for a timeout (header or idle).
     pub connections_open: Gauge,
@@ -103,6 +115,8 @@ pub struct Metrics {
     pub unresponsive_cuts: Counter,
     /// What the session counters were last exported at, to add only the difference.
     session_exported: std::sync::Mutex<switchyard_tokenize::SessionStats>,
+    /// Likewise for the prefix cache.
+    prefix_exported: parking_lot::Mutex<switchyard_tokenize::PrefixStats>,
     pub worker_queued_prefill_tokens: Family<WorkerLabels, Gauge>,
     pub worker_running_requests: Family<WorkerLabels, Gauge>,
     pub worker_active_blocks: Family<WorkerLabels, Gauge>,
@@ -166,6 +180,11 @@ impl Metrics {
             session_turns: Family::default(),
             session_reused_tokens: Counter::default(),
             session_verify_mismatches: Counter::default(),
+            prefix_lookups: Family::default(),
+            prefix_reused_tokens: Counter::default(),
+            prefix_evictions: Counter::default(),
+            prefix_bytes: Gauge::default(),
+            prefix_segments: Gauge::default(),
             tokenized_bytes: Counter::default(),
             connections_open: Gauge::default(),
             connections_refused: Counter::default(),
@@ -174,6 +193,7 @@ impl Metrics {
             unresponsive_transitions: Counter::default(),
             unresponsive_cuts: Counter::default(),
             session_exported: std::sync::Mutex::default(),
+            prefix_exported: parking_lot::Mutex::default(),
             worker_queued_prefill_tokens: Family::default(),
             worker_running_requests: Family::default(),
             worker_active_blocks: Family::default(),
@@ -335,6 +355,31 @@ impl Metrics {
             m.session_verify_mismatches.clone(),
         );
         registry.register(
+            "tokenizer_prefix_lookups",
+            "Prompts with no earlier turn of their own looked up in the prefix cache, by result",
+            m.prefix_lookups.clone(),
+        );
+        registry.register(
+            "tokenizer_prefix_reused_tokens",
+            "Prompt tokens taken from the prefix cache (openings shared across sessions)",
+            m.prefix_reused_tokens.clone(),
+        );
+        registry.register(
+            "tokenizer_prefix_evictions",
+            "Prefix-cache segments dropped to honour its byte bound",
+            m.prefix_evictions.clone(),
+        );
+        registry.register(
+            "tokenizer_prefix_bytes",
+            "Bytes held by the prefix cache (text, token ids, offsets, bookkeeping)",
+            m.prefix_bytes.clone(),
+        );
+        registry.register(
+            "tokenizer_prefix_segments",
+            "Segments held by the prefix cache",
+            m.prefix_segments.clone(),
+        );
+        registry.register(
             "tokenizer_tokenized_bytes",
             "Prompt bytes run through a tokenizer (an over-long prompt stops early)",
             m.tokenized_bytes.clone(),
@@ -439,6 +484,25 @@ impl Metrics {
         );
         self.tokenized_bytes
             .inc_by(stats.tokenized_bytes.saturating_sub(last.tokenized_bytes));
+        *last = stats;
+    }
+
+    /// Brings the prefix-cache series up to `stats` (cumulative figures from the tokenizers).
+    pub fn observe_prefix(&self, stats: switchyard_tokenize::PrefixStats) {
+        self.prefix_bytes.set(stats.bytes as i64);
+        self.prefix_segments.set(stats.segments as i64);
+        let mut last = self.prefix_exported.lock();
+        let lookups = |result| PrefixLookupLabels { result };
+        self.prefix_lookups
+            .get_or_create(&lookups("hit"))
+            .inc_by(stats.hits.saturating_sub(last.hits));
+        self.prefix_lookups
+            .get_or_create(&lookups("miss"))
+            .inc_by(stats.misses.saturating_sub(last.misses));
+        self.prefix_reused_tokens
+            .inc_by(stats.reused_tokens.saturating_sub(last.reused_tokens));
+        self.prefix_evictions
+            .inc_by(stats.evictions.saturating_sub(last.evictions));
         *last = stats;
     }
 

@@ -7,8 +7,10 @@
 //! Agent sessions resend their whole growing history every turn, so requests are tokenized
 //! through each model's [`SessionTokenizer`]: by session id (`x-session-id`) or, without one, by
 //! finding the session whose previous text the new one extends, only the new suffix (from a safe
-//! point before the seam) is tokenized. The result always equals a full tokenization; a sample
-//! of turns is checked against one.
+//! point before the seam) is tokenized. A turn with no earlier turn of its own (a session's
+//! first, a sub-agent's) takes its opening from the tokenizer's cross-request prefix cache
+//! instead. The result always equals a full tokenization; a sample of turns is checked against
+//! one.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,8 +19,8 @@ use std::time::Instant;
 
 use switchyard_core::TokenId;
 use switchyard_tokenize::{
-    ChatMessage, ChatRequest, Fault, MessageContent, ModelDir, SessionConfig, SessionStats,
-    SessionTokenizer, TokenizeError,
+    ChatMessage, ChatRequest, Fault, MessageContent, ModelDir, PrefixStats, SessionConfig,
+    SessionStats, SessionTokenizer, TokenizeError,
 };
 
 use crate::error::ApiError;
@@ -97,22 +99,18 @@ impl Tokenizers {
         self.per_model.keys()
     }
 
+    fn all(&self) -> impl Iterator<Item = &Arc<ModelTokenizer>> {
+        std::iter::once(&self.default).chain(self.per_model.values())
+    }
+
+    /// Prefix-cache counters summed over every tokenizer.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.all().map(|t| t.sessions.prefix_stats()).sum()
+    }
+
     /// Session-cache counters summed over every tokenizer.
     pub fn session_stats(&self) -> SessionStats {
-        let mut total = SessionStats::default();
-        for t in std::iter::once(&self.default).chain(self.per_model.values()) {
-            let s = t.sessions.stats();
-            total.sessions += s.sessions;
-            total.bytes += s.bytes;
-            total.hits += s.hits;
-            total.misses += s.misses;
-            total.verified += s.verified;
-            total.verify_mismatches += s.verify_mismatches;
-            total.evictions += s.evictions;
-            total.reused_tokens += s.reused_tokens;
-            total.tokenized_bytes += s.tokenized_bytes;
-        }
-        total
+        self.all().map(|t| t.sessions.stats()).sum()
     }
 }
 
@@ -218,6 +216,7 @@ fn encode_with(
             let span = tracing::Span::current();
             span.record("session_cache_hit", turn.reused_tokens > 0);
             span.record("reused_tokens", turn.reused_tokens as i64);
+            span.record("prefix_cache_tokens", turn.prefix_tokens as i64);
             Ok(turn.token_ids)
         }
         Sessions::Bypass => model

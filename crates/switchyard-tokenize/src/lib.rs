@@ -20,6 +20,9 @@
 //! - `parallel`: one long text cut at clean splits (the seams of [`session`]) and its pieces
 //!   tokenized at once on tokio's blocking pool, identical to one pass; the session tokenizer
 //!   uses it for long fresh prompts and long new tails.
+//! - [`prefix`]: [`PrefixCache`], openings of prompts (system prompts, tool definitions)
+//!   tokenized once and reused by every request that starts with them, whatever its session;
+//!   the session tokenizer consults it for turns with no earlier turn of their own.
 //! - [`output`]: [`OutputParser`], generated text split into content, reasoning and tool calls
 //!   in the model family's own formats.
 //! - [`error`]: [`TokenizeError`] and whose [`Fault`] it is.
@@ -32,6 +35,7 @@ mod fast;
 pub mod model_dir;
 pub mod output;
 mod parallel;
+pub mod prefix;
 pub mod preprocess;
 mod pyjson;
 pub mod session;
@@ -44,7 +48,10 @@ pub use decode::IncrementalDecoder;
 pub use error::{Fault, TokenizeError};
 pub use model_dir::ModelDir;
 pub use output::{OutputEvent, OutputParser, ReasoningFormat, ToolCall, ToolCallFormat};
+pub use prefix::{PrefixCache, PrefixStats};
 pub use preprocess::{EncodedPrompt, Preprocessor};
-pub use session::{SessionConfig, SessionEncoding, SessionStats, SessionTokenizer};
+pub use session::{
+    DEFAULT_PREFIX_CACHE_BYTES, SessionConfig, SessionEncoding, SessionStats, SessionTokenizer,
+};
 pub use switchyard_core::TokenId;
 pub use tokenizer::Tokenizer;

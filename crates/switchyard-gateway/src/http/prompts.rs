@@ -68,6 +68,7 @@ pub(super) async fn tokenize(
         prompt_tokens = Empty,
         session_cache_hit = Empty,
         reused_tokens = Empty,
+        prefix_cache_tokens = Empty,
     );
     let prompts = async {
         let span = tracing::Span::current();

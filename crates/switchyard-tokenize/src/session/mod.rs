@@ -18,6 +18,7 @@ use switchyard_core::TokenId;
 
 use crate::error::TokenizeError;
 use crate::parallel::ParallelPlan;
+use crate::prefix::{PrefixCache, PrefixStats};
 use crate::tokenizer::{Bounded, Tokenizer};
 use seam::{SeamPolicy, common_prefix};
 use store::{SessionState, SessionStore};
@@ -32,7 +33,14 @@ pub struct SessionConfig {
     /// Fraction of incremental turns (0..=1) also tokenized in full and compared; on a
     /// mismatch the full result is used and the mismatch counted.
     pub verify_sample_rate: f64,
+    /// Bytes of the cross-request prefix cache ([`PrefixCache`]) that serves turns with no
+    /// earlier turn of their own; 0 turns it off.
+    pub prefix_cache_bytes: usize,
 }
+
+/// Default bound of the prefix cache: room for a few hundred distinct system prompts and
+/// tool lists (about 20 MB of text with its token ids and offsets).
+pub const DEFAULT_PREFIX_CACHE_BYTES: usize = 64 << 20;
 
 impl Default for SessionConfig {
     fn default() -> Self {
@@ -40,6 +48,7 @@ impl Default for SessionConfig {
             max_sessions: 1024,
             max_bytes: 512 << 20,
             verify_sample_rate: 0.01,
+            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
         }
     }
 }
@@ -66,12 +75,31 @@ pub struct SessionStats {
     pub tokenized_bytes: u64,
 }
 
+impl std::iter::Sum for SessionStats {
+    /// Figures of several session tokenizers (one per tokenizer) added up.
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(Self::default(), |a, b| Self {
+            sessions: a.sessions + b.sessions,
+            bytes: a.bytes + b.bytes,
+            hits: a.hits + b.hits,
+            misses: a.misses + b.misses,
+            verified: a.verified + b.verified,
+            verify_mismatches: a.verify_mismatches + b.verify_mismatches,
+            evictions: a.evictions + b.evictions,
+            reused_tokens: a.reused_tokens + b.reused_tokens,
+            tokenized_bytes: a.tokenized_bytes + b.tokenized_bytes,
+        })
+    }
+}
+
 /// The result of one turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionEncoding {
     pub token_ids: Vec<TokenId>,
     /// Tokens taken over from the session's previous turn (0 on a miss).
     pub reused_tokens: usize,
+    /// Tokens taken from the cross-request prefix cache (0 when `reused_tokens` is not).
+    pub prefix_tokens: usize,
     /// The session the turn was stored under (the given id, or one found or made).
     pub session: String,
 }
@@ -84,6 +112,7 @@ pub struct SessionTokenizer {
     tokenizer: Arc<Tokenizer>,
     config: SessionConfig,
     store: Mutex<SessionStore>,
+    prefix: PrefixCache,
     turns: AtomicU64,
     anonymous: AtomicU64,
     hits: AtomicU64,
@@ -102,7 +131,9 @@ impl SessionTokenizer {
             config.verify_sample_rate.clamp(0.0, 1.0)
         };
         let store = SessionStore::new(config.max_sessions, config.max_bytes);
+        let prefix = PrefixCache::new(&tokenizer, config.prefix_cache_bytes);
         Self {
+            prefix,
             tokenizer,
             config,
             store: Mutex::new(store),
@@ -170,6 +201,7 @@ impl SessionTokenizer {
             return Ok(SessionEncoding {
                 token_ids,
                 reused_tokens: 0,
+                prefix_tokens: 0,
                 session: session_id.unwrap_or_default().to_owned(),
             });
         }
@@ -177,21 +209,23 @@ impl SessionTokenizer {
         if at_least > max {
             return Err(TokenizeError::TooManyTokens { at_least, max });
         }
-        let (base, found_key) = self.pick_base(session_id, text);
-        let (ids, starts, reused) = match &base {
-            Some(base) => self.splice(base, text, max)?,
-            None => {
-                let encoded = self.encode_bounded(text, max);
-                self.count_tokenized(encoded.tokenized_bytes);
-                let (ids, starts) = encoded.result?;
-                (ids, starts, 0)
+        let (base, found_key, own) = self.pick_base(session_id, text);
+        let (ids, starts, reused, prefix_tokens) = match &base {
+            Some(base) if own || !self.prefix.is_enabled() => {
+                let (ids, starts, reused) = self.splice(base, text, max)?;
+                (ids, starts, reused, 0)
             }
+            other => self.encode_with_prefix(other.as_deref(), text, max)?,
         };
-        let (ids, starts, reused) = if reused > 0 && self.sample_for_verification() {
-            self.verify(session_id, ids, starts, reused, text)?
-        } else {
-            (ids, starts, reused)
-        };
+        let (ids, starts, reused, prefix_tokens) =
+            if reused + prefix_tokens > 0 && self.sample_for_verification() {
+                match self.verify(session_id, ids, starts, reused + prefix_tokens, text)? {
+                    (ids, starts, 0) => (ids, starts, 0, 0),
+                    (ids, starts, _) => (ids, starts, reused, prefix_tokens),
+                }
+            } else {
+                (ids, starts, reused, prefix_tokens)
+            };
         if reused > 0 {
             self.hits.fetch_add(1, Ordering::Relaxed);
             self.reused_tokens
@@ -217,6 +251,7 @@ impl SessionTokenizer {
         Ok(SessionEncoding {
             token_ids,
             reused_tokens: reused,
+            prefix_tokens,
             session: key,
         })
     }
@@ -244,14 +279,21 @@ impl SessionTokenizer {
         }
     }
 
+    /// Cross-request prefix cache counters, for metrics.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.prefix.stats()
+    }
+
     /// The state to start from: the named session's, unless it shares less than half of
     /// `text` and a session found by prefix shares more (a sub-agent reusing its parent's
-    /// id, say). Also returns, for an unnamed turn, the found session it continues.
+    /// id, say). Also returns, for an unnamed turn, the found session it continues, and
+    /// whether the state is the turn's own session's (else it is another session that only
+    /// shares an opening with it, the prefix cache's business first).
     fn pick_base(
         &self,
         session_id: Option<&str>,
         text: &str,
-    ) -> (Option<Arc<SessionState>>, Option<String>) {
+    ) -> (Option<Arc<SessionState>>, Option<String>, bool) {
         let (named, candidates) = {
             let mut store = self.lock();
             let named = session_id.and_then(|id| store.get(id));
@@ -259,7 +301,7 @@ impl SessionTokenizer {
                 .as_ref()
                 .map_or(0, |s| common_prefix(s.text.as_bytes(), text.as_bytes()));
             if named_common * 2 >= text.len() && named.is_some() {
-                return (named, None);
+                return (named, None, true);
             }
             (named.map(|s| (named_common, s)), store.candidates(text))
         };
@@ -272,19 +314,55 @@ impl SessionTokenizer {
             })
             .max_by_key(|(common, _, _)| *common);
         match (named, best) {
-            (Some((named_common, named)), Some((common, _, state))) => (
-                Some(if common > named_common { state } else { named }),
-                None,
-            ),
-            (Some((_, named)), None) => (Some(named), None),
+            (Some((named_common, named)), Some((common, _, state))) => {
+                if common > named_common {
+                    (Some(state), None, false)
+                } else {
+                    (Some(named), None, true)
+                }
+            }
+            (Some((_, named)), None) => (Some(named), None, true),
             (None, Some((common, key, state))) => {
                 // An unnamed turn continues the found session when it keeps most of it;
                 // otherwise it starts a session of its own (that may branch off the found).
                 let continues = session_id.is_none() && common * 2 >= state.text.len();
-                (Some(state), continues.then_some(key))
+                (Some(state), continues.then_some(key), continues)
             }
-            (None, None) => (None, None),
+            (None, None) => (None, None, false),
         }
+    }
+
+    /// Tokenizes a turn with no earlier turn of its own: its opening from the prefix cache,
+    /// the rest fresh, and its new segments stored for the next prompt that shares them.
+    /// `other` is another session's state sharing an opening with it: spliced from instead
+    /// when it covers more than a chunk beyond what the cache holds.
+    fn encode_with_prefix(
+        &self,
+        other: Option<&SessionState>,
+        text: &str,
+        max: usize,
+    ) -> Result<(Vec<TokenId>, Vec<u32>, usize, usize), TokenizeError> {
+        let cuts = self.prefix.cuts(text);
+        let mut hit = self.prefix.lookup(text, &cuts);
+        if let Some(other) = other {
+            let common = common_prefix(other.text.as_bytes(), text.as_bytes());
+            if common > hit.bytes + crate::prefix::CHUNK_BYTES {
+                let (ids, starts, reused) = self.splice(other, text, max)?;
+                return Ok((ids, starts, reused, 0));
+            }
+        }
+        self.prefix.count(&hit);
+        if hit.ids.len() > max {
+            return Err(TokenizeError::TooManyTokens {
+                at_least: hit.ids.len(),
+                max,
+            });
+        }
+        let reused = hit.ids.len();
+        self.encode_tail(text, hit.bytes, &mut hit.ids, &mut hit.starts, max)?;
+        self.prefix
+            .insert(text, &cuts, hit.segments, &hit.ids, &hit.starts)?;
+        Ok((hit.ids, hit.starts, 0, reused))
     }
 
     /// Re-tokenizes `text` from the restart point found against `base` and splices.
@@ -309,12 +387,28 @@ impl SessionTokenizer {
             &base.ids,
             text.as_bytes(),
         );
-        let Some(tail) = text.get(restart.byte..) else {
+        let keep = restart.token;
+        let mut ids = base.ids[..keep].to_vec();
+        let mut starts = base.starts[..keep].to_vec();
+        self.encode_tail(text, restart.byte, &mut ids, &mut starts, max)?;
+        Ok((ids, starts, keep))
+    }
+
+    /// Appends the tokens of `text[from..]` (a clean split) to `ids` and `starts`, the tokens
+    /// of `text[..from]`, refusing a total over `max`.
+    fn encode_tail(
+        &self,
+        text: &str,
+        from: usize,
+        ids: &mut Vec<TokenId>,
+        starts: &mut Vec<u32>,
+        max: usize,
+    ) -> Result<(), TokenizeError> {
+        let Some(tail) = text.get(from..) else {
             return Err(TokenizeError::TextTooLong { bytes: text.len() });
         };
-        let keep = restart.token;
-        let tail_max = max.saturating_sub(keep);
-        let encoded = self.encode_bounded(tail, tail_max);
+        let keep = ids.len();
+        let encoded = self.encode_bounded(tail, max.saturating_sub(keep));
         self.count_tokenized(encoded.tokenized_bytes);
         let (tail_ids, tail_starts) = encoded.result.map_err(|err| match err {
             TokenizeError::TooManyTokens { at_least, .. } => TokenizeError::TooManyTokens {
@@ -323,12 +417,9 @@ impl SessionTokenizer {
             },
             other => other,
         })?;
-        let shift = crate::tokenizer::offset_u32(restart.byte)?;
-        let mut ids = Vec::with_capacity(keep + tail_ids.len());
-        ids.extend_from_slice(&base.ids[..keep]);
+        let shift = crate::tokenizer::offset_u32(from)?;
         ids.extend_from_slice(&tail_ids);
-        let mut starts = Vec::with_capacity(keep + tail_starts.len());
-        starts.extend_from_slice(&base.starts[..keep]);
+        starts.reserve(tail_starts.len());
         for start in tail_starts {
             starts.push(
                 start
@@ -336,7 +427,7 @@ impl SessionTokenizer {
                     .ok_or(TokenizeError::TextTooLong { bytes: text.len() })?,
             );
         }
-        Ok((ids, starts, keep))
+        Ok(())
     }
 
     /// Tokenizes in full and compares; on a difference counts it, logs it and returns the

@@ -91,6 +91,17 @@ impl SeamRules {
         self.policy
     }
 
+    /// The added tokens matched on the raw text, as bytes.
+    pub(crate) fn added_tokens(&self) -> &[Vec<u8>] {
+        &self.added
+    }
+
+    /// The window half-width of [`clean_split`](Self::clean_split): it reads only
+    /// `text[r + 1 - L .. r + L]` with this `L`.
+    pub(crate) fn margin(&self) -> usize {
+        self.max_added_len.max(MIN_MARGIN)
+    }
+
     fn is_added_id(&self, id: TokenId) -> bool {
         self.added_id_bits
             .get(id as usize / 64)

@@ -10,6 +10,7 @@ mod builtin;
 mod decode;
 mod errors;
 mod fast;
+mod prefix;
 mod qwen3;
 mod session;
 mod session_replay;

@@ -300,6 +300,7 @@ fn sessions_are_bounded_by_count_and_bytes() {
             max_sessions: 3,
             max_bytes: usize::MAX,
             verify_sample_rate: 0.0,
+            prefix_cache_bytes: 0,
         },
     );
     for i in 0..5 {
@@ -322,6 +323,7 @@ fn sessions_are_bounded_by_count_and_bytes() {
             max_sessions: 100,
             max_bytes: one * 2 + one / 2,
             verify_sample_rate: 0.0,
+            prefix_cache_bytes: 0,
         },
     );
     for i in 0..6 {
