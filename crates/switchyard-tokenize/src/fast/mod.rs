@@ -10,11 +10,10 @@
 //! to Hugging Face too, so normalization never has to be reimplemented.
 
 mod bpe;
+mod chars;
 mod load;
 mod pretokenize;
-
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
+mod whole;
 
 use aho_corasick::AhoCorasick;
 use switchyard_core::TokenId;
@@ -39,7 +38,7 @@ pub(crate) struct FastBpe {
     /// Pieces that encode to one token, looked up before merging: with `ignore_merges`
     /// every token of the vocab (as `tokenizers` does), otherwise each token whose own bytes
     /// merge back into it.
-    whole_pieces: HashMap<Vec<u8>, TokenId, BuildHasherDefault<bpe::BytesHasher>>,
+    whole_pieces: whole::WholePieces,
     added: Option<AddedTokens>,
 }
 
@@ -128,7 +127,7 @@ impl FastBpe {
             let piece = &segment.as_bytes()[from..to];
             let base = starts.as_ref().map_or(0, |(_, base)| *base) + from as u32;
             if let Some(id) = self.whole_pieces.get(piece) {
-                ids.push(*id);
+                ids.push(id);
                 if let Some((starts, _)) = starts.as_mut() {
                     starts.push(base);
                 }
