@@ -21,6 +21,7 @@ use unicode_normalization_alignments::{IsNormalized, is_nfc_quick};
 
 use crate::error::TokenizeError;
 use crate::tokenizer::offset_u32;
+use whole::MergeMemo;
 
 /// Token ids and the byte offset where each starts.
 type IdsAndStarts = (Vec<TokenId>, Vec<u32>);
@@ -50,9 +51,12 @@ impl FastBpe {
             return None;
         }
         let mut ids = Vec::with_capacity(text.len() / 4 + 1);
+        let mut memo = MergeMemo::default();
         self.for_each_segment(text, |segment| match segment {
             Segment::Added(id, _) => ids.push(id),
-            Segment::Text(from, to) => self.encode_segment(&text[from..to], &mut ids, None),
+            Segment::Text(from, to) => {
+                self.encode_segment(&text[from..to], &mut ids, None, &mut memo);
+            }
         });
         Some(ids)
     }
@@ -71,6 +75,7 @@ impl FastBpe {
         }
         let mut ids = Vec::with_capacity(text.len() / 4 + 1);
         let mut starts = Vec::with_capacity(text.len() / 4 + 1);
+        let mut memo = MergeMemo::default();
         self.for_each_segment(text, |segment| match segment {
             Segment::Added(id, from) => {
                 ids.push(id);
@@ -78,7 +83,8 @@ impl FastBpe {
             }
             Segment::Text(from, to) => {
                 let first = starts.len();
-                self.encode_segment(&text[from..to], &mut ids, Some((&mut starts, from as u32)));
+                let starts_at = Some((&mut starts, from as u32));
+                self.encode_segment(&text[from..to], &mut ids, starts_at, &mut memo);
                 for start in &mut starts[first..] {
                     while !text.is_char_boundary(*start as usize) {
                         *start -= 1;
@@ -121,8 +127,8 @@ impl FastBpe {
         segment: &str,
         ids: &mut Vec<TokenId>,
         mut starts: Option<(&mut Vec<u32>, u32)>,
+        memo: &mut MergeMemo,
     ) {
-        let mut scratch = Vec::with_capacity(64);
         for (from, to) in self.pattern.pieces(segment) {
             let piece = &segment.as_bytes()[from..to];
             let base = starts.as_ref().map_or(0, |(_, base)| *base) + from as u32;
@@ -133,8 +139,13 @@ impl FastBpe {
                 }
                 continue;
             }
-            let piece_starts = starts.as_mut().map(|(s, _)| (&mut **s, base));
-            self.merges.encode(piece, ids, piece_starts, &mut scratch);
+            let merged = memo.get_or_merge(piece, |piece, out, at, scratch| {
+                self.merges.encode(piece, out, Some((at, 0)), scratch);
+            });
+            ids.extend(merged.iter().map(|&(id, _)| id));
+            if let Some((starts, _)) = starts.as_mut() {
+                starts.extend(merged.iter().map(|&(_, at)| base + at));
+            }
         }
     }
 }

@@ -8,6 +8,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use switchyard_core::TokenId;
 
+use super::bpe::Part;
+
 /// The longest piece kept in the packed table: its 16th byte holds the length.
 const PACKED: usize = 15;
 
@@ -31,6 +33,54 @@ impl WholePieces {
             Some(key) => self.packed.get(&key).copied(),
             None => self.long.get(piece).copied(),
         }
+    }
+}
+
+/// The merged pieces of one encode call, by their bytes: long texts (code above all) repeat
+/// the identifiers and words that are not one token, and a lookup is cheaper than merging
+/// again. Pieces over 15 bytes (CJK runs) are rarely repeated and are not kept.
+#[derive(Default)]
+pub(crate) struct MergeMemo {
+    /// Packed piece to its range in `merged`.
+    index: HashMap<u128, (u32, u32), BuildHasherDefault<PackedHasher>>,
+    /// `(id, offset in the piece where it starts)` of every kept piece, one after another.
+    merged: Vec<(TokenId, u32)>,
+    /// The piece being merged: ids, starts, both together, and the merge loop's work space.
+    ids: Vec<TokenId>,
+    starts: Vec<u32>,
+    current: Vec<(TokenId, u32)>,
+    scratch: Vec<Part>,
+}
+
+/// Pieces kept per call, at most; past it, pieces are merged every time.
+const MEMO_PIECES: usize = 1 << 16;
+
+impl MergeMemo {
+    /// The tokens of `piece` with the offset in it where each starts, from the memo or from
+    /// `merge` (which appends ids and starts, as [`super::bpe::Merges::encode`] does).
+    pub(crate) fn get_or_merge(
+        &mut self,
+        piece: &[u8],
+        merge: impl FnOnce(&[u8], &mut Vec<TokenId>, &mut Vec<u32>, &mut Vec<Part>),
+    ) -> &[(TokenId, u32)] {
+        let key = pack(piece);
+        if let Some(&(from, to)) = key.and_then(|k| self.index.get(&k)) {
+            return &self.merged[from as usize..to as usize];
+        }
+        self.ids.clear();
+        self.starts.clear();
+        merge(piece, &mut self.ids, &mut self.starts, &mut self.scratch);
+        self.current.clear();
+        self.current
+            .extend(self.ids.iter().copied().zip(self.starts.iter().copied()));
+        if let Some(key) = key
+            && self.index.len() < MEMO_PIECES
+        {
+            let from = self.merged.len() as u32;
+            self.merged.extend_from_slice(&self.current);
+            self.index.insert(key, (from, self.merged.len() as u32));
+        }
+        &self.current
     }
 }
 
@@ -124,5 +174,30 @@ mod tests {
         assert_eq!(whole.get(b"th"), None);
         assert_eq!(whole.get(b""), None);
         assert_eq!(whole.get(&long[..16]), None);
+    }
+
+    #[test]
+    fn the_memo_merges_a_piece_once_and_answers_repeats() {
+        let mut memo = MergeMemo::default();
+        let mut merges = 0;
+        let mut merge_ab = |piece: &[u8], ids: &mut Vec<TokenId>, starts: &mut Vec<u32>| {
+            merges += 1;
+            ids.extend([7, 8]);
+            starts.extend([0, piece.len() as u32 - 1]);
+        };
+        for _ in 0..3 {
+            let got = memo
+                .get_or_merge(b"abc", |p, i, s, _| merge_ab(p, i, s))
+                .to_vec();
+            assert_eq!(got, [(7, 0), (8, 2)]);
+        }
+        let long = [b'x'; 20];
+        for _ in 0..2 {
+            let got = memo
+                .get_or_merge(&long, |p, i, s, _| merge_ab(p, i, s))
+                .to_vec();
+            assert_eq!(got, [(7, 0), (8, 19)]);
+        }
+        assert_eq!(merges, 3, "abc once, the 20-byte piece each time");
     }
 }
