@@ -2,7 +2,9 @@
 //! cl100k-style patterns): added tokens split out with the same Aho-Corasick search
 //! `tokenizers` uses, the split regex replaced by a hand-written scanner
 //! ([`pretokenize`]), and byte-pair merging without the library's per-word allocations
-//! ([`bpe`]).
+//! ([`bpe`]), starting from whole characters where that is provably exact ([`chars`]).
+//! Pieces that are one token are looked up first ([`whole`]); pieces that merge are kept for
+//! the rest of the call, since long texts repeat them.
 //!
 //! [`FastBpe::from_json`] accepts a tokenizer only when every stage is one it reproduces
 //! exactly; anything else keeps the Hugging Face pipeline. A text that is not already in NFC
