@@ -1,5 +1,6 @@
 //! Long prompts through the fast path alone: tokens per second of one core on prose, code and
-//! CJK at 36k and 128k tokens (CPU time of the encoding thread, as `fast_tokenize`), and the
+//! CJK at 36k and 128k tokens (CPU time of the encoding thread, as `fast_tokenize`, with the
+//! Hugging Face pipeline's CPU time on the same text for the ratio), and the
 //! wall time of a fresh prompt of that size in one pass against the session tokenizer's
 //! parallel path (pieces on tokio's blocking pool, one per core), median of 9 each.
 //!
@@ -50,9 +51,9 @@ fn main() {
     let only = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
 
     println!(
-        "| text | tokens | bytes | CPU ms | M tok/s per core | one pass wall ms | parallel wall ms | one pass / parallel |"
+        "| text | tokens | bytes | HF CPU ms | CPU ms | M tok/s per core | fast / HF | one pass wall ms | parallel wall ms | one pass / parallel |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (kind, corpus) in [("prose", &prose), ("code", &code), ("CJK", &cjk)] {
         if only.as_deref().is_some_and(|o| o != kind) {
             continue;
@@ -66,6 +67,7 @@ fn main() {
                 "{kind} {size}: fast differs"
             );
             let t = cpu_per_call(|| drop(std::hint::black_box(fast.encode(&text).unwrap())));
+            let t_hf = cpu_per_call(|| drop(std::hint::black_box(hf.encode(&text).unwrap())));
             let serial = median_wall(|| drop(std::hint::black_box(fast.encode(&text).unwrap())));
             let shared = Arc::new(text.clone());
             let sessions = SessionTokenizer::new(Arc::clone(&fast), SessionConfig::default());
@@ -93,11 +95,13 @@ fn main() {
             });
             let ms = |t: Duration| t.as_secs_f64() * 1e3;
             println!(
-                "| {kind} | {} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2}× |",
+                "| {kind} | {} | {} | {:.1} | {:.2} | {:.1} | {:.0}× | {:.2} | {:.2} | {:.2}× |",
                 want.len(),
                 text.len(),
+                ms(t_hf),
                 ms(t),
                 want.len() as f64 / t.as_secs_f64() / 1e6,
+                t_hf.as_secs_f64() / t.as_secs_f64(),
                 ms(serial),
                 ms(parallel),
                 serial.as_secs_f64() / parallel.as_secs_f64(),

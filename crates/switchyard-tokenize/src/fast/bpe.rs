@@ -1,10 +1,11 @@
 //! Byte-pair merging with Hugging Face's semantics: the pair with the lowest merge rank is
 //! merged first, the leftmost one on a tie, and only pairs listed in `merges` ever merge.
 //!
-//! Pieces up to 256 bytes (nearly all of them, CJK runs included) use tiktoken's scheme: a
-//! flat array of parts whose pair ranks are updated around each merge. Longer ones (a long
-//! line of dashes or spaces) use a heap over a linked list, as `tokenizers` does, so the work
-//! stays O(n log n) in the piece length.
+//! Merging starts from one symbol per byte, or per character for the characters of
+//! [`CharTokens`] (a CJK run then starts from a third as many symbols). Pieces up to 256
+//! symbols (nearly all of them) use tiktoken's scheme: a flat array of parts whose pair ranks
+//! are updated around each merge. Longer ones (a long line of dashes or spaces) use a heap
+//! over a linked list, as `tokenizers` does, so the work stays O(n log n) in the piece length.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -12,7 +13,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use switchyard_core::TokenId;
 
-/// Pieces up to this many bytes take the quadratic-but-cache-friendly path.
+use super::chars::CharTokens;
+
+/// Pieces of up to this many symbols take the quadratic-but-cache-friendly path.
 const SHORT_PIECE: usize = 256;
 
 /// One symbol of a piece being merged: where it starts, its id, and the rank and result of
@@ -32,6 +35,9 @@ pub(crate) struct Merges {
     byte_ids: [TokenId; 256],
     /// `(left << 32) | right` to `(rank, merged id)`.
     pairs: HashMap<u64, (u32, TokenId), BuildHasherDefault<PairHasher>>,
+    /// Characters whose bytes provably merge into one token before anything else touches
+    /// them, so the merge starts from that token (see [`CharTokens`]).
+    chars: CharTokens,
 }
 
 impl Merges {
@@ -41,18 +47,32 @@ impl Merges {
         byte_ids: [TokenId; 256],
         pairs: impl IntoIterator<Item = (TokenId, TokenId, TokenId)>,
     ) -> Option<Self> {
+        let pairs: Vec<_> = pairs.into_iter().collect();
         let mut map: HashMap<u64, (u32, TokenId), BuildHasherDefault<PairHasher>> =
-            HashMap::default();
-        for (rank, (left, right, merged)) in pairs.into_iter().enumerate() {
+            HashMap::with_capacity_and_hasher(pairs.len(), BuildHasherDefault::default());
+        for (rank, &(left, right, merged)) in pairs.iter().enumerate() {
             let rank = u32::try_from(rank).ok().filter(|&r| r < u32::MAX)?;
             if map.insert(key(left, right), (rank, merged)).is_some() {
                 return None;
             }
         }
-        Some(Self {
+        let mut merges = Self {
             byte_ids,
             pairs: map,
-        })
+            chars: CharTokens::default(),
+        };
+        merges.chars = CharTokens::build(&merges, &pairs);
+        Some(merges)
+    }
+
+    pub(crate) fn byte_ids(&self) -> &[TokenId; 256] {
+        &self.byte_ids
+    }
+
+    /// The characters that start the merge as one token.
+    #[cfg(test)]
+    pub(crate) fn char_tokens(&self) -> &CharTokens {
+        &self.chars
     }
 
     #[inline]
@@ -69,27 +89,57 @@ impl Merges {
         starts: Option<(&mut Vec<u32>, u32)>,
         scratch: &mut Vec<Part>,
     ) {
-        if piece.len() <= SHORT_PIECE {
-            self.encode_short(piece, out, starts, scratch);
+        self.initial_parts(piece, scratch);
+        if scratch.len() <= SHORT_PIECE {
+            self.merge_short(out, starts, scratch);
         } else {
-            self.encode_long(piece, out, starts);
+            self.merge_long(out, starts, scratch);
         }
     }
 
-    fn encode_short(
+    /// The symbols merging starts from: one per byte, or one per character for the
+    /// characters of [`CharTokens`].
+    fn initial_parts(&self, piece: &[u8], parts: &mut Vec<Part>) {
+        parts.clear();
+        let mut k = 0;
+        while k < piece.len() {
+            let b = piece[k];
+            let width = match b {
+                0xC0..=0xDF => 2,
+                0xE0..=0xEF => 3,
+                0xF0..=0xF7 => 4,
+                _ => 1,
+            };
+            let whole = match piece.get(k..k + width) {
+                Some(bytes) if width > 1 => std::str::from_utf8(bytes)
+                    .ok()
+                    .and_then(|s| s.chars().next())
+                    .and_then(|c| {
+                        let before = k.checked_sub(1).map(|j| piece[j]);
+                        self.chars.get(c, before, piece.get(k + width).copied())
+                    }),
+                _ => None,
+            };
+            let (id, step) = match whole {
+                Some(id) => (id, width),
+                None => (self.byte_ids[b as usize], 1),
+            };
+            parts.push(Part {
+                start: k as u32,
+                id,
+                rank: u32::MAX,
+                merged: 0,
+            });
+            k += step;
+        }
+    }
+
+    fn merge_short(
         &self,
-        piece: &[u8],
         out: &mut Vec<TokenId>,
         starts: Option<(&mut Vec<u32>, u32)>,
         parts: &mut Vec<Part>,
     ) {
-        parts.clear();
-        parts.extend(piece.iter().enumerate().map(|(k, &b)| Part {
-            start: k as u32,
-            id: self.byte_ids[b as usize],
-            rank: u32::MAX,
-            merged: 0,
-        }));
         for k in 0..parts.len().saturating_sub(1) {
             if let Some((rank, merged)) = self.get(parts[k].id, parts[k + 1].id) {
                 parts[k].rank = rank;
@@ -131,15 +181,15 @@ impl Merges {
         }
     }
 
-    fn encode_long(
+    fn merge_long(
         &self,
-        piece: &[u8],
         out: &mut Vec<TokenId>,
         starts: Option<(&mut Vec<u32>, u32)>,
+        parts: &[Part],
     ) {
         const NONE: usize = usize::MAX;
-        let n = piece.len();
-        let mut ids: Vec<TokenId> = piece.iter().map(|&b| self.byte_ids[b as usize]).collect();
+        let n = parts.len();
+        let mut ids: Vec<TokenId> = parts.iter().map(|p| p.id).collect();
         let mut next: Vec<usize> = (1..=n).map(|k| if k == n { NONE } else { k }).collect();
         let mut prev: Vec<usize> = (0..n).map(|k| k.checked_sub(1).unwrap_or(NONE)).collect();
         let mut alive = vec![true; n];
@@ -182,7 +232,7 @@ impl Merges {
         while k != NONE {
             out.push(ids[k]);
             if let Some((starts, base)) = starts.as_mut() {
-                starts.push(*base + k as u32);
+                starts.push(*base + parts[k].start);
             }
             k = next[k];
         }
@@ -192,38 +242,6 @@ impl Merges {
 #[inline]
 fn key(left: TokenId, right: TokenId) -> u64 {
     (u64::from(left) << 32) | u64::from(right)
-}
-
-/// FxHash-style hashing of short byte strings (whole pieces), eight bytes at a time.
-#[derive(Default)]
-pub(crate) struct BytesHasher(u64);
-
-impl Hasher for BytesHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0xf135_7aea_2e62_a9c5;
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            self.0 = (self.0 ^ u64::from_le_bytes(word))
-                .wrapping_mul(K)
-                .rotate_left(26);
-        }
-        let mut tail = [0u8; 8];
-        let rest = chunks.remainder();
-        tail[..rest.len()].copy_from_slice(rest);
-        self.0 = (self.0 ^ u64::from_le_bytes(tail) ^ ((rest.len() as u64) << 59))
-            .wrapping_mul(K)
-            .rotate_left(26);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (self.0 ^ n as u64).wrapping_mul(0xf135_7aea_2e62_a9c5);
-    }
 }
 
 /// A multiplicative hash for the `u64` pair keys: they are not attacker-chosen in a way that

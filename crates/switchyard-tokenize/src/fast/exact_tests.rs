@@ -215,11 +215,92 @@ fn qwen3_matches_hugging_face() {
     check_variant(&pair(None));
 }
 
+/// Qwen3's merge list is monotone, so most CJK characters (and many others) start merging as
+/// one token; the comparisons above and below then exercise that path.
+#[test]
+fn qwen3_starts_cjk_characters_whole() {
+    let json = std::fs::read(qwen3_json()).unwrap();
+    let fast = super::FastBpe::from_json(&json, &|_| Some(0)).unwrap();
+    let chars = fast.merges.char_tokens();
+    assert!(chars.len() > 10_000, "{} characters", chars.len());
+    assert!(
+        "的是中文数据日本語"
+            .chars()
+            .all(|c| chars.get(c, None, None).is_some())
+    );
+}
+
+/// Random strings of CJK, other scripts, emoji and spaces, without the fragment list's
+/// bias towards ASCII: long pieces made mostly of multi-byte characters.
+fn unicode_run_strategy() -> impl Strategy<Value = String> {
+    let c = prop_oneof![
+        4 => (0x4E00u32..0x9FFF).prop_map(|cp| char::from_u32(cp).unwrap_or(' ')),
+        1 => (0x3040u32..0x30FF).prop_map(|cp| char::from_u32(cp).unwrap_or(' ')),
+        1 => (0xAC00u32..0xD7A3).prop_map(|cp| char::from_u32(cp).unwrap_or(' ')),
+        1 => (0x1F300u32..0x1FAFF).prop_map(|cp| char::from_u32(cp).unwrap_or(' ')),
+        1 => proptest::sample::select(&[' ', '\n', '，', '。', 'a', 'é', '\u{3000}', '1'][..]),
+        1 => any::<char>(),
+    ];
+    proptest::collection::vec(c, 0..400).prop_map(String::from_iter)
+}
+
+#[test]
+fn long_unicode_runs_match_hugging_face() {
+    for variant in [pair(None), cl100k_pair()] {
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 300,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&unicode_run_strategy(), |text| {
+                assert_same(&variant, &text);
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
+/// One text of over 100k tokens: CJK paragraphs without punctuation (pieces of thousands of
+/// bytes, the heap path), prose, code, emoji and whitespace runs.
+#[test]
+fn a_text_over_100k_tokens_matches_hugging_face() {
+    let (fast, reference) = pair(None);
+    let mut text = String::new();
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    while text.len() < 420_000 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let pick = (state >> 33) as usize;
+        match pick % 6 {
+            0 => text.extend((0..200 + pick % 900).map(|k| {
+                char::from_u32(0x4E00 + ((pick.wrapping_mul(k + 7)) % 0x5000) as u32)
+                    .unwrap_or('中')
+            })),
+            1 => text.push_str(FRAGMENTS[pick % FRAGMENTS.len()]),
+            2 => text.push_str(&" ".repeat(1 + pick % 70)),
+            3 => text.push_str(&"🦀👨\u{200d}👩\u{200d}👧🇫🇷".repeat(1 + pick % 5)),
+            4 => text.push_str("The quick brown fox jumps over the lazy dog, again; "),
+            _ => text.push_str("fn main() {\n    let x = vec![1, 2, 3];\n}\n"),
+        }
+    }
+    let want = reference.encode_with_starts(&text).unwrap();
+    assert!(want.0.len() > 100_000, "{} tokens", want.0.len());
+    let got = fast.encode_with_starts(&text).unwrap();
+    assert!(got.0 == want.0, "ids differ");
+    assert!(got.1 == want.1, "token starts differ");
+    assert!(fast.encode(&text).unwrap() == want.0, "encode differs");
+}
+
+fn cl100k_pair() -> (Tokenizer, Tokenizer) {
+    pair(Some(&|json| {
+        json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = Value::from(CL100K_REGEX);
+    }))
+}
+
 #[test]
 fn cl100k_pattern_matches_hugging_face() {
-    check_variant(&pair(Some(&|json| {
-        json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = Value::from(CL100K_REGEX);
-    })));
+    check_variant(&cl100k_pair());
 }
 
 /// Llama 3's pipeline on Qwen3's vocabulary: cl100k pattern, no normalizer, `ignore_merges`,

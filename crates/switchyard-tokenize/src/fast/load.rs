@@ -2,7 +2,6 @@
 //! building it when it does.
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 
 use aho_corasick::{AhoCorasickBuilder, MatchKind};
 use serde_json::Value;
@@ -11,6 +10,7 @@ use switchyard_core::TokenId;
 use super::FastBpe;
 use super::bpe::Merges;
 use super::pretokenize::{self, Pattern};
+use super::whole::WholePieces;
 
 /// Why a tokenizer keeps the Hugging Face pipeline: the first stage that differs from the
 /// shape [`FastBpe`] implements.
@@ -119,8 +119,7 @@ impl FastBpe {
             .enumerate()
             .map(|(b, &c)| (c, b as u8))
             .collect();
-        let mut whole_pieces =
-            HashMap::with_capacity_and_hasher(by_text.len(), BuildHasherDefault::default());
+        let mut whole_pieces = WholePieces::default();
         let mut scratch = Vec::new();
         let mut ids = Vec::new();
         for (text, &id) in &by_text {

@@ -2,7 +2,9 @@
 //! cl100k-style patterns): added tokens split out with the same Aho-Corasick search
 //! `tokenizers` uses, the split regex replaced by a hand-written scanner
 //! ([`pretokenize`]), and byte-pair merging without the library's per-word allocations
-//! ([`bpe`]).
+//! ([`bpe`]), starting from whole characters where that is provably exact ([`chars`]).
+//! Pieces that are one token are looked up first ([`whole`]); pieces that merge are kept for
+//! the rest of the call, since long texts repeat them.
 //!
 //! [`FastBpe::from_json`] accepts a tokenizer only when every stage is one it reproduces
 //! exactly; anything else keeps the Hugging Face pipeline. A text that is not already in NFC
@@ -10,11 +12,10 @@
 //! to Hugging Face too, so normalization never has to be reimplemented.
 
 mod bpe;
+mod chars;
 mod load;
 mod pretokenize;
-
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
+mod whole;
 
 use aho_corasick::AhoCorasick;
 use switchyard_core::TokenId;
@@ -22,6 +23,7 @@ use unicode_normalization_alignments::{IsNormalized, is_nfc_quick};
 
 use crate::error::TokenizeError;
 use crate::tokenizer::offset_u32;
+use whole::MergeMemo;
 
 /// Token ids and the byte offset where each starts.
 type IdsAndStarts = (Vec<TokenId>, Vec<u32>);
@@ -39,7 +41,7 @@ pub(crate) struct FastBpe {
     /// Pieces that encode to one token, looked up before merging: with `ignore_merges`
     /// every token of the vocab (as `tokenizers` does), otherwise each token whose own bytes
     /// merge back into it.
-    whole_pieces: HashMap<Vec<u8>, TokenId, BuildHasherDefault<bpe::BytesHasher>>,
+    whole_pieces: whole::WholePieces,
     added: Option<AddedTokens>,
 }
 
@@ -51,9 +53,12 @@ impl FastBpe {
             return None;
         }
         let mut ids = Vec::with_capacity(text.len() / 4 + 1);
+        let mut memo = MergeMemo::default();
         self.for_each_segment(text, |segment| match segment {
             Segment::Added(id, _) => ids.push(id),
-            Segment::Text(from, to) => self.encode_segment(&text[from..to], &mut ids, None),
+            Segment::Text(from, to) => {
+                self.encode_segment(&text[from..to], &mut ids, None, &mut memo);
+            }
         });
         Some(ids)
     }
@@ -72,6 +77,7 @@ impl FastBpe {
         }
         let mut ids = Vec::with_capacity(text.len() / 4 + 1);
         let mut starts = Vec::with_capacity(text.len() / 4 + 1);
+        let mut memo = MergeMemo::default();
         self.for_each_segment(text, |segment| match segment {
             Segment::Added(id, from) => {
                 ids.push(id);
@@ -79,7 +85,8 @@ impl FastBpe {
             }
             Segment::Text(from, to) => {
                 let first = starts.len();
-                self.encode_segment(&text[from..to], &mut ids, Some((&mut starts, from as u32)));
+                let starts_at = Some((&mut starts, from as u32));
+                self.encode_segment(&text[from..to], &mut ids, starts_at, &mut memo);
                 for start in &mut starts[first..] {
                     while !text.is_char_boundary(*start as usize) {
                         *start -= 1;
@@ -122,20 +129,25 @@ impl FastBpe {
         segment: &str,
         ids: &mut Vec<TokenId>,
         mut starts: Option<(&mut Vec<u32>, u32)>,
+        memo: &mut MergeMemo,
     ) {
-        let mut scratch = Vec::with_capacity(64);
         for (from, to) in self.pattern.pieces(segment) {
             let piece = &segment.as_bytes()[from..to];
             let base = starts.as_ref().map_or(0, |(_, base)| *base) + from as u32;
             if let Some(id) = self.whole_pieces.get(piece) {
-                ids.push(*id);
+                ids.push(id);
                 if let Some((starts, _)) = starts.as_mut() {
                     starts.push(base);
                 }
                 continue;
             }
-            let piece_starts = starts.as_mut().map(|(s, _)| (&mut **s, base));
-            self.merges.encode(piece, ids, piece_starts, &mut scratch);
+            let merged = memo.get_or_merge(piece, |piece, out, at, scratch| {
+                self.merges.encode(piece, out, Some((at, 0)), scratch);
+            });
+            ids.extend(merged.iter().map(|&(id, _)| id));
+            if let Some((starts, _)) = starts.as_mut() {
+                starts.extend(merged.iter().map(|&(_, at)| base + at));
+            }
         }
     }
 }
