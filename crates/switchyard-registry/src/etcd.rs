@@ -431,6 +431,19 @@ impl Registry for EtcdRegistry {
         Ok(self.conn.list_workers().await?.0.into_values().collect())
     }
 
+    async fn worker(&self, id: &WorkerId) -> Result<Option<WorkerInfo>, RegistryError> {
+        let mut client = self.conn.client.clone();
+        let response = self
+            .conn
+            .call("read a worker", client.get(self.conn.keys.worker(id), None))
+            .await?;
+        response
+            .kvs()
+            .first()
+            .map(|kv| parse_worker(&self.conn, kv))
+            .transpose()
+    }
+
     async fn watch_workers(&self) -> Result<WorkerWatch, RegistryError> {
         let (known, revision) = self.conn.list_workers().await?;
         let stream = self.conn.watch_workers_from(revision + 1).await?;

@@ -125,6 +125,20 @@ mod cases {
         assert_eq!(env.registry.list_workers().await.unwrap(), vec![info]);
     }
 
+    pub async fn one_worker_is_read_by_id(env: Env) {
+        let info = worker("w1", "m", 16);
+        let registration = env.registry.register(info.clone(), TTL).await.unwrap();
+        let _other = env
+            .registry
+            .register(worker("w2", "m", 16), TTL)
+            .await
+            .unwrap();
+        assert_eq!(env.registry.worker(&id("w1")).await.unwrap(), Some(info));
+        assert_eq!(env.registry.worker(&id("w3")).await.unwrap(), None);
+        registration.deregister().await.unwrap();
+        assert_eq!(env.registry.worker(&id("w1")).await.unwrap(), None);
+    }
+
     pub async fn list_is_sorted_and_watch_starts_from_a_snapshot(env: Env) {
         let _b = env
             .registry
@@ -454,6 +468,7 @@ macro_rules! conformance {
 
 conformance!(
     registered_worker_is_listed_exactly,
+    one_worker_is_read_by_id,
     list_is_sorted_and_watch_starts_from_a_snapshot,
     watch_sees_changes_in_order,
     deregister_removes_at_once_and_frees_the_id,
