@@ -95,7 +95,11 @@ impl Access {
     /// there is no way to tell, so a secured worker refuses every source and an open one
     /// (the local mode) takes any. `worker_id` (empty from older gateways) names the worker
     /// that must be registered at `address`.
-    pub(crate) async fn check_kv_source(&self, address: &str, worker_id: &str) -> Result<(), Status> {
+    pub(crate) async fn check_kv_source(
+        &self,
+        address: &str,
+        worker_id: &str,
+    ) -> Result<(), Status> {
         let worker = match worker_id {
             "" => None,
             id => Some(WorkerId::new(id).map_err(|e| {
