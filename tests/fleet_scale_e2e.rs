@@ -218,9 +218,8 @@ async fn fleet_scale() {
     let cluster = format!("scale-{}", std::process::id());
     let report = |what: &str, value: String| println!("FLEET {what}: {value}");
 
-    // Workers: n_processes processes, one after the other (all at once, 1,000 registrations
-    // and the watch events they fan out to every worker overwhelm one etcd on this machine:
-    // see docs/scaling.md).
+    // Workers: n_processes processes, one after the other, so one process's registrations and
+    // the gateways' subscriptions do not all land on a busy machine at once (docs/scaling.md).
     let started = Instant::now();
     let per = n_workers / n_processes;
     let mut fleets = Vec::new();
@@ -365,7 +364,6 @@ async fn fleet_scale() {
             serving.len()
         ),
     );
-    assert!(failed * 10 < n_requests, "most requests are served");
     for (g, gateway) in gateways.iter().enumerate() {
         let api = Api::new(gateway);
         let events = api.metric("switchyard_kv_events_applied").await - events0[g];
@@ -419,5 +417,10 @@ async fn fleet_scale() {
             ready.as_secs_f64(),
             spawned.elapsed().as_secs_f64()
         ),
+    );
+    // Checked last, so an overloaded run still prints every figure.
+    assert!(
+        failed * 10 < n_requests,
+        "most requests are served: {failed} failed"
     );
 }
