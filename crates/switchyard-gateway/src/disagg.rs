@@ -454,6 +454,7 @@ async fn run_prefill(
                 cached_prompt_tokens: response.cached_prompt_tokens,
                 engine_transfer_params: response.engine_transfer_params,
                 pipelined: response.pipelined,
+                worker_id: prefill.worker_id.to_string(),
             };
             // A pipelined answer's counts are not final: only a finished prefill's hit is compared.
             if !response.pipelined {

@@ -315,6 +315,34 @@ fn ttl_seconds(ttl: Duration) -> i64 {
     i64::try_from(secs).unwrap_or(i64::MAX)
 }
 
+/// What must still hold when a registration's put lands for the admission check made against
+/// `live` (listed at `revision`) to stay true; the id's own condition is compared beside it.
+///
+/// A live worker of the same model (a witness) fixes the model's block size: a concurrent
+/// registration with another size sees it too and is refused, so the put only needs the
+/// witness still registered. Only the first worker of a model, with no witness, needs nothing
+/// under `workers/` to have changed since the list. Comparing the whole prefix for every
+/// registration made concurrent registrations fail each other: a fleet of 250 starting at once
+/// retried until its leases expired. A take-over (`replaces`, rare) keeps the whole-prefix
+/// condition, which also pins the entry it replaces.
+fn admitted_as_seen(
+    conn: &Conn,
+    info: &WorkerInfo,
+    live: &BTreeMap<WorkerId, WorkerInfo>,
+    revision: i64,
+    replaces: bool,
+) -> Compare {
+    let witness = live
+        .values()
+        .find(|w| w.id != info.id && w.model == info.model)
+        .filter(|_| !replaces);
+    match witness {
+        Some(witness) => Compare::version(conn.keys.worker(&witness.id), CompareOp::Greater, 0),
+        None => Compare::mod_revision(conn.keys.workers_prefix(), CompareOp::Less, revision + 1)
+            .with_prefix(),
+    }
+}
+
 impl EtcdRegistry {
     /// Registers `info`; with `stale`, in place of that exact registration of its id.
     async fn register_replacing(
@@ -343,9 +371,6 @@ impl EtcdRegistry {
                     (None, _) => false,
                 };
                 check_admission(&info, live.values(), replaces)?;
-                // Put only if nothing under workers/ changed since the list, so two workers
-                // cannot both pass the checks against the same old view: the id is still free,
-                // or still registered exactly as `stale`.
                 let id_as_seen = if replaces {
                     Compare::version(key.clone(), CompareOp::Greater, 0)
                 } else {
@@ -354,12 +379,7 @@ impl EtcdRegistry {
                 let txn = Txn::new()
                     .when([
                         id_as_seen,
-                        Compare::mod_revision(
-                            conn.keys.workers_prefix(),
-                            CompareOp::Less,
-                            revision + 1,
-                        )
-                        .with_prefix(),
+                        admitted_as_seen(conn, &info, &live, revision, replaces),
                     ])
                     .and_then([TxnOp::put(
                         key.clone(),
@@ -429,6 +449,19 @@ impl Registry for EtcdRegistry {
 
     async fn list_workers(&self) -> Result<Vec<WorkerInfo>, RegistryError> {
         Ok(self.conn.list_workers().await?.0.into_values().collect())
+    }
+
+    async fn worker(&self, id: &WorkerId) -> Result<Option<WorkerInfo>, RegistryError> {
+        let mut client = self.conn.client.clone();
+        let response = self
+            .conn
+            .call("read a worker", client.get(self.conn.keys.worker(id), None))
+            .await?;
+        response
+            .kvs()
+            .first()
+            .map(|kv| parse_worker(&self.conn, kv))
+            .transpose()
     }
 
     async fn watch_workers(&self) -> Result<WorkerWatch, RegistryError> {

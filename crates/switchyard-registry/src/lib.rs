@@ -83,6 +83,10 @@ pub trait Registry: Discovery + Replicas + Send + Sync + std::fmt::Debug {
     /// The live workers, sorted by id.
     async fn list_workers(&self) -> Result<Vec<WorkerInfo>, RegistryError>;
 
+    /// The live worker `id`, if it is registered: one key read, for callers that need one
+    /// worker now and then (a decode worker checking a KV source) rather than the whole set.
+    async fn worker(&self, id: &WorkerId) -> Result<Option<WorkerInfo>, RegistryError>;
+
     /// The live workers plus every change after that snapshot, with no gap between the two.
     async fn watch_workers(&self) -> Result<WorkerWatch, RegistryError>;
 

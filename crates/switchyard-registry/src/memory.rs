@@ -225,6 +225,10 @@ impl Registry for MemoryRegistry {
         Ok(state.workers.values().map(|(w, _)| w.clone()).collect())
     }
 
+    async fn worker(&self, id: &WorkerId) -> Result<Option<WorkerInfo>, RegistryError> {
+        Ok(self.shared.lock().workers.get(id).map(|(w, _)| w.clone()))
+    }
+
     async fn watch_workers(&self) -> Result<WorkerWatch, RegistryError> {
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
         let mut state = self.shared.lock();

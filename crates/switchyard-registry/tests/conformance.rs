@@ -70,6 +70,69 @@ mod cases {
         assert_eq!(env.registry.list_workers().await.unwrap(), vec![info]);
     }
 
+    pub async fn many_workers_registering_at_once_all_get_in(env: Env) {
+        let _first = env
+            .registry
+            .register(worker("w-0", "m", 16), TTL)
+            .await
+            .unwrap();
+        let registrations = (1..40).map(|i| {
+            let registry = Arc::clone(&env.registry);
+            tokio::spawn(async move {
+                registry
+                    .register(worker(&format!("w-{i}"), "m", 16), TTL)
+                    .await
+            })
+        });
+        let mut kept = Vec::new();
+        for registration in registrations {
+            kept.push(registration.await.unwrap().unwrap());
+        }
+        assert_eq!(listed_ids(&*env.registry).await.len(), 40);
+    }
+
+    pub async fn first_workers_of_a_model_racing_with_two_block_sizes_get_one(env: Env) {
+        let registrations = (0..8).map(|i| {
+            let registry = Arc::clone(&env.registry);
+            let block_size = if i % 2 == 0 { 16 } else { 32 };
+            tokio::spawn(async move {
+                registry
+                    .register(worker(&format!("r-{i}"), "m", block_size), TTL)
+                    .await
+            })
+        });
+        let mut kept = Vec::new();
+        for registration in registrations {
+            if let Ok(registration) = registration.await.unwrap() {
+                kept.push(registration);
+            }
+        }
+        let sizes: std::collections::BTreeSet<_> = env
+            .registry
+            .list_workers()
+            .await
+            .unwrap()
+            .iter()
+            .map(|w| w.block_size)
+            .collect();
+        assert_eq!(sizes.len(), 1, "one block size per model: {sizes:?}");
+        assert!(!kept.is_empty());
+    }
+
+    pub async fn one_worker_is_read_by_id(env: Env) {
+        let info = worker("w1", "m", 16);
+        let registration = env.registry.register(info.clone(), TTL).await.unwrap();
+        let _other = env
+            .registry
+            .register(worker("w2", "m", 16), TTL)
+            .await
+            .unwrap();
+        assert_eq!(env.registry.worker(&id("w1")).await.unwrap(), Some(info));
+        assert_eq!(env.registry.worker(&id("w3")).await.unwrap(), None);
+        registration.deregister().await.unwrap();
+        assert_eq!(env.registry.worker(&id("w1")).await.unwrap(), None);
+    }
+
     pub async fn list_is_sorted_and_watch_starts_from_a_snapshot(env: Env) {
         let _b = env
             .registry
@@ -399,6 +462,9 @@ macro_rules! conformance {
 
 conformance!(
     registered_worker_is_listed_exactly,
+    one_worker_is_read_by_id,
+    many_workers_registering_at_once_all_get_in,
+    first_workers_of_a_model_racing_with_two_block_sizes_get_one,
     list_is_sorted_and_watch_starts_from_a_snapshot,
     watch_sees_changes_in_order,
     deregister_removes_at_once_and_frees_the_id,

@@ -252,15 +252,8 @@ pub async fn run(
             metrics_stop.clone(),
         ))
     });
-    // The cluster's workers, so a Generate's KV source can be checked; followed until the end.
-    let peers_stop = CancellationToken::new();
-    let (peers, peers_task) = match &registry {
-        Some(registry) => {
-            let (peers, task) = PeerDirectory::follow(Arc::clone(registry), peers_stop.clone());
-            (Some(peers), Some(task))
-        }
-        None => (None, None),
-    };
+    // The cluster's workers, so a Generate's KV source can be checked (asked on demand).
+    let peers = registry.as_ref().map(|r| PeerDirectory::new(Arc::clone(r)));
     if security.authorizer.is_open() {
         if !local_addr.ip().is_loopback() {
             tracing::warn!(worker = %id, address = %local_addr, "the worker's gRPC port is open to anyone who reaches it: set a cluster secret or mTLS (see docs/security.md)");
@@ -365,10 +358,6 @@ pub async fn run(
     engine.shutdown();
     server_stop.cancel();
     metrics_stop.cancel();
-    peers_stop.cancel();
-    if let Some(task) = peers_task {
-        let _ = task.await;
-    }
     match server.await {
         Ok(result) => result?,
         Err(join) => tracing::error!(error = %join, "grpc server task failed"),

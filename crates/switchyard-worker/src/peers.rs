@@ -2,118 +2,184 @@
 //!
 //! A `Generate` names the prefill worker to pull from (`KvSource.address`). Without a check,
 //! anyone who may call `Generate` could make this worker dial any host and port and read the
-//! answer in the error (a port scanner inside the cluster). The directory follows the registry
-//! (a watch, so a check is a lookup), and a miss asks the registry once more before refusing, so
-//! a prefill worker that the gateway saw join a moment before this worker did is not refused.
+//! answer in the error (a port scanner inside the cluster).
+//!
+//! The directory asks the registry on demand: the one entry of the worker the source names
+//! (`KvSource.worker_id`), and remembers a confirmed address for [`CONFIRMED_FOR`]. It does not
+//! watch the registry: with every worker watching every registration, a fleet start cost W²
+//! watch events and stalled 1,000 workers around 350 (`docs/scaling.md`). A source without an
+//! id (an older gateway) is looked up among all workers, at most once per [`LIST_EVERY`].
+//! A worker that left stays accepted for at most [`CONFIRMED_FOR`]: its address would have to
+//! be taken by something else within that time to matter.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::RwLock;
+use parking_lot::Mutex;
 use switchyard_core::WorkerId;
-use switchyard_registry::{Registry, WorkerChange};
+use switchyard_registry::Registry;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-/// Fewest time between two registry reads caused by unknown addresses.
-const REFRESH_EVERY: Duration = Duration::from_millis(500);
+/// How long an address the registry confirmed is accepted without asking again.
+const CONFIRMED_FOR: Duration = Duration::from_secs(5);
+/// Fewest time between two reads of every worker caused by sources without an id.
+const LIST_EVERY: Duration = Duration::from_millis(500);
+/// Confirmed addresses kept at most (expired ones are dropped past it).
+const MAX_CONFIRMED: usize = 4096;
 
-/// The live workers' addresses of this worker's cluster (the registry's namespace).
+/// The cluster's workers this worker was told to pull KV from, checked in the registry.
 #[derive(Debug)]
 pub struct PeerDirectory {
     registry: Arc<dyn Registry>,
-    addresses: RwLock<HashMap<WorkerId, String>>,
-    last_refresh: parking_lot::Mutex<Option<Instant>>,
+    /// Address → the worker the registry said serves there, and when it said so.
+    confirmed: Mutex<HashMap<String, (WorkerId, Instant)>>,
+    last_listed: Mutex<Option<Instant>>,
 }
 
 impl PeerDirectory {
-    /// Starts following the registry until `stop` (the returned task ends with it). While
-    /// the registry cannot be watched (etcd down), checks ask it directly.
-    pub fn follow(
-        registry: Arc<dyn Registry>,
-        stop: CancellationToken,
-    ) -> (Arc<Self>, tokio::task::JoinHandle<()>) {
-        let directory = Arc::new(Self {
+    pub fn new(registry: Arc<dyn Registry>) -> Arc<Self> {
+        Arc::new(Self {
             registry,
-            addresses: RwLock::new(HashMap::new()),
-            last_refresh: parking_lot::Mutex::new(None),
-        });
-        let follower = tokio::spawn(Arc::clone(&directory).run(stop));
-        (directory, follower)
+            confirmed: Mutex::new(HashMap::new()),
+            last_listed: Mutex::new(None),
+        })
     }
 
-    async fn run(self: Arc<Self>, stop: CancellationToken) {
-        loop {
-            let registry = Arc::clone(&self.registry);
-            let watched = switchyard_registry::retry::until_available(
-                "follow the cluster's workers",
-                &stop,
-                || registry.watch_workers(),
-            )
-            .await;
-            let mut watch = match watched {
-                Ok(Some(watch)) => watch,
-                Ok(None) => return,
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot follow the cluster's workers; retrying");
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    }
-                }
-            };
-            *self.addresses.write() = watch
-                .initial
-                .iter()
-                .map(|w| (w.id.clone(), w.address.clone()))
-                .collect();
-            loop {
-                let change = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    change = watch.next() => change,
-                };
-                match change {
-                    Some(WorkerChange::Added(w) | WorkerChange::Updated(w)) => {
-                        self.addresses.write().insert(w.id, w.address);
-                    }
-                    Some(WorkerChange::Removed(id)) => {
-                        self.addresses.write().remove(&id);
-                    }
-                    // The watch ended (registry reconnecting): watch again.
-                    None => break,
-                }
-            }
-        }
-    }
-
-    /// Whether `address` is a live worker of this cluster.
-    pub async fn is_worker(&self, address: &str) -> bool {
-        if self.knows(address) {
+    /// Whether `address` is a live worker of this cluster; `worker`, when the source names
+    /// it, is the worker that must be registered there.
+    pub async fn is_worker(&self, worker: Option<&WorkerId>, address: &str) -> bool {
+        if self.recently_confirmed(worker, address) {
             return true;
         }
+        match worker {
+            Some(id) => match self.registry.worker(id).await {
+                Ok(Some(info)) if info.address == address => {
+                    self.confirm(info.id, address);
+                    true
+                }
+                Ok(_) => false,
+                Err(err) => {
+                    tracing::warn!(worker = %id, error = %err, "cannot read the registry to check a kv source");
+                    false
+                }
+            },
+            None => self.listed(address).await,
+        }
+    }
+
+    fn recently_confirmed(&self, worker: Option<&WorkerId>, address: &str) -> bool {
+        self.confirmed.lock().get(address).is_some_and(|(id, at)| {
+            at.elapsed() < CONFIRMED_FOR && worker.is_none_or(|named| named == id)
+        })
+    }
+
+    fn confirm(&self, id: WorkerId, address: &str) {
+        let mut confirmed = self.confirmed.lock();
+        if confirmed.len() >= MAX_CONFIRMED {
+            confirmed.retain(|_, (_, at)| at.elapsed() < CONFIRMED_FOR);
+        }
+        if confirmed.len() < MAX_CONFIRMED {
+            confirmed.insert(address.to_owned(), (id, Instant::now()));
+        }
+    }
+
+    /// Reads every worker (throttled) and checks `address` among them.
+    async fn listed(&self, address: &str) -> bool {
         {
-            let mut last = self.last_refresh.lock();
-            if last.is_some_and(|t| t.elapsed() < REFRESH_EVERY) {
+            let mut last = self.last_listed.lock();
+            if last.is_some_and(|t| t.elapsed() < LIST_EVERY) {
                 return false;
             }
             *last = Some(Instant::now());
         }
         match self.registry.list_workers().await {
             Ok(workers) => {
-                let mut addresses = self.addresses.write();
-                for w in workers {
-                    addresses.insert(w.id, w.address);
-                }
+                let found = workers.into_iter().find(|w| w.address == address);
+                found.map(|w| self.confirm(w.id, address)).is_some()
             }
             Err(err) => {
-                tracing::warn!(error = %err, "cannot read the registry to check a kv source")
+                tracing::warn!(error = %err, "cannot read the registry to check a kv source");
+                false
             }
         }
-        self.knows(address)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use switchyard_core::{BlockSize, EngineKind, Role, WorkerInfo};
+    use switchyard_registry::MemoryRegistry;
+
+    use super::*;
+
+    fn info(id: &str, address: &str) -> WorkerInfo {
+        WorkerInfo {
+            id: WorkerId::new(id).unwrap(),
+            address: address.into(),
+            model: "m".into(),
+            role: Role::Prefill,
+            block_size: BlockSize::new(16).unwrap(),
+            kv_capacity_blocks: 64,
+            max_context_tokens: 4096,
+            engine: EngineKind::Sim,
+            incarnation: 1,
+            engine_endpoint: None,
+            kv_tiers: None,
+        }
     }
 
-    fn knows(&self, address: &str) -> bool {
-        self.addresses.read().values().any(|a| a == address)
+    fn id(id: &str) -> WorkerId {
+        WorkerId::new(id).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_named_source_is_checked_against_its_own_entry() {
+        let registry = Arc::new(MemoryRegistry::new());
+        let registration = registry
+            .register(info("p1", "10.0.0.1:7000"), Duration::from_secs(10))
+            .await
+            .unwrap();
+        let peers = PeerDirectory::new(registry.clone());
+        assert!(peers.is_worker(Some(&id("p1")), "10.0.0.1:7000").await);
+        // Another worker's address, an unknown worker, an unknown address: refused.
+        assert!(!peers.is_worker(Some(&id("p2")), "10.0.0.1:7000").await);
+        assert!(!peers.is_worker(Some(&id("p1")), "10.0.0.9:22").await);
+        // Confirmed for a while without asking; once that passes, a gone worker is refused.
+        registration.deregister().await.unwrap();
+        assert!(peers.is_worker(Some(&id("p1")), "10.0.0.1:7000").await);
+        tokio::time::advance(CONFIRMED_FOR).await;
+        assert!(!peers.is_worker(Some(&id("p1")), "10.0.0.1:7000").await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_joined_after_a_refusal_is_found_at_once() {
+        let registry = Arc::new(MemoryRegistry::new());
+        let peers = PeerDirectory::new(registry.clone());
+        assert!(!peers.is_worker(Some(&id("p1")), "10.0.0.1:7000").await);
+        let _registration = registry
+            .register(info("p1", "10.0.0.1:7000"), Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(peers.is_worker(Some(&id("p1")), "10.0.0.1:7000").await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_source_without_an_id_is_looked_up_among_all_workers_throttled() {
+        let registry = Arc::new(MemoryRegistry::new());
+        let peers = PeerDirectory::new(registry.clone());
+        assert!(!peers.is_worker(None, "10.0.0.1:7000").await);
+        let _registration = registry
+            .register(info("p1", "10.0.0.1:7000"), Duration::from_secs(10))
+            .await
+            .unwrap();
+        // Within the throttle the registry is not read again.
+        assert!(!peers.is_worker(None, "10.0.0.1:7000").await);
+        tokio::time::advance(LIST_EVERY).await;
+        assert!(peers.is_worker(None, "10.0.0.1:7000").await);
+        // Now confirmed: no read needed, and a named check of the same worker agrees.
+        assert!(peers.is_worker(Some(&id("p1")), "10.0.0.1:7000").await);
     }
 }

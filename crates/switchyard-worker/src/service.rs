@@ -205,7 +205,9 @@ impl WorkerService {
             }
             Some(source) => {
                 if !source.address.is_empty() {
-                    self.access.check_kv_source(&source.address).await?;
+                    self.access
+                        .check_kv_source(&source.address, &source.worker_id)
+                        .await?;
                 }
                 generate_from_source(
                     &*self.engine,

@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use switchyard_core::WorkerId;
 use switchyard_proto::ErrorCode;
 use switchyard_security::{Authorizer, Dialer, Identity, PeerRole};
 use tonic::{Request, Status};
@@ -92,10 +93,21 @@ impl Access {
 
     /// A `Generate` may pull KV only from a live worker of this cluster. Without a registry
     /// there is no way to tell, so a secured worker refuses every source and an open one
-    /// (the local mode) takes any.
-    pub(crate) async fn check_kv_source(&self, address: &str) -> Result<(), Status> {
+    /// (the local mode) takes any. `worker_id` (empty from older gateways) names the worker
+    /// that must be registered at `address`.
+    pub(crate) async fn check_kv_source(
+        &self,
+        address: &str,
+        worker_id: &str,
+    ) -> Result<(), Status> {
+        let worker = match worker_id {
+            "" => None,
+            id => Some(WorkerId::new(id).map_err(|e| {
+                ErrorCode::InvalidRequest.status(format!("kv_source.worker_id: {e}"))
+            })?),
+        };
         let allowed = match &self.peers {
-            Some(peers) => peers.is_worker(address).await,
+            Some(peers) => peers.is_worker(worker.as_ref(), address).await,
             None => self.authorizer.is_open(),
         };
         if allowed {
