@@ -50,8 +50,9 @@ fn tree() -> WekaTrace {
     }
 }
 
-fn run(placement: bool) -> (OfflineRun, WekaWorkload) {
-    let mut config = ClusterConfig {
+/// Two workers of 4,096 blocks of 16 tokens under `kv`.
+fn two_workers() -> ClusterConfig {
+    ClusterConfig {
         workers: 2,
         sim: SimConfig {
             block_size: BlockSize::new(BLOCK).unwrap(),
@@ -65,12 +66,13 @@ fn run(placement: bool) -> (OfflineRun, WekaWorkload) {
         disagg: None,
         token_gaps: false,
         retention: None,
-    };
-    if placement {
-        config = config.with_placement();
     }
+}
+
+/// Replays `trace` once, back to back (no think times), on `config`.
+fn replay(trace: WekaTrace, config: &ClusterConfig) -> (OfflineRun, WekaWorkload) {
     let mut workload = WekaWorkload::new(
-        vec![tree()],
+        vec![trace],
         WekaConfig {
             time_scale: 0.0,
             ..WekaConfig::default()
@@ -79,11 +81,22 @@ fn run(placement: bool) -> (OfflineRun, WekaWorkload) {
     .unwrap();
     let run = replay_offline(
         &mut workload,
-        &config,
+        config,
         1.0,
         &indicatif::ProgressBar::hidden(),
     )
     .unwrap();
+    (run, workload)
+}
+
+fn run(placement: bool) -> (OfflineRun, WekaWorkload) {
+    let config = two_workers();
+    let config = if placement {
+        config.with_placement()
+    } else {
+        config
+    };
+    let (run, workload) = replay(tree(), &config);
     assert_eq!(run.summary.requests_completed, 4);
     assert_eq!(run.summary.sessions_completed, 1);
     (run, workload)
@@ -159,37 +172,7 @@ fn an_idle_parent_worker_keeps_its_sub_agents_without_copies() {
             .entries
             .push(WekaEntry::Call(call((0..PREFIX).collect())));
     }
-    let config = ClusterConfig {
-        workers: 2,
-        sim: SimConfig {
-            block_size: BlockSize::new(BLOCK).unwrap(),
-            num_device_blocks: 4096,
-            ..SimConfig::default()
-        },
-        policy: PolicyKind::Kv,
-        policy_config: PolicyConfig::default(),
-        event_delay_us: 0,
-        load_report_interval_us: 0,
-        disagg: None,
-        token_gaps: false,
-        retention: None,
-    }
-    .with_placement();
-    let mut workload = WekaWorkload::new(
-        vec![trace],
-        WekaConfig {
-            time_scale: 0.0,
-            ..WekaConfig::default()
-        },
-    )
-    .unwrap();
-    let run = replay_offline(
-        &mut workload,
-        &config,
-        1.0,
-        &indicatif::ProgressBar::hidden(),
-    )
-    .unwrap();
+    let (run, workload) = replay(trace, &two_workers().with_placement());
     assert_eq!(run.summary.requests_completed, 7);
     let (parent, subs) = placed(&run, &workload);
     assert_eq!(subs.len(), 3);
