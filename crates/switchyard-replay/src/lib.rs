@@ -79,8 +79,11 @@ pub fn replay_offline(
     if summary.prompt_tokens > 0 {
         summary.host_hit_rate =
             (host_hit_blocks * block_tokens) as f64 / summary.prompt_tokens as f64;
+        summary.peer_hit_rate =
+            (run.disagg.peer_blocks * block_tokens) as f64 / summary.prompt_tokens as f64;
     }
     summary.recomputed_tokens = run.workers.iter().map(|w| w.prefill_tokens).sum();
-    summary.transferred_bytes = host_hit_blocks * block_bytes + run.disagg.bytes;
+    summary.transferred_bytes =
+        host_hit_blocks * block_bytes + run.disagg.bytes + run.disagg.peer_bytes;
     Ok(OfflineRun { summary, run })
 }

@@ -86,6 +86,11 @@ pub struct Summary {
     /// `cache_hit_rate - host_hit_rate`.
     #[serde(default)]
     pub host_hit_rate: f64,
+    /// Prompt tokens copied from a peer worker's device instead of recomputed / prompt tokens
+    /// (offline runs with placement); counted in the device tier's share too, since the copy
+    /// lands there before the request is admitted. Left out of the JSON when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub peer_hit_rate: f64,
     /// Prompt tokens the workers computed, recomputes after preemption included (offline).
     #[serde(default)]
     pub recomputed_tokens: u64,
@@ -93,6 +98,10 @@ pub struct Summary {
     /// (offline).
     #[serde(default)]
     pub transferred_bytes: u64,
+}
+
+fn is_zero(rate: &f64) -> bool {
+    *rate == 0.0
 }
 
 impl Summary {
@@ -139,6 +148,7 @@ impl Summary {
             cached_tokens,
             cache_hit_rate: ratio(cached_tokens as f64, prompt_tokens as f64),
             host_hit_rate: 0.0,
+            peer_hit_rate: 0.0,
             recomputed_tokens: 0,
             transferred_bytes: 0,
         }

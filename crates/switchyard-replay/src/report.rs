@@ -49,10 +49,11 @@ impl Report {
             "out tok/s/wkr",
             "hit rate",
             "host hit",
+            "peer hit",
             "recomputed",
             "moved GB",
         ];
-        let widths = [12, 7, 7, 5, 5, 10, 10, 10, 9, 9, 10, 13, 8, 8, 12, 9];
+        let widths = [12, 7, 7, 5, 5, 10, 10, 10, 9, 9, 10, 13, 8, 8, 8, 12, 9];
         let mut line = String::new();
         for (h, w) in header.iter().zip(widths) {
             let _ = write!(line, "{h:>w$} ");
@@ -75,6 +76,7 @@ impl Report {
                 format!("{:.1}", r.output_tok_s_per_worker),
                 format!("{:.1}%", r.cache_hit_rate * 100.0),
                 format!("{:.1}%", r.host_hit_rate * 100.0),
+                format!("{:.1}%", r.peer_hit_rate * 100.0),
                 r.recomputed_tokens.to_string(),
                 format!("{:.1}", r.transferred_bytes as f64 / 1e9),
             ];
@@ -97,12 +99,12 @@ impl Report {
              sessions_completed,duration_s,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,ttft_mean_ms,\
              tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,interactivity_tok_s,output_tokens,\
              output_tok_s_per_worker,prompt_tokens,cached_tokens,cache_hit_rate,host_hit_rate,\
-             recomputed_tokens,transferred_bytes\n",
+             recomputed_tokens,transferred_bytes,peer_hit_rate\n",
         );
         for r in &self.runs {
             let _ = writeln!(
                 s,
-                "{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.3},{},{},{:.5},{:.5},{},{}",
+                "{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.3},{},{},{:.5},{:.5},{},{},{:.5}",
                 self.workload,
                 self.mode,
                 r.label,
@@ -129,6 +131,7 @@ impl Report {
                 r.host_hit_rate,
                 r.recomputed_tokens,
                 r.transferred_bytes,
+                r.peer_hit_rate,
             );
         }
         s

@@ -182,7 +182,9 @@ struct CommonArgs {
     name: Option<String>,
     /// Cache variants to run each policy with (offline): `base` (device cache only), `host`
     /// (plus a host tier that evicted blocks move to), `retention` (retention hints from each
-    /// session's think times), `host+retention`.
+    /// session's think times), `host+retention`, `placement` (a worker may copy the prefix a
+    /// peer holds on device over the workers' KV link instead of recomputing it: sub-agents of
+    /// a saturated parent's worker), `full` (host + retention + placement).
     #[arg(long, value_delimiter = ',', default_value = "base")]
     variants: Vec<Variant>,
     /// Host KV tier per worker, in blocks, for the `host` variants (default: twice the device
@@ -209,15 +211,24 @@ enum Variant {
     Retention,
     #[value(name = "host+retention")]
     HostRetention,
+    Placement,
+    Full,
 }
 
 impl Variant {
     fn host(self) -> bool {
-        matches!(self, Variant::Host | Variant::HostRetention)
+        matches!(self, Variant::Host | Variant::HostRetention | Variant::Full)
     }
 
     fn retention(self) -> bool {
-        matches!(self, Variant::Retention | Variant::HostRetention)
+        matches!(
+            self,
+            Variant::Retention | Variant::HostRetention | Variant::Full
+        )
+    }
+
+    fn placement(self) -> bool {
+        matches!(self, Variant::Placement | Variant::Full)
     }
 
     /// `base` with the host tier and retention of this variant (from `common`'s settings).
@@ -257,6 +268,9 @@ impl Variant {
                 ..defaults
             });
             config.sim.retention_budget_fraction = common.retention_budget;
+        }
+        if self.placement() {
+            config = config.with_placement();
         }
         config
             .sim
@@ -349,7 +363,8 @@ fn cluster_config(
     }
     if common.host_kv_blocks.is_some() && !common.variants.iter().any(|v| v.host()) {
         return Err(ReplayError::InvalidConfig(
-            "--host-kv-blocks needs a host variant in --variants (host or host+retention)".into(),
+            "--host-kv-blocks needs a host variant in --variants (host, host+retention or full)"
+                .into(),
         ));
     }
     Ok(ClusterConfig {

@@ -34,6 +34,8 @@ use crate::workload::{Micros, Outbox, RequestSpec, Workload};
 /// Simulator ids of prefills and of import holds: far above any workload's request ids.
 const PREFILL_ID_BASE: u64 = 1 << 62;
 const HOLD_ID_BASE: u64 = 3 << 61;
+/// Staging area of a worker's KV pulls (the worker's default).
+pub(super) const DEFAULT_STAGING_BYTES: u64 = 8 << 20;
 
 /// When a request uses the prefill pool (the gateway's `--disaggregation`, minus `off`, which
 /// is a cluster without a [`DisaggConfig`]).
@@ -93,7 +95,7 @@ impl DisaggConfig {
             max_prefill_queue_tokens: DEFAULT_MAX_PREFILL_QUEUE_TOKENS,
             blocks_per_chunk: 32,
             layout: KvLayout::default(),
-            staging_bytes: 8 << 20,
+            staging_bytes: DEFAULT_STAGING_BYTES,
         }
     }
 }
@@ -128,8 +130,21 @@ pub struct DisaggStats {
     /// Link time of every chunk, summed (most of it overlaps the prefills).
     pub transfer_s: f64,
     /// Blocks that landed on a decode worker without room to place them (all in use): the
-    /// continuation recomputes them there.
+    /// continuation recomputes them there. Prefix copies' blocks count here too.
     pub blocks_not_placed: u64,
+    /// Prefixes copied from a peer's device instead of recomputed (placement), their bytes
+    /// (their link time is in `transfer_s`) and the blocks placed on arrival; left out of the
+    /// JSON when nothing was copied, so runs without placement read as before.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub peer_copies: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub peer_bytes: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub peer_blocks: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A disaggregated request between its arrival and its first token.

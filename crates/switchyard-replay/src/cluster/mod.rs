@@ -24,6 +24,7 @@ use indicatif::ProgressBar;
 use rustc_hash::FxHashMap as HashMap;
 mod control;
 mod disagg;
+mod peer;
 
 use switchyard_core::{
     BlockHash, BlockSize, EngineKind, KvEvent, Retention, Role, TokenId, WorkerId,
@@ -73,6 +74,9 @@ impl ClusterConfig {
         if self.retention.is_some() {
             label.push_str("+retention");
         }
+        if self.policy_config.kv.peer_link.is_some() {
+            label.push_str("+placement");
+        }
         label
     }
 }
@@ -113,6 +117,8 @@ enum Event {
     Emit(u64),
     /// The controller's turn ([`Cluster::run_with`]).
     Tick,
+    /// A prefix copied from a peer lands; its request is admitted ([`peer`]).
+    PeerLanded(Box<peer::PeerCopy>),
 }
 
 #[derive(Debug)]
@@ -156,6 +162,8 @@ struct Worker {
     moving_to: Option<Role>,
     /// Bookings the serving core holds on it (its requests not yet ended).
     booked: usize,
+    /// When its link is free of the prefix copies queued into it.
+    peer_link_free_at: Micros,
 }
 
 /// The simulated cluster; see the module docs.
@@ -182,6 +190,8 @@ pub struct Cluster {
     think_times: Option<ThinkTimes>,
     /// Session of each request in flight that carried a retention hint.
     sessions: HashMap<u64, String>,
+    /// Request id → (worker, hold) of a copied prefix, until the request's first token.
+    peer_holds: HashMap<u64, (usize, u64)>,
     steps: u64,
     kv_events: u64,
     now: Micros,
@@ -211,13 +221,19 @@ impl Cluster {
                 next_event_seq: 0,
                 last_report: None,
                 role,
-                staging: StagingArea::new(config.disagg.as_ref().map_or(1, |d| d.staging_bytes)),
+                staging: StagingArea::new(
+                    config
+                        .disagg
+                        .as_ref()
+                        .map_or(disagg::DEFAULT_STAGING_BYTES, |d| d.staging_bytes),
+                ),
                 stats: WorkerStats {
                     role: role.as_str(),
                     ..WorkerStats::default()
                 },
                 moving_to: None,
                 booked: 0,
+                peer_link_free_at: 0,
             });
         }
         let block_size = config.sim.block_size;
@@ -263,6 +279,7 @@ impl Cluster {
             live: HashMap::default(),
             think_times,
             sessions: HashMap::default(),
+            peer_holds: HashMap::default(),
             steps: 0,
             kv_events: 0,
             now: 0,
@@ -326,6 +343,7 @@ impl Cluster {
                 Event::KvEvents(w, events) => self.apply_events(w, &events)?,
                 Event::Import(request, blocks) => self.import(request, &blocks),
                 Event::Emit(request) => self.emit(request, workload, &mut out, progress),
+                Event::PeerLanded(copy) => self.peer_landed(*copy, workload, &mut out, progress),
                 Event::Tick => {
                     if let Some(controller) = controller.as_deref_mut() {
                         let next = controller.tick(self.now, &mut Control { cluster: &mut self });
@@ -412,7 +430,7 @@ impl Cluster {
             .served;
         drop(facts);
         let prompt_tokens = tokens.len() as u64;
-        let (w, booking) = match served {
+        let (w, booking, copy) = match served {
             Served::Aggregated {
                 decision,
                 booking,
@@ -421,7 +439,8 @@ impl Cluster {
                 if wanted_prefill {
                     self.flows.stats.kept_aggregated += 1;
                 }
-                (self.worker_index(&decision.worker)?, booking)
+                let copy = peer::copy_range(&decision);
+                (self.worker_index(&decision.worker)?, booking, copy)
             }
             Served::Disaggregated {
                 decision,
@@ -482,22 +501,43 @@ impl Cluster {
         });
         let slot = self.records.len() - 1;
         self.last_token_at.push(self.now);
+        match copy {
+            Some(range) => {
+                self.start_peer_copy(w, range, &request.block_hashes, sim_request, slot, booking)
+            }
+            None => self.admit(w, sim_request, slot, booking, workload, out, progress),
+        }
+        Ok(())
+    }
+
+    /// Hands `request` (record `slot`, booked as `booking`) to worker `w`'s simulator.
+    #[allow(clippy::too_many_arguments)]
+    fn admit(
+        &mut self,
+        w: usize,
+        request: SimRequest,
+        slot: usize,
+        booking: Booking,
+        workload: &mut dyn Workload,
+        out: &mut Outbox,
+        progress: &ProgressBar,
+    ) {
+        let id = request.id;
         let worker = &mut self.workers[w];
         worker.sim.set_clock(Duration::from_micros(self.now));
-        if worker.sim.add_request(sim_request).is_err() {
+        if worker.sim.add_request(request).is_err() {
             // Refused by the engine (too long for its context or cache): a failed request.
-            self.session_ended(spec.id);
+            self.session_ended(id);
             self.release(&booking);
             progress.inc(1);
-            workload.on_finished(spec.id, false, self.now, out);
-            return Ok(());
+            workload.on_finished(id, false, self.now, out);
+            return;
         }
-        self.bookings.insert(spec.id, booking);
-        self.live.insert(spec.id, slot);
+        self.bookings.insert(id, booking);
+        self.live.insert(id, slot);
         if worker.pending.is_none() {
             self.start_step(w);
         }
-        Ok(())
     }
 
     /// A request that carried a retention hint ended: its session's pause starts now.
@@ -558,6 +598,10 @@ impl Cluster {
             };
             // A disaggregated request's continuation: its first token was emitted already.
             let offset = self.continued(w, token.id);
+            if token.completion_tokens == 1 {
+                // Admitted and past its prefill: a copied prefix needs no hold any more.
+                self.peer_admitted(token.id);
+            }
             let record = &mut self.records[slot];
             if record.first_token.is_none() {
                 record.first_token = Some(self.now);

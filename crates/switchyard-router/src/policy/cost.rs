@@ -22,9 +22,10 @@
 //! other.
 
 use serde::{Deserialize, Serialize};
-use switchyard_core::{KvTierCosts, StorageTier, WorkerId};
+use switchyard_core::{KvTierCosts, StorageTier, TierLink, WorkerId};
 
 use super::explain::WorkerScore;
+use super::placement;
 use super::{Candidate, RouteRequest};
 use crate::error::RouteError;
 use crate::index::TierOverlap;
@@ -48,6 +49,12 @@ pub struct KvConfig {
     pub disk_hit_factor: Option<f64>,
     /// 0 picks the lowest cost; above 0 samples (softmax over normalised costs).
     pub temperature: f64,
+    /// The link between workers a prefix can be copied over (sub-agent placement, see
+    /// `placement`): with one, a worker may be priced with copying the device prefix a peer
+    /// holds instead of recomputing it. Not read from configuration: only the replay lab's
+    /// cluster carries such copies out today, so a live gateway cannot be told to price them.
+    #[serde(skip)]
+    pub peer_link: Option<TierLink>,
 }
 
 impl Default for KvConfig {
@@ -58,6 +65,7 @@ impl Default for KvConfig {
             host_hit_factor: None,
             disk_hit_factor: None,
             temperature: 0.0,
+            peer_link: None,
         }
     }
 }
@@ -78,6 +86,11 @@ impl KvConfig {
         if !finite_non_neg(self.prefill_weight) || !finite_non_neg(self.decode_weight) {
             return Err(RouteError::InvalidConfig(
                 "kv weights must be finite and non-negative".into(),
+            ));
+        }
+        if self.peer_link.is_some_and(|l| l.bytes_per_s == 0) {
+            return Err(RouteError::InvalidConfig(
+                "the peer link's bandwidth must be positive".into(),
             ));
         }
         if !finite_non_neg(self.temperature) {
@@ -105,10 +118,27 @@ pub struct Onboarding {
     pub seconds: f64,
     /// Seconds recomputing the same tokens would take there.
     pub recompute_seconds: f64,
+    /// Blocks past the worker's own cached prefix copied from a peer's device (placement),
+    /// and the seconds the copy takes; its recompute time is `peer_recompute_seconds`. Left out
+    /// of the JSON when no copy is priced, so explanations without placement read as before.
+    #[serde(skip_serializing_if = "no_peer_blocks")]
+    pub peer_blocks: u32,
+    #[serde(skip_serializing_if = "no_seconds")]
+    pub peer_seconds: f64,
+    #[serde(skip_serializing_if = "no_seconds")]
+    pub peer_recompute_seconds: f64,
     /// The figures used.
     pub costs: KvTierCosts,
     /// Whether the worker announced them (else [`KvTierCosts::typical`] was assumed).
     pub announced: bool,
+}
+
+fn no_peer_blocks(blocks: &u32) -> bool {
+    *blocks == 0
+}
+
+fn no_seconds(seconds: &f64) -> bool {
+    *seconds == 0.0
 }
 
 impl Onboarding {
@@ -149,6 +179,9 @@ impl Onboarding {
             queued_bytes,
             seconds,
             recompute_seconds: costs.recompute_seconds(u64::from(loaded) * u64::from(block_size)),
+            peer_blocks: 0,
+            peer_seconds: 0.0,
+            peer_recompute_seconds: 0.0,
             costs,
             announced,
         }
@@ -181,18 +214,27 @@ pub(crate) fn breakdown(
     overlap_of: impl Fn(&WorkerId) -> TierOverlap,
 ) -> Vec<WorkerScore> {
     let bs = request.block_size.get();
+    let overlaps: Vec<TierOverlap> = candidates.iter().map(|c| overlap_of(&c.worker)).collect();
+    let peer_device = overlaps.iter().map(|o| o.device).max().unwrap_or(0);
     candidates
         .iter()
-        .map(|c| {
-            let overlap = overlap_of(&c.worker);
+        .zip(overlaps)
+        .map(|(c, overlap)| {
             let l = load.get(&c.worker);
             let (costs, announced) = costs_of(c, bs);
-            let onboarding =
+            let mut onboarding =
                 Onboarding::price(overlap, costs, announced, l.queued_onboard_bytes, bs);
-            let cached = u64::from(overlap.any_tier) * u64::from(bs);
+            let peer = cfg.peer_link.map_or_else(Default::default, |link| {
+                placement::peer_copy(overlap.any_tier, peer_device, &link, &costs, bs)
+            });
+            onboarding.peer_blocks = peer.blocks;
+            onboarding.peer_seconds = peer.seconds;
+            onboarding.peer_recompute_seconds = peer.recompute_seconds;
+            let cached = u64::from(overlap.any_tier + peer.blocks) * u64::from(bs);
             let uncached = request.prompt_tokens.saturating_sub(cached);
-            let prefill_seconds =
-                costs.recompute_seconds(uncached + l.queued_prefill_tokens) + onboarding.seconds;
+            let prefill_seconds = costs.recompute_seconds(uncached + l.queued_prefill_tokens)
+                + onboarding.seconds
+                + peer.seconds;
             let prefill_term = cfg.prefill_weight * prefill_seconds;
             let decode_term =
                 cfg.decode_weight * costs.recompute_seconds(l.active_blocks * u64::from(bs));

@@ -151,8 +151,16 @@ pub(crate) fn kv_why(
 /// the worker loads nothing.
 fn onboarding_why(w: &WorkerScore) -> String {
     let o = &w.onboarding;
+    let peer = if o.peer_blocks == 0 {
+        String::new()
+    } else {
+        format!(
+            ", {} more copied from a peer in {:.3} s (recompute {:.3} s)",
+            o.peer_blocks, o.peer_seconds, o.peer_recompute_seconds
+        )
+    };
     if o.blocks() == 0 {
-        return String::new();
+        return peer;
     }
     let assumed = if o.announced {
         ""
@@ -167,7 +175,7 @@ fn onboarding_why(w: &WorkerScore) -> String {
         o.remote_blocks,
         o.seconds,
         o.recompute_seconds,
-    )
+    ) + &peer
 }
 
 /// Checks the request was hashed like the index.

@@ -16,6 +16,7 @@ pub mod approx;
 mod cost;
 mod explain;
 pub mod kv;
+mod placement;
 pub mod session;
 mod simple;
 
@@ -217,6 +218,8 @@ impl std::fmt::Display for PolicyKind {
     }
 }
 
+#[cfg(test)]
+mod placement_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
