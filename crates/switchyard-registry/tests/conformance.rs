@@ -61,6 +61,7 @@ async fn listed_ids(registry: &dyn Registry) -> Vec<String> {
 /// The cases, each written once against `dyn Registry`.
 mod cases {
     use super::*;
+    use std::sync::Arc;
 
     pub async fn registered_worker_is_listed_exactly(env: Env) {
         let info = worker("w1", "m", 16);
