@@ -179,7 +179,6 @@ impl WorkerService {
         self.check_prompt(&req.prompt_token_ids, sampling.max_tokens)?;
         let identity = switchyard_proto::identity_from_proto(req.identity)
             .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
-        let retention = self.retention(req.retention)?;
         if !self.state.role().serves_decode() {
             return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role prefill and does not generate; send Prefill",
@@ -187,6 +186,8 @@ impl WorkerService {
             )));
         }
         self.check_accepting()?;
+        // Counted only for a request the worker takes.
+        let retention = self.retention(req.retention)?;
         let in_flight = self.state.begin_request();
         let params = GenerateParams {
             request_id: req.request_id,
@@ -235,7 +236,6 @@ impl WorkerService {
         self.check_prompt(&req.prompt_token_ids, 1)?;
         let identity = switchyard_proto::identity_from_proto(req.identity)
             .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
-        let retention = self.retention(req.retention)?;
         if !self.state.role().serves_prefill() {
             return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role decode and does not prefill",
@@ -243,6 +243,8 @@ impl WorkerService {
             )));
         }
         self.check_accepting()?;
+        // Counted only for a request the worker takes.
+        let retention = self.retention(req.retention)?;
         let hold = match req.hold_ms {
             0 => self.limits.default_hold,
             ms => Duration::from_millis(u64::from(ms)).min(self.limits.max_hold),

@@ -465,4 +465,18 @@ async fn a_retention_hint_reaches_the_simulator_and_is_counted() {
     let err = run(&mut worker, bad).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
     assert!(err.message().contains("retention priority"), "{err}");
+    // A hinted request the worker refuses is not counted.
+    let mut prefill_only = start("sim-retain-p", Role::Prefill, 50.0).await;
+    let refused = GenerateRequest {
+        retention: Some(v1::RetentionHint {
+            ttl_ms: 600_000,
+            priority: 1,
+        }),
+        ..generate(prompt(64, 1), 2, None)
+    };
+    let err = run(&mut prefill_only, refused).await.unwrap_err();
+    assert!(err.message().contains("does not generate"), "{err}");
+    let scrape = Scrape::of(&prefill_only).await;
+    assert_eq!(scrape.get(hints, &[("outcome", "passed")]), 0.0);
+    assert_eq!(scrape.get(hints, &[("outcome", "unhonoured")]), 0.0);
 }
