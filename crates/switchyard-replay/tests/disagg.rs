@@ -10,7 +10,6 @@ use switchyard_engine_sim::SimConfig;
 use switchyard_replay::disagg_bench::{Row, Setup, Targets, run_setup, setups};
 use switchyard_replay::workload::mix::{MixConfig, MixWorkload};
 use switchyard_replay::{ClusterConfig, ClusterRun, DisaggMode};
-use switchyard_router::{PolicyConfig, PolicyKind};
 
 fn mix() -> MixConfig {
     MixConfig {
@@ -23,18 +22,12 @@ fn mix() -> MixConfig {
 
 fn base() -> ClusterConfig {
     ClusterConfig {
-        workers: 4,
         sim: SimConfig {
             seed: 3,
             ..SimConfig::default()
         },
-        policy: PolicyKind::Kv,
-        policy_config: PolicyConfig::default(),
-        event_delay_us: 0,
-        load_report_interval_us: 0,
-        disagg: None,
         token_gaps: true,
-        retention: None,
+        ..ClusterConfig::default()
     }
 }
 

@@ -12,7 +12,6 @@ use switchyard_replay::workload::weka::{
     WekaCall, WekaConfig, WekaEntry, WekaSubagent, WekaTrace, WekaWorkload,
 };
 use switchyard_replay::{ClusterConfig, OfflineRun, replay_offline};
-use switchyard_router::{PolicyConfig, PolicyKind};
 
 const BLOCK: u32 = 16;
 const PREFIX: u32 = 64;
@@ -59,13 +58,7 @@ fn two_workers() -> ClusterConfig {
             num_device_blocks: 4096,
             ..SimConfig::default()
         },
-        policy: PolicyKind::Kv,
-        policy_config: PolicyConfig::default(),
-        event_delay_us: 0,
-        load_report_interval_us: 0,
-        disagg: None,
-        token_gaps: false,
-        retention: None,
+        ..ClusterConfig::default()
     }
 }
 

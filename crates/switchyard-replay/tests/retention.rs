@@ -11,7 +11,6 @@ use switchyard_replay::{
     ClusterConfig, Micros, OfflineRun, Outbox, RequestSpec, Workload, replay_offline,
 };
 use switchyard_router::serve::RetentionConfig;
-use switchyard_router::{PolicyConfig, PolicyKind};
 
 /// Session `agent` sends a 64-block turn, pauses 10 s, then sends the next turn on top of it.
 /// During the pause anonymous one-shot prompts of 64 distinct blocks each go to the same
@@ -92,13 +91,8 @@ fn run(host_blocks: u64, retention: bool) -> OfflineRun {
             num_host_blocks: host_blocks,
             ..SimConfig::default()
         },
-        policy: PolicyKind::Kv,
-        policy_config: PolicyConfig::default(),
-        event_delay_us: 0,
-        load_report_interval_us: 0,
-        disagg: None,
-        token_gaps: false,
         retention: retention.then(RetentionConfig::default),
+        ..ClusterConfig::default()
     };
     let mut workload = PauseThenReturn::default();
     let run = replay_offline(

@@ -65,6 +65,24 @@ pub struct ClusterConfig {
     pub retention: Option<RetentionConfig>,
 }
 
+impl Default for ClusterConfig {
+    /// Four aggregated simulated workers of the simulator's defaults under the `kv` policy, KV
+    /// events and load reports seen at once, no token gaps recorded, no retention hints.
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            sim: SimConfig::default(),
+            policy: PolicyKind::Kv,
+            policy_config: PolicyConfig::default(),
+            event_delay_us: 0,
+            load_report_interval_us: 0,
+            disagg: None,
+            token_gaps: false,
+            retention: None,
+        }
+    }
+}
+
 impl ClusterConfig {
     /// The run's label: the policy, plus `+host` with a host tier and `+retention` with hints.
     pub fn label(&self) -> String {

@@ -34,10 +34,6 @@ pub fn cluster(policy: PolicyKind, block_size: u32, kv_blocks: u64, seed: u64) -
             seed,
             ..PolicyConfig::default()
         },
-        event_delay_us: 0,
-        load_report_interval_us: 0,
-        disagg: None,
-        token_gaps: false,
-        retention: None,
+        ..ClusterConfig::default()
     }
 }
