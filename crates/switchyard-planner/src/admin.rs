@@ -69,8 +69,6 @@ pub enum AdminError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("planner admin listener failed: {0}")]
-    Serve(std::io::Error),
 }
 
 /// Binds `listen`; the returned server runs until `shutdown` once awaited.
@@ -104,7 +102,7 @@ pub async fn serve(
     state: Arc<PlannerState>,
     metrics: Arc<PlannerMetrics>,
     shutdown: CancellationToken,
-) -> Result<(), AdminError> {
+) {
     let admin =
         Router::new()
             .nest("/admin/planner", router(state))
@@ -133,9 +131,7 @@ pub async fn serve(
             require_token,
         ));
     let app = admin.merge(scrape).route("/health", get(|| async { "ok" }));
-    switchyard_security::listener::serve(listener, access.tls, app, shutdown)
-        .await
-        .map_err(AdminError::Serve)
+    switchyard_security::listener::serve(listener, access.tls, app, shutdown).await;
 }
 
 async fn require_token(

@@ -26,8 +26,11 @@
 //!   with its credential).
 //! - [`incoming`]: TLS handshakes off the accept loop, with a timeout, for the worker's gRPC
 //!   server and the HTTP listeners.
-//! - [`listener`]: HTTPS for the HTTP listeners (the gateway's, the worker's metrics, the
-//!   planner's admin API) from reloaded certificate files, and the server of the side listeners.
+//! - [`server`]: the one HTTP server of every listener (the gateway's OpenAI API, the endpoint
+//!   picker's, the worker's metrics, the planner's admin API): a connection cap, header, body
+//!   and idle timeouts, HTTP/2 limits, TLS handshakes in the connection's task, phased shutdown.
+//! - [`listener`]: HTTPS for the HTTP listeners from reloaded certificate files, and the limits
+//!   of the side listeners (metrics, planner admin).
 //! - [`config`]: [`SecurityConfig`], the `[security]` table every role's configuration carries,
 //!   and its flags.
 
@@ -42,6 +45,7 @@ pub mod identity;
 pub mod incoming;
 pub mod listener;
 pub mod secret;
+pub mod server;
 pub mod tls;
 
 pub use authorize::{AuthChannel, Authorizer, Credential};

@@ -1,29 +1,21 @@
 //! The HTTP listeners beside the cluster's gRPC (the worker's `--metrics-listen`, the planner's
 //! `--admin-listen`) and the gateway's HTTPS share one way of turning TLS on: a certificate
 //! chain and key from files, re-read when they change ([`https_config`]). The side listeners are
-//! served by [`serve`], plain or over TLS with each handshake off the accept loop and bounded by
-//! [`HANDSHAKE_TIMEOUT`](crate::incoming::HANDSHAKE_TIMEOUT) ([`TlsListener`]), with at most
-//! [`SIDE_MAX_CONNECTIONS`] connections open at once ([`Capped`]: past it, new connections wait
-//! in the listen backlog until one closes); the gateway runs its own connection-capped server
-//! over the same configuration.
+//! served by [`serve`]: the gateway's own server ([`crate::server`]), plain or over TLS, with at
+//! most [`SIDE_MAX_CONNECTIONS`] connections open (one more is answered 503) and the header,
+//! body and idle timeouts of [`side_limits`], so a client that opens connections and sends
+//! nothing, or trickles its headers, cannot hold a scrape endpoint.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::time::Duration;
 
 use rustls::ServerConfig;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_rustls::server::TlsStream;
-use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::SecurityError;
-use crate::incoming::TlsIncoming;
+use crate::server::HttpLimits;
 use crate::tls::{Reloading, TlsFiles, http_server_config};
 
 /// An HTTPS listener's configuration, rebuilt when its files change.
@@ -61,175 +53,44 @@ pub fn https_config(files: &TlsFiles) -> Result<Arc<HttpsConfig>, SecurityError>
     )?))
 }
 
-/// A TLS listener for `axum::serve`: yields connections whose handshake finished.
-#[derive(Debug)]
-pub struct TlsListener {
-    established: TlsIncoming,
-    local_addr: SocketAddr,
-}
-
-impl TlsListener {
-    /// Accepts on `listener` until `stop` fires or the listener is dropped.
-    pub fn new(
-        listener: TcpListener,
-        config: Arc<HttpsConfig>,
-        stop: CancellationToken,
-    ) -> std::io::Result<Self> {
-        let local_addr = listener.local_addr()?;
-        Ok(Self {
-            established: TlsIncoming::new(listener, config, stop),
-            local_addr,
-        })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.established.next().await {
-                Some(Ok(stream)) => {
-                    let peer = stream
-                        .get_ref()
-                        .0
-                        .peer_addr()
-                        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-                    return (stream, peer);
-                }
-                // Failed handshakes are logged where they happen and never reach here.
-                Some(Err(_)) => continue,
-                // The accept task stopped (shutdown): no more connections, ever.
-                None => std::future::pending::<()>().await,
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local_addr)
-    }
-}
-
 /// Connections a side listener (metrics, planner admin) keeps open at once: scrapers and
 /// operators need a handful, so a client that opens thousands holds only these.
 pub const SIDE_MAX_CONNECTIONS: usize = 256;
 
-/// A listener that keeps at most `max` connections open: each accepted connection holds a slot
-/// until it closes, and the next accept waits for a free slot (the kernel's backlog holds the
-/// connections in between).
-#[derive(Debug)]
-pub struct Capped<L> {
-    inner: L,
-    slots: Arc<Semaphore>,
-}
-
-impl<L> Capped<L> {
-    pub fn new(inner: L, max: usize) -> Self {
-        Self {
-            inner,
-            slots: Arc::new(Semaphore::new(max.max(1))),
-        }
+/// The limits of a side listener: its requests are scrapes, probes and small admin calls, so
+/// a client gets as long as the gateway's defaults give it for headers and bodies, and one that
+/// holds a connection open without asking anything is closed after a minute.
+pub fn side_limits(max_connections: usize) -> HttpLimits {
+    HttpLimits {
+        max_connections,
+        header_timeout: Duration::from_secs(10),
+        body_timeout: Duration::from_secs(30),
+        idle_timeout: Duration::from_secs(60),
+        http2_max_streams: 32,
+        shutdown_grace: Duration::from_secs(5),
     }
 }
 
-impl<L: axum::serve::Listener> axum::serve::Listener for Capped<L> {
-    type Io = Held<L::Io>;
-    type Addr = L::Addr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let Ok(slot) = Arc::clone(&self.slots).acquire_owned().await else {
-            // The semaphore is never closed; should it be, accept nothing more.
-            return std::future::pending().await;
-        };
-        let (io, addr) = self.inner.accept().await;
-        (Held { io, _slot: slot }, addr)
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
-
-/// A connection holding its slot of a [`Capped`] listener until it is dropped.
-#[derive(Debug)]
-pub struct Held<Io> {
-    io: Io,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl<Io: AsyncRead + Unpin> AsyncRead for Held<Io> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<Io: AsyncWrite + Unpin> AsyncWrite for Held<Io> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-}
-
-/// Serves `app` on `listener`, over TLS when `tls` is given, until `stop` fires, with at most
-/// [`SIDE_MAX_CONNECTIONS`] connections open.
+/// Serves `app` on `listener`, over TLS when `tls` is given, until `stop` fires, with the
+/// limits of [`side_limits`] and at most [`SIDE_MAX_CONNECTIONS`] connections open.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<HttpsConfig>>,
     app: axum::Router,
     stop: CancellationToken,
-) -> std::io::Result<()> {
-    serve_capped(listener, tls, app, stop, SIDE_MAX_CONNECTIONS).await
+) {
+    serve_with(listener, tls, app, stop, side_limits(SIDE_MAX_CONNECTIONS)).await;
 }
 
-/// [`serve`] with `max` connections open at most.
-pub async fn serve_capped(
+/// [`serve`] with other limits.
+pub async fn serve_with(
     listener: TcpListener,
     tls: Option<Arc<HttpsConfig>>,
     app: axum::Router,
     stop: CancellationToken,
-    max: usize,
-) -> std::io::Result<()> {
-    match tls {
-        None => {
-            axum::serve(Capped::new(listener, max), app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        }
-        Some(config) => {
-            let listener = TlsListener::new(listener, config, stop.clone())?;
-            axum::serve(Capped::new(listener, max), app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        }
-    }
+    limits: HttpLimits,
+) {
+    crate::server::serve(listener, app, limits, tls, Arc::new(()), stop).await;
 }
 
 #[cfg(test)]
@@ -253,46 +114,5 @@ mod tests {
             "{err}"
         );
         assert!(https_files(None, Some(&key), "a and b").is_err());
-    }
-
-    /// Two idle connections fill a listener capped at two: a third client is not served until
-    /// one of them closes, then it is.
-    #[tokio::test]
-    async fn a_capped_listener_serves_no_more_connections_than_its_cap() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
-        let server = tokio::spawn(serve_capped(listener, None, app, stop.clone(), 2));
-        let ask = || async move {
-            let mut stream = TcpStream::connect(addr).await.unwrap();
-            stream
-                .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let mut answer = String::new();
-            stream.read_to_string(&mut answer).await.unwrap();
-            answer
-        };
-        // Served while there is room.
-        assert!(ask().await.ends_with("ok"));
-        let first = TcpStream::connect(addr).await.unwrap();
-        let second = TcpStream::connect(addr).await.unwrap();
-        let third = tokio::spawn(ask());
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        assert!(
-            !third.is_finished(),
-            "a third connection was served past the cap"
-        );
-        drop(first);
-        let answer = tokio::time::timeout(std::time::Duration::from_secs(20), third)
-            .await
-            .expect("served once a slot is free")
-            .unwrap();
-        assert!(answer.ends_with("ok"), "{answer}");
-        drop(second);
-        stop.cancel();
-        server.await.unwrap().unwrap();
     }
 }

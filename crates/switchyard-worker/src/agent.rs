@@ -362,12 +362,10 @@ pub async fn run(
         Ok(result) => result?,
         Err(join) => tracing::error!(error = %join, "grpc server task failed"),
     }
-    if let Some(server) = metrics_server {
-        match server.await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => tracing::warn!(error = %err, "metrics server failed"),
-            Err(join) => tracing::error!(error = %join, "metrics server task failed"),
-        }
+    if let Some(server) = metrics_server
+        && let Err(join) = server.await
+    {
+        tracing::error!(error = %join, "metrics server task failed");
     }
     tracing::info!(worker = %id, "worker stopped");
     Ok(())

@@ -264,10 +264,8 @@ async fn serve(config: PlannerConfig) -> Result<(), Failure> {
     println!("{ready}");
     planner.run(shutdown.clone()).await;
     if let Some(task) = admin_task {
-        match task.await {
-            Ok(Err(err)) => tracing::warn!(error = %err, "planner admin listener failed"),
-            Err(err) => tracing::warn!(error = %err, "planner admin task failed"),
-            Ok(Ok(())) => {}
+        if let Err(err) = task.await {
+            tracing::warn!(error = %err, "planner admin task failed");
         }
     }
     Ok(())

@@ -76,7 +76,7 @@ pub async fn serve(
     metrics: Arc<WorkerMetrics>,
     state: WorkerState,
     stop: CancellationToken,
-) -> std::io::Result<()> {
+) {
     let probes = Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(get_ready))
