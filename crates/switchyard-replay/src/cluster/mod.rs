@@ -505,6 +505,8 @@ impl Cluster {
         let sim_request = SimRequest {
             ignore_eos: true,
             retention,
+            // Hashed once, for routing: the simulator takes the same hashes.
+            prompt_hashes: Some(request.block_hashes.clone()),
             ..SimRequest::new(spec.id, tokens, spec.max_tokens)
         };
         self.records.push(RequestRecord {
