@@ -23,6 +23,7 @@ use rustc_hash::FxHashMap;
 use switchyard_core::{BlockHash, SnapshotBlock, StorageTier, TokenId};
 
 use crate::events::EventLog;
+use crate::lru::LruQueue;
 use crate::retained::{Pin, Placed, Retained, RetainedKey};
 
 /// Index of a device block.
@@ -69,7 +70,7 @@ pub(crate) struct KvCache {
     /// Truly free blocks, popped from the back so block 0 is used first.
     free: Vec<BlockId>,
     /// Cached, unreferenced blocks by release order; the smallest tick is evicted first.
-    lru: BTreeMap<u64, BlockId>,
+    lru: LruQueue,
     /// Block hashes are XXH3 outputs already: FxHash only spreads them (SipHash cost a tenth
     /// of a replay).
     by_hash: FxHashMap<BlockHash, BlockId>,
@@ -94,7 +95,7 @@ impl KvCache {
             block_size,
             block_tokens: Vec::new(),
             free: (0..device_blocks).rev().collect(),
-            lru: BTreeMap::new(),
+            lru: LruQueue::new(),
             by_hash: FxHashMap::default(),
             host_capacity: usize::try_from(host_blocks).unwrap_or(usize::MAX),
             host: FxHashMap::default(),
@@ -279,7 +280,7 @@ impl KvCache {
     fn take_ref(&mut self, block: BlockId) {
         let b = &mut self.blocks[block as usize];
         if let Some(tick) = b.lru_tick.take() {
-            self.lru.remove(&tick);
+            self.lru.remove(tick, block);
         }
         if let Some(key) = b.retained_key.take() {
             self.retained.take(key);
