@@ -101,9 +101,15 @@ impl PromptSpec {
     /// the last block is cut; when they cover less (Weka ids name full blocks only) the rest
     /// is request-unique filler. A prompt is never empty.
     pub fn tokens(&self) -> Vec<TokenId> {
+        self.tokens_with_room(0)
+    }
+
+    /// [`Self::tokens`] in a vector with room for `room` more (the tokens a simulator will
+    /// append as it generates, so a long prompt is not copied to grow).
+    pub fn tokens_with_room(&self, room: usize) -> Vec<TokenId> {
         let bs = self.block_size as usize;
         let total = (self.input_tokens as usize).max(1);
-        let mut out = Vec::with_capacity(total);
+        let mut out = Vec::with_capacity(total.saturating_add(room));
         // The ids whose whole block fits, then at most one cut block.
         let full = total
             .checked_div(bs)

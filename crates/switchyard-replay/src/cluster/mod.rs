@@ -425,7 +425,7 @@ impl Cluster {
         out: &mut Outbox,
         progress: &ProgressBar,
     ) -> Result<(), ReplayError> {
-        let tokens = spec.prompt.tokens();
+        let tokens = spec.prompt.tokens_with_room(spec.max_tokens as usize);
         let request =
             serve::route_request(&tokens, self.block_size, spec.session.clone(), self.now);
         self.refresh_loads();
