@@ -49,10 +49,19 @@ pub fn chain_hash(parent: Option<BlockHash>, tokens: &[TokenId]) -> BlockHash {
 fn hash_into(buf: &mut Vec<u8>, parent: BlockHash, tokens: &[TokenId]) -> BlockHash {
     buf.clear();
     buf.extend_from_slice(&parent.0.to_le_bytes());
-    for t in tokens {
-        buf.extend_from_slice(&t.to_le_bytes());
-    }
+    put_tokens(buf, tokens);
     BlockHash(xxhash_rust::xxh3::xxh3_64_with_seed(buf, HASH_SEED))
+}
+
+/// Appends the little-endian bytes of `tokens`. Sized once and written in place, which the
+/// compiler turns into a plain copy on little-endian machines, where growing the buffer token
+/// by token cost more than the hashing (a long prompt's hash copies it whole).
+fn put_tokens(buf: &mut Vec<u8>, tokens: &[TokenId]) {
+    let start = buf.len();
+    buf.resize(start + tokens.len() * 4, 0);
+    for (bytes, t) in buf[start..].chunks_exact_mut(4).zip(tokens) {
+        bytes.copy_from_slice(&t.to_le_bytes());
+    }
 }
 
 /// What besides its tokens names a block — a LoRA adapter, a cache salt, multimodal inputs —
@@ -92,9 +101,7 @@ pub fn chain_hash_keyed(
     };
     let mut buf = Vec::with_capacity(16 + tokens.len() * 4);
     buf.extend_from_slice(&parent.unwrap_or(BlockHash::ROOT).0.to_le_bytes());
-    for t in tokens {
-        buf.extend_from_slice(&t.to_le_bytes());
-    }
+    put_tokens(&mut buf, tokens);
     buf.extend_from_slice(&key.to_le_bytes());
     BlockHash(xxhash_rust::xxh3::xxh3_64_with_seed(&buf, HASH_SEED))
 }

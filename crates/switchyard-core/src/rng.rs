@@ -35,12 +35,15 @@ impl SplitMix64 {
     }
 }
 
-/// The first value of SplitMix64 seeded with `x`: a stable 64-bit hash of `x`.
+/// The first value of SplitMix64 seeded with `x`: a stable 64-bit hash of `x`. Inline across
+/// crates: synthetic prompts call it once per token.
+#[inline]
 pub fn splitmix(x: u64) -> u64 {
     mix64(x.wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
 /// The SplitMix64 finaliser: a good 64-bit mixing function, also used for stable tie-breaks.
+#[inline]
 pub fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -49,6 +49,7 @@ impl Simulator {
         Ok(Self {
             kv: KvCache::new(
                 device_blocks,
+                config.block_size.as_usize(),
                 config.num_host_blocks,
                 config.retention_budget_blocks(),
             ),
@@ -111,6 +112,16 @@ impl Simulator {
                 needed_blocks,
                 capacity_blocks: self.config.num_device_blocks,
             });
+        }
+        if let Some(hashes) = &req.prompt_hashes {
+            let expected = self.config.block_size.full_blocks(req.prompt.len());
+            if hashes.len() != expected {
+                return Err(SimError::PromptHashCount {
+                    id,
+                    got: hashes.len(),
+                    expected,
+                });
+            }
         }
         if !self.live_ids.insert(id) {
             return Err(SimError::DuplicateId { id });

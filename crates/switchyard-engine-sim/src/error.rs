@@ -32,4 +32,12 @@ pub enum SimError {
     },
     #[error("request id {id} is already in use by a queued, running or held request")]
     DuplicateId { id: u64 },
+    #[error(
+        "request {id} comes with {got} prompt block hashes, but its prompt has {expected} full blocks"
+    )]
+    PromptHashCount {
+        id: u64,
+        got: usize,
+        expected: usize,
+    },
 }

@@ -23,16 +23,17 @@ use rustc_hash::FxHashMap;
 use switchyard_core::{BlockHash, SnapshotBlock, StorageTier, TokenId};
 
 use crate::events::EventLog;
+use crate::lru::LruQueue;
 use crate::retained::{Pin, Placed, Retained, RetainedKey};
 
 /// Index of a device block.
 pub(crate) type BlockId = u32;
 
-#[derive(Debug, Clone)]
+/// A registered device block's name; its tokens are in [`KvCache::block_tokens`].
+#[derive(Debug, Clone, Copy)]
 struct CachedBlock {
     hash: BlockHash,
     parent: Option<BlockHash>,
-    tokens: Vec<TokenId>,
 }
 
 #[derive(Debug, Default)]
@@ -61,10 +62,15 @@ pub(crate) type PrefixHit = Vec<StorageTier>;
 #[derive(Debug)]
 pub(crate) struct KvCache {
     blocks: Vec<DeviceBlock>,
+    block_size: usize,
+    /// The tokens of device block `b` at `b * block_size ..`, valid while it is registered:
+    /// one slab rather than a vector per block (allocating and freeing those was a good part
+    /// of a replay's time).
+    block_tokens: Vec<TokenId>,
     /// Truly free blocks, popped from the back so block 0 is used first.
     free: Vec<BlockId>,
     /// Cached, unreferenced blocks by release order; the smallest tick is evicted first.
-    lru: BTreeMap<u64, BlockId>,
+    lru: LruQueue,
     /// Block hashes are XXH3 outputs already: FxHash only spreads them (SipHash cost a tenth
     /// of a replay).
     by_hash: FxHashMap<BlockHash, BlockId>,
@@ -78,11 +84,18 @@ pub(crate) struct KvCache {
 }
 
 impl KvCache {
-    pub(crate) fn new(device_blocks: u32, host_blocks: u64, retention_budget: usize) -> Self {
+    pub(crate) fn new(
+        device_blocks: u32,
+        block_size: usize,
+        host_blocks: u64,
+        retention_budget: usize,
+    ) -> Self {
         Self {
             blocks: (0..device_blocks).map(|_| DeviceBlock::default()).collect(),
+            block_size,
+            block_tokens: Vec::new(),
             free: (0..device_blocks).rev().collect(),
-            lru: BTreeMap::new(),
+            lru: LruQueue::new(),
             by_hash: FxHashMap::default(),
             host_capacity: usize::try_from(host_blocks).unwrap_or(usize::MAX),
             host: FxHashMap::default(),
@@ -240,14 +253,13 @@ impl KvCache {
             let tick = self.next_tick();
             let hb = self.host.get_mut(&hash)?;
             hb.lru_tick = Some(tick);
-            let (parent, tokens) = (hb.parent, hb.tokens.clone());
+            let parent = hb.parent;
+            events.stored(StorageTier::Device, parent, hash, hb.tokens.clone());
+            if let Some(slot) = slab_slot(&mut self.block_tokens, block, self.block_size) {
+                copy_tokens(slot, &hb.tokens);
+            }
             self.host_lru.insert(tick, hash);
-            events.stored(StorageTier::Device, parent, hash, tokens.clone());
-            self.blocks[block as usize].cached = Some(CachedBlock {
-                hash,
-                parent,
-                tokens,
-            });
+            self.blocks[block as usize].cached = Some(CachedBlock { hash, parent });
             self.by_hash.insert(hash, block);
             table[slot] = block;
         }
@@ -268,7 +280,7 @@ impl KvCache {
     fn take_ref(&mut self, block: BlockId) {
         let b = &mut self.blocks[block as usize];
         if let Some(tick) = b.lru_tick.take() {
-            self.lru.remove(&tick);
+            self.lru.remove(tick, block);
         }
         if let Some(key) = b.retained_key.take() {
             self.retained.take(key);
@@ -304,7 +316,7 @@ impl KvCache {
                     if let Some(cached) = slot.cached.take() {
                         self.by_hash.remove(&cached.hash);
                         events.removed(StorageTier::Device, cached.hash);
-                        evicted.push(cached);
+                        evicted.push((b, cached));
                     }
                     b
                 }
@@ -315,13 +327,14 @@ impl KvCache {
         // After all the device removals, so a burst of evictions stays one event; parents
         // first (victims come tail-first off the LRU list) so no host block names a parent
         // the host tier has not announced yet.
-        for cached in evicted.into_iter().rev() {
-            self.demote(cached, events);
+        // Nothing has written to the victims' token slots yet: they still hold their tokens.
+        for (block, cached) in evicted.into_iter().rev() {
+            self.demote(block, cached, events);
         }
         Some(out)
     }
 
-    fn demote(&mut self, cached: CachedBlock, events: &mut EventLog) {
+    fn demote(&mut self, block: BlockId, cached: CachedBlock, events: &mut EventLog) {
         if self.host_capacity == 0 {
             return;
         }
@@ -341,17 +354,18 @@ impl KvCache {
             self.host.remove(&victim);
             events.removed(StorageTier::Host, victim);
         }
+        let tokens = self.tokens_of(block).to_vec();
         events.stored(
             StorageTier::Host,
             cached.parent,
             cached.hash,
-            cached.tokens.clone(),
+            tokens.clone(),
         );
         self.host.insert(
             cached.hash,
             HostBlock {
                 parent: cached.parent,
-                tokens: cached.tokens,
+                tokens,
                 lru_tick: Some(tick),
             },
         );
@@ -377,11 +391,10 @@ impl KvCache {
             return twin;
         }
         events.stored(StorageTier::Device, parent, hash, tokens.to_vec());
-        self.blocks[block as usize].cached = Some(CachedBlock {
-            hash,
-            parent,
-            tokens: tokens.to_vec(),
-        });
+        if let Some(slot) = slab_slot(&mut self.block_tokens, block, self.block_size) {
+            copy_tokens(slot, tokens);
+        }
+        self.blocks[block as usize].cached = Some(CachedBlock { hash, parent });
         self.by_hash.insert(hash, block);
         block
     }
@@ -427,7 +440,15 @@ impl KvCache {
     /// Hash and tokens of a registered block.
     pub(crate) fn block_content(&self, block: BlockId) -> Option<(BlockHash, Vec<TokenId>)> {
         let cached = self.blocks.get(block as usize)?.cached.as_ref()?;
-        Some((cached.hash, cached.tokens.clone()))
+        Some((cached.hash, self.tokens_of(block).to_vec()))
+    }
+
+    /// The token slot of device block `block` (its tokens while it is registered).
+    fn tokens_of(&self, block: BlockId) -> &[TokenId] {
+        let start = block as usize * self.block_size;
+        self.block_tokens
+            .get(start..start + self.block_size)
+            .unwrap_or_default()
     }
 
     /// Every cached block of both tiers, device first, each tier ordered by hash.
@@ -449,6 +470,26 @@ impl KvCache {
             .collect();
         out.sort_by_key(|b| (b.tier, b.hash));
         out
+    }
+}
+
+/// The token slot of device block `block` in `slab`, which grows to hold it (blocks are
+/// handed out lowest first, so the slab grows with the cache's use, as the per-block vectors
+/// it replaces did).
+fn slab_slot(slab: &mut Vec<TokenId>, block: BlockId, block_size: usize) -> Option<&mut [TokenId]> {
+    let start = block as usize * block_size;
+    let end = start + block_size;
+    if slab.len() < end {
+        slab.resize(end, 0);
+    }
+    slab.get_mut(start..end)
+}
+
+/// Copies a block's tokens into its slot (callers pass full blocks, which fill it exactly).
+fn copy_tokens(slot: &mut [TokenId], tokens: &[TokenId]) {
+    debug_assert_eq!(slot.len(), tokens.len(), "a block is block_size tokens");
+    for (to, &from) in slot.iter_mut().zip(tokens) {
+        *to = from;
     }
 }
 
@@ -479,7 +520,7 @@ mod tests {
 
     #[test]
     fn eviction_takes_free_blocks_first_then_lru_tails() {
-        let mut kv = KvCache::new(4, 0, 0);
+        let mut kv = KvCache::new(4, 2, 0, 0);
         let mut ev = EventLog::default();
         let hs = cache_chain(&mut kv, &[10, 20, 30], &mut ev);
         assert_eq!(kv.used_blocks(), 3);
@@ -500,7 +541,7 @@ mod tests {
 
     #[test]
     fn a_twin_block_is_shared_not_stored_twice() {
-        let mut kv = KvCache::new(4, 0, 0);
+        let mut kv = KvCache::new(4, 2, 0, 0);
         let mut ev = EventLog::default();
         let t = kv.allocate(2, &mut ev).unwrap();
         let (h, tokens) = block(None, 1);

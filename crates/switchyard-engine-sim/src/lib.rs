@@ -9,7 +9,8 @@
 //!   planner can derive a performance profile without running the simulator.
 //! - `kv_cache` is the paged device block pool with reference counts, prefix caching keyed by
 //!   the chained [`switchyard_core::BlockHash`], LRU eviction, and the optional host tier;
-//!   `retained` keeps the idle blocks retention hints pin, within a budget.
+//!   `retained` keeps the idle blocks retention hints pin, within a budget; `lru` is the
+//!   eviction order of the others.
 //! - `events` merges one step's KV events into the fewest ordered `Stored`/`Removed` events.
 //! - `sequence` is a request's state inside the engine and its deterministic sampler.
 //! - `scheduler` is [`Simulator::step`]: continuous batching with chunked prefill and
@@ -31,6 +32,7 @@ pub mod error;
 mod events;
 pub mod import;
 mod kv_cache;
+mod lru;
 pub mod request;
 mod retained;
 mod scheduler;

@@ -57,6 +57,12 @@ pub struct SimRequest {
     /// announced) under that identity, shared only with requests of the same identity.
     #[serde(default)]
     pub identity: switchyard_core::KvIdentity,
+    /// The chained hashes of the prompt's full blocks under `identity`, when the caller has
+    /// them already (a router hashed the prompt to route it): the simulator then does not hash
+    /// the prompt again. They must be exactly what hashing the prompt gives (only their number
+    /// is checked); `None`: the simulator hashes the prompt itself. Never on the wire.
+    #[serde(skip)]
+    pub prompt_hashes: Option<Vec<BlockHash>>,
 }
 
 impl SimRequest {

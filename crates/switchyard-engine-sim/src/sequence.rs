@@ -60,8 +60,18 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    pub(crate) fn new(req: SimRequest, engine_seed: u64, block_size: BlockSize) -> Self {
-        let hashes = req.identity.block_hashes(&req.prompt, block_size);
+    pub(crate) fn new(mut req: SimRequest, engine_seed: u64, block_size: BlockSize) -> Self {
+        let hashes = match req.prompt_hashes.take() {
+            Some(hashes) => {
+                debug_assert_eq!(
+                    hashes,
+                    req.identity.block_hashes(&req.prompt, block_size),
+                    "a caller's prompt hashes must be the prompt's"
+                );
+                hashes
+            }
+            None => req.identity.block_hashes(&req.prompt, block_size),
+        };
         let keys = (req.identity.block_key(true), req.identity.block_key(false));
         // The prompt takes part so that two requests sharing a seed but not a prompt differ,
         // as they would with a real model's logits.

@@ -101,16 +101,53 @@ fn eviction_removes_exactly_the_lru_victims() {
     d.run(10);
 }
 
-fn workload(d: &mut Driver) {
+/// Twelve requests, with their prompt hashes computed by the caller when `hashed`.
+fn workload_with(d: &mut Driver, hashed: bool) {
+    let size = d.sim.config().block_size;
     for i in 0..12u32 {
         let mut prompt = range(1000 * (i % 3), 40 + 7 * i);
         prompt.push(i);
         d.add(SimRequest {
             max_tokens: 5 + i,
             seed: (i % 2 == 0).then_some(u64::from(i)),
+            prompt_hashes: hashed.then(|| block_hashes(&prompt, size)),
             ..SimRequest::new(u64::from(i), prompt, 5 + i)
         });
     }
+}
+
+fn workload(d: &mut Driver) {
+    workload_with(d, false);
+}
+
+#[test]
+fn prompt_hashes_from_the_caller_change_nothing_and_a_wrong_count_is_refused() {
+    let config = SimConfig {
+        max_batched_tokens: 64,
+        ..tiny(4, 48)
+    };
+    let run = |hashed| {
+        let mut d = Driver::new(config.clone());
+        workload_with(&mut d, hashed);
+        d.run(1000);
+        d.steps
+    };
+    assert_eq!(run(true), run(false));
+    let mut sim = Simulator::new(config).unwrap();
+    let short = SimRequest {
+        prompt_hashes: Some(vec![BlockHash(1)]),
+        ..req(1, range(0, 9), 2)
+    };
+    let err = sim.add_request(short).unwrap_err();
+    assert_eq!(
+        err,
+        SimError::PromptHashCount {
+            id: 1,
+            got: 1,
+            expected: 2
+        }
+    );
+    assert!(!sim.has_work(), "a refused request is not queued");
 }
 
 #[test]

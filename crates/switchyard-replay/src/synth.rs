@@ -30,12 +30,66 @@ pub struct PromptSpec {
     pub tail_seed: u64,
 }
 
+/// The first state of block `id` of `namespace`'s token stream.
+fn block_state(namespace: u64, id: u64) -> u64 {
+    mix(mix(namespace ^ 0x5357_5944_5245_504c) ^ id)
+}
+
+/// The token a stream state stands for.
+fn token_of(state: u64) -> TokenId {
+    TOKEN_BASE + (state % u64::from(TOKEN_SPAN)) as u32
+}
+
 /// Appends the tokens of block `id` of `namespace`, truncated to `len` tokens.
 fn push_block(out: &mut Vec<TokenId>, namespace: u64, id: u64, len: usize) {
-    let mut state = mix(mix(namespace ^ 0x5357_5944_5245_504c) ^ id);
+    let mut state = block_state(namespace, id);
     for _ in 0..len {
         state = mix(state);
-        out.push(TOKEN_BASE + (state % u64::from(TOKEN_SPAN)) as u32);
+        out.push(token_of(state));
+    }
+}
+
+/// Appends the full `bs`-token blocks of `ids`, exactly as [`push_block`] one after the other
+/// would. A block's stream is a serial chain of SplitMix64 steps, one multiply-bound step per
+/// token (synthesis was a tenth of a replay's time); drawing four blocks at once lets the core
+/// overlap their chains.
+fn push_full_blocks(out: &mut Vec<TokenId>, namespace: u64, ids: &[u32], bs: usize) {
+    let start = out.len();
+    out.resize(start + ids.len() * bs, 0);
+    let Some(dest) = out.get_mut(start..) else {
+        return;
+    };
+    let mut groups = ids.chunks_exact(4);
+    let mut quads = dest.chunks_exact_mut(4 * bs.max(1));
+    for (group, quad) in (&mut groups).zip(&mut quads) {
+        let (a, rest) = quad.split_at_mut(bs);
+        let (b, rest) = rest.split_at_mut(bs);
+        let (c, d) = rest.split_at_mut(bs);
+        let mut s = [0u64; 4];
+        for (state, &id) in s.iter_mut().zip(group) {
+            *state = block_state(namespace, u64::from(id));
+        }
+        for (((ta, tb), tc), td) in a.iter_mut().zip(b).zip(c).zip(d) {
+            s = [mix(s[0]), mix(s[1]), mix(s[2]), mix(s[3])];
+            (*ta, *tb, *tc, *td) = (
+                token_of(s[0]),
+                token_of(s[1]),
+                token_of(s[2]),
+                token_of(s[3]),
+            );
+        }
+    }
+    let rest = quads.into_remainder();
+    for (&id, block) in groups
+        .remainder()
+        .iter()
+        .zip(rest.chunks_exact_mut(bs.max(1)))
+    {
+        let mut state = block_state(namespace, u64::from(id));
+        for t in block {
+            state = mix(state);
+            *t = token_of(state);
+        }
     }
 }
 
@@ -47,15 +101,25 @@ impl PromptSpec {
     /// the last block is cut; when they cover less (Weka ids name full blocks only) the rest
     /// is request-unique filler. A prompt is never empty.
     pub fn tokens(&self) -> Vec<TokenId> {
+        self.tokens_with_room(0)
+    }
+
+    /// [`Self::tokens`] in a vector with room for `room` more (the tokens a simulator will
+    /// append as it generates, so a long prompt is not copied to grow).
+    pub fn tokens_with_room(&self, room: usize) -> Vec<TokenId> {
         let bs = self.block_size as usize;
         let total = (self.input_tokens as usize).max(1);
-        let mut out = Vec::with_capacity(total);
-        for &id in &self.hash_ids {
+        let mut out = Vec::with_capacity(total.saturating_add(room));
+        // The ids whose whole block fits, then at most one cut block.
+        let full = total
+            .checked_div(bs)
+            .map_or(0, |blocks| self.hash_ids.len().min(blocks));
+        push_full_blocks(&mut out, self.namespace, &self.hash_ids[..full], bs);
+        if let Some(&id) = self.hash_ids.get(full) {
             let left = total - out.len();
-            if left == 0 {
-                break;
+            if left > 0 {
+                push_block(&mut out, self.namespace, u64::from(id), left.min(bs));
             }
-            push_block(&mut out, self.namespace, u64::from(id), left.min(bs));
         }
         let left = total - out.len();
         if left > 0 {
@@ -93,6 +157,54 @@ mod tests {
         assert_ne!(a[8..], b[8..]);
         let other_ns = spec(7, &[1, 2, 3], 12, 0).tokens();
         assert_ne!(a[..4], other_ns[..4]);
+    }
+
+    #[test]
+    fn blocks_drawn_side_by_side_equal_blocks_drawn_one_by_one() {
+        for count in 0..10u32 {
+            for bs in [1usize, 3, 64] {
+                let ids: Vec<u32> = (0..count).map(|i| i * 7 + 1).collect();
+                let mut one_by_one = vec![9];
+                for &id in &ids {
+                    push_block(&mut one_by_one, 5, u64::from(id), bs);
+                }
+                let mut side_by_side = vec![9];
+                push_full_blocks(&mut side_by_side, 5, &ids, bs);
+                assert_eq!(side_by_side, one_by_one, "{count} blocks of {bs}");
+            }
+        }
+    }
+
+    #[test]
+    fn prompts_equal_the_block_by_block_definition() {
+        // The definition: each id in turn, cut at the prompt's length, then the filler.
+        let reference = |p: &PromptSpec| {
+            let total = (p.input_tokens as usize).max(1);
+            let mut out = Vec::new();
+            for &id in &p.hash_ids {
+                let left = total - out.len();
+                push_block(
+                    &mut out,
+                    p.namespace,
+                    u64::from(id),
+                    left.min(p.block_size as usize),
+                );
+            }
+            let left = total - out.len();
+            push_block(&mut out, p.namespace, mix(p.tail_seed) | 1 << 63, left);
+            out
+        };
+        for input in [0, 1, 3, 4, 17, 20, 21, 40] {
+            for ids in [
+                &[][..],
+                &[1],
+                &[1, 2, 3, 4, 5],
+                &[9, 8, 7, 6, 5, 4, 3, 2, 1, 0],
+            ] {
+                let p = spec(3, ids, input, 11);
+                assert_eq!(p.tokens(), reference(&p), "{ids:?} for {input} tokens");
+            }
+        }
     }
 
     #[test]

@@ -425,7 +425,7 @@ impl Cluster {
         out: &mut Outbox,
         progress: &ProgressBar,
     ) -> Result<(), ReplayError> {
-        let tokens = spec.prompt.tokens();
+        let tokens = spec.prompt.tokens_with_room(spec.max_tokens as usize);
         let request =
             serve::route_request(&tokens, self.block_size, spec.session.clone(), self.now);
         self.refresh_loads();
@@ -505,6 +505,8 @@ impl Cluster {
         let sim_request = SimRequest {
             ignore_eos: true,
             retention,
+            // Hashed once, for routing: the simulator takes the same hashes.
+            prompt_hashes: Some(request.block_hashes.clone()),
             ..SimRequest::new(spec.id, tokens, spec.max_tokens)
         };
         self.records.push(RequestRecord {

@@ -60,7 +60,8 @@ impl Sink {
 
 enum Command {
     Add {
-        request: SimRequest,
+        // Boxed: a request is several times the size of every other command.
+        request: Box<SimRequest>,
         out: Sink,
         ack: oneshot::Sender<Result<(), SimError>>,
     },
@@ -194,7 +195,11 @@ impl SimEngine {
 
     async fn add_with(&self, request: SimRequest, out: Sink) -> Result<(), EngineError> {
         let (ack, ack_rx) = oneshot::channel();
-        self.send(Command::Add { request, out, ack })?;
+        self.send(Command::Add {
+            request: Box::new(request),
+            out,
+            ack,
+        })?;
         match ack_rx.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => Err(EngineError::InvalidRequest(err.to_string())),
@@ -365,6 +370,8 @@ impl Engine for SimEngine {
             script,
             retention: params.retention,
             identity: params.identity,
+            // The prompt arrives as tokens over gRPC: the simulator hashes it.
+            prompt_hashes: None,
         };
         let rx = self.add(request).await?;
         Ok(GenerationStream::new(rx, self.abort_guard(id)))
@@ -563,7 +570,7 @@ impl Runner {
         match cmd {
             Command::Add { request, out, ack } => {
                 let id = request.id;
-                match self.sim.add_request(request) {
+                match self.sim.add_request(*request) {
                     Ok(()) => {
                         self.sinks.insert(id, out);
                         let _ = ack.send(Ok(()));
