@@ -120,6 +120,13 @@ impl PrefixIndex {
         children: u32,
     ) -> (PairChange, BlockHash) {
         let (change, before, recorded) = self.holders.add(block, slot, bit, parent, children);
+        if change == PairChange::Absent {
+            // Could not be stored (see `HolderMap::add`): dropped like an evicted pair, so
+            // whatever the worker stores under it is an orphan.
+            self.evicted += 1;
+            self.state_mut(slot).broken = true;
+            return (change, recorded);
+        }
         let after = before | bit;
         let added = change == PairChange::Added;
         if added {
