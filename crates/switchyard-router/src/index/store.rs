@@ -58,7 +58,11 @@ impl PrefixIndex {
     /// the same map access (one lookup per block), and the tail ends up older than its head in
     /// the eviction queue, so eviction takes children before parents.
     fn store_chain(&mut self, slot: u32, parent: BlockHash, blocks: &[StoredBlock], bit: u8) {
-        self.holders.warm(blocks.iter().map(|b| b.hash));
+        // The parent too: its child count changes last, after the chain, and its lookup would
+        // otherwise be a miss of its own.
+        let known_parent = (parent != BlockHash::ROOT).then_some(parent);
+        self.holders
+            .warm(blocks.iter().map(|b| b.hash).chain(known_parent));
         let mut child_added = false;
         for i in (0..blocks.len()).rev() {
             let parent_i = if i == 0 { parent } else { blocks[i - 1].hash };
