@@ -4,17 +4,30 @@
 //! 23 bits, the mask of tiers it holds the block in above them (4 bits), and in the next 4 bits
 //! how many children of the block the same worker holds (saturating at 15, which then means "15
 //! or more"; the index uses it to know whether a worker's blocks stay prefix-closed, see
-//! `mod.rs`). The block map's value is the block's parent hash ([`BlockHash::ROOT`] for the first
-//! block of a prompt) and a `u32`: either the only holder itself (the common case: most blocks
-//! live on one or a few workers), or, with the top bit set, the index of a sorted `Vec<Holder>`
-//! in a side arena. A map entry is therefore 24 bytes (8-byte key, 8-byte parent, 4-byte value,
-//! padding) plus hashbrown's one control byte, and a block shared by `k` workers adds a 24-byte
-//! arena vector and `4k` bytes.
+//! `mod.rs`). A block's entry is its parent hash ([`BlockHash::ROOT`] for the first block of a
+//! prompt) and either the only holder itself (the common case: most blocks live on one or a few
+//! workers) or the offset, length and chunk class of a sorted holder list in one flat slab (see
+//! `slab.rs`). An entry is 24 bytes with its 8-byte key (key, parent, two `u32`s) plus
+//! hashbrown's control byte; a block shared by `k` workers adds a chunk of `4 · 2^⌈log2 k⌉`
+//! bytes.
+//!
+//! ## Two generations
+//! Blocks are kept in two maps, each block in exactly one: a small *young* map of the blocks
+//! stored since the last promotion, and the big *old* map of every other block. A block is
+//! first stored into the young map, and the young map is moved into the old one (promoted)
+//! once it holds `old / 32` blocks (at least 64, at most 4,096; a few hundred KiB, so it stays
+//! in the caches). At a million pairs the old map is far larger than the caches, so every
+//! access to it is a cache miss; an engine's churn (a sequence stored, then evicted soon after,
+//! the steady state of a busy worker) now happens in the young map and never touches the old
+//! one but to look up, once per event and all its blocks at once, whether the blocks are there
+//! (independent lookups, whose misses overlap). Queries look in the old map first (where almost
+//! every block of a long prompt is) and in the young one only for a block the old map lacks.
 
 use std::collections::hash_map::Entry as MapEntry;
 
 use switchyard_core::{BlockHash, StorageTier};
 
+use super::slab::{MIN_CLASS, Slab, chunk_len};
 use crate::hasher::FxHashMap;
 
 /// Largest number of worker slots a holder can name.
@@ -25,7 +38,12 @@ const TIER_MASK: u32 = 0xf;
 const CHILD_SHIFT: u32 = 27;
 /// Child counts saturate here; a saturated count is never decremented.
 pub const CHILD_MAX: u32 = 15;
-const ARENA_FLAG: u32 = 1 << 31;
+
+/// Bounds of the young map's size before a promotion (see the module docs).
+const YOUNG_MIN: usize = 64;
+const YOUNG_MAX: usize = 4096;
+/// The young map is promoted once it holds this fraction of the old map's blocks.
+const YOUNG_SHARE: usize = 32;
 
 pub const DEVICE: u8 = 1;
 pub const HOST: u8 = 2;
@@ -49,6 +67,9 @@ pub fn tier_bit(tier: StorageTier) -> u8 {
 pub struct Holder(u32);
 
 impl Holder {
+    /// A free slab cell.
+    pub const EMPTY: Holder = Holder(0);
+
     pub fn new(slot: u32, tiers: u8) -> Self {
         debug_assert!(slot <= SLOT_MASK && tiers != 0 && u32::from(tiers) <= TIER_MASK);
         Holder(slot | (u32::from(tiers) << TIER_SHIFT))
@@ -73,6 +94,16 @@ impl Holder {
     fn with_children(self, n: u32) -> Self {
         Holder((self.0 & !(CHILD_MAX << CHILD_SHIFT)) | (n.min(CHILD_MAX) << CHILD_SHIFT))
     }
+    /// The child count moved by `delta`, unless saturated (then the true count is unknown).
+    #[inline]
+    fn step_children(self, delta: i32) -> Self {
+        let n = self.children();
+        if n == CHILD_MAX {
+            self
+        } else {
+            self.with_children(n.saturating_add_signed(delta))
+        }
+    }
 }
 
 /// What a change did to the `(block, worker)` pair.
@@ -84,7 +115,8 @@ pub enum PairChange {
     Kept,
     /// The pair existed and is now gone.
     Removed,
-    /// The pair did not exist and still does not.
+    /// The pair did not exist and still does not (for [`HolderMap::add`]: it could not be
+    /// stored, the slab being out of offsets).
     Absent,
 }
 
@@ -98,35 +130,220 @@ pub struct Removal {
     pub parent: BlockHash,
 }
 
+const ABSENT: Removal = Removal {
+    change: PairChange::Absent,
+    before: Holder::EMPTY,
+    parent: BlockHash::ROOT,
+};
+
+/// Bits of [`Entry::list`] that hold the list's length; the chunk class is above them.
+const LEN_BITS: u32 = 24;
+const LEN_MASK: u32 = (1 << LEN_BITS) - 1;
+
 /// A block's entry: its parent and its holders (see the module docs).
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     parent: BlockHash,
-    /// The only holder, or `ARENA_FLAG | index` into the arena.
+    /// The only holder when `list` is 0; otherwise the bits are the list's offset in the slab.
     value: Holder,
+    /// 0 for a single holder; otherwise the list's length (low 24 bits, at least 2) and its
+    /// chunk class (above them). Kept here, in what would be padding, so reading the holders
+    /// takes no access to the slab beyond the holders themselves.
+    list: u32,
 }
 
-#[derive(Debug, Default)]
+impl Entry {
+    fn single(parent: BlockHash, holder: Holder) -> Self {
+        Entry {
+            parent,
+            value: holder,
+            list: 0,
+        }
+    }
+
+    /// Offset, length and class of the shared list.
+    #[inline]
+    fn shared(&self) -> (u32, u32, u8) {
+        (
+            self.value.0,
+            self.list & LEN_MASK,
+            (self.list >> LEN_BITS) as u8,
+        )
+    }
+
+    #[inline]
+    fn set_list(&mut self, at: u32, len: u32, class: u8) {
+        self.value = Holder(at);
+        self.list = len | (u32::from(class) << LEN_BITS);
+    }
+
+    #[inline]
+    fn holders<'a>(&'a self, slab: &'a Slab) -> &'a [Holder] {
+        if self.list == 0 {
+            std::slice::from_ref(&self.value)
+        } else {
+            let (at, len, _) = self.shared();
+            slab.get(at, len)
+        }
+    }
+
+    /// See [`HolderMap::add`]; returns the change and the pair's tier mask before.
+    fn add(&mut self, slab: &mut Slab, new: Holder, children: u32) -> (PairChange, u8) {
+        let (slot, tiers) = (new.slot(), new.tiers());
+        let grow = |h: Holder| {
+            h.with_tiers(h.tiers() | tiers)
+                .step_children(children as i32)
+        };
+        if self.list == 0 {
+            let old = self.value;
+            if old.slot() == slot {
+                self.value = grow(old);
+                return (PairChange::Kept, old.tiers());
+            }
+            let Some(at) = slab.alloc(MIN_CLASS) else {
+                return (PairChange::Absent, 0);
+            };
+            let pair = if old.slot() < slot {
+                [old, new]
+            } else {
+                [new, old]
+            };
+            slab.get_mut(at, 2).copy_from_slice(&pair);
+            self.set_list(at, 2, MIN_CLASS);
+            return (PairChange::Added, 0);
+        }
+        let (mut at, len, mut class) = self.shared();
+        let list = slab.get_mut(at, len);
+        let i = match list.binary_search_by_key(&slot, |h| h.slot()) {
+            Ok(i) => {
+                let old = list[i];
+                list[i] = grow(old);
+                return (PairChange::Kept, old.tiers());
+            }
+            Err(i) => i,
+        };
+        if len as usize == chunk_len(class) {
+            let Some(moved) = slab.grow_or_shrink(at, class, len, class + 1) else {
+                return (PairChange::Absent, 0);
+            };
+            (at, class) = (moved, class + 1);
+        }
+        let list = slab.get_mut(at, len + 1);
+        list.copy_within(i..len as usize, i + 1);
+        list[i] = new;
+        self.set_list(at, len + 1, class);
+        (PairChange::Added, 0)
+    }
+
+    /// See [`HolderMap::adjust_children`].
+    fn adjust(&mut self, slab: &mut Slab, slot: u32, delta: i32) -> bool {
+        if self.list == 0 {
+            if self.value.slot() != slot {
+                return false;
+            }
+            self.value = self.value.step_children(delta);
+            return true;
+        }
+        let (at, len, _) = self.shared();
+        let list = slab.get_mut(at, len);
+        match list.binary_search_by_key(&slot, |h| h.slot()) {
+            Ok(i) => {
+                list[i] = list[i].step_children(delta);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Clears `tiers` from `slot`'s mask; the caller drops the entry when the change is
+    /// `Removed` and the entry had a single holder (`true` in the second place).
+    fn remove(&mut self, slab: &mut Slab, slot: u32, tiers: u8) -> (Removal, bool) {
+        let parent = self.parent;
+        let removal = |change, before| Removal {
+            change,
+            before,
+            parent,
+        };
+        if self.list == 0 {
+            let old = self.value;
+            if old.slot() != slot {
+                return (ABSENT, false);
+            }
+            let left = old.tiers() & !tiers;
+            if left == 0 {
+                return (removal(PairChange::Removed, old), true);
+            }
+            self.value = old.with_tiers(left);
+            return (removal(PairChange::Kept, old), false);
+        }
+        let (at, len, class) = self.shared();
+        let list = slab.get_mut(at, len);
+        let Ok(i) = list.binary_search_by_key(&slot, |h| h.slot()) else {
+            return (ABSENT, false);
+        };
+        let old = list[i];
+        let left = old.tiers() & !tiers;
+        if left != 0 {
+            list[i] = old.with_tiers(left);
+            return (removal(PairChange::Kept, old), false);
+        }
+        list.copy_within(i + 1.., i);
+        let len = len - 1;
+        if len == 1 {
+            // Back to the inline form so the slab only holds shared blocks.
+            self.value = list[0];
+            self.list = 0;
+            slab.release(at, class);
+        } else if class > MIN_CLASS && len as usize * 4 <= chunk_len(class) {
+            // A quarter full: halve the chunk (it keeps room to grow back without moving).
+            match slab.grow_or_shrink(at, class, len, class - 1) {
+                Some(moved) => self.set_list(moved, len, class - 1),
+                None => self.set_list(at, len, class),
+            }
+        } else {
+            self.set_list(at, len, class);
+        }
+        (removal(PairChange::Removed, old), false)
+    }
+}
+
+/// The young and old maps and the slab (see the module docs).
+#[derive(Debug)]
 pub struct HolderMap {
-    map: FxHashMap<BlockHash, Entry>,
-    arena: Vec<Vec<Holder>>,
-    free: Vec<u32>,
+    young: FxHashMap<BlockHash, Entry>,
+    old: FxHashMap<BlockHash, Entry>,
+    slab: Slab,
+    /// Most blocks the young map holds before a promotion (tests make it small).
+    young_max: usize,
+}
+
+impl Default for HolderMap {
+    fn default() -> Self {
+        Self {
+            young: FxHashMap::default(),
+            old: FxHashMap::default(),
+            slab: Slab::default(),
+            young_max: YOUNG_MAX,
+        }
+    }
 }
 
 impl HolderMap {
     pub fn blocks(&self) -> usize {
-        self.map.len()
+        self.old.len() + self.young.len()
     }
 
-    /// Looks every block up once, so their buckets are in cache when an event changes them.
-    /// The lookups are independent of one another, so the processor overlaps their cache misses
-    /// (the change that follows depends on each lookup's result, which serialises its misses);
-    /// at a million pairs the map is far larger than the caches and this halves an event's time.
+    /// Looks every block up in the old map once, so their buckets are in cache when an event
+    /// changes them. The lookups are independent of one another, so the processor overlaps their
+    /// cache misses (the change that follows depends on each lookup's result, which serialises
+    /// its misses); at a million pairs the old map is far larger than the caches and this
+    /// halves an event's time. A block found in the young map (in cache) is not looked for in
+    /// the old one: a removal soon after a store then costs no miss at all.
     #[inline]
     pub fn warm(&self, blocks: impl Iterator<Item = BlockHash>) {
         let mut held = 0usize;
         for block in blocks {
-            held += usize::from(self.map.contains_key(&block));
+            held += usize::from(self.young.contains_key(&block) || self.old.contains_key(&block));
         }
         std::hint::black_box(held);
     }
@@ -145,18 +362,9 @@ impl HolderMap {
     /// Holders of `block`, sorted by slot.
     #[inline]
     pub fn get(&self, block: BlockHash) -> &[Holder] {
-        match self.map.get(&block) {
+        match self.old.get(&block).or_else(|| self.young.get(&block)) {
             None => &[],
-            Some(e) => self.holders(e),
-        }
-    }
-
-    #[inline]
-    fn holders<'a>(&'a self, e: &'a Entry) -> &'a [Holder] {
-        if e.value.0 & ARENA_FLAG != 0 {
-            &self.arena[(e.value.0 & !ARENA_FLAG) as usize]
-        } else {
-            std::slice::from_ref(&e.value)
+            Some(e) => e.holders(&self.slab),
         }
     }
 
@@ -185,157 +393,90 @@ impl HolderMap {
         children: u32,
     ) -> (PairChange, u8, BlockHash) {
         let new = Holder::new(slot, tiers).with_children(children);
-        let grow = |h: Holder| {
-            let n = h.children();
-            if n == CHILD_MAX {
-                h
-            } else {
-                h.with_children(n + children)
-            }
+        let e = match self.young.get_mut(&block) {
+            Some(e) => e,
+            None => match self.old.get_mut(&block) {
+                Some(e) => e,
+                None => {
+                    self.young.insert(block, Entry::single(parent, new));
+                    if self.young.len() >= self.young_limit() {
+                        self.promote();
+                    }
+                    return (PairChange::Added, 0, parent);
+                }
+            },
         };
-        // One probe whether the block is new or not.
-        let e = match self.map.entry(block) {
-            MapEntry::Vacant(v) => {
-                v.insert(Entry { parent, value: new });
-                return (PairChange::Added, 0, parent);
-            }
-            MapEntry::Occupied(o) => o.into_mut(),
-        };
-        let recorded = e.parent;
-        if e.value.0 & ARENA_FLAG == 0 {
-            let old = e.value;
-            if old.slot() == slot {
-                e.value = grow(old.with_tiers(old.tiers() | tiers));
-                return (PairChange::Kept, old.tiers(), recorded);
-            }
-            let pair = if old.slot() < slot {
-                vec![old, new]
-            } else {
-                vec![new, old]
-            };
-            e.value = Holder(ARENA_FLAG | alloc(&mut self.arena, &mut self.free, pair));
-            return (PairChange::Added, 0, recorded);
-        }
-        let list = &mut self.arena[(e.value.0 & !ARENA_FLAG) as usize];
-        match list.binary_search_by_key(&slot, |h| h.slot()) {
-            Ok(i) => {
-                let old = list[i];
-                list[i] = grow(old.with_tiers(old.tiers() | tiers));
-                (PairChange::Kept, old.tiers(), recorded)
-            }
-            Err(i) => {
-                list.insert(i, new);
-                (PairChange::Added, 0, recorded)
-            }
-        }
+        let (change, before) = e.add(&mut self.slab, new, children);
+        (change, before, e.parent)
     }
 
     /// Adds `delta` to the child count of `(block, slot)` (saturating; a saturated count stays).
     /// Returns whether the pair exists.
     pub fn adjust_children(&mut self, block: BlockHash, slot: u32, delta: i32) -> bool {
-        let Some(e) = self.map.get_mut(&block) else {
-            return false;
-        };
-        let step = |h: Holder| {
-            let n = h.children();
-            if n == CHILD_MAX {
-                h
-            } else {
-                h.with_children(n.saturating_add_signed(delta))
-            }
-        };
-        if e.value.0 & ARENA_FLAG == 0 {
-            let h = e.value;
-            if h.slot() != slot {
-                return false;
-            }
-            e.value = step(h);
-            return true;
-        }
-        let list = &mut self.arena[(e.value.0 & !ARENA_FLAG) as usize];
-        match list.binary_search_by_key(&slot, |h| h.slot()) {
-            Ok(i) => {
-                list[i] = step(list[i]);
-                true
-            }
-            Err(_) => false,
+        match self.young.get_mut(&block) {
+            Some(e) => e.adjust(&mut self.slab, slot, delta),
+            None => match self.old.get_mut(&block) {
+                Some(e) => e.adjust(&mut self.slab, slot, delta),
+                None => false,
+            },
         }
     }
 
     /// Clears `tiers` from the mask of `(block, slot)`; the pair goes when its mask empties.
     pub fn remove(&mut self, block: BlockHash, slot: u32, tiers: u8) -> Removal {
-        let absent = Removal {
-            change: PairChange::Absent,
-            before: Holder(0),
-            parent: BlockHash::ROOT,
-        };
-        let MapEntry::Occupied(mut o) = self.map.entry(block) else {
-            return absent;
-        };
-        let e = o.get_mut();
-        let parent = e.parent;
-        if e.value.0 & ARENA_FLAG == 0 {
-            let old = e.value;
-            if old.slot() != slot {
-                return absent;
-            }
-            let left = old.tiers() & !tiers;
-            let change = if left == 0 {
-                // Through the entry: no second probe.
-                o.remove();
-                PairChange::Removed
-            } else {
-                e.value = old.with_tiers(left);
-                PairChange::Kept
-            };
-            return Removal {
-                change,
-                before: old,
-                parent,
-            };
-        }
-        let idx = (e.value.0 & !ARENA_FLAG) as usize;
-        let list = &mut self.arena[idx];
-        let Ok(i) = list.binary_search_by_key(&slot, |h| h.slot()) else {
-            return absent;
-        };
-        let old = list[i];
-        let left = old.tiers() & !tiers;
-        if left != 0 {
-            list[i] = old.with_tiers(left);
-            return Removal {
-                change: PairChange::Kept,
-                before: old,
-                parent,
-            };
-        }
-        list.remove(i);
-        if list.len() == 1 {
-            // Back to the inline form so the arena only holds shared blocks.
-            e.value = list[0];
-            let mut list = std::mem::take(&mut self.arena[idx]);
-            list.clear();
-            self.arena[idx] = list;
-            self.free.push(idx as u32);
-        }
-        Removal {
-            change: PairChange::Removed,
-            before: old,
-            parent,
+        match remove_in(&mut self.young, &mut self.slab, block, slot, tiers) {
+            Some(r) => r,
+            None => remove_in(&mut self.old, &mut self.slab, block, slot, tiers).unwrap_or(ABSENT),
         }
     }
 
-    /// Approximate heap bytes: hashbrown buckets (entry + control byte) plus the arena.
-    pub fn heap_bytes(&self) -> usize {
-        let buckets = buckets_for(self.map.capacity());
-        let entry = std::mem::size_of::<(BlockHash, Entry)>();
-        let arena: usize = self
-            .arena
-            .iter()
-            .map(|v| v.capacity() * std::mem::size_of::<Holder>())
-            .sum();
-        buckets * (entry + 1) + self.arena.capacity() * std::mem::size_of::<Vec<Holder>>() + arena
+    /// Blocks the young map may hold before a promotion (see the module docs).
+    fn young_limit(&self) -> usize {
+        (self.old.len() / YOUNG_SHARE).clamp(YOUNG_MIN.min(self.young_max), self.young_max)
     }
+
+    /// Moves every young block into the old map.
+    fn promote(&mut self) {
+        self.old.reserve(self.young.len());
+        for (block, e) in self.young.drain() {
+            let before = self.old.insert(block, e);
+            debug_assert!(before.is_none(), "{block} was in both maps");
+        }
+    }
+
+    /// Approximate heap bytes: hashbrown buckets (entry + control byte) plus the slab.
+    pub fn heap_bytes(&self) -> usize {
+        let entry = std::mem::size_of::<(BlockHash, Entry)>();
+        let buckets = buckets_for(self.old.capacity()) + buckets_for(self.young.capacity());
+        buckets * (entry + 1) + self.slab.heap_bytes()
+    }
+
+    /// Every block and its holders, in hash-map order (callers sort when order matters).
+    pub fn iter(&self) -> impl Iterator<Item = (BlockHash, &[Holder])> + '_ {
+        self.old
+            .iter()
+            .chain(self.young.iter())
+            .map(|(&b, e)| (b, e.holders(&self.slab)))
+    }
+}
+
+/// [`HolderMap::remove`] in one of the two maps; `None` when the block is not in it.
+fn remove_in(
+    map: &mut FxHashMap<BlockHash, Entry>,
+    slab: &mut Slab,
+    block: BlockHash,
+    slot: u32,
+    tiers: u8,
+) -> Option<Removal> {
+    let MapEntry::Occupied(mut o) = map.entry(block) else {
+        return None;
+    };
+    let (removal, drop_entry) = o.get_mut().remove(slab, slot, tiers);
+    if drop_entry {
+        // Through the entry: no second probe.
+        o.remove();
+    }
+    Some(removal)
 }
 
 /// Number of buckets hashbrown allocates for a table that reports `capacity`.
@@ -349,125 +490,6 @@ pub fn buckets_for(capacity: usize) -> usize {
     }
 }
 
-fn alloc(arena: &mut Vec<Vec<Holder>>, free: &mut Vec<u32>, list: Vec<Holder>) -> u32 {
-    if let Some(i) = free.pop() {
-        let slot = &mut arena[i as usize];
-        slot.extend_from_slice(&list);
-        i
-    } else {
-        arena.push(list);
-        (arena.len() - 1) as u32
-    }
-}
-
-impl HolderMap {
-    /// Every block and its holders, in hash-map order (callers sort when order matters).
-    pub fn iter(&self) -> impl Iterator<Item = (BlockHash, &[Holder])> + '_ {
-        self.map.iter().map(|(&b, e)| (b, self.holders(e)))
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const R: BlockHash = BlockHash::ROOT;
-
-    fn add(m: &mut HolderMap, b: BlockHash, slot: u32, tiers: u8) -> PairChange {
-        m.add(b, slot, tiers, R, 0).0
-    }
-
-    fn remove(m: &mut HolderMap, b: BlockHash, slot: u32, tiers: u8) -> PairChange {
-        m.remove(b, slot, tiers).change
-    }
-
-    #[test]
-    fn holders_stay_sorted_and_fold_back_inline() {
-        let mut m = HolderMap::default();
-        let b = BlockHash(42);
-        assert_eq!(add(&mut m, b, 5, DEVICE), PairChange::Added);
-        assert_eq!(add(&mut m, b, 5, HOST), PairChange::Kept);
-        assert_eq!(m.tiers_of(b, 5), DEVICE | HOST);
-        assert_eq!(add(&mut m, b, 2, DEVICE), PairChange::Added);
-        assert_eq!(add(&mut m, b, 9, DISK), PairChange::Added);
-        let slots: Vec<u32> = m.get(b).iter().map(|h| h.slot()).collect();
-        assert_eq!(slots, vec![2, 5, 9]);
-        assert_eq!(remove(&mut m, b, 2, DEVICE), PairChange::Removed);
-        assert_eq!(remove(&mut m, b, 9, DEVICE), PairChange::Kept);
-        assert_eq!(remove(&mut m, b, 9, DISK), PairChange::Removed);
-        assert_eq!(m.get(b).len(), 1);
-        assert_eq!(m.free.len(), 1);
-        assert_eq!(remove(&mut m, b, 5, DEVICE), PairChange::Kept);
-        assert_eq!(remove(&mut m, b, 7, DEVICE), PairChange::Absent);
-        assert_eq!(remove(&mut m, b, 5, HOST), PairChange::Removed);
-        assert_eq!(m.blocks(), 0);
-        // The freed arena vector is reused.
-        add(&mut m, b, 1, DEVICE);
-        add(&mut m, b, 3, DEVICE);
-        assert_eq!(m.arena.len(), 1);
-        assert!(m.free.is_empty());
-    }
-
-    #[test]
-    fn the_four_tier_bits_slot_and_child_count_do_not_overlap() {
-        let top = (MAX_SLOTS - 1) as u32;
-        let all = ALL_TIERS;
-        let h = Holder::new(top, all).with_children(CHILD_MAX);
-        assert_eq!((h.slot(), h.tiers(), h.children()), (top, all, CHILD_MAX));
-        assert_eq!(
-            h.0 & ARENA_FLAG,
-            0,
-            "a holder must never look like an arena index"
-        );
-        let h = h.with_tiers(REMOTE);
-        assert_eq!(
-            (h.slot(), h.tiers(), h.children()),
-            (top, REMOTE, CHILD_MAX)
-        );
-        let remote_only = Holder::new(0, REMOTE);
-        assert_eq!((remote_only.slot(), remote_only.children()), (0, 0));
-    }
-
-    #[test]
-    fn parents_are_kept_and_child_counts_survive_tier_changes_and_saturate() {
-        let mut m = HolderMap::default();
-        let (p, c) = (BlockHash(1), BlockHash(2));
-        assert_eq!(m.add(p, 3, DEVICE, R, 0), (PairChange::Added, 0, R));
-        assert_eq!(m.add(c, 3, DEVICE, p, 0), (PairChange::Added, 0, p));
-        // A later claim of another parent does not overwrite the first one.
-        assert_eq!(
-            m.add(c, 4, DEVICE, BlockHash(9), 2),
-            (PairChange::Added, 0, p)
-        );
-        assert_eq!(m.holder(c, 4).map(Holder::children), Some(2));
-        assert!(m.adjust_children(p, 3, 1));
-        assert!(
-            !m.adjust_children(p, 4, 1),
-            "worker 4 does not hold the parent"
-        );
-        assert_eq!(m.add(p, 3, HOST, R, 1).1, DEVICE);
-        assert_eq!(m.holder(p, 3).map(Holder::children), Some(2));
-        assert!(m.adjust_children(p, 3, -1));
-        let r = m.remove(p, 3, DEVICE);
-        assert_eq!(
-            (r.change, r.before.children(), r.before.tiers()),
-            (PairChange::Kept, 1, DEVICE | HOST)
-        );
-        assert!(m.adjust_children(p, 3, -1));
-        assert!(m.adjust_children(p, 3, -1), "saturates at zero");
-        assert_eq!(m.holder(p, 3).map(Holder::children), Some(0));
-        for _ in 0..20 {
-            m.adjust_children(p, 3, 1);
-        }
-        m.adjust_children(p, 3, -1);
-        assert_eq!(
-            m.holder(p, 3).map(Holder::children),
-            Some(CHILD_MAX),
-            "a saturated count stays"
-        );
-        assert_eq!(m.holder(p, 3).map(Holder::slot), Some(3));
-        assert_eq!(m.tiers_of(p, 3), HOST);
-        let r = m.remove(c, 4, DEVICE);
-        assert_eq!((r.change, r.parent), (PairChange::Removed, p));
-    }
-}
+#[path = "holders_tests.rs"]
+mod tests;

@@ -14,8 +14,9 @@
 //!   way.
 //!
 //! ## Memory layout
-//! Workers are interned to dense `u32` slots. Blocks live in a [`HolderMap`] (16-byte entries;
-//! see `holders.rs`). Each worker also keeps its blocks in insertion order in a queue of
+//! Workers are interned to dense `u32` slots. Blocks live in a [`HolderMap`] (24-byte entries,
+//! in a small young map of recently stored blocks and a big old one; shared blocks' holder
+//! lists in one slab; see `holders.rs`). Each worker also keeps its blocks in insertion order in a queue of
 //! hashes (8 bytes per entry), used to drop a worker wholesale and to pick eviction victims.
 //! Removals do not search that queue: they leave a stale entry, skipped when met, and a note in
 //! a log from which a sweep drops the stale entries without reading the block map (see
@@ -55,6 +56,7 @@ mod holders;
 mod order;
 pub(crate) use holders::tier_bit as holders_tier_bit;
 mod overlap;
+mod slab;
 mod store;
 
 use std::collections::BTreeMap;
@@ -171,6 +173,9 @@ pub struct PrefixIndex {
     unjumpable: usize,
     /// Reused by each `Removed` event (see `store.rs`).
     scratch: store::Scratch,
+    /// The slot of the worker of the last event or snapshot (see `slot_for`); possibly freed
+    /// since, which `slot_for` notices.
+    last_slot: u32,
 }
 
 impl PrefixIndex {
@@ -187,6 +192,7 @@ impl PrefixIndex {
             stale: 0,
             unjumpable: 0,
             scratch: store::Scratch::default(),
+            last_slot: 0,
         }
     }
 
@@ -419,7 +425,21 @@ impl PrefixIndex {
 
     /// The worker's slot, created if new; a different incarnation resets the worker.
     fn slot_for(&mut self, worker: &WorkerId, incarnation: Incarnation) -> Result<u32, IndexError> {
-        if let Some(&slot) = self.by_id.get(worker) {
+        // Events come in runs from one worker (a subscriber drains a worker's stream in
+        // batches): comparing the id with the last one's skips hashing it into `by_id`.
+        let last = self.last_slot;
+        let known = if self
+            .workers
+            .get(last as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|w| w.id == *worker)
+        {
+            Some(last)
+        } else {
+            self.by_id.get(worker).copied()
+        };
+        if let Some(slot) = known {
+            self.last_slot = slot;
             if self.state_mut(slot).incarnation != incarnation {
                 self.clear_worker(slot);
                 let state = self.state_mut(slot);
@@ -454,6 +474,7 @@ impl PrefixIndex {
             }
         };
         self.by_id.insert(worker.clone(), slot);
+        self.last_slot = slot;
         Ok(slot)
     }
 

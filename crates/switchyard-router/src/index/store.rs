@@ -58,7 +58,11 @@ impl PrefixIndex {
     /// the same map access (one lookup per block), and the tail ends up older than its head in
     /// the eviction queue, so eviction takes children before parents.
     fn store_chain(&mut self, slot: u32, parent: BlockHash, blocks: &[StoredBlock], bit: u8) {
-        self.holders.warm(blocks.iter().map(|b| b.hash));
+        // The parent too: its child count changes last, after the chain, and its lookup would
+        // otherwise be a miss of its own.
+        let known_parent = (parent != BlockHash::ROOT).then_some(parent);
+        self.holders
+            .warm(blocks.iter().map(|b| b.hash).chain(known_parent));
         let mut child_added = false;
         for i in (0..blocks.len()).rev() {
             let parent_i = if i == 0 { parent } else { blocks[i - 1].hash };
@@ -120,6 +124,13 @@ impl PrefixIndex {
         children: u32,
     ) -> (PairChange, BlockHash) {
         let (change, before, recorded) = self.holders.add(block, slot, bit, parent, children);
+        if change == PairChange::Absent {
+            // Could not be stored (see `HolderMap::add`): dropped like an evicted pair, so
+            // whatever the worker stores under it is an orphan.
+            self.evicted += 1;
+            self.state_mut(slot).broken = true;
+            return (change, recorded);
+        }
         let after = before | bit;
         let added = change == PairChange::Added;
         if added {

@@ -242,6 +242,27 @@ fn remove_worker_drops_everything_and_reuses_its_slot() {
 }
 
 #[test]
+fn alternating_workers_and_a_removed_last_worker_each_find_their_own_slot() {
+    let mut idx = index();
+    for (seq, id, f) in [(0, "a", 1), (0, "b", 2), (1, "a", 1), (1, "b", 2)] {
+        let ev = stored(f, seq as usize, seq as usize + 1, StorageTier::Device);
+        assert_eq!(
+            idx.apply(&w(id), 1, seq, &ev).unwrap(),
+            ApplyOutcome::Applied
+        );
+    }
+    assert_eq!(device(&idx, "a", &hashes(1, 2)), 2);
+    assert_eq!(device(&idx, "b", &hashes(2, 2)), 2);
+    assert_eq!(device(&idx, "b", &hashes(1, 2)), 0);
+    // The last event's worker goes: its id comes back as a new worker, from seq 0.
+    assert!(idx.remove_worker(&w("b")));
+    let out = idx.apply(&w("b"), 1, 0, &KvEvent::Cleared).unwrap();
+    assert_eq!(out, ApplyOutcome::Applied);
+    assert_eq!(idx.worker_entries(&w("b")), 0);
+    assert_eq!(idx.worker_entries(&w("a")), 2);
+}
+
+#[test]
 fn invalid_events_are_refused_and_change_nothing() {
     let mut idx = index();
     let a = w("a");
