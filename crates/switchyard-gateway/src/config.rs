@@ -71,8 +71,11 @@ pub struct GatewayConfig {
     pub max_migrations: u32,
     /// Routing decisions kept for the admin decision log.
     pub decision_log_size: usize,
-    /// Load-report interval asked of workers, in milliseconds.
+    /// Load-report interval asked of workers, in milliseconds (a heartbeat when they push).
     pub load_interval_ms: u32,
+    /// Workers push a load report this many milliseconds after their load changes, at most
+    /// one per this many (0: reports every `load_interval_ms` only). See `docs/fleet.md`.
+    pub load_push_min_ms: u32,
     /// A worker whose load reports stop for this many milliseconds (or whose connection
     /// fails) is out of routing until it answers again, whatever its lease says. Default:
     /// twenty report intervals, at least 2000.
@@ -249,6 +252,7 @@ impl Default for GatewayConfig {
             max_migrations: 2,
             decision_log_size: 256,
             load_interval_ms: 100,
+            load_push_min_ms: 5,
             unresponsive_after_ms: None,
             recording_dir: None,
             disaggregation: Disaggregation::Off,
@@ -297,6 +301,11 @@ impl GatewayConfig {
         }
         self.http.validate()?;
         self.output.validate().map_err(ConfigError::Invalid)?;
+        if self.load_push_min_ms >= self.load_interval_ms.max(1) {
+            return invalid(
+                "load_push_min_ms must be below load_interval_ms (or 0 to turn pushing off), or pushes would come no sooner than the interval",
+            );
+        }
         if let Some(after) = self.unresponsive_after_ms
             && after < 2 * u64::from(self.load_interval_ms.max(1))
         {
@@ -453,6 +462,9 @@ pub struct GatewayArgs {
     /// Milliseconds without a load report after which a worker is out of routing.
     #[arg(long, env = "SWITCHYARD_UNRESPONSIVE_AFTER_MS")]
     pub unresponsive_after_ms: Option<u64>,
+    /// Milliseconds after a load change that workers push a report (0: every interval only).
+    #[arg(long, env = "SWITCHYARD_LOAD_PUSH_MIN_MS")]
+    pub load_push_min_ms: Option<u32>,
     /// HTTP connections open at once; one more is answered 503.
     #[arg(long, env = "SWITCHYARD_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
@@ -587,6 +599,9 @@ impl GatewayArgs {
         }
         if let Some(v) = self.unresponsive_after_ms {
             config.unresponsive_after_ms = Some(v);
+        }
+        if let Some(v) = self.load_push_min_ms {
+            config.load_push_min_ms = v;
         }
         if let Some(v) = self.max_connections {
             config.http.max_connections = v;

@@ -175,3 +175,24 @@ fn the_prefix_cache_bound_comes_from_files_and_flags() {
         0
     );
 }
+
+#[test]
+fn load_push_comes_from_files_and_flags_and_must_beat_the_interval() {
+    assert_eq!(GatewayConfig::default().load_push_min_ms, 5);
+    let file: GatewayConfig =
+        toml::from_str("load_interval_ms = 200\nload_push_min_ms = 20").unwrap();
+    file.validate().unwrap();
+    assert_eq!(file.load_push_min_ms, 20);
+    let args = GatewayArgs {
+        load_push_min_ms: Some(0),
+        ..Default::default()
+    };
+    let config = args.resolve_onto(file.clone()).unwrap();
+    assert_eq!(config.load_push_min_ms, 0, "0 turns pushing off");
+    let args = GatewayArgs {
+        load_push_min_ms: Some(200),
+        ..Default::default()
+    };
+    let err = args.resolve_onto(file).unwrap_err();
+    assert!(err.to_string().contains("load_push_min_ms"), "{err}");
+}

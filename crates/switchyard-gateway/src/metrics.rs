@@ -85,6 +85,8 @@ pub struct Metrics {
     pub decisions: Family<PolicyLabels, Counter>,
     pub kv_events_applied: Counter,
     pub kv_events_invalid: Counter,
+    /// Load reports received from every worker (pushed on change or on the interval).
+    pub load_reports: Counter,
     pub resyncs: Counter,
     pub retries: Counter,
     pub migrations: Counter,
@@ -168,6 +170,7 @@ impl Metrics {
             decisions: Family::default(),
             kv_events_applied: Counter::default(),
             kv_events_invalid: Counter::default(),
+            load_reports: Counter::default(),
             resyncs: Counter::default(),
             retries: Counter::default(),
             migrations: Counter::default(),
@@ -297,6 +300,11 @@ impl Metrics {
             "kv_events_invalid",
             "KV events refused as invalid",
             m.kv_events_invalid.clone(),
+        );
+        registry.register(
+            "load_reports",
+            "Load reports received from the workers",
+            m.load_reports.clone(),
         );
         registry.register(
             "kv_resyncs",
@@ -550,6 +558,7 @@ mod tests {
             "switchyard_request_completion_tokens_sum{model=\"m\"} 3",
             "switchyard_prompt_tokens_total{model=\"m\"} 10",
             "switchyard_kv_events_applied_total",
+            "switchyard_load_reports_total",
             "switchyard_admission_wait_seconds_bucket",
             "switchyard_cached_prompt_tokens_total",
         ] {

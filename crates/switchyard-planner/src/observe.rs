@@ -300,7 +300,10 @@ async fn one_report(channel: AuthChannel) -> Option<(LoadStats, Role, bool)> {
     let mut client = v1::worker_client::WorkerClient::new(channel);
     let fetch = async {
         let mut stream = client
-            .load_stats(v1::LoadStatsRequest { interval_ms: 1000 })
+            .load_stats(v1::LoadStatsRequest {
+                interval_ms: 1000,
+                push_min_interval_ms: 0,
+            })
             .await
             .ok()?
             .into_inner();

@@ -132,7 +132,10 @@ async fn a_moved_decode_worker_finishes_its_sequence_and_takes_the_new_role() {
     // The move waited for the sequence: the engine has nothing running any more.
     let mut reports = decode
         .client
-        .load_stats(v1::LoadStatsRequest { interval_ms: 10 })
+        .load_stats(v1::LoadStatsRequest {
+            interval_ms: 10,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();

@@ -25,12 +25,14 @@ use crate::kv_source::{ChunkStream, generate_from_source};
 use crate::metrics::{RequestKind, RequestRecord, WorkerMetrics};
 
 pub mod access;
+mod load_pacer;
 mod streams;
 
 pub use access::Access;
 use access::Call;
 
 use crate::state::{InFlightGuard, WorkerState};
+use load_pacer::{Due, LoadPacer};
 use streams::{
     DigestIdentity, EventStreamState, PullSent, PullState, digest_timer, start_messages,
     stream_generate,
@@ -222,6 +224,8 @@ impl WorkerService {
             }
             None => Box::pin(self.engine.generate(params).await?),
         };
+        // The engine holds the request now: a report pushed from here shows it.
+        self.state.load_changed();
         Ok((engine_stream, in_flight))
     }
 
@@ -554,25 +558,39 @@ impl v1::worker_server::Worker for WorkerService {
         request: Request<v1::LoadStatsRequest>,
     ) -> Result<Response<Self::LoadStatsStream>, Status> {
         self.access.check(&request, Call::LoadStats)?;
-        let interval = match request.into_inner().interval_ms {
+        let request = request.into_inner();
+        let interval = match request.interval_ms {
             0 => self.limits.default_load_interval,
             ms => Duration::from_millis(u64::from(ms).max(10)),
         };
+        let push_gap = match request.push_min_interval_ms {
+            0 => None,
+            ms => Some(Duration::from_millis(u64::from(ms))),
+        };
         let service = self.clone();
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let stream = stream::unfold(ticker, move |mut ticker| {
+        let pacer = LoadPacer::new(interval, push_gap, self.state.watch_load());
+        let stream = stream::unfold((pacer, None), move |(mut pacer, mut last)| {
             let service = service.clone();
             async move {
-                ticker.tick().await;
-                let report = load_to_wire(
-                    &service.info.id,
-                    &service.engine.load(),
-                    service.state.role(),
-                    service.state.is_draining(),
-                    unix_ms(SystemTime::now()),
-                );
-                Some((Ok(report), ticker))
+                loop {
+                    let due = pacer.wait().await;
+                    let report = load_to_wire(
+                        &service.info.id,
+                        &service.engine.load(),
+                        service.state.role(),
+                        service.state.is_draining(),
+                        0,
+                    );
+                    if due == Due::Settle && last.as_ref() == Some(&report) {
+                        continue;
+                    }
+                    last = Some(report.clone());
+                    let report = v1::LoadReport {
+                        timestamp_unix_ms: unix_ms(SystemTime::now()),
+                        ..report
+                    };
+                    return Some((Ok(report), (pacer, last)));
+                }
             }
         });
         Ok(Response::new(Box::pin(stream)))

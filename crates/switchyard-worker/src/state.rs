@@ -1,5 +1,6 @@
 //! The agent's mutable state shared by the gRPC service and the lifecycle: role, draining, and
-//! the count of requests in flight.
+//! the count of requests in flight, and a signal that the load changed (a request taken, its
+//! first token, its end, role or drain), which load-report streams push on.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,6 +21,8 @@ struct Inner {
     draining: AtomicBool,
     in_flight: AtomicU64,
     idle: Notify,
+    /// Bumped on every load change; load-report streams that push on change watch it.
+    load_changes: watch::Sender<u64>,
 }
 
 impl WorkerState {
@@ -31,6 +34,7 @@ impl WorkerState {
                 draining: AtomicBool::new(false),
                 in_flight: AtomicU64::new(0),
                 idle: Notify::new(),
+                load_changes: watch::channel(0).0,
             }),
         }
     }
@@ -42,6 +46,7 @@ impl WorkerState {
     /// Changes the role; watchers (the registry updater) see it.
     pub fn set_role(&self, role: Role) {
         self.inner.role_tx.send_replace(role);
+        self.load_changed();
     }
 
     pub fn watch_role(&self) -> watch::Receiver<Role> {
@@ -54,6 +59,19 @@ impl WorkerState {
 
     pub fn set_draining(&self, draining: bool) {
         self.inner.draining.store(draining, Ordering::SeqCst);
+        self.load_changed();
+    }
+
+    /// Tells the load-report streams that push on change that the load moved.
+    pub fn load_changed(&self) {
+        self.inner
+            .load_changes
+            .send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Sees every [`Self::load_changed`] from now on.
+    pub fn watch_load(&self) -> watch::Receiver<u64> {
+        self.inner.load_changes.subscribe()
     }
 
     pub fn in_flight(&self) -> u64 {
@@ -63,6 +81,7 @@ impl WorkerState {
     /// Counts a request as in flight until the returned guard drops.
     pub fn begin_request(&self) -> InFlightGuard {
         self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.load_changed();
         InFlightGuard {
             state: self.clone(),
         }
@@ -89,11 +108,19 @@ pub struct InFlightGuard {
     state: WorkerState,
 }
 
+impl InFlightGuard {
+    /// The request's prefill is done (its first token came): its prompt left the queue.
+    pub fn prefill_done(&self) {
+        self.state.load_changed();
+    }
+}
+
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         if self.state.inner.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.state.inner.idle.notify_waiters();
         }
+        self.state.load_changed();
     }
 }
 
@@ -113,6 +140,27 @@ mod tests {
         assert!(!waiter.is_finished());
         drop(guard);
         assert!(waiter.await.unwrap());
+    }
+
+    #[test]
+    fn every_load_change_is_signalled() {
+        let state = WorkerState::new(Role::Both);
+        let mut changes = state.watch_load();
+        let mut expect_change = |what: &str| {
+            assert!(changes.has_changed().unwrap(), "{what} was not signalled");
+            changes.mark_unchanged();
+        };
+        let guard = state.begin_request();
+        expect_change("a request taken");
+        guard.prefill_done();
+        expect_change("its first token");
+        drop(guard);
+        expect_change("its end");
+        state.set_role(Role::Prefill);
+        expect_change("a role change");
+        state.set_draining(true);
+        expect_change("draining");
+        assert!(!changes.has_changed().unwrap());
     }
 
     #[tokio::test(start_paused = true)]

@@ -116,6 +116,8 @@ pub struct WorkerPool {
     /// their model's).
     refused: RwLock<BTreeMap<WorkerId, String>>,
     pub(crate) load_interval_ms: u32,
+    /// Asks workers to push a report this long after their load changes (0: interval only).
+    pub(crate) load_push_min_ms: u32,
     pub metrics: Arc<Metrics>,
     epoch: Instant,
     pub(crate) cancel: CancellationToken,
@@ -155,6 +157,7 @@ impl WorkerPool {
             audit: AuditConfig::default(),
             refused: RwLock::new(BTreeMap::new()),
             load_interval_ms,
+            load_push_min_ms: 0,
             metrics,
             epoch,
             cancel: CancellationToken::new(),
@@ -232,6 +235,13 @@ impl WorkerPool {
     /// The same pool, calling a worker unresponsive after `after` without a load report.
     pub fn with_unresponsive_after(mut self, after: Duration) -> Self {
         self.unresponsive_after = after;
+        self
+    }
+
+    /// The same pool, asking workers to push a load report `ms` after their load changes, at
+    /// most one per `ms` (0: reports on the interval only).
+    pub fn with_load_push(mut self, ms: u32) -> Self {
+        self.load_push_min_ms = ms;
         self
     }
 

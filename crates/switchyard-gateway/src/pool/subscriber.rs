@@ -251,6 +251,7 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
         let mut client = worker.client.clone();
         let request = LoadStatsRequest {
             interval_ms: pool.load_interval_ms,
+            push_min_interval_ms: pool.load_push_min_ms,
         };
         // A frozen worker accepts the connection and never answers: the open is bounded too.
         let why = match tokio::time::timeout(silence, client.load_stats(request)).await {
@@ -269,6 +270,7 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
                     };
                     backoff = BACKOFF_MIN;
                     reported = true;
+                    pool.metrics.load_reports.inc();
                     pool.worker_answered(&worker);
                     worker.draining.store(report.draining, Ordering::Relaxed);
                     let stats = LoadStats::from(&report);

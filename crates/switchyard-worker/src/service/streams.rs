@@ -27,11 +27,15 @@ pub(super) fn stream_generate(
     record: RequestRecord,
 ) -> BoxStream<v1::GenerateResponse> {
     let mut record = Some(record);
+    let mut first_token = true;
     let stream = engine_stream.map(move |item| {
         // The guard lives as long as the stream: the request is in flight until then. So
         // does the span, which ends with the generation.
-        let _ = &in_flight;
         if let Ok(chunk) = &item {
+            if first_token && !chunk.tokens.is_empty() {
+                first_token = false;
+                in_flight.prefill_done();
+            }
             if let Some(r) = record.as_mut() {
                 r.tokens_sent(chunk.tokens.len());
             }

@@ -82,7 +82,10 @@ impl InProcessWorker {
     pub async fn load(&mut self) -> v1::LoadReport {
         let mut stream = self
             .client
-            .load_stats(LoadStatsRequest { interval_ms: 10 })
+            .load_stats(LoadStatsRequest {
+                interval_ms: 10,
+                ..Default::default()
+            })
             .await
             .expect("load stream")
             .into_inner();
