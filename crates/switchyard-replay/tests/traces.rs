@@ -6,7 +6,7 @@
 
 mod support;
 
-use support::{cluster, shared};
+use support::{cluster, shared, weka_sessions};
 
 use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
 use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
@@ -171,20 +171,7 @@ fn reports_write_json_csv_and_svg() {
 /// Two sessions of the sample corpus at concurrency 2, back to back on a small cache, under
 /// `policy`.
 fn weka_floor_run(policy: PolicyKind) -> switchyard_replay::OfflineRun {
-    let traces = weka::load(
-        &shared("agentx/weka_kv_cache_tester/sample_20.jsonl.gz"),
-        Some(2),
-    )
-    .unwrap();
-    let mut workload = WekaWorkload::new(
-        traces,
-        WekaConfig {
-            concurrency: 2,
-            time_scale: 0.0,
-            ..WekaConfig::default()
-        },
-    )
-    .unwrap();
+    let mut workload = weka_sessions("weka_kv_cache_tester/sample_20.jsonl.gz", 2, 2, 0.0);
     let config = cluster(policy, 64, 4096, 0);
     replay_offline(&mut workload, &config, 2.0, &hidden()).unwrap()
 }
