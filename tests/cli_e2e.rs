@@ -206,3 +206,44 @@ async fn threads_are_refused_for_a_live_replay() {
     assert!(!ok);
     assert!(stderr.contains("--threads"), "{stderr}");
 }
+
+#[tokio::test]
+async fn agentx_truncation_drops_long_calls_and_reports_the_ttft_floor() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data/agentx/fixtures/weka-two-plays.jsonl");
+    let dir = tempfile::tempdir().unwrap();
+    // play-a's first call is 4 + 2 tokens: over 5, dropped; its sub-agent (4 + 1) and play-b
+    // (4 + 0) stay.
+    let out = Command::new(BIN)
+        .args(["replay", "agentx", "--policies", "kv", "--concurrency", "1"])
+        .args(["--truncate-tokens", "5", "--name", "cut"])
+        .arg("--trace")
+        .arg(&fixture)
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let json = std::fs::read_to_string(dir.path().join("cut.json")).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let workload = &report["settings"]["workload"];
+    assert_eq!(workload["calls_kept"], 2, "{workload}");
+    assert_eq!(workload["calls_dropped"], 1, "{workload}");
+    let run = &report["runs"][0];
+    assert_eq!(run["requests_completed"], 2, "{run}");
+    assert!(run["ttft_floor_ms"]["p99"].as_f64().unwrap() > 0.0, "{run}");
+
+    let crossed = Command::new(BIN)
+        .args(["replay", "agentx", "--policies", "kv", "--concurrency", "1"])
+        .args(["--truncate-tokens", "5", "--min-call-tokens", "6"])
+        .arg("--trace")
+        .arg(&fixture)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(crossed.status.code(), Some(64), "a configuration error");
+    let stderr = String::from_utf8_lossy(&crossed.stderr);
+    assert!(stderr.contains("--truncate-tokens"), "{stderr}");
+}

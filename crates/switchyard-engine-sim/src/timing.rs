@@ -137,6 +137,22 @@ impl TimingModel {
         })
     }
 
+    /// Time to prefill a prompt alone on an idle worker whose step budget is `chunk_tokens`:
+    /// [`Self::prefill_time`] plus one step overhead per chunk past the first, the scheduler's
+    /// chunked prefill. No placement of the request can give it a shorter time to first token.
+    pub fn chunked_prefill_time(
+        &self,
+        prompt_tokens: u64,
+        cached_tokens: u64,
+        chunk_tokens: u64,
+    ) -> Duration {
+        let computed = prompt_tokens - cached_tokens.min(prompt_tokens.saturating_sub(1));
+        let chunks = computed.div_ceil(chunk_tokens.max(1));
+        let extra_us = chunks.saturating_sub(1) as f64 * self.step_overhead_us;
+        self.prefill_time(prompt_tokens, cached_tokens)
+            + Duration::from_nanos((extra_us * 1_000.0).round() as u64)
+    }
+
     /// Time of a decode-only step of `batch` sequences that each attend to `context_tokens`.
     pub fn decode_step_time(&self, batch: u64, context_tokens: u64) -> Duration {
         self.step_time(&StepWork {
@@ -216,6 +232,29 @@ mod tests {
         // A fully cached prompt still computes its last token.
         assert!(t.prefill_time(4096, 4096) > Duration::ZERO);
         assert_eq!(t.step_time(&StepWork::default()), Duration::ZERO);
+    }
+
+    #[test]
+    fn chunked_prefill_adds_one_overhead_per_extra_chunk() {
+        let t = TimingModel::default();
+        // 8192 uncached tokens fit one chunk of 8192: the single-step time.
+        assert_eq!(
+            t.chunked_prefill_time(8192, 0, 8192),
+            t.prefill_time(8192, 0)
+        );
+        // 8193 take two steps: one more overhead, the same tokens and attention pairs.
+        let two = t.chunked_prefill_time(8193, 0, 8192) - t.prefill_time(8193, 0);
+        assert_eq!(two, Duration::from_micros(8_000));
+        // Only the uncached part is chunked; a fully cached prompt computes its last token.
+        assert_eq!(
+            t.chunked_prefill_time(100_000, 100_000, 8192),
+            t.prefill_time(100_000, 99_999)
+        );
+        let cold = t.chunked_prefill_time(100_000, 0, 8192);
+        assert_eq!(
+            cold - t.prefill_time(100_000, 0),
+            Duration::from_micros(12 * 8_000)
+        );
     }
 
     #[test]

@@ -82,6 +82,14 @@ pub fn replay_offline(
         summary.peer_hit_rate =
             (run.disagg.peer_blocks * block_tokens) as f64 / summary.prompt_tokens as f64;
     }
+    let mut floors: Vec<f64> = run
+        .records
+        .iter()
+        .zip(&run.ttft_floor_us)
+        .filter(|(r, _)| r.ok && r.first_token.is_some())
+        .map(|(_, &us)| us as f64 / 1e3)
+        .collect();
+    summary.ttft_floor_ms = Some(Percentiles::of(&mut floors));
     summary.recomputed_tokens = run.workers.iter().map(|w| w.prefill_tokens).sum();
     summary.transferred_bytes =
         host_hit_blocks * block_bytes + run.disagg.bytes + run.disagg.peer_bytes;

@@ -98,6 +98,12 @@ pub struct Summary {
     /// (offline).
     #[serde(default)]
     pub transferred_bytes: u64,
+    /// The TTFT each completed request would have had alone on an idle worker already holding
+    /// every block any earlier request sent (offline): no routing, cache or placement policy
+    /// gets a request's first token sooner, so a tail at its floor is compute, not queueing or
+    /// misses. Left out of the JSON when not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_floor_ms: Option<Percentiles>,
 }
 
 fn is_zero(rate: &f64) -> bool {
@@ -151,6 +157,7 @@ impl Summary {
             peer_hit_rate: 0.0,
             recomputed_tokens: 0,
             transferred_bytes: 0,
+            ttft_floor_ms: None,
         }
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::ReplayError;
-use crate::metrics::Summary;
+use crate::metrics::{Percentiles, Summary};
 
 /// Everything one replay command measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -52,8 +52,9 @@ impl Report {
             "peer hit",
             "recomputed",
             "moved GB",
+            "floor p99",
         ];
-        let widths = [12, 7, 7, 5, 5, 10, 10, 10, 9, 9, 10, 13, 8, 8, 8, 12, 9];
+        let widths = [12, 7, 7, 5, 5, 10, 10, 10, 9, 9, 10, 13, 8, 8, 8, 12, 9, 10];
         let mut line = String::new();
         for (h, w) in header.iter().zip(widths) {
             let _ = write!(line, "{h:>w$} ");
@@ -79,6 +80,8 @@ impl Report {
                 format!("{:.1}%", r.peer_hit_rate * 100.0),
                 r.recomputed_tokens.to_string(),
                 format!("{:.1}", r.transferred_bytes as f64 / 1e9),
+                r.ttft_floor_ms
+                    .map_or_else(|| "-".to_owned(), |f| format!("{:.0}ms", f.p99)),
             ];
             let mut row = String::new();
             for (c, w) in cells.iter().zip(widths) {
@@ -99,12 +102,18 @@ impl Report {
              sessions_completed,duration_s,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,ttft_mean_ms,\
              tpot_p50_ms,tpot_p90_ms,tpot_p99_ms,interactivity_tok_s,output_tokens,\
              output_tok_s_per_worker,prompt_tokens,cached_tokens,cache_hit_rate,host_hit_rate,\
-             recomputed_tokens,transferred_bytes,peer_hit_rate\n",
+             recomputed_tokens,transferred_bytes,peer_hit_rate,ttft_floor_p50_ms,ttft_floor_p99_ms\n",
         );
         for r in &self.runs {
+            // Empty where the run measured no floor (live runs).
+            let floor = |pick: fn(&Percentiles) -> f64| {
+                r.ttft_floor_ms
+                    .as_ref()
+                    .map_or_else(String::new, |f| format!("{:.3}", pick(f)))
+            };
             let _ = writeln!(
                 s,
-                "{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.3},{},{},{:.5},{:.5},{},{},{:.5}",
+                "{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{:.3},{},{},{:.5},{:.5},{},{},{:.5},{},{}",
                 self.workload,
                 self.mode,
                 r.label,
@@ -132,6 +141,8 @@ impl Report {
                 r.recomputed_tokens,
                 r.transferred_bytes,
                 r.peer_hit_rate,
+                floor(|f| f.p50),
+                floor(|f| f.p99),
             );
         }
         s

@@ -12,14 +12,13 @@ mod support;
 
 use std::path::PathBuf;
 
-use support::{cluster, shared};
+use support::{cluster, shared, weka_sessions};
 
 use serde_json::{Value, json};
 use switchyard_core::rng::splitmix;
 use switchyard_engine_sim::SimConfig;
 use switchyard_replay::workload::mix::{MixConfig, MixWorkload};
 use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
-use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
 use switchyard_replay::{
     Cluster, ClusterConfig, ClusterRun, DisaggConfig, DisaggMode, Summary, Workload,
 };
@@ -150,20 +149,7 @@ fn mooncake_kv_delayed_events_and_reports() {
 /// Closed-loop agent sessions with subagents.
 #[test]
 fn agentx_sessions() {
-    let traces = weka::load(
-        &shared("agentx/weka_kv_cache_tester/dev_120.jsonl.gz"),
-        Some(2),
-    )
-    .unwrap();
-    let mut workload = WekaWorkload::new(
-        traces,
-        WekaConfig {
-            concurrency: 2,
-            time_scale: 0.1,
-            ..WekaConfig::default()
-        },
-    )
-    .unwrap();
+    let mut workload = weka_sessions("weka_kv_cache_tester/dev_120.jsonl.gz", 2, 2, 0.1);
     check(
         "agentx-kv",
         fingerprint(&mut workload, &cluster(PolicyKind::Kv, 64, 4096, 2)),

@@ -6,7 +6,7 @@
 
 mod support;
 
-use support::{cluster, shared};
+use support::{cluster, shared, weka_sessions};
 
 use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
 use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
@@ -166,4 +166,46 @@ fn reports_write_json_csv_and_svg() {
     );
     assert!(report.table().contains("kv"));
     let _ = progress_bar(Some(1), "x".into());
+}
+
+/// Two sessions of the sample corpus at concurrency 2, back to back on a small cache, under
+/// `policy`.
+fn weka_floor_run(policy: PolicyKind) -> switchyard_replay::OfflineRun {
+    let mut workload = weka_sessions("weka_kv_cache_tester/sample_20.jsonl.gz", 2, 2, 0.0);
+    let config = cluster(policy, 64, 4096, 0);
+    replay_offline(&mut workload, &config, 2.0, &hidden()).unwrap()
+}
+
+#[test]
+fn no_request_reaches_its_first_token_before_its_ttft_floor() {
+    let kv = weka_floor_run(PolicyKind::Kv);
+    let rr = weka_floor_run(PolicyKind::RoundRobin);
+    for run in [&kv, &rr] {
+        let records = &run.run.records;
+        assert_eq!(run.run.ttft_floor_us.len(), records.len());
+        let mut at_floor = 0;
+        for (r, &floor) in records.iter().zip(&run.run.ttft_floor_us) {
+            let ttft = r.first_token.unwrap() - r.arrival;
+            // The cluster's clock drops each step's sub-microsecond part, the floor only its
+            // total's: 1 µs of slack per prefill chunk (8,192 tokens).
+            let slack = r.prompt_tokens / 8192 + 1;
+            assert!(
+                ttft + slack >= floor,
+                "request {}: ttft {ttft} < floor {floor}",
+                r.id
+            );
+            at_floor += usize::from(ttft <= floor + slack);
+        }
+        // The first request of the run meets an idle cluster with nothing cached: its floor.
+        let first = &records[0];
+        let ttft = first.first_token.unwrap() - first.arrival;
+        assert!(ttft + first.prompt_tokens / 8192 + 1 >= run.run.ttft_floor_us[0]);
+        assert!(ttft <= run.run.ttft_floor_us[0]);
+        assert!(at_floor >= 1);
+        let floor = run.summary.ttft_floor_ms.unwrap();
+        // Within the per-chunk slack above (well under 0.1 ms).
+        let ttft = run.summary.ttft_ms;
+        assert!(floor.p99 <= ttft.p99 + 0.1 && floor.p50 <= ttft.p50 + 0.1);
+        assert!(floor.mean <= ttft.mean + 0.1);
+    }
 }

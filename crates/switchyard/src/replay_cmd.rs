@@ -15,6 +15,7 @@ use switchyard_engine_sim::{SimConfig, TimingModel};
 use switchyard_replay::live::{LiveConfig, replay_live};
 use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
 use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
+use switchyard_replay::workload::weka_filter::{self, CallSizes};
 use switchyard_replay::{
     ClusterConfig, ProgressGroup, ReplayError, Report, RouteFilter, Summary, Workload, parallel,
     progress_bar, replay_offline, replay_recording_for,
@@ -123,6 +124,14 @@ struct AgentxArgs {
     /// Draw traces in a seeded shuffled order instead of file order.
     #[arg(long)]
     shuffle: bool,
+    /// Drop every call whose input plus output exceeds N tokens, as the `-256k` AgentX corpora
+    /// do (256000); a session left with no call is dropped.
+    #[arg(long, value_name = "N")]
+    truncate_tokens: Option<u64>,
+    /// Keep only the calls of at least N input plus output tokens (a long-context case:
+    /// 262144 keeps the 256k–1M-token requests).
+    #[arg(long, value_name = "N")]
+    min_call_tokens: Option<u64>,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -434,6 +443,16 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
             )
             .map_err(ReplayError::InvalidConfig)?;
             let traces = weka::load(&trace, a.limit)?;
+            let (traces, kept) = if a.truncate_tokens.is_some() || a.min_call_tokens.is_some() {
+                let sizes = CallSizes {
+                    min_tokens: a.min_call_tokens.unwrap_or(0),
+                    max_tokens: a.truncate_tokens,
+                };
+                let (traces, kept) = weka_filter::keep_calls(traces, sizes)?;
+                (traces, Some(kept))
+            } else {
+                (traces, None)
+            };
             let config = WekaConfig {
                 concurrency: 1,
                 time_scale: a.time_scale,
@@ -451,6 +470,11 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
                     "max_gap_s": a.max_gap_s,
                     "sessions": a.sessions,
                     "shuffle": a.shuffle,
+                    "truncate_tokens": a.truncate_tokens,
+                    "min_call_tokens": a.min_call_tokens,
+                    "calls_kept": kept.map(|k| k.calls),
+                    "calls_dropped": kept.map(|k| k.dropped_calls),
+                    "sessions_dropped": kept.map(|k| k.dropped_sessions),
                 }),
                 source: Source::Agentx {
                     traces,

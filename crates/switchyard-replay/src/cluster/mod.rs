@@ -24,6 +24,7 @@ use indicatif::ProgressBar;
 use rustc_hash::FxHashMap as HashMap;
 mod control;
 mod disagg;
+mod floor;
 mod peer;
 mod steps;
 
@@ -116,6 +117,8 @@ pub struct ClusterRun {
     /// when [`ClusterConfig::token_gaps`] is set: a stall shows here even where a request's
     /// mean time per token hides it.
     pub token_gaps: Vec<TokenGap>,
+    /// Per record, in `records`' order: its TTFT floor (`floor`), in microseconds.
+    pub ttft_floor_us: Vec<Micros>,
 }
 
 /// One gap between two consecutive tokens of a request.
@@ -211,6 +214,7 @@ pub struct Cluster {
     sessions: HashMap<u64, String>,
     /// Request id → (worker, hold) of a copied prefix, until the request's first token.
     peer_holds: HashMap<u64, (usize, u64)>,
+    ttft_floor: floor::TtftFloor,
     steps: u64,
     kv_events: u64,
     now: Micros,
@@ -299,6 +303,7 @@ impl Cluster {
             think_times,
             sessions: HashMap::default(),
             peer_holds: HashMap::default(),
+            ttft_floor: floor::TtftFloor::default(),
             steps: 0,
             kv_events: 0,
             now: 0,
@@ -377,6 +382,7 @@ impl Cluster {
         }
         let mut records = self.records;
         records.sort_by_key(|r| r.id);
+        let ttft_floor_us = self.ttft_floor.of(&records);
         Ok(ClusterRun {
             records,
             steps: self.steps,
@@ -385,6 +391,7 @@ impl Cluster {
             workers: self.workers.into_iter().map(|w| w.stats).collect(),
             disagg: self.flows.stats,
             token_gaps: self.token_gaps,
+            ttft_floor_us,
         })
     }
 
@@ -428,6 +435,12 @@ impl Cluster {
         let tokens = spec.prompt.tokens_with_room(spec.max_tokens as usize);
         let request =
             serve::route_request(&tokens, self.block_size, spec.session.clone(), self.now);
+        self.ttft_floor.arrive(
+            spec.id,
+            &request.block_hashes,
+            tokens.len() as u64,
+            &self.config.sim,
+        );
         self.refresh_loads();
         let settings = self.serve_settings();
         // The serving core's one decision, exactly as the gateway takes it (tested against the

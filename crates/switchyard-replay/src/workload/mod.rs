@@ -8,6 +8,7 @@
 pub mod mix;
 pub mod mooncake;
 pub mod weka;
+pub mod weka_filter;
 
 use crate::synth::PromptSpec;
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use switchyard_core::BlockSize;
 use switchyard_engine_sim::SimConfig;
 use switchyard_replay::ClusterConfig;
+use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
 use switchyard_router::{PolicyConfig, PolicyKind};
 
 /// A file under the workspace's sibling `shared/data` directory.
@@ -36,4 +37,25 @@ pub fn cluster(policy: PolicyKind, block_size: u32, kv_blocks: u64, seed: u64) -
         },
         ..ClusterConfig::default()
     }
+}
+
+/// The first `sessions` traces of the shared corpus `corpus` (a path under `agentx/`), replayed
+/// closed loop at `concurrency` with think times × `time_scale`.
+pub fn weka_sessions(
+    corpus: &str,
+    sessions: usize,
+    concurrency: usize,
+    time_scale: f64,
+) -> WekaWorkload {
+    let traces = weka::load(&shared(&format!("agentx/{corpus}")), Some(sessions))
+        .expect("the shared corpus loads");
+    WekaWorkload::new(
+        traces,
+        WekaConfig {
+            concurrency,
+            time_scale,
+            ..WekaConfig::default()
+        },
+    )
+    .expect("a valid closed-loop configuration")
 }
