@@ -247,17 +247,26 @@ fn unicode_run_strategy() -> impl Strategy<Value = String> {
 #[test]
 fn long_unicode_runs_match_hugging_face() {
     for variant in [pair(None), cl100k_pair()] {
-        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-            cases: 300,
-            ..ProptestConfig::default()
-        });
-        runner
-            .run(&unicode_run_strategy(), |text| {
-                assert_same(&variant, &text);
-                Ok(())
-            })
-            .unwrap();
+        long_unicode_runs_match(&variant);
     }
+}
+
+#[test]
+fn long_unicode_runs_match_hugging_face_gpt2() {
+    long_unicode_runs_match(&gpt2_pair());
+}
+
+fn long_unicode_runs_match(variant: &(Tokenizer, Tokenizer)) {
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 300,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&unicode_run_strategy(), |text| {
+            assert_same(variant, &text);
+            Ok(())
+        })
+        .unwrap();
 }
 
 /// One text of over 100k tokens: CJK paragraphs without punctuation (pieces of thousands of
@@ -301,6 +310,34 @@ fn cl100k_pair() -> (Tokenizer, Tokenizer) {
 #[test]
 fn cl100k_pattern_matches_hugging_face() {
     check_variant(&cl100k_pair());
+}
+
+/// The pipeline `tokenizers`' own BPE trainer writes (the peers harness's tokenizer): a bare
+/// `ByteLevel` pre-tokenizer that splits with GPT-2's pattern, no normalizer, and a
+/// `ByteLevel` post-processor that leaves offsets alone.
+fn gpt2_pair() -> (Tokenizer, Tokenizer) {
+    pair(Some(&|json| {
+        json["normalizer"] = Value::Null;
+        json["pre_tokenizer"] = serde_json::json!({"type": "ByteLevel",
+            "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+        json["post_processor"] = serde_json::json!({"type": "ByteLevel",
+            "add_prefix_space": true, "trim_offsets": false, "use_regex": true});
+    }))
+}
+
+#[test]
+fn gpt2_byte_level_matches_hugging_face() {
+    let variant = gpt2_pair();
+    check_variant(&variant);
+    for text in [
+        " 1234567 x",
+        "a\tb  c\t d",
+        " 'sx 'S don't",
+        "x \n\n y",
+        "(( ,, )) \u{a0}x",
+    ] {
+        assert_same(&variant, text);
+    }
 }
 
 /// Llama 3's pipeline on Qwen3's vocabulary: cl100k pattern, no normalizer, `ignore_merges`,

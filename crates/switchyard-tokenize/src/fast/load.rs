@@ -149,10 +149,20 @@ impl FastBpe {
     }
 }
 
-/// `Sequence[Split(known regex, Isolated), ByteLevel(no prefix space, no regex)]`.
+/// `Sequence[Split(known regex, Isolated), ByteLevel(no prefix space, no regex)]`, or a bare
+/// `ByteLevel(no prefix space, regex)`, which splits with GPT-2's pattern itself.
 fn pre_tokenizer(value: Option<&Value>) -> Result<Pattern, NotRecognised> {
     let shape = NotRecognised("pre-tokenizer is not Split(known pattern) + ByteLevel");
     let value = value.ok_or(shape)?;
+    if value.get("type").and_then(Value::as_str) == Some("ByteLevel") {
+        // `trim_offsets` only matters to a post-processor; `use_regex` defaults to true.
+        need(
+            flag(value, "add_prefix_space") == Some(false)
+                && matches!(value.get("use_regex"), None | Some(Value::Bool(true))),
+            "ByteLevel pre-tokenizer with a prefix space or without its regex",
+        )?;
+        return Ok(Pattern::Gpt2);
+    }
     need(
         value.get("type").and_then(Value::as_str) == Some("Sequence"),
         shape.0,

@@ -1,5 +1,5 @@
-//! A fast, exact path for the common byte-level BPE `tokenizer.json` (Qwen2/Qwen3 and
-//! cl100k-style patterns): added tokens split out with the same Aho-Corasick search
+//! A fast, exact path for the common byte-level BPE `tokenizer.json` (Qwen2/Qwen3,
+//! cl100k-style and GPT-2 patterns): added tokens split out with the same Aho-Corasick search
 //! `tokenizers` uses, the split regex replaced by a hand-written scanner
 //! ([`pretokenize`]), and byte-pair merging without the library's per-word allocations
 //! ([`bpe`]), starting from whole characters where that is provably exact ([`chars`]).
@@ -23,6 +23,7 @@ use unicode_normalization_alignments::{IsNormalized, is_nfc_quick};
 
 use crate::error::TokenizeError;
 use crate::tokenizer::offset_u32;
+pub(crate) use pretokenize::GPT2_REGEX;
 use whole::MergeMemo;
 
 /// Token ids and the byte offset where each starts.

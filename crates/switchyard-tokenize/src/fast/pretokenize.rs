@@ -1,9 +1,12 @@
-//! The split patterns of the GPT-4 family, recognised by their exact regex text and run as a
-//! hand-written scanner over characters instead of a backtracking regex engine.
+//! The split patterns of the GPT-4 family and GPT-2's, recognised by their exact regex text
+//! and run as a hand-written scanner over characters instead of a backtracking regex engine.
 //!
-//! Both patterns read
+//! The GPT-4 family patterns read
 //! `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{D}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 //! with `{D}` either nothing (Qwen2/Qwen3: one digit per piece) or `{1,3}` (cl100k, Llama 3).
+//! GPT-2's, which a bare `ByteLevel { use_regex: true }` pre-tokenizer applies (what
+//! `tokenizers`' own BPE trainer writes by default), reads
+//! `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`.
 //! [`Pattern::next_end`] applies the alternatives in that order at each position, the way a
 //! leftmost-first regex does; the character classes come from `regex-syntax`, the tables the
 //! `tokenizers` crate's regex engine uses, so both agree on every code point.
@@ -15,18 +18,27 @@ pub(crate) const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\
 /// cl100k's pattern as Llama 3's `tokenizer.json` spells it.
 pub(crate) const CL100K_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// A recognised split pattern: how many digits one piece may hold is all that differs.
+/// GPT-2's pattern: the one `ByteLevel { use_regex: true }` applies.
+pub(crate) const GPT2_REGEX: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// A recognised split pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Pattern {
-    max_digits: usize,
+pub(crate) enum Pattern {
+    /// The GPT-4 family: how many digits one piece may hold is all that differs.
+    Gpt4 {
+        max_digits: usize,
+    },
+    Gpt2,
 }
 
 impl Pattern {
     /// The pattern whose regex is exactly `regex`, if it is one this module implements.
     pub(crate) fn recognise(regex: &str) -> Option<Self> {
         match regex {
-            QWEN2_REGEX => Some(Self { max_digits: 1 }),
-            CL100K_REGEX => Some(Self { max_digits: 3 }),
+            QWEN2_REGEX => Some(Self::Gpt4 { max_digits: 1 }),
+            CL100K_REGEX => Some(Self::Gpt4 { max_digits: 3 }),
+            GPT2_REGEX => Some(Self::Gpt2),
             _ => None,
         }
     }
@@ -42,75 +54,109 @@ impl Pattern {
 
     /// Where the piece starting at byte `i` (< `text.len()`) ends.
     fn next_end(&self, text: &str, i: usize) -> usize {
-        let s = Scan { text };
-        let (c, class, after) = s.at(i);
-        // 1. (?i:'s|'t|'re|'ve|'m|'ll|'d)
-        if c == '\''
-            && let Some(end) = s.contraction(after)
-        {
-            return end;
+        match *self {
+            Self::Gpt4 { max_digits } => gpt4_end(text, i, max_digits),
+            Self::Gpt2 => gpt2_end(text, i),
         }
-        // 2. [^\r\n\p{L}\p{N}]?\p{L}+
-        if class == Class::Letter {
-            return s.run(after, Class::Letter);
-        }
-        let prefixable = class == Class::Other || (class == Class::Space && !is_newline(c));
-        if prefixable && after < text.len() && s.at(after).1 == Class::Letter {
-            return s.run(after, Class::Letter);
-        }
-        // 3. \p{N} or \p{N}{1,3}
-        if class == Class::Number {
-            let mut end = after;
-            for _ in 1..self.max_digits {
-                if end >= text.len() {
-                    break;
-                }
-                let (_, next, next_end) = s.at(end);
-                if next != Class::Number {
-                    break;
-                }
-                end = next_end;
-            }
-            return end;
-        }
-        // 4. ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-        let others_from = if class == Class::Other {
-            Some(after)
-        } else if c == ' ' && after < text.len() && s.at(after).1 == Class::Other {
-            Some(s.at(after).2)
-        } else {
-            None
-        };
-        if let Some(from) = others_from {
-            let end = s.run(from, Class::Other);
-            let tail = text.as_bytes()[end..]
-                .iter()
-                .take_while(|&&b| b == b'\r' || b == b'\n')
-                .count();
-            return end + tail;
-        }
-        // Whitespace from here on: 5. `\s*[\r\n]+`, 6. `\s+(?!\S)`, 7. `\s+`.
+    }
+}
+
+fn gpt4_end(text: &str, i: usize, max_digits: usize) -> usize {
+    let s = Scan { text };
+    let (c, class, after) = s.at(i);
+    // 1. (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if c == '\''
+        && let Some(end) = s.contraction(after)
+    {
+        return end;
+    }
+    // 2. [^\r\n\p{L}\p{N}]?\p{L}+
+    if class == Class::Letter {
+        return s.run(after, Class::Letter);
+    }
+    let prefixable = class == Class::Other || (class == Class::Space && !is_newline(c));
+    if prefixable && after < text.len() && s.at(after).1 == Class::Letter {
+        return s.run(after, Class::Letter);
+    }
+    // 3. \p{N} or \p{N}{1,3}
+    if class == Class::Number {
         let mut end = after;
-        let mut last_newline_end = is_newline(c).then_some(after);
-        let mut last_start = i;
-        while end < text.len() {
-            let (next, next_class, next_end) = s.at(end);
-            if next_class != Class::Space {
+        for _ in 1..max_digits {
+            if end >= text.len() {
                 break;
             }
-            if is_newline(next) {
-                last_newline_end = Some(next_end);
+            let (_, next, next_end) = s.at(end);
+            if next != Class::Number {
+                break;
             }
-            last_start = end;
             end = next_end;
         }
-        if let Some(newline_end) = last_newline_end {
-            return newline_end;
+        return end;
+    }
+    // 4. ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+    let others_from = if class == Class::Other {
+        Some(after)
+    } else if c == ' ' && after < text.len() && s.at(after).1 == Class::Other {
+        Some(s.at(after).2)
+    } else {
+        None
+    };
+    if let Some(from) = others_from {
+        let end = s.run(from, Class::Other);
+        let tail = text.as_bytes()[end..]
+            .iter()
+            .take_while(|&&b| b == b'\r' || b == b'\n')
+            .count();
+        return end + tail;
+    }
+    // Whitespace from here on: 5. `\s*[\r\n]+`, 6. `\s+(?!\S)`, 7. `\s+`.
+    let run = s.spaces(i, after, is_newline(c));
+    run.last_newline_end
+        .unwrap_or_else(|| run.end_without_lookahead(text.len(), i))
+}
+
+/// GPT-2's alternatives at byte `i`: 1. `'s|'t|'re|'ve|'m|'ll|'d` (case-sensitive),
+/// 2.–4. ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+` (a run of one class, optionally after
+/// one U+0020), 5. `\s+(?!\S)`, 6. `\s+`.
+fn gpt2_end(text: &str, i: usize) -> usize {
+    let s = Scan { text };
+    let (c, class, after) = s.at(i);
+    if c == '\''
+        && let Some(end) = s.exact_contraction(after)
+    {
+        return end;
+    }
+    if class != Class::Space {
+        return s.run(after, class);
+    }
+    if c == ' ' && after < text.len() {
+        let next = s.at(after).1;
+        if next != Class::Space {
+            return s.run(after, next);
         }
-        if end == text.len() || last_start == i {
-            return end;
+    }
+    s.spaces(i, after, false)
+        .end_without_lookahead(text.len(), i)
+}
+
+/// A run of whitespace: where it ends, where its last character starts, and where its last
+/// newline ends.
+struct SpaceRun {
+    end: usize,
+    last_start: usize,
+    last_newline_end: Option<usize>,
+}
+
+impl SpaceRun {
+    /// `\s+(?!\S)` then `\s+` for the run starting at `start`: all of it at the end of the
+    /// text or when it is one character, else all but its last character (which then starts
+    /// the next piece).
+    fn end_without_lookahead(&self, len: usize, start: usize) -> usize {
+        if self.end == len || self.last_start == start {
+            self.end
+        } else {
+            self.last_start
         }
-        last_start
     }
 }
 
@@ -188,6 +234,38 @@ impl Scan<'_> {
             }
         }
         i
+    }
+
+    /// The whitespace run whose first character spans `start..after`.
+    fn spaces(&self, start: usize, after: usize, first_is_newline: bool) -> SpaceRun {
+        let mut run = SpaceRun {
+            end: after,
+            last_start: start,
+            last_newline_end: first_is_newline.then_some(after),
+        };
+        while run.end < self.text.len() {
+            let (next, next_class, next_end) = self.at(run.end);
+            if next_class != Class::Space {
+                break;
+            }
+            if is_newline(next) {
+                run.last_newline_end = Some(next_end);
+            }
+            run.last_start = run.end;
+            run.end = next_end;
+        }
+        run
+    }
+
+    /// The end of a contraction whose apostrophe ends at `i`, matched exactly (GPT-2's
+    /// alternatives carry no `(?i:…)`).
+    fn exact_contraction(&self, i: usize) -> Option<usize> {
+        let rest = &self.text.as_bytes()[i..];
+        match rest {
+            [b's' | b't' | b'm' | b'd', ..] => Some(i + 1),
+            [b'r' | b'v', b'e', ..] | [b'l', b'l', ..] => Some(i + 2),
+            _ => None,
+        }
     }
 
     /// The end of a contraction whose apostrophe ends at `i`, matched case-insensitively with
@@ -320,6 +398,24 @@ mod tests {
         assert_eq!(split(q, " .x \t.y"), [" .", "x", " ", "\t", ".y"]);
         assert_eq!(split(q, "'ſ 'x"), ["'ſ", " '", "x"]);
         assert_eq!(split(q, "你好，世界"), ["你好", "，世界"]);
+    }
+
+    #[test]
+    fn gpt2_splits_like_the_regex_on_hand_picked_cases() {
+        let g = GPT2_REGEX;
+        assert_eq!(split(g, "Hello world"), ["Hello", " world"]);
+        assert_eq!(
+            split(g, "I'm here, it'S ok'll"),
+            ["I", "'m", " here", ",", " it", "'", "S", " ok", "'ll"]
+        );
+        assert_eq!(split(g, "a   b"), ["a", "  ", " b"]);
+        assert_eq!(split(g, "a \tb"), ["a", " ", "\t", "b"]);
+        assert_eq!(split(g, " 12345x"), [" 12345", "x"]);
+        assert_eq!(split(g, "x\n   foo"), ["x", "\n  ", " foo"]);
+        assert_eq!(split(g, "x.\n\nfoo  "), ["x", ".", "\n", "\n", "foo", "  "]);
+        assert_eq!(split(g, " .x \t.y"), [" .", "x", " ", "\t", ".", "y"]);
+        assert_eq!(split(g, " 'sx"), [" '", "sx"]);
+        assert_eq!(split(g, "你好，世界"), ["你好", "，", "世界"]);
     }
 
     #[test]

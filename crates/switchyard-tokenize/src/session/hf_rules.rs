@@ -1,8 +1,8 @@
 //! Which [`SeamPolicy`] a Hugging Face `tokenizer.json` allows, read from its pipeline.
 //!
 //! Word boundaries are trusted only for pipelines whose every layer is understood: NFC or
-//! no normaliser, the GPT-4 family split regex (exact text, Qwen's or Llama 3's), byte-level
-//! BPE without dropout, plain added tokens. Added-token starts alone are trusted when the
+//! no normaliser, the GPT-4 family split regex (exact text, Qwen's or Llama 3's) or GPT-2's
+//! (a bare `ByteLevel` with its regex), byte-level BPE without dropout, plain added tokens. Added-token starts alone are trusted when the
 //! added tokens are plain and the layers below work on each segment alone, whatever its
 //! position (no `Metaspace`, whose "prepend to the first piece" depends on position).
 //! Anything else, or truncation, turns incremental tokenization off.
@@ -36,7 +36,7 @@ pub(crate) fn seam_rules(tok: &tokenizers::Tokenizer) -> SeamRules {
     } else if let (true, true, Some(digit_runs)) = (
         all_raw && bpe_without_dropout,
         normalizer.as_ref().is_none_or(is_nfc),
-        pre_tokenizer.as_ref().and_then(gpt4_family_split),
+        pre_tokenizer.as_ref().and_then(digit_runs_of_split),
     ) {
         SeamPolicy::Words { digit_runs }
     } else if pre_tokenizer
@@ -82,16 +82,22 @@ fn is_nfc(normalizer: &Json) -> bool {
 }
 
 /// `Sequence[Split(regex, Isolated), ByteLevel(no prefix space, no regex)]` with a known
-/// regex: whether digits go in runs of three.
-fn gpt4_family_split(pre: &Json) -> Option<bool> {
+/// regex, or a bare `ByteLevel(no prefix space)` with GPT-2's: whether digits go in runs
+/// (judged as [`SeamPolicy::Words`] says).
+fn digit_runs_of_split(pre: &Json) -> Option<bool> {
+    let is = |v: &Json, key: &str, want: Json| v.get(key) == Some(&want);
     let steps = match pre.get("type")?.as_str()? {
         "Sequence" => pre.get("pretokenizers")?.as_array()?,
+        "ByteLevel" => {
+            let gpt2 = is(pre, "add_prefix_space", false.into())
+                && pre.get("use_regex").is_none_or(|r| *r == Json::Bool(true));
+            return gpt2.then_some(true);
+        }
         _ => return None,
     };
     let [split, byte_level] = steps.as_slice() else {
         return None;
     };
-    let is = |v: &Json, key: &str, want: Json| v.get(key) == Some(&want);
     let split_ok = is(split, "type", "Split".into())
         && is(split, "behavior", "Isolated".into())
         && is(split, "invert", false.into());
@@ -103,7 +109,7 @@ fn gpt4_family_split(pre: &Json) -> Option<bool> {
     }
     match split.get("pattern")?.get("Regex")?.as_str()? {
         QWEN_SPLIT => Some(false),
-        LLAMA3_SPLIT => Some(true),
+        LLAMA3_SPLIT | crate::fast::GPT2_REGEX => Some(true),
         _ => None,
     }
 }

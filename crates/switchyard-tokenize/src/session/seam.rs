@@ -29,6 +29,8 @@ pub(crate) enum SeamPolicy {
     AddedTokens,
     /// Added-token starts and word boundaries of the GPT-4 family regex, which puts digits
     /// in runs of up to three (`\p{N}{1,3}`, cl100k, Llama 3) or one at a time (Qwen).
+    /// GPT-2's regex is judged as a GPT-4 one with digit runs: each boundary
+    /// [`word_boundary`] accepts then is one of GPT-2's too (see there).
     Words { digit_runs: bool },
 }
 
@@ -224,6 +226,12 @@ fn ascii_class(byte: u8) -> Class {
 ///
 /// Every regex decision before the word holding `before` looked at most one character past
 /// its own word, or through a whitespace run that ends before `before`: all inside the cut.
+///
+/// GPT-2's regex (`'s|… | ␣?\p{L}+ | ␣?\p{N}+ | ␣?[^\s\p{L}\p{N}]+ | \s+(?!\S) | \s+`), taken
+/// with `digit_runs`, ends a word at every boundary accepted here: its letter and digit words
+/// end at the first other character, unbounded digit runs end only at a non-digit, and its
+/// punctuation run ends at any whitespace or digit (an apostrophe before a digit or a space
+/// starts no contraction); whitespace and letter-after-punctuation are refused as above.
 fn word_boundary(before: u8, at: u8, digit_runs: bool) -> bool {
     if !before.is_ascii() || !at.is_ascii() {
         return false;

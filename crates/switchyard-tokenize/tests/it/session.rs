@@ -1,5 +1,6 @@
 //! `SessionTokenizer`: incremental equals full on seams built to break it, on random edits,
-//! for Qwen3 and the built-in cl100k; bounds and counters; the async path.
+//! for Qwen3, the built-in cl100k and a GPT-2-shaped pipeline; bounds and counters; the
+//! async path.
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use switchyard_tokenize::{
     ChatMessage, ChatRequest, ModelDir, Preprocessor, SessionConfig, SessionTokenizer,
 };
 
-use crate::support::{builtin, qwen3};
+use crate::support::{builtin, gpt2_shaped, qwen3};
 use crate::synth::{Rng, words};
 
 fn sessions(model: &Arc<ModelDir>, verify: f64) -> SessionTokenizer {
@@ -152,10 +153,16 @@ fn seams_builtin_cl100k() {
     check_seams(&builtin());
 }
 
+/// GPT-2's split regex (a bare `ByteLevel` pre-tokenizer) gets word seams too.
+#[test]
+fn seams_gpt2_byte_level() {
+    check_seams(&gpt2_shaped());
+}
+
 /// A growing ChatML conversation with the generation prompt, as the gateway sees it.
 #[test]
 fn chat_turns_reuse_almost_everything() {
-    for model in [qwen3(), builtin()] {
+    for model in [qwen3(), builtin(), gpt2_shaped()] {
         let session = sessions(&model, 1.0);
         let mut rng = Rng::new(11);
         let mut messages = vec![ChatMessage::text("system", "Be brief.")];
@@ -281,6 +288,11 @@ proptest! {
     #[test]
     fn random_edits_qwen3(start in prop::collection::vec(0..PIECES.len(), 0..40), ops in prop::collection::vec(op(), 1..8)) {
         random_edits(&qwen3(), &start, &ops);
+    }
+
+    #[test]
+    fn random_edits_gpt2_byte_level(start in prop::collection::vec(0..PIECES.len(), 0..40), ops in prop::collection::vec(op(), 1..8)) {
+        random_edits(&gpt2_shaped(), &start, &ops);
     }
 
     #[test]
