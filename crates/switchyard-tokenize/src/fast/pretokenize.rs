@@ -7,6 +7,10 @@
 //! [`Pattern::next_end`] applies the alternatives in that order at each position, the way a
 //! leftmost-first regex does; the character classes come from `regex-syntax`, the tables the
 //! `tokenizers` crate's regex engine uses, so both agree on every code point.
+//!
+//! tiktoken spells cl100k's pattern with one more alternative, `\s++$` before `\s*[\r\n]`:
+//! whitespace that runs to the end of the text is one piece ([`Pattern::tiktoken_cl100k`]).
+//! o200k's case-aware pattern has its own scanner, [`super::o200k`].
 
 use std::sync::OnceLock;
 
@@ -15,19 +19,39 @@ pub(crate) const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\
 /// cl100k's pattern as Llama 3's `tokenizer.json` spells it.
 pub(crate) const CL100K_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// A recognised split pattern: how many digits one piece may hold is all that differs.
+/// A recognised split pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Pattern {
-    max_digits: usize,
+pub(crate) enum Pattern {
+    /// The GPT-4 family: how many digits one piece may hold, and whether whitespace running
+    /// to the end of the text is one piece (tiktoken's `\s++$`).
+    Gpt4 {
+        max_digits: usize,
+        trailing_space_whole: bool,
+    },
+    /// o200k's case-aware pattern.
+    O200k,
 }
 
 impl Pattern {
-    /// The pattern whose regex is exactly `regex`, if it is one this module implements.
+    /// The pattern whose regex is exactly `regex`, if it is one this module implements as
+    /// Hugging Face's pipeline runs it.
     pub(crate) fn recognise(regex: &str) -> Option<Self> {
-        match regex {
-            QWEN2_REGEX => Some(Self { max_digits: 1 }),
-            CL100K_REGEX => Some(Self { max_digits: 3 }),
-            _ => None,
+        let max_digits = match regex {
+            QWEN2_REGEX => 1,
+            CL100K_REGEX => 3,
+            _ => return None,
+        };
+        Some(Self::Gpt4 {
+            max_digits,
+            trailing_space_whole: false,
+        })
+    }
+
+    /// cl100k's pattern as tiktoken runs it.
+    pub(crate) fn tiktoken_cl100k() -> Self {
+        Self::Gpt4 {
+            max_digits: 3,
+            trailing_space_whole: true,
         }
     }
 
@@ -42,76 +66,104 @@ impl Pattern {
 
     /// Where the piece starting at byte `i` (< `text.len()`) ends.
     fn next_end(&self, text: &str, i: usize) -> usize {
-        let s = Scan { text };
-        let (c, class, after) = s.at(i);
-        // 1. (?i:'s|'t|'re|'ve|'m|'ll|'d)
-        if c == '\''
-            && let Some(end) = s.contraction(after)
-        {
-            return end;
+        match *self {
+            Self::Gpt4 {
+                max_digits,
+                trailing_space_whole,
+            } => gpt4_next_end(text, i, max_digits, trailing_space_whole),
+            Self::O200k => super::o200k::next_end(text, i),
         }
-        // 2. [^\r\n\p{L}\p{N}]?\p{L}+
-        if class == Class::Letter {
-            return s.run(after, Class::Letter);
-        }
-        let prefixable = class == Class::Other || (class == Class::Space && !is_newline(c));
-        if prefixable && after < text.len() && s.at(after).1 == Class::Letter {
-            return s.run(after, Class::Letter);
-        }
-        // 3. \p{N} or \p{N}{1,3}
-        if class == Class::Number {
-            let mut end = after;
-            for _ in 1..self.max_digits {
-                if end >= text.len() {
-                    break;
-                }
-                let (_, next, next_end) = s.at(end);
-                if next != Class::Number {
-                    break;
-                }
-                end = next_end;
-            }
-            return end;
-        }
-        // 4. ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-        let others_from = if class == Class::Other {
-            Some(after)
-        } else if c == ' ' && after < text.len() && s.at(after).1 == Class::Other {
-            Some(s.at(after).2)
-        } else {
-            None
-        };
-        if let Some(from) = others_from {
-            let end = s.run(from, Class::Other);
-            let tail = text.as_bytes()[end..]
-                .iter()
-                .take_while(|&&b| b == b'\r' || b == b'\n')
-                .count();
-            return end + tail;
-        }
-        // Whitespace from here on: 5. `\s*[\r\n]+`, 6. `\s+(?!\S)`, 7. `\s+`.
+    }
+}
+
+/// [`Pattern::next_end`] for the GPT-4 family.
+fn gpt4_next_end(text: &str, i: usize, max_digits: usize, trailing_space_whole: bool) -> usize {
+    let s = Scan { text };
+    let (c, class, after) = s.at(i);
+    // 1. (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if c == '\''
+        && let Some(end) = s.contraction(after)
+    {
+        return end;
+    }
+    // 2. [^\r\n\p{L}\p{N}]?\p{L}+
+    if class == Class::Letter {
+        return s.run(after, Class::Letter);
+    }
+    let prefixable = class == Class::Other || (class == Class::Space && !is_newline(c));
+    if prefixable && after < text.len() && s.at(after).1 == Class::Letter {
+        return s.run(after, Class::Letter);
+    }
+    // 3. \p{N} or \p{N}{1,3}
+    if class == Class::Number {
         let mut end = after;
-        let mut last_newline_end = is_newline(c).then_some(after);
-        let mut last_start = i;
-        while end < text.len() {
-            let (next, next_class, next_end) = s.at(end);
-            if next_class != Class::Space {
+        for _ in 1..max_digits {
+            if end >= text.len() {
                 break;
             }
-            if is_newline(next) {
-                last_newline_end = Some(next_end);
+            let (_, next, next_end) = s.at(end);
+            if next != Class::Number {
+                break;
             }
-            last_start = end;
             end = next_end;
         }
-        if let Some(newline_end) = last_newline_end {
-            return newline_end;
-        }
-        if end == text.len() || last_start == i {
-            return end;
-        }
-        last_start
+        return end;
     }
+    // 4. ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+    let others_from = if class == Class::Other {
+        Some(after)
+    } else if c == ' ' && after < text.len() && s.at(after).1 == Class::Other {
+        Some(s.at(after).2)
+    } else {
+        None
+    };
+    if let Some(from) = others_from {
+        let end = s.run(from, Class::Other);
+        let tail = text.as_bytes()[end..]
+            .iter()
+            .take_while(|&&b| b == b'\r' || b == b'\n')
+            .count();
+        return end + tail;
+    }
+    // Whitespace from here on.
+    whitespace_end(text, i, trailing_space_whole)
+}
+
+/// Where the whitespace piece starting at byte `i` ends: `\s*[\r\n]+|\s+(?!\S)|\s+`,
+/// after `\s++$` when `trailing_whole`.
+pub(super) fn whitespace_end(text: &str, i: usize, trailing_whole: bool) -> usize {
+    let s = Scan { text };
+    let (c, _, after) = s.at(i);
+    let mut end = after;
+    let mut last_newline_end = is_newline(c).then_some(after);
+    let mut last_start = i;
+    while end < text.len() {
+        let (next, next_class, next_end) = s.at(end);
+        if next_class != Class::Space {
+            break;
+        }
+        if is_newline(next) {
+            last_newline_end = Some(next_end);
+        }
+        last_start = end;
+        end = next_end;
+    }
+    if trailing_whole && end == text.len() {
+        return end;
+    }
+    if let Some(newline_end) = last_newline_end {
+        return newline_end;
+    }
+    if end == text.len() || last_start == i {
+        return end;
+    }
+    last_start
+}
+
+/// The end of a contraction (`s`, `t`, `re`, `ve`, `m`, `ll`, `d` in any case) whose
+/// apostrophe ends at byte `i`.
+pub(super) fn contraction_end(text: &str, i: usize) -> Option<usize> {
+    Scan { text }.contraction(i)
 }
 
 /// Iterator over the pieces of one text; see [`Pattern::pieces`].
@@ -262,7 +314,7 @@ fn tables() -> &'static Tables {
 
 /// The code point ranges of a one-class regex, from the same Unicode tables the regex engine
 /// uses; empty if `regex-syntax` ever stops reading it as one Unicode class.
-fn unicode_ranges(regex: &str) -> Vec<(u32, u32)> {
+pub(super) fn unicode_ranges(regex: &str) -> Vec<(u32, u32)> {
     use regex_syntax::hir::{Class as HirClass, HirKind};
     match regex_syntax::parse(regex).map(|hir| hir.into_kind()) {
         Ok(HirKind::Class(HirClass::Unicode(class))) => class
@@ -320,6 +372,19 @@ mod tests {
         assert_eq!(split(q, " .x \t.y"), [" .", "x", " ", "\t", ".y"]);
         assert_eq!(split(q, "'ſ 'x"), ["'ſ", " '", "x"]);
         assert_eq!(split(q, "你好，世界"), ["你好", "，世界"]);
+    }
+
+    /// tiktoken's `\s++$`: a whitespace run reaching the end of the text stays whole. (In
+    /// cl100k's ids this rarely shows: few tokens end in a newline then other whitespace.)
+    #[test]
+    fn tiktoken_cl100k_keeps_trailing_whitespace_whole() {
+        let tiktoken = Pattern::tiktoken_cl100k();
+        let pieces = |text: &'static str| -> Vec<&'static str> {
+            tiktoken.pieces(text).map(|(a, b)| &text[a..b]).collect()
+        };
+        assert_eq!(pieces("x \n  "), ["x", " \n  "]);
+        assert_eq!(pieces("x \n  y"), ["x", " \n", " ", " y"]);
+        assert_eq!(split(CL100K_REGEX, "x \n  "), ["x", " \n", "  "]);
     }
 
     #[test]
