@@ -138,3 +138,34 @@ fn chatml_tokens_are_single_ids_in_both_vocabularies() {
         200_267
     );
 }
+
+/// Every cut the seam rules call clean really is one: tokenizing the two sides apart gives
+/// the tokens of the whole (o200k: not between a word and its contraction).
+#[test]
+fn clean_splits_of_the_builtin_vocabularies_are_exact() {
+    for vocab in BuiltinVocab::ALL {
+        let tok = Tokenizer::builtin(vocab);
+        let rules = tok.seam_rules();
+        let check = |text: &str| {
+            let whole = tok.encode(text).unwrap();
+            for r in 1..text.len() {
+                if rules.clean_split(text.as_bytes(), r) {
+                    let mut parts = tok.encode(&text[..r]).unwrap();
+                    parts.extend(tok.encode(&text[r..]).unwrap());
+                    assert_eq!(parts, whole, "{vocab:?}: cut at {r} of {text:?}");
+                }
+            }
+        };
+        check("I don't know what you're doing, it's the WORLD's best.");
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 200,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&cased_strategy(), |text| {
+                check(&text);
+                Ok(())
+            })
+            .unwrap();
+    }
+}

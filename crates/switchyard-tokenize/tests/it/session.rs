@@ -8,7 +8,7 @@ use switchyard_tokenize::{
     ChatMessage, ChatRequest, ModelDir, Preprocessor, SessionConfig, SessionTokenizer,
 };
 
-use crate::support::{builtin, qwen3};
+use crate::support::{builtin, builtin_o200k, qwen3};
 use crate::synth::{Rng, words};
 
 fn sessions(model: &Arc<ModelDir>, verify: f64) -> SessionTokenizer {
@@ -84,6 +84,10 @@ const SEAMS: &[(&str, &str)] = &[
         ")))))))))))))))))))))))))))))))))))))))))\n",
     ),
     (
+        "a contraction follows the word",
+        "a contraction follows the word's",
+    ),
+    (
         "12345678901234567890123456789012345678901",
         "123456789012345678901234567890123456789012",
     ),
@@ -150,6 +154,11 @@ fn seams_qwen3() {
 #[test]
 fn seams_builtin_cl100k() {
     check_seams(&builtin());
+}
+
+#[test]
+fn seams_builtin_o200k() {
+    check_seams(&builtin_o200k());
 }
 
 /// A growing ChatML conversation with the generation prompt, as the gateway sees it.
@@ -286,6 +295,12 @@ proptest! {
     #[test]
     fn random_edits_builtin(start in prop::collection::vec(0..PIECES.len(), 0..40), ops in prop::collection::vec(op(), 1..8)) {
         random_edits(&builtin(), &start, &ops);
+    }
+
+    /// o200k keeps a contraction with its word: "The" then "'s" is not a seam.
+    #[test]
+    fn random_edits_builtin_o200k(start in prop::collection::vec(0..PIECES.len(), 0..40), ops in prop::collection::vec(op(), 1..8)) {
+        random_edits(&builtin_o200k(), &start, &ops);
     }
 }
 
