@@ -11,7 +11,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // bench code: a panic is a failure report
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use switchyard_tokenize::Tokenizer;
@@ -19,7 +18,7 @@ use switchyard_tokenize::builtin::BuiltinVocab;
 
 mod texts;
 
-use texts::{cjk_text, cpu_per_call, cut, qwen3_json, read_tree, thread_cpu};
+use texts::{corpora, cpu_per_call, cut, qwen3_json, thread_cpu};
 
 const SIZES: [usize; 3] = [1_000, 9_000, 36_000];
 
@@ -27,12 +26,7 @@ fn main() {
     let path = qwen3_json();
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let hf = Tokenizer::from_hf_file_without_fast_path(&path).unwrap();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut prose = String::new();
-    read_tree(&root.join("docs"), "md", &mut prose);
-    let mut code = String::new();
-    read_tree(&root.join("crates"), "rs", &mut code);
-    let cjk = cjk_text(&json, 200_000);
+    let corpora = corpora(&json, 200_000);
 
     println!(
         "| vocab | text | tokens | tiktoken ms | tiktoken M tok/s | fast ms | fast M tok/s | fast / tiktoken | HF Qwen3 ms (same text) | fast / HF |"
@@ -49,7 +43,7 @@ fn main() {
         let fast_load = thread_cpu() - started;
         assert!(fast.uses_fast_path());
         loads.push((vocab, reference_load, fast_load));
-        for (kind, corpus) in [("prose", &prose), ("code", &code), ("CJK", &cjk)] {
+        for (kind, corpus) in &corpora {
             for size in SIZES {
                 let text = cut(&reference, corpus, size);
                 let want = reference.encode(&text).unwrap();

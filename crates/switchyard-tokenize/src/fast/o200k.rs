@@ -16,7 +16,7 @@
 
 use std::sync::OnceLock;
 
-use super::pretokenize::{contraction_end, unicode_ranges, whitespace_end};
+use super::pretokenize::{CodePointTable, contraction_end, unicode_ranges, whitespace_end};
 
 /// tiktoken's o200k split regex, exactly.
 pub(crate) const O200K_REGEX: &str = concat!(
@@ -80,39 +80,23 @@ const ASCII: [u8; 128] = {
     table
 };
 
-/// Sets of the Basic Multilingual Plane by code point, and sorted ranges above it.
-struct Tables {
-    bmp: Vec<u8>,
-    astral: Vec<(u32, u32, u8)>,
-}
-
-fn tables() -> &'static Tables {
-    static TABLES: OnceLock<Tables> = OnceLock::new();
+fn tables() -> &'static CodePointTable<u8> {
+    static TABLES: OnceLock<CodePointTable<u8>> = OnceLock::new();
+    // Later entries win; the categories are disjoint and no space is a letter, number or
+    // mark, so only `\r` and `\n` (in no set) override `\s`.
     TABLES.get_or_init(|| {
-        let mut bmp = vec![OTHER; 0x10000];
-        let mut astral = Vec::new();
-        // Later entries win; the categories are disjoint and no space is a letter, number
-        // or mark, so only `\r` and `\n` (no set) override `\s`.
-        for (sets, regex) in [
-            (CASED_UPPER, r"[\p{Lu}\p{Lt}]"),
-            (CASED_LOWER, r"\p{Ll}"),
-            (UNCASED, r"[\p{Lm}\p{Lo}]"),
-            (MARK, r"\p{M}"),
-            (NUMBER, r"\p{N}"),
-            (SPACE, r"\s"),
-            (0, r"[\r\n]"),
-        ] {
-            for (start, end) in unicode_ranges(regex) {
-                for cp in start..=end.min(0xFFFF) {
-                    bmp[cp as usize] = sets;
-                }
-                if end > 0xFFFF {
-                    astral.push((start.max(0x10000), end, sets));
-                }
-            }
-        }
-        astral.sort_unstable_by_key(|&(start, _, _)| start);
-        Tables { bmp, astral }
+        CodePointTable::new(
+            OTHER,
+            &[
+                (CASED_UPPER, r"[\p{Lu}\p{Lt}]"),
+                (CASED_LOWER, r"\p{Ll}"),
+                (UNCASED, r"[\p{Lm}\p{Lo}]"),
+                (MARK, r"\p{M}"),
+                (NUMBER, r"\p{N}"),
+                (SPACE, r"\s"),
+                (0, r"[\r\n]"),
+            ],
+        )
     })
 }
 
@@ -123,19 +107,6 @@ pub(crate) fn tables_ready() -> bool {
         .all(|r| !unicode_ranges(r).is_empty())
 }
 
-fn sets_of(c: char) -> u8 {
-    let cp = u32::from(c);
-    let t = tables();
-    if cp <= 0xFFFF {
-        return t.bmp[cp as usize];
-    }
-    let idx = t.astral.partition_point(|&(start, _, _)| start <= cp);
-    match idx.checked_sub(1).map(|k| t.astral[k]) {
-        Some((_, end, sets)) if cp <= end => sets,
-        _ => OTHER,
-    }
-}
-
 /// The sets of the character at byte `i` (a char boundary before the end) and where it ends.
 #[inline]
 fn at(text: &str, i: usize) -> (u8, usize) {
@@ -144,7 +115,7 @@ fn at(text: &str, i: usize) -> (u8, usize) {
         return (ASCII[b as usize], i + 1);
     }
     let c = text[i..].chars().next().unwrap_or('\u{FFFD}');
-    (sets_of(c), i + c.len_utf8())
+    (tables().get(c), i + c.len_utf8())
 }
 
 /// The end of the run of characters in `set` starting at byte `i`.

@@ -282,33 +282,63 @@ const ASCII: [Class; 128] = {
     table
 };
 
-/// Classes of the Basic Multilingual Plane by code point, and sorted ranges above it.
-struct Tables {
-    bmp: Vec<Class>,
-    astral: Vec<(u32, u32, Class)>,
+/// A value per code point from one-class regexes (later ones win): an array over the Basic
+/// Multilingual Plane, sorted ranges above it.
+pub(super) struct CodePointTable<T> {
+    bmp: Vec<T>,
+    astral: Vec<(u32, u32, T)>,
+    default: T,
 }
 
-fn tables() -> &'static Tables {
-    static TABLES: OnceLock<Tables> = OnceLock::new();
-    TABLES.get_or_init(|| {
-        let mut bmp = vec![Class::Other; 0x10000];
+impl<T: Copy> CodePointTable<T> {
+    pub(super) fn new(default: T, classes: &[(T, &str)]) -> Self {
+        let mut bmp = vec![default; 0x10000];
         let mut astral = Vec::new();
-        for (class, regex) in [
-            (Class::Letter, r"\p{L}"),
-            (Class::Number, r"\p{N}"),
-            (Class::Space, r"\s"),
-        ] {
+        for &(value, regex) in classes {
             for (start, end) in unicode_ranges(regex) {
                 for cp in start..=end.min(0xFFFF) {
-                    bmp[cp as usize] = class;
+                    bmp[cp as usize] = value;
                 }
                 if end > 0xFFFF {
-                    astral.push((start.max(0x10000), end, class));
+                    astral.push((start.max(0x10000), end, value));
                 }
             }
         }
+        // Above the BMP the ranges of different classes never overlap (general categories are
+        // disjoint and every `\s` character is in the BMP), so one sorted list answers.
         astral.sort_unstable_by_key(|&(start, _, _)| start);
-        Tables { bmp, astral }
+        Self {
+            bmp,
+            astral,
+            default,
+        }
+    }
+
+    #[inline]
+    pub(super) fn get(&self, c: char) -> T {
+        let cp = u32::from(c);
+        if cp <= 0xFFFF {
+            return self.bmp[cp as usize];
+        }
+        let idx = self.astral.partition_point(|&(start, _, _)| start <= cp);
+        match idx.checked_sub(1).map(|k| self.astral[k]) {
+            Some((_, end, value)) if cp <= end => value,
+            _ => self.default,
+        }
+    }
+}
+
+fn tables() -> &'static CodePointTable<Class> {
+    static TABLES: OnceLock<CodePointTable<Class>> = OnceLock::new();
+    TABLES.get_or_init(|| {
+        CodePointTable::new(
+            Class::Other,
+            &[
+                (Class::Letter, r"\p{L}"),
+                (Class::Number, r"\p{N}"),
+                (Class::Space, r"\s"),
+            ],
+        )
     })
 }
 
@@ -334,16 +364,7 @@ pub(crate) fn tables_ready() -> bool {
 }
 
 fn classify(c: char) -> Class {
-    let cp = u32::from(c);
-    let t = tables();
-    if cp <= 0xFFFF {
-        return t.bmp[cp as usize];
-    }
-    let idx = t.astral.partition_point(|&(start, _, _)| start <= cp);
-    match idx.checked_sub(1).map(|k| t.astral[k]) {
-        Some((_, end, class)) if cp <= end => class,
-        _ => Class::Other,
-    }
+    tables().get(c)
 }
 
 #[cfg(test)]
