@@ -35,8 +35,8 @@ pub struct GatewayConfig {
     pub cluster: String,
     /// Bearer token the admin API requires; none leaves it open (bind to loopback then).
     pub admin_token: Option<String>,
-    /// Tokenizer for every model without its own entry in `models`: `builtin:cl100k`, or a
-    /// Hugging Face model directory.
+    /// Tokenizer for every model without its own entry in `models`: `builtin:cl100k`,
+    /// `builtin:o200k`, or a Hugging Face model directory.
     pub tokenizer: String,
     /// Per-model tokenizer (model name → `builtin:…` or a model directory).
     pub models: BTreeMap<String, String>,
@@ -418,10 +418,11 @@ pub struct GatewayArgs {
     /// Bearer token for /admin.
     #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
-    /// Default tokenizer: builtin:cl100k or a Hugging Face model directory.
+    /// Default tokenizer: builtin:cl100k, builtin:o200k or a Hugging Face model directory.
     #[arg(long, env = "SWITCHYARD_TOKENIZER")]
     pub tokenizer: Option<String>,
-    /// Per-model tokenizer, MODEL=builtin:cl100k or MODEL=/path/to/model-dir (repeatable).
+    /// Per-model tokenizer, MODEL=builtin:cl100k, MODEL=builtin:o200k or MODEL=/path/to/model-dir
+    /// (repeatable).
     #[arg(long = "model-tokenizer", value_parser = parse_model_tokenizer)]
     pub model_tokenizers: Vec<(String, String)>,
     /// Per-model tool-call parser, MODEL=NAME (hermes, llama3_json, mistral, deepseek_v3,

@@ -58,9 +58,9 @@ pub enum Sessions {
 }
 
 fn load_spec(spec: &str) -> Result<ModelDir, String> {
-    match spec {
-        "builtin" | "builtin:cl100k" => Ok(ModelDir::builtin()),
-        path => ModelDir::load(Path::new(path)).map_err(|e| e.to_string()),
+    match ModelDir::from_builtin_spec(spec) {
+        Some(dir) => Ok(dir),
+        None => ModelDir::load(Path::new(spec)).map_err(|e| e.to_string()),
     }
 }
 
@@ -274,4 +274,39 @@ pub async fn encode_text(
         encode_with(&model, &text, &sessions, max)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use switchyard_tokenize::SessionConfig;
+
+    use super::Tokenizers;
+
+    /// Every built-in spelling loads its vocabulary (told apart by the ChatML end id), and a
+    /// setting that is neither built in nor a directory is refused with its name.
+    #[test]
+    fn builtin_specs_load_their_vocabulary() {
+        let per_model = BTreeMap::from([("gpt-4o".to_owned(), "builtin:o200k".to_owned())]);
+        for (spec, name, im_end) in [
+            ("builtin", "builtin:cl100k", 100_265),
+            ("builtin:cl100k", "builtin:cl100k", 100_265),
+            ("builtin:o200k", "builtin:o200k", 200_265),
+        ] {
+            let tokenizers = Tokenizers::load(spec, &per_model, &SessionConfig::default())
+                .unwrap_or_else(|e| panic!("{spec}: {e}"));
+            let default = tokenizers.for_model("sim-8b");
+            let tok = default.dir.tokenizer();
+            assert_eq!(tok.name(), name);
+            assert_eq!(tok.encode("<|im_end|>").unwrap(), [im_end]);
+            assert_eq!(default.dir.eos_token_ids()[0], im_end);
+            let o200k = tokenizers.for_model("gpt-4o");
+            assert_eq!(o200k.dir.tokenizer().name(), "builtin:o200k");
+        }
+        let err = Tokenizers::load("builtin:o300k", &per_model, &SessionConfig::default())
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("builtin:o300k"), "{err}");
+    }
 }

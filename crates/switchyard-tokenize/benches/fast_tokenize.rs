@@ -13,14 +13,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // bench code: a panic is a failure report
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use switchyard_tokenize::Tokenizer;
 
 mod texts;
 
-use texts::{cjk_text, cpu_per_call, cut, qwen3_json, read_tree, thread_cpu};
+use texts::{corpora, cpu_per_call, cut, qwen3_json, thread_cpu};
 const SIZES: [usize; 3] = [1_000, 9_000, 36_000];
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -81,12 +80,7 @@ fn main() {
     .unwrap();
     let core_load = thread_cpu() - started;
 
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut prose = String::new();
-    read_tree(&root.join("docs"), "md", &mut prose);
-    let mut code = String::new();
-    read_tree(&root.join("crates"), "rs", &mut code);
-    let cjk = cjk_text(&json, 200_000);
+    let corpora = corpora(&json, 200_000);
 
     println!(
         "load: HF {hf_load:?}, HF + fast {fast_load:?}, tiktoken CoreBPE {core_load:?} (CPU time)"
@@ -95,7 +89,7 @@ fn main() {
         "| text | tokens | HF ms | HF M tok/s | tiktoken ms | tiktoken M tok/s | tiktoken = HF | fast ms | fast M tok/s | fast / HF |"
     );
     println!("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|");
-    for (kind, corpus) in [("prose", &prose), ("code", &code), ("CJK", &cjk)] {
+    for (kind, corpus) in &corpora {
         for size in SIZES {
             let text = cut(&hf, corpus, size);
             let want = hf.encode(&text).unwrap();

@@ -115,6 +115,17 @@ impl ModelDir {
 
     /// The offline default: model `sim-8b`, tokenizer `builtin:cl100k`, ChatML template.
     pub fn builtin() -> Self {
+        Self::builtin_vocab(builtin::BuiltinVocab::Cl100k)
+    }
+
+    /// The built-in model a tokenizer setting names (`builtin`, `builtin:cl100k`,
+    /// `builtin:o200k`); `None` when the setting is not one of those (a model directory).
+    pub fn from_builtin_spec(spec: &str) -> Option<Self> {
+        builtin::BuiltinVocab::from_spec(spec).map(Self::builtin_vocab)
+    }
+
+    /// Model `sim-8b` with a built-in vocabulary and the ChatML template.
+    pub fn builtin_vocab(vocab: builtin::BuiltinVocab) -> Self {
         let chat_template = ChatTemplate::new(
             builtin::BUILTIN_CHAT_TEMPLATE,
             None,
@@ -122,10 +133,10 @@ impl ModelDir {
         );
         Self {
             name: builtin::BUILTIN_MODEL_NAME.to_owned(),
-            tokenizer: Arc::new(Tokenizer::builtin_cl100k()),
+            tokenizer: Arc::new(Tokenizer::builtin(vocab)),
             // The built-in template is a constant covered by tests; it always compiles.
             chat_template: chat_template.ok(),
-            eos_token_ids: builtin::BUILTIN_EOS_TOKEN_IDS.to_vec(),
+            eos_token_ids: vocab.eos_token_ids().to_vec(),
             context_length: Some(builtin::BUILTIN_CONTEXT_LENGTH),
         }
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use switchyard_core::TokenId;
 
-use crate::builtin::BuiltinBpe;
+use crate::builtin::{BuiltinBpe, BuiltinVocab};
 use crate::error::TokenizeError;
 use crate::fast::FastBpe;
 use crate::session::seam::{SeamPolicy, SeamRules};
@@ -53,10 +53,24 @@ enum Backend {
 impl Tokenizer {
     /// The built-in `cl100k_base` BPE with ChatML special tokens; needs no files.
     pub fn builtin_cl100k() -> Self {
-        let bpe = BuiltinBpe::cl100k();
+        Self::builtin(BuiltinVocab::Cl100k)
+    }
+
+    /// A built-in vocabulary with ChatML special tokens, encoding through the fast path.
+    pub fn builtin(vocab: BuiltinVocab) -> Self {
+        Self::with_builtin(BuiltinBpe::new(vocab, true))
+    }
+
+    /// A built-in vocabulary that always encodes through `tiktoken-rs`: the reference the
+    /// fast path is checked and measured against.
+    pub fn builtin_without_fast_path(vocab: BuiltinVocab) -> Self {
+        Self::with_builtin(BuiltinBpe::new(vocab, false))
+    }
+
+    fn with_builtin(bpe: BuiltinBpe) -> Self {
         let seam_rules = bpe.seam_rules();
         Self {
-            name: crate::builtin::BUILTIN_TOKENIZER_NAME.to_owned(),
+            name: bpe.name().to_owned(),
             max_token_bytes: Some(bpe.max_token_bytes()),
             backend: Backend::Builtin(bpe),
             seam_rules,
@@ -77,7 +91,10 @@ impl Tokenizer {
 
     /// Whether `encode` runs the fast encoder (texts it cannot take still go to Hugging Face).
     pub fn uses_fast_path(&self) -> bool {
-        matches!(&self.backend, Backend::HuggingFace { fast: Some(_), .. })
+        match &self.backend {
+            Backend::HuggingFace { fast, .. } => fast.is_some(),
+            Backend::Builtin(bpe) => bpe.uses_fast_path(),
+        }
     }
 
     fn load_hf(path: &Path, try_fast: bool) -> Result<Self, TokenizeError> {
@@ -123,7 +140,7 @@ impl Tokenizer {
         })
     }
 
-    /// Where this tokenizer came from: a file path or `builtin:cl100k`.
+    /// Where this tokenizer came from: a file path, `builtin:cl100k` or `builtin:o200k`.
     pub fn name(&self) -> &str {
         &self.name
     }

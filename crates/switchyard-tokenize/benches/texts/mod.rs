@@ -124,3 +124,18 @@ pub fn cpu_per_call(mut f: impl FnMut()) -> Duration {
     }
     (thread_cpu() - started) / calls
 }
+
+/// The three texts of the throughput benches, by name: prose (this repository's `docs/*.md`),
+/// code (its `crates/**/*.rs`) and `cjk_bytes` of CJK (see [`cjk_text`]).
+pub fn corpora(json: &serde_json::Value, cjk_bytes: usize) -> [(&'static str, String); 3] {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut prose = String::new();
+    read_tree(&root.join("docs"), "md", &mut prose);
+    let mut code = String::new();
+    read_tree(&root.join("crates"), "rs", &mut code);
+    [
+        ("prose", prose),
+        ("code", code),
+        ("CJK", cjk_text(json, cjk_bytes)),
+    ]
+}

@@ -48,21 +48,38 @@ impl Merges {
         pairs: impl IntoIterator<Item = (TokenId, TokenId, TokenId)>,
     ) -> Option<Self> {
         let pairs: Vec<_> = pairs.into_iter().collect();
+        let ranked = pairs
+            .iter()
+            .enumerate()
+            .map(|(rank, &(left, right, merged))| {
+                (left, right, u32::try_from(rank).unwrap_or(u32::MAX), merged)
+            });
+        let mut merges = Self::from_ranked(byte_ids, ranked)?;
+        merges.chars = CharTokens::build(&merges, &pairs);
+        Some(merges)
+    }
+
+    /// The table for `pairs` (left, right, rank, merged), where several pairs may share a
+    /// rank (tiktoken: every split of a token into two tokens merges at the token's rank);
+    /// `None` when a pair is listed twice or a rank is `u32::MAX`. Merging starts from bytes
+    /// only: [`CharTokens`] needs each token made by one merge.
+    pub(crate) fn from_ranked(
+        byte_ids: [TokenId; 256],
+        pairs: impl IntoIterator<Item = (TokenId, TokenId, u32, TokenId)>,
+    ) -> Option<Self> {
+        let pairs = pairs.into_iter();
         let mut map: HashMap<u64, (u32, TokenId), BuildHasherDefault<PairHasher>> =
-            HashMap::with_capacity_and_hasher(pairs.len(), BuildHasherDefault::default());
-        for (rank, &(left, right, merged)) in pairs.iter().enumerate() {
-            let rank = u32::try_from(rank).ok().filter(|&r| r < u32::MAX)?;
-            if map.insert(key(left, right), (rank, merged)).is_some() {
+            HashMap::with_capacity_and_hasher(pairs.size_hint().0, BuildHasherDefault::default());
+        for (left, right, rank, merged) in pairs {
+            if rank == u32::MAX || map.insert(key(left, right), (rank, merged)).is_some() {
                 return None;
             }
         }
-        let mut merges = Self {
+        Some(Self {
             byte_ids,
             pairs: map,
             chars: CharTokens::default(),
-        };
-        merges.chars = CharTokens::build(&merges, &pairs);
-        Some(merges)
+        })
     }
 
     pub(crate) fn byte_ids(&self) -> &[TokenId; 256] {

@@ -51,7 +51,7 @@ fn pair(edit: Option<&dyn Fn(&mut Value)>) -> (Tokenizer, Tokenizer) {
     (fast, reference)
 }
 
-fn assert_same((fast, reference): &(Tokenizer, Tokenizer), text: &str) {
+pub(crate) fn assert_same((fast, reference): &(Tokenizer, Tokenizer), text: &str) {
     let want = reference.encode_with_starts(text).unwrap();
     let got = fast.encode_with_starts(text).unwrap();
     assert_eq!(got.0, want.0, "ids differ for {text:?}");
@@ -64,7 +64,7 @@ fn assert_same((fast, reference): &(Tokenizer, Tokenizer), text: &str) {
 }
 
 /// Fragments chosen to hit every branch of the split pattern and of the merge loop.
-const FRAGMENTS: &[&str] = &[
+pub(crate) const FRAGMENTS: &[&str] = &[
     "the",
     " quick",
     "Hello",
@@ -172,7 +172,7 @@ fn text_strategy() -> impl Strategy<Value = String> {
 }
 
 /// Random texts, long single pieces (the heap merge path) and edge cases, all compared.
-fn check_variant(pair: &(Tokenizer, Tokenizer)) {
+pub(crate) fn check_variant(pair: &(Tokenizer, Tokenizer)) {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases: 400,
         ..ProptestConfig::default()
@@ -232,7 +232,7 @@ fn qwen3_starts_cjk_characters_whole() {
 
 /// Random strings of CJK, other scripts, emoji and spaces, without the fragment list's
 /// bias towards ASCII: long pieces made mostly of multi-byte characters.
-fn unicode_run_strategy() -> impl Strategy<Value = String> {
+pub(crate) fn unicode_run_strategy() -> impl Strategy<Value = String> {
     let c = prop_oneof![
         4 => (0x4E00u32..0x9FFF).prop_map(|cp| char::from_u32(cp).unwrap_or(' ')),
         1 => (0x3040u32..0x30FF).prop_map(|cp| char::from_u32(cp).unwrap_or(' ')),

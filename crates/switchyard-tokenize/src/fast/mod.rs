@@ -10,12 +10,22 @@
 //! exactly; anything else keeps the Hugging Face pipeline. A text that is not already in NFC
 //! (by the quick check of the normalization tables `tokenizers` itself uses) is handed back
 //! to Hugging Face too, so normalization never has to be reimplemented.
+//!
+//! [`FastBpe::from_ranks`] ([`tiktoken`]) builds the same encoder from a tiktoken rank table
+//! for the built-in vocabularies, with tiktoken's split patterns (cl100k's, and o200k's in
+//! [`o200k`]).
 
 mod bpe;
 mod chars;
 mod load;
+mod o200k;
 mod pretokenize;
+mod tiktoken;
 mod whole;
+
+pub(crate) use load::NotRecognised;
+pub(crate) use o200k::O200K_REGEX;
+pub(crate) use pretokenize::Pattern;
 
 use aho_corasick::AhoCorasick;
 use switchyard_core::TokenId;
@@ -162,3 +172,5 @@ enum Segment {
 
 #[cfg(test)]
 pub(crate) mod exact_tests;
+#[cfg(test)]
+mod tiktoken_tests;

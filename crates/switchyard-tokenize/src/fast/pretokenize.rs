@@ -10,6 +10,10 @@
 //! [`Pattern::next_end`] applies the alternatives in that order at each position, the way a
 //! leftmost-first regex does; the character classes come from `regex-syntax`, the tables the
 //! `tokenizers` crate's regex engine uses, so both agree on every code point.
+//!
+//! tiktoken spells cl100k's pattern with one more alternative, `\s++$` before `\s*[\r\n]`:
+//! whitespace that runs to the end of the text is one piece ([`Pattern::tiktoken_cl100k`]).
+//! o200k's case-aware pattern has its own scanner, [`super::o200k`].
 
 use std::sync::OnceLock;
 
@@ -17,7 +21,6 @@ use std::sync::OnceLock;
 pub(crate) const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// cl100k's pattern as Llama 3's `tokenizer.json` spells it.
 pub(crate) const CL100K_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
 /// GPT-2's pattern: the one `ByteLevel { use_regex: true }` applies.
 pub(crate) const GPT2_REGEX: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
@@ -25,21 +28,38 @@ pub(crate) const GPT2_REGEX: &str =
 /// A recognised split pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pattern {
-    /// The GPT-4 family: how many digits one piece may hold is all that differs.
+    /// The GPT-4 family: how many digits one piece may hold, and whether whitespace running
+    /// to the end of the text is one piece (tiktoken's `\s++$`).
     Gpt4 {
         max_digits: usize,
+        trailing_space_whole: bool,
     },
+    /// o200k's case-aware pattern.
+    O200k,
     Gpt2,
 }
 
 impl Pattern {
-    /// The pattern whose regex is exactly `regex`, if it is one this module implements.
+    /// The pattern whose regex is exactly `regex`, if it is one this module implements as
+    /// Hugging Face's pipeline runs it.
     pub(crate) fn recognise(regex: &str) -> Option<Self> {
-        match regex {
-            QWEN2_REGEX => Some(Self::Gpt4 { max_digits: 1 }),
-            CL100K_REGEX => Some(Self::Gpt4 { max_digits: 3 }),
-            GPT2_REGEX => Some(Self::Gpt2),
-            _ => None,
+        let max_digits = match regex {
+            QWEN2_REGEX => 1,
+            CL100K_REGEX => 3,
+            GPT2_REGEX => return Some(Self::Gpt2),
+            _ => return None,
+        };
+        Some(Self::Gpt4 {
+            max_digits,
+            trailing_space_whole: false,
+        })
+    }
+
+    /// cl100k's pattern as tiktoken runs it.
+    pub(crate) fn tiktoken_cl100k() -> Self {
+        Self::Gpt4 {
+            max_digits: 3,
+            trailing_space_whole: true,
         }
     }
 
@@ -55,13 +75,18 @@ impl Pattern {
     /// Where the piece starting at byte `i` (< `text.len()`) ends.
     fn next_end(&self, text: &str, i: usize) -> usize {
         match *self {
-            Self::Gpt4 { max_digits } => gpt4_end(text, i, max_digits),
-            Self::Gpt2 => gpt2_end(text, i),
+            Self::Gpt4 {
+                max_digits,
+                trailing_space_whole,
+            } => gpt4_next_end(text, i, max_digits, trailing_space_whole),
+            Self::O200k => super::o200k::next_end(text, i),
+            Self::Gpt2 => gpt2_next_end(text, i),
         }
     }
 }
 
-fn gpt4_end(text: &str, i: usize, max_digits: usize) -> usize {
+/// [`Pattern::next_end`] for the GPT-4 family.
+fn gpt4_next_end(text: &str, i: usize, max_digits: usize, trailing_space_whole: bool) -> usize {
     let s = Scan { text };
     let (c, class, after) = s.at(i);
     // 1. (?i:'s|'t|'re|'ve|'m|'ll|'d)
@@ -109,16 +134,14 @@ fn gpt4_end(text: &str, i: usize, max_digits: usize) -> usize {
             .count();
         return end + tail;
     }
-    // Whitespace from here on: 5. `\s*[\r\n]+`, 6. `\s+(?!\S)`, 7. `\s+`.
-    let run = s.spaces(i, after, is_newline(c));
-    run.last_newline_end
-        .unwrap_or_else(|| run.end_without_lookahead(text.len(), i))
+    // Whitespace from here on.
+    whitespace_end(text, i, trailing_space_whole)
 }
 
 /// GPT-2's alternatives at byte `i`: 1. `'s|'t|'re|'ve|'m|'ll|'d` (case-sensitive),
 /// 2.–4. ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+` (a run of one class, optionally after
 /// one U+0020), 5. `\s+(?!\S)`, 6. `\s+`.
-fn gpt2_end(text: &str, i: usize) -> usize {
+fn gpt2_next_end(text: &str, i: usize) -> usize {
     let s = Scan { text };
     let (c, class, after) = s.at(i);
     if c == '\''
@@ -135,29 +158,49 @@ fn gpt2_end(text: &str, i: usize) -> usize {
             return s.run(after, next);
         }
     }
-    s.spaces(i, after, false)
-        .end_without_lookahead(text.len(), i)
+    space_run_end(text, i, false, false)
 }
 
-/// A run of whitespace: where it ends, where its last character starts, and where its last
-/// newline ends.
-struct SpaceRun {
-    end: usize,
-    last_start: usize,
-    last_newline_end: Option<usize>,
+/// Where the whitespace piece starting at byte `i` ends: `\s*[\r\n]+|\s+(?!\S)|\s+`,
+/// after `\s++$` when `trailing_whole`.
+pub(super) fn whitespace_end(text: &str, i: usize, trailing_whole: bool) -> usize {
+    space_run_end(text, i, trailing_whole, true)
 }
 
-impl SpaceRun {
-    /// `\s+(?!\S)` then `\s+` for the run starting at `start`: all of it at the end of the
-    /// text or when it is one character, else all but its last character (which then starts
-    /// the next piece).
-    fn end_without_lookahead(&self, len: usize, start: usize) -> usize {
-        if self.end == len || self.last_start == start {
-            self.end
-        } else {
-            self.last_start
+/// [`whitespace_end`], with the newline alternative `\s*[\r\n]+` only when `newlines`.
+fn space_run_end(text: &str, i: usize, trailing_whole: bool, newlines: bool) -> usize {
+    let s = Scan { text };
+    let (c, _, after) = s.at(i);
+    let mut end = after;
+    let mut last_newline_end = is_newline(c).then_some(after);
+    let mut last_start = i;
+    while end < text.len() {
+        let (next, next_class, next_end) = s.at(end);
+        if next_class != Class::Space {
+            break;
         }
+        if is_newline(next) {
+            last_newline_end = Some(next_end);
+        }
+        last_start = end;
+        end = next_end;
     }
+    if trailing_whole && end == text.len() {
+        return end;
+    }
+    if let Some(newline_end) = last_newline_end.filter(|_| newlines) {
+        return newline_end;
+    }
+    if end == text.len() || last_start == i {
+        return end;
+    }
+    last_start
+}
+
+/// The end of a contraction (`s`, `t`, `re`, `ve`, `m`, `ll`, `d` in any case) whose
+/// apostrophe ends at byte `i`.
+pub(super) fn contraction_end(text: &str, i: usize) -> Option<usize> {
+    Scan { text }.contraction(i)
 }
 
 /// Iterator over the pieces of one text; see [`Pattern::pieces`].
@@ -236,27 +279,6 @@ impl Scan<'_> {
         i
     }
 
-    /// The whitespace run whose first character spans `start..after`.
-    fn spaces(&self, start: usize, after: usize, first_is_newline: bool) -> SpaceRun {
-        let mut run = SpaceRun {
-            end: after,
-            last_start: start,
-            last_newline_end: first_is_newline.then_some(after),
-        };
-        while run.end < self.text.len() {
-            let (next, next_class, next_end) = self.at(run.end);
-            if next_class != Class::Space {
-                break;
-            }
-            if is_newline(next) {
-                run.last_newline_end = Some(next_end);
-            }
-            run.last_start = run.end;
-            run.end = next_end;
-        }
-        run
-    }
-
     /// The end of a contraction whose apostrophe ends at `i`, matched exactly (GPT-2's
     /// alternatives carry no `(?i:…)`).
     fn exact_contraction(&self, i: usize) -> Option<usize> {
@@ -308,39 +330,69 @@ const ASCII: [Class; 128] = {
     table
 };
 
-/// Classes of the Basic Multilingual Plane by code point, and sorted ranges above it.
-struct Tables {
-    bmp: Vec<Class>,
-    astral: Vec<(u32, u32, Class)>,
+/// A value per code point from one-class regexes (later ones win): an array over the Basic
+/// Multilingual Plane, sorted ranges above it.
+pub(super) struct CodePointTable<T> {
+    bmp: Vec<T>,
+    astral: Vec<(u32, u32, T)>,
+    default: T,
 }
 
-fn tables() -> &'static Tables {
-    static TABLES: OnceLock<Tables> = OnceLock::new();
-    TABLES.get_or_init(|| {
-        let mut bmp = vec![Class::Other; 0x10000];
+impl<T: Copy> CodePointTable<T> {
+    pub(super) fn new(default: T, classes: &[(T, &str)]) -> Self {
+        let mut bmp = vec![default; 0x10000];
         let mut astral = Vec::new();
-        for (class, regex) in [
-            (Class::Letter, r"\p{L}"),
-            (Class::Number, r"\p{N}"),
-            (Class::Space, r"\s"),
-        ] {
+        for &(value, regex) in classes {
             for (start, end) in unicode_ranges(regex) {
                 for cp in start..=end.min(0xFFFF) {
-                    bmp[cp as usize] = class;
+                    bmp[cp as usize] = value;
                 }
                 if end > 0xFFFF {
-                    astral.push((start.max(0x10000), end, class));
+                    astral.push((start.max(0x10000), end, value));
                 }
             }
         }
+        // Above the BMP the ranges of different classes never overlap (general categories are
+        // disjoint and every `\s` character is in the BMP), so one sorted list answers.
         astral.sort_unstable_by_key(|&(start, _, _)| start);
-        Tables { bmp, astral }
+        Self {
+            bmp,
+            astral,
+            default,
+        }
+    }
+
+    #[inline]
+    pub(super) fn get(&self, c: char) -> T {
+        let cp = u32::from(c);
+        if cp <= 0xFFFF {
+            return self.bmp[cp as usize];
+        }
+        let idx = self.astral.partition_point(|&(start, _, _)| start <= cp);
+        match idx.checked_sub(1).map(|k| self.astral[k]) {
+            Some((_, end, value)) if cp <= end => value,
+            _ => self.default,
+        }
+    }
+}
+
+fn tables() -> &'static CodePointTable<Class> {
+    static TABLES: OnceLock<CodePointTable<Class>> = OnceLock::new();
+    TABLES.get_or_init(|| {
+        CodePointTable::new(
+            Class::Other,
+            &[
+                (Class::Letter, r"\p{L}"),
+                (Class::Number, r"\p{N}"),
+                (Class::Space, r"\s"),
+            ],
+        )
     })
 }
 
 /// The code point ranges of a one-class regex, from the same Unicode tables the regex engine
 /// uses; empty if `regex-syntax` ever stops reading it as one Unicode class.
-fn unicode_ranges(regex: &str) -> Vec<(u32, u32)> {
+pub(super) fn unicode_ranges(regex: &str) -> Vec<(u32, u32)> {
     use regex_syntax::hir::{Class as HirClass, HirKind};
     match regex_syntax::parse(regex).map(|hir| hir.into_kind()) {
         Ok(HirKind::Class(HirClass::Unicode(class))) => class
@@ -360,16 +412,7 @@ pub(crate) fn tables_ready() -> bool {
 }
 
 fn classify(c: char) -> Class {
-    let cp = u32::from(c);
-    let t = tables();
-    if cp <= 0xFFFF {
-        return t.bmp[cp as usize];
-    }
-    let idx = t.astral.partition_point(|&(start, _, _)| start <= cp);
-    match idx.checked_sub(1).map(|k| t.astral[k]) {
-        Some((_, end, class)) if cp <= end => class,
-        _ => Class::Other,
-    }
+    tables().get(c)
 }
 
 #[cfg(test)]
@@ -398,6 +441,19 @@ mod tests {
         assert_eq!(split(q, " .x \t.y"), [" .", "x", " ", "\t", ".y"]);
         assert_eq!(split(q, "'ſ 'x"), ["'ſ", " '", "x"]);
         assert_eq!(split(q, "你好，世界"), ["你好", "，世界"]);
+    }
+
+    /// tiktoken's `\s++$`: a whitespace run reaching the end of the text stays whole. (In
+    /// cl100k's ids this rarely shows: few tokens end in a newline then other whitespace.)
+    #[test]
+    fn tiktoken_cl100k_keeps_trailing_whitespace_whole() {
+        let tiktoken = Pattern::tiktoken_cl100k();
+        let pieces = |text: &'static str| -> Vec<&'static str> {
+            tiktoken.pieces(text).map(|(a, b)| &text[a..b]).collect()
+        };
+        assert_eq!(pieces("x \n  "), ["x", " \n  "]);
+        assert_eq!(pieces("x \n  y"), ["x", " \n", " ", " y"]);
+        assert_eq!(split(CL100K_REGEX, "x \n  "), ["x", " \n", "  "]);
     }
 
     #[test]

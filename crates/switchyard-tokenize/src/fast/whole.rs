@@ -121,7 +121,7 @@ impl Hasher for PackedHasher {
 
 /// FxHash-style hashing of longer byte strings, eight bytes at a time.
 #[derive(Default)]
-struct BytesHasher(u64);
+pub(super) struct BytesHasher(u64);
 
 impl Hasher for BytesHasher {
     fn finish(&self) -> u64 {

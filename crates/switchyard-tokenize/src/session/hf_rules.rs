@@ -38,7 +38,10 @@ pub(crate) fn seam_rules(tok: &tokenizers::Tokenizer) -> SeamRules {
         normalizer.as_ref().is_none_or(is_nfc),
         pre_tokenizer.as_ref().and_then(digit_runs_of_split),
     ) {
-        SeamPolicy::Words { digit_runs }
+        SeamPolicy::Words {
+            digit_runs,
+            contractions_attach: false,
+        }
     } else if pre_tokenizer
         .as_ref()
         .is_some_and(|p| p.to_string().contains("Metaspace"))

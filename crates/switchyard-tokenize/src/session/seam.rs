@@ -28,10 +28,14 @@ pub(crate) enum SeamPolicy {
     /// Only the start of an added token is a restart point (unknown pre-tokenizer regex).
     AddedTokens,
     /// Added-token starts and word boundaries of the GPT-4 family regex, which puts digits
-    /// in runs of up to three (`\p{N}{1,3}`, cl100k, Llama 3) or one at a time (Qwen).
-    /// GPT-2's regex is judged as a GPT-4 one with digit runs: each boundary
-    /// [`word_boundary`] accepts then is one of GPT-2's too (see there).
-    Words { digit_runs: bool },
+    /// in runs of up to three (`\p{N}{1,3}`, cl100k, Llama 3) or one at a time (Qwen); o200k's
+    /// also keeps a contraction (`'s`) with the word before it. GPT-2's regex is judged as a
+    /// GPT-4 one with digit runs: each boundary [`word_boundary`] accepts then is one of
+    /// GPT-2's too (see there).
+    Words {
+        digit_runs: bool,
+        contractions_attach: bool,
+    },
 }
 
 /// Word-boundary candidates examined before only added-token starts are considered: a seam
@@ -165,7 +169,15 @@ impl SeamRules {
             return true;
         }
         match self.policy {
-            SeamPolicy::Words { digit_runs } => word_boundary(text[r - 1], text[r], digit_runs),
+            SeamPolicy::Words {
+                digit_runs,
+                contractions_attach,
+            } => {
+                word_boundary(text[r - 1], text[r], digit_runs)
+                    && !(contractions_attach
+                        && text[r] == b'\''
+                        && text[r - 1].is_ascii_alphabetic())
+            }
             SeamPolicy::AddedTokens | SeamPolicy::Disabled => false,
         }
     }
@@ -223,6 +235,9 @@ fn ascii_class(byte: u8) -> Class {
 /// - other (punctuation): its word is `␣?[^\s\p{L}\p{N}]+[\r\n]*`, ended by a digit or a
 ///   space other than `\r`/`\n`. A letter `at` could make it the prefix of `'s` or of
 ///   `[^…]?\p{L}+`, more punctuation or a newline would extend it.
+///
+/// o200k's words (case-aware letter runs) end the same way, except that a contraction after
+/// a letter belongs to its word: the caller refuses a letter then `'` for it.
 ///
 /// Every regex decision before the word holding `before` looked at most one character past
 /// its own word, or through a whitespace run that ends before `before`: all inside the cut.
@@ -297,7 +312,10 @@ mod tests {
     #[test]
     fn added_tokens_are_never_cut() {
         let rules = SeamRules::new(
-            SeamPolicy::Words { digit_runs: false },
+            SeamPolicy::Words {
+                digit_runs: false,
+                contractions_attach: false,
+            },
             [("<|im_end|>".to_owned(), 7), ("<tool_call>".to_owned(), 9)],
         );
         let text = b"ab<tool_call>cd<|im_end|>ef";

@@ -10,11 +10,16 @@
 //! - `weka_all_sessions_match_hugging_face` (ignored: minutes in a debug build): the 240
 //!   sessions of `dev_120` and `dev_b_120`. Run it with
 //!   `cargo nextest run --release -p switchyard-tokenize --test it weka_all --run-ignored only`.
+//!
+//! The built-in vocabularies (`cl100k_base`, `o200k_base`) are checked the same way against
+//! `tiktoken-rs`: `weka_slice_matches_tiktoken` always, `weka_all_sessions_match_tiktoken`
+//! (ignored, `dev_120`) with the command above.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use switchyard_tokenize::builtin::BuiltinVocab;
 use switchyard_tokenize::{MessageContent, ModelDir, Tokenizer};
 
 use crate::session_replay::{conversation, load_sequences_from};
@@ -34,10 +39,13 @@ fn shared_dir() -> PathBuf {
 
 /// Compares every distinct message and each sequence's last prompt; returns how many texts
 /// and tokens were compared.
-fn compare_sessions(model: &ModelDir, path: &Path) -> (usize, usize) {
+fn compare_sessions(model: &ModelDir, reference: &Tokenizer, path: &Path) -> (usize, usize) {
     let fast = model.tokenizer();
-    assert!(fast.uses_fast_path(), "Qwen3 must load with the fast path");
-    let reference = reference();
+    assert!(
+        fast.uses_fast_path(),
+        "{} must load with the fast path",
+        fast.name()
+    );
     let mut seen = HashSet::new();
     let (mut texts, mut tokens) = (0, 0);
     let mut check = |what: &str, text: &str| {
@@ -45,7 +53,7 @@ fn compare_sessions(model: &ModelDir, path: &Path) -> (usize, usize) {
         let got = fast.encode(text).unwrap();
         assert!(
             got == want,
-            "{what}: fast ids differ from Hugging Face's at token {:?} of {text:?}",
+            "{what}: fast ids differ from the reference's at token {:?} of {text:?}",
             got.iter().zip(&want).position(|(a, b)| a != b)
         );
         texts += 1;
@@ -79,8 +87,7 @@ fn compare_sessions(model: &ModelDir, path: &Path) -> (usize, usize) {
 
 #[test]
 fn weka_slice_matches_hugging_face() {
-    let slice = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/weka_slice.jsonl");
-    let (texts, tokens) = compare_sessions(&qwen3(), &slice);
+    let (texts, tokens) = compare_sessions(&qwen3(), reference(), &weka_slice());
     assert!(
         texts > 20 && tokens > 5_000,
         "{texts} texts, {tokens} tokens"
@@ -97,7 +104,7 @@ fn weka_sample_sessions_match_hugging_face() {
         );
         return;
     }
-    let (texts, tokens) = compare_sessions(&qwen3(), &path);
+    let (texts, tokens) = compare_sessions(&qwen3(), reference(), &path);
     eprintln!("sample_20: {texts} texts, {tokens} tokens identical");
 }
 
@@ -107,7 +114,37 @@ fn weka_all_sessions_match_hugging_face() {
     for name in ["dev_120.jsonl.gz", "dev_b_120.jsonl.gz"] {
         let path = shared_dir().join(name);
         assert!(path.is_file(), "{} absent", path.display());
-        let (texts, tokens) = compare_sessions(&qwen3(), &path);
+        let (texts, tokens) = compare_sessions(&qwen3(), reference(), &path);
         eprintln!("{name}: {texts} texts, {tokens} tokens identical");
+    }
+}
+
+fn weka_slice() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/weka_slice.jsonl")
+}
+
+#[test]
+fn weka_slice_matches_tiktoken() {
+    for vocab in BuiltinVocab::ALL {
+        let model = ModelDir::builtin_vocab(vocab);
+        let reference = Tokenizer::builtin_without_fast_path(vocab);
+        let (texts, tokens) = compare_sessions(&model, &reference, &weka_slice());
+        assert!(
+            texts > 20 && tokens > 5_000,
+            "{vocab:?}: {texts} texts, {tokens} tokens"
+        );
+    }
+}
+
+#[test]
+#[ignore = "minutes in a debug build; run with --release --run-ignored only"]
+fn weka_all_sessions_match_tiktoken() {
+    let path = shared_dir().join("dev_120.jsonl.gz");
+    assert!(path.is_file(), "{} absent", path.display());
+    for vocab in BuiltinVocab::ALL {
+        let model = ModelDir::builtin_vocab(vocab);
+        let reference = Tokenizer::builtin_without_fast_path(vocab);
+        let (texts, tokens) = compare_sessions(&model, &reference, &path);
+        eprintln!("dev_120, {vocab:?}: {texts} texts, {tokens} tokens identical");
     }
 }

@@ -9,7 +9,7 @@ use switchyard_tokenize::{
     ChatMessage, ChatRequest, ModelDir, Preprocessor, SessionConfig, SessionTokenizer,
 };
 
-use crate::support::{builtin, gpt2_shaped, qwen3};
+use crate::support::{builtin, builtin_o200k, gpt2_shaped, qwen3};
 use crate::synth::{Rng, words};
 
 fn sessions(model: &Arc<ModelDir>, verify: f64) -> SessionTokenizer {
@@ -85,6 +85,10 @@ const SEAMS: &[(&str, &str)] = &[
         ")))))))))))))))))))))))))))))))))))))))))\n",
     ),
     (
+        "a contraction follows the word",
+        "a contraction follows the word's",
+    ),
+    (
         "12345678901234567890123456789012345678901",
         "123456789012345678901234567890123456789012",
     ),
@@ -157,6 +161,11 @@ fn seams_builtin_cl100k() {
 #[test]
 fn seams_gpt2_byte_level() {
     check_seams(&gpt2_shaped());
+}
+
+#[test]
+fn seams_builtin_o200k() {
+    check_seams(&builtin_o200k());
 }
 
 /// A growing ChatML conversation with the generation prompt, as the gateway sees it.
@@ -298,6 +307,12 @@ proptest! {
     #[test]
     fn random_edits_builtin(start in prop::collection::vec(0..PIECES.len(), 0..40), ops in prop::collection::vec(op(), 1..8)) {
         random_edits(&builtin(), &start, &ops);
+    }
+
+    /// o200k keeps a contraction with its word: "The" then "'s" is not a seam.
+    #[test]
+    fn random_edits_builtin_o200k(start in prop::collection::vec(0..PIECES.len(), 0..40), ops in prop::collection::vec(op(), 1..8)) {
+        random_edits(&builtin_o200k(), &start, &ops);
     }
 }
 

@@ -34,6 +34,17 @@ pub fn builtin() -> Arc<ModelDir> {
     MODEL.get_or_init(|| Arc::new(ModelDir::builtin())).clone()
 }
 
+pub fn builtin_o200k() -> Arc<ModelDir> {
+    static MODEL: OnceLock<Arc<ModelDir>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            Arc::new(ModelDir::builtin_vocab(
+                switchyard_tokenize::builtin::BuiltinVocab::O200k,
+            ))
+        })
+        .clone()
+}
+
 pub fn fixtures() -> serde_json::Value {
     let text = include_str!("../fixtures/qwen3.json");
     serde_json::from_str(text).unwrap_or_else(|e| panic!("qwen3.json: {e}"))
