@@ -263,10 +263,10 @@ async fn serve(config: PlannerConfig) -> Result<(), Failure> {
     });
     println!("{ready}");
     planner.run(shutdown.clone()).await;
-    if let Some(task) = admin_task {
-        if let Err(err) = task.await {
-            tracing::warn!(error = %err, "planner admin task failed");
-        }
+    if let Some(task) = admin_task
+        && let Err(err) = task.await
+    {
+        tracing::warn!(error = %err, "planner admin task failed");
     }
     Ok(())
 }
