@@ -23,10 +23,11 @@
 //! (independent lookups, whose misses overlap). Queries look in the old map first (where almost
 //! every block of a long prompt is) and in the young one only for a block the old map lacks.
 
-use std::collections::hash_map::Entry as MapEntry;
+use std::collections::hash_map::{Entry as MapEntry, OccupiedEntry};
 
 use switchyard_core::{BlockHash, StorageTier};
 
+use super::old::OldMap;
 use super::slab::{MIN_CLASS, Slab, chunk_len};
 use crate::hasher::FxHashMap;
 
@@ -311,7 +312,8 @@ impl Entry {
 #[derive(Debug)]
 pub struct HolderMap {
     young: FxHashMap<BlockHash, Entry>,
-    old: FxHashMap<BlockHash, Entry>,
+    /// Behind a presence filter that spares the write path most of its misses (see `old.rs`).
+    old: OldMap<Entry>,
     slab: Slab,
     /// Most blocks the young map holds before a promotion (tests make it small).
     young_max: usize,
@@ -321,7 +323,7 @@ impl Default for HolderMap {
     fn default() -> Self {
         Self {
             young: FxHashMap::default(),
-            old: FxHashMap::default(),
+            old: OldMap::default(),
             slab: Slab::default(),
             young_max: YOUNG_MAX,
         }
@@ -337,13 +339,19 @@ impl HolderMap {
     /// changes them. The lookups are independent of one another, so the processor overlaps their
     /// cache misses (the change that follows depends on each lookup's result, which serialises
     /// its misses); at a million pairs the old map is far larger than the caches and this
-    /// halves an event's time. A block found in the young map (in cache) is not looked for in
-    /// the old one: a removal soon after a store then costs no miss at all.
+    /// halves an event's time. A block the old map's filter proves absent (see `old.rs`: a block
+    /// stored for the first time, or one in the young map) is not looked for at all, and one found
+    /// in the young map is not looked for in the old one: a removal soon after a store then costs
+    /// no miss at all.
     #[inline]
     pub fn warm(&self, blocks: impl Iterator<Item = BlockHash>) {
         let mut held = 0usize;
         for block in blocks {
-            held += usize::from(self.young.contains_key(&block) || self.old.contains_key(&block));
+            held += usize::from(
+                self.old.may_hold(block)
+                    && !self.young.contains_key(&block)
+                    && self.old.contains(block),
+            );
         }
         std::hint::black_box(held);
     }
@@ -362,7 +370,7 @@ impl HolderMap {
     /// Holders of `block`, sorted by slot.
     #[inline]
     pub fn get(&self, block: BlockHash) -> &[Holder] {
-        match self.old.get(&block).or_else(|| self.young.get(&block)) {
+        match self.old.get(block).or_else(|| self.young.get(&block)) {
             None => &[],
             Some(e) => e.holders(&self.slab),
         }
@@ -393,12 +401,13 @@ impl HolderMap {
         children: u32,
     ) -> (PairChange, u8, BlockHash) {
         let new = Holder::new(slot, tiers).with_children(children);
-        let e = match self.young.get_mut(&block) {
-            Some(e) => e,
-            None => match self.old.get_mut(&block) {
+        // One probe of the young map, whose vacant entry takes the block if it is new.
+        let e = match self.young.entry(block) {
+            MapEntry::Occupied(o) => o.into_mut(),
+            MapEntry::Vacant(v) => match self.old.get_mut(block) {
                 Some(e) => e,
                 None => {
-                    self.young.insert(block, Entry::single(parent, new));
+                    v.insert(Entry::single(parent, new));
                     if self.young.len() >= self.young_limit() {
                         self.promote();
                     }
@@ -415,7 +424,7 @@ impl HolderMap {
     pub fn adjust_children(&mut self, block: BlockHash, slot: u32, delta: i32) -> bool {
         match self.young.get_mut(&block) {
             Some(e) => e.adjust(&mut self.slab, slot, delta),
-            None => match self.old.get_mut(&block) {
+            None => match self.old.get_mut(block) {
                 Some(e) => e.adjust(&mut self.slab, slot, delta),
                 None => false,
             },
@@ -424,10 +433,17 @@ impl HolderMap {
 
     /// Clears `tiers` from the mask of `(block, slot)`; the pair goes when its mask empties.
     pub fn remove(&mut self, block: BlockHash, slot: u32, tiers: u8) -> Removal {
-        match remove_in(&mut self.young, &mut self.slab, block, slot, tiers) {
-            Some(r) => r,
-            None => remove_in(&mut self.old, &mut self.slab, block, slot, tiers).unwrap_or(ABSENT),
+        if let MapEntry::Occupied(o) = self.young.entry(block) {
+            return remove_in(o, &mut self.slab, slot, tiers).0;
         }
+        let Some(o) = self.old.occupied(block) else {
+            return ABSENT;
+        };
+        let (removal, dropped) = remove_in(o, &mut self.slab, slot, tiers);
+        if dropped {
+            self.old.note_removed();
+        }
+        removal
     }
 
     /// Blocks the young map may hold before a promotion (see the module docs).
@@ -437,18 +453,14 @@ impl HolderMap {
 
     /// Moves every young block into the old map.
     fn promote(&mut self) {
-        self.old.reserve(self.young.len());
-        for (block, e) in self.young.drain() {
-            let before = self.old.insert(block, e);
-            debug_assert!(before.is_none(), "{block} was in both maps");
-        }
+        self.old.insert_new(self.young.drain());
     }
 
     /// Approximate heap bytes: hashbrown buckets (entry + control byte) plus the slab.
     pub fn heap_bytes(&self) -> usize {
         let entry = std::mem::size_of::<(BlockHash, Entry)>();
         let buckets = buckets_for(self.old.capacity()) + buckets_for(self.young.capacity());
-        buckets * (entry + 1) + self.slab.heap_bytes()
+        buckets * (entry + 1) + self.old.filter_bytes() + self.slab.heap_bytes()
     }
 
     /// Every block and its holders, in hash-map order (callers sort when order matters).
@@ -460,23 +472,20 @@ impl HolderMap {
     }
 }
 
-/// [`HolderMap::remove`] in one of the two maps; `None` when the block is not in it.
+/// [`HolderMap::remove`] on a block found in one of the two maps; also returns whether its
+/// entry went.
 fn remove_in(
-    map: &mut FxHashMap<BlockHash, Entry>,
+    mut o: OccupiedEntry<'_, BlockHash, Entry>,
     slab: &mut Slab,
-    block: BlockHash,
     slot: u32,
     tiers: u8,
-) -> Option<Removal> {
-    let MapEntry::Occupied(mut o) = map.entry(block) else {
-        return None;
-    };
+) -> (Removal, bool) {
     let (removal, drop_entry) = o.get_mut().remove(slab, slot, tiers);
     if drop_entry {
         // Through the entry: no second probe.
         o.remove();
     }
-    Some(removal)
+    (removal, drop_entry)
 }
 
 /// Number of buckets hashbrown allocates for a table that reports `capacity`.

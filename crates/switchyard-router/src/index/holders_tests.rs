@@ -144,8 +144,11 @@ proptest! {
     fn the_two_maps_and_the_slab_answer_as_a_plain_model(
         ops in proptest::collection::vec(op(), 0..400),
         young_max in 1usize..6,
+        stale_slack in 1usize..4,
     ) {
         let mut m = HolderMap { young_max, ..HolderMap::default() };
+        // Rebuild the old map's presence filter every few removals.
+        m.old.stale_slack = stale_slack;
         let mut model = Model::new();
         for op in &ops {
             match *op {
@@ -210,6 +213,7 @@ proptest! {
                 }
             }
             prop_assert!(m.young.len() < m.young_limit().max(1));
+            prop_assert!(m.old.filter_is_sound());
             prop_assert_eq!(m.blocks(), model.len());
             for block in 0..12u64 {
                 let got: Vec<(u32, u8, u32)> = m

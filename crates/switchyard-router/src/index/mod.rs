@@ -55,6 +55,7 @@ mod digest;
 mod holders;
 mod order;
 pub(crate) use holders::tier_bit as holders_tier_bit;
+mod old;
 mod overlap;
 mod slab;
 mod store;

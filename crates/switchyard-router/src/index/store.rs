@@ -11,9 +11,15 @@ use crate::hasher::FxHashMap;
 /// Buffers reused by each `Removed` event.
 #[derive(Debug, Default)]
 pub(super) struct Scratch {
-    gone: FxHashMap<BlockHash, Gone>,
-    parents: Vec<BlockHash>,
+    /// The pairs the event removed, in its order.
+    gone: Vec<(BlockHash, Gone)>,
+    /// Position in `gone` of each block, for events too long to search `gone` itself.
+    at: FxHashMap<BlockHash, usize>,
 }
+
+/// Events removing more pairs than this find a removed parent through a map, shorter ones by
+/// scanning (which beats building a map for an engine's usual run of a few blocks).
+const SCAN_MAX: usize = 32;
 
 /// A pair removed by the current `Removed` event.
 #[derive(Debug, Clone, Copy)]
@@ -149,16 +155,12 @@ impl PrefixIndex {
 
     /// Removes `bit` from each listed pair. A pair that goes while the worker still holds one of
     /// its children breaks the worker's closure, unless those children go in the same event: the
-    /// links between the pairs that went are settled after the whole event, in a scratch map,
-    /// so the order of the event's blocks does not matter and a parent that goes too costs no
-    /// lookup in the index.
+    /// links between the pairs that went are settled after the whole event, among the event's
+    /// removed pairs (a list, searched next to each pair first), so the order of the event's
+    /// blocks does not matter and a parent that goes too costs no lookup in the index.
     fn remove_blocks(&mut self, slot: u32, blocks: &[BlockHash], bit: u8) {
-        let Scratch {
-            mut gone,
-            mut parents,
-        } = std::mem::take(&mut self.scratch);
+        let Scratch { mut gone, mut at } = std::mem::take(&mut self.scratch);
         gone.clear();
-        parents.clear();
         self.holders.warm(blocks.iter().copied());
         for &block in blocks {
             let r = self.holders.remove(block, slot, bit);
@@ -180,29 +182,45 @@ impl PrefixIndex {
             if mixed(r.before.tiers()) {
                 state.mixed -= 1;
             }
-            gone.insert(
+            // A pair goes once per event (a second listing finds it absent): keys are unique.
+            gone.push((
                 block,
                 Gone {
                     parent: r.parent,
                     children: r.before.children(),
                     children_gone: 0,
                 },
-            );
+            ));
         }
-        let mut broken = false;
-        parents.extend(gone.values().map(|g| g.parent));
-        for &parent in &parents {
+        let n = gone.len();
+        if n > SCAN_MAX {
+            at.clear();
+            at.extend(gone.iter().enumerate().map(|(i, (b, _))| (*b, i)));
+        }
+        for i in 0..n {
+            let parent = gone[i].1.parent;
             if parent == BlockHash::ROOT {
                 continue;
             }
-            match gone.get_mut(&parent) {
-                Some(p) => p.children_gone += 1,
+            // Engines evict a chain tail first (the parent is the next block) or head first.
+            let found = if gone.get(i + 1).is_some_and(|(b, _)| *b == parent) {
+                Some(i + 1)
+            } else if i > 0 && gone[i - 1].0 == parent {
+                Some(i - 1)
+            } else if n > SCAN_MAX {
+                at.get(&parent).copied()
+            } else {
+                gone.iter().position(|(b, _)| *b == parent)
+            };
+            match found {
+                Some(j) => gone[j].1.children_gone += 1,
                 None => {
                     self.holders.adjust_children(parent, slot, -1);
                 }
             }
         }
-        for g in gone.values() {
+        let mut broken = false;
+        for (_, g) in &gone {
             // A saturated count means the true number is unknown.
             if g.children == CHILD_MAX || g.children > g.children_gone {
                 broken = true;
@@ -213,7 +231,7 @@ impl PrefixIndex {
         }
         // Keep the buffers for the next event unless a huge one made them large.
         if gone.capacity() <= 4096 {
-            self.scratch = Scratch { gone, parents };
+            self.scratch = Scratch { gone, at };
         }
     }
 

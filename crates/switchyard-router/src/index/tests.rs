@@ -445,6 +445,41 @@ fn closure_survives_removals_in_any_order_within_an_event() {
 }
 
 #[test]
+fn long_removals_settle_closure_in_any_order_and_still_see_a_hole() {
+    // 80 blocks: removal events longer than the 32 pairs searched by scanning find removed
+    // parents through a map; both ways must agree.
+    let h = hashes(2, 80);
+    for (len, stride) in [(8usize, 3usize), (20, 7), (60, 7), (79, 13)] {
+        let mut idx = index();
+        idx.apply(&w("a"), 1, 0, &stored(2, 0, 80, StorageTier::Device))
+            .unwrap();
+        // The last `len` blocks in a scrambled order: the chain's suffix goes whole.
+        let tail = &h[80 - len..];
+        let scrambled: Vec<BlockHash> = (0..len).map(|i| tail[(i * stride) % len]).collect();
+        assert_eq!(
+            scrambled
+                .iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            len
+        );
+        idx.apply(&w("a"), 1, 1, &removed(scrambled)).unwrap();
+        assert!(jumpable(&idx, "a"), "suffix of {len} removed");
+        assert_eq!(device(&idx, "a", &h), (80 - len) as u32);
+        // The same removal leaving its first block's child behind (a hole) breaks closure.
+        let mut idx = index();
+        idx.apply(&w("a"), 1, 0, &stored(2, 0, 80, StorageTier::Device))
+            .unwrap();
+        let holed: Vec<BlockHash> = (0..len)
+            .map(|i| h[80 - len - 1 + (i * stride) % len])
+            .collect();
+        idx.apply(&w("a"), 1, 1, &removed(holed)).unwrap();
+        assert!(!jumpable(&idx, "a"), "hole left by a removal of {len}");
+        assert_eq!(device(&idx, "a", &h), (80 - len - 1) as u32);
+    }
+}
+
+#[test]
 fn a_hole_breaks_closure_and_the_answer_stays_exact() {
     let mut idx = index();
     let h = hashes(1, 8);
