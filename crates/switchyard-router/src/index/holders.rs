@@ -20,8 +20,10 @@
 //! access to it is a cache miss; an engine's churn (a sequence stored, then evicted soon after,
 //! the steady state of a busy worker) now happens in the young map and never touches the old
 //! one but to look up, once per event and all its blocks at once, whether the blocks are there
-//! (independent lookups, whose misses overlap). Queries look in the old map first (where almost
-//! every block of a long prompt is) and in the young one only for a block the old map lacks.
+//! (independent lookups, whose misses overlap), and the old map's presence filter (`old.rs`)
+//! answers most of those lookups for new blocks without touching the map. Queries look in the
+//! old map first (where almost every block of a long prompt is) and in the young one only for a
+//! block the old map lacks.
 
 use std::collections::hash_map::{Entry as MapEntry, OccupiedEntry};
 

@@ -15,8 +15,8 @@
 //!
 //! ## Memory layout
 //! Workers are interned to dense `u32` slots. Blocks live in a [`HolderMap`] (24-byte entries,
-//! in a small young map of recently stored blocks and a big old one; shared blocks' holder
-//! lists in one slab; see `holders.rs`). Each worker also keeps its blocks in insertion order in a queue of
+//! in a small young map of recently stored blocks and a big old one behind a one-bit presence
+//! filter; shared blocks' holder lists in one slab; see `holders.rs` and `old.rs`). Each worker also keeps its blocks in insertion order in a queue of
 //! hashes (8 bytes per entry), used to drop a worker wholesale and to pick eviction victims.
 //! Removals do not search that queue: they leave a stale entry, skipped when met, and a note in
 //! a log from which a sweep drops the stale entries without reading the block map (see
