@@ -34,11 +34,25 @@ impl InsertionOrder {
         self.queue.push_back(block);
     }
 
-    /// Notes that the worker no longer holds `block`.
+    /// Notes that the worker no longer holds `block`. The newest entry goes from the queue
+    /// itself (a sequence evicted soon after it was stored, the usual churn, leaves nothing to
+    /// sweep), unless that would hand a position already in the log to a later insertion, which
+    /// the sweep would then take for stale.
     #[inline]
     pub fn note_removed(&mut self, block: BlockHash) {
         let next = self.base + self.queue.len() as u64;
+        if self.queue.back() == Some(&block) && self.removed.last().is_none_or(|&(_, at)| at < next)
+        {
+            self.queue.pop_back();
+            return;
+        }
         self.removed.push((block, next));
+    }
+
+    /// The newest entry, possibly stale.
+    #[inline]
+    pub fn newest(&self) -> Option<BlockHash> {
+        self.queue.back().copied()
     }
 
     /// The oldest entry, possibly stale (the caller checks the block map).
@@ -123,6 +137,35 @@ mod tests {
             4 => (0u64..12).prop_map(Step::Remove),
             1 => Just(Step::PopOldest),
         ]
+    }
+
+    #[test]
+    fn newest_entries_leave_from_the_end_unless_a_logged_position_would_be_reused() {
+        let mut order = InsertionOrder::default();
+        for b in 0..16 {
+            order.push(BlockHash(b));
+        }
+        for b in (8..16).rev() {
+            order.note_removed(BlockHash(b));
+        }
+        assert_eq!(
+            (order.len(), order.removed.len()),
+            (8, 0),
+            "popped, not logged"
+        );
+        // An older entry goes through the log; the newest may then not leave from the end,
+        // or block 0, queued again, would take position 7 and pass for removed at 7.
+        order.note_removed(BlockHash(0));
+        order.note_removed(BlockHash(7));
+        assert_eq!((order.len(), order.removed.len()), (8, 2));
+        order.push(BlockHash(0));
+        order.maybe_sweep(0);
+        order
+            .removed
+            .extend((0..70).map(|_| (BlockHash(u64::MAX), 0)));
+        order.maybe_sweep(7);
+        let left: Vec<u64> = order.iter().map(|b| b.0).collect();
+        assert_eq!(left, vec![1, 2, 3, 4, 5, 6, 0]);
     }
 
     proptest! {

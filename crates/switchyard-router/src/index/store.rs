@@ -178,7 +178,6 @@ impl PrefixIndex {
             self.entries -= 1;
             let state = self.state_mut(slot);
             state.live -= 1;
-            state.order.note_removed(block);
             if mixed(r.before.tiers()) {
                 state.mixed -= 1;
             }
@@ -193,6 +192,16 @@ impl PrefixIndex {
             ));
         }
         let n = gone.len();
+        // The order queue, newest entries first: a chain went in tail first, so its head is the
+        // newest entry, and a chain evicted whole then leaves the queue from its end (see
+        // `order.rs`), whichever end of the chain the event lists first.
+        if let Some(state) = self.workers[slot as usize].as_mut() {
+            let head_first = n > 1 && state.order.newest() == Some(gone[0].0);
+            for i in 0..n {
+                let (block, _) = gone[if head_first { i } else { n - 1 - i }];
+                state.order.note_removed(block);
+            }
+        }
         if n > SCAN_MAX {
             at.clear();
             at.extend(gone.iter().enumerate().map(|(i, (b, _))| (*b, i)));
