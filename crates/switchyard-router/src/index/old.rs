@@ -7,8 +7,8 @@
 //! The filter has eight bits per bucket of the map (nine to eighteen per block, as the map fills);
 //! each block hashes to one bit, set for every key of the map, so a clear bit proves the block
 //! absent without touching the map (about one absent block in ten finds its bit set). It is a
-//! byte per bucket (1 MiB for the synthetic million pairs over 64 workers, 0.8 M blocks), small
-//! enough to stay in the processor's second-level cache, where the map's buckets do not.
+//! byte per bucket (1 MiB for the synthetic million pairs over 64 workers), small enough to stay
+//! in the processor's second-level cache, where the map's buckets do not.
 //!
 //! Bits are set when blocks are inserted and never cleared one by one (a bit may stand for several
 //! blocks): the filter is rebuilt from the map's keys when the map is resized and once the
