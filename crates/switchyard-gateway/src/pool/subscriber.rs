@@ -17,6 +17,7 @@ use switchyard_proto::convert::{kv_event_from_wire, snapshot_block_from_wire};
 use switchyard_proto::v1::{self, KvEventsRequest, LoadStatsRequest, kv_events_response::Payload};
 use switchyard_router::ApplyOutcome;
 
+use super::subscriptions::Stream;
 use super::{ModelRoutes, WorkerHandle, WorkerPool};
 use crate::metrics::WorkerLabels;
 use crate::recorder::Record;
@@ -67,7 +68,20 @@ async fn follow_events(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes:
             digest_interval_ms: pool.audit.digest_interval_ms,
         };
         let mut client = worker.client.clone();
-        match client.kv_events(request).await {
+        // Opening the stream, up to its first message (the snapshot), holds one of the
+        // gateway's subscription permits, for `unresponsive_after` at most.
+        let mut opening = Some(pool.subscriptions.open().await);
+        let window = tokio::time::sleep(pool.unresponsive_after);
+        tokio::pin!(window);
+        let open = client.kv_events(request);
+        tokio::pin!(open);
+        let opened = loop {
+            tokio::select! {
+                opened = &mut open => break opened,
+                () = &mut window, if opening.is_some() => opening = None,
+            }
+        };
+        match opened {
             Ok(response) => {
                 let mut stream = response.into_inner();
                 loop {
@@ -77,15 +91,24 @@ async fn follow_events(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes:
                             cursor.next_seq = None;
                             break;
                         }
+                        () = &mut window, if opening.is_some() => {
+                            opening = None;
+                            continue;
+                        }
                     };
                     let Some(message) = message else { break };
                     match message {
                         Ok(message) => {
                             backoff = BACKOFF_MIN;
+                            opening = None;
                             if !apply(&pool, &routes, &id, &mut cursor, message) {
                                 // Ask again from a snapshot.
                                 cursor.next_seq = None;
                                 break;
+                            }
+                            if cursor.next_seq.is_some() {
+                                pool.subscriptions
+                                    .delivered(&worker.subscription, Stream::Events);
                             }
                         }
                         Err(status) => {
@@ -242,6 +265,14 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
     let labels = WorkerLabels {
         worker: id.to_string(),
     };
+    // Looked up once, not per report (each lookup locks the family and hashes the label).
+    let m = &pool.metrics;
+    let queued_prefill = m
+        .worker_queued_prefill_tokens
+        .get_or_create(&labels)
+        .clone();
+    let running = m.worker_running_requests.get_or_create(&labels).clone();
+    let active_blocks = m.worker_active_blocks.get_or_create(&labels).clone();
     let silence = pool.unresponsive_after;
     let mut backoff = BACKOFF_MIN;
     // Until its first report, a worker the load stream cannot reach is left to dispatch to
@@ -253,6 +284,9 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
             interval_ms: pool.load_interval_ms,
             push_min_interval_ms: pool.load_push_min_ms,
         };
+        // The open, up to the first report, holds a subscription permit (bounded by `silence`
+        // twice, as below).
+        let mut opening = Some(pool.subscriptions.open().await);
         // A frozen worker accepts the connection and never answers: the open is bounded too.
         let why = match tokio::time::timeout(silence, client.load_stats(request)).await {
             Err(_) => format!("its load stream did not open within {silence:?}"),
@@ -268,6 +302,10 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
                         }
                         Ok(Some(Ok(report))) => report,
                     };
+                    if opening.take().is_some() {
+                        pool.subscriptions
+                            .delivered(&worker.subscription, Stream::Load);
+                    }
                     backoff = BACKOFF_MIN;
                     reported = true;
                     pool.metrics.load_reports.inc();
@@ -284,19 +322,13 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
                         stats,
                     });
                     drop(core);
-                    let m = &pool.metrics;
-                    m.worker_queued_prefill_tokens
-                        .get_or_create(&labels)
-                        .set(stats.queued_prefill_tokens as i64);
-                    m.worker_running_requests
-                        .get_or_create(&labels)
-                        .set(stats.running_requests as i64);
-                    m.worker_active_blocks
-                        .get_or_create(&labels)
-                        .set(stats.active_blocks as i64);
+                    queued_prefill.set(stats.queued_prefill_tokens as i64);
+                    running.set(stats.running_requests as i64);
+                    active_blocks.set(stats.active_blocks as i64);
                 }
             }
         };
+        drop(opening);
         if reported {
             pool.worker_failed(&worker, why);
         } else {
