@@ -211,12 +211,12 @@ pub async fn start(
     let tokenizer_spec = config.tokenizer.clone();
     let per_model = config.models.clone();
     let sessions = config.session_cache.to_session_config();
-    // Loading a tokenizer is seconds of CPU; following the workers is mostly waiting on
-    // them. Both go on at once, so a gateway starting in front of a large fleet is not
-    // subscribing only after its vocabularies are built.
-    let mut tokenizers = Loading::Running(tokio::task::spawn_blocking(move || {
+    let tokenizers = tokio::task::spawn_blocking(move || {
         Tokenizers::load(&tokenizer_spec, &per_model, &sessions)
-    }));
+    })
+    .await
+    .map_err(|e| GatewayError::Tokenizers(e.to_string()))?
+    .map_err(GatewayError::Tokenizers)?;
     let security = config
         .security
         .build(&config.cluster, switchyard_security::PeerRole::Gateway)?;
@@ -263,26 +263,11 @@ pub async fn start(
         .spawn(audit::kv::watch_silence(Arc::clone(&pool)));
     // Know the registered workers before announcing readiness, so the first request finds them.
     // etcd may have gone away since the connection was made: wait for it, as at start.
-    // A tokenizer that cannot load is refused at once, not after etcd answers.
-    let watch = {
-        let discover =
-            switchyard_registry::retry::until_available("watch the workers", shutdown, || {
-                discovery.discover()
-            });
-        tokio::pin!(discover);
-        loop {
-            tokio::select! {
-                watch = &mut discover => break watch,
-                loaded = tokenizers.wait(), if tokenizers.is_running() => {
-                    if let Err(err) = loaded {
-                        pool.shutdown().await;
-                        return Err(err);
-                    }
-                }
-            }
-        }
-    };
-    let watch = watch.map_err(|e| GatewayError::Registry(e.to_string()))?;
+    let watch = switchyard_registry::retry::until_available("watch the workers", shutdown, || {
+        discovery.discover()
+    })
+    .await
+    .map_err(|e| GatewayError::Registry(e.to_string()))?;
     let Some(mut watch) = watch else {
         pool.shutdown().await;
         return Ok(None);
@@ -293,20 +278,8 @@ pub async fn start(
         .spawn(follow_registry(Arc::clone(&pool), discovery, Some(watch)));
     pool.tasks
         .spawn(Arc::clone(&quota).renew_leases(pool.cancel.clone()));
-    let loaded = async {
-        tokenizers.wait().await?;
-        let tokenizers = tokenizers.take()?;
-        let retention =
-            retention::SessionRetention::new(&config.retention).map_err(GatewayError::Routing)?;
-        Ok::<_, GatewayError>((tokenizers, retention))
-    };
-    let (tokenizers, retention) = match loaded.await {
-        Ok(loaded) => loaded,
-        Err(err) => {
-            pool.shutdown().await;
-            return Err(err);
-        }
-    };
+    let retention =
+        retention::SessionRetention::new(&config.retention).map_err(GatewayError::Routing)?;
     Ok(Some(Arc::new(AppState {
         quota,
         retention,
@@ -323,42 +296,6 @@ pub async fn start(
         extensions,
         access,
     })))
-}
-
-/// The tokenizers, loading on a blocking thread while the gateway follows the workers.
-enum Loading {
-    Running(tokio::task::JoinHandle<Result<Tokenizers, String>>),
-    Done(Tokenizers),
-    Taken,
-}
-
-impl Loading {
-    fn is_running(&self) -> bool {
-        matches!(self, Loading::Running(_))
-    }
-
-    /// Waits for the load to end (at once when it has); its error, if it failed.
-    async fn wait(&mut self) -> Result<(), GatewayError> {
-        if let Loading::Running(handle) = self {
-            let loaded = handle.await;
-            // A failed load leaves nothing to take.
-            *self = Loading::Taken;
-            let tokenizers = loaded
-                .map_err(|e| GatewayError::Tokenizers(e.to_string()))?
-                .map_err(GatewayError::Tokenizers)?;
-            *self = Loading::Done(tokenizers);
-        }
-        Ok(())
-    }
-
-    fn take(&mut self) -> Result<Tokenizers, GatewayError> {
-        match std::mem::replace(self, Loading::Taken) {
-            Loading::Done(tokenizers) => Ok(tokenizers),
-            _ => Err(GatewayError::Tokenizers(
-                "the tokenizers were not loaded".into(),
-            )),
-        }
-    }
 }
 
 /// Mirrors the discovered workers (etcd's registry, Kubernetes' pods) into the pool for as long as the gateway runs, starting from `first`
