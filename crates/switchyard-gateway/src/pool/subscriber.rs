@@ -24,6 +24,10 @@ use crate::recorder::Record;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// `unresponsive_after` windows a worker's first load-stream open and first report get in all
+/// before the subscriber gives up and opens again (a hung open is retried, a slow one is not
+/// thrown away at the first window).
+const FIRST_OPEN_PATIENCE: u32 = 5;
 
 /// Starts the two subscriber tasks of `worker`; they stop when the worker's token is cancelled.
 pub fn spawn(pool: &Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: Arc<ModelRoutes>) {
@@ -284,17 +288,43 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
             interval_ms: pool.load_interval_ms,
             push_min_interval_ms: pool.load_push_min_ms,
         };
-        // The open, up to the first report, holds a subscription permit (bounded by `silence`
-        // twice, as below).
+        // The open, up to the first report, holds a subscription permit for `silence` at most.
+        // A worker that answered before and is now frozen (it accepts the connection and never
+        // answers) is given up on after `silence`; one that never answered yet gets
+        // FIRST_OPEN_PATIENCE windows, the later ones without the permit: abandoning a slow
+        // first open on a busy machine sent it to the back of the queue, redoing the work it
+        // had cost, again and again.
         let mut opening = Some(pool.subscriptions.open().await);
-        // A frozen worker accepts the connection and never answers: the open is bounded too.
-        let why = match tokio::time::timeout(silence, client.load_stats(request)).await {
-            Err(_) => format!("its load stream did not open within {silence:?}"),
-            Ok(Err(status)) => format!("cannot open its load stream: {}", status.message()),
-            Ok(Ok(response)) => {
+        let mut windows = 0;
+        let window = tokio::time::sleep(silence);
+        tokio::pin!(window);
+        let open = client.load_stats(request);
+        tokio::pin!(open);
+        let opened = loop {
+            tokio::select! {
+                opened = &mut open => break Some(opened),
+                () = &mut window => {
+                    opening = None;
+                    windows += 1;
+                    if reported || windows >= FIRST_OPEN_PATIENCE {
+                        break None;
+                    }
+                    window.as_mut().reset(tokio::time::Instant::now() + silence);
+                }
+            }
+        };
+        let why = match opened {
+            None => format!("its load stream did not open within {silence:?}"),
+            Some(Err(status)) => format!("cannot open its load stream: {}", status.message()),
+            Some(Ok(response)) => {
                 let mut stream = response.into_inner();
                 loop {
                     let report = match tokio::time::timeout(silence, stream.next()).await {
+                        Err(_) if !reported && windows + 1 < FIRST_OPEN_PATIENCE => {
+                            opening = None;
+                            windows += 1;
+                            continue;
+                        }
                         Err(_) => break format!("no load report for {silence:?}"),
                         Ok(None) => break "its load stream ended".to_owned(),
                         Ok(Some(Err(status))) => {
