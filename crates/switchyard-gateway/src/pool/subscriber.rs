@@ -332,10 +332,11 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
                         }
                         Ok(Some(Ok(report))) => report,
                     };
-                    if opening.take().is_some() {
-                        pool.subscriptions
-                            .delivered(&worker.subscription, Stream::Load);
-                    }
+                    opening = None;
+                    // Counted on the first report, whether or not its permit is still held
+                    // (a slow open gives it back after one window).
+                    pool.subscriptions
+                        .delivered(&worker.subscription, Stream::Load);
                     backoff = BACKOFF_MIN;
                     reported = true;
                     pool.metrics.load_reports.inc();
