@@ -62,10 +62,14 @@ async fn many_workers_in_one_process_serve_through_gateways() {
     let cluster = format!("fleet-{}", std::process::id());
     let fleet = workers(&endpoint, &cluster, 0, 50).start().await;
     assert_eq!(fleet.ready["workers"], 50, "{}", fleet.ready);
-    let mut gateways = Vec::new();
-    for _ in 0..2 {
-        gateways.push(Launch::gateway(&endpoint, &cluster).start().await);
-    }
+    // The first gateway opens at most 4 worker streams at once (`--subscribe-concurrency`).
+    let mut gateways = vec![
+        Launch::gateway(&endpoint, &cluster)
+            .arg("--subscribe-concurrency", "4")
+            .start()
+            .await,
+    ];
+    gateways.push(Launch::gateway(&endpoint, &cluster).start().await);
     for gateway in &gateways {
         let api = Api::new(gateway);
         assert!(api.lists_workers(50).await, "every worker registered");
@@ -76,7 +80,25 @@ async fn many_workers_in_one_process_serve_through_gateways() {
             .await,
             "every worker subscribed"
         );
+        assert!(
+            eventually(Duration::from_secs(30), || async {
+                api.get("/admin/subscriptions").await.1["subscribed"] == 50
+            })
+            .await,
+            "every worker's snapshot and load in"
+        );
     }
+    let (_, progress) = Api::new(&gateways[0]).get("/admin/subscriptions").await;
+    assert_eq!(progress["workers"], 50, "{progress}");
+    assert_eq!(progress["concurrency"], 4, "{progress}");
+    let peak = progress["peak_opening"].as_u64().unwrap();
+    assert!((1..=4).contains(&peak), "the bound held: {progress}");
+    assert_eq!(
+        Api::new(&gateways[1])
+            .metric("switchyard_workers_subscribed")
+            .await,
+        50.0
+    );
     // Requests over both gateways land on many workers of the one process.
     for i in 0..40 {
         let api = Api::new(&gateways[i % 2]);
@@ -194,6 +216,16 @@ async fn etcd_metric(etcd: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// Load reports each gateway has received so far.
+async fn load_reports(gateways: &[SwitchyardProcess]) -> Vec<f64> {
+    futures::future::join_all(
+        gateways
+            .iter()
+            .map(|g| async { Api::new(g).metric("switchyard_load_reports").await }),
+    )
+    .await
+}
+
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -257,12 +289,23 @@ async fn fleet_scale() {
             })
             .await
         );
+        let indexed = spawned.elapsed();
+        assert!(
+            eventually(Duration::from_secs(300), || async {
+                api.get("/admin/subscriptions").await.1["subscribed"] == n_workers
+            })
+            .await
+        );
+        let (_, progress) = api.get("/admin/subscriptions").await;
         report(
             &format!("gateway {g} start"),
             format!(
-                "ready line {:.2} s, all {n_workers} workers subscribed {:.2} s",
+                "ready line {:.2} s, all {n_workers} workers indexed {:.2} s, with their load {:.2} s ({} stream opens at once at most, bound {})",
                 ready.as_secs_f64(),
-                spawned.elapsed().as_secs_f64()
+                indexed.as_secs_f64(),
+                spawned.elapsed().as_secs_f64(),
+                progress["peak_opening"],
+                progress["concurrency"],
             ),
         );
         gateways.push(gateway);
@@ -271,6 +314,7 @@ async fn fleet_scale() {
 
     // Idle: load reports only (every worker to every gateway, 10 per second by default).
     let idle = Duration::from_secs(10);
+    let reports0 = load_reports(&gateways).await;
     let cpu0: Vec<f64> = gateways.iter().map(|g| cpu_secs(pid_of(g))).collect();
     let (etcd_cpu0, keepalives0) = (
         cpu_secs(etcd_pid),
@@ -282,14 +326,20 @@ async fn fleet_scale() {
     );
     tokio::time::sleep(idle).await;
     let mut idle_cpu = Vec::new();
+    let mut idle_reports = Vec::new();
+    let reports1 = load_reports(&gateways).await;
     for (g, gateway) in gateways.iter().enumerate() {
         let cpu = (cpu_secs(pid_of(gateway)) - cpu0[g]) / idle.as_secs_f64();
         idle_cpu.push(cpu);
+        let reports = reports1[g] - reports0[g];
+        idle_reports.push(reports / idle.as_secs_f64());
         report(
             &format!("gateway {g} idle"),
             format!(
-                "{:.0} % of a core (load reports of {n_workers} workers), RSS {:.0} MiB",
+                "{:.0} % of a core (load reports of {n_workers} workers: {:.0}/s, {:.0} µs CPU each), RSS {:.0} MiB",
                 cpu * 100.0,
+                reports / idle.as_secs_f64(),
+                cpu * idle.as_secs_f64() / reports.max(1.0) * 1e6,
                 rss_mib(pid_of(gateway))
             ),
         );
@@ -324,6 +374,7 @@ async fn fleet_scale() {
             .map(|g| async { Api::new(g).metric("switchyard_kv_events_applied").await }),
     )
     .await;
+    let reports0 = load_reports(&gateways).await;
     let cpu0: Vec<f64> = gateways.iter().map(|g| cpu_secs(pid_of(g))).collect();
     let load_started = Instant::now();
     // An overloaded machine answers some requests with an error (a worker taken out of routing
@@ -364,9 +415,14 @@ async fn fleet_scale() {
             serving.len()
         ),
     );
+    let reports1 = load_reports(&gateways).await;
     for (g, gateway) in gateways.iter().enumerate() {
         let api = Api::new(gateway);
         let events = api.metric("switchyard_kv_events_applied").await - events0[g];
+        // Each request also moves its worker's load, pushed to every gateway: messages above
+        // the idle rate of load reports come with the events, and cost alike.
+        let reports = reports1[g] - reports0[g];
+        let extra_reports = (reports - idle_reports[g] * wall).max(0.0);
         let cpu = cpu_secs(pid_of(gateway)) - cpu0[g];
         let above_idle = (cpu - idle_cpu[g] * wall).max(0.0);
         let role = if g < serving.len() {
@@ -381,10 +437,11 @@ async fn fleet_scale() {
         report(
             &format!("gateway {g} load"),
             format!(
-                "({role}) {events:.0} KV events ({:.0}/s), {:.0} % of a core ({:.0} µs CPU per event above idle), routing p50 ≤ {:.0} µs p99 ≤ {:.0} µs, index {} blocks {} entries {:.1} MiB heap, RSS {:.0} MiB",
+                "({role}) {events:.0} KV events ({:.0}/s) and {extra_reports:.0} load reports above the idle rate, {:.0} % of a core ({:.0} µs CPU per event above idle, {:.0} µs per message), routing p50 ≤ {:.0} µs p99 ≤ {:.0} µs, index {} blocks {} entries {:.1} MiB heap, RSS {:.0} MiB",
                 events / wall,
                 cpu / wall * 100.0,
                 above_idle / events.max(1.0) * 1e6,
+                above_idle / (events + extra_reports).max(1.0) * 1e6,
                 p50 * 1e6,
                 p99 * 1e6,
                 stats["blocks"],

@@ -76,6 +76,10 @@ pub struct GatewayConfig {
     /// Workers push a load report this many milliseconds after their load changes, at most
     /// one per this many (0: reports every `load_interval_ms` only). See `docs/fleet.md`.
     pub load_push_min_ms: u32,
+    /// Worker streams (KV events with their snapshot, load reports) the gateway opens at once,
+    /// so one that starts in front of a large fleet does not ask every worker at the same time
+    /// (`docs/scaling.md`). At least 1.
+    pub subscribe_concurrency: usize,
     /// A worker whose load reports stop for this many milliseconds (or whose connection
     /// fails) is out of routing until it answers again, whatever its lease says. Default:
     /// twenty report intervals, at least 2000.
@@ -253,6 +257,7 @@ impl Default for GatewayConfig {
             decision_log_size: 256,
             load_interval_ms: 100,
             load_push_min_ms: 5,
+            subscribe_concurrency: crate::pool::subscriptions::DEFAULT_CONCURRENCY,
             unresponsive_after_ms: None,
             recording_dir: None,
             disaggregation: Disaggregation::Off,
@@ -305,6 +310,9 @@ impl GatewayConfig {
             return invalid(
                 "load_push_min_ms must be below load_interval_ms (or 0 to turn pushing off), or pushes would come no sooner than the interval",
             );
+        }
+        if self.subscribe_concurrency == 0 {
+            return invalid("subscribe_concurrency must be at least 1");
         }
         if let Some(after) = self.unresponsive_after_ms
             && after < 2 * u64::from(self.load_interval_ms.max(1))
@@ -466,6 +474,9 @@ pub struct GatewayArgs {
     /// Milliseconds after a load change that workers push a report (0: every interval only).
     #[arg(long, env = "SWITCHYARD_LOAD_PUSH_MIN_MS")]
     pub load_push_min_ms: Option<u32>,
+    /// Worker streams opened at once while following the workers (at least 1).
+    #[arg(long, env = "SWITCHYARD_SUBSCRIBE_CONCURRENCY")]
+    pub subscribe_concurrency: Option<usize>,
     /// HTTP connections open at once; one more is answered 503.
     #[arg(long, env = "SWITCHYARD_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
@@ -603,6 +614,9 @@ impl GatewayArgs {
         }
         if let Some(v) = self.load_push_min_ms {
             config.load_push_min_ms = v;
+        }
+        if let Some(v) = self.subscribe_concurrency {
+            config.subscribe_concurrency = v;
         }
         if let Some(v) = self.max_connections {
             config.http.max_connections = v;

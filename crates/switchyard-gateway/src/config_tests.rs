@@ -196,3 +196,27 @@ fn load_push_comes_from_files_and_flags_and_must_beat_the_interval() {
     let err = args.resolve_onto(file).unwrap_err();
     assert!(err.to_string().contains("load_push_min_ms"), "{err}");
 }
+
+#[test]
+fn subscribe_concurrency_comes_from_files_and_flags_and_zero_is_refused() {
+    assert_eq!(GatewayConfig::default().subscribe_concurrency, 64);
+    let file: GatewayConfig = toml::from_str("subscribe_concurrency = 8").unwrap();
+    file.validate().unwrap();
+    assert_eq!(file.subscribe_concurrency, 8);
+    let args = GatewayArgs {
+        subscribe_concurrency: Some(3),
+        ..Default::default()
+    };
+    assert_eq!(
+        args.resolve_onto(file.clone())
+            .unwrap()
+            .subscribe_concurrency,
+        3
+    );
+    let args = GatewayArgs {
+        subscribe_concurrency: Some(0),
+        ..Default::default()
+    };
+    let err = args.resolve_onto(file).unwrap_err();
+    assert!(err.to_string().contains("subscribe_concurrency"), "{err}");
+}

@@ -254,6 +254,7 @@ pub async fn start(
         .map_err(|e| GatewayError::Routing(e.to_string()))?
         .with_unresponsive_after(config.unresponsive_after())
         .with_load_push(config.load_push_min_ms)
+        .with_subscribe_concurrency(config.subscribe_concurrency)
         .with_audit(config.audit.clone(), decisions)
         .with_dialer(security.dialer)
         .with_delivery(delivery),

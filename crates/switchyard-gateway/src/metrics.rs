@@ -94,6 +94,10 @@ pub struct Metrics {
     pub in_flight: Gauge,
     pub queued: Gauge,
     pub workers: Gauge,
+    /// Workers whose snapshot and first load report are in, and worker streams opening now
+    /// ([`crate::pool::subscriptions`]).
+    pub workers_subscribed: Gauge,
+    pub subscriptions_opening: Gauge,
     pub session_cache_sessions: Gauge,
     pub session_cache_bytes: Gauge,
     pub session_turns: Family<SessionTurnLabels, Counter>,
@@ -178,6 +182,8 @@ impl Metrics {
             in_flight: Gauge::default(),
             queued: Gauge::default(),
             workers: Gauge::default(),
+            workers_subscribed: Gauge::default(),
+            subscriptions_opening: Gauge::default(),
             session_cache_sessions: Gauge::default(),
             session_cache_bytes: Gauge::default(),
             session_turns: Family::default(),
@@ -337,6 +343,16 @@ impl Metrics {
             m.queued.clone(),
         );
         registry.register("workers", "Workers known to the gateway", m.workers.clone());
+        registry.register(
+            "workers_subscribed",
+            "Workers whose KV snapshot and first load report the gateway has",
+            m.workers_subscribed.clone(),
+        );
+        registry.register(
+            "subscriptions_opening",
+            "Worker streams opening now (bounded by subscribe_concurrency)",
+            m.subscriptions_opening.clone(),
+        );
         registry.register(
             "tokenizer_sessions",
             "Sessions held by the incremental tokenization cache",

@@ -7,6 +7,8 @@
 //! bookkeeping of its own for it, as for a request another gateway replica routed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,16 +34,7 @@ async fn start_worker(stop: &CancellationToken) -> WorkerInfo {
         speedup: 1.0,
         ..WorkerConfig::default()
     };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(switchyard_worker::run(
-        config,
-        None,
-        stop.clone(),
-        move |w| {
-            let _ = tx.send(w.info.clone());
-        },
-    ));
-    rx.await.expect("worker ready")
+    support::start_worker(config, stop).await
 }
 
 /// Waits until the pool's view of `worker` satisfies `ready`; panics after [`WAIT`].

@@ -7,6 +7,7 @@
 //! | GET, POST | `/admin/explain?request_id=…&policy=…` | what another policy would have chosen for a logged decision ([`crate::audit::counterfactual`]) |
 //! | GET | `/admin/decisions?limit=N&request_id=…` | decisions, newest first, filtered by request, session, tenant, worker, model, time, outcome ([`crate::audit::decisions`]) |
 //! | GET | `/admin/index` | prefix-index statistics per model |
+//! | GET | `/admin/subscriptions` | how many workers the gateway follows in full (snapshot and load in), streams opening ([`crate::pool::subscriptions`]) |
 //! | GET, PUT | `/admin/policy` | the routing policy; PUT `{"policy": "round-robin"}` switches it |
 //! | POST | `/admin/workers/{id}/drain`, `/resume` | stop or restart sending work to a worker |
 //! | GET | `/admin/recording` | the KV recording's status |
@@ -53,6 +54,7 @@ pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/explain", get(counterfactual).post(explain))
         .route("/decisions", get(decisions))
         .route("/index", get(index))
+        .route("/subscriptions", get(subscriptions))
         .route("/policy", get(get_policy).put(set_policy).post(set_policy))
         .route("/recording", get(recording_status))
         .route("/recording/start", post(start_recording))
@@ -291,6 +293,12 @@ async fn index(State(state): State<Arc<AppState>>) -> axum::Json<Vec<ModelIndex>
         })
         .collect();
     axum::Json(out)
+}
+
+async fn subscriptions(
+    State(state): State<Arc<AppState>>,
+) -> axum::Json<crate::pool::subscriptions::SubscriptionProgress> {
+    axum::Json(state.pool.subscription_progress())
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -3,7 +3,8 @@
 //! The registry watch adds, updates and removes workers here. Each worker gets a lazily
 //! connected gRPC client and two subscriber tasks ([`subscriber`]): its KV events feed
 //! the model's prefix index, its load reports feed the model's load view (both in the
-//! [`ServingCore`]). A worker that
+//! [`ServingCore`]). Their stream opens are bounded ([`subscriptions`]), so a gateway that
+//! starts in front of a large fleet does not open every stream at once. A worker that
 //! leaves is dropped from both at once. Routing ([`crate::routing`]) locks a model's
 //! [`RouterCore`] for the few microseconds a decision takes; nothing awaits under that lock.
 
@@ -27,6 +28,7 @@ use crate::recorder::{Record, Recorder};
 use crate::transport::{GrpcTransport, WorkerTransport};
 
 pub mod subscriber;
+pub mod subscriptions;
 
 /// A worker reports its load every `load_interval_ms`; twenty reports missed (and at least
 /// 2 s) make it unresponsive, well above a busy runtime's hiccup.
@@ -71,6 +73,8 @@ pub struct WorkerHandle {
     pub cancel: CancellationToken,
     /// Whether its KV events arrive and agree with its own view ([`crate::audit::kv`]).
     pub kv: KvAudit,
+    /// Whether its snapshot and first load report are in ([`subscriptions`]).
+    pub subscription: subscriptions::WorkerSubscription,
 }
 
 impl WorkerHandle {
@@ -132,6 +136,8 @@ pub struct WorkerPool {
     dialer: Dialer,
     /// Where routed requests go (which workers are candidates).
     pub delivery: Delivery,
+    /// Bounds the worker streams opening at once; counts the workers followed in full.
+    pub subscriptions: subscriptions::Subscriptions,
 }
 
 impl WorkerPool {
@@ -158,7 +164,6 @@ impl WorkerPool {
             refused: RwLock::new(BTreeMap::new()),
             load_interval_ms,
             load_push_min_ms: 0,
-            metrics,
             epoch,
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -167,6 +172,12 @@ impl WorkerPool {
             unresponsive_after: default_unresponsive_after(load_interval_ms),
             dialer: Dialer::open(Identity::new("default", PeerRole::Gateway)),
             delivery: Delivery::WorkerGrpc,
+            subscriptions: subscriptions::Subscriptions::new(
+                subscriptions::DEFAULT_CONCURRENCY,
+                metrics.subscriptions_opening.clone(),
+                metrics.workers_subscribed.clone(),
+            ),
+            metrics,
         })
     }
 
@@ -245,6 +256,22 @@ impl WorkerPool {
         self
     }
 
+    /// The same pool, opening at most `concurrency` worker streams at once (at least 1).
+    pub fn with_subscribe_concurrency(mut self, concurrency: usize) -> Self {
+        self.subscriptions = subscriptions::Subscriptions::new(
+            concurrency,
+            self.metrics.subscriptions_opening.clone(),
+            self.metrics.workers_subscribed.clone(),
+        );
+        self
+    }
+
+    /// How far the gateway has come in following every worker it knows.
+    pub fn subscription_progress(&self) -> subscriptions::SubscriptionProgress {
+        let workers = self.workers.read().map(|w| w.len()).unwrap_or(0);
+        self.subscriptions.progress(workers)
+    }
+
     /// `worker` stopped answering (a transport failure, its load stream broke or went
     /// silent): out of routing until it answers again.
     pub fn worker_failed(&self, worker: &WorkerHandle, reason: impl Into<String>) {
@@ -262,6 +289,10 @@ impl WorkerPool {
 
     /// `worker` answered (a load report arrived): back in routing if it was out.
     pub fn worker_answered(&self, worker: &WorkerHandle) {
+        // Every load report lands here: the usual case (it was answering) costs one read.
+        if worker.health.is_answering() {
+            return;
+        }
         let id = worker.id();
         if worker.health.answered(&id) {
             self.metrics
@@ -414,6 +445,7 @@ impl WorkerPool {
             cancel: self.cancel.child_token(),
             info: RwLock::new(info.clone()),
             kv: KvAudit::default(),
+            subscription: subscriptions::WorkerSubscription::default(),
         });
         self.workers
             .write()
@@ -443,6 +475,7 @@ impl WorkerPool {
             .remove(id);
         let Some(handle) = removed else { return };
         handle.cancel.cancel();
+        self.subscriptions.left(&handle.subscription);
         let model = handle.info().model;
         if let Some(routes) = self.model(&model) {
             let mut core = routes.lock();

@@ -17,12 +17,17 @@ use switchyard_proto::convert::{kv_event_from_wire, snapshot_block_from_wire};
 use switchyard_proto::v1::{self, KvEventsRequest, LoadStatsRequest, kv_events_response::Payload};
 use switchyard_router::ApplyOutcome;
 
+use super::subscriptions::Stream;
 use super::{ModelRoutes, WorkerHandle, WorkerPool};
 use crate::metrics::WorkerLabels;
 use crate::recorder::Record;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// `unresponsive_after` windows a worker's first load-stream open and first report get in all
+/// before the subscriber gives up and opens again (a hung open is retried, a slow one is not
+/// thrown away at the first window).
+const FIRST_OPEN_PATIENCE: u32 = 5;
 
 /// Starts the two subscriber tasks of `worker`; they stop when the worker's token is cancelled.
 pub fn spawn(pool: &Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: Arc<ModelRoutes>) {
@@ -67,7 +72,20 @@ async fn follow_events(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes:
             digest_interval_ms: pool.audit.digest_interval_ms,
         };
         let mut client = worker.client.clone();
-        match client.kv_events(request).await {
+        // Opening the stream, up to its first message (the snapshot), holds one of the
+        // gateway's subscription permits, for `unresponsive_after` at most.
+        let mut opening = Some(pool.subscriptions.open().await);
+        let window = tokio::time::sleep(pool.unresponsive_after);
+        tokio::pin!(window);
+        let open = client.kv_events(request);
+        tokio::pin!(open);
+        let opened = loop {
+            tokio::select! {
+                opened = &mut open => break opened,
+                () = &mut window, if opening.is_some() => opening = None,
+            }
+        };
+        match opened {
             Ok(response) => {
                 let mut stream = response.into_inner();
                 loop {
@@ -77,15 +95,24 @@ async fn follow_events(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes:
                             cursor.next_seq = None;
                             break;
                         }
+                        () = &mut window, if opening.is_some() => {
+                            opening = None;
+                            continue;
+                        }
                     };
                     let Some(message) = message else { break };
                     match message {
                         Ok(message) => {
                             backoff = BACKOFF_MIN;
+                            opening = None;
                             if !apply(&pool, &routes, &id, &mut cursor, message) {
                                 // Ask again from a snapshot.
                                 cursor.next_seq = None;
                                 break;
+                            }
+                            if cursor.next_seq.is_some() {
+                                pool.subscriptions
+                                    .delivered(&worker.subscription, Stream::Events);
                             }
                         }
                         Err(status) => {
@@ -242,6 +269,14 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
     let labels = WorkerLabels {
         worker: id.to_string(),
     };
+    // Looked up once, not per report (each lookup locks the family and hashes the label).
+    let m = &pool.metrics;
+    let queued_prefill = m
+        .worker_queued_prefill_tokens
+        .get_or_create(&labels)
+        .clone();
+    let running = m.worker_running_requests.get_or_create(&labels).clone();
+    let active_blocks = m.worker_active_blocks.get_or_create(&labels).clone();
     let silence = pool.unresponsive_after;
     let mut backoff = BACKOFF_MIN;
     // Until its first report, a worker the load stream cannot reach is left to dispatch to
@@ -253,14 +288,43 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
             interval_ms: pool.load_interval_ms,
             push_min_interval_ms: pool.load_push_min_ms,
         };
-        // A frozen worker accepts the connection and never answers: the open is bounded too.
-        let why = match tokio::time::timeout(silence, client.load_stats(request)).await {
-            Err(_) => format!("its load stream did not open within {silence:?}"),
-            Ok(Err(status)) => format!("cannot open its load stream: {}", status.message()),
-            Ok(Ok(response)) => {
+        // The open, up to the first report, holds a subscription permit for `silence` at most.
+        // A worker that answered before and is now frozen (it accepts the connection and never
+        // answers) is given up on after `silence`; one that never answered yet gets
+        // FIRST_OPEN_PATIENCE windows, the later ones without the permit: abandoning a slow
+        // first open on a busy machine sent it to the back of the queue, redoing the work it
+        // had cost, again and again.
+        let mut opening = Some(pool.subscriptions.open().await);
+        let mut windows = 0;
+        let window = tokio::time::sleep(silence);
+        tokio::pin!(window);
+        let open = client.load_stats(request);
+        tokio::pin!(open);
+        let opened = loop {
+            tokio::select! {
+                opened = &mut open => break Some(opened),
+                () = &mut window => {
+                    opening = None;
+                    windows += 1;
+                    if reported || windows >= FIRST_OPEN_PATIENCE {
+                        break None;
+                    }
+                    window.as_mut().reset(tokio::time::Instant::now() + silence);
+                }
+            }
+        };
+        let why = match opened {
+            None => format!("its load stream did not open within {silence:?}"),
+            Some(Err(status)) => format!("cannot open its load stream: {}", status.message()),
+            Some(Ok(response)) => {
                 let mut stream = response.into_inner();
                 loop {
                     let report = match tokio::time::timeout(silence, stream.next()).await {
+                        Err(_) if !reported && windows + 1 < FIRST_OPEN_PATIENCE => {
+                            opening = None;
+                            windows += 1;
+                            continue;
+                        }
                         Err(_) => break format!("no load report for {silence:?}"),
                         Ok(None) => break "its load stream ended".to_owned(),
                         Ok(Some(Err(status))) => {
@@ -268,6 +332,11 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
                         }
                         Ok(Some(Ok(report))) => report,
                     };
+                    opening = None;
+                    // Counted on the first report, whether or not its permit is still held
+                    // (a slow open gives it back after one window).
+                    pool.subscriptions
+                        .delivered(&worker.subscription, Stream::Load);
                     backoff = BACKOFF_MIN;
                     reported = true;
                     pool.metrics.load_reports.inc();
@@ -284,19 +353,13 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
                         stats,
                     });
                     drop(core);
-                    let m = &pool.metrics;
-                    m.worker_queued_prefill_tokens
-                        .get_or_create(&labels)
-                        .set(stats.queued_prefill_tokens as i64);
-                    m.worker_running_requests
-                        .get_or_create(&labels)
-                        .set(stats.running_requests as i64);
-                    m.worker_active_blocks
-                        .get_or_create(&labels)
-                        .set(stats.active_blocks as i64);
+                    queued_prefill.set(stats.queued_prefill_tokens as i64);
+                    running.set(stats.running_requests as i64);
+                    active_blocks.set(stats.active_blocks as i64);
                 }
             }
         };
+        drop(opening);
         if reported {
             pool.worker_failed(&worker, why);
         } else {
