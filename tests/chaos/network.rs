@@ -101,6 +101,7 @@ async fn a_link_cut_mid_stream_moves_the_stream_and_loses_no_request() {
     let a = proxied_worker(&endpoint, &cluster, "cut-a", "2").await;
     let gateway = Launch::gateway(&endpoint, &cluster)
         .arg("--unresponsive-after-ms", "1000")
+        .arg("--load-interval-ms", "250")
         .start()
         .await;
     let api = Api::new(&gateway);
@@ -247,6 +248,7 @@ async fn a_blackholed_or_refusing_worker_is_routed_around_and_returns_when_the_l
     let gateway = Launch::gateway(&endpoint, &cluster)
         .arg("--policy", "round-robin")
         .arg("--unresponsive-after-ms", "1000")
+        .arg("--load-interval-ms", "250")
         .start()
         .await;
     let api = Api::new(&gateway);

@@ -118,6 +118,7 @@ async fn a_frozen_worker_s_stream_moves_at_once_and_it_returns_when_it_thaws() {
     let a = worker("freeze-a").await;
     let gateway = Launch::gateway(&endpoint, &cluster)
         .arg("--unresponsive-after-ms", "1000")
+        .arg("--load-interval-ms", "250")
         .start()
         .await;
     let api = Api::new(&gateway);

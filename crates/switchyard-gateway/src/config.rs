@@ -23,6 +23,12 @@ use switchyard_security::{PeerRole, SecurityArgs, SecurityConfig};
 
 use crate::access::{AccessArgs, AccessConfig};
 
+/// Default load-report interval when workers push on change: only the heartbeat that keeps an
+/// idle worker in routing (`unresponsive_after`), so it can be long.
+pub const DEFAULT_HEARTBEAT_MS: u32 = 1_000;
+/// Default load-report interval without pushes: every load change waits for it.
+pub const DEFAULT_POLL_MS: u32 = 100;
+
 /// Everything the gateway needs to run.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -71,8 +77,11 @@ pub struct GatewayConfig {
     pub max_migrations: u32,
     /// Routing decisions kept for the admin decision log.
     pub decision_log_size: usize,
-    /// Load-report interval asked of workers, in milliseconds (a heartbeat when they push).
-    pub load_interval_ms: u32,
+    /// Load-report interval asked of workers, in milliseconds. Unset, it follows
+    /// `load_push_min_ms`: with pushes on, changes travel as pushes and the interval is only
+    /// the idle heartbeat ([`DEFAULT_HEARTBEAT_MS`]); with pushes off, it is how fresh the load
+    /// view is ([`DEFAULT_POLL_MS`]). See [`Self::load_interval_ms`].
+    pub load_interval_ms: Option<u32>,
     /// Workers push a load report this many milliseconds after their load changes, at most
     /// one per this many (0: reports every `load_interval_ms` only). See `docs/fleet.md`.
     pub load_push_min_ms: u32,
@@ -255,7 +264,7 @@ impl Default for GatewayConfig {
             max_retries: 2,
             max_migrations: 2,
             decision_log_size: 256,
-            load_interval_ms: 100,
+            load_interval_ms: None,
             load_push_min_ms: 5,
             subscribe_concurrency: crate::pool::subscriptions::DEFAULT_CONCURRENCY,
             unresponsive_after_ms: None,
@@ -306,7 +315,7 @@ impl GatewayConfig {
         }
         self.http.validate()?;
         self.output.validate().map_err(ConfigError::Invalid)?;
-        if self.load_push_min_ms >= self.load_interval_ms.max(1) {
+        if self.load_push_min_ms >= self.load_interval_ms().max(1) {
             return invalid(
                 "load_push_min_ms must be below load_interval_ms (or 0 to turn pushing off), or pushes would come no sooner than the interval",
             );
@@ -315,7 +324,7 @@ impl GatewayConfig {
             return invalid("subscribe_concurrency must be at least 1");
         }
         if let Some(after) = self.unresponsive_after_ms
-            && after < 2 * u64::from(self.load_interval_ms.max(1))
+            && after < 2 * u64::from(self.load_interval_ms().max(1))
         {
             return invalid(
                 "unresponsive_after_ms must be at least twice load_interval_ms, or workers flap out of routing",
@@ -392,7 +401,19 @@ impl GatewayConfig {
     pub fn unresponsive_after(&self) -> Duration {
         match self.unresponsive_after_ms {
             Some(ms) => Duration::from_millis(ms),
-            None => crate::pool::default_unresponsive_after(self.load_interval_ms),
+            None => crate::pool::default_unresponsive_after(self.load_interval_ms()),
+        }
+    }
+
+    /// The load-report interval asked of workers: the configured one, else the idle heartbeat
+    /// when workers push on change (every report an idle worker sends is a stream message
+    /// each gateway handles: 1,000 idle workers on a 100 ms interval cost a gateway ≈ 10,000
+    /// reports a second), else the polling interval.
+    pub fn load_interval_ms(&self) -> u32 {
+        match (self.load_interval_ms, self.load_push_min_ms) {
+            (Some(ms), _) => ms,
+            (None, 0) => DEFAULT_POLL_MS,
+            (None, _) => DEFAULT_HEARTBEAT_MS,
         }
     }
 
@@ -474,6 +495,10 @@ pub struct GatewayArgs {
     /// Milliseconds after a load change that workers push a report (0: every interval only).
     #[arg(long, env = "SWITCHYARD_LOAD_PUSH_MIN_MS")]
     pub load_push_min_ms: Option<u32>,
+    /// Load-report interval asked of workers, in ms (default: 1000 with pushes, the idle
+    /// heartbeat; 100 without).
+    #[arg(long, env = "SWITCHYARD_LOAD_INTERVAL_MS")]
+    pub load_interval_ms: Option<u32>,
     /// Worker streams opened at once while following the workers (at least 1).
     #[arg(long, env = "SWITCHYARD_SUBSCRIBE_CONCURRENCY")]
     pub subscribe_concurrency: Option<usize>,
@@ -614,6 +639,9 @@ impl GatewayArgs {
         }
         if let Some(v) = self.load_push_min_ms {
             config.load_push_min_ms = v;
+        }
+        if let Some(v) = self.load_interval_ms {
+            config.load_interval_ms = Some(v);
         }
         if let Some(v) = self.subscribe_concurrency {
             config.subscribe_concurrency = v;

@@ -198,6 +198,52 @@ fn load_push_comes_from_files_and_flags_and_must_beat_the_interval() {
 }
 
 #[test]
+fn the_load_interval_is_a_heartbeat_with_pushes_and_a_poll_without() {
+    let default = GatewayConfig::default();
+    assert_eq!(
+        default.load_interval_ms(),
+        1_000,
+        "pushes on: idle heartbeat"
+    );
+    assert_eq!(default.unresponsive_after(), Duration::from_secs(4));
+    let args = GatewayArgs {
+        load_push_min_ms: Some(0),
+        ..Default::default()
+    };
+    let polling = args.resolve_onto(GatewayConfig::default()).unwrap();
+    assert_eq!(
+        polling.load_interval_ms(),
+        100,
+        "pushes off: the interval is the view's age"
+    );
+    assert_eq!(polling.unresponsive_after(), Duration::from_secs(2));
+
+    // A file's or a flag's interval wins over both defaults, and is checked against the rest.
+    let file: GatewayConfig = toml::from_str("load_interval_ms = 250").unwrap();
+    file.validate().unwrap();
+    assert_eq!(file.load_interval_ms(), 250);
+    let args = GatewayArgs {
+        load_interval_ms: Some(300),
+        unresponsive_after_ms: Some(1_000),
+        ..Default::default()
+    };
+    let config = args.resolve_onto(file.clone()).unwrap();
+    assert_eq!(config.load_interval_ms(), 300);
+    let args = GatewayArgs {
+        unresponsive_after_ms: Some(1_000),
+        ..Default::default()
+    };
+    let err = args.resolve_onto(GatewayConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("unresponsive_after_ms"), "{err}");
+    let args = GatewayArgs {
+        load_interval_ms: Some(4),
+        ..Default::default()
+    };
+    let err = args.resolve_onto(file).unwrap_err();
+    assert!(err.to_string().contains("load_push_min_ms"), "{err}");
+}
+
+#[test]
 fn subscribe_concurrency_comes_from_files_and_flags_and_zero_is_refused() {
     assert_eq!(GatewayConfig::default().subscribe_concurrency, 64);
     let file: GatewayConfig = toml::from_str("subscribe_concurrency = 8").unwrap();

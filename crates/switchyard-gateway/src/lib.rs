@@ -248,7 +248,7 @@ pub async fn start(
             config.policy,
             config.policy_settings.clone(),
             config.decision_log_size,
-            config.load_interval_ms,
+            config.load_interval_ms(),
             Arc::clone(&metrics),
         )
         .map_err(|e| GatewayError::Routing(e.to_string()))?

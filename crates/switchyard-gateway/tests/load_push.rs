@@ -114,3 +114,53 @@ async fn a_load_change_is_pushed_well_before_the_interval() {
     pool.shutdown().await;
     stop.cancel();
 }
+
+/// With the default settings (pushes on) an idle worker sends its heartbeat and nothing else:
+/// no push or settle report while its load does not move. The heartbeat's default length (one
+/// a second, not ten: at 1,000 idle workers ≈ 1,000 instead of ≈ 10,000 stream messages a
+/// second into every gateway) is pinned by the config tests. The worker stays in routing all
+/// the while: its heartbeats come inside `unresponsive_after`, over a window longer than it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_sends_only_its_heartbeat_and_stays_in_routing() {
+    let stop = CancellationToken::new();
+    let info = start_worker(&stop).await;
+    let config = switchyard_gateway::config::GatewayConfig::default();
+    let interval = Duration::from_millis(u64::from(config.load_interval_ms()));
+    let pool = Arc::new(
+        WorkerPool::new(
+            PolicyKind::Kv,
+            PolicyConfig::default(),
+            8,
+            config.load_interval_ms(),
+            Arc::new(Metrics::new()),
+        )
+        .unwrap()
+        .with_unresponsive_after(config.unresponsive_after())
+        .with_load_push(config.load_push_min_ms),
+    );
+    pool.upsert_worker(info.clone());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while pool.metrics.load_reports.get() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no first report");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = pool.metrics.load_reports.get();
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(config.unresponsive_after() + interval).await;
+    let reports = pool.metrics.load_reports.get() - before;
+    let elapsed = started.elapsed();
+    // One report per interval elapsed, plus one for a heartbeat already due at the start: a
+    // slow machine only lowers the count (late heartbeats), so the bound cannot fail by load.
+    let bound = (elapsed.as_millis() / interval.as_millis()) as u64 + 1;
+    assert!(
+        reports <= bound,
+        "{reports} reports in {elapsed:?} from an idle worker, at most {bound} heartbeats of {interval:?}"
+    );
+    let worker = pool.worker(&info.id).expect("the worker");
+    assert!(
+        worker.health.is_answering(),
+        "an idle worker fell out of routing between heartbeats"
+    );
+    pool.shutdown().await;
+    stop.cancel();
+}

@@ -30,10 +30,12 @@ use crate::transport::{GrpcTransport, WorkerTransport};
 pub mod subscriber;
 pub mod subscriptions;
 
-/// A worker reports its load every `load_interval_ms`; twenty reports missed (and at least
-/// 2 s) make it unresponsive, well above a busy runtime's hiccup.
+/// A worker reports its load at least every `load_interval_ms`; four heartbeats missed (and
+/// at least 2 s, well above a busy runtime's hiccup) make it unresponsive. A worker that
+/// crashes or drops its connection is out at once (its stream breaks); this bound is for one
+/// that hangs with its connection open.
 pub fn default_unresponsive_after(load_interval_ms: u32) -> Duration {
-    Duration::from_millis(u64::from(load_interval_ms) * 20).max(Duration::from_secs(2))
+    Duration::from_millis(u64::from(load_interval_ms) * 4).max(Duration::from_secs(2))
 }
 
 /// The routing state of one model: the serving core (index, load view, policies). Its
