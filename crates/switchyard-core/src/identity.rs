@@ -75,20 +75,33 @@ impl KvIdentity {
     /// Hashes of every full block of `tokens` under this identity (exactly
     /// [`crate::block_hashes`] for the plain identity).
     pub fn block_hashes(&self, tokens: &[TokenId], block_size: BlockSize) -> Vec<BlockHash> {
+        let mut hashes = Vec::with_capacity(block_size.full_blocks(tokens.len()));
+        self.extend_block_hashes(&mut hashes, tokens, block_size);
+        hashes
+    }
+
+    /// Appends to `hashes` (the hashes of the full blocks before `tokens`, under this identity)
+    /// the hashes of the full blocks of `tokens`: a prompt's hashes extended by the tokens a
+    /// migrated attempt adds to it, without hashing the prompt again.
+    pub fn extend_block_hashes(
+        &self,
+        hashes: &mut Vec<BlockHash>,
+        tokens: &[TokenId],
+        block_size: BlockSize,
+    ) {
+        let parent = hashes.last().copied();
         if self.is_plain() {
-            return crate::block_hashes(tokens, block_size);
+            crate::hash::extend_block_hashes(hashes, parent, tokens, block_size);
+            return;
         }
         let (first, rest) = (self.block_key(true), self.block_key(false));
-        let mut parent = None;
-        tokens
-            .chunks_exact(block_size.as_usize())
-            .map(|block| {
-                let key = if parent.is_none() { first } else { rest };
-                let hash = chain_hash_keyed(parent, block, key);
-                parent = Some(hash);
-                hash
-            })
-            .collect()
+        let mut parent = parent;
+        hashes.extend(tokens.chunks_exact(block_size.as_usize()).map(|block| {
+            let key = if parent.is_none() { first } else { rest };
+            let hash = chain_hash_keyed(parent, block, key);
+            parent = Some(hash);
+            hash
+        }));
     }
 }
 
@@ -113,6 +126,29 @@ mod tests {
 
     fn id(adapter: Option<&str>, salt: Option<&str>) -> KvIdentity {
         KvIdentity::new(adapter.map(Into::into), salt.map(Into::into)).unwrap()
+    }
+
+    /// A prompt's hashes extended by later tokens are the hashes of the whole, under every
+    /// kind of identity, whatever the cut (mid-block included: only full blocks are hashed,
+    /// so the extension starts at the last full block of the first part).
+    #[test]
+    fn extending_a_prompts_hashes_equals_hashing_the_whole() {
+        let tokens: Vec<TokenId> = (0..37).collect();
+        for identity in [
+            KvIdentity::PLAIN,
+            id(Some("lora-a"), None),
+            id(None, Some("salt")),
+            id(Some("lora-a"), Some("salt")),
+        ] {
+            let whole = identity.block_hashes(&tokens, bs());
+            assert_eq!(whole.len(), 9);
+            for cut in 0..=tokens.len() {
+                let full = cut / 4 * 4;
+                let mut hashes = identity.block_hashes(&tokens[..cut], bs());
+                identity.extend_block_hashes(&mut hashes, &tokens[full..], bs());
+                assert_eq!(hashes, whole, "{identity:?} cut at {cut}");
+            }
+        }
     }
 
     #[test]

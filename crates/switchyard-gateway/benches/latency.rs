@@ -1,6 +1,7 @@
 //! Per-call percentiles of the two CPU steps before dispatch: routing (block hashing, timed
-//! apart, then `routing::route`, the gateway's own path: candidates, the KV policy over a
-//! ~100k-block index, load bookkeeping, decision log, metrics; tokenization excluded) and tokenization (builtin cl100k,
+//! apart because the request path does it with tokenization, then `routing::route`, the
+//! gateway's own path: candidates, the KV policy over a ~100k-block index, load bookkeeping,
+//! decision log, metrics; tokenization excluded) and tokenization (builtin cl100k,
 //! and Qwen3 when its tokenizer is in `${SWITCHYARD_TEST_MODELS:-~/.cache/switchyard/test-models}`).
 //! Criterion reports means; the targets are about p99, so each call is timed on its own.
 //!

@@ -219,6 +219,7 @@ async fn explain_shows_the_forced_prefill_and_the_reroute() {
 
 fn job(routes: &Arc<ModelRoutes>, mode: Disaggregation) -> GenerateJob {
     GenerateJob {
+        prompt_hashes: None,
         request_id: "r".into(),
         tags: Arc::new(crate::audit::RequestTags::new("r")),
         routes: Arc::clone(routes),

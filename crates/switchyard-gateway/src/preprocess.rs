@@ -25,6 +25,7 @@ use switchyard_tokenize::{
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::routing::{BlockNaming, PromptHashes};
 
 /// A model's tokenizer, chat template and session cache.
 #[derive(Debug)]
@@ -238,12 +239,41 @@ pub async fn encode_chat(
 ) -> Result<Vec<TokenId>, ApiError> {
     let size = chat_size(&messages, &tools);
     off_reactor(metrics, size, move || {
-        let mut request = ChatRequest::new(messages);
-        request.tools = tools;
-        let text = model.dir.render_chat(&request).map_err(tokenize_error)?;
-        encode_with(&model, &text, &sessions, max)
+        chat_tokens(&model, messages, tools, &sessions, max)
     })
     .await
+}
+
+/// [`encode_chat`], and the prompt's block hashes for routing in the same task.
+pub async fn encode_chat_named(
+    metrics: &Metrics,
+    model: Arc<ModelTokenizer>,
+    messages: Vec<ChatMessage>,
+    tools: Option<Vec<serde_json::Value>>,
+    sessions: Sessions,
+    max: usize,
+    naming: BlockNaming,
+) -> Result<(Vec<TokenId>, PromptHashes), ApiError> {
+    let size = chat_size(&messages, &tools);
+    off_reactor(metrics, size, move || {
+        let tokens = chat_tokens(&model, messages, tools, &sessions, max)?;
+        let hashes = naming.hash(&tokens);
+        Ok((tokens, hashes))
+    })
+    .await
+}
+
+fn chat_tokens(
+    model: &ModelTokenizer,
+    messages: Vec<ChatMessage>,
+    tools: Option<Vec<serde_json::Value>>,
+    sessions: &Sessions,
+    max: usize,
+) -> Result<Vec<TokenId>, ApiError> {
+    let mut request = ChatRequest::new(messages);
+    request.tools = tools;
+    let text = model.dir.render_chat(&request).map_err(tokenize_error)?;
+    encode_with(model, &text, sessions, max)
 }
 
 /// Renders a chat request as given (its own `add_generation_prompt`) and tokenizes it, outside
@@ -272,6 +302,23 @@ pub async fn encode_text(
 ) -> Result<Vec<TokenId>, ApiError> {
     off_reactor(metrics, text.len(), move || {
         encode_with(&model, &text, &sessions, max)
+    })
+    .await
+}
+
+/// [`encode_text`], and the prompt's block hashes for routing in the same task.
+pub async fn encode_text_named(
+    metrics: &Metrics,
+    model: Arc<ModelTokenizer>,
+    text: String,
+    sessions: Sessions,
+    max: usize,
+    naming: BlockNaming,
+) -> Result<(Vec<TokenId>, PromptHashes), ApiError> {
+    off_reactor(metrics, text.len(), move || {
+        let tokens = encode_with(&model, &text, &sessions, max)?;
+        let hashes = naming.hash(&tokens);
+        Ok((tokens, hashes))
     })
     .await
 }

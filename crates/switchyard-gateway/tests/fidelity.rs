@@ -298,6 +298,14 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     tags: Arc::new(switchyard_gateway::audit::RequestTags::new(id.clone())),
                     routes: Arc::clone(&routes),
                     prompt: tokens.clone(),
+                    // As the HTTP path gives them: hashed with the prompt's tokens.
+                    prompt_hashes: Some(
+                        switchyard_gateway::routing::BlockNaming {
+                            block_size: routes.block_size,
+                            identity: Default::default(),
+                        }
+                        .hash(&tokens),
+                    ),
                     sampling: switchyard_core::Sampling {
                         max_tokens,
                         temperature: Some(0.0),

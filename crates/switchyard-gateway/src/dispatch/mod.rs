@@ -47,6 +47,9 @@ pub struct GenerateJob {
     pub tags: Arc<RequestTags>,
     pub routes: Arc<ModelRoutes>,
     pub prompt: Vec<TokenId>,
+    /// The prompt's block hashes, computed with its tokens (see
+    /// [`crate::routing::PromptHashes`]); `None`: each attempt hashes its context whole.
+    pub prompt_hashes: Option<crate::routing::PromptHashes>,
     /// How to sample, validated; its `max_tokens` is the whole request's.
     pub sampling: Sampling,
     /// The adapter and cache salt the prompt's KV is named by: its blocks are hashed under
@@ -192,11 +195,13 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             mode_reason = Empty,
             prefill_worker = Empty,
         );
-        // Hashing happens here, outside the model's lock.
-        let request = routing::route_request(
+        // Outside the model's lock; only the tokens after the prompt's hashed blocks are hashed
+        // here (a migrated attempt's generated tokens).
+        let request = routing::route_request_from(
             pool,
             &job.routes,
             &context,
+            job.prompt_hashes.as_ref(),
             &job.identity,
             job.session.clone(),
         );

@@ -60,6 +60,7 @@ impl Choices {
                     }),
                     routes: Arc::clone(&p.routes),
                     prompt: prompt.tokens.clone(),
+                    prompt_hashes: Some(prompt.hashes.clone()),
                     sampling,
                     identity: p.identity.clone(),
                     retention: Arc::new(state.retention.begin(p.session.as_deref())),

@@ -35,6 +35,7 @@ use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, Sampl
 use crate::pool::ModelRoutes;
 use crate::preprocess;
 use crate::quota::QuotaPass;
+use crate::routing::{BlockNaming, PromptHashes};
 
 use super::asks::{Asks, asks_of, sampling_of};
 pub use super::prompts::PromptSource;
@@ -150,6 +151,8 @@ pub(super) fn fail(state: &AppState, kind: Kind, model: &str, err: ApiError) -> 
 /// One prompt of a request, ready to generate from.
 pub(super) struct PromptPlan {
     pub(super) tokens: Vec<TokenId>,
+    /// Its block hashes, computed with its tokens.
+    pub(super) hashes: PromptHashes,
     /// Validated, with `max_tokens` settled against the context.
     pub(super) sampling: Sampling,
     /// With `echo`: the prompt's text, which the answer starts with.
@@ -449,6 +452,7 @@ async fn serve<T: DeserializeOwned>(
         let asks = asks_of(kind, &sampling, echo, source.count())?;
         let asked = sampling.max_completion_tokens.or(sampling.max_tokens);
         sampling_of(&sampling, asked.unwrap_or(u32::MAX), asks.logprobs)?;
+        let identity = salted_identity(sampling.cache_salt.clone())?;
         let routes = model_routes(&state, &model)?;
         served_model.clone_from(&model);
         let tokenizer = state.tokenizers.for_model(&model);
@@ -478,7 +482,11 @@ async fn serve<T: DeserializeOwned>(
             .admit(flow.clone(), client, &state.metrics)
             .instrument(admission)
             .await?;
-        let prompts = tokenize(&state, &tokenizer, source, session.clone(), &routes).await?;
+        let naming = BlockNaming {
+            block_size: routes.block_size,
+            identity: identity.clone(),
+        };
+        let prompts = tokenize(&state, &tokenizer, source, session.clone(), &routes, &naming).await?;
         let model_dir = Arc::clone(&tokenizer.dir);
         let prepared = prepare(
             &state,
@@ -489,6 +497,7 @@ async fn serve<T: DeserializeOwned>(
                 model_dir,
                 routes,
                 prompts,
+                identity,
                 sampling,
                 asks,
                 session,
@@ -517,6 +526,8 @@ struct Request {
     model_dir: Arc<ModelDir>,
     routes: Arc<ModelRoutes>,
     prompts: Vec<Tokenized>,
+    /// The KV identity the prompts' blocks were hashed under (`cache_salt`).
+    identity: KvIdentity,
     sampling: SamplingFields,
     asks: Asks,
     session: Option<String>,
@@ -565,11 +576,12 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
         };
         prompts.push(PromptPlan {
             tokens: prompt.tokens,
+            hashes: prompt.hashes,
             sampling,
             echo,
         });
     }
-    let identity = salted_identity(r.sampling.cache_salt.clone())?;
+    let identity = r.identity;
     let Ids {
         request_id,
         completion_id,

@@ -13,6 +13,7 @@ use super::AppState;
 use crate::error::ApiError;
 use crate::pool::ModelRoutes;
 use crate::preprocess::{self, ModelTokenizer, Sessions};
+use crate::routing::{BlockNaming, PromptHashes};
 
 /// How a request gives its prompts: the only thing the two endpoints do differently.
 #[derive(Debug)]
@@ -37,21 +38,23 @@ impl PromptSource {
     }
 }
 
-/// A tokenized prompt, and the text it came from when the client gave text.
+/// A tokenized prompt, its block hashes, and the text it came from when the client gave text.
 pub(super) struct Tokenized {
     pub(super) tokens: Vec<TokenId>,
+    pub(super) hashes: PromptHashes,
     pub(super) text: Option<String>,
 }
 
-/// Tokenizes the request's prompts off the reactor, each within the model's context. One
-/// prompt goes through the session cache; the prompts of a batch are one-offs that would only
-/// crowd it.
+/// Tokenizes the request's prompts off the reactor, each within the model's context, and
+/// hashes their blocks as `naming` says in the same task. One prompt goes through the session
+/// cache; the prompts of a batch are one-offs that would only crowd it.
 pub(super) async fn tokenize(
     state: &AppState,
     tokenizer: &Arc<ModelTokenizer>,
     source: PromptSource,
     session: Option<String>,
     routes: &ModelRoutes,
+    naming: &BlockNaming,
 ) -> Result<Vec<Tokenized>, ApiError> {
     let max_prompt = preprocess::prompt_limit(routes.max_context_tokens);
     let track = |count: usize| {
@@ -77,32 +80,39 @@ pub(super) async fn tokenize(
                 messages, tools, ..
             } => {
                 span.record("input", "chat");
-                let tokens = preprocess::encode_chat(
+                let (tokens, hashes) = preprocess::encode_chat_named(
                     &state.metrics,
                     Arc::clone(tokenizer),
                     messages,
                     tools,
                     track(1),
                     max_prompt,
+                    naming.clone(),
                 )
                 .await?;
-                Ok(vec![Tokenized { tokens, text: None }])
+                Ok(vec![Tokenized {
+                    tokens,
+                    hashes,
+                    text: None,
+                }])
             }
             PromptSource::Texts(texts) => {
                 span.record("input", "text");
                 let sessions = track(texts.len());
                 let mut out = Vec::with_capacity(texts.len());
                 for text in texts {
-                    let tokens = preprocess::encode_text(
+                    let (tokens, hashes) = preprocess::encode_text_named(
                         &state.metrics,
                         Arc::clone(tokenizer),
                         text.clone(),
                         sessions.clone(),
                         max_prompt,
+                        naming.clone(),
                     )
                     .await?;
                     out.push(Tokenized {
                         tokens,
+                        hashes,
                         text: Some(text),
                     });
                 }
@@ -110,9 +120,14 @@ pub(super) async fn tokenize(
             }
             PromptSource::Tokens(lists) => {
                 span.record("input", "tokens");
+                // Nothing to tokenize: hashed here, as routing would have.
                 Ok(lists
                     .into_iter()
-                    .map(|tokens| Tokenized { tokens, text: None })
+                    .map(|tokens| Tokenized {
+                        hashes: naming.hash(&tokens),
+                        tokens,
+                        text: None,
+                    })
                     .collect())
             }
         }

@@ -13,8 +13,10 @@ use switchyard_router::serve::{
 use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
 
 mod candidates;
+mod prompt_hashes;
 
 pub use candidates::{Candidates, candidates, needs_prefill, prefill_candidates};
+pub use prompt_hashes::{BlockNaming, PromptHashes, route_request_from};
 
 use crate::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::metrics::PolicyLabels;

@@ -261,6 +261,14 @@ const PROMPT: [u32; 16] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16
 
 fn job(routes: &Arc<ModelRoutes>, disagg: DisaggSettings) -> GenerateJob {
     GenerateJob {
+        // As the HTTP path gives them: hashed with the prompt, extended by each migration.
+        prompt_hashes: Some(
+            crate::routing::BlockNaming {
+                block_size: routes.block_size,
+                identity: switchyard_core::KvIdentity::PLAIN,
+            }
+            .hash(&PROMPT),
+        ),
         request_id: "req".into(),
         tags: Arc::new(crate::audit::RequestTags::new("req")),
         routes: Arc::clone(routes),
