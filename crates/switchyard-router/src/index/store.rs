@@ -13,7 +13,9 @@ use crate::hasher::FxHashMap;
 pub(super) struct Scratch {
     /// The pairs the event removed, in its order.
     gone: Vec<(BlockHash, Gone)>,
-    /// Position in `gone` of each block, for events too long to search `gone` itself.
+    /// Position in `gone` of each block, for events too long to search `gone` itself; built
+    /// only when a parent is not next to its child in the list (engines list a chain tail or
+    /// head first, so most events never need it).
     at: FxHashMap<BlockHash, usize>,
 }
 
@@ -202,10 +204,7 @@ impl PrefixIndex {
                 state.order.note_removed(block);
             }
         }
-        if n > SCAN_MAX {
-            at.clear();
-            at.extend(gone.iter().enumerate().map(|(i, (b, _))| (*b, i)));
-        }
+        at.clear();
         for i in 0..n {
             let parent = gone[i].1.parent;
             if parent == BlockHash::ROOT {
@@ -217,6 +216,9 @@ impl PrefixIndex {
             } else if i > 0 && gone[i - 1].0 == parent {
                 Some(i - 1)
             } else if n > SCAN_MAX {
+                if at.is_empty() {
+                    at.extend(gone.iter().enumerate().map(|(i, (b, _))| (*b, i)));
+                }
                 at.get(&parent).copied()
             } else {
                 gone.iter().position(|(b, _)| *b == parent)
@@ -342,7 +344,7 @@ impl PrefixIndex {
     /// Sweeps stale entries out of the worker's order queue when due (see `order.rs`).
     fn maybe_sweep(&mut self, slot: u32) {
         if let Some(state) = self.workers[slot as usize].as_mut() {
-            state.order.maybe_sweep(state.live);
+            state.order.maybe_sweep(state.live, &mut self.sweep_scratch);
         }
     }
 
