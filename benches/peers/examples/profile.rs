@@ -142,6 +142,25 @@ fn replay(label: &str, r: &Replay, names: &[&str], reps: usize) {
     }
 }
 
+/// Replays a trace over `(workers, capacity)` as the bench does (see `traces::replay`).
+fn replay_trace(
+    label: &str,
+    requests: Result<Vec<Vec<u64>>, String>,
+    (workers, capacity): (usize, usize),
+    names: &[&str],
+    reps: usize,
+) {
+    match requests {
+        Ok(requests) => replay(
+            label,
+            &traces::replay(label, &requests, workers, capacity),
+            names,
+            reps,
+        ),
+        Err(e) => eprintln!("{label}: {e}"),
+    }
+}
+
 /// FxHash's multiply-rotate step, as the index's own hasher (`switchyard_router::hasher`).
 #[derive(Default, Clone, Copy)]
 struct Fx(u64);
@@ -210,25 +229,20 @@ fn main() {
         "load" => load(&names, reps, workers, pairs),
         "churn" => churn(&names, workers, pairs),
         "floor" => floor(reps),
-        "mooncake" => match traces::mooncake(&data.join("traces/mooncake/conversation_trace.jsonl"))
-        {
-            Ok(requests) => replay(
-                "mooncake",
-                &traces::replay("mooncake", &requests, 16, 4096),
-                &names,
-                reps,
-            ),
-            Err(e) => eprintln!("mooncake trace: {e}"),
-        },
-        "agent" => match traces::weka(&data.join("agentx/weka_kv_cache_tester/dev_120.jsonl.gz")) {
-            Ok(requests) => replay(
-                "agent sessions",
-                &traces::replay("agent", &requests, 8, 32768),
-                &names,
-                reps,
-            ),
-            Err(e) => eprintln!("agent sessions: {e}"),
-        },
+        "mooncake" => replay_trace(
+            "mooncake",
+            traces::mooncake(&data.join("traces/mooncake/conversation_trace.jsonl")),
+            (16, 4096),
+            &names,
+            reps,
+        ),
+        "agent" => replay_trace(
+            "agent sessions",
+            traces::weka(&data.join("agentx/weka_kv_cache_tester/dev_120.jsonl.gz")),
+            (8, 32768),
+            &names,
+            reps,
+        ),
         other => {
             eprintln!("unknown workload {other}: load, churn, agent, mooncake or floor");
             std::process::exit(64);
