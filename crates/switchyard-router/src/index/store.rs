@@ -23,6 +23,11 @@ pub(super) struct Scratch {
 /// scanning (which beats building a map for an engine's usual run of a few blocks).
 const SCAN_MAX: usize = 32;
 
+/// `Stored` chains of at least this many blocks go straight into the old block map (see
+/// `HolderMap::set_straight_to_old`); an engine's shorter stores, often evicted soon after (the
+/// churn of a busy worker), stay in the young map.
+const STRAIGHT_TO_OLD: usize = 64;
+
 /// A pair removed by the current `Removed` event.
 #[derive(Debug, Clone, Copy)]
 struct Gone {
@@ -69,6 +74,8 @@ impl PrefixIndex {
         // The parent too: its child count changes last, after the chain, and its lookup would
         // otherwise be a miss of its own.
         let known_parent = (parent != BlockHash::ROOT).then_some(parent);
+        let long = blocks.len() >= STRAIGHT_TO_OLD;
+        self.holders.set_straight_to_old(long);
         self.holders
             .warm(blocks.iter().map(|b| b.hash).chain(known_parent));
         let mut child_added = false;
@@ -76,6 +83,7 @@ impl PrefixIndex {
             let parent_i = if i == 0 { parent } else { blocks[i - 1].hash };
             child_added = self.store(slot, blocks[i].hash, bit, parent_i, u32::from(child_added));
         }
+        self.holders.set_straight_to_old(false);
         if child_added
             && parent != BlockHash::ROOT
             && !self.holders.adjust_children(parent, slot, 1)
