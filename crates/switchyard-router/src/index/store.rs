@@ -212,7 +212,7 @@ impl PrefixIndex {
                 state.order.note_removed(block);
             }
         }
-        at.clear();
+        let mut mapped = false;
         for i in 0..n {
             let parent = gone[i].1.parent;
             if parent == BlockHash::ROOT {
@@ -224,8 +224,10 @@ impl PrefixIndex {
             } else if i > 0 && gone[i - 1].0 == parent {
                 Some(i - 1)
             } else if n > SCAN_MAX {
-                if at.is_empty() {
+                if !mapped {
+                    at.clear();
                     at.extend(gone.iter().enumerate().map(|(i, (b, _))| (*b, i)));
+                    mapped = true;
                 }
                 at.get(&parent).copied()
             } else {
