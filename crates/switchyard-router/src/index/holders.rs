@@ -12,18 +12,18 @@
 //! bytes.
 //!
 //! ## Two generations
-//! Blocks are kept in two maps, each block in exactly one: a small *young* map of the blocks
-//! stored since the last promotion, and the big *old* map of every other block. A block is
-//! first stored into the young map, and the young map is moved into the old one (promoted)
-//! once it holds `old / 32` blocks (at least 64, at most 4,096; a few hundred KiB, so it stays
-//! in the caches). At a million pairs the old map is far larger than the caches, so every
-//! access to it is a cache miss; an engine's churn (a sequence stored, then evicted soon after,
-//! the steady state of a busy worker) now happens in the young map and never touches the old
-//! one but to look up, once per event and all its blocks at once, whether the blocks are there
-//! (independent lookups, whose misses overlap), and the old map's presence filter (`old.rs`)
-//! answers most of those lookups for new blocks without touching the map. Queries look in the
-//! old map first (where almost every block of a long prompt is) and in the young one only for a
-//! block the old map lacks.
+//! Blocks are kept in two maps, each block in exactly one: a small *young* map of the blocks stored
+//! since the last promotion, and the big *old* map of every other block. A block is first stored
+//! into the young map (but for the blocks of a long chain, which go straight into the old map: see
+//! `HolderMap::set_straight_to_old`), and the young map is moved into the old one (promoted) once
+//! it holds `old / 32` blocks (at least 64, at most 4,096; a few hundred KiB, so it stays in the
+//! caches). At a million pairs the old map is far larger than the caches, so every access to it is
+//! a cache miss; an engine's churn (a sequence stored, then evicted soon after, the steady state of
+//! a busy worker) now happens in the young map and never touches the old one but to look up, once
+//! per event and all its blocks at once, whether the blocks are there (independent lookups, whose
+//! misses overlap), and the old map's presence filter (`old.rs`) answers most of those lookups for
+//! new blocks without touching the map. Queries look in the old map first (where almost every block
+//! of a long prompt is) and in the young one only for a block the old map lacks.
 
 use std::collections::hash_map::{Entry as MapEntry, OccupiedEntry};
 
@@ -319,6 +319,8 @@ pub struct HolderMap {
     slab: Slab,
     /// Most blocks the young map holds before a promotion (tests make it small).
     young_max: usize,
+    /// New blocks go straight into the old map (see [`Self::set_straight_to_old`]).
+    straight_to_old: bool,
 }
 
 impl Default for HolderMap {
@@ -328,6 +330,7 @@ impl Default for HolderMap {
             old: OldMap::default(),
             slab: Slab::default(),
             young_max: YOUNG_MAX,
+            straight_to_old: false,
         }
     }
 }
@@ -345,11 +348,20 @@ impl HolderMap {
     /// stored for the first time, or one in the young map) is not looked for at all, and one found
     /// in the young map is not looked for in the old one: a removal soon after a store then costs
     /// no miss at all.
+    ///
+    /// While new blocks go straight into the old map, a block the filter proves absent is looked
+    /// for in the map all the same: that brings in the control bytes its insert will read.
     #[inline]
     pub fn warm(&self, blocks: impl Iterator<Item = BlockHash>) {
         let mut held = 0usize;
         for block in blocks {
-            if !self.old.may_hold(block) || self.young.contains_key(&block) {
+            if !self.old.may_hold(block) {
+                if self.straight_to_old {
+                    held += usize::from(self.old.touch(block));
+                }
+                continue;
+            }
+            if self.young.contains_key(&block) {
                 continue;
             }
             // A shared block's change reads its holder list too, one more miss after the
@@ -412,9 +424,14 @@ impl HolderMap {
             MapEntry::Vacant(v) => match self.old.get_mut(block) {
                 Some(e) => e,
                 None => {
-                    v.insert(Entry::single(parent, new));
-                    if self.young.len() >= self.young_limit() {
-                        self.promote();
+                    let entry = Entry::single(parent, new);
+                    if self.straight_to_old {
+                        self.old.insert_new(block, entry);
+                    } else {
+                        v.insert(entry);
+                        if self.young.len() >= self.young_limit() {
+                            self.promote();
+                        }
                     }
                     return (PairChange::Added, 0, parent);
                 }
@@ -449,6 +466,14 @@ impl HolderMap {
             self.old.note_removed();
         }
         removal
+    }
+
+    /// Sends new blocks straight into the old map (`true`) or into the young one. A long chain
+    /// (an agent's prompt tail, hundreds of blocks) is what an engine keeps until its cache
+    /// evicts it least recently used, long after the young map would have been promoted: stored
+    /// in the young map it would be inserted twice, there and then in the old map.
+    pub fn set_straight_to_old(&mut self, on: bool) {
+        self.straight_to_old = on;
     }
 
     /// Blocks the young map may hold before a promotion (see the module docs).

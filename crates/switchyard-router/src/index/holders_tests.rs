@@ -108,6 +108,8 @@ enum Op {
         tiers: u8,
         parent: u64,
         children: u32,
+        /// A new block goes straight into the old map.
+        straight: bool,
     },
     Remove {
         block: u64,
@@ -125,8 +127,8 @@ fn op() -> impl Strategy<Value = Op> {
     // Few blocks and many slots, so lists grow through several chunk classes and shrink.
     let (block, slot, tiers) = (0u64..12, 0u32..40, 1u8..16);
     prop_oneof![
-        6 => (block.clone(), slot.clone(), tiers.clone(), 0u64..3, 0u32..3).prop_map(
-            |(block, slot, tiers, parent, children)| Op::Add { block, slot, tiers, parent, children }
+        6 => (block.clone(), slot.clone(), tiers.clone(), 0u64..3, 0u32..3, proptest::bool::ANY).prop_map(
+            |(block, slot, tiers, parent, children, straight)| Op::Add { block, slot, tiers, parent, children, straight }
         ),
         4 => (block.clone(), slot.clone(), tiers).prop_map(|(block, slot, tiers)| Op::Remove { block, slot, tiers }),
         2 => (block, slot, proptest::bool::ANY).prop_map(|(block, slot, up)| Op::Adjust { block, slot, up }),
@@ -137,7 +139,8 @@ fn op() -> impl Strategy<Value = Op> {
 type Model = BTreeMap<u64, (u64, BTreeMap<u32, (u8, u32)>)>;
 
 proptest! {
-    /// Against a plain model, with a young map promoted every few blocks: every change
+    /// Against a plain model, with a young map promoted every few blocks and some new blocks
+    /// sent straight into the old map: every change
     /// answers as the model does and every block's holders read back as the model has them,
     /// whichever map and slab chunk they sit in.
     #[test]
@@ -152,7 +155,7 @@ proptest! {
         let mut model = Model::new();
         for op in &ops {
             match *op {
-                Op::Add { block, slot, tiers, parent, children } => {
+                Op::Add { block, slot, tiers, parent, children, straight } => {
                     let (holders_parent, holders) = model.entry(block).or_insert((parent, BTreeMap::new()));
                     let recorded = *holders_parent;
                     let (change, before) = match holders.get_mut(&slot) {
@@ -169,6 +172,7 @@ proptest! {
                             (PairChange::Added, 0)
                         }
                     };
+                    m.set_straight_to_old(straight);
                     let got = m.add(BlockHash(block), slot, tiers, BlockHash(parent), children);
                     prop_assert_eq!(got, (change, before, BlockHash(recorded)));
                 }

@@ -174,6 +174,8 @@ pub struct PrefixIndex {
     unjumpable: usize,
     /// Reused by each `Removed` event (see `store.rs`).
     scratch: store::Scratch,
+    /// Shared by every worker's order-queue sweeps (see `order.rs`).
+    sweep_scratch: order::SweepScratch,
     /// The slot of the worker of the last event or snapshot (see `slot_for`); possibly freed
     /// since, which `slot_for` notices.
     last_slot: u32,
@@ -193,6 +195,7 @@ impl PrefixIndex {
             stale: 0,
             unjumpable: 0,
             scratch: store::Scratch::default(),
+            sweep_scratch: order::SweepScratch::default(),
             last_slot: 0,
         }
     }
@@ -352,6 +355,7 @@ impl PrefixIndex {
             .map(|w| w.order.heap_bytes())
             .sum();
         self.holders.heap_bytes()
+            + self.sweep_scratch.heap_bytes()
             + order
             + self.workers.capacity() * std::mem::size_of::<Option<WorkerState>>()
     }

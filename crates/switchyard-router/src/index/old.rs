@@ -102,6 +102,25 @@ impl<V> OldMap<V> {
         }
     }
 
+    /// Looks the block up in the map without asking the filter, for its control bytes (see
+    /// `HolderMap::warm`).
+    #[inline]
+    pub fn touch(&self, block: BlockHash) -> bool {
+        self.map.contains_key(&block)
+    }
+
+    /// Inserts a block that is in neither map; its filter bit is set (the whole filter is rebuilt
+    /// when the insert resized the map).
+    pub fn insert_new(&mut self, block: BlockHash, v: V) {
+        let before = self.map.insert(block, v);
+        debug_assert!(before.is_none(), "{block} was in the old map already");
+        if self.wanted_log2() == self.bits_log2 {
+            mark(&mut self.bits, bit(block, self.bits_log2));
+        } else {
+            self.rebuild();
+        }
+    }
+
     /// Counts a removal; rebuilds the filter once they reach half the map.
     pub fn note_removed(&mut self) {
         self.stale += 1;

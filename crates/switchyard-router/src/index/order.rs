@@ -17,6 +17,17 @@ use switchyard_core::BlockHash;
 
 use crate::hasher::FxHashMap;
 
+/// Scratch space of [`InsertionOrder::maybe_sweep`].
+#[derive(Debug, Default)]
+pub(super) struct SweepScratch(FxHashMap<BlockHash, u64>);
+
+impl SweepScratch {
+    pub fn heap_bytes(&self) -> usize {
+        super::holders::buckets_for(self.0.capacity())
+            * (std::mem::size_of::<(BlockHash, u64)>() + 1)
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct InsertionOrder {
     queue: VecDeque<BlockHash>,
@@ -66,12 +77,17 @@ impl InsertionOrder {
     /// the worker's `live` pairs (plus a little, so tiny workers do not sweep on every event).
     /// The queue then never holds more than `1.5 · live + 64` entries, nor the log more than
     /// `live / 2 + 64`.
-    pub fn maybe_sweep(&mut self, live: usize) {
+    ///
+    /// `gone` is scratch space, shared by every worker's sweeps and kept between them: a table
+    /// allocated afresh for each sweep cost more than the sweep's own work (every insert a first
+    /// touch of a new page), and one kept per worker would cost memory per worker.
+    pub fn maybe_sweep(&mut self, live: usize, gone: &mut SweepScratch) {
         if self.removed.len() <= live / 2 + 64 {
             return;
         }
         // The last position at which each block was removed.
-        let mut gone: FxHashMap<BlockHash, u64> = FxHashMap::default();
+        let gone = &mut gone.0;
+        gone.clear();
         gone.reserve(self.removed.len());
         for &(block, at) in &self.removed {
             let last = gone.entry(block).or_insert(at);
@@ -159,11 +175,11 @@ mod tests {
         order.note_removed(BlockHash(7));
         assert_eq!((order.len(), order.removed.len()), (8, 2));
         order.push(BlockHash(0));
-        order.maybe_sweep(0);
+        order.maybe_sweep(0, &mut SweepScratch::default());
         order
             .removed
             .extend((0..70).map(|_| (BlockHash(u64::MAX), 0)));
-        order.maybe_sweep(7);
+        order.maybe_sweep(7, &mut SweepScratch::default());
         let left: Vec<u64> = order.iter().map(|b| b.0).collect();
         assert_eq!(left, vec![1, 2, 3, 4, 5, 6, 0]);
     }
@@ -177,6 +193,8 @@ mod tests {
             steps in proptest::collection::vec(step(), 0..300)
         ) {
             let mut order = InsertionOrder::default();
+            // Kept across sweeps, as the index keeps it.
+            let mut scratch = SweepScratch::default();
             // The worker's blocks, in the order they were added.
             let mut held: Vec<u64> = Vec::new();
             for s in &steps {
@@ -200,7 +218,7 @@ mod tests {
                     }
                     Step::Add(_) | Step::Remove(_) => {}
                 }
-                order.maybe_sweep(held.len());
+                order.maybe_sweep(held.len(), &mut scratch);
                 prop_assert!(order.iter().count() <= held.len() + held.len() / 2 + 64);
                 prop_assert!(order.removed.len() <= held.len() / 2 + 65);
                 let queued: BTreeSet<u64> = order.iter().map(|b| b.0).collect();
@@ -211,7 +229,7 @@ mod tests {
             for _ in 0..=live / 2 + 64 {
                 order.removed.push((BlockHash(u64::MAX), 0));
             }
-            order.maybe_sweep(live);
+            order.maybe_sweep(live, &mut scratch);
             let left: Vec<u64> = order.iter().map(|b| b.0).collect();
             prop_assert_eq!(left, held);
         }

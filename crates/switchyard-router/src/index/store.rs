@@ -13,13 +13,20 @@ use crate::hasher::FxHashMap;
 pub(super) struct Scratch {
     /// The pairs the event removed, in its order.
     gone: Vec<(BlockHash, Gone)>,
-    /// Position in `gone` of each block, for events too long to search `gone` itself.
+    /// Position in `gone` of each block, for events too long to search `gone` itself; built
+    /// only when a parent is not next to its child in the list (engines list a chain tail or
+    /// head first, so most events never need it).
     at: FxHashMap<BlockHash, usize>,
 }
 
 /// Events removing more pairs than this find a removed parent through a map, shorter ones by
 /// scanning (which beats building a map for an engine's usual run of a few blocks).
 const SCAN_MAX: usize = 32;
+
+/// `Stored` chains of at least this many blocks go straight into the old block map (see
+/// `HolderMap::set_straight_to_old`); an engine's shorter stores, often evicted soon after (the
+/// churn of a busy worker), stay in the young map.
+const STRAIGHT_TO_OLD: usize = 64;
 
 /// A pair removed by the current `Removed` event.
 #[derive(Debug, Clone, Copy)]
@@ -67,6 +74,8 @@ impl PrefixIndex {
         // The parent too: its child count changes last, after the chain, and its lookup would
         // otherwise be a miss of its own.
         let known_parent = (parent != BlockHash::ROOT).then_some(parent);
+        let long = blocks.len() >= STRAIGHT_TO_OLD;
+        self.holders.set_straight_to_old(long);
         self.holders
             .warm(blocks.iter().map(|b| b.hash).chain(known_parent));
         let mut child_added = false;
@@ -74,6 +83,7 @@ impl PrefixIndex {
             let parent_i = if i == 0 { parent } else { blocks[i - 1].hash };
             child_added = self.store(slot, blocks[i].hash, bit, parent_i, u32::from(child_added));
         }
+        self.holders.set_straight_to_old(false);
         if child_added
             && parent != BlockHash::ROOT
             && !self.holders.adjust_children(parent, slot, 1)
@@ -202,10 +212,7 @@ impl PrefixIndex {
                 state.order.note_removed(block);
             }
         }
-        if n > SCAN_MAX {
-            at.clear();
-            at.extend(gone.iter().enumerate().map(|(i, (b, _))| (*b, i)));
-        }
+        let mut mapped = false;
         for i in 0..n {
             let parent = gone[i].1.parent;
             if parent == BlockHash::ROOT {
@@ -217,6 +224,11 @@ impl PrefixIndex {
             } else if i > 0 && gone[i - 1].0 == parent {
                 Some(i - 1)
             } else if n > SCAN_MAX {
+                if !mapped {
+                    at.clear();
+                    at.extend(gone.iter().enumerate().map(|(i, (b, _))| (*b, i)));
+                    mapped = true;
+                }
                 at.get(&parent).copied()
             } else {
                 gone.iter().position(|(b, _)| *b == parent)
@@ -342,7 +354,7 @@ impl PrefixIndex {
     /// Sweeps stale entries out of the worker's order queue when due (see `order.rs`).
     fn maybe_sweep(&mut self, slot: u32) {
         if let Some(state) = self.workers[slot as usize].as_mut() {
-            state.order.maybe_sweep(state.live);
+            state.order.maybe_sweep(state.live, &mut self.sweep_scratch);
         }
     }
 
