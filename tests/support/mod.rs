@@ -262,15 +262,21 @@ impl Api {
     }
 
     pub async fn metric(&self, name: &str) -> f64 {
+        self.try_metric(name).await.expect("metrics")
+    }
+
+    /// [`Self::metric`], or `None` when the scrape fails (a gateway at its connection cap
+    /// refuses the scrape's connection until it notices closed ones).
+    pub async fn try_metric(&self, name: &str) -> Option<f64> {
         let text = self
             .http
             .get(format!("{}/metrics", self.base))
             .send()
             .await
-            .expect("metrics")
+            .ok()?
             .text()
             .await
-            .expect("text");
+            .ok()?;
         // `name` is a series selector, `metric` or `metric{label="value",...}`: the sum of every
         // series whose name starts with the metric's (a counter's `_total` included) and whose
         // labels include the selector's.
@@ -284,7 +290,8 @@ impl Api {
                     && selector.labels.iter().all(|(k, v)| s.label(k) == Some(v))
             })
             .map(|s| s.value)
-            .sum()
+            .sum::<f64>()
+            .into()
     }
 }
 
