@@ -45,6 +45,8 @@ type FxMap<K, V> = rustc_hash::FxHashMap<K, V>;
 struct Pair {
     parent: u64,
     children: u32,
+    /// The block is (or was) in `roots` with this worker as a holder.
+    in_roots: bool,
 }
 
 #[derive(Default)]
@@ -55,8 +57,14 @@ struct PerWorker {
     order: Vec<VecDeque<u64>>,
     /// Per worker: a block was stored under a parent it does not hold.
     broken: Vec<bool>,
-    /// Blocks stored at the root -> the workers holding them.
+    /// Blocks stored at the root -> the workers holding them (sorted); with `shared`, also
+    /// every other block found held by two workers or more.
     roots: FxMap<u64, Vec<u32>>,
+    /// Keep blocks that two workers hold in `roots` as well, found through their parents (see
+    /// `find_shared`).
+    shared: bool,
+    /// Scratch: the blocks a store added.
+    added: Vec<(u64, u64)>,
 }
 
 impl PerWorker {
@@ -71,15 +79,20 @@ impl PerWorker {
         match &ev.op {
             Op::Store { parent, blocks } => {
                 let mut prev = parent.unwrap_or(0);
+                self.added.clear();
                 for b in blocks {
                     if let std::collections::hash_map::Entry::Vacant(v) = map.entry(b.seq) {
                         v.insert(Pair {
                             parent: prev,
                             children: 0,
+                            in_roots: prev == 0,
                         });
                         self.order[w].push_back(b.seq);
+                        self.added.push((b.seq, prev));
                         if prev == 0 {
-                            self.roots.entry(b.seq).or_default().push(ev.worker);
+                            let h = self.roots.entry(b.seq).or_default();
+                            let at = h.partition_point(|&x| x < ev.worker);
+                            h.insert(at, ev.worker);
                         } else {
                             match map.get_mut(&prev) {
                                 Some(p) => p.children += 1,
@@ -88,6 +101,9 @@ impl PerWorker {
                         }
                     }
                     prev = b.seq;
+                }
+                if self.shared {
+                    self.find_shared(ev.worker);
                 }
             }
             Op::Remove { seqs } => {
@@ -98,15 +114,71 @@ impl PerWorker {
                     if pair.children > 0 {
                         self.broken[w] = true;
                     }
-                    if pair.parent == 0 {
-                        if let Some(h) = self.roots.get_mut(s) {
-                            h.retain(|&x| x != ev.worker);
-                        }
-                    } else if let Some(p) = map.get_mut(&pair.parent) {
+                    if pair.parent != 0
+                        && let Some(p) = map.get_mut(&pair.parent)
+                    {
                         p.children -= 1;
+                    }
+                    if pair.in_roots
+                        && let Some(h) = self.roots.get_mut(s)
+                    {
+                        h.retain(|&x| x != ev.worker);
+                        // A block held by one worker stays only if it is a first block.
+                        if h.is_empty() || (h.len() == 1 && pair.parent != 0) {
+                            self.roots.remove(s);
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// After `w` stored the blocks in `added` (head first): a block already in `roots` gains `w`
+    /// as a holder; another is held by some other closed worker only if that worker holds its
+    /// parent too, so it is looked for only in the maps of the parent's other holders (it is in
+    /// at most one of them, or it would be in `roots` already), and only while the parent is in
+    /// `roots`; the first block found in no other map ends the search (its descendants cannot
+    /// be shared either). A chain of a worker's own costs one lookup.
+    fn find_shared(&mut self, w: u32) {
+        for i in 0..self.added.len() {
+            let (block, parent) = self.added[i];
+            if parent == 0 {
+                continue;
+            }
+            if let Some(h) = self.roots.get_mut(&block) {
+                // Shared already: `w` joins.
+                let at = h.partition_point(|&x| x < w);
+                h.insert(at, w);
+                self.mark_in_roots(w, block);
+                continue;
+            }
+            let Some(holders) = self.roots.get(&parent) else {
+                return;
+            };
+            // Not yet shared, so at most one other worker holds it.
+            let Some(other) = holders
+                .iter()
+                .copied()
+                .find(|&x| x != w && self.blocks[x as usize].contains_key(&block))
+            else {
+                return;
+            };
+            self.roots.insert(
+                block,
+                if other < w {
+                    vec![other, w]
+                } else {
+                    vec![w, other]
+                },
+            );
+            self.mark_in_roots(w, block);
+            self.mark_in_roots(other, block);
+        }
+    }
+
+    fn mark_in_roots(&mut self, w: u32, block: u64) {
+        if let Some(p) = self.blocks[w as usize].get_mut(&block) {
+            p.in_roots = true;
         }
     }
 
@@ -197,6 +269,16 @@ fn replay(r: &Replay, reps: usize) {
     };
     let seqs: Vec<Vec<u64>> = r.steps.iter().map(|s| s.query.seqs()).collect();
     for _ in 0..reps {
+        let mut with_shared = PerWorker {
+            shared: true,
+            ..PerWorker::default()
+        };
+        let t = Instant::now();
+        for ev in r.steps.iter().flat_map(|s| &s.events) {
+            with_shared.apply(ev);
+        }
+        let shared_rate = ops / t.elapsed().as_secs_f64() / 1e6;
+        drop(with_shared);
         let mut proto = PerWorker::default();
         let (mut apply, mut queries) = (Duration::ZERO, Vec::new());
         for (step, q) in r.steps.iter().zip(&seqs) {
@@ -211,7 +293,8 @@ fn replay(r: &Replay, reps: usize) {
             apply += t.elapsed();
         }
         let mut line = vec![format!(
-            "{}: apply M/s, overlap p50 / p99 µs: prototype {:.2}, {}",
+            "{}: apply M/s, overlap p50 / p99 µs: prototype {:.2}, {} (apply with shared \
+             blocks {shared_rate:.2})",
             r.name,
             ops / apply.as_secs_f64() / 1e6,
             us(&mut queries)
@@ -284,6 +367,16 @@ fn main() {
         .collect();
     for _ in 0..reps {
         let t = Instant::now();
+        let mut with_shared = PerWorker {
+            shared: true,
+            ..PerWorker::default()
+        };
+        for ev in &events {
+            with_shared.apply(ev);
+        }
+        let shared_rate = ops as f64 / t.elapsed().as_secs_f64() / 1e6;
+        drop(with_shared);
+        let t = Instant::now();
         let mut proto = PerWorker::default();
         for ev in &events {
             proto.apply(ev);
@@ -299,7 +392,8 @@ fn main() {
             rates.push(ops as f64 / took.as_secs_f64() / 1e6);
         }
         println!(
-            "load M/s: per-worker prototype {proto_rate:.2}, switchyard {:.2}, radix_tree {:.2}",
+            "load M/s: per-worker prototype {proto_rate:.2}, with shared blocks \
+             {shared_rate:.2}, switchyard {:.2}, radix_tree {:.2}",
             rates[0], rates[1]
         );
         for (q, &n) in queries.iter().zip(&lens) {
