@@ -5,13 +5,15 @@
 //! cargo build --release --example profile
 //! target/release/examples/profile load switchyard,radix_tree 3 64    # 1M pairs over 64 workers
 //! target/release/examples/profile churn switchyard,radix_tree 1 64   # load, then 100 churn rounds
+//! target/release/examples/profile churn switchyard 1 64 1048576 1500  # 1,500 rounds, for perf
 //! target/release/examples/profile agent switchyard,radix_tree 3      # the agent-session replay
 //! target/release/examples/profile mooncake switchyard 3              # the Mooncake replay
 //! target/release/examples/profile floor - 3                          # hash-map insert floors
 //! ```
 //!
 //! Arguments: workload, contenders (comma-separated name parts, as `only=` in the bench),
-//! repetitions, workers (synthetic only), pairs (synthetic only). Each line gives the contender's
+//! repetitions, workers (synthetic only), pairs (synthetic only), timed rounds (churn only:
+//! 100, as the bench; more for `perf record`). Each line gives the contender's
 //! figure as the bench computes it (time inside the index) and the thread's CPU time for the
 //! whole repetition (from `/proc/thread-self/schedstat`; conversions included), which a
 //! descheduled process does not inflate: on a shared machine, compare two builds by the lowest
@@ -87,7 +89,7 @@ fn load(names: &[&str], reps: usize, workers: usize, pairs: usize) {
     }
 }
 
-fn churn(names: &[&str], workers: usize, pairs: usize) {
+fn churn(names: &[&str], workers: usize, pairs: usize, rounds: usize) {
     let spec = spec(workers, pairs);
     let chunks = chunks(&spec);
     let batch = spec.churn(1024);
@@ -103,7 +105,7 @@ fn churn(names: &[&str], workers: usize, pairs: usize) {
     }
     // As the bench: 20 untimed rounds, the median of 100, contenders interleaved.
     let mut samples = vec![Vec::new(); line.len()];
-    for round in 0..120 {
+    for round in 0..20 + rounds {
         for (i, (_, c)) in line.iter_mut().enumerate() {
             let took = c.apply(&batch);
             if round >= 20 {
@@ -227,7 +229,12 @@ fn main() {
     let data = traces::data_dir();
     match arg(1).unwrap_or("load") {
         "load" => load(&names, reps, workers, pairs),
-        "churn" => churn(&names, workers, pairs),
+        "churn" => churn(
+            &names,
+            workers,
+            pairs,
+            arg(6).and_then(|s| s.parse().ok()).unwrap_or(100),
+        ),
         "floor" => floor(reps),
         "mooncake" => replay_trace(
             "mooncake",
