@@ -448,6 +448,7 @@ async fn a_hugging_face_tokenizer_and_chat_template_serve_the_api() {
     let up = Launch::up(1)
         .arg("--speedup", "50")
         .arg("--tokenizer", &dir)
+        .arg("--max-context", "131072")
         .start()
         .await;
     let api = Api::new(&up);
@@ -470,6 +471,48 @@ async fn a_hugging_face_tokenizer_and_chat_template_serve_the_api() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["usage"]["prompt_tokens"], 26, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 8);
+
+    // A long fresh prompt (≥ 64 KiB) with nothing else tokenizing: cut over the free cores (on
+    // one core, taken whole), and the count equals one pass's (explain tokenizes it whole).
+    let long: String = (0..1_500)
+        .map(|i| {
+            format!(
+                "Line {i}: the parser reads `fn item_{i}()` — 解析 {}.\n",
+                i * 7
+            )
+        })
+        .collect();
+    assert!(long.len() > 80_000);
+    let messages = json!([{"role": "user", "content": long}]);
+    let (status, body) = api
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "sim-8b", "messages": messages, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, full) = api
+        .post(
+            "/admin/explain",
+            &json!({"model": "sim-8b", "messages": messages}),
+        )
+        .await;
+    assert_eq!(status, 200, "{full}");
+    assert_eq!(body["usage"]["prompt_tokens"], full["prompt_tokens"]);
+    let split = api
+        .metric("switchyard_tokenizer_long_texts_total{how=\"split\"}")
+        .await;
+    let whole = api
+        .metric("switchyard_tokenizer_long_texts_total{how=\"whole\"}")
+        .await;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    assert_eq!(
+        (split, whole),
+        (
+            f64::from(u8::from(cores > 1)),
+            f64::from(u8::from(cores == 1))
+        )
+    );
 }
 
 /// On the simulator, the same seed and prompt give the same tokens on any worker, and greedy

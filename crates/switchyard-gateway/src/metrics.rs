@@ -35,6 +35,12 @@ pub struct PrefixLookupLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LongTextLabels {
+    /// `split` (cut over free cores) or `whole` (one pass: every core was busy).
+    pub how: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SessionTurnLabels {
     /// `incremental` (reused an earlier turn's tokens) or `full`.
     pub tokenization: &'static str,
@@ -110,6 +116,9 @@ pub struct Metrics {
     pub prefix_bytes: Gauge,
     pub prefix_segments: Gauge,
     pub tokenized_bytes: Counter,
+    /// Long texts cut over free cores or taken whole, and the cores counted busy now.
+    pub long_texts: Family<LongTextLabels, Counter>,
+    pub tokenizer_cores_busy: Gauge,
     /// HTTP connections open, refused over the cap, and closed for a timeout (header or idle).
     pub connections_open: Gauge,
     pub connections_refused: Counter,
@@ -123,6 +132,8 @@ pub struct Metrics {
     session_exported: std::sync::Mutex<switchyard_tokenize::SessionStats>,
     /// Likewise for the prefix cache.
     prefix_exported: parking_lot::Mutex<switchyard_tokenize::PrefixStats>,
+    /// Likewise for the core budget's counts (split, whole).
+    long_texts_exported: parking_lot::Mutex<(u64, u64)>,
     pub worker_queued_prefill_tokens: Family<WorkerLabels, Gauge>,
     pub worker_running_requests: Family<WorkerLabels, Gauge>,
     pub worker_active_blocks: Family<WorkerLabels, Gauge>,
@@ -195,6 +206,8 @@ impl Metrics {
             prefix_bytes: Gauge::default(),
             prefix_segments: Gauge::default(),
             tokenized_bytes: Counter::default(),
+            long_texts: Family::default(),
+            tokenizer_cores_busy: Gauge::default(),
             connections_open: Gauge::default(),
             connections_refused: Counter::default(),
             connections_timed_out: Counter::default(),
@@ -203,6 +216,7 @@ impl Metrics {
             unresponsive_cuts: Counter::default(),
             session_exported: std::sync::Mutex::default(),
             prefix_exported: parking_lot::Mutex::default(),
+            long_texts_exported: parking_lot::Mutex::default(),
             worker_queued_prefill_tokens: Family::default(),
             worker_running_requests: Family::default(),
             worker_active_blocks: Family::default(),
@@ -404,6 +418,17 @@ impl Metrics {
             m.prefix_segments.clone(),
         );
         registry.register(
+            "tokenizer_long_texts",
+            "Texts long enough to cut: cut over free cores (split) or taken in one pass since \
+             every core was busy (whole)",
+            m.long_texts.clone(),
+        );
+        registry.register(
+            "tokenizer_cores_busy",
+            "Threads counted as tokenizing a long text now (against the process's cores)",
+            m.tokenizer_cores_busy.clone(),
+        );
+        registry.register(
             "tokenizer_tokenized_bytes",
             "Prompt bytes run through a tokenizer (an over-long prompt stops early)",
             m.tokenized_bytes.clone(),
@@ -528,6 +553,21 @@ impl Metrics {
         self.prefix_evictions
             .inc_by(stats.evictions.saturating_sub(last.evictions));
         *last = stats;
+    }
+
+    /// The process's tokenization core budget (see `switchyard_tokenize::CoreBudget`).
+    pub fn observe_cores(&self, budget: &switchyard_tokenize::CoreBudget) {
+        self.tokenizer_cores_busy.set(budget.busy() as i64);
+        let now = (budget.split_texts(), budget.whole_for_busy_cores());
+        let mut last = self.long_texts_exported.lock();
+        let how = |how| LongTextLabels { how };
+        self.long_texts
+            .get_or_create(&how("split"))
+            .inc_by(now.0.saturating_sub(last.0));
+        self.long_texts
+            .get_or_create(&how("whole"))
+            .inc_by(now.1.saturating_sub(last.1));
+        *last = now;
     }
 
     /// Forgets a departed worker's labelled series.

@@ -1,8 +1,10 @@
 //! Long prompts through the fast path alone: tokens per second of one core on prose, code and
 //! CJK at 36k and 128k tokens (CPU time of the encoding thread, as `fast_tokenize`, with the
-//! Hugging Face pipeline's CPU time on the same text for the ratio), and the
-//! wall time of a fresh prompt of that size in one pass against the session tokenizer's
-//! parallel path (pieces on tokio's blocking pool, one per core), median of 9 each.
+//! Hugging Face pipeline's CPU time on the same text for the ratio), and a fresh prompt of that
+//! size through the session tokenizer as the gateway runs it (on tokio's blocking pool): in one
+//! pass (every core of the process's `CoreBudget` held busy, as under load) against cut over the
+//! free cores (nothing else tokenizing): wall time, median of 9, and the whole process's CPU
+//! time per call, so the cost of the hand-off shows next to the gain.
 //!
 //! `cargo bench -p switchyard-tokenize --bench long_prompt` (Qwen3 from
 //! `fetch-test-models.sh`). The ids are asserted equal to the Hugging Face pipeline's once per
@@ -14,11 +16,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchyard_tokenize::{SessionConfig, SessionTokenizer, Tokenizer};
+use switchyard_tokenize::{CoreBudget, SessionConfig, SessionTokenizer, Tokenizer};
 
 mod texts;
 
-use texts::{cjk_text, cpu_per_call, cut, qwen3_json, read_tree};
+use texts::{cjk_text, cpu_per_call, cut, process_cpu_per_call, qwen3_json, read_tree};
 
 const SIZES: [usize; 2] = [36_000, 128_000];
 const WALL_RUNS: usize = 9;
@@ -51,9 +53,10 @@ fn main() {
     let only = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
 
     println!(
-        "| text | tokens | bytes | HF CPU ms | CPU ms | M tok/s per core | fast / HF | one pass wall ms | parallel wall ms | one pass / parallel |"
+        "| text | tokens | bytes | HF CPU ms | CPU ms | M tok/s per core | fast / HF | one pass wall ms | cut wall ms | one pass / cut | one pass CPU ms | cut CPU ms | was cut |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let budget = CoreBudget::process();
     for (kind, corpus) in [("prose", &prose), ("code", &code), ("CJK", &cjk)] {
         if only.as_deref().is_some_and(|o| o != kind) {
             continue;
@@ -68,17 +71,9 @@ fn main() {
             );
             let t = cpu_per_call(|| drop(std::hint::black_box(fast.encode(&text).unwrap())));
             let t_hf = cpu_per_call(|| drop(std::hint::black_box(hf.encode(&text).unwrap())));
-            let serial = median_wall(|| drop(std::hint::black_box(fast.encode(&text).unwrap())));
             let shared = Arc::new(text.clone());
-            let sessions = SessionTokenizer::new(Arc::clone(&fast), SessionConfig::default());
-            let text_once = Arc::clone(&shared);
-            let once = runtime
-                .block_on(runtime.spawn_blocking(move || sessions.encode(None, &text_once)))
-                .unwrap()
-                .unwrap();
-            assert_eq!(once, want, "{kind} {size}: parallel differs");
-            let parallel = median_wall(|| {
-                // A fresh session tokenizer each time: the prompt is new, nothing to reuse.
+            // A fresh session tokenizer each time: the prompt is new, nothing to reuse.
+            let fresh = || {
                 let sessions = SessionTokenizer::new(
                     Arc::clone(&fast),
                     SessionConfig {
@@ -87,24 +82,44 @@ fn main() {
                     },
                 );
                 let text = Arc::clone(&shared);
-                let ids = runtime
+                runtime
                     .block_on(runtime.spawn_blocking(move || sessions.encode(None, &text)))
                     .unwrap()
-                    .unwrap();
-                assert_eq!(ids.len(), want.len());
-            });
+                    .unwrap()
+            };
+            let split_before = budget.split_texts();
+            assert_eq!(fresh(), want, "{kind} {size}: cut differs");
+            let pieces_used = budget.split_texts() > split_before;
+            let cut_wall = median_wall(|| assert_eq!(fresh().len(), want.len()));
+            let cut_cpu = process_cpu_per_call(|| assert_eq!(fresh().len(), want.len()));
+            let (one_wall, one_cpu) = {
+                let _all_busy: Vec<_> = (0..budget.capacity()).map(|_| budget.occupy()).collect();
+                let whole_before = budget.whole_for_busy_cores();
+                assert_eq!(fresh(), want, "{kind} {size}: one pass differs");
+                assert!(
+                    budget.whole_for_busy_cores() > whole_before || !pieces_used,
+                    "held cores did not stop the cut"
+                );
+                (
+                    median_wall(|| assert_eq!(fresh().len(), want.len())),
+                    process_cpu_per_call(|| assert_eq!(fresh().len(), want.len())),
+                )
+            };
             let ms = |t: Duration| t.as_secs_f64() * 1e3;
             println!(
-                "| {kind} | {} | {} | {:.1} | {:.2} | {:.1} | {:.0}× | {:.2} | {:.2} | {:.2}× |",
+                "| {kind} | {} | {} | {:.1} | {:.2} | {:.1} | {:.0}× | {:.2} | {:.2} | {:.2}× | {:.2} | {:.2} | {} |",
                 want.len(),
                 text.len(),
                 ms(t_hf),
                 ms(t),
                 want.len() as f64 / t.as_secs_f64() / 1e6,
                 t_hf.as_secs_f64() / t.as_secs_f64(),
-                ms(serial),
-                ms(parallel),
-                serial.as_secs_f64() / parallel.as_secs_f64(),
+                ms(one_wall),
+                ms(cut_wall),
+                one_wall.as_secs_f64() / cut_wall.as_secs_f64(),
+                ms(one_cpu),
+                ms(cut_cpu),
+                if pieces_used { "yes" } else { "no" },
             );
         }
     }

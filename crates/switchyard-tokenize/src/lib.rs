@@ -19,7 +19,8 @@
 //!   tokenized, and the result always equals a full tokenization.
 //! - `parallel`: one long text cut at clean splits (the seams of [`session`]) and its pieces
 //!   tokenized at once on tokio's blocking pool, identical to one pass; the session tokenizer
-//!   uses it for long fresh prompts and long new tails.
+//!   uses it for long fresh prompts and long new tails, with one piece per core no other
+//!   long tokenization of the process is using ([`CoreBudget`]).
 //! - [`prefix`]: [`PrefixCache`], openings of prompts (system prompts, tool definitions)
 //!   tokenized once and reused by every request that starts with them, whatever its session;
 //!   the session tokenizer consults it for turns with no earlier turn of their own.
@@ -48,6 +49,7 @@ pub use decode::IncrementalDecoder;
 pub use error::{Fault, TokenizeError};
 pub use model_dir::ModelDir;
 pub use output::{OutputEvent, OutputParser, ReasoningFormat, ToolCall, ToolCallFormat};
+pub use parallel::{CoreBudget, Occupied};
 pub use prefix::{PrefixCache, PrefixStats};
 pub use preprocess::{EncodedPrompt, Preprocessor};
 pub use session::{

@@ -6,8 +6,19 @@
 //! tail of a turn. Without a tokio runtime, with one core, for a tokenizer that allows no
 //! seam, or for a text that probably exceeds the caller's token limit (where the chunked
 //! serial path stops early), the text is tokenized in one pass as before.
+//!
+//! ## Only on idle cores
+//! Cutting a text pays only when its pieces really run at once: on a core another tokenization
+//! is using, a piece waits for it and the hand-off is pure cost (measured: 0.4–0.97× of one
+//! pass on a 2-core host with the other core busy). So the pieces are counted against a
+//! [`CoreBudget`], the process's cores (`available_parallelism`, which follows a cgroup CPU
+//! limit): a long tokenization counts its own thread while it runs, and takes one helper per
+//! core nobody counted is using. A gateway under load has every core counted by its own
+//! long prompts and tokenizes each in one pass; one long prompt on an otherwise idle gateway
+//! gets every core. What the budget cannot see is other processes on the host, and
+//! tokenizations too short to cut (under 64 KiB of text, about a millisecond).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 
@@ -24,6 +35,122 @@ pub(crate) const MIN_PIECE_BYTES: usize = 32 << 10;
 /// Texts with more than this many bytes per allowed token are taken serially, chunk by chunk,
 /// so an over-long prompt is refused after tokenizing little of it. Real text averages 3–5.
 const LIKELY_FITS_BYTES_PER_TOKEN: usize = 8;
+
+/// The cores long tokenizations may use, and how many of them are in use now.
+#[derive(Debug)]
+pub struct CoreBudget {
+    capacity: usize,
+    busy: AtomicUsize,
+    /// Long texts cut into pieces, and those taken in one pass since every core was busy.
+    split: AtomicU64,
+    whole_busy: AtomicU64,
+}
+
+/// Threads counted against a [`CoreBudget`]; released when dropped.
+#[derive(Debug)]
+#[must_use = "the threads count as busy only while this is held"]
+pub struct Occupied<'a> {
+    budget: &'a CoreBudget,
+    threads: usize,
+}
+
+impl CoreBudget {
+    pub const fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            busy: AtomicUsize::new(0),
+            split: AtomicU64::new(0),
+            whole_busy: AtomicU64::new(0),
+        }
+    }
+
+    /// The process's budget: one core per `available_parallelism`, shared by every tokenizer.
+    pub fn process() -> &'static CoreBudget {
+        static BUDGET: OnceLock<CoreBudget> = OnceLock::new();
+        BUDGET.get_or_init(|| {
+            CoreBudget::new(std::thread::available_parallelism().map_or(1, Into::into))
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Threads counted now.
+    pub fn busy(&self) -> usize {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Long texts cut into pieces so far.
+    pub fn split_texts(&self) -> u64 {
+        self.split.load(Ordering::Relaxed)
+    }
+
+    /// Long texts taken in one pass because no core was free.
+    pub fn whole_for_busy_cores(&self) -> u64 {
+        self.whole_busy.load(Ordering::Relaxed)
+    }
+
+    /// Counts the calling thread, whatever the budget: it is running anyway.
+    pub fn occupy(&self) -> Occupied<'_> {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        Occupied {
+            budget: self,
+            threads: 1,
+        }
+    }
+
+    /// Counts up to `wanted` more threads, as many as there are free cores (possibly none).
+    pub fn reserve(&self, wanted: usize) -> Occupied<'_> {
+        let mut busy = self.busy.load(Ordering::Relaxed);
+        loop {
+            let threads = wanted.min(self.capacity.saturating_sub(busy));
+            if threads == 0 {
+                return Occupied {
+                    budget: self,
+                    threads: 0,
+                };
+            }
+            match self.busy.compare_exchange_weak(
+                busy,
+                busy + threads,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Occupied {
+                        budget: self,
+                        threads,
+                    };
+                }
+                Err(now) => busy = now,
+            }
+        }
+    }
+}
+
+impl Occupied<'_> {
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Splits one thread off into a guard of its own (`None` when none is left).
+    fn take_one(&mut self) -> Option<Self> {
+        self.threads = self.threads.checked_sub(1)?;
+        Some(Occupied {
+            budget: self.budget,
+            threads: 1,
+        })
+    }
+}
+
+impl Drop for Occupied<'_> {
+    fn drop(&mut self) {
+        if self.threads > 0 {
+            self.budget.busy.fetch_sub(self.threads, Ordering::Relaxed);
+        }
+    }
+}
 
 /// How a text is split: into at most `workers` pieces of at least `min_piece_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,11 +173,21 @@ impl Default for ParallelPlan {
 }
 
 impl ParallelPlan {
+    /// How many pieces [`pieces`](Self::pieces) aims at (it may find fewer clean splits).
+    fn count(&self, tok: &Tokenizer, text: &str) -> usize {
+        if tok.seam_policy() == SeamPolicy::Disabled {
+            return 1;
+        }
+        self.workers
+            .min(text.len() / self.min_piece_bytes.max(1))
+            .max(1)
+    }
+
     /// The byte ranges `text` is cut into, covering it end to end; one range when it is not
     /// worth cutting or no clean split is near the targets.
     pub(crate) fn pieces(&self, tok: &Tokenizer, text: &str) -> Vec<(usize, usize)> {
-        let count = self.workers.min(text.len() / self.min_piece_bytes.max(1));
-        if count < 2 || tok.seam_policy() == SeamPolicy::Disabled {
+        let count = self.count(tok, text);
+        if count < 2 {
             return vec![(0, text.len())];
         }
         let target = text.len() / count;
@@ -70,13 +207,14 @@ impl ParallelPlan {
 }
 
 /// [`Tokenizer::encode_with_starts_within`], with the pieces of a long text encoded in
-/// parallel on the blocking pool of the current tokio runtime. Always the same ids and starts
-/// as one pass.
+/// parallel on the blocking pool of the current tokio runtime, one per free core of `budget`
+/// (the calling thread counts as one). Always the same ids and starts as one pass.
 pub(crate) fn encode_with_starts_within(
     tok: &Arc<Tokenizer>,
     text: &str,
     max: usize,
     plan: &ParallelPlan,
+    budget: &'static CoreBudget,
 ) -> Bounded {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return tok.encode_with_starts_within(text, max);
@@ -84,10 +222,21 @@ pub(crate) fn encode_with_starts_within(
     if text.len() / LIKELY_FITS_BYTES_PER_TOKEN > max {
         return tok.encode_with_starts_within(text, max);
     }
-    let ranges = plan.pieces(tok, text);
-    if ranges.len() < 2 {
+    let wanted = plan.count(tok, text);
+    if wanted < 2 {
         return tok.encode_with_starts_within(text, max);
     }
+    let caller = budget.occupy();
+    let helpers = budget.reserve(wanted - 1);
+    if helpers.threads() == 0 {
+        budget.whole_busy.fetch_add(1, Ordering::Relaxed);
+        return tok.encode_with_starts_within(text, max);
+    }
+    let ranges = ParallelPlan {
+        workers: 1 + helpers.threads(),
+        ..*plan
+    }
+    .pieces(tok, text);
     let at_least = tok.min_tokens(text.len());
     if at_least > max {
         return Bounded {
@@ -95,8 +244,11 @@ pub(crate) fn encode_with_starts_within(
             tokenized_bytes: 0,
         };
     }
+    budget.split.fetch_add(1, Ordering::Relaxed);
+    let result = encode_pieces(tok, &runtime, text, ranges, max, helpers);
+    drop(caller);
     Bounded {
-        result: encode_pieces(tok, &runtime, text, ranges, max),
+        result,
         tokenized_bytes: text.len(),
     }
 }
@@ -137,6 +289,7 @@ fn encode_pieces(
     text: &str,
     ranges: Vec<(usize, usize)>,
     max: usize,
+    mut helpers: Occupied<'static>,
 ) -> Result<(Vec<TokenId>, Vec<u32>), TokenizeError> {
     let count = ranges.len();
     // The blocking pool wants owned data: one copy of the text, shared by the pieces.
@@ -147,12 +300,16 @@ fn encode_pieces(
         next: AtomicUsize::new(0),
     });
     let (tx, rx) = mpsc::channel::<(usize, Piece)>();
-    for _ in 1..count {
+    while let Some(core) = helpers.take_one() {
         let (tx, pieces) = (tx.clone(), Arc::clone(&pieces));
         // Not awaited: results come back on the channel. A helper that starts late (the pool
         // busy) finds nothing left, so the caller, which works too, never waits on a piece
-        // nobody has started; a full pool cannot deadlock it.
-        drop(runtime.spawn_blocking(move || pieces.work(&tx)));
+        // nobody has started; a full pool cannot deadlock it. The helper's core stays counted
+        // until it is done.
+        drop(runtime.spawn_blocking(move || {
+            pieces.work(&tx);
+            drop(core);
+        }));
     }
     pieces.work(&tx);
     drop(tx);

@@ -244,6 +244,9 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::Header
     state
         .metrics
         .observe_prefix(state.tokenizers.prefix_stats());
+    state
+        .metrics
+        .observe_cores(switchyard_tokenize::CoreBudget::process());
     let mut text = state.metrics.encode();
     for source in &state.extensions.metrics {
         // One exposition has one `# EOF`, at its very end.

@@ -113,6 +113,28 @@ pub fn thread_cpu() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// CPU time of the whole process (every thread), user and system.
+pub fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// Mean CPU time of the whole process per call (helper threads included), over at least
+/// `MIN_CPU` of it.
+pub fn process_cpu_per_call(mut f: impl FnMut()) -> Duration {
+    f();
+    let started = process_cpu();
+    let mut calls = 0u32;
+    while calls < RUNS as u32 || process_cpu() - started < MIN_CPU {
+        f();
+        calls += 1;
+    }
+    (process_cpu() - started) / calls
+}
+
 /// Mean CPU time of one call, over at least `MIN_CPU` of CPU time (clock ticks are 10 ms).
 pub fn cpu_per_call(mut f: impl FnMut()) -> Duration {
     f();

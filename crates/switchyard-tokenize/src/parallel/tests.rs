@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use super::{ParallelPlan, encode_with_starts_within};
+use super::{CoreBudget, ParallelPlan, encode_with_starts_within};
 use crate::Tokenizer;
 use crate::error::TokenizeError;
 
@@ -73,6 +73,11 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A budget of its own for one call, with a core for every piece of [`PLAN`].
+fn budget(cores: usize) -> &'static CoreBudget {
+    Box::leak(Box::new(CoreBudget::new(cores)))
+}
+
 /// Runs `encode_with_starts_within` on the runtime's blocking pool, as the gateway does.
 fn parallel(
     rt: &tokio::runtime::Runtime,
@@ -80,11 +85,35 @@ fn parallel(
     text: &str,
     max: usize,
 ) -> Result<(Vec<u32>, Vec<u32>), TokenizeError> {
+    parallel_within(rt, tok, text, max, budget(PLAN.workers))
+}
+
+fn parallel_within(
+    rt: &tokio::runtime::Runtime,
+    tok: &Arc<Tokenizer>,
+    text: &str,
+    max: usize,
+    budget: &'static CoreBudget,
+) -> Result<(Vec<u32>, Vec<u32>), TokenizeError> {
     let (tok, text) = (Arc::clone(tok), text.to_owned());
     rt.block_on(
-        rt.spawn_blocking(move || encode_with_starts_within(&tok, &text, max, &PLAN).result),
+        rt.spawn_blocking(move || {
+            encode_with_starts_within(&tok, &text, max, &PLAN, budget).result
+        }),
     )
     .unwrap()
+}
+
+/// Waits until the helpers, which may still be returning after the caller is done, have given
+/// their cores back.
+fn settled(budget: &CoreBudget) -> usize {
+    for _ in 0..1000 {
+        if budget.busy() == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    budget.busy()
 }
 
 fn check(tok: Tokenizer) {
@@ -157,7 +186,7 @@ fn the_token_limit_holds() {
 fn without_a_runtime_the_text_is_tokenized_in_one_pass() {
     let tok = Arc::new(Tokenizer::builtin_cl100k());
     let text = "word ".repeat(2_000);
-    let got = encode_with_starts_within(&tok, &text, usize::MAX, &PLAN);
+    let got = encode_with_starts_within(&tok, &text, usize::MAX, &PLAN, budget(6));
     assert_eq!(got.result.unwrap(), tok.encode_with_starts(&text).unwrap());
 }
 
@@ -176,4 +205,58 @@ fn a_full_blocking_pool_does_not_stall_it() {
     assert!(PLAN.pieces(&tok, &text).len() > 2);
     let got = parallel(&rt, &tok, &text, usize::MAX).unwrap();
     assert_eq!(got, want);
+}
+
+#[test]
+fn a_reservation_takes_only_free_cores_and_gives_them_back() {
+    let budget = CoreBudget::new(4);
+    let me = budget.occupy();
+    assert_eq!(budget.busy(), 1);
+    let mut helpers = budget.reserve(5);
+    assert_eq!(helpers.threads(), 3);
+    assert_eq!(budget.reserve(1).threads(), 0);
+    let one = helpers.take_one().unwrap();
+    assert_eq!((one.threads(), helpers.threads()), (1, 2));
+    drop(helpers);
+    assert_eq!(budget.busy(), 2);
+    assert_eq!(budget.reserve(9).threads(), 2);
+    drop((one, me));
+    assert_eq!(budget.busy(), 0);
+    // The caller counts even past the capacity: it runs anyway.
+    let all: Vec<_> = (0..6).map(|_| budget.occupy()).collect();
+    assert_eq!(budget.busy(), 6);
+    assert_eq!(budget.reserve(1).threads(), 0);
+    drop(all);
+    assert_eq!(budget.busy(), 0);
+}
+
+/// Two long texts at once on two cores: each takes one pass, since neither has a free core
+/// for a helper; alone, a text is cut over both cores. The result is the same either way.
+#[test]
+fn a_text_is_cut_only_while_cores_are_free() {
+    let tok = Arc::new(Tokenizer::builtin_cl100k());
+    let rt = runtime();
+    let text = "Some words, 123 and more. ".repeat(500);
+    let want = tok.encode_with_starts(&text).unwrap();
+    let two = budget(2);
+
+    let other = two.occupy();
+    assert_eq!(
+        parallel_within(&rt, &tok, &text, usize::MAX, two).unwrap(),
+        want
+    );
+    assert_eq!((two.split_texts(), two.whole_for_busy_cores()), (0, 1));
+    assert_eq!(
+        two.busy(),
+        1,
+        "only the other tokenization is still counted"
+    );
+    drop(other);
+
+    assert_eq!(
+        parallel_within(&rt, &tok, &text, usize::MAX, two).unwrap(),
+        want
+    );
+    assert_eq!((two.split_texts(), two.whole_for_busy_cores()), (1, 1));
+    assert_eq!(settled(two), 0, "a helper kept its core");
 }

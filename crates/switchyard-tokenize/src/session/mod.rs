@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use switchyard_core::TokenId;
 
 use crate::error::TokenizeError;
-use crate::parallel::ParallelPlan;
+use crate::parallel::{CoreBudget, ParallelPlan};
 use crate::prefix::{PrefixCache, PrefixStats};
 use crate::tokenizer::{Bounded, Tokenizer};
 use seam::{SeamPolicy, common_prefix};
@@ -481,6 +481,7 @@ impl SessionTokenizer {
             text,
             max,
             &ParallelPlan::default(),
+            CoreBudget::process(),
         )
     }
 
