@@ -69,7 +69,8 @@ fn main() {
         "| workers | prompt tokens | hash + route p50 µs | hash + route p99 µs | hash p50 µs | route p50 µs | route p99 µs | preempted calls | route p99 µs, calls not preempted |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    for workers in [4usize, 16, 64] {
+    // 1,000: the fleet test's size (issue 17), where the per-worker part of routing shows.
+    for workers in [4usize, 16, 64, 1000] {
         for tokens in [1024usize, 8192, 32768, 131_072] {
             let prompt = support::prompt_tokens(tokens, 7);
             let (pool, routes) = support::pool(workers, &prompt);
