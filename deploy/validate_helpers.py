@@ -24,6 +24,8 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import jsonschema
 import yaml
@@ -50,8 +52,42 @@ RUNTIME_LIBS = {
 # A process that got past its configuration and stopped at dialing the chart's etcd (whose
 # Service name does not resolve here) has accepted every argument.
 ETCD_UNREACHABLE = "cannot reach etcd"
+# Or, since a member waits for the registry instead of exiting, that it logged the wait: it got
+# past its configuration. Taken as soon as it is logged, so a container costs a second or so,
+# not the whole timeout (which remains for those waiting on the Kubernetes API or an engine).
+# (`switchyard-registry`'s retry and `etcd-auth`'s own).
+REGISTRY_WAIT = (
+    "the registry is unavailable; waiting for it",
+    "etcd is not answering yet; retrying",
+)
 EXIT_CONFIG = 64
 RUN_TIMEOUT_SECS = 20
+
+
+def wait_accepted(command, **popen_args):
+    """Runs COMMAND until it exits, logs one of REGISTRY_WAIT, or RUN_TIMEOUT_SECS pass (then it is
+    killed). Returns (exit code, None when it was stopped; stderr; whether it logged the wait)."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, **popen_args)
+    lines, waiting = [], threading.Event()
+
+    def read():
+        for line in proc.stderr:
+            lines.append(line)
+            if any(marker in line for marker in REGISTRY_WAIT):
+                waiting.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + RUN_TIMEOUT_SECS
+    while proc.poll() is None and not waiting.is_set() and time.monotonic() < deadline:
+        waiting.wait(0.05)
+    code = proc.poll()
+    if code is None:
+        proc.kill()
+        proc.wait()
+    reader.join(timeout=5)
+    return code, "".join(lines).strip(), waiting.is_set()
 
 
 def fail(problems):
@@ -320,16 +356,16 @@ def run_args(rendered, binary):
                     kubeconfig = pathlib.Path(tmp, "kubeconfig")
                     kubeconfig.write_text(STANDIN_KUBECONFIG)
                     run_env["KUBECONFIG"] = str(kubeconfig)
-                try:
-                    proc = subprocess.run([binary, *args], env=run_env, capture_output=True,
-                                          text=True, timeout=RUN_TIMEOUT_SECS, cwd=tmp)
-                    code, stderr = proc.returncode, proc.stderr.strip()
-                except subprocess.TimeoutExpired:
-                    code, stderr = None, f"still running after {RUN_TIMEOUT_SECS}s"
+                code, stderr, waiting = wait_accepted([binary, *args], env=run_env, cwd=tmp)
             ran += 1
             if code == 1 and ETCD_UNREACHABLE in stderr or code is None:
                 # Still running: waiting for etcd, the Kubernetes API (discovery) or an engine.
-                stopped = "stopped at etcd" if code == 1 else f"still waiting after {RUN_TIMEOUT_SECS}s"
+                if code == 1:
+                    stopped = "stopped at etcd"
+                elif waiting:
+                    stopped = "waiting for the registry"
+                else:
+                    stopped = f"still waiting after {RUN_TIMEOUT_SECS}s"
                 print(f"  ok   {where}: `switchyard {' '.join(args[:1])} …` ({len(args) - 1} args) accepted; {stopped}")
             else:
                 last = stderr.splitlines()[-1] if stderr else "(no stderr)"
