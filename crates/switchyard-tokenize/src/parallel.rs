@@ -160,13 +160,10 @@ pub(crate) struct ParallelPlan {
 }
 
 impl Default for ParallelPlan {
-    /// One piece per available core, [`MIN_PIECE_BYTES`] each at least.
+    /// One piece per core of the process's [`CoreBudget`], [`MIN_PIECE_BYTES`] each at least.
     fn default() -> Self {
-        static CORES: OnceLock<usize> = OnceLock::new();
-        let cores =
-            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, Into::into));
         Self {
-            workers: cores,
+            workers: CoreBudget::process().capacity(),
             min_piece_bytes: MIN_PIECE_BYTES,
         }
     }
@@ -226,6 +223,13 @@ pub(crate) fn encode_with_starts_within(
     if wanted < 2 {
         return tok.encode_with_starts_within(text, max);
     }
+    let at_least = tok.min_tokens(text.len());
+    if at_least > max {
+        return Bounded {
+            result: Err(TokenizeError::TooManyTokens { at_least, max }),
+            tokenized_bytes: 0,
+        };
+    }
     let caller = budget.occupy();
     let helpers = budget.reserve(wanted - 1);
     if helpers.threads() == 0 {
@@ -237,13 +241,6 @@ pub(crate) fn encode_with_starts_within(
         ..*plan
     }
     .pieces(tok, text);
-    let at_least = tok.min_tokens(text.len());
-    if at_least > max {
-        return Bounded {
-            result: Err(TokenizeError::TooManyTokens { at_least, max }),
-            tokenized_bytes: 0,
-        };
-    }
     budget.split.fetch_add(1, Ordering::Relaxed);
     let result = encode_pieces(tok, &runtime, text, ranges, max, helpers);
     drop(caller);

@@ -102,10 +102,9 @@ pub fn cut(tok: &Tokenizer, corpus: &str, tokens: usize) -> String {
     text
 }
 
-/// CPU time this thread has used (user + system), from `/proc/thread-self/stat`: on a
-/// shared machine wall time counts the neighbours' builds too.
-pub fn thread_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+/// User + system CPU time from a `/proc/.../stat` file.
+fn stat_cpu(path: &str) -> Duration {
+    let stat = std::fs::read_to_string(path).unwrap();
     let after_name = &stat[stat.rfind(')').unwrap() + 2..];
     let fields: Vec<&str> = after_name.split(' ').collect();
     // Fields 14 and 15 of the file (utime, stime) are 11 and 12 after the name.
@@ -113,38 +112,37 @@ pub fn thread_cpu() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// CPU time this thread has used (user + system), from `/proc/thread-self/stat`: on a
+/// shared machine wall time counts the neighbours' builds too.
+pub fn thread_cpu() -> Duration {
+    stat_cpu("/proc/thread-self/stat")
+}
+
 /// CPU time of the whole process (every thread), user and system.
 pub fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after_name.split(' ').collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    Duration::from_millis(ticks * 10)
+    stat_cpu("/proc/self/stat")
 }
 
-/// Mean CPU time of the whole process per call (helper threads included), over at least
-/// `MIN_CPU` of it.
-pub fn process_cpu_per_call(mut f: impl FnMut()) -> Duration {
+/// Mean `clock` time of one call, over at least `MIN_CPU` of it (clock ticks are 10 ms).
+fn per_call(clock: fn() -> Duration, mut f: impl FnMut()) -> Duration {
     f();
-    let started = process_cpu();
+    let started = clock();
     let mut calls = 0u32;
-    while calls < RUNS as u32 || process_cpu() - started < MIN_CPU {
+    while calls < RUNS as u32 || clock() - started < MIN_CPU {
         f();
         calls += 1;
     }
-    (process_cpu() - started) / calls
+    (clock() - started) / calls
 }
 
-/// Mean CPU time of one call, over at least `MIN_CPU` of CPU time (clock ticks are 10 ms).
-pub fn cpu_per_call(mut f: impl FnMut()) -> Duration {
-    f();
-    let started = thread_cpu();
-    let mut calls = 0u32;
-    while calls < RUNS as u32 || thread_cpu() - started < MIN_CPU {
-        f();
-        calls += 1;
-    }
-    (thread_cpu() - started) / calls
+/// Mean CPU time of the whole process per call (helper threads included).
+pub fn process_cpu_per_call(f: impl FnMut()) -> Duration {
+    per_call(process_cpu, f)
+}
+
+/// Mean CPU time of this thread per call.
+pub fn cpu_per_call(f: impl FnMut()) -> Duration {
+    per_call(thread_cpu, f)
 }
 
 /// The three texts of the throughput benches, by name: prose (this repository's `docs/*.md`),
