@@ -6,10 +6,14 @@
 //! symbols (nearly all of them) use tiktoken's scheme: a flat array of parts whose pair ranks
 //! are updated around each merge. Longer ones (a long line of dashes or spaces) use a heap
 //! over a linked list, as `tokenizers` does, so the work stays O(n log n) in the piece length.
+//!
+//! The pair table is probed for every adjacent pair, and at 150k pairs it is far larger than a
+//! core's L2 cache, so each probe is a miss: it is one array of `u64` slots (left, right and
+//! rank, 21 bits each; linear probing, at most half full), so a probe reads one cache line and
+//! no control bytes, and the merged token is read from a by-rank array only when a pair wins.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BinaryHeap;
 
 use switchyard_core::TokenId;
 
@@ -18,23 +22,32 @@ use super::chars::CharTokens;
 /// Pieces of up to this many symbols take the quadratic-but-cache-friendly path.
 const SHORT_PIECE: usize = 256;
 
-/// One symbol of a piece being merged: where it starts, its id, and the rank and result of
-/// merging it with the next symbol (`u32::MAX` when that pair does not merge).
+/// One symbol of a piece being merged: where it starts, its id, and the rank of merging it
+/// with the next symbol (`u32::MAX` when that pair does not merge).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Part {
     start: u32,
     id: TokenId,
     rank: u32,
-    merged: TokenId,
 }
+
+/// Bits of each field of a pair slot: ids and ranks up to 2^21 - 2 (two million; the largest
+/// byte-level vocabularies hold a quarter of that).
+const FIELD_BITS: u32 = 21;
+const FIELD_MAX: u64 = (1 << FIELD_BITS) - 1;
+/// An empty slot: every field all ones, which no pair can be (ids and ranks stay below).
+const EMPTY: u64 = u64::MAX;
 
 /// The merge table of one vocabulary.
 #[derive(Debug)]
 pub(crate) struct Merges {
     /// The id of each single byte.
     byte_ids: [TokenId; 256],
-    /// `(left << 32) | right` to `(rank, merged id)`.
-    pairs: HashMap<u64, (u32, TokenId), BuildHasherDefault<PairHasher>>,
+    /// The pairs that merge: `left | right << 21 | rank << 42` in an open-addressing table.
+    pairs: PairTable,
+    /// The token each rank merges into (under tiktoken's ranks, every pair of one rank makes
+    /// the same token).
+    merged_by_rank: Vec<TokenId>,
     /// Characters whose bytes provably merge into one token before anything else touches
     /// them, so the merge starts from that token (see [`CharTokens`]).
     chars: CharTokens,
@@ -61,23 +74,37 @@ impl Merges {
 
     /// The table for `pairs` (left, right, rank, merged), where several pairs may share a
     /// rank (tiktoken: every split of a token into two tokens merges at the token's rank);
-    /// `None` when a pair is listed twice or a rank is `u32::MAX`. Merging starts from bytes
-    /// only: [`CharTokens`] needs each token made by one merge.
+    /// `None` when a pair is listed twice, one rank makes two different tokens, or an id or
+    /// rank does not fit the table's 21 bits (the vocabulary then keeps the Hugging Face
+    /// pipeline). Merging starts from bytes only: [`CharTokens`] needs each token made by one
+    /// merge.
     pub(crate) fn from_ranked(
         byte_ids: [TokenId; 256],
         pairs: impl IntoIterator<Item = (TokenId, TokenId, u32, TokenId)>,
     ) -> Option<Self> {
-        let pairs = pairs.into_iter();
-        let mut map: HashMap<u64, (u32, TokenId), BuildHasherDefault<PairHasher>> =
-            HashMap::with_capacity_and_hasher(pairs.size_hint().0, BuildHasherDefault::default());
-        for (left, right, rank, merged) in pairs {
-            if rank == u32::MAX || map.insert(key(left, right), (rank, merged)).is_some() {
+        let pairs: Vec<_> = pairs.into_iter().collect();
+        let mut table = PairTable::with_room_for(pairs.len());
+        let mut merged_by_rank: Vec<TokenId> = Vec::new();
+        for &(left, right, rank, merged) in &pairs {
+            let fits = |n: u32| u64::from(n) < FIELD_MAX;
+            if !(fits(left) && fits(right) && fits(rank) && table.insert(left, right, rank)) {
                 return None;
+            }
+            let at = rank as usize;
+            if merged_by_rank.len() <= at {
+                merged_by_rank.resize(at + 1, TokenId::MAX);
+            }
+            match merged_by_rank[at] {
+                TokenId::MAX => merged_by_rank[at] = merged,
+                // One rank making two different tokens cannot be told apart by rank alone.
+                other if other != merged => return None,
+                _ => {}
             }
         }
         Some(Self {
             byte_ids,
-            pairs: map,
+            pairs: table,
+            merged_by_rank,
             chars: CharTokens::default(),
         })
     }
@@ -92,9 +119,15 @@ impl Merges {
         &self.chars
     }
 
+    /// The rank at which `left` and `right` merge.
     #[inline]
-    fn get(&self, left: TokenId, right: TokenId) -> Option<(u32, TokenId)> {
-        self.pairs.get(&key(left, right)).copied()
+    fn rank(&self, left: TokenId, right: TokenId) -> Option<u32> {
+        self.pairs.rank(left, right)
+    }
+
+    #[inline]
+    fn merged(&self, rank: u32) -> TokenId {
+        self.merged_by_rank[rank as usize]
     }
 
     /// Appends the ids of `piece` to `out`, and when `starts` is given, the offset in the
@@ -145,7 +178,6 @@ impl Merges {
                 start: k as u32,
                 id,
                 rank: u32::MAX,
-                merged: 0,
             });
             k += step;
         }
@@ -158,9 +190,8 @@ impl Merges {
         parts: &mut Vec<Part>,
     ) {
         for k in 0..parts.len().saturating_sub(1) {
-            if let Some((rank, merged)) = self.get(parts[k].id, parts[k + 1].id) {
+            if let Some(rank) = self.rank(parts[k].id, parts[k + 1].id) {
                 parts[k].rank = rank;
-                parts[k].merged = merged;
             }
         }
         loop {
@@ -175,21 +206,18 @@ impl Merges {
             if best == u32::MAX {
                 break;
             }
-            parts[at].id = parts[at].merged;
+            parts[at].id = self.merged(best);
             parts.remove(at + 1);
             parts[at].rank = u32::MAX;
             if at + 1 < parts.len()
-                && let Some((rank, merged)) = self.get(parts[at].id, parts[at + 1].id)
+                && let Some(rank) = self.rank(parts[at].id, parts[at + 1].id)
             {
                 parts[at].rank = rank;
-                parts[at].merged = merged;
             }
             if at > 0 {
-                parts[at - 1].rank = u32::MAX;
-                if let Some((rank, merged)) = self.get(parts[at - 1].id, parts[at].id) {
-                    parts[at - 1].rank = rank;
-                    parts[at - 1].merged = merged;
-                }
+                parts[at - 1].rank = self
+                    .rank(parts[at - 1].id, parts[at].id)
+                    .unwrap_or(u32::MAX);
             }
         }
         out.extend(parts.iter().map(|p| p.id));
@@ -210,38 +238,40 @@ impl Merges {
         let mut next: Vec<usize> = (1..=n).map(|k| if k == n { NONE } else { k }).collect();
         let mut prev: Vec<usize> = (0..n).map(|k| k.checked_sub(1).unwrap_or(NONE)).collect();
         let mut alive = vec![true; n];
-        // (rank, left position, merged id); `Reverse` makes the heap pop the lowest rank, then
-        // the leftmost position.
+        // (rank, left position); `Reverse` makes the heap pop the lowest rank, then the
+        // leftmost position.
         let mut heap = BinaryHeap::with_capacity(n);
         for k in 0..n - 1 {
-            if let Some((rank, merged)) = self.get(ids[k], ids[k + 1]) {
-                heap.push(Reverse((rank, k, merged)));
+            if let Some(rank) = self.rank(ids[k], ids[k + 1]) {
+                heap.push(Reverse((rank, k)));
             }
         }
-        while let Some(Reverse((rank, left, merged))) = heap.pop() {
+        while let Some(Reverse((rank, left))) = heap.pop() {
             let right = next[left];
             if !alive[left] || right == NONE {
                 continue;
             }
-            // Stale if either side changed since this entry was pushed.
-            if self.get(ids[left], ids[right]) != Some((rank, merged)) {
+            // Stale if the pair there now does not merge at this rank (a pair that does makes
+            // the same token: one rank, one token).
+            if self.rank(ids[left], ids[right]) != Some(rank) {
                 continue;
             }
+            let merged = self.merged(rank);
             ids[left] = merged;
             alive[right] = false;
             let after = next[right];
             next[left] = after;
             if after != NONE {
                 prev[after] = left;
-                if let Some((r, m)) = self.get(merged, ids[after]) {
-                    heap.push(Reverse((r, left, m)));
+                if let Some(r) = self.rank(merged, ids[after]) {
+                    heap.push(Reverse((r, left)));
                 }
             }
             let before = prev[left];
             if before != NONE
-                && let Some((r, m)) = self.get(ids[before], merged)
+                && let Some(r) = self.rank(ids[before], merged)
             {
-                heap.push(Reverse((r, before, m)));
+                heap.push(Reverse((r, before)));
             }
         }
         let mut k = 0;
@@ -256,29 +286,116 @@ impl Merges {
     }
 }
 
-#[inline]
-fn key(left: TokenId, right: TokenId) -> u64 {
-    (u64::from(left) << 32) | u64::from(right)
+/// The pairs that merge, with their ranks: `u64` slots of `left | right << 21 | rank << 42`,
+/// linear probing from a multiplicative hash of `(left, right)`, at most half full.
+#[derive(Debug)]
+struct PairTable {
+    slots: Box<[u64]>,
+    /// `64 - log2(slots.len())`.
+    shift: u32,
 }
 
-/// A multiplicative hash for the `u64` pair keys: they are not attacker-chosen in a way that
-/// matters (the table is fixed at load), and SipHash would dominate the merge loop.
-#[derive(Default)]
-pub(crate) struct PairHasher(u64);
-
-impl Hasher for PairHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+impl PairTable {
+    fn with_room_for(pairs: usize) -> Self {
+        let len = (pairs.max(1) * 2).next_power_of_two();
+        Self {
+            slots: vec![EMPTY; len].into_boxed_slice(),
+            shift: 64 - len.trailing_zeros(),
         }
     }
 
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n ^ (n >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        self.0 ^= self.0 >> 32;
+    #[inline]
+    fn home(&self, pair: u64) -> usize {
+        (pair.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
+    }
+
+    /// Adds a pair (all fields below [`FIELD_MAX`]); `false` when it is already there.
+    fn insert(&mut self, left: TokenId, right: TokenId, rank: u32) -> bool {
+        let pair = u64::from(left) | (u64::from(right) << FIELD_BITS);
+        let mask = self.slots.len() - 1;
+        let mut at = self.home(pair);
+        loop {
+            let slot = self.slots[at];
+            if slot == EMPTY {
+                self.slots[at] = pair | (u64::from(rank) << (2 * FIELD_BITS));
+                return true;
+            }
+            if slot & ((1 << (2 * FIELD_BITS)) - 1) == pair {
+                return false;
+            }
+            at = (at + 1) & mask;
+        }
+    }
+
+    #[inline]
+    fn rank(&self, left: TokenId, right: TokenId) -> Option<u32> {
+        if u64::from(left.max(right)) >= FIELD_MAX {
+            return None;
+        }
+        let pair = u64::from(left) | (u64::from(right) << FIELD_BITS);
+        let mask = self.slots.len() - 1;
+        let mut at = self.home(pair);
+        loop {
+            let slot = self.slots[at];
+            if slot & ((1 << (2 * FIELD_BITS)) - 1) == pair {
+                return Some((slot >> (2 * FIELD_BITS)) as u32);
+            }
+            if slot == EMPTY {
+                return None;
+            }
+            at = (at + 1) & mask;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes() -> [TokenId; 256] {
+        std::array::from_fn(|b| b as TokenId)
+    }
+
+    #[test]
+    fn tables_it_cannot_hold_exactly_are_refused() {
+        // The first id and rank that do not fit; the one below does.
+        let big = FIELD_MAX as TokenId;
+        assert!(
+            Merges::from_ranked(bytes(), [(1, 2, 0, 300), (big - 1, 2, big - 1, 301)]).is_some()
+        );
+        assert!(
+            Merges::from_ranked(bytes(), [(1, big, 0, 300)]).is_none(),
+            "an id past 21 bits"
+        );
+        assert!(
+            Merges::from_ranked(bytes(), [(1, 2, big, 300)]).is_none(),
+            "a rank past 21 bits"
+        );
+        assert!(
+            Merges::from_ranked(bytes(), [(1, 2, 0, 300), (1, 2, 1, 301)]).is_none(),
+            "a pair listed twice"
+        );
+        assert!(
+            Merges::from_ranked(bytes(), [(1, 2, 0, 300), (3, 4, 0, 301)]).is_none(),
+            "one rank, two tokens"
+        );
+        assert!(
+            Merges::from_ranked(bytes(), [(1, 2, 0, 300), (3, 4, 0, 300)]).is_some(),
+            "one rank, one token: tiktoken's splits"
+        );
+    }
+
+    #[test]
+    fn every_pair_is_found_at_its_rank_and_no_other_pair_is() {
+        let pairs: Vec<_> = (0..5_000u32)
+            .map(|k| (k % 701, (k * 7919) % 2_003, k, 10_000 + k))
+            .collect();
+        let merges = Merges::from_ranked(bytes(), pairs.iter().copied()).unwrap();
+        for &(left, right, rank, merged) in &pairs {
+            assert_eq!(merges.rank(left, right), Some(rank));
+            assert_eq!(merges.merged(rank), merged);
+            assert_eq!(merges.rank(right + 2_003, left), None);
+        }
+        assert_eq!(merges.rank(TokenId::MAX, 0), None);
     }
 }

@@ -119,7 +119,7 @@ impl FastBpe {
             .enumerate()
             .map(|(b, &c)| (c, b as u8))
             .collect();
-        let mut whole_pieces = WholePieces::default();
+        let mut whole_pieces = Vec::with_capacity(by_text.len());
         let mut scratch = Vec::new();
         let mut ids = Vec::new();
         for (text, &id) in &by_text {
@@ -136,8 +136,9 @@ impl FastBpe {
                     continue;
                 }
             }
-            whole_pieces.insert(bytes, id);
+            whole_pieces.push((bytes, id));
         }
+        let whole_pieces: WholePieces = whole_pieces.into_iter().collect();
         let added = added_tokens(&root, added_id)?;
         Ok(Self {
             pattern,
