@@ -47,19 +47,22 @@ pub fn chain_hash(parent: Option<BlockHash>, tokens: &[TokenId]) -> BlockHash {
 }
 
 fn hash_into(buf: &mut Vec<u8>, parent: BlockHash, tokens: &[TokenId]) -> BlockHash {
-    buf.clear();
-    buf.extend_from_slice(&parent.0.to_le_bytes());
-    put_tokens(buf, tokens);
+    // Sized once and overwritten in place: clearing and growing it again would zero it for
+    // every block (a tenth of a long prompt's hashing).
+    let len = 8 + tokens.len() * 4;
+    if buf.len() != len {
+        buf.resize(len, 0);
+    }
+    buf[..8].copy_from_slice(&parent.0.to_le_bytes());
+    put_tokens(&mut buf[8..], tokens);
     BlockHash(xxhash_rust::xxh3::xxh3_64_with_seed(buf, HASH_SEED))
 }
 
-/// Appends the little-endian bytes of `tokens`. Sized once and written in place, which the
-/// compiler turns into a plain copy on little-endian machines, where growing the buffer token
+/// Writes the little-endian bytes of `tokens` into `out` (exactly their length), which the
+/// compiler turns into a plain copy on little-endian machines, where growing a buffer token
 /// by token cost more than the hashing (a long prompt's hash copies it whole).
-fn put_tokens(buf: &mut Vec<u8>, tokens: &[TokenId]) {
-    let start = buf.len();
-    buf.resize(start + tokens.len() * 4, 0);
-    for (bytes, t) in buf[start..].chunks_exact_mut(4).zip(tokens) {
+fn put_tokens(out: &mut [u8], tokens: &[TokenId]) {
+    for (bytes, t) in out.chunks_exact_mut(4).zip(tokens) {
         bytes.copy_from_slice(&t.to_le_bytes());
     }
 }
@@ -99,10 +102,12 @@ pub fn chain_hash_keyed(
     let Some(key) = key else {
         return chain_hash(parent, tokens);
     };
-    let mut buf = Vec::with_capacity(16 + tokens.len() * 4);
-    buf.extend_from_slice(&parent.unwrap_or(BlockHash::ROOT).0.to_le_bytes());
-    put_tokens(&mut buf, tokens);
-    buf.extend_from_slice(&key.to_le_bytes());
+    let mut buf = vec![0; 16 + tokens.len() * 4];
+    let (head, rest) = buf.split_at_mut(8);
+    head.copy_from_slice(&parent.unwrap_or(BlockHash::ROOT).0.to_le_bytes());
+    let (body, tail) = rest.split_at_mut(tokens.len() * 4);
+    put_tokens(body, tokens);
+    tail.copy_from_slice(&key.to_le_bytes());
     BlockHash(xxhash_rust::xxh3::xxh3_64_with_seed(&buf, HASH_SEED))
 }
 

@@ -5,7 +5,9 @@
 //! and Qwen3 when its tokenizer is in `${SWITCHYARD_TEST_MODELS:-~/.cache/switchyard/test-models}`).
 //! Criterion reports means; the targets are about p99, so each call is timed on its own.
 //!
-//! `cargo bench -p switchyard-gateway --bench latency`
+//! `cargo bench -p switchyard-gateway --bench latency` (all rows), or
+//! `cargo bench -p switchyard-gateway --bench latency -- 64 131072` (the routing rows of that
+//! many workers and prompt tokens only, for a profile).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -49,6 +51,11 @@ fn qwen3_dir() -> Option<PathBuf> {
 }
 
 fn main() {
+    // `-- WORKERS TOKENS`: only that routing row, and no tokenization.
+    let only: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
     // The pool's subscriber tasks are spawned on this runtime, which is never driven: the index
     // holds exactly the synthetic blocks.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -72,14 +79,22 @@ fn main() {
     // 1,000: the fleet test's size (issue 17), where the per-worker part of routing shows.
     for workers in [4usize, 16, 64, 1000] {
         for tokens in [1024usize, 8192, 32768, 131_072] {
+            if let [w, t] = only[..]
+                && (w, t) != (workers, tokens)
+            {
+                continue;
+            }
             let prompt = support::prompt_tokens(tokens, 7);
             let (pool, routes) = support::pool(workers, &prompt);
-            let iters = match tokens {
-                1024 => 20_000,
-                8192 => 5_000,
-                32768 => 2_000,
-                _ => 500,
+            let iters = match (tokens, workers) {
+                (1024, _) => 20_000,
+                (8192, _) => 5_000,
+                (32768, _) => 2_000,
+                (_, 1000) => 500,
+                _ => 2_000,
             };
+            // A single row is for a profile: ten times the calls.
+            let iters = if only.is_empty() { iters } else { iters * 10 };
             let mut both = Vec::with_capacity(iters);
             let mut hashing = Vec::with_capacity(iters);
             let mut routing = Vec::with_capacity(iters);
@@ -135,6 +150,9 @@ fn main() {
         }
     }
 
+    if !only.is_empty() {
+        return;
+    }
     println!();
     println!("## tokenization (`Tokenizer::encode`, English-like text)");
     println!("| tokenizer | prompt tokens | p50 ms | p99 ms |");

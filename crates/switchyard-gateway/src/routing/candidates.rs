@@ -42,26 +42,23 @@ impl Candidates {
             pool.deliverable(info) && within(info) && eligible(facts(info, draining))
         };
         let workers = pool.workers();
-        let answering: Vec<_> = workers
-            .iter()
-            .filter(|w| w.health.is_answering())
-            .cloned()
-            .collect();
-        let answering = Self::select_from(answering, routes, &eligible);
+        let answering = workers.iter().filter(|w| w.health.is_answering());
+        let answering = Self::select_from(answering, workers.len(), routes, &eligible);
         if !answering.is_empty() {
             return answering;
         }
-        Self::select_from(workers, routes, &eligible)
+        Self::select_from(workers.iter(), workers.len(), routes, &eligible)
     }
 
-    fn select_from(
-        workers: Vec<Arc<WorkerHandle>>,
+    fn select_from<'a>(
+        workers: impl Iterator<Item = &'a Arc<WorkerHandle>>,
+        most: usize,
         routes: &ModelRoutes,
         eligible: &impl Fn(&WorkerInfo, bool) -> bool,
     ) -> Self {
         let mut out = Candidates {
-            ids: Vec::with_capacity(workers.len()),
-            handles: Vec::with_capacity(workers.len()),
+            ids: Vec::with_capacity(most),
+            handles: Vec::with_capacity(most),
         };
         for w in workers {
             // Read each worker's info in place: cloning it (three strings) per worker per
@@ -73,7 +70,7 @@ impl Candidates {
             };
             if let Some(candidate) = id {
                 out.ids.push(candidate);
-                out.handles.push(w);
+                out.handles.push(Arc::clone(w));
             }
         }
         out
