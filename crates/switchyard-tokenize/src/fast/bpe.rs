@@ -18,6 +18,7 @@ use std::collections::BinaryHeap;
 use switchyard_core::TokenId;
 
 use super::chars::CharTokens;
+use super::open::OpenTable;
 
 /// Pieces of up to this many symbols take the quadratic-but-cache-friendly path.
 const SHORT_PIECE: usize = 256;
@@ -286,45 +287,29 @@ impl Merges {
     }
 }
 
-/// The pairs that merge, with their ranks: `u64` slots of `left | right << 21 | rank << 42`,
-/// linear probing from a multiplicative hash of `(left, right)`, at most half full.
+/// The pairs that merge, with their ranks: `u64` slots of `left | right << 21 | rank << 42` in
+/// an [`OpenTable`] hashed on `(left, right)`.
 #[derive(Debug)]
-struct PairTable {
-    slots: Box<[u64]>,
-    /// `64 - log2(slots.len())`.
-    shift: u32,
+struct PairTable(OpenTable<u64>);
+
+/// The `(left, right)` bits of a slot.
+const PAIR_MASK: u64 = (1 << (2 * FIELD_BITS)) - 1;
+
+#[inline]
+fn pair(left: TokenId, right: TokenId) -> u64 {
+    u64::from(left) | (u64::from(right) << FIELD_BITS)
 }
 
 impl PairTable {
     fn with_room_for(pairs: usize) -> Self {
-        let len = (pairs.max(1) * 2).next_power_of_two();
-        Self {
-            slots: vec![EMPTY; len].into_boxed_slice(),
-            shift: 64 - len.trailing_zeros(),
-        }
-    }
-
-    #[inline]
-    fn home(&self, pair: u64) -> usize {
-        (pair.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
+        Self(OpenTable::with_room_for(pairs, EMPTY))
     }
 
     /// Adds a pair (all fields below [`FIELD_MAX`]); `false` when it is already there.
     fn insert(&mut self, left: TokenId, right: TokenId, rank: u32) -> bool {
-        let pair = u64::from(left) | (u64::from(right) << FIELD_BITS);
-        let mask = self.slots.len() - 1;
-        let mut at = self.home(pair);
-        loop {
-            let slot = self.slots[at];
-            if slot == EMPTY {
-                self.slots[at] = pair | (u64::from(rank) << (2 * FIELD_BITS));
-                return true;
-            }
-            if slot & ((1 << (2 * FIELD_BITS)) - 1) == pair {
-                return false;
-            }
-            at = (at + 1) & mask;
-        }
+        let pair = pair(left, right);
+        let slot = pair | (u64::from(rank) << (2 * FIELD_BITS));
+        self.0.insert(pair, slot, |s| s & PAIR_MASK == pair)
     }
 
     #[inline]
@@ -332,27 +317,18 @@ impl PairTable {
         if u64::from(left.max(right)) >= FIELD_MAX {
             return None;
         }
-        let pair = u64::from(left) | (u64::from(right) << FIELD_BITS);
-        let mask = self.slots.len() - 1;
-        let mut at = self.home(pair);
-        loop {
-            let slot = self.slots[at];
-            if slot & ((1 << (2 * FIELD_BITS)) - 1) == pair {
-                return Some((slot >> (2 * FIELD_BITS)) as u32);
-            }
-            if slot == EMPTY {
-                return None;
-            }
-            at = (at + 1) & mask;
-        }
+        let pair = pair(left, right);
+        let slot = self.0.find(pair, |s| s & PAIR_MASK == pair)?;
+        Some((slot >> (2 * FIELD_BITS)) as u32)
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn bytes() -> [TokenId; 256] {
+    /// Byte `b` is token `b`.
+    pub(in crate::fast) fn bytes() -> [TokenId; 256] {
         std::array::from_fn(|b| b as TokenId)
     }
 

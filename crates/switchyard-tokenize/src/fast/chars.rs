@@ -262,10 +262,7 @@ impl MergeTree {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bytes() -> [TokenId; 256] {
-        std::array::from_fn(|b| b as TokenId)
-    }
+    use crate::fast::bpe::tests::bytes;
 
     /// "é" is C3 A9; 300 = C3 A9.
     #[test]

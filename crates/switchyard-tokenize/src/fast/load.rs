@@ -119,26 +119,26 @@ impl FastBpe {
             .enumerate()
             .map(|(b, &c)| (c, b as u8))
             .collect();
-        let mut whole_pieces = Vec::with_capacity(by_text.len());
         let mut scratch = Vec::new();
         let mut ids = Vec::new();
-        for (text, &id) in &by_text {
-            let bytes: Option<Vec<u8>> = text
-                .chars()
-                .map(|c| unicode_to_byte.get(&c).copied())
-                .collect();
-            // A token that is not byte-level text can never equal a piece's bytes.
-            let Some(bytes) = bytes else { continue };
-            if !ignore_merges {
-                ids.clear();
-                merges.encode(&bytes, &mut ids, None, &mut scratch);
-                if ids != [id] {
-                    continue;
+        let whole_pieces: WholePieces = by_text
+            .iter()
+            .filter_map(|(text, &id)| {
+                // A token that is not byte-level text can never equal a piece's bytes.
+                let bytes: Vec<u8> = text
+                    .chars()
+                    .map(|c| unicode_to_byte.get(&c).copied())
+                    .collect::<Option<_>>()?;
+                if !ignore_merges {
+                    ids.clear();
+                    merges.encode(&bytes, &mut ids, None, &mut scratch);
+                    if ids != [id] {
+                        return None;
+                    }
                 }
-            }
-            whole_pieces.push((bytes, id));
-        }
-        let whole_pieces: WholePieces = whole_pieces.into_iter().collect();
+                Some((bytes, id))
+            })
+            .collect();
         let added = added_tokens(&root, added_id)?;
         Ok(Self {
             pattern,

@@ -19,6 +19,7 @@ mod bpe;
 mod chars;
 mod load;
 mod o200k;
+mod open;
 mod pretokenize;
 mod tiktoken;
 mod whole;

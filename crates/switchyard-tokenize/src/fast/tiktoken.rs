@@ -44,7 +44,6 @@ impl FastBpe {
                 .ok_or(NotRecognised("a byte missing from the vocab"))?;
         }
         let mut pairs = Vec::new();
-        let mut whole_pieces = Vec::with_capacity(tokens.len());
         for (bytes, id) in tokens {
             for k in 1..bytes.len() {
                 if let Some(&left) = by_bytes.get(&bytes[..k])
@@ -53,9 +52,8 @@ impl FastBpe {
                     pairs.push((left, right, *id, *id));
                 }
             }
-            whole_pieces.push((bytes.clone(), *id));
         }
-        let whole_pieces: WholePieces = whole_pieces.into_iter().collect();
+        let whole_pieces: WholePieces = tokens.iter().cloned().collect();
         let merges = Merges::from_ranked(byte_ids, pairs)
             .ok_or(NotRecognised("a pair of tokens listed twice"))?;
         let contents: Vec<&str> = specials.iter().map(|&(text, _)| text).collect();

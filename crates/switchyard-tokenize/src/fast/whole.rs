@@ -16,6 +16,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use switchyard_core::TokenId;
 
 use super::bpe::Part;
+use super::open::OpenTable;
 
 /// The longest piece kept in the packed table: its 16th byte holds the length.
 const PACKED: usize = 15;
@@ -26,32 +27,35 @@ const HOT_BYTES: usize = 7;
 /// How many short pieces the hot table keeps, lowest ids first; its slots are twice as many.
 const HOT_ENTRIES: usize = 4096;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct WholePieces {
-    hot: HotPieces,
+    /// Hot key ([`hot_key`]) and id; key 0 is a free slot.
+    hot: OpenTable<(u64, TokenId)>,
     packed: HashMap<u128, TokenId, BuildHasherDefault<PackedHasher>>,
     long: HashMap<Vec<u8>, TokenId, BuildHasherDefault<BytesHasher>>,
 }
 
 impl FromIterator<(Vec<u8>, TokenId)> for WholePieces {
     fn from_iter<I: IntoIterator<Item = (Vec<u8>, TokenId)>>(pieces: I) -> Self {
-        let mut whole = Self::default();
+        let mut packed = HashMap::default();
+        let mut long = HashMap::default();
         for (piece, id) in pieces {
             match pack(&piece) {
-                Some(key) => whole.packed.insert(key, id),
-                None => whole.long.insert(piece, id),
+                Some(key) => packed.insert(key, id),
+                None => long.insert(piece, id),
             };
         }
-        let mut short: Vec<(u64, TokenId)> = whole
-            .packed
+        let mut short: Vec<(u64, TokenId)> = packed
             .iter()
-            .filter(|&(&key, _)| (1..=HOT_BYTES as u128).contains(&(key >> 120)))
-            .map(|(&key, &id)| (key as u64 | (key >> 64) as u64, id))
+            .filter_map(|(&key, &id)| Some((hot_key(key)?, id)))
             .collect();
         short.sort_unstable_by_key(|&(_, id)| id);
         short.truncate(HOT_ENTRIES);
-        whole.hot = HotPieces::new(&short);
-        whole
+        let mut hot = OpenTable::with_room_for(short.len(), (0, 0));
+        for (key, id) in short {
+            hot.insert(key, (key, id), |_| false);
+        }
+        Self { hot, packed, long }
     }
 }
 
@@ -61,8 +65,8 @@ impl WholePieces {
         let Some(key) = pack(piece) else {
             return self.long.get(piece).copied();
         };
-        if (1..=HOT_BYTES).contains(&piece.len())
-            && let Some(id) = self.hot.get(key as u64 | (key >> 64) as u64)
+        if let Some(short) = hot_key(key)
+            && let Some((_, id)) = self.hot.find(short, |(k, _)| k == short)
         {
             return Some(id);
         }
@@ -70,58 +74,13 @@ impl WholePieces {
     }
 }
 
-/// An open-addressing table of short pieces (key: the bytes and, in the top byte, the length,
-/// never zero) with linear probing, at most half full; slot key 0 is empty.
-#[derive(Debug, Default)]
-struct HotPieces {
-    slots: Box<[(u64, TokenId)]>,
-    /// `64 - log2(slots)`: the multiplicative hash's top bits pick the slot.
-    shift: u32,
-}
-
-impl HotPieces {
-    fn new(entries: &[(u64, TokenId)]) -> Self {
-        if entries.is_empty() {
-            return Self::default();
-        }
-        let len = (entries.len() * 2).next_power_of_two();
-        let mut hot = Self {
-            slots: vec![(0, 0); len].into_boxed_slice(),
-            shift: 64 - len.trailing_zeros(),
-        };
-        for &(key, id) in entries {
-            let mut at = hot.home(key);
-            while hot.slots[at].0 != 0 {
-                at = (at + 1) & (len - 1);
-            }
-            hot.slots[at] = (key, id);
-        }
-        hot
-    }
-
-    #[inline]
-    fn home(&self, key: u64) -> usize {
-        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
-    }
-
-    #[inline]
-    fn get(&self, key: u64) -> Option<TokenId> {
-        if self.slots.is_empty() {
-            return None;
-        }
-        let mask = self.slots.len() - 1;
-        let mut at = self.home(key);
-        loop {
-            let (slot, id) = self.slots[at];
-            if slot == key {
-                return Some(id);
-            }
-            if slot == 0 {
-                return None;
-            }
-            at = (at + 1) & mask;
-        }
-    }
+/// The hot table's key of a packed piece of 1 to [`HOT_BYTES`] bytes: its bytes and, in the top
+/// byte, its length (never zero, the empty slot's key).
+#[inline]
+fn hot_key(packed: u128) -> Option<u64> {
+    (1..=HOT_BYTES as u128)
+        .contains(&(packed >> 120))
+        .then_some(packed as u64 | (packed >> 64) as u64)
 }
 
 /// The merged pieces of one encode call, by their bytes: long texts (code above all) repeat
@@ -325,7 +284,7 @@ mod tests {
             }
         }
         let whole: WholePieces = pieces.iter().cloned().collect();
-        assert!(whole.hot.slots.iter().filter(|s| s.0 != 0).count() == HOT_ENTRIES);
+        assert_eq!(whole.hot.used().count(), HOT_ENTRIES);
         for (piece, id) in &pieces {
             assert_eq!(whole.get(piece), Some(*id), "{piece:?}");
             let mut other = piece.clone();
@@ -334,9 +293,9 @@ mod tests {
                 assert_eq!(whole.get(&other), None, "{other:?}");
             }
         }
-        for (key, id) in whole.hot.slots.iter().filter(|s| s.0 != 0) {
+        for (key, id) in whole.hot.used() {
             assert!(
-                (*id as usize) < 4 * HOT_ENTRIES,
+                (id as usize) < 4 * HOT_ENTRIES,
                 "hot keeps low ids: {key:x} {id}"
             );
         }
