@@ -52,10 +52,15 @@ fn qwen3_dir() -> Option<PathBuf> {
 
 fn main() {
     // `-- WORKERS TOKENS`: only that routing row, and no tokenization.
-    let only: Vec<usize> = std::env::args()
+    let numbers: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
         .collect();
+    let only = match numbers[..] {
+        [] => None,
+        [workers, tokens] => Some((workers, tokens)),
+        _ => panic!("usage: cargo bench --bench latency [-- WORKERS TOKENS]"),
+    };
     // The pool's subscriber tasks are spawned on this runtime, which is never driven: the index
     // holds exactly the synthetic blocks.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -79,9 +84,7 @@ fn main() {
     // 1,000: the fleet test's size (issue 17), where the per-worker part of routing shows.
     for workers in [4usize, 16, 64, 1000] {
         for tokens in [1024usize, 8192, 32768, 131_072] {
-            if let [w, t] = only[..]
-                && (w, t) != (workers, tokens)
-            {
+            if only.is_some_and(|row| row != (workers, tokens)) {
                 continue;
             }
             let prompt = support::prompt_tokens(tokens, 7);
@@ -94,7 +97,7 @@ fn main() {
                 _ => 2_000,
             };
             // A single row is for a profile: ten times the calls.
-            let iters = if only.is_empty() { iters } else { iters * 10 };
+            let iters = if only.is_some() { iters * 10 } else { iters };
             let mut both = Vec::with_capacity(iters);
             let mut hashing = Vec::with_capacity(iters);
             let mut routing = Vec::with_capacity(iters);
@@ -150,7 +153,7 @@ fn main() {
         }
     }
 
-    if !only.is_empty() {
+    if only.is_some() {
         return;
     }
     println!();
