@@ -188,6 +188,7 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
         max_context_tokens: 8192,
         engine: switchyard_core::EngineKind::Sim,
         incarnation: 1,
+        adapters: Vec::new(),
         engine_endpoint: None,
         kv_tiers: None,
     };

@@ -237,6 +237,7 @@ async fn with_a_cluster_secret_only_members_in_their_roles_get_in() {
         max_context_tokens: 8192,
         engine: switchyard_core::EngineKind::Sim,
         incarnation: 1,
+        adapters: Vec::new(),
         engine_endpoint: None,
         kv_tiers: None,
     };

@@ -19,6 +19,9 @@ It answers like the real engines on the wire:
     per rank with a bounded buffer (`--buffer-steps`), ending each replay with seq -1.
   * Its own block hash (SHA-256 over parent digest + tokens, seeded randomly per incarnation, as
     vLLM without PYTHONHASHSEED): the consumer has to rehash token ids, as with a real engine.
+  * LoRA adapters (`--lora-modules NAME ...`): listed in `/v1/models` with the base model as
+    `parent`, served under their own name as `model` (SGLang: `lora_path`), their blocks hashed
+    apart and published with `lora_id` and `lora_name`; any other model name is vLLM's 404.
 
 Test control (POST, JSON body, answers JSON):
   /admin/state             blocks held per rank, each as the full token prefix ending with it
@@ -73,9 +76,11 @@ class Rank:
         self.forget = False
         self.seed = os.urandom(32)
 
-    def digest(self, parent, tokens):
+    def digest(self, parent, tokens, lora=None):
         h = hashlib.sha256(parent or self.seed)
         h.update(struct.pack("<%dI" % len(tokens), *tokens))
+        if lora is not None:  # vLLM keys a LoRA request's blocks by the adapter too
+            h.update(b"lora:" + lora.encode())
         return h.digest()
 
     def wire_hash(self, digest):
@@ -83,20 +88,21 @@ class Rank:
             return digest
         return int.from_bytes(digest[-8:], "big")
 
-    def cache(self, tokens):
-        """Caches the full blocks of `tokens`; returns how many prompt tokens were hits."""
+    def cache(self, tokens, lora=None):
+        """Caches the full blocks of `tokens` (under LoRA adapter `lora`, if any); returns how
+        many prompt tokens were hits."""
         bs = self.engine.args.block_size
         parent, hits, events, pinned = None, 0, [], set()
         new_hashes, new_tokens, new_parent = [], [], None
         for i in range(len(tokens) // bs):
             block = tokens[i * bs:(i + 1) * bs]
-            d = self.digest(parent, block)
+            d = self.digest(parent, block, lora)
             pinned.add(d)
             if d in self.blocks:
                 self.blocks.move_to_end(d)
                 hits += bs
                 if new_hashes:  # a hole in the middle: flush what was new so far
-                    events.append(self.stored(new_hashes, new_parent, new_tokens))
+                    events.append(self.stored(new_hashes, new_parent, new_tokens, lora))
                     new_hashes, new_tokens = [], []
             else:
                 if not new_hashes:
@@ -104,7 +110,7 @@ class Rank:
                 evicted = self.make_room(pinned)
                 if evicted:
                     if new_hashes:
-                        events.append(self.stored(new_hashes, new_parent, new_tokens))
+                        events.append(self.stored(new_hashes, new_parent, new_tokens, lora))
                         new_hashes, new_tokens, new_parent = [], [], parent
                     events.append(self.removed(evicted))
                 self.blocks[d] = (tokens[:(i + 1) * bs], parent)
@@ -112,7 +118,7 @@ class Rank:
                 new_tokens.extend(block)
             parent = d
         if new_hashes:
-            events.append(self.stored(new_hashes, new_parent, new_tokens))
+            events.append(self.stored(new_hashes, new_parent, new_tokens, lora))
         if events:
             self.publish(events)
         return hits
@@ -137,15 +143,18 @@ class Rank:
             return out
         return [tag] + [v for _, v in fields]
 
-    def stored(self, hashes, parent, tokens):
+    def stored(self, hashes, parent, tokens, lora=None):
+        # A LoRA request's blocks carry the adapter as vLLM publishes it: its integer id (1 and
+        # up, in --lora-modules order) and its name.
+        lora_id = None if lora is None else self.engine.args.lora_modules.index(lora) + 1
         return self.event("BlockStored", [
             ("block_hashes", [self.wire_hash(d) for d in hashes]),
             ("parent_block_hash", None if parent is None else self.wire_hash(parent)),
             ("token_ids", tokens),
             ("block_size", self.engine.args.block_size),
-            ("lora_id", None),
+            ("lora_id", lora_id),
             ("medium", "GPU"),
-            ("lora_name", None),
+            ("lora_name", lora),
         ])
 
     def removed(self, hashes):
@@ -310,8 +319,13 @@ def make_handler(engine):
                 with engine.lock:
                     return self.reply(200, engine.metrics(), "text/plain; version=0.0.4")
             if self.path == "/v1/models":
+                # vLLM lists each LoRA module after the base model, with the base as `parent`.
+                adapters = [{"id": name, "object": "model", "parent": args.model,
+                             "root": f"/adapters/{name}", "max_model_len": args.max_model_len}
+                            for name in args.lora_modules]
                 return self.reply(200, {"object": "list", "data": [
-                    {"id": args.model, "object": "model", "max_model_len": args.max_model_len}]})
+                    {"id": args.model, "object": "model", "max_model_len": args.max_model_len},
+                    *adapters]})
             if self.path == "/get_server_info" and args.flavor == "sglang":
                 return self.reply(200, {"page_size": args.block_size,
                                         "max_total_num_tokens": args.num_blocks * args.block_size})
@@ -376,6 +390,13 @@ def make_handler(engine):
                     or not all(isinstance(t, int) and t >= 0 for t in prompt)):
                 return self.reply(400, {"error": {"message": "prompt must be a non-empty list of token ids",
                                                   "type": "BadRequestError", "code": 400}})
+            # vLLM serves the base model and each LoRA module under its own name; SGLang names
+            # the adapter in `lora_path`.
+            model = body.get("lora_path") if sglang else body.get("model")
+            lora = model if model in args.lora_modules else None
+            if not sglang and model != args.model and lora is None:
+                return self.reply(404, {"error": {"message": "The model `%s` does not exist." % model,
+                                                  "type": "NotFoundError", "param": None, "code": 404}})
             if len(prompt) + max_tokens > args.max_model_len:
                 return self.reply(400, {"error": {"message": "This model's maximum context length is %d tokens" % args.max_model_len,
                                                   "type": "BadRequestError", "code": 400}})
@@ -393,7 +414,7 @@ def make_handler(engine):
             if kvp.get("do_remote_prefill") or (room is not None and args.disaggregation_mode == "decode"):
                 failure = engine.pd.receive(rank, prompt, body, sglang)
             with engine.lock:
-                cached = rank.cache(prompt)
+                cached = rank.cache(prompt, lora)
                 engine.stats["prompt"] += len(prompt)
                 engine.stats["cached"] += cached
                 engine.stats["running"] += 1
@@ -466,7 +487,7 @@ def make_handler(engine):
                         answer["kv_transfer_params"] = engine.pd.vllm_hold(prompt)
                     self.reply(200, answer)
                 with engine.lock:
-                    rank.cache(prompt + out)
+                    rank.cache(prompt + out, lora)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client went away: the request is aborted
             finally:
@@ -507,6 +528,8 @@ def main():
     p.add_argument("--flavor", choices=["vllm", "sglang"], default="vllm")
     p.add_argument("--topic", default="")
     p.add_argument("--model", default="fake-model")
+    p.add_argument("--lora-modules", nargs="*", default=[],
+                   help="LoRA adapter names listed in /v1/models (vLLM's --lora-modules NAME=PATH)")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--token-delay-ms", type=float, default=2.0)
     p.add_argument("--kv-transfer", action="store_true",

@@ -116,9 +116,14 @@ pub async fn assert_mirrored(api: &str, worker: &str, fake: &Fake) {
 
 /// The gateway's explain for `prompt` (model `fake-model`).
 pub async fn explain(api: &str, prompt: &[u32]) -> Value {
+    explain_as(api, "fake-model", prompt).await
+}
+
+/// The gateway's explain for `prompt` asked as `model` (a base model or a LoRA adapter).
+pub async fn explain_as(api: &str, model: &str, prompt: &[u32]) -> Value {
     reqwest::Client::new()
         .post(format!("{api}/admin/explain"))
-        .json(&json!({"model": "fake-model", "prompt": prompt}))
+        .json(&json!({"model": model, "prompt": prompt}))
         .send()
         .await
         .expect("explain")
@@ -129,7 +134,12 @@ pub async fn explain(api: &str, prompt: &[u32]) -> Value {
 
 /// The prompt's overlap (device blocks) on `worker`, per the gateway's explain.
 pub async fn overlap(api: &str, worker: &str, prompt: &[u32]) -> u64 {
-    let explain = explain(api, prompt).await;
+    overlap_as(api, "fake-model", worker, prompt).await
+}
+
+/// [`overlap`] for `prompt` asked as `model`.
+pub async fn overlap_as(api: &str, model: &str, worker: &str, prompt: &[u32]) -> u64 {
+    let explain = explain_as(api, model, prompt).await;
     explain["decision"]["explanation"]["workers"]
         .as_array()
         .unwrap_or_else(|| panic!("explain answered {explain}"))

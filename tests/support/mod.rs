@@ -157,6 +157,7 @@ pub async fn register_ghost(
         max_context_tokens: 8192,
         engine: switchyard_core::EngineKind::Sim,
         incarnation: 1,
+        adapters: Vec::new(),
         engine_endpoint: None,
         kv_tiers: None,
     };
@@ -296,6 +297,23 @@ impl Api {
 }
 
 /// A chat completion request of one user message that decodes exactly `max_tokens`.
+/// Runs `switchyard` with `args` until it exits (within `limit`): its output and its stderr.
+pub async fn run_to_exit<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(
+    args: &[S],
+    limit: Duration,
+) -> (std::process::Output, String) {
+    let run = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(limit, run)
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} exits within {limit:?}"))
+        .expect("run switchyard");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output, stderr)
+}
+
 pub fn chat(content: &str, max_tokens: u32) -> Value {
     serde_json::json!({
         "model": "sim-8b",
@@ -318,15 +336,7 @@ pub async fn refused_at_start<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(
     args: &[S],
     needle: &str,
 ) {
-    let run = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(args)
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(30), run)
-        .await
-        .expect("a refused configuration exits within 30 s")
-        .expect("run switchyard");
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (output, stderr) = run_to_exit(args, Duration::from_secs(30)).await;
     assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
     assert!(
         stderr.contains(needle),

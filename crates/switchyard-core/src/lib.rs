@@ -43,7 +43,7 @@ pub use event::{
 };
 pub use guided::Guided;
 pub use hash::{BlockHash, block_hashes, block_key, chain_hash, chain_hash_keyed};
-pub use identity::{KvIdentity, identity_block_key};
+pub use identity::{KvIdentity, MAX_IDENTITY_PART_BYTES, identity_block_key};
 pub use load::LoadStats;
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob};
 pub use retention::Retention;

@@ -158,6 +158,11 @@ pub struct WorkerInfo {
     pub engine: EngineKind,
     /// Changes every time the engine restarts; event sequence numbers restart with it.
     pub incarnation: u64,
+    /// LoRA adapters the engine serves besides the base model, by the names clients ask for
+    /// them as `model` (vLLM's `--lora-modules` names, SGLang's `--lora-paths` names). A request
+    /// naming one runs on the base model's workers that serve it, with the adapter's KV.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<String>,
     /// `host:port` of the engine's own OpenAI HTTP API (the model server) as a proxy reaches
     /// it: what the endpoint picker (`switchyard epp`) hands to Envoy. None for the simulator,
     /// which serves only through the worker's gRPC.
@@ -192,11 +197,29 @@ impl WorkerInfo {
         if let Some(endpoint) = &self.engine_endpoint {
             validate_endpoint(endpoint).map_err(CoreError::InvalidWorkerInfo)?;
         }
+        validate_adapters(&self.model, &self.adapters).map_err(CoreError::InvalidWorkerInfo)?;
         if let Some(costs) = &self.kv_tiers {
             costs.validate()?;
         }
         Ok(())
     }
+}
+
+/// Checks a worker's adapter names: each a valid KV identity part (non-empty, at most
+/// [`crate::MAX_IDENTITY_PART_BYTES`] bytes), none twice and none the base model's own name
+/// (a request naming it would be ambiguous).
+pub fn validate_adapters(model: &str, adapters: &[String]) -> Result<(), String> {
+    for (i, name) in adapters.iter().enumerate() {
+        crate::KvIdentity::new(Some(name.clone()), None)
+            .map_err(|e| format!("LoRA adapter {name:?}: {e}"))?;
+        if name == model {
+            return Err(format!("LoRA adapter {name:?} has the base model's name"));
+        }
+        if adapters[..i].contains(name) {
+            return Err(format!("LoRA adapter {name:?} is listed twice"));
+        }
+    }
+    Ok(())
 }
 
 /// Checks that `endpoint` is `host:port` with a port number, as a proxy dials it (an IPv6
@@ -254,12 +277,37 @@ mod tests {
             max_context_tokens: 32768,
             engine: EngineKind::Sim,
             incarnation: 7,
+            adapters: Vec::new(),
             engine_endpoint: None,
             kv_tiers: None,
         };
         let json = serde_json::to_string(&info).unwrap();
+        assert!(!json.contains("adapters"), "absent when none: {json}");
         assert_eq!(serde_json::from_str::<WorkerInfo>(&json).unwrap(), info);
         assert!(info.validate().is_ok());
+        let with_adapters = WorkerInfo {
+            adapters: vec!["sql-lora".into(), "chat-lora".into()],
+            ..info.clone()
+        };
+        let json = serde_json::to_string(&with_adapters).unwrap();
+        assert_eq!(
+            serde_json::from_str::<WorkerInfo>(&json).unwrap(),
+            with_adapters
+        );
+        assert!(with_adapters.validate().is_ok());
+        for (adapters, why) in [
+            (vec!["a".to_owned(), "a".to_owned()], "listed twice"),
+            (vec![String::new()], "empty"),
+            (vec!["sim-8b".to_owned()], "base model's name"),
+            (vec!["x".repeat(300)], "more than"),
+        ] {
+            let bad = WorkerInfo {
+                adapters,
+                ..info.clone()
+            };
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        }
         let bad = WorkerInfo {
             kv_capacity_blocks: 0,
             ..info
@@ -279,6 +327,7 @@ mod tests {
             max_context_tokens: 32768,
             engine: EngineKind::Vllm,
             incarnation: 7,
+            adapters: Vec::new(),
             engine_endpoint: None,
             kv_tiers: None,
         };

@@ -136,6 +136,7 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
             max_context_tokens: 1 << 20,
             engine: EngineKind::Vllm,
             incarnation: 1,
+            adapters: Vec::new(),
             engine_endpoint: Some(format!("10.0.0.{}:8000", i + 1)),
             kv_tiers: None,
         });

@@ -12,7 +12,7 @@ use switchyard_gateway::admission::{Admitted, FlowKey};
 use switchyard_gateway::audit::RequestTags;
 use switchyard_gateway::error::ApiError;
 use switchyard_gateway::http::AppState;
-use switchyard_gateway::http::completions::salted_identity;
+use switchyard_gateway::http::completions::{salted_identity, served_model};
 use switchyard_gateway::pool::ModelRoutes;
 use switchyard_gateway::preprocess::{self, Sessions};
 use switchyard_gateway::quota::QuotaPass;
@@ -99,7 +99,13 @@ pub async fn pick(
             Asked::default()
         }
     };
-    let routes = model_routes(state, asked.model.as_deref().or(headers.get(MODEL_HEADER)))?;
+    let (routes, adapter) =
+        model_routes(state, asked.model.as_deref().or(headers.get(MODEL_HEADER)))?;
+    // A LoRA adapter's blocks hash under it, and only engines that serve it are picked.
+    let identity = KvIdentity {
+        adapter,
+        ..asked.identity.clone()
+    };
     let flow = FlowKey::of_request(
         session.clone(),
         asked.user.as_deref(),
@@ -122,7 +128,7 @@ pub async fn pick(
         },
     };
     let session_tag = session.clone();
-    let request = routing::route_request(&state.pool, &routes, &tokens, &asked.identity, session);
+    let request = routing::route_request(&state.pool, &routes, &tokens, &identity, session);
     let room = routes
         .max_context_tokens
         .saturating_sub(tokens.len() as u64)
@@ -142,6 +148,7 @@ pub async fn pick(
         exclude: &[],
         // The proxy sends the request to one engine: no prefill worker is arranged for it.
         aggregated_only: true,
+        adapter: identity.adapter.as_deref(),
     };
     let routed = routing::route_within(
         &state.pool,
@@ -171,20 +178,22 @@ pub async fn pick(
     })
 }
 
-/// The model's routing state: the model the request names, else the only model served.
-fn model_routes(state: &AppState, model: Option<&str>) -> Result<Arc<ModelRoutes>, ApiError> {
+/// The model's routing state: the model the request names (a base model, or a LoRA adapter:
+/// then its base model's, and the adapter), else the only model served.
+fn model_routes(
+    state: &AppState,
+    model: Option<&str>,
+) -> Result<(Arc<ModelRoutes>, Option<String>), ApiError> {
     if let Some(model) = model {
-        return state
-            .pool
-            .model(model)
-            .ok_or_else(|| ApiError::ModelNotFound(model.to_owned()));
+        let served = served_model(state, model)?;
+        return Ok((served.routes, served.adapter));
     }
     let models = state.pool.models();
     let mut served = models
         .into_iter()
         .filter(|(name, _)| !state.pool.workers_of(name).is_empty());
     match (served.next(), served.next()) {
-        (Some((_, routes)), None) => Ok(routes),
+        (Some((_, routes)), None) => Ok((routes, None)),
         (None, _) => Err(ApiError::Unavailable(
             "no model server is registered".into(),
         )),

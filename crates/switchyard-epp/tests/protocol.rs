@@ -108,6 +108,7 @@ fn dead_endpoint() -> String {
 
 fn info(id: &str, endpoint: Option<&str>) -> WorkerInfo {
     WorkerInfo {
+        adapters: Vec::new(),
         id: WorkerId::new(id).unwrap(),
         // The worker's gRPC is never reached: no load reports, no events.
         address: dead_endpoint(),
@@ -410,6 +411,55 @@ async fn a_salted_prompt_goes_to_the_holder_of_its_salted_blocks() {
         let error = outcome.json()["error"]["message"].to_string();
         assert!(error.contains(says), "{error}");
     }
+    picker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapters_prompt_goes_to_a_server_of_the_adapter_holding_its_blocks() {
+    let a = Engine::start("a", false).await;
+    let b = Engine::start("b", false).await;
+    let c = Engine::start("c", false).await;
+    let serving = |id: &str, endpoint: &str| WorkerInfo {
+        adapters: vec!["sql-lora".into()],
+        ..info(id, Some(endpoint))
+    };
+    let picker = Picker::start(
+        vec![
+            serving("a", &a.endpoint),
+            info("b", Some(&b.endpoint)),
+            serving("c", &c.endpoint),
+        ],
+        |_| {},
+        EppConfig::default(),
+    )
+    .await;
+    let prompt = tokens(4, 64);
+    let lora = KvIdentity::new(Some("sql-lora".into()), None).unwrap();
+    picker.holds("a", &prompt, 16);
+    // b holds the adapter's blocks but does not serve the adapter: never picked for it.
+    picker.holds_as("b", &prompt, 16, &lora);
+    picker.holds_as("c", &prompt, 16, &lora);
+    let proxy = picker.proxy(BodySendMode::Buffered, BodySendMode::Buffered);
+    let adapter = ClientRequest::post(
+        "/v1/completions",
+        &json!({"model": "sql-lora", "prompt": prompt, "max_tokens": 8}),
+    );
+    for _ in 0..3 {
+        let outcome = proxy.send(adapter.clone()).await;
+        assert_eq!(outcome.status, 200, "{outcome:?}");
+        assert_eq!(engine_of(&outcome), "c", "the adapter's blocks' holder");
+        assert_eq!(
+            outcome.forwarded, adapter.body,
+            "the engine gets the adapter"
+        );
+    }
+    let outcome = proxy.send(completion(&prompt)).await;
+    assert_eq!(engine_of(&outcome), "a", "the base model's blocks' holder");
+    let unknown = ClientRequest::post(
+        "/v1/completions",
+        &json!({"model": "nope-lora", "prompt": prompt, "max_tokens": 8}),
+    );
+    assert_eq!(proxy.send(unknown).await.status, 404);
     picker.stop().await;
 }
 

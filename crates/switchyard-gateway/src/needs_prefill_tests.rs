@@ -22,6 +22,7 @@ use crate::routing::{self, needs_prefill};
 
 fn info(id: &str, role: Role, engine: EngineKind) -> WorkerInfo {
     WorkerInfo {
+        adapters: Vec::new(),
         id: WorkerId::new(id).unwrap(),
         // Nothing listens on port 1: a call fails at once with connection refused.
         address: "127.0.0.1:1".into(),
@@ -97,8 +98,8 @@ async fn aggregated_routes_leave_out_workers_that_need_a_prefill() {
         ["sglang-both", "sglang-decode", "vllm-decode"]
     );
     let aggregated = DecodeFilter {
-        exclude: &[],
         aggregated_only: true,
+        ..DecodeFilter::default()
     };
     assert_eq!(
         ids(&routing::candidates(&pool, &routes, aggregated)),

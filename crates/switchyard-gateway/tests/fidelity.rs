@@ -71,6 +71,7 @@ fn workers(sglang_prefill: bool) -> Vec<WorkerInfo> {
 
 fn info(id: &str, role: Role, engine: EngineKind) -> WorkerInfo {
     WorkerInfo {
+        adapters: Vec::new(),
         id: WorkerId::new(id).unwrap(),
         // Nothing listens there: every call goes through the in-process transport.
         address: "127.0.0.1:1".into(),
@@ -332,6 +333,7 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         role: w.role,
                         engine: w.engine,
                         draining,
+                        adapters: &w.adapters,
                     })
                     .collect();
                 let request = route_request(&tokens, bs(), session, now);

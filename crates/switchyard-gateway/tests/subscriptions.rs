@@ -106,6 +106,7 @@ async fn a_frozen_worker_holds_its_permit_for_a_bounded_time_only() {
         id: switchyard_core::WorkerId::new("frozen").unwrap(),
         address: frozen_listener.local_addr().unwrap().to_string(),
         incarnation: 1,
+        adapters: Vec::new(),
         ..live.clone()
     };
     // One permit, the frozen worker first: the live one is followed once the frozen one's

@@ -274,6 +274,7 @@ pub fn worker_info_to_wire(info: &WorkerInfo, draining: bool) -> v1::WorkerInfo 
         draining,
         engine_endpoint: info.engine_endpoint.clone().unwrap_or_default(),
         kv_tiers: info.kv_tiers.as_ref().map(tier_costs_to_wire),
+        adapters: info.adapters.clone(),
     }
 }
 
@@ -296,6 +297,7 @@ impl TryFrom<v1::WorkerInfo> for WorkerInfo {
             max_context_tokens: w.max_context_tokens,
             engine,
             incarnation: w.incarnation,
+            adapters: w.adapters,
             engine_endpoint: Some(w.engine_endpoint).filter(|e| !e.is_empty()),
             kv_tiers: w.kv_tiers.map(tier_costs_from_wire).transpose()?,
         };
@@ -503,6 +505,7 @@ mod tests {
 
     fn sample_info() -> WorkerInfo {
         WorkerInfo {
+            adapters: vec!["sql-lora".into()],
             id: WorkerId::new("w-1").unwrap(),
             address: "127.0.0.1:1".into(),
             model: "m".into(),
@@ -527,6 +530,12 @@ mod tests {
             ..wire.clone()
         };
         assert!(WorkerInfo::try_from(zero_block).is_err());
+        let twice = v1::WorkerInfo {
+            adapters: vec!["sql-lora".into(), "sql-lora".into()],
+            ..wire.clone()
+        };
+        let err = WorkerInfo::try_from(twice).unwrap_err().to_string();
+        assert!(err.contains("sql-lora") && err.contains("twice"), "{err}");
         let no_role = v1::WorkerInfo { role: 0, ..wire };
         assert!(WorkerInfo::try_from(no_role).is_err());
     }

@@ -134,6 +134,7 @@ mod tests {
 
     fn worker(id: &str) -> WorkerInfo {
         WorkerInfo {
+            adapters: Vec::new(),
             id: WorkerId::new(id).unwrap(),
             address: format!("127.0.0.1:{}", 1000 + id.len()),
             model: "m".into(),

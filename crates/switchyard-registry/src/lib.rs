@@ -317,6 +317,7 @@ mod tests {
 
     fn worker(id: &str, model: &str, block: u32) -> WorkerInfo {
         WorkerInfo {
+            adapters: Vec::new(),
             id: WorkerId::new(id).unwrap(),
             address: "127.0.0.1:1".into(),
             model: model.into(),

@@ -339,6 +339,7 @@ mod tests {
 
     fn worker(id: &str) -> WorkerInfo {
         WorkerInfo {
+            adapters: Vec::new(),
             id: WorkerId::new(id).unwrap(),
             address: "127.0.0.1:1".into(),
             model: "m".into(),

@@ -113,6 +113,7 @@ mod tests {
 
     fn info() -> WorkerInfo {
         WorkerInfo {
+            adapters: Vec::new(),
             id: switchyard_core::WorkerId::new("w1").unwrap(),
             address: "127.0.0.1:7000".into(),
             model: "m".into(),

@@ -23,6 +23,7 @@ use switchyard_registry::{
 
 fn worker(id: &str, model: &str, block_size: u32) -> WorkerInfo {
     WorkerInfo {
+        adapters: Vec::new(),
         id: WorkerId::new(id).unwrap(),
         address: format!("127.0.0.1:{}", 5000 + id.len()),
         model: model.into(),
@@ -328,11 +329,13 @@ mod cases {
         let restarted = WorkerInfo {
             address: "127.0.0.1:6001".into(),
             incarnation: 2,
+            adapters: Vec::new(),
             ..worker("a", "m", 16)
         };
         // Only the registration as it was seen may be replaced.
         let seen_wrong = WorkerInfo {
             incarnation: 7,
+            adapters: Vec::new(),
             ..old.clone()
         };
         let err = env

@@ -191,6 +191,7 @@ pub async fn run(
                 id.clone(),
                 incarnation,
                 &config.model,
+                &config.lora_adapters,
                 &config.engine,
                 config.kv_bytes_per_token,
                 config.event_buffer,
@@ -210,6 +211,7 @@ pub async fn run(
         max_context_tokens: spec.max_context_tokens,
         engine: spec.kind,
         incarnation,
+        adapters: config.lora_adapters.clone(),
         engine_endpoint: config.engine.http_endpoint(),
         kv_tiers: Some(config.kv_tiers.announce(
             spec.kind,

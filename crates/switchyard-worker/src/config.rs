@@ -44,6 +44,11 @@ pub struct WorkerConfig {
     pub metrics_tls_key: Option<PathBuf>,
     /// Model name clients ask for.
     pub model: String,
+    /// LoRA adapters the engine serves besides the base model, by the names clients ask for
+    /// them as `model` (vLLM's `--lora-modules` names, checked against its `/v1/models`; SGLang's
+    /// `--lora-paths` names; any name for the simulator). Registered with the worker, so the
+    /// gateway routes a request naming one here, with the adapter's KV.
+    pub lora_adapters: Vec<String>,
     pub role: Role,
     /// Cluster name: the registry namespace (`/switchyard/v1/<cluster>/`).
     pub cluster: String,
@@ -92,6 +97,7 @@ impl Default for WorkerConfig {
             metrics_tls_cert: None,
             metrics_tls_key: None,
             model: "sim-8b".to_owned(),
+            lora_adapters: Vec::new(),
             role: Role::Both,
             cluster: "default".to_owned(),
             etcd_endpoints: Vec::new(),
@@ -133,6 +139,8 @@ impl WorkerConfig {
         if self.model.trim().is_empty() {
             return invalid("model must not be empty".into());
         }
+        switchyard_core::worker::validate_adapters(&self.model, &self.lora_adapters)
+            .map_err(|e| ConfigError::Invalid(format!("lora_adapters: {e}")))?;
         if self.cluster.is_empty()
             || !self
                 .cluster
@@ -241,6 +249,13 @@ pub struct WorkerArgs {
     /// Model name served.
     #[arg(long, env = "SWITCHYARD_MODEL")]
     pub model: Option<String>,
+    /// LoRA adapters the engine serves, by name (repeat, or comma-separated).
+    #[arg(
+        long = "lora-adapter",
+        env = "SWITCHYARD_LORA_ADAPTERS",
+        value_delimiter = ','
+    )]
+    pub lora_adapters: Option<Vec<String>>,
     /// prefill, decode or both.
     #[arg(long, env = "SWITCHYARD_ROLE")]
     pub role: Option<Role>,
@@ -387,6 +402,7 @@ impl WorkerArgs {
             config.metrics_token.clone_from(&self.metrics_token);
         }
         set!(model => config.model);
+        set!(lora_adapters => config.lora_adapters);
         set!(role => config.role);
         set!(cluster => config.cluster);
         set!(etcd => config.etcd_endpoints);

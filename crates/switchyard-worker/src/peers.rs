@@ -117,6 +117,7 @@ mod tests {
 
     fn info(id: &str, address: &str) -> WorkerInfo {
         WorkerInfo {
+            adapters: Vec::new(),
             id: WorkerId::new(id).unwrap(),
             address: address.into(),
             model: "m".into(),

@@ -181,6 +181,7 @@ impl WorkerService {
         self.check_prompt(&req.prompt_token_ids, sampling.max_tokens)?;
         let identity = switchyard_proto::identity_from_proto(req.identity)
             .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
+        self.check_adapter(&identity)?;
         if !self.state.role().serves_decode() {
             return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role prefill and does not generate; send Prefill",
@@ -229,6 +230,24 @@ impl WorkerService {
         Ok((engine_stream, in_flight))
     }
 
+    /// Refuses a request under a LoRA adapter this worker's engine does not serve (the gateway
+    /// sends such requests only to workers that registered the adapter).
+    fn check_adapter(&self, identity: &switchyard_core::KvIdentity) -> Result<(), Status> {
+        match &identity.adapter {
+            Some(adapter) if !self.info.adapters.contains(adapter) => Err(ErrorCode::WrongWorker
+                .status(format!(
+                    "worker {} does not serve LoRA adapter {adapter:?} (it serves {})",
+                    self.info.id,
+                    if self.info.adapters.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        self.info.adapters.join(", ")
+                    }
+                ))),
+            _ => Ok(()),
+        }
+    }
+
     /// `Prefill` inside its `prefill` span.
     async fn run_prefill(
         &self,
@@ -240,6 +259,7 @@ impl WorkerService {
         self.check_prompt(&req.prompt_token_ids, 1)?;
         let identity = switchyard_proto::identity_from_proto(req.identity)
             .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
+        self.check_adapter(&identity)?;
         if !self.state.role().serves_prefill() {
             return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role decode and does not prefill",

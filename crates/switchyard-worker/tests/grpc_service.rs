@@ -363,6 +363,65 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
 }
 
 #[tokio::test]
+async fn a_worker_registers_its_adapters_and_refuses_any_other() {
+    let mut config = WorkerConfig {
+        id: Some("worker-lora".into()),
+        lora_adapters: vec!["sql-lora".into()],
+        speedup: 100.0,
+        ..WorkerConfig::default()
+    };
+    config.sim.block_size = BlockSize::new(16).unwrap();
+    let registry = Arc::new(MemoryRegistry::new());
+    let mut worker = spawn_worker(config, Some(registry.clone() as Arc<dyn Registry>)).await;
+    let listed = registry.list_workers().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].adapters, ["sql-lora"]);
+    let under = |adapter: &str| GenerateRequest {
+        identity: Some(v1::KvIdentity {
+            adapter: Some(adapter.into()),
+            cache_salt: None,
+        }),
+        ..gen_req(prompt(40), 2)
+    };
+    let mut stream = worker
+        .client
+        .generate(under("sql-lora"))
+        .await
+        .expect("a served adapter runs")
+        .into_inner();
+    while let Some(chunk) = stream.next().await {
+        chunk.expect("chunk");
+    }
+    let err = worker
+        .client
+        .generate(under("chat-lora"))
+        .await
+        .expect_err("an adapter the engine does not serve");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("\"chat-lora\"") && err.message().contains("sql-lora"),
+        "{err:?}"
+    );
+    let err = worker
+        .client
+        .prefill(PrefillRequest {
+            request_id: "p".into(),
+            prompt_token_ids: prompt(40),
+            hold_ms: 0,
+            pipelined: false,
+            identity: Some(v1::KvIdentity {
+                adapter: Some("chat-lora".into()),
+                cache_salt: None,
+            }),
+            retention: None,
+        })
+        .await
+        .expect_err("nor prefills under it");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    worker.stop().await;
+}
+
+#[tokio::test]
 async fn shutdown_waits_for_in_flight_requests_and_deregisters() {
     let mut h = start_worker(Role::Both).await;
     let mut stream = h

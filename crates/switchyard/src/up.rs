@@ -38,6 +38,14 @@ pub struct UpArgs {
     /// Model name the workers serve.
     #[arg(long, default_value = "sim-8b", env = "SWITCHYARD_MODEL")]
     pub model: String,
+    /// LoRA adapters every simulated worker serves besides the model (repeat, or
+    /// comma-separated): clients ask for one as `model`, and its KV is kept apart.
+    #[arg(
+        long = "lora-adapter",
+        value_delimiter = ',',
+        env = "SWITCHYARD_LORA_ADAPTERS"
+    )]
+    pub lora_adapters: Vec<String>,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16, env = "SWITCHYARD_BLOCK_SIZE")]
     pub block_size: u32,
@@ -150,6 +158,7 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
             id: Some(format!("sim-{i}")),
             role,
             model: args.model.clone(),
+            lora_adapters: args.lora_adapters.clone(),
             cluster: gateway.cluster.clone(),
             etcd_endpoints: gateway.etcd_endpoints.clone(),
             speedup: args.speedup,

@@ -67,6 +67,7 @@ pub fn pool(workers: usize, prompt: &[TokenId]) -> (Arc<WorkerPool>, Arc<ModelRo
             max_context_tokens: 1 << 20,
             engine: EngineKind::Sim,
             incarnation: 1,
+            adapters: Vec::new(),
             engine_endpoint: None,
             kv_tiers: None,
         });

@@ -498,6 +498,7 @@ mod tests {
 
     fn info(id: &str) -> WorkerInfo {
         WorkerInfo {
+            adapters: Vec::new(),
             id: WorkerId::new(id).unwrap(),
             address: "0.0.0.0:7000".into(),
             model: "m".into(),

@@ -82,6 +82,9 @@ struct WorkerView {
     id: String,
     address: String,
     model: String,
+    /// The LoRA adapters it serves (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    adapters: Vec<String>,
     role: Role,
     draining: bool,
     /// False while the worker is out of routing because it stopped answering.
@@ -124,6 +127,7 @@ async fn workers(State(state): State<Arc<AppState>>) -> axum::Json<Vec<WorkerVie
             id: info.id.to_string(),
             address: info.address,
             model: info.model,
+            adapters: info.adapters,
             role: info.role,
             draining: worker.is_draining(),
             responsive,
@@ -198,11 +202,9 @@ async fn explain_prompt(
 ) -> Result<axum::Json<ExplainResponse>, ApiError> {
     let request: ExplainRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("invalid explain request: {e}")))?;
-    let routes = state
-        .pool
-        .model(&request.model)
-        .ok_or_else(|| ApiError::ModelNotFound(request.model.clone()))?;
-    let model_dir = state.tokenizers.for_model(&request.model);
+    let super::completions::ServedModel { routes, adapter } =
+        super::completions::served_model(state, &request.model)?;
+    let model_dir = state.tokenizers.for_model(&routes.model);
     let max = preprocess::prompt_limit(routes.max_context_tokens);
     let tokens = match (request.prompt, request.messages) {
         (Some(PromptInput::Text(text)), None) => {
@@ -230,11 +232,13 @@ async fn explain_prompt(
     let settings = state.config.disagg();
     // As dispatch routes a first attempt: with disaggregation off no request gets a prefill
     // worker, so none goes to a worker that needs one.
+    let mut identity = super::completions::salted_identity(request.cache_salt)?;
+    identity.adapter = adapter;
     let filter = DecodeFilter {
         exclude: &[],
         aggregated_only: aggregated_only(&settings.serve, false, false),
+        adapter: identity.adapter.as_deref(),
     };
-    let identity = super::completions::salted_identity(request.cache_salt)?;
     let route_request =
         routing::route_request(&state.pool, &routes, &tokens, &identity, request.session_id);
     let decision = routing::explain(&state.pool, &routes, &route_request, filter)

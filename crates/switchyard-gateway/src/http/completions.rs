@@ -217,9 +217,43 @@ pub(crate) fn refuse_unknown(
 }
 
 pub(crate) fn model_routes(state: &AppState, model: &str) -> Result<Arc<ModelRoutes>, ApiError> {
-    match state.pool.model(model) {
-        Some(routes) => Ok(routes),
-        None => Err(ApiError::ModelNotFound(model.to_owned())),
+    served_model(state, model).map(|served| served.routes)
+}
+
+/// What a request's `model` names: a base model the workers serve, or a LoRA adapter some of
+/// them serve, which runs on its base model's routes (tokenizer, context, index) with the
+/// adapter's KV, on the workers that serve it.
+#[derive(Debug)]
+pub struct ServedModel {
+    pub routes: Arc<ModelRoutes>,
+    pub adapter: Option<String>,
+}
+
+/// Resolves `model` (see [`ServedModel`]); an unknown name is a 404, an adapter that workers
+/// of two base models claim a 400 naming both.
+pub fn served_model(state: &AppState, model: &str) -> Result<ServedModel, ApiError> {
+    if let Some(routes) = state.pool.model(model) {
+        return Ok(ServedModel {
+            routes,
+            adapter: None,
+        });
+    }
+    match &state.pool.adapter_models(model)[..] {
+        [base] => match state.pool.model(base) {
+            Some(routes) => Ok(ServedModel {
+                routes,
+                adapter: Some(model.to_owned()),
+            }),
+            None => Err(ApiError::ModelNotFound(model.to_owned())),
+        },
+        [] => Err(ApiError::ModelNotFound(model.to_owned())),
+        several => Err(ApiError::bad_param(
+            "model",
+            format!(
+                "LoRA adapter `{model}` is served on more than one base model ({}); name a base model",
+                several.join(", ")
+            ),
+        )),
     }
 }
 
@@ -434,7 +468,7 @@ async fn serve<T: DeserializeOwned>(
 ) -> Response {
     let arrived = Instant::now();
     // Labels the request's metrics once the model is known to be served.
-    let mut served_model = String::new();
+    let mut metric_model = String::new();
     let prepared = async {
         let request: T = parse_body(&read_body(&state, body)?)?;
         let ParsedRequest {
@@ -452,11 +486,14 @@ async fn serve<T: DeserializeOwned>(
         let asks = asks_of(kind, &sampling, echo, source.count())?;
         let asked = sampling.max_completion_tokens.or(sampling.max_tokens);
         sampling_of(&sampling, asked.unwrap_or(u32::MAX), asks.logprobs)?;
-        let identity = salted_identity(sampling.cache_salt.clone())?;
-        let routes = model_routes(&state, &model)?;
-        served_model.clone_from(&model);
-        let tokenizer = state.tokenizers.for_model(&model);
-        let (source, output) = settle_output(&state, &model, &tokenizer.dir, source)?;
+        let mut identity = salted_identity(sampling.cache_salt.clone())?;
+        let ServedModel { routes, adapter } = served_model(&state, &model)?;
+        identity.adapter = adapter;
+        metric_model.clone_from(&model);
+        // An adapter runs on its base model's tokenizer and chat template.
+        let base = routes.model.as_str();
+        let tokenizer = state.tokenizers.for_model(base);
+        let (source, output) = settle_output(&state, base, &tokenizer.dir, source)?;
         if output.guided().is_some() && super::guided::guided_of(&sampling)?.is_some() {
             return Err(ApiError::bad_param(
                 "tool_choice",
@@ -514,7 +551,7 @@ async fn serve<T: DeserializeOwned>(
     .await;
     match prepared {
         Ok((permit, prepared)) => respond(state, prepared, permit).await,
-        Err(err) => fail(&state, kind, &served_model, err),
+        Err(err) => fail(&state, kind, &metric_model, err),
     }
 }
 
@@ -526,7 +563,7 @@ struct Request {
     model_dir: Arc<ModelDir>,
     routes: Arc<ModelRoutes>,
     prompts: Vec<Tokenized>,
-    /// The KV identity the prompts' blocks were hashed under (`cache_salt`).
+    /// The KV identity the prompts' blocks were hashed under (the adapter and `cache_salt`).
     identity: KvIdentity,
     sampling: SamplingFields,
     asks: Asks,

@@ -265,12 +265,26 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::Header
         .into_response()
 }
 
-/// Models with at least one worker.
+/// Models with at least one worker, then the LoRA adapters their workers serve (each with its
+/// base model as `parent`, as vLLM lists them).
 async fn models(State(state): State<Arc<AppState>>) -> axum::Json<ModelList> {
     let mut data = Vec::new();
+    let mut adapters = std::collections::BTreeSet::new();
     for (name, routes) in state.pool.models() {
-        if !state.pool.workers_of(&name).is_empty() {
-            data.push(card(name, &routes));
+        let workers = state.pool.workers_of(&name);
+        if workers.is_empty() {
+            continue;
+        }
+        for w in &workers {
+            for adapter in w.info().adapters {
+                adapters.insert((adapter, name.clone()));
+            }
+        }
+        data.push(card(name, &routes, None));
+    }
+    for (adapter, base) in adapters {
+        if let Some(routes) = state.pool.model(&base) {
+            data.push(card(adapter, &routes, Some(base)));
         }
     }
     axum::Json(ModelList {
@@ -279,13 +293,14 @@ async fn models(State(state): State<Arc<AppState>>) -> axum::Json<ModelList> {
     })
 }
 
-fn card(id: String, routes: &crate::pool::ModelRoutes) -> ModelCard {
+fn card(id: String, routes: &crate::pool::ModelRoutes, parent: Option<String>) -> ModelCard {
     ModelCard {
         id,
         object: "model",
         created: unix_now(),
         owned_by: "switchyard",
         max_model_len: routes.max_context_tokens,
+        parent,
     }
 }
 
@@ -294,10 +309,15 @@ async fn model(
     State(state): State<Arc<AppState>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    match state.pool.model(&id) {
-        Some(routes) if !state.pool.workers_of(&id).is_empty() => {
-            axum::Json(card(id, &routes)).into_response()
+    match completions::served_model(&state, &id) {
+        Ok(served) if !state.pool.workers_of(&served.routes.model).is_empty() => {
+            let parent = served
+                .adapter
+                .is_some()
+                .then(|| served.routes.model.clone());
+            axum::Json(card(id, &served.routes, parent)).into_response()
         }
-        _ => ApiError::ModelNotFound(id).into_response(),
+        Ok(_) => ApiError::ModelNotFound(id).into_response(),
+        Err(err) => err.into_response(),
     }
 }

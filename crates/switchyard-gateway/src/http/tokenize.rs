@@ -45,7 +45,8 @@ async fn run_tokenize(
     let request: TokenizeRequest = parse(state, body)?;
     refuse_unknown(&request.unknown)?;
     let routes = model_routes(state, &request.model)?;
-    let tokenizer = state.tokenizers.for_model(&request.model);
+    // A LoRA adapter tokenizes as its base model.
+    let tokenizer = state.tokenizers.for_model(&routes.model);
     let max = usize::try_from(routes.max_context_tokens).unwrap_or(usize::MAX);
     let tokens = match (request.prompt, request.messages) {
         (Some(prompt), None) => {
@@ -86,8 +87,8 @@ pub async fn detokenize(
     let answer = (|| {
         let request: DetokenizeRequest = parse(&state, body)?;
         refuse_unknown(&request.unknown)?;
-        model_routes(&state, &request.model)?;
-        let tokenizer = state.tokenizers.for_model(&request.model);
+        let routes = model_routes(&state, &request.model)?;
+        let tokenizer = state.tokenizers.for_model(&routes.model);
         let vocab = tokenizer.dir.tokenizer().vocab_size();
         if let Some(bad) = request.tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(ApiError::bad_param(

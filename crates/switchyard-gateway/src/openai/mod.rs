@@ -261,6 +261,9 @@ pub struct ModelCard {
     pub owned_by: &'static str,
     /// Longest prompt plus output, in tokens (vLLM reports the same field).
     pub max_model_len: u64,
+    /// A LoRA adapter's base model (vLLM's `parent`); absent for a base model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -378,6 +378,20 @@ impl WorkerPool {
             .collect()
     }
 
+    /// The base models of the workers that serve the LoRA adapter `adapter`, without repeats
+    /// (more than one is a misconfigured fleet: the caller refuses the name as ambiguous).
+    pub fn adapter_models(&self, adapter: &str) -> Vec<String> {
+        let mut models: Vec<String> = Vec::new();
+        for w in self.workers() {
+            let info = w.info.read().unwrap_or_else(|p| p.into_inner());
+            if info.adapters.iter().any(|a| a == adapter) && !models.contains(&info.model) {
+                models.push(info.model.clone());
+            }
+        }
+        models.sort();
+        models
+    }
+
     pub(crate) fn routes_for(&self, info: &WorkerInfo) -> Result<Arc<ModelRoutes>, String> {
         let mut models = self.models.write().unwrap_or_else(|p| p.into_inner());
         if let Some(routes) = models.get(&info.model) {

@@ -404,6 +404,7 @@ mod tests {
             max_context_tokens: 1000,
             engine: EngineKind::Sim,
             incarnation: 1,
+            adapters: Vec::new(),
             engine_endpoint: None,
             kv_tiers: None,
         };

@@ -98,6 +98,7 @@ fn facts(info: &WorkerInfo, draining: bool) -> WorkerFacts<'_> {
         role: info.role,
         engine: info.engine,
         draining,
+        adapters: &info.adapters,
     }
 }
 
@@ -114,12 +115,15 @@ pub fn candidates(pool: &WorkerPool, routes: &ModelRoutes, filter: DecodeFilter<
 }
 
 /// Prefill-pool workers of the model that can prefill now for a decode worker in front of
-/// `engine`.
+/// `engine`, under the request's LoRA `adapter` if it has one.
 pub fn prefill_candidates(
     pool: &WorkerPool,
     routes: &ModelRoutes,
     engine: EngineKind,
     exclude: &[WorkerId],
+    adapter: Option<&str>,
 ) -> Candidates {
-    Candidates::select(pool, routes, |w| may_prefill_for(w, engine, exclude))
+    Candidates::select(pool, routes, |w| {
+        may_prefill_for(w, engine, exclude, adapter)
+    })
 }

@@ -386,7 +386,7 @@ pub fn route_prefill(
     tags: &Arc<RequestTags>,
     attempt: u32,
 ) -> PrefillRoute {
-    let candidates = prefill_candidates(pool, routes, engine, exclude);
+    let candidates = prefill_candidates(pool, routes, engine, exclude, request.adapter.as_deref());
     let (decision, booking, basis) = {
         let mut core = routes.lock();
         let pending = decode.pending.take();
@@ -458,7 +458,7 @@ pub fn explain_prefill(
     engine: EngineKind,
     needs_prefill: bool,
 ) -> PrefillChoice {
-    let only = prefill_candidates(pool, routes, engine, &[]).ids;
+    let only = prefill_candidates(pool, routes, engine, &[], request.adapter.as_deref()).ids;
     routes
         .lock()
         .serving

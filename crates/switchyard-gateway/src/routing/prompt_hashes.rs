@@ -84,6 +84,7 @@ pub fn route_request_from(
             block_size: routes.block_size,
             session,
             now: pool.now_tick(),
+            adapter: identity.adapter.clone(),
         },
         None => super::route_request(pool, routes, context, identity, session),
     }

@@ -227,6 +227,7 @@ mod tests {
 
     fn worker(id: &str, role: Role) -> WorkerInfo {
         WorkerInfo {
+            adapters: Vec::new(),
             id: WorkerId::new(id).unwrap(),
             address: "127.0.0.1:1".into(),
             model: "m".into(),

@@ -453,6 +453,7 @@ impl Cluster {
                 role: w.role,
                 engine: EngineKind::Sim,
                 draining: w.moving_to.is_some(),
+                adapters: &[],
             })
             .collect();
         let served = self

@@ -169,6 +169,8 @@ impl Replayer {
             block_size,
             session: record.session.clone(),
             now: record.tick,
+            // The recorded candidates were filtered live (adapter included).
+            adapter: None,
         };
         // An attempt that could not use the prefill pool (a migration, log probabilities, or
         // disaggregation off) is served aggregated, as it was live.
@@ -212,14 +214,17 @@ fn worker_facts<'a>(
     known: &'a BTreeMap<WorkerId, WorkerInfo>,
 ) -> Vec<WorkerFacts<'a>> {
     let facts = |id: &'a WorkerId, fallback: Role| {
-        let (role, engine) = known
+        let (role, engine, adapters) = known
             .get(id)
-            .map_or((fallback, EngineKind::Sim), |w| (w.role, w.engine));
+            .map_or((fallback, EngineKind::Sim, &[][..]), |w| {
+                (w.role, w.engine, &w.adapters[..])
+            });
         WorkerFacts {
             id,
             role,
             engine,
             draining: false,
+            adapters,
         }
     };
     let mut workers: Vec<WorkerFacts<'a>> = record

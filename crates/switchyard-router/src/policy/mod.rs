@@ -47,6 +47,9 @@ pub struct RouteRequest {
     pub session: Option<String>,
     /// When the request is routed, on the caller's clock.
     pub now: Tick,
+    /// The LoRA adapter the request runs under (its blocks hash under it): only workers that
+    /// serve it are candidates ([`crate::serve::DecodeFilter::adapter`]).
+    pub adapter: Option<String>,
 }
 
 /// A worker the request may go to (healthy, right role, not draining).

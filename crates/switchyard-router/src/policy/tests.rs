@@ -26,6 +26,7 @@ pub(super) fn request(tokens: &[u32], session: Option<&str>, now: Tick) -> Route
         block_size: bs(),
         session: session.map(str::to_owned),
         now,
+        adapter: None,
     }
 }
 

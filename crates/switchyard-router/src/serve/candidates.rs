@@ -11,6 +11,15 @@ pub struct WorkerFacts<'a> {
     pub engine: EngineKind,
     /// Draining (or being moved to another role): it takes no new work.
     pub draining: bool,
+    /// The LoRA adapters its engine serves (`WorkerInfo::adapters`).
+    pub adapters: &'a [String],
+}
+
+impl WorkerFacts<'_> {
+    /// Whether the worker can run a request under `adapter` (every worker runs the base model).
+    pub fn serves(&self, adapter: Option<&str>) -> bool {
+        adapter.is_none_or(|a| self.adapters.iter().any(|s| s == a))
+    }
 }
 
 /// Whether a worker can generate only from a prefill worker's KV, never from a bare prompt.
@@ -30,6 +39,8 @@ pub struct DecodeFilter<'a> {
     /// The attempt will not get a prefill worker (disaggregation off, a migration, a reroute):
     /// leave out the workers that [`needs_prefill`].
     pub aggregated_only: bool,
+    /// The LoRA adapter the request runs under: only workers that serve it.
+    pub adapter: Option<&'a str>,
 }
 
 /// Whether `worker` may generate for the request.
@@ -38,17 +49,24 @@ pub fn may_decode(worker: WorkerFacts<'_>, filter: DecodeFilter<'_>) -> bool {
     !worker.draining
         && worker.role.serves_decode()
         && !unusable_aggregated
+        && worker.serves(filter.adapter)
         && !filter.exclude.contains(worker.id)
 }
 
 /// Whether `worker` may prefill for a decode worker in front of `engine`. Only workers of the
 /// same engine kind pair up: the KV moves between the engines (the simulator's blocks over
 /// `PullKv`, vLLM's and SGLang's through the engines' own transfer), and neither side can read
-/// the other kind's.
-pub fn may_prefill_for(worker: WorkerFacts<'_>, engine: EngineKind, exclude: &[WorkerId]) -> bool {
+/// the other kind's. A request under a LoRA adapter needs a prefill worker that serves it too.
+pub fn may_prefill_for(
+    worker: WorkerFacts<'_>,
+    engine: EngineKind,
+    exclude: &[WorkerId],
+    adapter: Option<&str>,
+) -> bool {
     !worker.draining
         && worker.role == Role::Prefill
         && worker.engine == engine
+        && worker.serves(adapter)
         && !exclude.contains(worker.id)
 }
 
@@ -62,6 +80,7 @@ mod tests {
             role,
             engine,
             draining: false,
+            adapters: &[],
         }
     }
 
@@ -81,6 +100,7 @@ mod tests {
         let filter = DecodeFilter {
             exclude: &excluded,
             aggregated_only: false,
+            adapter: None,
         };
         assert!(!may_decode(facts(&w, Role::Both, EngineKind::Sim), filter));
         // SGLang decode servers only with a prefill worker.
@@ -89,6 +109,7 @@ mod tests {
         let aggregated = DecodeFilter {
             exclude: &[],
             aggregated_only: true,
+            adapter: None,
         };
         assert!(!may_decode(sglang_decode, aggregated));
         assert!(may_decode(
@@ -103,22 +124,73 @@ mod tests {
         assert!(may_prefill_for(
             facts(&p, Role::Prefill, EngineKind::Vllm),
             EngineKind::Vllm,
-            &[]
+            &[],
+            None
         ));
         assert!(!may_prefill_for(
             facts(&p, Role::Prefill, EngineKind::Vllm),
             EngineKind::Sglang,
-            &[]
+            &[],
+            None
         ));
         assert!(!may_prefill_for(
             facts(&p, Role::Both, EngineKind::Sim),
             EngineKind::Sim,
-            &[]
+            &[],
+            None
         ));
         assert!(!may_prefill_for(
             facts(&p, Role::Prefill, EngineKind::Sim),
             EngineKind::Sim,
-            std::slice::from_ref(&p)
+            std::slice::from_ref(&p),
+            None
+        ));
+    }
+
+    #[test]
+    fn a_request_under_an_adapter_goes_only_to_workers_that_serve_it() {
+        let w = WorkerId::new("w").unwrap();
+        let served = ["sql-lora".to_owned()];
+        let with = WorkerFacts {
+            adapters: &served,
+            ..facts(&w, Role::Both, EngineKind::Vllm)
+        };
+        let without = facts(&w, Role::Both, EngineKind::Vllm);
+        let sql = DecodeFilter {
+            adapter: Some("sql-lora"),
+            ..DecodeFilter::default()
+        };
+        let other = DecodeFilter {
+            adapter: Some("chat-lora"),
+            ..DecodeFilter::default()
+        };
+        assert!(may_decode(with, sql));
+        assert!(!may_decode(without, sql));
+        assert!(!may_decode(with, other));
+        // The base model runs everywhere.
+        assert!(may_decode(with, DecodeFilter::default()));
+        assert!(may_decode(without, DecodeFilter::default()));
+        let prefill = WorkerFacts {
+            adapters: &served,
+            ..facts(&w, Role::Prefill, EngineKind::Vllm)
+        };
+        assert!(may_prefill_for(
+            prefill,
+            EngineKind::Vllm,
+            &[],
+            Some("sql-lora")
+        ));
+        assert!(!may_prefill_for(
+            prefill,
+            EngineKind::Vllm,
+            &[],
+            Some("chat-lora")
+        ));
+        assert!(!may_prefill_for(
+            facts(&w, Role::Prefill, EngineKind::Vllm),
+            EngineKind::Vllm,
+            &[],
+            Some("sql-lora")
         ));
     }
 }

@@ -117,6 +117,8 @@ pub fn rescore(
         block_size,
         session: basis.session.clone(),
         now: basis.now,
+        // Rescored over the explanation's own candidates.
+        adapter: None,
     };
     let mut index = PrefixIndex::new(IndexConfig {
         verify_hashes: false,

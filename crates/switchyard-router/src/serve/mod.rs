@@ -80,6 +80,7 @@ pub fn route_request_as(
         block_size,
         session,
         now,
+        adapter: identity.adapter.clone(),
     }
 }
 

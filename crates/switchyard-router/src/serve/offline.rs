@@ -67,6 +67,8 @@ impl ServingCore {
             let filter = DecodeFilter {
                 exclude: &[],
                 aggregated_only: aggregated_only(settings, false, rerouted),
+                // Replayed traces and the planner's bench run the base model.
+                adapter: None,
             };
             let candidates = ids(workers, |w| may_decode(w, filter));
             let (decision, mut booking) = match self.route_decode(request, &candidates, max_tokens)
@@ -153,5 +155,5 @@ fn ids(workers: &[WorkerFacts<'_>], eligible: impl Fn(WorkerFacts<'_>) -> bool) 
 
 fn prefill_ids(workers: &[WorkerFacts<'_>], engine: EngineKind) -> Vec<Candidate> {
     let none: [WorkerId; 0] = [];
-    ids(workers, |w| may_prefill_for(w, engine, &none))
+    ids(workers, |w| may_prefill_for(w, engine, &none, None))
 }

@@ -88,6 +88,7 @@ impl VllmEngine {
         worker: WorkerId,
         incarnation: u64,
         model: &str,
+        adapters: &[String],
         config: &EngineConfig,
         kv_bytes_per_token: u64,
         event_buffer: usize,
@@ -113,6 +114,9 @@ impl VllmEngine {
             .build()
             .map_err(|e| AdapterError::Config(e.to_string()))?;
         let facts = discover(&http, kind, &base_url, config).await?;
+        if kind == EngineKind::Vllm {
+            check_adapters(&http, &base_url, adapters).await?;
+        }
         let block_size = facts.block_size.unwrap_or(16);
         let block_size =
             BlockSize::new(block_size).map_err(|e| AdapterError::Config(e.to_string()))?;
@@ -353,6 +357,38 @@ async fn discover(
             });
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Checks that the vLLM engine serves every LoRA adapter the worker registers: vLLM lists the
+/// adapters it was started with (`--lora-modules`) or has loaded since in `/v1/models`, each
+/// under its own name. A missing one is a configuration error naming it, rather than requests
+/// routed here and refused by the engine.
+async fn check_adapters(
+    http: &reqwest::Client,
+    base: &str,
+    adapters: &[String],
+) -> Result<(), AdapterError> {
+    if adapters.is_empty() {
+        return Ok(());
+    }
+    let url = format!("{base}/v1/models");
+    let models = get_json(http, &url).await.map_err(|e| {
+        AdapterError::Config(format!("cannot list the engine's LoRA adapters: {e}"))
+    })?;
+    let listed: Vec<&str> = models
+        .get("data")
+        .and_then(Value::as_array)
+        .map(|data| data.iter().filter_map(|m| m.get("id")?.as_str()).collect())
+        .unwrap_or_default();
+    match adapters.iter().find(|a| !listed.contains(&a.as_str())) {
+        None => Ok(()),
+        Some(missing) => Err(AdapterError::Config(format!(
+            "lora_adapters names {missing:?}, which the vLLM engine at {base} does not serve \
+             (its /v1/models lists {}); start it with --enable-lora --lora-modules {missing}=<path> \
+             or drop the name",
+            listed.join(", ")
+        ))),
     }
 }
 

@@ -103,6 +103,7 @@ pub async fn start(config: EngineConfig) -> VllmEngine {
         WorkerId::new("w").unwrap(),
         1,
         "fake-model",
+        &[],
         &config,
         1,
         4096,

@@ -218,6 +218,7 @@ impl WorkerTransport for Scripted {
 
 fn info(id: &str, port: u16, role: Role, engine: EngineKind) -> WorkerInfo {
     WorkerInfo {
+        adapters: Vec::new(),
         id: WorkerId::new(id).unwrap(),
         // Nothing listens there: the pool's subscribers fail and retry quietly, and every call
         // dispatch makes goes through the scripted transport instead.

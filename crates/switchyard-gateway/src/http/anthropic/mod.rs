@@ -104,9 +104,10 @@ async fn messages(
     let split = |r: MessagesRequest| {
         let model = r.model.clone();
         let ask = request::chat_ask(r)?;
-        if split_state.pool.model(&model).is_some() {
-            let tokenizer = split_state.tokenizers.for_model(&model);
-            check_thinking(&split_state, &model, &tokenizer.dir, ask.thinking)?;
+        // A LoRA adapter thinks as its base model does (an unknown name is refused later).
+        if let Ok(routes) = model_routes(&split_state, &model) {
+            let tokenizer = split_state.tokenizers.for_model(&routes.model);
+            check_thinking(&split_state, &routes.model, &tokenizer.dir, ask.thinking)?;
         }
         stops.clone_from(&ask.stop_sequences);
         Ok(parsed(model, ask))
@@ -285,11 +286,13 @@ async fn count(
     request::response_format(r.output_config.as_ref())?;
     request::top_cache_control(r.cache_control)?;
     let routes = model_routes(state, &r.model)?;
-    let tokenizer = state.tokenizers.for_model(&r.model);
-    check_thinking(state, &r.model, &tokenizer.dir, thinking)?;
+    // A LoRA adapter counts with its base model's tokenizer and template.
+    let base = routes.model.as_str();
+    let tokenizer = state.tokenizers.for_model(base);
+    check_thinking(state, base, &tokenizer.dir, thinking)?;
     // The tools the chat path would render (none with `tool_choice: none`).
-    let formats = state.config.output.formats(&r.model, &tokenizer.dir);
-    let (_, tools) = ChatOutput::resolve(formats, &r.model, tools, tool_choice, parallel)?;
+    let formats = state.config.output.formats(base, &tokenizer.dir);
+    let (_, tools) = ChatOutput::resolve(formats, base, tools, tool_choice, parallel)?;
     let mut chat = ChatRequest::new(messages);
     chat.tools = tools;
     let max = preprocess::prompt_limit(routes.max_context_tokens);

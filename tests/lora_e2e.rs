@@ -1,0 +1,259 @@
+//! LoRA adapters end to end with the real binary: a request whose `model` names an adapter runs
+//! on its base model's workers that serve the adapter, under the adapter's KV, and reaches the
+//! engine as vLLM serves adapters (the adapter's name as `model`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::fake_engine::{Fake, indexed, overlap_as};
+use support::{Api, Launch, eventually, refused_at_start, run_to_exit, tokens};
+use switchyard_testkit::EtcdServer;
+
+fn candidates(explain_workers: &Value) -> Vec<String> {
+    let mut ids: Vec<String> = explain_workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["worker"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_runs_only_where_it_is_served_and_under_its_own_kv() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("lora-{}", std::process::id());
+    let _with = Launch::worker(&endpoint, &cluster)
+        .id("sim-lora")
+        .arg("--lora-adapter", "sql-lora,chat-lora")
+        .start()
+        .await;
+    let _without = Launch::worker(&endpoint, &cluster)
+        .id("sim-plain")
+        .start()
+        .await;
+    let gateway = Launch::gateway(&endpoint, &cluster).start().await;
+    let url = format!("http://{}", gateway.address);
+    let api = Api::at(&url);
+    assert!(
+        eventually(Duration::from_secs(15), || api.lists_workers(2)).await,
+        "both workers registered"
+    );
+
+    // Listed as vLLM lists adapters: after the base model, with it as parent.
+    let (status, models) = api.get("/v1/models").await;
+    assert_eq!(status, 200, "{models}");
+    let ids: Vec<(&str, Option<&str>)> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["parent"].as_str()))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("sim-8b", None),
+            ("chat-lora", Some("sim-8b")),
+            ("sql-lora", Some("sim-8b"))
+        ]
+    );
+    let (status, card) = api.get("/v1/models/sql-lora").await;
+    assert_eq!((status, card["parent"].as_str()), (200, Some("sim-8b")));
+    let (_, workers) = api.get("/admin/workers").await;
+    let served: Vec<(&str, &Value)> = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["id"].as_str().unwrap(), &w["adapters"]))
+        .collect();
+    assert!(
+        served.contains(&("sim-lora", &json!(["sql-lora", "chat-lora"])))
+            && served.contains(&("sim-plain", &Value::Null)),
+        "{workers}"
+    );
+
+    // Only the worker that serves the adapter is a candidate.
+    let prompt = tokens(11, 96);
+    let (status, explain) = api
+        .post(
+            "/admin/explain",
+            &json!({"model": "sql-lora", "prompt": prompt}),
+        )
+        .await;
+    assert_eq!(status, 200, "{explain}");
+    assert_eq!(
+        candidates(&explain["decision"]["explanation"]["workers"]),
+        ["sim-lora"]
+    );
+    let (status, explain) = api
+        .post(
+            "/admin/explain",
+            &json!({"model": "sim-8b", "prompt": prompt}),
+        )
+        .await;
+    assert_eq!(status, 200, "{explain}");
+    assert_eq!(
+        candidates(&explain["decision"]["explanation"]["workers"]),
+        ["sim-lora", "sim-plain"]
+    );
+
+    // Served, answered under the adapter's name, and its blocks are the adapter's: the same
+    // tokens asked of the base model find nothing cached.
+    for model in ["sql-lora", "chat-lora"] {
+        let (status, answer) = api
+            .post(
+                "/v1/completions",
+                &json!({"model": model, "prompt": prompt, "max_tokens": 4}),
+            )
+            .await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["model"], model, "{answer}");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            overlap_as(&url, "sql-lora", "sim-lora", &prompt).await >= 5
+        })
+        .await,
+        "the adapter's blocks are indexed under it"
+    );
+    assert_eq!(
+        overlap_as(&url, "sim-8b", "sim-lora", &prompt).await,
+        0,
+        "the base model never matches an adapter's KV"
+    );
+    let (status, answer) = api
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "chat-lora", "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["model"], "chat-lora");
+
+    // A name nobody serves is a 404, as an unknown model is.
+    let (status, answer) = api
+        .post(
+            "/v1/completions",
+            &json!({"model": "nope-lora", "prompt": [1, 2, 3], "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(status, 404, "{answer}");
+    assert_eq!(answer["error"]["code"], "model_not_found", "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_engine_gets_the_adapter_as_its_model_and_must_serve_it() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("lora-vllm-{}", std::process::id());
+    let fake = Fake::start(&["--lora-modules", "sql-lora"]).await;
+    let _worker = fake
+        .worker("vllm", "vllm-lora", &endpoint, &cluster)
+        .arg("--lora-adapter", "sql-lora")
+        .start()
+        .await;
+    let gateway = Launch::gateway(&endpoint, &cluster).start().await;
+    let api_url = format!("http://{}", gateway.address);
+    let api = Api::at(&api_url);
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            indexed(&api_url, "vllm-lora").await.is_some()
+        })
+        .await
+    );
+    let prompt = tokens(5, 20);
+    let (status, answer) = api
+        .post(
+            "/v1/completions",
+            &json!({"model": "sql-lora", "prompt": prompt, "max_tokens": 3}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["model"], "sql-lora", "{answer}");
+    let sent = fake.admin("requests", json!({})).await["requests"]
+        .as_array()
+        .and_then(|r| r.last())
+        .cloned()
+        .unwrap();
+    assert_eq!(sent["model"], "sql-lora", "{sent}");
+    // The engine publishes the adapter's blocks with its name (`lora_name`); the worker keys
+    // them under it, so the gateway matches them for the adapter and never for the base model.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            overlap_as(&api_url, "sql-lora", "vllm-lora", &prompt).await == 5
+        })
+        .await,
+        "the adapter's 5 prompt blocks are indexed under it"
+    );
+    assert_eq!(
+        overlap_as(&api_url, "fake-model", "vllm-lora", &prompt).await,
+        0
+    );
+
+    // A worker naming an adapter its vLLM engine does not list refuses to start, naming it.
+    let plain = Fake::start(&[]).await;
+    let args: Vec<String> = [
+        "worker",
+        "--engine",
+        "vllm",
+        "--engine-url",
+        &plain.http,
+        "--kv-events",
+        &format!("tcp://127.0.0.1:{}", plain.zmq),
+        "--model",
+        "fake-model",
+        "--lora-adapter",
+        "sql-lora",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let (output, stderr) = run_to_exit(&args, Duration::from_secs(60)).await;
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("\"sql-lora\"") && stderr.contains("--lora-modules"),
+        "the refusal names the adapter and the engine flag: {stderr}"
+    );
+
+    // The name itself is checked like any configuration.
+    refused_at_start(
+        &["worker", "--model", "m", "--lora-adapter", "m"],
+        "base model's name",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switchyard_up_serves_adapters_on_its_simulated_workers() {
+    let up = Launch::up(2)
+        .arg("--lora-adapter", "sql-lora")
+        .start()
+        .await;
+    let api = Api::at(&format!("http://{}", up.address));
+    assert!(
+        eventually(Duration::from_secs(15), || api.lists_workers(2)).await,
+        "both workers registered"
+    );
+    let (status, card) = api.get("/v1/models/sql-lora").await;
+    assert_eq!(
+        (status, card["parent"].as_str()),
+        (200, Some("sim-8b")),
+        "{card}"
+    );
+    let (status, answer) = api
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "sql-lora", "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["model"], "sql-lora");
+}
