@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::fake_engine::{Fake, indexed, overlap_as};
-use support::{Api, Launch, eventually, refused_at_start, run_to_exit, tokens};
+use support::{Api, Launch, SwitchyardProcess, eventually, refused_at_start, run_to_exit, tokens};
 use switchyard_testkit::EtcdServer;
 
 fn candidates(explain_workers: &Value) -> Vec<String> {
@@ -22,6 +22,57 @@ fn candidates(explain_workers: &Value) -> Vec<String> {
         .collect();
     ids.sort();
     ids
+}
+
+/// A gateway over one `switchyard worker --engine vllm` (`worker_args` added) in front of a
+/// vLLM stand-in started with `fake_args`, once the gateway follows the worker.
+struct VllmCluster {
+    _etcd: EtcdServer,
+    fake: Fake,
+    _worker: SwitchyardProcess,
+    _gateway: SwitchyardProcess,
+    url: String,
+    api: Api,
+}
+
+impl VllmCluster {
+    async fn start(worker: &str, fake_args: &[&str], worker_args: &[&str]) -> Self {
+        let etcd = EtcdServer::start().expect("etcd");
+        let endpoint = etcd.endpoint();
+        let cluster = format!("{worker}-{}", std::process::id());
+        let fake = Fake::start(fake_args).await;
+        let process = fake
+            .worker("vllm", worker, &endpoint, &cluster)
+            .args(worker_args)
+            .start()
+            .await;
+        let gateway = Launch::gateway(&endpoint, &cluster).start().await;
+        let url = format!("http://{}", gateway.address);
+        assert!(
+            eventually(Duration::from_secs(15), || async {
+                indexed(&url, worker).await.is_some()
+            })
+            .await
+        );
+        let api = Api::at(&url);
+        Self {
+            _etcd: etcd,
+            fake,
+            _worker: process,
+            _gateway: gateway,
+            url,
+            api,
+        }
+    }
+
+    /// The last generation request the engine received.
+    async fn last_request(&self) -> Value {
+        self.fake.admin("requests", json!({})).await["requests"]
+            .as_array()
+            .and_then(|r| r.last())
+            .cloned()
+            .unwrap()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,24 +201,13 @@ async fn an_adapter_runs_only_where_it_is_served_and_under_its_own_kv() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vllm_engine_gets_the_adapter_as_its_model_and_must_serve_it() {
-    let etcd = EtcdServer::start().expect("etcd");
-    let endpoint = etcd.endpoint();
-    let cluster = format!("lora-vllm-{}", std::process::id());
-    let fake = Fake::start(&["--lora-modules", "sql-lora"]).await;
-    let _worker = fake
-        .worker("vllm", "vllm-lora", &endpoint, &cluster)
-        .arg("--lora-adapter", "sql-lora")
-        .start()
-        .await;
-    let gateway = Launch::gateway(&endpoint, &cluster).start().await;
-    let api_url = format!("http://{}", gateway.address);
-    let api = Api::at(&api_url);
-    assert!(
-        eventually(Duration::from_secs(15), || async {
-            indexed(&api_url, "vllm-lora").await.is_some()
-        })
-        .await
-    );
+    let c = VllmCluster::start(
+        "vllm-lora",
+        &["--lora-modules", "sql-lora"],
+        &["--lora-adapter", "sql-lora"],
+    )
+    .await;
+    let (api, api_url) = (&c.api, &c.url);
     let prompt = tokens(5, 20);
     let (status, answer) = api
         .post(
@@ -177,23 +217,19 @@ async fn a_vllm_engine_gets_the_adapter_as_its_model_and_must_serve_it() {
         .await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["model"], "sql-lora", "{answer}");
-    let sent = fake.admin("requests", json!({})).await["requests"]
-        .as_array()
-        .and_then(|r| r.last())
-        .cloned()
-        .unwrap();
+    let sent = c.last_request().await;
     assert_eq!(sent["model"], "sql-lora", "{sent}");
     // The engine publishes the adapter's blocks with its name (`lora_name`); the worker keys
     // them under it, so the gateway matches them for the adapter and never for the base model.
     assert!(
         eventually(Duration::from_secs(10), || async {
-            overlap_as(&api_url, "sql-lora", "vllm-lora", &prompt).await == 5
+            overlap_as(api_url, "sql-lora", "vllm-lora", &prompt).await == 5
         })
         .await,
         "the adapter's 5 prompt blocks are indexed under it"
     );
     assert_eq!(
-        overlap_as(&api_url, "fake-model", "vllm-lora", &prompt).await,
+        overlap_as(api_url, "fake-model", "vllm-lora", &prompt).await,
         0
     );
 
@@ -256,4 +292,48 @@ async fn switchyard_up_serves_adapters_on_its_simulated_workers() {
         .await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["model"], "sql-lora");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_loaded_into_a_running_vllm_is_registered_and_one_unloaded_is_dropped() {
+    let c = VllmCluster::start("vllm-live", &[], &["--engine-adapters-interval-ms", "100"]).await;
+    let (api, fake) = (&c.api, &c.fake);
+    let ask = json!({"model": "hot-lora", "prompt": tokens(8, 12), "max_tokens": 2});
+    assert_eq!(api.post("/v1/completions", &ask).await.0, 404);
+
+    // vLLM's run-time endpoint (VLLM_ALLOW_RUNTIME_LORA_UPDATING): the worker sees the adapter
+    // in /v1/models and registers it; the gateway routes it.
+    let engine = reqwest::Client::new();
+    let load = engine
+        .post(format!("{}/v1/load_lora_adapter", fake.http))
+        .json(&json!({"lora_name": "hot-lora", "lora_path": "/adapters/hot"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(load.status(), 200);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            api.get("/v1/models/hot-lora").await.0 == 200
+        })
+        .await,
+        "the loaded adapter is served"
+    );
+    let (status, answer) = api.post("/v1/completions", &ask).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(c.last_request().await["model"], "hot-lora");
+
+    let unload = engine
+        .post(format!("{}/v1/unload_lora_adapter", fake.http))
+        .json(&json!({"lora_name": "hot-lora"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unload.status(), 200);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            api.post("/v1/completions", &ask).await.0 == 404
+        })
+        .await,
+        "an unloaded adapter is no longer routed"
+    );
 }

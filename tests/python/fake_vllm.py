@@ -146,7 +146,7 @@ class Rank:
     def stored(self, hashes, parent, tokens, lora=None):
         # A LoRA request's blocks carry the adapter as vLLM publishes it: its integer id (1 and
         # up, in --lora-modules order) and its name.
-        lora_id = None if lora is None else self.engine.args.lora_modules.index(lora) + 1
+        lora_id = None if lora is None else self.engine.lora_id(lora)
         return self.event("BlockStored", [
             ("block_hashes", [self.wire_hash(d) for d in hashes]),
             ("parent_block_hash", None if parent is None else self.wire_hash(parent)),
@@ -215,6 +215,8 @@ class Engine:
         # generates exactly those (then finishes with "stop"), so tests can make the engine say
         # something meaningful (a tool call, a reasoning block).
         self.scripts = collections.deque()
+        # vLLM's integer LoRA ids: 1 and up, in the order adapters were first served.
+        self.lora_ids = {}
         self.ctx = zmq.Context()
         self.next_rank = 0
         self.stats = {"prompt": 0, "cached": 0, "running": 0}
@@ -224,6 +226,9 @@ class Engine:
         for r in range(args.dp_ranks):
             threading.Thread(target=self.serve_replay, args=(r,), daemon=True).start()
         self.pd = Transfers(self)
+
+    def lora_id(self, name):
+        return self.lora_ids.setdefault(name, len(self.lora_ids) + 1)
 
     def bind_range(self, which, kind):
         base = getattr(self.args, which)
@@ -341,6 +346,8 @@ def make_handler(engine):
             if self.path == "/v1/completions":
                 engine.requests.append(body)
                 return self.completions(body, sglang=False)
+            if self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and args.flavor == "vllm":
+                return self.lora(self.path == "/v1/load_lora_adapter", body)
             if self.path == "/generate" and args.flavor == "sglang":
                 engine.requests.append(body)
                 return self.completions(body, sglang=True)
@@ -381,6 +388,24 @@ def make_handler(engine):
                     engine.ranks[body.get("rank", 0)].malformed()
                     return self.reply(200, {})
             self.reply(404, {"error": {"message": "unknown admin action"}})
+
+        def lora(self, load, body):
+            """vLLM's run-time LoRA endpoints (VLLM_ALLOW_RUNTIME_LORA_UPDATING): 200 with a
+            sentence, 400 for a name already loaded or not loaded."""
+            name = body.get("lora_name")
+            with engine.lock:
+                if not isinstance(name, str) or not name or (load and not body.get("lora_path")):
+                    return self.reply(400, {"error": {"message": "lora_name and lora_path are required"}})
+                if load == (name in args.lora_modules):
+                    what = "has already been loaded" if load else "cannot be found"
+                    return self.reply(400, {"error": {"message": "The lora adapter '%s' %s." % (name, what),
+                                                      "type": "BadRequestError", "code": 400}})
+                if load:
+                    args.lora_modules.append(name)
+                else:
+                    args.lora_modules.remove(name)
+            verb = "added" if load else "removed"
+            self.reply(200, "Success: LoRA adapter '%s' %s successfully." % (name, verb), "text/plain")
 
         def completions(self, body, sglang):
             prompt = body.get("input_ids") if sglang else body.get("prompt")

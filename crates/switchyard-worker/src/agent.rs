@@ -201,6 +201,15 @@ pub async fn run(
         ),
     };
     let spec = engine.spec().clone();
+    // The adapters the engine says it serves (vLLM, followed while it runs), else the
+    // configured ones; the sender of a fixed list lives as long as the worker.
+    let (_fixed_adapters, adapters_rx) = match engine.adapters() {
+        Some(rx) => (None, rx),
+        None => {
+            let (tx, rx) = tokio::sync::watch::channel(config.lora_adapters.clone());
+            (Some(tx), rx)
+        }
+    };
     let info = WorkerInfo {
         id: id.clone(),
         address,
@@ -211,7 +220,7 @@ pub async fn run(
         max_context_tokens: spec.max_context_tokens,
         engine: spec.kind,
         incarnation,
-        adapters: config.lora_adapters.clone(),
+        adapters: adapters_rx.borrow().clone(),
         engine_endpoint: config.engine.http_endpoint(),
         kv_tiers: Some(config.kv_tiers.announce(
             spec.kind,
@@ -266,6 +275,7 @@ pub async fn run(
     let dialer = security.dialer.clone();
     let service = WorkerService::new(
         info.clone(),
+        adapters_rx.clone(),
         Arc::clone(&engine),
         state.clone(),
         Arc::clone(&metrics),
@@ -324,10 +334,11 @@ pub async fn run(
         }
         None => None,
     };
-    let role_follower = registration
-        .as_ref()
-        .map(|_| state.watch_role())
-        .map(|rx| (rx, info.clone()));
+    let role_follower = registration.as_ref().map(|_| Follower {
+        role: state.watch_role(),
+        adapters: adapters_rx.clone(),
+        info: info.clone(),
+    });
 
     if !shutdown.is_cancelled() {
         tracing::info!(worker = %id, address = %info.address, role = %info.role, model = %info.model, "worker ready");
@@ -373,32 +384,50 @@ pub async fn run(
     Ok(())
 }
 
-/// Keeps the registry entry's role in step with the worker's until shutdown.
+/// What the registry entry follows: the worker's role and the LoRA adapters its engine serves.
+struct Follower {
+    role: tokio::sync::watch::Receiver<switchyard_core::Role>,
+    adapters: tokio::sync::watch::Receiver<Vec<String>>,
+    info: WorkerInfo,
+}
+
+/// Keeps the registry entry's role and adapters in step with the worker's until shutdown.
 async fn follow_until_shutdown(
     registration: Option<Registration>,
-    follower: Option<(
-        tokio::sync::watch::Receiver<switchyard_core::Role>,
-        WorkerInfo,
-    )>,
+    follower: Option<Follower>,
     shutdown: &CancellationToken,
 ) -> Option<Registration> {
-    let (Some(registration), Some((mut role_rx, mut info))) = (registration, follower) else {
+    let (Some(registration), Some(mut f)) = (registration, follower) else {
         shutdown.cancelled().await;
         return None;
     };
     loop {
-        tokio::select! {
+        let what = tokio::select! {
             _ = shutdown.cancelled() => return Some(registration),
-            changed = role_rx.changed() => {
+            changed = f.role.changed() => {
                 if changed.is_err() {
                     shutdown.cancelled().await;
                     return Some(registration);
                 }
-                info.role = *role_rx.borrow_and_update();
-                if let Err(err) = registration.update(info.clone()).await {
-                    tracing::warn!(worker = %info.id, error = %err, "could not record the new role in the registry");
-                }
+                f.info.role = *f.role.borrow_and_update();
+                "role"
             }
+            changed = f.adapters.changed() => {
+                if changed.is_err() {
+                    shutdown.cancelled().await;
+                    return Some(registration);
+                }
+                let adapters = f.adapters.borrow_and_update().clone();
+                if let Err(err) = switchyard_core::worker::validate_adapters(&f.info.model, &adapters) {
+                    tracing::warn!(worker = %f.info.id, error = %err, "the engine's LoRA adapters cannot be registered; keeping the last list");
+                    continue;
+                }
+                f.info.adapters = adapters;
+                "LoRA adapters"
+            }
+        };
+        if let Err(err) = registration.update(f.info.clone()).await {
+            tracing::warn!(worker = %f.info.id, error = %err, "could not record the new {what} in the registry");
         }
     }
 }

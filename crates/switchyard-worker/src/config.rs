@@ -350,6 +350,10 @@ pub struct WorkerArgs {
     /// vLLM/SGLang: seconds start-up waits for the engine to answer.
     #[arg(long, env = "SWITCHYARD_ENGINE_STARTUP_TIMEOUT_SECS")]
     pub engine_startup_timeout_secs: Option<u64>,
+    /// vLLM: milliseconds between reads of `/v1/models` for the LoRA adapters the engine
+    /// serves (loaded or unloaded while it runs); default 5000.
+    #[arg(long, env = "SWITCHYARD_ENGINE_ADAPTERS_INTERVAL_MS")]
+    pub engine_adapters_interval_ms: Option<u64>,
     /// Export traces to this OpenTelemetry collector (OTLP/gRPC), e.g. http://otel-collector:4317.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
@@ -442,6 +446,7 @@ impl WorkerArgs {
         set!(dp_ranks => engine.dp_ranks);
         set!(vllm_token_ids => engine.vllm_token_ids);
         set!(engine_startup_timeout_secs => engine.startup_timeout_secs);
+        set!(engine_adapters_interval_ms => engine.adapters_interval_ms);
         set!(engine_bootstrap_port => engine.bootstrap_port);
         if self.engine_block_size.is_some() {
             engine.block_size = self.engine_block_size;

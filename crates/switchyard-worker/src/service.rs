@@ -70,6 +70,8 @@ impl Default for ServiceLimits {
 #[derive(Debug, Clone)]
 pub struct WorkerService {
     info: WorkerInfo,
+    /// The LoRA adapters the engine serves now (`info.adapters` when the worker started).
+    adapters: tokio::sync::watch::Receiver<Vec<String>>,
     engine: Arc<dyn Engine>,
     state: WorkerState,
     metrics: Arc<WorkerMetrics>,
@@ -80,6 +82,7 @@ pub struct WorkerService {
 impl WorkerService {
     pub fn new(
         info: WorkerInfo,
+        adapters: tokio::sync::watch::Receiver<Vec<String>>,
         engine: Arc<dyn Engine>,
         state: WorkerState,
         metrics: Arc<WorkerMetrics>,
@@ -88,6 +91,7 @@ impl WorkerService {
     ) -> Self {
         Self {
             info,
+            adapters,
             engine,
             state,
             metrics,
@@ -233,19 +237,22 @@ impl WorkerService {
     /// Refuses a request under a LoRA adapter this worker's engine does not serve (the gateway
     /// sends such requests only to workers that registered the adapter).
     fn check_adapter(&self, identity: &switchyard_core::KvIdentity) -> Result<(), Status> {
-        match &identity.adapter {
-            Some(adapter) if !self.info.adapters.contains(adapter) => Err(ErrorCode::WrongWorker
-                .status(format!(
-                    "worker {} does not serve LoRA adapter {adapter:?} (it serves {})",
-                    self.info.id,
-                    if self.info.adapters.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        self.info.adapters.join(", ")
-                    }
-                ))),
-            _ => Ok(()),
+        let Some(adapter) = &identity.adapter else {
+            return Ok(());
+        };
+        let served = self.adapters.borrow();
+        if served.contains(adapter) {
+            return Ok(());
         }
+        Err(ErrorCode::WrongWorker.status(format!(
+            "worker {} does not serve LoRA adapter {adapter:?} (it serves {})",
+            self.info.id,
+            if served.is_empty() {
+                "none".to_owned()
+            } else {
+                served.join(", ")
+            }
+        )))
     }
 
     /// `Prefill` inside its `prefill` span.
@@ -405,6 +412,7 @@ impl v1::worker_server::Worker for WorkerService {
         self.access.check(&request, Call::Info)?;
         let mut info = self.info.clone();
         info.role = self.state.role();
+        info.adapters = self.adapters.borrow().clone();
         Ok(Response::new(worker_info_to_wire(
             &info,
             self.state.is_draining(),

@@ -40,6 +40,10 @@ pub struct EngineConfig {
     pub max_context: Option<u64>,
     /// How often `/metrics` is scraped for load.
     pub metrics_interval_ms: u64,
+    /// vLLM: how often `/v1/models` is read for the LoRA adapters the engine serves (loaded or
+    /// unloaded at run time through vLLM's `/v1/load_lora_adapter`), which the worker
+    /// registers.
+    pub adapters_interval_ms: u64,
     /// How long start-up waits for the engine to answer.
     pub startup_timeout_secs: u64,
     /// How vLLM is asked for generated token ids.
@@ -66,6 +70,7 @@ impl Default for EngineConfig {
             kv_blocks: None,
             max_context: None,
             metrics_interval_ms: 500,
+            adapters_interval_ms: 5000,
             startup_timeout_secs: 600,
             vllm_token_ids: TokenIdSource::default(),
             bootstrap_host: None,
@@ -138,6 +143,9 @@ impl EngineConfig {
         }
         if self.metrics_interval_ms == 0 {
             return invalid("metrics_interval_ms must be at least 1".into());
+        }
+        if self.adapters_interval_ms == 0 {
+            return invalid("adapters_interval_ms must be at least 1".into());
         }
         if self.bootstrap_port == 0 {
             return invalid(

@@ -389,6 +389,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// Current load.
     fn load(&self) -> LoadStats;
 
+    /// The LoRA adapters the engine serves, when it can say and they may change while it runs
+    /// (vLLM lists them in `/v1/models`); None: the worker's configured list stands.
+    fn adapters(&self) -> Option<tokio::sync::watch::Receiver<Vec<String>>> {
+        None
+    }
+
     /// What the engine counts beyond its load (held handles, its event relay), read at each
     /// scrape of the worker's `/metrics`.
     fn telemetry(&self) -> stats::EngineTelemetry {

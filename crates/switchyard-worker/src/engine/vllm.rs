@@ -78,6 +78,8 @@ pub struct VllmEngine {
     counters: Arc<AdapterCounters>,
     scrapes: Arc<EngineScrapeCounters>,
     shared: Option<Arc<RelayShared>>,
+    /// vLLM: the LoRA adapters `/v1/models` lists, followed while the engine runs.
+    adapters_rx: Option<watch::Receiver<Vec<String>>>,
     pub(super) tasks: TaskTracker,
     pub(super) cancel: CancellationToken,
 }
@@ -114,9 +116,16 @@ impl VllmEngine {
             .build()
             .map_err(|e| AdapterError::Config(e.to_string()))?;
         let facts = discover(&http, kind, &base_url, config).await?;
-        if kind == EngineKind::Vllm {
-            check_adapters(&http, &base_url, adapters).await?;
-        }
+        let served_as = config.served_model_name.as_deref().unwrap_or(model);
+        let adapters_rx = if kind == EngineKind::Vllm {
+            let served = served_adapters(&http, &base_url).await.map_err(|e| {
+                AdapterError::Config(format!("cannot list the engine's LoRA adapters: {e}"))
+            })?;
+            check_adapters(&base_url, served_as, adapters, &served)?;
+            Some(served)
+        } else {
+            None
+        };
         let block_size = facts.block_size.unwrap_or(16);
         let block_size =
             BlockSize::new(block_size).map_err(|e| AdapterError::Config(e.to_string()))?;
@@ -190,6 +199,17 @@ impl VllmEngine {
             cancel.clone(),
         ));
         tasks.spawn(log_stats(Arc::clone(&counters), cancel.clone()));
+        let adapters_rx = adapters_rx.map(|served| {
+            let (tx, rx) = watch::channel(served);
+            tasks.spawn(follow_adapters(
+                http.clone(),
+                base_url.clone(),
+                Duration::from_millis(config.adapters_interval_ms),
+                tx,
+                cancel.clone(),
+            ));
+            rx
+        });
         Ok(Self {
             spec,
             dialect,
@@ -205,6 +225,7 @@ impl VllmEngine {
             counters,
             scrapes,
             shared,
+            adapters_rx,
             tasks,
             cancel,
         })
@@ -360,35 +381,79 @@ async fn discover(
     }
 }
 
-/// Checks that the vLLM engine serves every LoRA adapter the worker registers: vLLM lists the
-/// adapters it was started with (`--lora-modules`) or has loaded since in `/v1/models`, each
-/// under its own name. A missing one is a configuration error naming it, rather than requests
-/// routed here and refused by the engine.
-async fn check_adapters(
-    http: &reqwest::Client,
-    base: &str,
-    adapters: &[String],
-) -> Result<(), AdapterError> {
-    if adapters.is_empty() {
-        return Ok(());
-    }
-    let url = format!("{base}/v1/models");
-    let models = get_json(http, &url).await.map_err(|e| {
-        AdapterError::Config(format!("cannot list the engine's LoRA adapters: {e}"))
-    })?;
-    let listed: Vec<&str> = models
+/// The LoRA adapters a vLLM engine serves: the entries of its `/v1/models` with a `parent`
+/// (vLLM lists the adapters it was started with, `--lora-modules`, and those loaded since
+/// through `/v1/load_lora_adapter`, each under its own name with the base model as parent).
+async fn served_adapters(http: &reqwest::Client, base: &str) -> Result<Vec<String>, String> {
+    let models = get_json(http, &format!("{base}/v1/models")).await?;
+    let mut adapters: Vec<String> = models
         .get("data")
         .and_then(Value::as_array)
-        .map(|data| data.iter().filter_map(|m| m.get("id")?.as_str()).collect())
+        .map(|data| {
+            data.iter()
+                .filter(|m| m.get("parent").is_some_and(|p| !p.is_null()))
+                .filter_map(|m| Some(m.get("id")?.as_str()?.to_owned()))
+                .collect()
+        })
         .unwrap_or_default();
-    match adapters.iter().find(|a| !listed.contains(&a.as_str())) {
+    adapters.sort();
+    adapters.dedup();
+    Ok(adapters)
+}
+
+/// Checks that the vLLM engine serves every LoRA adapter the worker was told it does, and that
+/// each name it serves can be registered. A missing one is a configuration error naming it,
+/// rather than requests routed here and refused by the engine.
+fn check_adapters(
+    base: &str,
+    model: &str,
+    configured: &[String],
+    served: &[String],
+) -> Result<(), AdapterError> {
+    switchyard_core::worker::validate_adapters(model, served).map_err(|e| {
+        AdapterError::Config(format!(
+            "the vLLM engine at {base} serves an adapter the router cannot take: {e}"
+        ))
+    })?;
+    match configured.iter().find(|a| !served.contains(a)) {
         None => Ok(()),
         Some(missing) => Err(AdapterError::Config(format!(
             "lora_adapters names {missing:?}, which the vLLM engine at {base} does not serve \
              (its /v1/models lists {}); start it with --enable-lora --lora-modules {missing}=<path> \
              or drop the name",
-            listed.join(", ")
+            if served.is_empty() {
+                "no adapter".to_owned()
+            } else {
+                served.join(", ")
+            }
         ))),
+    }
+}
+
+/// Re-reads the engine's adapters every `every` and publishes the list when it changes (an
+/// adapter loaded or unloaded at run time); a failed read keeps the last list.
+async fn follow_adapters(
+    http: reqwest::Client,
+    base: String,
+    every: Duration,
+    tx: watch::Sender<Vec<String>>,
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match served_adapters(&http, &base).await {
+            Ok(served) if *tx.borrow() != served => {
+                tracing::info!(url = %base, adapters = ?served, "the engine's LoRA adapters changed");
+                tx.send_replace(served);
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::debug!(url = %base, error = %err, "cannot list the engine's LoRA adapters")
+            }
+        }
     }
 }
 
@@ -512,6 +577,10 @@ impl Engine for VllmEngine {
 
     fn load(&self) -> LoadStats {
         *self.load_rx.borrow()
+    }
+
+    fn adapters(&self) -> Option<watch::Receiver<Vec<String>>> {
+        self.adapters_rx.clone()
     }
 
     fn telemetry(&self) -> EngineTelemetry {
