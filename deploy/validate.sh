@@ -210,7 +210,8 @@ refuse "the endpoint picker's route names a pool that is not an engine pool" "ep
 refuse "the endpoint picker's failure mode is unknown" "epp/failureMode" -f "$CHART/ci/epp-values.yaml" --set epp.failureMode=maybe
 refuse "etcd users are on without etcd TLS" "etcd.auth needs etcd.tls.enabled" --set etcd.tls.enabled=false
 refuse "a certificate's lifetime is not a duration" "tls/certManager/duration" --set tls.certManager.duration=90d
-say "refused: 19 bad value sets, each with its reason"
+refuse "a pool lists a LoRA adapter twice" "loraAdapters" --set 'workers.defaults.loraAdapters={sql-lora,sql-lora}'
+say "refused: 20 bad value sets, each with its reason"
 
 # ---- 5. the image ----
 step="Dockerfile"
