@@ -337,3 +337,47 @@ async fn an_adapter_loaded_into_a_running_vllm_is_registered_and_one_unloaded_is
         "an unloaded adapter is no longer routed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_claimed_by_two_base_models_is_refused_by_name() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("lora-twice-{}", std::process::id());
+    let mut workers = Vec::new();
+    for (id, model) in [("sim-a", "sim-8b"), ("sim-b", "sim-70b")] {
+        workers.push(
+            Launch::worker(&endpoint, &cluster)
+                .id(id)
+                .arg("--model", model)
+                .arg("--lora-adapter", "shared-lora")
+                .start()
+                .await,
+        );
+    }
+    let gateway = Launch::gateway(&endpoint, &cluster).start().await;
+    let api = Api::at(&format!("http://{}", gateway.address));
+    assert!(eventually(Duration::from_secs(15), || api.lists_workers(2)).await);
+    let (status, answer) = api
+        .post(
+            "/v1/completions",
+            &json!({"model": "shared-lora", "prompt": [1, 2, 3], "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["param"], "model", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("sim-8b") && message.contains("sim-70b"),
+        "{message}"
+    );
+    // Each base model still serves.
+    for model in ["sim-8b", "sim-70b"] {
+        let (status, answer) = api
+            .post(
+                "/v1/completions",
+                &json!({"model": model, "prompt": [1, 2, 3], "max_tokens": 2}),
+            )
+            .await;
+        assert_eq!(status, 200, "{model}: {answer}");
+    }
+}
