@@ -148,7 +148,7 @@ pub async fn pick(
         exclude: &[],
         // The proxy sends the request to one engine: no prefill worker is arranged for it.
         aggregated_only: true,
-        adapter: identity.adapter.as_deref(),
+        adapter: request.adapter.as_deref(),
     };
     let routed = routing::route_within(
         &state.pool,

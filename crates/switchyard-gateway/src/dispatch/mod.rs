@@ -208,7 +208,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
         let filter = DecodeFilter {
             exclude: &attempts.excluded,
             aggregated_only,
-            adapter: job.identity.adapter.as_deref(),
+            adapter: request.adapter.as_deref(),
         };
         let routed = route_span.in_scope(|| {
             routing::route_attempt(

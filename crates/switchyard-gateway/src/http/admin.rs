@@ -234,13 +234,13 @@ async fn explain_prompt(
     // worker, so none goes to a worker that needs one.
     let mut identity = super::completions::salted_identity(request.cache_salt)?;
     identity.adapter = adapter;
+    let route_request =
+        routing::route_request(&state.pool, &routes, &tokens, &identity, request.session_id);
     let filter = DecodeFilter {
         exclude: &[],
         aggregated_only: aggregated_only(&settings.serve, false, false),
-        adapter: identity.adapter.as_deref(),
+        adapter: route_request.adapter.as_deref(),
     };
-    let route_request =
-        routing::route_request(&state.pool, &routes, &tokens, &identity, request.session_id);
     let decision = routing::explain(&state.pool, &routes, &route_request, filter)
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
     let uncached = decision

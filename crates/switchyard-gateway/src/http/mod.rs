@@ -269,7 +269,7 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::Header
 /// base model as `parent`, as vLLM lists them).
 async fn models(State(state): State<Arc<AppState>>) -> axum::Json<ModelList> {
     let mut data = Vec::new();
-    let mut adapters = std::collections::BTreeSet::new();
+    let mut adapters = std::collections::BTreeMap::new();
     for (name, routes) in state.pool.models() {
         let workers = state.pool.workers_of(&name);
         if workers.is_empty() {
@@ -277,15 +277,13 @@ async fn models(State(state): State<Arc<AppState>>) -> axum::Json<ModelList> {
         }
         for w in &workers {
             for adapter in w.info().adapters {
-                adapters.insert((adapter, name.clone()));
+                adapters.insert((adapter, name.clone()), Arc::clone(&routes));
             }
         }
         data.push(card(name, &routes, None));
     }
-    for (adapter, base) in adapters {
-        if let Some(routes) = state.pool.model(&base) {
-            data.push(card(adapter, &routes, Some(base)));
-        }
+    for ((adapter, base), routes) in adapters {
+        data.push(card(adapter, &routes, Some(base)));
     }
     axum::Json(ModelList {
         object: "list",

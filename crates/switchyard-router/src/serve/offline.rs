@@ -67,8 +67,7 @@ impl ServingCore {
             let filter = DecodeFilter {
                 exclude: &[],
                 aggregated_only: aggregated_only(settings, false, rerouted),
-                // Replayed traces and the planner's bench run the base model.
-                adapter: None,
+                adapter: request.adapter.as_deref(),
             };
             let candidates = ids(workers, |w| may_decode(w, filter));
             let (decision, mut booking) = match self.route_decode(request, &candidates, max_tokens)
@@ -107,7 +106,7 @@ impl ServingCore {
                 }
                 ModeChoice::TryPrefill { forced } => forced,
             };
-            let prefill_candidates = prefill_ids(workers, facts.engine);
+            let prefill_candidates = prefill_ids(workers, facts.engine, request.adapter.as_deref());
             match self.choose_prefill(settings, request, &prefill_candidates, needs) {
                 PrefillChoice::Chosen(prefill_decision) => {
                     let prefill = self.book_prefill(&prefill_decision, request, &mut booking);
@@ -153,7 +152,11 @@ fn ids(workers: &[WorkerFacts<'_>], eligible: impl Fn(WorkerFacts<'_>) -> bool) 
         .collect()
 }
 
-fn prefill_ids(workers: &[WorkerFacts<'_>], engine: EngineKind) -> Vec<Candidate> {
+fn prefill_ids(
+    workers: &[WorkerFacts<'_>],
+    engine: EngineKind,
+    adapter: Option<&str>,
+) -> Vec<Candidate> {
     let none: [WorkerId; 0] = [];
-    ids(workers, |w| may_prefill_for(w, engine, &none, None))
+    ids(workers, |w| may_prefill_for(w, engine, &none, adapter))
 }

@@ -116,12 +116,11 @@ impl VllmEngine {
             .build()
             .map_err(|e| AdapterError::Config(e.to_string()))?;
         let facts = discover(&http, kind, &base_url, config).await?;
-        let served_as = config.served_model_name.as_deref().unwrap_or(model);
         let adapters_rx = if kind == EngineKind::Vllm {
             let served = served_adapters(&http, &base_url).await.map_err(|e| {
                 AdapterError::Config(format!("cannot list the engine's LoRA adapters: {e}"))
             })?;
-            check_adapters(&base_url, served_as, adapters, &served)?;
+            check_adapters(&base_url, adapters, &served)?;
             Some(served)
         } else {
             None
@@ -401,20 +400,14 @@ async fn served_adapters(http: &reqwest::Client, base: &str) -> Result<Vec<Strin
     Ok(adapters)
 }
 
-/// Checks that the vLLM engine serves every LoRA adapter the worker was told it does, and that
-/// each name it serves can be registered. A missing one is a configuration error naming it,
-/// rather than requests routed here and refused by the engine.
+/// Checks that the vLLM engine serves every LoRA adapter the worker was told it does (the
+/// names themselves are checked with the registration). A missing one is a configuration error
+/// naming it, rather than requests routed here and refused by the engine.
 fn check_adapters(
     base: &str,
-    model: &str,
     configured: &[String],
     served: &[String],
 ) -> Result<(), AdapterError> {
-    switchyard_core::worker::validate_adapters(model, served).map_err(|e| {
-        AdapterError::Config(format!(
-            "the vLLM engine at {base} serves an adapter the router cannot take: {e}"
-        ))
-    })?;
     match configured.iter().find(|a| !served.contains(a)) {
         None => Ok(()),
         Some(missing) => Err(AdapterError::Config(format!(
