@@ -387,23 +387,16 @@ fn main() {
         bench.synthetic(spec, "synthetic 10M pairs, 64 workers", &[128, 8192], true);
     }
 
-    let data = traces::data_dir();
-    let mooncake = data.join("traces/mooncake/conversation_trace.jsonl");
-    match traces::mooncake(&mooncake) {
-        Ok(requests) => {
-            let r = traces::replay("mooncake conversation trace", &requests, 16, 4096);
-            bench.replay(&r);
-        }
-        Err(e) => bench.notes.push(format!("mooncake trace skipped: {e}")),
+    match traces::recorded("mooncake") {
+        Some(Ok(r)) => bench.replay(&r),
+        Some(Err(e)) => bench.notes.push(format!("mooncake trace skipped: {e}")),
+        None => {}
     }
     if !quick {
-        let weka = data.join("agentx/weka_kv_cache_tester/dev_120.jsonl.gz");
-        match traces::weka(&weka) {
-            Ok(requests) => {
-                let r = traces::replay("agent sessions (weka dev_120)", &requests, 8, 32768);
-                bench.replay(&r);
-            }
-            Err(e) => bench.notes.push(format!("agent sessions skipped: {e}")),
+        match traces::recorded("agent") {
+            Some(Ok(r)) => bench.replay(&r),
+            Some(Err(e)) => bench.notes.push(format!("agent sessions skipped: {e}")),
+            None => {}
         }
     }
 

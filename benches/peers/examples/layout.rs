@@ -325,25 +325,12 @@ fn replay(r: &Replay, reps: usize) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let data = traces::data_dir();
     let reps: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3);
-    let trace = match args.get(1).map(String::as_str) {
-        Some("mooncake") => Some((
-            traces::mooncake(&data.join("traces/mooncake/conversation_trace.jsonl")),
-            "mooncake",
-            (16, 4096),
-        )),
-        Some("agent") => Some((
-            traces::weka(&data.join("agentx/weka_kv_cache_tester/dev_120.jsonl.gz")),
-            "agent sessions",
-            (8, 32768),
-        )),
-        _ => None,
-    };
-    if let Some((requests, label, (workers, capacity))) = trace {
-        match requests {
-            Ok(requests) => replay(&traces::replay(label, &requests, workers, capacity), reps),
-            Err(e) => eprintln!("{label}: {e}"),
+    let name = args.get(1).map_or("64", String::as_str);
+    if let Some(trace) = traces::recorded(name) {
+        match trace {
+            Ok(r) => replay(&r, reps),
+            Err(e) => eprintln!("{name}: {e}"),
         }
         return;
     }

@@ -144,25 +144,6 @@ fn replay(label: &str, r: &Replay, names: &[&str], reps: usize) {
     }
 }
 
-/// Replays a trace over `(workers, capacity)` as the bench does (see `traces::replay`).
-fn replay_trace(
-    label: &str,
-    requests: Result<Vec<Vec<u64>>, String>,
-    (workers, capacity): (usize, usize),
-    names: &[&str],
-    reps: usize,
-) {
-    match requests {
-        Ok(requests) => replay(
-            label,
-            &traces::replay(label, &requests, workers, capacity),
-            names,
-            reps,
-        ),
-        Err(e) => eprintln!("{label}: {e}"),
-    }
-}
-
 /// FxHash's multiply-rotate step, as the index's own hasher (`switchyard_router::hasher`).
 #[derive(Default, Clone, Copy)]
 struct Fx(u64);
@@ -226,7 +207,6 @@ fn main() {
     let reps: usize = arg(3).and_then(|s| s.parse().ok()).unwrap_or(3);
     let workers: usize = arg(4).and_then(|s| s.parse().ok()).unwrap_or(64);
     let pairs: usize = arg(5).and_then(|s| s.parse().ok()).unwrap_or(1 << 20);
-    let data = traces::data_dir();
     match arg(1).unwrap_or("load") {
         "load" => load(&names, reps, workers, pairs),
         "churn" => churn(
@@ -236,20 +216,11 @@ fn main() {
             arg(6).and_then(|s| s.parse().ok()).unwrap_or(100),
         ),
         "floor" => floor(reps),
-        "mooncake" => replay_trace(
-            "mooncake",
-            traces::mooncake(&data.join("traces/mooncake/conversation_trace.jsonl")),
-            (16, 4096),
-            &names,
-            reps,
-        ),
-        "agent" => replay_trace(
-            "agent sessions",
-            traces::weka(&data.join("agentx/weka_kv_cache_tester/dev_120.jsonl.gz")),
-            (8, 32768),
-            &names,
-            reps,
-        ),
+        name @ ("mooncake" | "agent") => match traces::recorded(name) {
+            Some(Ok(r)) => replay(name, &r, &names, reps),
+            Some(Err(e)) => eprintln!("{name}: {e}"),
+            None => {}
+        },
         other => {
             eprintln!("unknown workload {other}: load, churn, agent, mooncake or floor");
             std::process::exit(64);

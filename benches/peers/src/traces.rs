@@ -56,6 +56,30 @@ pub fn data_dir() -> PathBuf {
     )
 }
 
+/// The bench's recorded workloads by short name, replayed (see [`replay`]): `mooncake`, the
+/// Mooncake conversation trace over 16 workers of 4,096 blocks; `agent`, the agent sessions
+/// (`dev_120`) over 8 workers of 32,768 blocks, both read from [`data_dir`]. `None` for another
+/// name; an error when the trace cannot be read.
+pub fn recorded(name: &str) -> Option<Result<Replay, String>> {
+    let data = data_dir();
+    let (label, requests, workers, capacity) = match name {
+        "mooncake" => (
+            "mooncake conversation trace",
+            mooncake(&data.join("traces/mooncake/conversation_trace.jsonl")),
+            16,
+            4096,
+        ),
+        "agent" => (
+            "agent sessions (weka dev_120)",
+            weka(&data.join("agentx/weka_kv_cache_tester/dev_120.jsonl.gz")),
+            8,
+            32768,
+        ),
+        _ => return None,
+    };
+    Some(requests.map(|r| replay(label, &r, workers, capacity)))
+}
+
 /// Reads the Mooncake trace: one request per line, `hash_ids` chained ids of 512-token blocks.
 pub fn mooncake(path: &Path) -> Result<Vec<Vec<u64>>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
