@@ -144,8 +144,8 @@ pub struct KvEventEnvelope {
 pub struct SnapshotBlock {
     pub hash: BlockHash,
     /// `None` for a prompt's first block. A source that does not track parents sends `None`
-    /// for every block; the prefix index then cannot assume the worker's blocks are
-    /// prefix-closed.
+    /// for every block; the prefix index then keeps each block alone and looks every block the
+    /// worker stores later up among them.
     pub parent: Option<BlockHash>,
     pub tier: StorageTier,
 }

@@ -21,7 +21,7 @@ use switchyard_core::{
 
 use crate::error::IndexError;
 use crate::hasher::FxHashMap;
-use crate::index::holders_tier_bit as tier_bit;
+use crate::index::tier_bit;
 
 /// Engine block hash → (Switchyard block hash, tiers the engine holds it in).
 #[derive(Debug)]

@@ -3,8 +3,8 @@
 //! Synchronous and free of I/O, so the live gateway and offline replay run the same code:
 //!
 //! - [`index`]: the [`PrefixIndex`], built from workers' KV events (sequence tracking, gaps,
-//!   snapshots, bounded memory), and its overlap query (an exact jump search over workers whose
-//!   blocks are prefix-closed, a block-by-block walk otherwise).
+//!   snapshots, bounded memory), each worker's blocks kept as runs (chains stored together), and
+//!   its exact overlap query along those runs.
 //! - [`engine_map`]: maps an engine's own block hashes to Switchyard's chained hashes.
 //! - [`load`]: the [`LoadView`], workers' reported load plus the router's in-flight bookkeeping.
 //! - [`policy`]: the [`Policy`] trait, the routing policies and the [`Explanation`] every

@@ -282,7 +282,7 @@ pub fn check_digest(
         if index.awaiting_snapshot(id) {
             return DigestVerdict::Keep;
         }
-        (index.worker_digest(id), index.stats().evicted_entries)
+        (index.worker_digest(id), index.evicted_entries())
     };
     // An index at its entry cap evicts pairs on purpose (module docs of the index): it is then
     // expected to hold less than the worker, and a resync would not change that.

@@ -1,32 +1,22 @@
 //! The digest of one worker's blocks as the index holds them, to compare with the digest the
 //! worker computes over its own event log ([`switchyard_core::BlockSetDigest`]). Kept apart
-//! from the index's storage: it only reads the worker's blocks through the holder map.
+//! from the index's storage: it only reads the worker's blocks through its runs.
 
 use switchyard_core::{BlockSetDigest, StorageTier, WorkerId};
 
-use super::{PrefixIndex, tier_bit};
-use crate::hasher::FxHashSet;
+use super::{PrefixIndex, set_of};
 
 impl PrefixIndex {
     /// Every `(block, tier)` pair the index holds for `worker`, digested; `None` for a worker
     /// the index does not know. O(blocks of the worker): meant for a periodic check.
     pub fn worker_digest(&self, worker: &WorkerId) -> Option<BlockSetDigest> {
         let &slot = self.by_id.get(worker)?;
-        let state = self.workers.get(slot as usize)?.as_ref()?;
-        let mut seen = FxHashSet::default();
-        seen.reserve(state.live);
+        self.workers.get(slot as usize)?.as_ref()?;
         let mut digest = BlockSetDigest::default();
-        // The order queue may name a block twice or name blocks since removed (module docs):
-        // each block counts once, in the tiers the holder map says.
-        for &block in state.order.iter() {
-            if !seen.insert(block) {
-                continue;
-            }
-            let mask = self.holders.tiers_of(block, slot);
-            for tier in StorageTier::ALL {
-                if mask & tier_bit(tier) != 0 {
-                    digest.add(block, tier);
-                }
+        // A block is in a tier's runs at most once.
+        for tier in StorageTier::ALL {
+            for block in self.runs.blocks_of(set_of(slot, tier)) {
+                digest.add(block, tier);
             }
         }
         Some(digest)
@@ -82,7 +72,7 @@ mod tests {
                 },
             )
             .unwrap();
-        // Removed and stored again: the order queue names it twice.
+        // Removed and stored again: counted once.
         index
             .apply(&w, 1, 3, &stored(&tokens, StorageTier::Device))
             .unwrap();

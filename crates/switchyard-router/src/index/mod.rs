@@ -13,52 +13,43 @@
 //!   (slightly stale knowledge routes better than none) and further events are refused the same
 //!   way.
 //!
-//! ## Memory layout
-//! Workers are interned to dense `u32` slots. Blocks live in a [`HolderMap`] (24-byte entries,
-//! in a small young map of recently stored blocks and a big old one behind a one-bit presence
-//! filter; shared blocks' holder lists in one slab; see `holders.rs` and `old.rs`). Each worker also keeps its blocks in insertion order in a queue of
-//! hashes (8 bytes per entry), used to drop a worker wholesale and to pick eviction victims.
-//! Removals do not search that queue: they leave a stale entry, skipped when met, and a note in
-//! a log from which a sweep drops the stale entries without reading the block map (see
-//! `order.rs`).
+//! ## Memory layout: runs
+//! Workers are interned to dense `u32` slots. A worker's blocks in one tier are kept as *runs*
+//! (see `runs.rs`): a run is a chain of blocks, head first, in one vector, each block the
+//! parent of the next. A `Stored` chain under the tail of one of the worker's runs in that tier
+//! extends the run (an engine stores a sequence's next blocks under its last one); any other
+//! starts a run. Maps keyed by block hash point at runs' first blocks and at the ends of stored
+//! chains and runs' tails; no map holds every block, so storing or evicting a sequence costs a
+//! few map accesses per event, not one per block. Each run keeps a bit set over its blocks (two
+//! bytes per block), through which a block that is no run's head or end (a branch off the
+//! middle of a run, a block removed from inside a run) is found without reading every run. A
+//! block is kept at most once per worker and tier, whatever the events repeat, and the index
+//! counts `(block, worker)` pairs across tiers.
 //!
-//! ## Prefix closure and the jump search
-//! A worker's blocks are *prefix-closed* when, for every block it holds, it also holds the
-//! block's parent. Engines publish that way (a chain is stored under a cached parent; a finished
-//! sequence is evicted tail first), and then, because a block hash names its whole prefix,
-//! holding block `j` of a prompt means holding blocks `0..=j`: the overlap query can jump ahead
-//! and bisect to where workers drop out instead of visiting every block (see `overlap.rs`).
-//!
-//! The index knows each block's parent (recorded when the block is first stored: the event's
-//! `parent` for its first block, the previous block for the others, the snapshot's `parent`)
-//! and, per `(block, worker)` pair, how many of the block's children the same worker holds
-//! (4 bits, saturating). A worker is marked `broken` when that can stop being true: a block
-//! stored under a parent the worker does not hold, a block stored with another parent than the
-//! one recorded, or a pair removed (by an event or by eviction) while the worker still holds one
-//! of its children — within one `Removed` event the check is made after the whole event, so the
-//! order of its blocks does not matter. `broken` only clears when all of the worker's blocks go
-//! (`Cleared`, a new incarnation, a snapshot, which is checked as a whole; a snapshot in which
-//! no block names a parent leaves the worker broken, since its closure cannot be checked). The
-//! query jumps only when every worker it follows is closed and holds its blocks on the device
-//! only; otherwise it walks block by block, so answers are exact either way.
+//! ## The overlap query
+//! Block hashes are chained (a block's hash names its whole prefix), so a run starting at prompt
+//! block `p` holds prompt blocks `p..p+m` exactly when its `m`-th block is prompt block `p+m-1`:
+//! the query follows each worker along its runs from the prompt's first block, comparing one
+//! block per run, and looks up the worker's next run only where one ends or the prompt leaves
+//! it. A worker holding blocks in several tiers is walked position by position. Answers are
+//! exact for any stream of valid events, in any order: a block stored under a parent the worker
+//! does not hold is simply never reached (see `overlap.rs`).
 //!
 //! ## Bounded memory
-//! [`IndexConfig::max_entries`] caps the `(block, worker)` pairs. When a new pair would exceed
-//! it, the index evicts the oldest pair (first stored, FIFO; a `Stored` chain goes in tail
-//! first, so its tail is evicted before its head) of one worker: the storing worker
-//! itself if it holds at least its fair share (`max_entries / workers`), otherwise the worker
-//! holding the most pairs. So a worker whose `Removed` events are lost cannot push the other
-//! workers out of the index. An evicted pair under-reports what the worker holds, which only
-//! makes the router a little pessimistic about that worker's cache.
+//! [`IndexConfig::max_entries`] caps the `(block, worker)` pairs. When an event leaves more,
+//! the index evicts pairs one at a time from one worker: the storing worker itself if it holds
+//! at least its fair share (`max_entries / workers`), otherwise the worker holding the most
+//! pairs. The pair evicted is the tail of that worker's least recently made or extended run
+//! (tail first, so what stays is still a prefix), from every tier holding it. So a worker whose
+//! `Removed` events are lost cannot push the other workers out of the index. An evicted pair
+//! under-reports what the worker holds, which only makes the router a little pessimistic about
+//! that worker's cache.
 
 mod digest;
-mod holders;
-mod order;
-pub(crate) use holders::tier_bit as holders_tier_bit;
-mod old;
 mod overlap;
-mod slab;
+mod runs;
 mod store;
+pub(crate) use runs::tier_bit;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -70,11 +61,8 @@ use switchyard_core::{
 
 use crate::error::IndexError;
 use crate::hasher::FxHashMap;
-use holders::{HolderMap, tier_bit};
 pub use overlap::{OverlapScores, TierOverlap};
-
-/// A worker's blocks and tier masks, as the dump gathers them.
-type WorkerBlocks = Vec<(BlockHash, u8)>;
+use runs::{RunStore, set_of};
 
 /// Settings of a [`PrefixIndex`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,17 +119,8 @@ struct WorkerState {
     id: WorkerId,
     incarnation: Incarnation,
     sync: Sync,
-    /// The worker's blocks in insertion order, possibly with stale entries (see module docs).
-    order: order::InsertionOrder,
     /// Number of `(block, this worker)` pairs in the index.
     live: usize,
-    /// The worker's blocks may not be prefix-closed (see the module docs); sticky until the
-    /// worker's blocks are all dropped or replaced by a snapshot.
-    broken: bool,
-    /// Pairs of this worker held in some tier other than the device only.
-    mixed: usize,
-    /// `!broken && mixed == 0` as of the end of the last change (counted in `unjumpable`).
-    jumpable: bool,
 }
 
 /// Counters and sizes, for the admin API and metrics.
@@ -161,7 +140,7 @@ pub struct IndexStats {
 #[derive(Debug)]
 pub struct PrefixIndex {
     config: IndexConfig,
-    holders: HolderMap,
+    runs: RunStore,
     workers: Vec<Option<WorkerState>>,
     by_id: FxHashMap<WorkerId, u32>,
     free_slots: Vec<u32>,
@@ -169,13 +148,9 @@ pub struct PrefixIndex {
     evicted: u64,
     resyncs: u64,
     stale: u64,
-    /// Known workers that are not jumpable (see `store.rs`); when 0 the jump search compares
-    /// holder counts instead of holder sets.
-    unjumpable: usize,
-    /// Reused by each `Removed` event (see `store.rs`).
-    scratch: store::Scratch,
-    /// Shared by every worker's order-queue sweeps (see `order.rs`).
-    sweep_scratch: order::SweepScratch,
+    /// Reused by each event: a `Stored` chain's hashes, and the blocks an event added or removed.
+    chain: Vec<BlockHash>,
+    added: Vec<BlockHash>,
     /// The slot of the worker of the last event or snapshot (see `slot_for`); possibly freed
     /// since, which `slot_for` notices.
     last_slot: u32,
@@ -185,7 +160,7 @@ impl PrefixIndex {
     pub fn new(config: IndexConfig) -> Self {
         Self {
             config,
-            holders: HolderMap::default(),
+            runs: RunStore::default(),
             workers: Vec::new(),
             by_id: FxHashMap::default(),
             free_slots: Vec::new(),
@@ -193,9 +168,8 @@ impl PrefixIndex {
             evicted: 0,
             resyncs: 0,
             stale: 0,
-            unjumpable: 0,
-            scratch: store::Scratch::default(),
-            sweep_scratch: order::SweepScratch::default(),
+            chain: Vec::new(),
+            added: Vec::new(),
             last_slot: 0,
         }
     }
@@ -247,10 +221,7 @@ impl PrefixIndex {
             }
         };
         match outcome {
-            ApplyOutcome::Applied => {
-                self.apply_unsequenced(slot, event);
-                self.refresh_jumpable(slot);
-            }
+            ApplyOutcome::Applied => self.apply_unsequenced(slot, event),
             ApplyOutcome::Stale { .. } => self.stale += 1,
             ApplyOutcome::ResyncNeeded { .. } => self.resyncs += 1,
         }
@@ -269,7 +240,6 @@ impl PrefixIndex {
         let slot = self.slot_for(worker, incarnation)?;
         self.clear_worker(slot);
         self.store_snapshot(slot, blocks);
-        self.refresh_jumpable(slot);
         self.state_mut(slot).sync = Sync::Expecting(next_seq);
         Ok(())
     }
@@ -280,7 +250,6 @@ impl PrefixIndex {
             return false;
         };
         self.clear_worker(slot);
-        // A cleared worker is jumpable, so the count of the others is right as it stands.
         self.workers[slot as usize] = None;
         self.free_slots.push(slot);
         true
@@ -326,17 +295,23 @@ impl PrefixIndex {
         let Some(&slot) = self.by_id.get(worker) else {
             return Vec::new();
         };
-        let mask = self.holders.tiers_of(block, slot);
         StorageTier::ALL
             .into_iter()
-            .filter(|t| mask & tier_bit(*t) != 0)
+            .filter(|&t| self.runs.holds(set_of(slot, t), block))
             .collect()
     }
 
+    /// Pairs evicted by the memory bound so far (cheap, unlike [`Self::stats`]).
+    pub fn evicted_entries(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Counters and sizes. Counting distinct blocks reads every block of every run (no map holds
+    /// every block): O(pairs), for the admin API, not for a hot path.
     pub fn stats(&self) -> IndexStats {
         IndexStats {
             workers: self.by_id.len(),
-            blocks: self.holders.blocks(),
+            blocks: self.distinct_blocks(),
             entries: self.entries,
             max_entries: self.config.max_entries,
             evicted_entries: self.evicted,
@@ -348,44 +323,31 @@ impl PrefixIndex {
 
     /// Approximate heap bytes held, computed from the containers' capacities.
     pub fn heap_bytes(&self) -> usize {
-        let order: usize = self
-            .workers
-            .iter()
-            .flatten()
-            .map(|w| w.order.heap_bytes())
-            .sum();
-        self.holders.heap_bytes()
-            + self.sweep_scratch.heap_bytes()
-            + order
+        self.runs.heap_bytes()
             + self.workers.capacity() * std::mem::size_of::<Option<WorkerState>>()
+            + map_bytes(&self.by_id)
+            + self.free_slots.capacity() * 4
+            + (self.chain.capacity() + self.added.capacity()) * 8
     }
 
     /// A deterministic text rendering of the whole index: workers sorted by id, each with its
     /// incarnation, sequence state and blocks sorted by hash with their tiers. Two indexes fed
     /// the same events in the same order dump to the same bytes.
     pub fn dump(&self) -> String {
-        let mut per_worker: BTreeMap<&WorkerId, (u32, WorkerBlocks)> = self
-            .by_id
-            .iter()
-            .map(|(id, &slot)| (id, (slot, Vec::new())))
-            .collect();
-        let slot_to_id: FxHashMap<u32, &WorkerId> =
-            self.by_id.iter().map(|(id, &s)| (s, id)).collect();
-        for (block, holders) in self.holders.iter() {
-            for h in holders {
-                if let Some(id) = slot_to_id.get(&h.slot())
-                    && let Some(entry) = per_worker.get_mut(id)
-                {
-                    entry.1.push((block, h.tiers()));
-                }
-            }
-        }
+        let mut workers: Vec<(&WorkerId, u32)> =
+            self.by_id.iter().map(|(id, &s)| (id, s)).collect();
+        workers.sort();
         let mut out = String::new();
-        for (id, (slot, mut blocks)) in per_worker {
-            blocks.sort_unstable();
+        for (id, slot) in workers {
             let Some(state) = self.workers[slot as usize].as_ref() else {
                 continue;
             };
+            let mut blocks: BTreeMap<BlockHash, Vec<&str>> = BTreeMap::new();
+            for tier in StorageTier::ALL {
+                for block in self.runs.blocks_of(set_of(slot, tier)) {
+                    blocks.entry(block).or_default().push(tier.as_str());
+                }
+            }
             let sync = match state.sync {
                 Sync::Expecting(s) => format!("next_seq={s}"),
                 Sync::AwaitingSnapshot => "awaiting_snapshot".to_owned(),
@@ -396,12 +358,7 @@ impl PrefixIndex {
                 state.incarnation,
                 blocks.len()
             );
-            for (block, mask) in blocks {
-                let tiers: Vec<&str> = StorageTier::ALL
-                    .into_iter()
-                    .filter(|t| mask & tier_bit(*t) != 0)
-                    .map(StorageTier::as_str)
-                    .collect();
+            for (block, tiers) in blocks {
                 let _ = writeln!(out, "  {block} {}", tiers.join(","));
             }
         }
@@ -457,11 +414,7 @@ impl PrefixIndex {
             id: worker.clone(),
             incarnation,
             sync: Sync::Expecting(0),
-            order: order::InsertionOrder::default(),
             live: 0,
-            broken: false,
-            mixed: 0,
-            jumpable: true,
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {
@@ -469,15 +422,16 @@ impl PrefixIndex {
                 slot
             }
             None => {
-                if self.workers.len() >= holders::MAX_SLOTS {
+                if self.workers.len() >= runs::MAX_SLOTS {
                     return Err(IndexError::TooManyWorkers {
-                        max: holders::MAX_SLOTS,
+                        max: runs::MAX_SLOTS,
                     });
                 }
                 self.workers.push(Some(state));
                 (self.workers.len() - 1) as u32
             }
         };
+        self.runs.ensure_slot(slot);
         self.by_id.insert(worker.clone(), slot);
         self.last_slot = slot;
         Ok(slot)
@@ -490,6 +444,11 @@ impl PrefixIndex {
             None => unreachable!("worker slot {slot} has no state"),
         }
     }
+}
+
+/// Heap bytes of a hash map's buckets (entries and control bytes), from its capacity.
+fn map_bytes<K, V>(map: &FxHashMap<K, V>) -> usize {
+    map.capacity() * (std::mem::size_of::<(K, V)>() + 1)
 }
 
 #[cfg(test)]

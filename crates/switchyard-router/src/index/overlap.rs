@@ -12,33 +12,27 @@
 //! so `device <= device_or_host <= device_host_or_disk <= any_tier`. A block held in several
 //! tiers counts at the fastest one.
 //!
-//! Two ways to answer, with the same result:
-//! - **Jump search**, when every worker holding the first block is prefix-closed and holds its
-//!   blocks on the device only (see the module docs of `mod.rs`). Holding block `j` then means
-//!   holding blocks `0..=j`, so "every worker still followed holds block `j`" is monotone in
-//!   `j`. The query first probes the last block (when all hold it, one lookup answers), then
-//!   bisects to the first block where the predicate fails; the workers missing there leave with
-//!   that count. Each probe also reads, for every worker holding the block, how many of the
-//!   block's children it holds (exact for such a worker): one holding none ends its prefix at
-//!   that block and leaves without the next block being probed. After a drop the query probes
-//!   the last block the same spacing predicts the next worker holds, so drops at a steady
-//!   spacing (turns of a conversation, prompts sharing a template) cost one lookup each; it
-//!   gallops (steps doubling) while the predicate holds. A query on a cold cache is bound by
-//!   its dependent cache misses, not by its lookups' count, so a bisection looks up the three
-//!   quartiles of its range at once before each two of its levels, and steady drops look up the
-//!   next eight predicted probes at once: their misses overlap. Its cost is at
-//!   most about `2·log2(gap)` lookups per point where some worker leaves instead of one lookup
-//!   per block: a 128k-token prompt (8,192 blocks) that 32 workers hold to evenly spaced depths
-//!   costs about 45 lookups.
-//! - **Walk**, otherwise: the prompt's blocks are visited once, intersecting the set of workers
-//!   still matching (sorted by slot) with each block's holders (also sorted), stopping as soon
-//!   as that set is empty. Its cost is bounded by the blocks walked times the workers still
-//!   matching, never by the number of workers in the index.
+//! Two ways to answer, both exact (see `runs.rs` for how blocks are kept):
+//! - **Along runs**, for a worker whose blocks are all in one tier (the common case: engines
+//!   without offloading). Block hashes are chained, so a run starting at prompt block `p` holds
+//!   blocks `p..p+m` exactly when its `m`-th block equals prompt block `p+m-1`: one comparison,
+//!   and a bisection when it differs. The query follows each such worker from the prompt's first
+//!   block: its run starting there is matched, and where the match stops (the run ends, or the
+//!   prompt leaves it) the worker's run starting at the next prompt block, if any, carries on.
+//!   No block is in two runs of one worker's tier, so the run holding prompt block `p` after the
+//!   run that held `p - 1` must start at `p`: one `heads` lookup per position where some worker
+//!   stops, shared by every worker stopping there. A 128k-token prompt (8,192 blocks) held as one
+//!   run costs one lookup and one comparison per worker.
+//! - **Walk**, for a worker holding blocks in several tiers: the tiers' runs interleave (a
+//!   prefix on the device, its continuation only in host memory), so every prompt position up to
+//!   the worker's reach is looked up in `heads`, and each of the worker's runs starting there
+//!   extends the reach of the tier levels it counts for. One lookup per position, shared by all
+//!   such workers, bounded by the longest reach.
 
 use serde::Serialize;
 use switchyard_core::BlockHash;
 
-use super::holders::{DEVICE, DISK, HOST, Holder};
+use super::runs::{DEVICE, DISK, HOST, REMOTE, Run, set_bit, set_slot};
 use super::{PrefixIndex, WorkerKey};
 
 /// Leading blocks a worker holds, at four nested tier levels (see the module docs).
@@ -93,325 +87,161 @@ impl OverlapScores {
     }
 }
 
-/// A worker still matching the prompt. Counts are not incremented per block: the walk only
-/// records the block index at which a worker leaves a tier level, which keeps the common case
-/// (block held on the device) to one test per worker per block.
-#[derive(Debug, Clone, Copy)]
-struct Active {
-    slot: u32,
-    /// Bit 0: still matching at device level; bit 1: at device-or-host level; bit 2: at
-    /// device-host-or-disk level.
-    alive: u8,
-    device_end: u32,
-    host_end: u32,
-    disk_end: u32,
+/// Tiers counted at each level, fastest first.
+const LEVELS: [u8; 4] = [
+    DEVICE,
+    DEVICE | HOST,
+    DEVICE | HOST | DISK,
+    DEVICE | HOST | DISK | REMOTE,
+];
+
+/// The overlap of a worker holding `n` leading blocks, all in the tier `bit`.
+fn levels(bit: u8, n: u32) -> TierOverlap {
+    let at = |level: u8| if level & bit != 0 { n } else { 0 };
+    TierOverlap {
+        device: at(LEVELS[0]),
+        device_or_host: at(LEVELS[1]),
+        device_host_or_disk: at(LEVELS[2]),
+        any_tier: at(LEVELS[3]),
+    }
 }
 
-impl Active {
-    fn new(slot: u32, tiers: u8) -> Self {
-        let mut a = Active {
-            slot,
-            alive: 0b111,
-            device_end: 0,
-            host_end: 0,
-            disk_end: 0,
-        };
-        a.step(0, tiers);
-        a
-    }
-
-    /// Block `i` is held in `tiers`.
-    #[inline(always)]
-    fn step(&mut self, i: u32, tiers: u8) {
-        if tiers & DEVICE == 0 {
-            if self.alive & 1 != 0 {
-                self.alive &= !1;
-                self.device_end = i;
-            }
-            if self.alive & 2 != 0 && tiers & HOST == 0 {
-                self.alive &= !2;
-                self.host_end = i;
-            }
-            if self.alive & 4 != 0 && tiers & (HOST | DISK) == 0 {
-                self.alive &= !4;
-                self.disk_end = i;
-            }
-        }
-    }
-
-    /// The worker's overlap when its run ends before block `end`.
-    fn finish(&self, end: u32) -> (WorkerKey, TierOverlap) {
-        let counts = TierOverlap {
-            device: if self.alive & 1 != 0 {
-                end
-            } else {
-                self.device_end
-            },
-            device_or_host: if self.alive & 2 != 0 {
-                end
-            } else {
-                self.host_end
-            },
-            device_host_or_disk: if self.alive & 4 != 0 {
-                end
-            } else {
-                self.disk_end
-            },
-            any_tier: end,
-        };
-        (WorkerKey(self.slot), counts)
-    }
+/// A worker holding blocks in several tiers, walked: the leading blocks held at each level.
+#[derive(Debug, Clone, Copy)]
+struct Walked {
+    slot: u32,
+    reach: [u32; 4],
 }
 
 impl PrefixIndex {
     /// Leading blocks of `blocks` held by each worker; see the module docs.
     ///
     /// `blocks` is a prompt's chained block hashes (block `i`'s parent is block `i - 1`), as
-    /// `switchyard_core::block_hashes` computes them; the jump search relies on it. A list that
-    /// is not a chain (hashes of different prompts spliced together) may be answered as if the
-    /// worker held the prompt the later hashes belong to.
+    /// `switchyard_core::block_hashes` computes them. A list that is not a chain (hashes of
+    /// different prompts spliced together) may be answered as if the worker held the prompt the
+    /// later hashes belong to.
     pub fn overlap(&self, blocks: &[BlockHash]) -> OverlapScores {
-        let Some((&first, rest)) = blocks.split_first() else {
+        let store = &self.runs;
+        let Some(first) = blocks.first().and_then(|b| store.heads.get(b)) else {
             return OverlapScores::default();
         };
-        let holders = self.holders.get(first);
-        let every_worker_jumpable = self.unjumpable == 0;
-        if blocks.len() > 2
-            && (every_worker_jumpable || holders.iter().all(|h| self.jumpable(h.slot())))
-        {
-            return self.jump_overlap(blocks, holders, every_worker_jumpable);
-        }
-        let mut active: Vec<Active> = self
-            .holders
-            .get(first)
-            .iter()
-            .map(|h| Active::new(h.slot(), h.tiers()))
-            .collect();
-        let mut done: Vec<(WorkerKey, TierOverlap)> = Vec::with_capacity(active.len());
-        let mut walked = 1u32;
-        for &block in rest {
-            if active.is_empty() {
-                break;
-            }
-            let holders = self.holders.get(block);
-            intersect_step(&mut active, holders, walked, &mut done);
-            walked += 1;
-        }
-        done.extend(active.iter().map(|a| a.finish(walked)));
-        done.sort_unstable_by_key(|(k, _)| *k);
-        OverlapScores { scores: done }
-    }
-}
-
-impl PrefixIndex {
-    /// The jump search (see the module docs); every worker in `first` is jumpable, so each
-    /// count holds at all four tier levels.
-    ///
-    /// When every worker of the index is jumpable, a block's holders are a subset of the
-    /// workers still followed (a closed worker holding block `j` holds every block before it),
-    /// so "all hold" is a comparison of counts.
-    fn jump_overlap(
-        &self,
-        blocks: &[BlockHash],
-        first: &[Holder],
-        every_worker_jumpable: bool,
-    ) -> OverlapScores {
-        let hold = |active: &[u32], holders: &[Holder]| {
-            if every_worker_jumpable {
-                holders.len() == active.len()
-            } else {
-                all_hold(active, holders)
-            }
-        };
-        let mut active: Vec<u32> = first.iter().map(|h| h.slot()).collect();
-        let mut done: Vec<(WorkerKey, TierOverlap)> = Vec::with_capacity(active.len());
-        let mut last_drain = 0usize;
-        if leave_childless(&mut active, first, 1, &mut done) {
-            last_drain = 1;
-        }
-        let last = blocks.len() - 1;
-        // Every active worker holds blocks[0..=lo].
-        let mut lo = 0usize;
-        // The first probe is the last block: often every worker holding the first block holds
-        // the whole prompt (a shared system prompt, a resent conversation).
-        let mut step = last;
-        // The next probe tests the block where the spacing of earlier drops predicts one.
-        let mut predicted = false;
-        // The spacing of the last two drops, and the last block looked up ahead at that spacing.
-        let (mut spacing, mut warmed_to) = (0usize, 0usize);
-        while !active.is_empty() && lo < last {
-            let hi = (lo + step).min(last);
-            if predicted && hi > warmed_to && spacing > 1 {
-                // Drops at a steady spacing: look up the next eight predicted probes at once, so
-                // their cache misses overlap (a wrong prediction only wastes the lookups).
-                warmed_to = hi + 7 * spacing;
-                self.holders.warm_holders(
-                    (hi..=warmed_to.min(last))
-                        .step_by(spacing)
-                        .map(|p| blocks[p]),
-                );
-            }
-            let at_hi = self.holders.get(blocks[hi]);
-            if hold(&active, at_hi) {
-                lo = hi;
-                if leave_childless(&mut active, at_hi, hi as u32 + 1, &mut done) {
-                    // Settled from the held side: the next drop is predicted one spacing on.
-                    let gap = hi + 1 - last_drain;
-                    last_drain = hi + 1;
-                    step = gap;
-                    spacing = gap;
-                    predicted = true;
-                } else {
-                    step = if predicted { 1 } else { step.saturating_mul(2) };
-                    predicted = false;
+        // (position, set) still followed, and (set, leading blocks) settled.
+        let mut open: Vec<(u32, u32)> = Vec::new();
+        let mut done: Vec<(u32, u32)> = Vec::new();
+        let mut walked: Vec<Walked> = Vec::new();
+        for &id in first.as_slice() {
+            let run = &store.runs[id as usize];
+            let slot = set_slot(run.set);
+            if store.tiers(slot).count_ones() > 1 {
+                if !walked.iter().any(|w| w.slot == slot) {
+                    walked.push(Walked {
+                        slot,
+                        reach: [0; 4],
+                    });
                 }
                 continue;
             }
-            // All hold blocks[a], not all hold blocks[b]: find the first failing block.
-            let (mut a, mut b, mut at_b) = (lo, hi, at_hi);
-            let mut level = 0u32;
-            while b - a > 1 {
-                // The next two levels probe among the range's quartiles: look the three up at
-                // once, so their cache misses overlap instead of following one another (one of
-                // the three goes unused, cheap next to a miss).
-                if level.is_multiple_of(2) && b - a >= 8 {
-                    let span = b - a;
-                    self.holders
-                        .warm_holders((1..4).map(|k| blocks[a + span * k / 4]));
+            follow(run, 0, blocks, &mut open, &mut done);
+        }
+        // The sets stopped at the position being looked up, sorted, and which of them carry on.
+        let (mut here, mut carried): (Vec<u32>, Vec<bool>) = (Vec::new(), Vec::new());
+        while let Some(pos) = open.iter().map(|&(p, _)| p).min() {
+            // The nearest position still open: one lookup for every set stopped there.
+            here.clear();
+            open.retain(|&(p, set)| {
+                if p == pos {
+                    here.push(set);
                 }
-                level += 1;
-                let mid = a + (b - a) / 2;
-                let at_mid = self.holders.get(blocks[mid]);
-                if hold(&active, at_mid) {
-                    a = mid;
-                } else {
-                    (b, at_b) = (mid, at_mid);
-                }
-            }
-            let count = b as u32;
-            active.retain(|&slot| {
-                let stays = at_b.binary_search_by_key(&slot, |h| h.slot()).is_ok();
-                if !stays {
-                    done.push((WorkerKey(slot), TierOverlap::uniform(count)));
-                }
-                stays
+                p != pos
             });
-            leave_childless(&mut active, at_b, count + 1, &mut done);
-            // Workers often drop out at a steady spacing (turns of a conversation, prompts
-            // sharing a template): probe the last block the next one is predicted to hold, where
-            // a worker holding none of its children is settled by that one probe.
-            let gap = b - last_drain;
-            last_drain = b;
-            lo = b;
-            step = gap.saturating_sub(1).max(1);
-            spacing = gap;
-            predicted = gap > 1;
-        }
-        let end = if active.is_empty() { 0 } else { lo as u32 + 1 };
-        done.extend(
-            active
-                .iter()
-                .map(|&slot| (WorkerKey(slot), TierOverlap::uniform(end))),
-        );
-        done.sort_unstable_by_key(|(k, _)| *k);
-        OverlapScores { scores: done }
-    }
-}
-
-/// Moves to `done`, with `count` leading blocks, the workers of `active` (sorted, all among
-/// `holders`) whose pair holds none of the block's children: a jumpable worker's child counts
-/// are exact, so such a worker cannot hold the prompt's next block, and its overlap is settled
-/// without probing that block. Returns whether any left.
-#[inline]
-fn leave_childless(
-    active: &mut Vec<u32>,
-    holders: &[Holder],
-    count: u32,
-    done: &mut Vec<(WorkerKey, TierOverlap)>,
-) -> bool {
-    if holders.iter().all(|h| h.children() != 0) {
-        return false;
-    }
-    let before = done.len();
-    let mut j = 0;
-    active.retain(|&slot| {
-        let stays = loop {
-            match holders.get(j) {
-                Some(h) if h.slot() < slot => j += 1,
-                Some(h) if h.slot() == slot => break h.children() != 0,
-                _ => break true,
-            }
-        };
-        if !stays {
-            done.push((WorkerKey(slot), TierOverlap::uniform(count)));
-        }
-        stays
-    });
-    done.len() > before
-}
-
-/// Whether every slot of `active` (sorted) is among `holders` (sorted by slot).
-#[inline]
-fn all_hold(active: &[u32], holders: &[Holder]) -> bool {
-    if holders.len() < active.len() {
-        return false;
-    }
-    if holders.len() > 8 * active.len() {
-        return active
-            .iter()
-            .all(|&s| holders.binary_search_by_key(&s, |h| h.slot()).is_ok());
-    }
-    let mut j = 0;
-    for &slot in active {
-        while j < holders.len() && holders[j].slot() < slot {
-            j += 1;
-        }
-        if j == holders.len() || holders[j].slot() != slot {
-            return false;
-        }
-        j += 1;
-    }
-    true
-}
-
-/// Advances every active worker that holds the block; moves the others to `done`.
-#[inline]
-fn intersect_step(
-    active: &mut Vec<Active>,
-    holders: &[Holder],
-    block: u32,
-    done: &mut Vec<(WorkerKey, TierOverlap)>,
-) {
-    let mut kept = 0;
-    if holders.len() > 8 * active.len() {
-        // Few workers still matching, a widely shared block: binary search each one.
-        for n in 0..active.len() {
-            let mut a = active[n];
-            match holders.binary_search_by_key(&a.slot, |h| h.slot()) {
-                Ok(j) => {
-                    a.step(block, holders[j].tiers());
-                    active[kept] = a;
-                    kept += 1;
+            here.sort_unstable();
+            carried.clear();
+            carried.resize(here.len(), false);
+            if let Some(refs) = store.heads.get(&blocks[pos as usize]) {
+                for &id in refs.as_slice() {
+                    let run = &store.runs[id as usize];
+                    if let Ok(i) = here.binary_search(&run.set) {
+                        carried[i] = true;
+                        follow(run, pos as usize, blocks, &mut open, &mut done);
+                    }
                 }
-                Err(_) => done.push(a.finish(block)),
             }
+            done.extend(
+                here.iter()
+                    .zip(&carried)
+                    .filter(|&(_, &c)| !c)
+                    .map(|(&set, _)| (set, pos)),
+            );
         }
-    } else {
-        // Sorted merge.
-        let mut j = 0;
-        for n in 0..active.len() {
-            let mut a = active[n];
-            while j < holders.len() && holders[j].slot() < a.slot {
-                j += 1;
+        let mut scores: Vec<(WorkerKey, TierOverlap)> = done
+            .into_iter()
+            .map(|(set, n)| (WorkerKey(set_slot(set)), levels(set_bit(set), n)))
+            .collect();
+        if !walked.is_empty() {
+            self.walk(blocks, &mut walked);
+            scores.extend(walked.iter().map(|w| {
+                let [device, device_or_host, device_host_or_disk, any_tier] = w.reach;
+                (
+                    WorkerKey(w.slot),
+                    TierOverlap {
+                        device,
+                        device_or_host,
+                        device_host_or_disk,
+                        any_tier,
+                    },
+                )
+            }));
+        }
+        scores.sort_unstable_by_key(|(k, _)| *k);
+        OverlapScores { scores }
+    }
+
+    /// The walk (see the module docs): every position up to the longest reach is looked up, and
+    /// each run of a walked worker starting there extends the levels counting its tier, when
+    /// the blocks before it are held at that level.
+    fn walk(&self, blocks: &[BlockHash], walked: &mut [Walked]) {
+        let store = &self.runs;
+        for (j, block) in blocks.iter().enumerate() {
+            let j32 = j as u32;
+            if walked.iter().all(|w| w.reach[3] < j32) {
+                break;
             }
-            if j < holders.len() && holders[j].slot() == a.slot {
-                a.step(block, holders[j].tiers());
-                active[kept] = a;
-                kept += 1;
-            } else {
-                done.push(a.finish(block));
+            let Some(refs) = store.heads.get(block) else {
+                continue;
+            };
+            for &id in refs.as_slice() {
+                let run = &store.runs[id as usize];
+                let slot = set_slot(run.set);
+                let Some(w) = walked.iter_mut().find(|w| w.slot == slot) else {
+                    continue;
+                };
+                let bit = set_bit(run.set);
+                let mut matched = None;
+                for (level, &tiers) in LEVELS.iter().enumerate() {
+                    if tiers & bit != 0 && j32 <= w.reach[level] {
+                        let m = *matched.get_or_insert_with(|| run.matched(&blocks[j..]) as u32);
+                        w.reach[level] = w.reach[level].max(j32 + m);
+                    }
+                }
             }
         }
     }
-    active.truncate(kept);
+}
+
+/// Matches `run` (starting at prompt block `pos`) and either settles its set or leaves it open
+/// at the position where the match stopped.
+#[inline]
+fn follow(
+    run: &Run,
+    pos: usize,
+    prompt: &[BlockHash],
+    open: &mut Vec<(u32, u32)>,
+    done: &mut Vec<(u32, u32)>,
+) {
+    let end = pos + run.matched(&prompt[pos..]);
+    if end == prompt.len() {
+        done.push((run.set, end as u32));
+    } else {
+        open.push((end as u32, run.set));
+    }
 }

@@ -1,49 +1,11 @@
-//! How events change the index: pairs added and removed, the bookkeeping that keeps each
-//! worker's prefix-closure flag honest (see the module docs of `mod.rs`), the FIFO eviction
-//! under the memory bound, and the sweep of the per-worker insertion queues.
+//! How events change the index: blocks stored and removed in a worker's tier (see `runs.rs`),
+//! the count of `(block, worker)` pairs across tiers, the memory bound, snapshots and clearing.
 
-use switchyard_core::{BlockHash, KvEvent, SnapshotBlock, StoredBlock};
+use switchyard_core::{BlockHash, KvEvent, SnapshotBlock, StorageTier};
 
 use super::PrefixIndex;
-use super::holders::{ALL_TIERS, CHILD_MAX, DEVICE, PairChange, tier_bit};
-use crate::hasher::FxHashMap;
-
-/// Buffers reused by each `Removed` event.
-#[derive(Debug, Default)]
-pub(super) struct Scratch {
-    /// The pairs the event removed, in its order.
-    gone: Vec<(BlockHash, Gone)>,
-    /// Position in `gone` of each block, for events too long to search `gone` itself; built
-    /// only when a parent is not next to its child in the list (engines list a chain tail or
-    /// head first, so most events never need it).
-    at: FxHashMap<BlockHash, usize>,
-}
-
-/// Events removing more pairs than this find a removed parent through a map, shorter ones by
-/// scanning (which beats building a map for an engine's usual run of a few blocks).
-const SCAN_MAX: usize = 32;
-
-/// `Stored` chains of at least this many blocks go straight into the old block map (see
-/// `HolderMap::set_straight_to_old`); an engine's shorter stores, often evicted soon after (the
-/// churn of a busy worker), stay in the young map.
-const STRAIGHT_TO_OLD: usize = 64;
-
-/// A pair removed by the current `Removed` event.
-#[derive(Debug, Clone, Copy)]
-struct Gone {
-    parent: BlockHash,
-    /// The pair's child count when it went.
-    children: u32,
-    /// Of those, children removed by the same event.
-    children_gone: u32,
-}
-
-/// Whether a tier mask makes a pair count against the jump search (held elsewhere than, or
-/// besides, the device).
-#[inline]
-fn mixed(mask: u8) -> bool {
-    mask != 0 && mask != DEVICE
-}
+use super::runs::{TIERS, set_bit, set_of};
+use crate::hasher::{FxHashMap, FxHashSet};
 
 impl PrefixIndex {
     pub(super) fn apply_unsequenced(&mut self, slot: u32, event: &KvEvent) {
@@ -52,253 +14,117 @@ impl PrefixIndex {
                 parent,
                 blocks,
                 tier,
-            } => self.store_chain(
-                slot,
-                parent.unwrap_or(BlockHash::ROOT),
-                blocks,
-                tier_bit(*tier),
-            ),
+            } => {
+                let mut chain = std::mem::take(&mut self.chain);
+                chain.clear();
+                chain.extend(blocks.iter().map(|b| b.hash));
+                self.store_chain(slot, *tier, *parent, &chain);
+                self.chain = chain;
+            }
             KvEvent::Removed { blocks, tier } => {
-                self.remove_blocks(slot, blocks, tier_bit(*tier));
-                self.maybe_sweep(slot);
+                self.remove_blocks(slot, set_of(slot, *tier), blocks);
             }
             KvEvent::Cleared => self.clear_worker(slot),
         }
+        self.enforce_bound(slot);
     }
 
-    /// Stores a chain under `parent`. It goes in tail first: each block's child in the event is
-    /// then known to be new or not when the block itself is added, so its child count is set in
-    /// the same map access (one lookup per block), and the tail ends up older than its head in
-    /// the eviction queue, so eviction takes children before parents.
-    fn store_chain(&mut self, slot: u32, parent: BlockHash, blocks: &[StoredBlock], bit: u8) {
-        // The parent too: its child count changes last, after the chain, and its lookup would
-        // otherwise be a miss of its own.
-        let known_parent = (parent != BlockHash::ROOT).then_some(parent);
-        let long = blocks.len() >= STRAIGHT_TO_OLD;
-        self.holders.set_straight_to_old(long);
-        self.holders
-            .warm(blocks.iter().map(|b| b.hash).chain(known_parent));
-        let mut child_added = false;
-        for i in (0..blocks.len()).rev() {
-            let parent_i = if i == 0 { parent } else { blocks[i - 1].hash };
-            child_added = self.store(slot, blocks[i].hash, bit, parent_i, u32::from(child_added));
-        }
-        self.holders.set_straight_to_old(false);
-        if child_added
-            && parent != BlockHash::ROOT
-            && !self.holders.adjust_children(parent, slot, 1)
-        {
-            // Stored under a parent the worker does not hold.
-            self.state_mut(slot).broken = true;
-        }
-    }
-
-    /// Stores `(block, slot)` under `parent`, with `children` of its children newly held,
-    /// evicting first if the pair is new and the index is full. Returns whether the pair is new.
-    fn store(
+    /// Stores a chain in the worker's tier and counts the pairs it adds: a block new to the
+    /// tier is a new pair unless the worker holds it in another tier.
+    fn store_chain(
         &mut self,
         slot: u32,
-        block: BlockHash,
-        bit: u8,
-        parent: BlockHash,
-        children: u32,
-    ) -> bool {
-        if !self.make_room(slot, block) {
-            return false;
-        }
-        let (change, recorded) = self.add_pair(slot, block, bit, parent, children);
-        if change == PairChange::Added && recorded != parent {
-            self.state_mut(slot).broken = true;
-        }
-        change == PairChange::Added
+        tier: StorageTier,
+        parent: Option<BlockHash>,
+        chain: &[BlockHash],
+    ) {
+        let set = set_of(slot, tier);
+        let mut added = std::mem::take(&mut self.added);
+        added.clear();
+        self.runs.store(set, parent, chain, &mut added);
+        let others = self.runs.tiers(slot) & !set_bit(set);
+        let new = if others == 0 {
+            added.len()
+        } else {
+            added
+                .iter()
+                .filter(|&&b| !self.held_elsewhere(slot, set, b))
+                .count()
+        };
+        self.entries += new;
+        self.state_mut(slot).live += new;
+        self.added = added;
     }
 
-    /// Whether `(block, slot)` may be stored: it exists already, or there is room, or room was
-    /// made by evicting. A pair that cannot be stored is counted as evicted.
-    fn make_room(&mut self, slot: u32, block: BlockHash) -> bool {
-        if self.entries < self.config.max_entries || self.holders.tiers_of(block, slot) != 0 {
-            return true;
-        }
-        while self.entries >= self.config.max_entries {
-            if !self.evict_one(slot) {
-                self.evicted += 1;
-                // Dropped, so whatever the worker stores under it is an orphan.
-                self.state_mut(slot).broken = true;
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Adds the pair and keeps the counters; returns the change and the block's recorded parent.
-    fn add_pair(
-        &mut self,
-        slot: u32,
-        block: BlockHash,
-        bit: u8,
-        parent: BlockHash,
-        children: u32,
-    ) -> (PairChange, BlockHash) {
-        let (change, before, recorded) = self.holders.add(block, slot, bit, parent, children);
-        if change == PairChange::Absent {
-            // Could not be stored (see `HolderMap::add`): dropped like an evicted pair, so
-            // whatever the worker stores under it is an orphan.
-            self.evicted += 1;
-            self.state_mut(slot).broken = true;
-            return (change, recorded);
-        }
-        let after = before | bit;
-        let added = change == PairChange::Added;
-        if added {
-            self.entries += 1;
-        }
-        let state = self.state_mut(slot);
-        if added {
-            state.live += 1;
-            state.order.push(block);
-        }
-        if mixed(after) && !mixed(before) {
-            state.mixed += 1;
-        }
-        (change, recorded)
-    }
-
-    /// Removes `bit` from each listed pair. A pair that goes while the worker still holds one of
-    /// its children breaks the worker's closure, unless those children go in the same event: the
-    /// links between the pairs that went are settled after the whole event, among the event's
-    /// removed pairs (a list, searched next to each pair first), so the order of the event's
-    /// blocks does not matter and a parent that goes too costs no lookup in the index.
-    fn remove_blocks(&mut self, slot: u32, blocks: &[BlockHash], bit: u8) {
-        let Scratch { mut gone, mut at } = std::mem::take(&mut self.scratch);
+    /// Removes blocks from one of the worker's tiers; a pair goes with its last tier.
+    pub(super) fn remove_blocks(&mut self, slot: u32, set: u32, blocks: &[BlockHash]) {
+        let mut gone = std::mem::take(&mut self.added);
         gone.clear();
-        self.holders.warm(blocks.iter().copied());
-        for &block in blocks {
-            let r = self.holders.remove(block, slot, bit);
-            let after = r.before.tiers() & !bit;
-            match r.change {
-                PairChange::Absent => continue,
-                PairChange::Kept => {
-                    if mixed(r.before.tiers()) && !mixed(after) {
-                        self.state_mut(slot).mixed -= 1;
-                    }
-                    continue;
-                }
-                PairChange::Removed | PairChange::Added => {}
-            }
-            self.entries -= 1;
-            let state = self.state_mut(slot);
-            state.live -= 1;
-            if mixed(r.before.tiers()) {
-                state.mixed -= 1;
-            }
-            // A pair goes once per event (a second listing finds it absent): keys are unique.
-            gone.push((
-                block,
-                Gone {
-                    parent: r.parent,
-                    children: r.before.children(),
-                    children_gone: 0,
-                },
-            ));
-        }
-        let n = gone.len();
-        // The order queue, newest entries first: a chain went in tail first, so its head is the
-        // newest entry, and a chain evicted whole then leaves the queue from its end (see
-        // `order.rs`), whichever end of the chain the event lists first.
-        if let Some(state) = self.workers[slot as usize].as_mut() {
-            let head_first = n > 1 && state.order.newest() == Some(gone[0].0);
-            for i in 0..n {
-                let (block, _) = gone[if head_first { i } else { n - 1 - i }];
-                state.order.note_removed(block);
-            }
-        }
-        let mut mapped = false;
-        for i in 0..n {
-            let parent = gone[i].1.parent;
-            if parent == BlockHash::ROOT {
-                continue;
-            }
-            // Engines evict a chain tail first (the parent is the next block) or head first.
-            let found = if gone.get(i + 1).is_some_and(|(b, _)| *b == parent) {
-                Some(i + 1)
-            } else if i > 0 && gone[i - 1].0 == parent {
-                Some(i - 1)
-            } else if n > SCAN_MAX {
-                if !mapped {
-                    at.clear();
-                    at.extend(gone.iter().enumerate().map(|(i, (b, _))| (*b, i)));
-                    mapped = true;
-                }
-                at.get(&parent).copied()
-            } else {
-                gone.iter().position(|(b, _)| *b == parent)
-            };
-            match found {
-                Some(j) => gone[j].1.children_gone += 1,
-                None => {
-                    self.holders.adjust_children(parent, slot, -1);
-                }
-            }
-        }
-        let mut broken = false;
-        for (_, g) in &gone {
-            // A saturated count means the true number is unknown.
-            if g.children == CHILD_MAX || g.children > g.children_gone {
-                broken = true;
-            }
-        }
-        if broken {
-            self.state_mut(slot).broken = true;
-        }
-        // Keep the buffers for the next event unless a huge one made them large.
-        if gone.capacity() <= 4096 {
-            self.scratch = Scratch { gone, at };
-        }
+        self.runs.remove(set, blocks, &mut gone);
+        let others = self.runs.tiers(slot) & !set_bit(set);
+        let lost = if others == 0 {
+            gone.len()
+        } else {
+            gone.iter()
+                .filter(|&&b| !self.held_elsewhere(slot, set, b))
+                .count()
+        };
+        self.entries -= lost;
+        self.state_mut(slot).live -= lost;
+        self.added = gone;
     }
 
-    /// Replaces nothing (the caller cleared the worker): stores every snapshot block, then
-    /// checks the snapshot's closure as a whole, so its order does not matter.
+    /// Whether the worker holds `block` in a tier other than `set`'s.
+    fn held_elsewhere(&self, slot: u32, set: u32, block: BlockHash) -> bool {
+        (0..TIERS)
+            .map(|t| slot * TIERS + t)
+            .any(|s| s != set && self.runs.len(s) > 0 && self.runs.holds(s, block))
+    }
+
+    /// Replaces nothing (the caller cleared the worker): stores the snapshot's blocks, tier by
+    /// tier, as chains: each block after its parent when the snapshot has the parent (in any
+    /// order), so a snapshot of long sequences becomes long runs.
     ///
     /// A snapshot in which no block names a parent comes from a source that does not track
-    /// parents: its `None`s cannot be told from first blocks, so the worker's closure is unknown
-    /// and it is marked broken (walked, never jumped over) until its blocks are all replaced.
+    /// parents: its blocks are stored alone, as if first blocks, and since any of them may be
+    /// another's child, the worker's later stores look every block up among its run heads.
     pub(super) fn store_snapshot(&mut self, slot: u32, blocks: &[SnapshotBlock]) {
-        if !blocks.is_empty() && blocks.iter().all(|b| b.parent.is_none()) {
-            self.state_mut(slot).broken = true;
-        }
-        let mut added: Vec<(BlockHash, BlockHash)> = Vec::with_capacity(blocks.len());
-        for b in blocks {
-            let parent = b.parent.unwrap_or(BlockHash::ROOT);
-            if !self.make_room(slot, b.hash) {
+        let parents_unknown = blocks.iter().all(|b| b.parent.is_none());
+        for tier in StorageTier::ALL {
+            let of_tier: Vec<&SnapshotBlock> = blocks.iter().filter(|b| b.tier == tier).collect();
+            if of_tier.is_empty() {
                 continue;
             }
-            if let (PairChange::Added, recorded) =
-                self.add_pair(slot, b.hash, tier_bit(b.tier), parent, 0)
-            {
-                if recorded != parent {
-                    self.state_mut(slot).broken = true;
-                }
-                added.push((b.hash, recorded));
+            if parents_unknown {
+                self.runs.mark_orphans(set_of(slot, tier));
+            }
+            for (parent, chain) in chains(&of_tier) {
+                self.store_chain(slot, tier, parent, &chain);
             }
         }
-        for (block, parent) in added {
-            if self.holders.tiers_of(block, slot) == 0 {
-                // Evicted again while the snapshot was loading.
-                continue;
-            }
-            if parent != BlockHash::ROOT && !self.holders.adjust_children(parent, slot, 1) {
-                self.state_mut(slot).broken = true;
+        self.enforce_bound(slot);
+    }
+
+    /// Evicts pairs while the index holds more than its bound (see the module docs of `mod.rs`).
+    fn enforce_bound(&mut self, storing: u32) {
+        while self.entries > self.config.max_entries {
+            if !self.evict_one(storing) {
+                break;
             }
         }
     }
 
-    /// Evicts the oldest pair of the worker chosen by the module-docs rule.
-    pub(super) fn evict_one(&mut self, storing: u32) -> bool {
+    /// Evicts one pair of the worker chosen by the module-docs rule: the tail of its least
+    /// recently made or extended run, from every tier holding it.
+    fn evict_one(&mut self, storing: u32) -> bool {
         let workers = self.by_id.len().max(1);
         let fair_share = self.config.max_entries / workers;
+        // Evicting after the event, the storing worker is judged by what it held when each
+        // pair over the bound was added: its pairs now, less those still over the bound.
+        let over = self.entries.saturating_sub(self.config.max_entries);
         let storing_live = self.workers[storing as usize]
             .as_ref()
-            .map_or(0, |w| w.live);
+            .map_or(0, |w| w.live.saturating_sub(over));
         let victim = if storing_live > 0 && storing_live >= fair_share {
             storing
         } else {
@@ -313,22 +139,22 @@ impl PrefixIndex {
                 _ => return false,
             }
         };
-        loop {
-            let Some(block) = self.workers[victim as usize]
-                .as_mut()
-                .and_then(|s| s.order.pop_oldest())
-            else {
-                return false;
-            };
-            let before = self.entries;
-            self.remove_blocks(victim, &[block], ALL_TIERS);
-            self.refresh_jumpable(victim);
-            if self.entries < before {
-                self.evicted += 1;
-                self.maybe_sweep(victim);
-                return true;
+        let Some((_, block)) = self.runs.eviction_candidate(victim) else {
+            return false;
+        };
+        let mut gone = std::mem::take(&mut self.added);
+        gone.clear();
+        for t in 0..TIERS {
+            let set = victim * TIERS + t;
+            if self.runs.len(set) > 0 {
+                self.runs.remove(set, &[block], &mut gone);
             }
         }
+        self.added = gone;
+        self.entries -= 1;
+        self.state_mut(victim).live -= 1;
+        self.evicted += 1;
+        true
     }
 
     /// Drops every pair of the worker (its state and sequence tracking stay).
@@ -336,51 +162,81 @@ impl PrefixIndex {
         let Some(state) = self.workers[slot as usize].as_mut() else {
             return;
         };
-        let order = state.order.take();
+        self.entries -= state.live;
         state.live = 0;
-        state.mixed = 0;
-        state.broken = false;
-        if !state.jumpable {
-            state.jumpable = true;
-            self.unjumpable -= 1;
+        self.runs.clear_slot(slot);
+    }
+
+    /// Distinct blocks held by any worker (O(pairs)).
+    pub(super) fn distinct_blocks(&self) -> usize {
+        let mut seen = FxHashSet::default();
+        seen.extend(self.runs.all_blocks());
+        seen.len()
+    }
+}
+
+/// One tier's snapshot blocks as chains to store: each chain's parent and blocks, a block after
+/// its parent when the parent is in the snapshot (depth first, so a sequence is one chain and a
+/// branch starts a chain under the block it leaves). Blocks whose parent is missing, or none,
+/// start chains under it; blocks only reachable through a cycle (which chained hashes cannot
+/// make) are stored alone under their parent.
+fn chains(blocks: &[&SnapshotBlock]) -> Vec<(Option<BlockHash>, Vec<BlockHash>)> {
+    let present: FxHashSet<BlockHash> = blocks.iter().map(|b| b.hash).collect();
+    let mut children: FxHashMap<BlockHash, Vec<BlockHash>> = FxHashMap::default();
+    let mut starts: Vec<(Option<BlockHash>, BlockHash)> = Vec::new();
+    let mut parent_of: FxHashMap<BlockHash, Option<BlockHash>> = FxHashMap::default();
+    for b in blocks {
+        if parent_of.insert(b.hash, b.parent).is_some() {
+            continue;
         }
-        for block in order {
-            if self.holders.remove(block, slot, ALL_TIERS).change == PairChange::Removed {
-                self.entries -= 1;
+        match b.parent {
+            Some(p) if present.contains(&p) && p != b.hash => {
+                children.entry(p).or_default().push(b.hash);
             }
+            parent => starts.push((parent, b.hash)),
         }
     }
-
-    /// Sweeps stale entries out of the worker's order queue when due (see `order.rs`).
-    fn maybe_sweep(&mut self, slot: u32) {
-        if let Some(state) = self.workers[slot as usize].as_mut() {
-            state.order.maybe_sweep(state.live, &mut self.sweep_scratch);
-        }
-    }
-
-    /// Brings `slot`'s cached jumpable flag and the index's count of unjumpable workers up to
-    /// date; called at the end of every change to a worker.
-    pub(super) fn refresh_jumpable(&mut self, slot: u32) {
-        let Some(state) = self.workers.get_mut(slot as usize).and_then(Option::as_mut) else {
-            return;
-        };
-        let now = !state.broken && state.mixed == 0;
-        if now != state.jumpable {
-            state.jumpable = now;
-            if now {
-                self.unjumpable -= 1;
-            } else {
-                self.unjumpable += 1;
+    let mut out = Vec::new();
+    let mut placed: FxHashSet<BlockHash> = FxHashSet::default();
+    let mut stack: Vec<(Option<BlockHash>, BlockHash)> = starts.into_iter().rev().collect();
+    let place = |stack: &mut Vec<(Option<BlockHash>, BlockHash)>,
+                 placed: &mut FxHashSet<BlockHash>,
+                 out: &mut Vec<(Option<BlockHash>, Vec<BlockHash>)>| {
+        while let Some((parent, first)) = stack.pop() {
+            if !placed.insert(first) {
+                continue;
             }
+            let mut chain = vec![first];
+            let mut at = first;
+            loop {
+                let kids = children.get(&at).map_or(&[][..], Vec::as_slice);
+                let mut next = None;
+                for &kid in kids.iter().rev() {
+                    if placed.contains(&kid) {
+                        continue;
+                    }
+                    match next {
+                        None => next = Some(kid),
+                        Some(_) => stack.push((Some(at), kid)),
+                    }
+                }
+                let Some(kid) = next else {
+                    break;
+                };
+                placed.insert(kid);
+                chain.push(kid);
+                at = kid;
+            }
+            out.push((parent, chain));
+        }
+    };
+    place(&mut stack, &mut placed, &mut out);
+    // Blocks on a cycle of parents: alone, under their parent.
+    for b in blocks {
+        if !placed.contains(&b.hash) {
+            stack.push((b.parent, b.hash));
+            place(&mut stack, &mut placed, &mut out);
         }
     }
-
-    /// Whether the overlap query may jump over `slot`'s blocks (see the module docs).
-    #[inline]
-    pub(super) fn jumpable(&self, slot: u32) -> bool {
-        self.workers
-            .get(slot as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|w| !w.broken && w.mixed == 0)
-    }
+    out
 }

@@ -343,9 +343,9 @@ fn memory_is_bounded_by_evicting_the_oldest_pairs() {
     assert_eq!(idx.worker_entries(&b), 3);
     assert_eq!(idx.worker_entries(&a), 7);
     // Oldest first, and a chain's tail before its head: blocks 6..3 of family 1 went, so its
-    // first 3 blocks still count and the worker's blocks stay prefix-closed...
+    // first 3 blocks still count, as one run...
     assert_eq!(device(&idx, "a", &hashes(1, 7)), 3);
-    assert!(jumpable(&idx, "a"));
+    assert_eq!(runs(&idx, "a"), 2);
     // ...while the newest blocks are intact.
     assert_eq!(device(&idx, "a", &hashes(2, 4)), 4);
     // "b" storing under its fair share evicts from the largest worker, "a".
@@ -357,7 +357,7 @@ fn memory_is_bounded_by_evicting_the_oldest_pairs() {
 }
 
 #[test]
-fn removal_churn_keeps_the_order_queue_bounded() {
+fn removal_churn_keeps_the_eviction_queue_bounded() {
     let mut idx = index();
     let a = w("a");
     let mut seq = 0;
@@ -380,11 +380,9 @@ fn removal_churn_keeps_the_order_queue_bounded() {
     }
     let state = idx.workers[0].as_ref().unwrap();
     assert_eq!(state.live, 0);
-    assert!(
-        state.order.len() <= 64 + 8,
-        "order queue len {}",
-        state.order.len()
-    );
+    assert_eq!(runs(&idx, "a"), 0);
+    let queued = idx.runs.queue_len(0);
+    assert!(queued <= 64 + 8, "eviction queue len {queued}");
 }
 
 #[test]
@@ -401,9 +399,14 @@ fn dump_is_sorted_and_readable() {
     assert_eq!(idx.dump(), expected);
 }
 
-fn jumpable(idx: &PrefixIndex, worker: &str) -> bool {
-    idx.worker_key(&w(worker))
-        .is_some_and(|k| idx.jumpable(k.0))
+/// The worker's runs, all tiers.
+fn runs(idx: &PrefixIndex, worker: &str) -> usize {
+    idx.worker_key(&w(worker)).map_or(0, |k| {
+        StorageTier::ALL
+            .into_iter()
+            .map(|t| idx.runs.runs_in(super::set_of(k.0, t)))
+            .sum()
+    })
 }
 
 fn removed(blocks: Vec<BlockHash>) -> KvEvent {
@@ -425,35 +428,40 @@ fn snapshot(h: &[BlockHash], picks: &[usize]) -> Vec<SnapshotBlock> {
 }
 
 #[test]
-fn closure_survives_removals_in_any_order_within_an_event() {
+fn a_sequence_is_one_run_extended_and_shortened_in_place() {
     let mut idx = index();
     let h = hashes(1, 8);
-    idx.apply(&w("a"), 1, 0, &stored(1, 0, 8, StorageTier::Device))
+    idx.apply(&w("a"), 1, 0, &stored(1, 0, 4, StorageTier::Device))
         .unwrap();
-    assert!(jumpable(&idx, "a"));
-    // Head first: children go in the same event, so nothing is orphaned.
-    idx.apply(&w("a"), 1, 1, &removed(h[2..].to_vec())).unwrap();
-    assert!(jumpable(&idx, "a"));
-    assert_eq!(device(&idx, "a", &h), 2);
-    idx.apply(&w("a"), 1, 2, &stored(1, 2, 8, StorageTier::Device))
+    // The next blocks, under the last one: the same run, longer.
+    idx.apply(&w("a"), 1, 1, &stored(1, 4, 8, StorageTier::Device))
         .unwrap();
-    let mut tail_first = h[4..].to_vec();
+    assert_eq!(runs(&idx, "a"), 1);
+    assert_eq!(device(&idx, "a", &h), 8);
+    // Head first or tail first, a suffix removed in one event shortens the run.
+    idx.apply(&w("a"), 1, 2, &removed(h[6..].to_vec())).unwrap();
+    assert_eq!((runs(&idx, "a"), device(&idx, "a", &h)), (1, 6));
+    let mut tail_first = h[4..6].to_vec();
     tail_first.reverse();
     idx.apply(&w("a"), 1, 3, &removed(tail_first)).unwrap();
-    assert!(jumpable(&idx, "a"));
-    assert_eq!(device(&idx, "a", &h), 4);
+    assert_eq!((runs(&idx, "a"), device(&idx, "a", &h)), (1, 4));
+    // Stored again from the start: the held blocks are not stored twice.
+    idx.apply(&w("a"), 1, 4, &stored(1, 0, 8, StorageTier::Device))
+        .unwrap();
+    assert_eq!(runs(&idx, "a"), 1);
+    assert_eq!(idx.worker_entries(&w("a")), 8);
+    assert_eq!(device(&idx, "a", &h), 8);
 }
 
 #[test]
-fn long_removals_settle_closure_in_any_order_and_still_see_a_hole() {
-    // 80 blocks: removal events longer than the 32 pairs searched by scanning find removed
-    // parents through a map; both ways must agree.
+fn removals_in_any_order_leave_exactly_what_is_held() {
+    // 80 blocks; the last `len` removed in a scrambled order; then `len` blocks from one before
+    // them, the last block left behind (a hole), and the hole filled again.
     let h = hashes(2, 80);
     for (len, stride) in [(8usize, 3usize), (20, 7), (60, 7), (79, 13)] {
         let mut idx = index();
         idx.apply(&w("a"), 1, 0, &stored(2, 0, 80, StorageTier::Device))
             .unwrap();
-        // The last `len` blocks in a scrambled order: the chain's suffix goes whole.
         let tail = &h[80 - len..];
         let scrambled: Vec<BlockHash> = (0..len).map(|i| tail[(i * stride) % len]).collect();
         assert_eq!(
@@ -464,9 +472,10 @@ fn long_removals_settle_closure_in_any_order_and_still_see_a_hole() {
             len
         );
         idx.apply(&w("a"), 1, 1, &removed(scrambled)).unwrap();
-        assert!(jumpable(&idx, "a"), "suffix of {len} removed");
         assert_eq!(device(&idx, "a", &h), (80 - len) as u32);
-        // The same removal leaving its first block's child behind (a hole) breaks closure.
+        assert_eq!(idx.worker_entries(&w("a")), 80 - len);
+        assert_eq!(runs(&idx, "a"), 1, "suffix of {len} removed");
+        // A hole: the blocks after it are still held, but not as a prefix.
         let mut idx = index();
         idx.apply(&w("a"), 1, 0, &stored(2, 0, 80, StorageTier::Device))
             .unwrap();
@@ -474,105 +483,136 @@ fn long_removals_settle_closure_in_any_order_and_still_see_a_hole() {
             .map(|i| h[80 - len - 1 + (i * stride) % len])
             .collect();
         idx.apply(&w("a"), 1, 1, &removed(holed)).unwrap();
-        assert!(!jumpable(&idx, "a"), "hole left by a removal of {len}");
         assert_eq!(device(&idx, "a", &h), (80 - len - 1) as u32);
+        assert_eq!(idx.worker_entries(&w("a")), 80 - len);
+        // The hole filled again: the whole prompt is held.
+        idx.apply(
+            &w("a"),
+            1,
+            2,
+            &stored(2, 80 - len - 1, 80 - len, StorageTier::Device),
+        )
+        .unwrap();
+        assert_eq!(device(&idx, "a", &h), (80 - len) as u32);
     }
 }
 
 #[test]
-fn a_hole_breaks_closure_and_the_answer_stays_exact() {
+fn a_hole_and_an_orphan_are_answered_exactly() {
     let mut idx = index();
     let h = hashes(1, 8);
     idx.apply(&w("a"), 1, 0, &stored(1, 0, 8, StorageTier::Device))
         .unwrap();
     idx.apply(&w("a"), 1, 1, &removed(vec![h[3]])).unwrap();
-    assert!(!jumpable(&idx, "a"));
     assert_eq!(device(&idx, "a", &h), 3);
-    assert_eq!(idx.unjumpable, 1);
-    // Only dropping everything makes the worker closed again.
-    idx.apply(&w("a"), 1, 2, &KvEvent::Cleared).unwrap();
-    assert!(jumpable(&idx, "a"));
-    assert_eq!(idx.unjumpable, 0);
-    // A chain stored under a parent the worker does not hold is an orphan.
-    idx.apply(&w("a"), 1, 3, &stored(1, 4, 8, StorageTier::Device))
+    assert_eq!(runs(&idx, "a"), 2);
+    // The hole filled: the blocks after it count again.
+    idx.apply(&w("a"), 1, 2, &stored(1, 3, 4, StorageTier::Device))
         .unwrap();
-    assert!(!jumpable(&idx, "a"));
+    assert_eq!(device(&idx, "a", &h), 8);
+    idx.apply(&w("a"), 1, 3, &KvEvent::Cleared).unwrap();
+    assert_eq!(runs(&idx, "a"), 0);
+    // A chain stored under a parent the worker does not hold is not reached...
+    idx.apply(&w("a"), 1, 4, &stored(1, 4, 8, StorageTier::Device))
+        .unwrap();
     assert_eq!(device(&idx, "a", &h), 0);
-    idx.apply(&w("a"), 1, 4, &stored(1, 0, 4, StorageTier::Device))
+    // ...until the parent's chain arrives.
+    idx.apply(&w("a"), 1, 5, &stored(1, 0, 4, StorageTier::Device))
         .unwrap();
+    assert_eq!(device(&idx, "a", &h), 8);
+    // Stored again from the middle, past what is held: nothing twice, the rest appended.
+    idx.apply(&w("a"), 1, 6, &stored(1, 2, 8, StorageTier::Device))
+        .unwrap();
+    assert_eq!(idx.worker_entries(&w("a")), 8);
     assert_eq!(device(&idx, "a", &h), 8);
 }
 
 #[test]
-fn snapshots_are_checked_as_a_whole() {
+fn snapshots_in_any_order_become_runs() {
     let mut idx = index();
     let h = hashes(1, 8);
-    // Children before parents: still closed.
+    // Children before parents: one run all the same.
     idx.apply_snapshot(&w("a"), 1, 0, &snapshot(&h, &[5, 4, 3, 2, 1, 0]))
         .unwrap();
-    assert!(jumpable(&idx, "a"));
     assert_eq!(device(&idx, "a", &h), 6);
-    // A hole: not closed, and the walk answers exactly.
+    assert_eq!(runs(&idx, "a"), 1);
+    // A hole: exact.
     idx.apply_snapshot(&w("b"), 1, 0, &snapshot(&h, &[0, 1, 3, 4]))
         .unwrap();
-    assert!(!jumpable(&idx, "b"));
     assert_eq!(device(&idx, "b", &h), 2);
     assert_eq!(device(&idx, "a", &h), 6);
-    // A complete snapshot replaces the broken state.
+    // A snapshot replaces what was there.
     idx.apply_snapshot(&w("b"), 1, 0, &snapshot(&h, &[0, 1, 2]))
         .unwrap();
-    assert!(jumpable(&idx, "b"));
     assert_eq!(device(&idx, "b", &h), 3);
+    assert_eq!(idx.worker_entries(&w("b")), 3);
+    // Without parents (engines that do not know them): every block alone, still exact.
+    let orphans: Vec<SnapshotBlock> = h[..5]
+        .iter()
+        .rev()
+        .map(|&hash| SnapshotBlock {
+            hash,
+            parent: None,
+            tier: StorageTier::Device,
+        })
+        .collect();
+    idx.apply_snapshot(&w("c"), 1, 0, &orphans).unwrap();
+    assert_eq!(device(&idx, "c", &h), 5);
 }
 
 #[test]
-fn copies_in_other_tiers_turn_the_jump_off_for_that_worker() {
+fn copies_in_other_tiers_count_once_and_are_walked() {
     let mut idx = index();
     let h = hashes(1, 6);
-    idx.apply(&w("a"), 1, 0, &stored(1, 0, 6, StorageTier::Device))
+    idx.apply(&w("a"), 1, 0, &stored(1, 0, 4, StorageTier::Device))
         .unwrap();
-    idx.apply(&w("a"), 1, 1, &stored(1, 0, 3, StorageTier::Host))
+    // Host holds the first three and the continuation the device lacks.
+    idx.apply(&w("a"), 1, 1, &stored(1, 0, 6, StorageTier::Host))
         .unwrap();
-    assert!(!jumpable(&idx, "a"));
+    assert_eq!(idx.worker_entries(&w("a")), 6);
+    let key = idx.worker_key(&w("a")).unwrap();
+    let o = idx.overlap(&h).get(key);
+    assert_eq!((o.device, o.device_or_host, o.any_tier), (4, 6, 6));
+    // The device copy of block 1 goes: the device prefix stops at 1, host still holds all.
+    idx.apply(&w("a"), 1, 2, &removed(vec![h[1]])).unwrap();
+    let o = idx.overlap(&h).get(key);
+    assert_eq!((o.device, o.device_or_host), (1, 6));
+    assert_eq!(idx.worker_entries(&w("a")), 6);
+    // The host copies go: the pairs go with their last tier.
     idx.apply(
         &w("a"),
         1,
-        2,
+        3,
         &KvEvent::Removed {
-            blocks: h[..3].to_vec(),
+            blocks: h.to_vec(),
             tier: StorageTier::Host,
         },
     )
     .unwrap();
-    assert!(jumpable(&idx, "a"));
-    assert_eq!(device(&idx, "a", &h), 6);
+    assert_eq!(idx.worker_entries(&w("a")), 3);
+    assert_eq!(idx.overlap(&h).get(key), TierOverlap::uniform(1));
 }
 
 #[test]
-fn the_jump_search_answers_what_the_walk_answers() {
+fn many_workers_at_many_depths() {
     let n = 40;
     let h = hashes(1, n);
     let mut idx = index();
-    for i in 0..=n {
-        let name = format!("w{i:02}");
-        if i > 0 {
-            idx.apply(&w(&name), 1, 0, &stored(1, 0, i, StorageTier::Device))
-                .unwrap();
-        }
-    }
-    let jumped = idx.overlap(&h);
     for i in 1..=n {
-        assert!(jumpable(&idx, &format!("w{i:02}")));
+        idx.apply(
+            &w(&format!("w{i:02}")),
+            1,
+            0,
+            &stored(1, 0, i, StorageTier::Device),
+        )
+        .unwrap();
+    }
+    for i in 1..=n {
         assert_eq!(device(&idx, &format!("w{i:02}"), &h), i as u32);
     }
-    assert_eq!(idx.unjumpable, 0, "counts compared, not holder sets");
-    // One worker that is not closed sends the query down the walk; the answers agree.
+    // One worker branching off the prompt: the others' answers stand.
     idx.apply(&w("w07"), 1, 1, &stored(2, 3, 5, StorageTier::Device))
         .unwrap();
-    assert!(!jumpable(&idx, "w07"));
-    assert_eq!(idx.unjumpable, 1);
-    let walked = idx.overlap(&h);
-    assert_eq!(jumped, walked);
     for p in [1usize, 2, 3, 17, 39] {
         let short = &h[..p];
         let scores = idx.overlap(short);

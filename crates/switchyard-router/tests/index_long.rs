@@ -1,7 +1,8 @@
-//! The overlap query's jump search on long prompts, against a naive model (proptest).
+//! The overlap query on long prompts, against a naive model (proptest).
 //!
-//! `index_model.rs` checks every rule of the index on short chains; this suite aims at the
-//! jump search, which only pays off (and only has room to go wrong) on long ones: workers hold
+//! `index_model.rs` checks every rule of the index on short chains; this suite aims at the runs
+//! (chains kept together, matched against the prompt one comparison at a time, split and
+//! extended), which only pay off (and only have room to go wrong) on long ones: workers hold
 //! prefixes of a 96-block prompt to random depths, stored in random chunks, with branches that
 //! leave the prompt at random points (a block holding children that are not the prompt's next
 //! block, including at the end of a worker's prefix), tails evicted, holes punched in the middle
@@ -316,7 +317,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_jump_search_answers_as_the_model_on_long_prompts(
+    fn long_prompts_are_answered_as_the_model(
         steps in proptest::collection::vec(step(), 1..60),
         lens in proptest::collection::vec(3..=LEN, 3),
     ) {

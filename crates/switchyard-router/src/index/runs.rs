@@ -1,0 +1,667 @@
+//! The blocks each worker holds in each tier, kept as runs (see the module docs of `mod.rs`).
+//!
+//! A *set* is one worker's blocks in one tier ([`set_of`]). A set's blocks are kept in *runs*:
+//! a run is a chain of blocks, head first, each block the parent of the next, in one vector. A
+//! `Stored` chain under the tail of one of the set's runs extends that run; any other starts a
+//! run. Two maps keyed by block hash point into runs: `heads` (a run's first block) and `ends`
+//! (the last block of each stored chain, and each run's tail, with its offset). No map holds every
+//! block: storing and removing a sequence costs map accesses per event and per run touched, not
+//! per block.
+//!
+//! **Each block once per set.** The store walks the chain knowing where each block's parent is
+//! (the run and offset of the previous block), so it knows where the block itself would be if
+//! held: right after its parent in the same run, or at the head of a run stored under its parent.
+//! A block held already is skipped, never stored twice. A chain's parent that is no run's tail
+//! or head or end of an earlier chain (a branch off the middle of a run) is looked for among the
+//! runs whose *signature* admits it: a bit set over the run's blocks (two bits per block, sixteen
+//! bits of set per block held), written as each block is appended, in the run's own small set.
+//! A block whose parent was just added can only be held as the head of a run stored before its
+//! parent (an *orphan*), looked up only in sets that may have one.
+//!
+//! **Removal.** A removed block that is its run's tail shortens the run, and the event's next
+//! blocks that are the run's new tails go without a map access (engines evict a sequence tail
+//! first). A block removed from inside a run splits it: the blocks after it become a run of
+//! their own, an orphan.
+
+use std::collections::VecDeque;
+
+use switchyard_core::{BlockHash, StorageTier};
+
+use crate::hasher::FxHashMap;
+
+pub const DEVICE: u8 = 1;
+pub const HOST: u8 = 2;
+pub const DISK: u8 = 4;
+pub const REMOTE: u8 = 8;
+
+/// Tiers per worker: one set each.
+pub const TIERS: u32 = 4;
+
+/// Largest number of worker slots (set ids and packed run offsets must fit).
+pub const MAX_SLOTS: usize = 1 << 23;
+
+pub fn tier_bit(tier: StorageTier) -> u8 {
+    match tier {
+        StorageTier::Device => DEVICE,
+        StorageTier::Host => HOST,
+        StorageTier::Disk => DISK,
+        StorageTier::Remote => REMOTE,
+    }
+}
+
+fn tier_index(tier: StorageTier) -> u32 {
+    match tier {
+        StorageTier::Device => 0,
+        StorageTier::Host => 1,
+        StorageTier::Disk => 2,
+        StorageTier::Remote => 3,
+    }
+}
+
+/// The set of `slot`'s blocks in `tier`.
+pub fn set_of(slot: u32, tier: StorageTier) -> u32 {
+    slot * TIERS + tier_index(tier)
+}
+
+/// The tier bit of a set.
+pub fn set_bit(set: u32) -> u8 {
+    1 << (set % TIERS)
+}
+
+pub fn set_slot(set: u32) -> u32 {
+    set / TIERS
+}
+
+/// What a map entry points at: almost always one.
+#[derive(Debug, Clone)]
+pub enum Refs<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T: Copy + PartialEq> Refs<T> {
+    pub fn as_slice(&self) -> &[T] {
+        match self {
+            Refs::One(r) => std::slice::from_ref(r),
+            Refs::Many(v) => v,
+        }
+    }
+
+    fn push(&mut self, r: T) {
+        match self {
+            Refs::One(first) => *self = Refs::Many(vec![*first, r]),
+            Refs::Many(v) => v.push(r),
+        }
+    }
+
+    /// Removes `r`; returns whether none are left.
+    fn remove(&mut self, r: T) -> bool {
+        match self {
+            Refs::One(x) => *x == r,
+            Refs::Many(v) => {
+                if let Some(i) = v.iter().position(|&x| x == r) {
+                    v.swap_remove(i);
+                }
+                match v.as_slice() {
+                    [] => true,
+                    [only] => {
+                        *self = Refs::One(*only);
+                        false
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Refs::One(_) => 0,
+            Refs::Many(v) => v.capacity() * std::mem::size_of::<T>(),
+        }
+    }
+}
+
+fn add_ref<T: Copy + PartialEq>(map: &mut FxHashMap<BlockHash, Refs<T>>, key: BlockHash, r: T) {
+    map.entry(key)
+        .and_modify(|refs| refs.push(r))
+        .or_insert(Refs::One(r));
+}
+
+fn drop_ref<T: Copy + PartialEq>(map: &mut FxHashMap<BlockHash, Refs<T>>, key: BlockHash, r: T) {
+    if let Some(refs) = map.get_mut(&key)
+        && refs.remove(r)
+    {
+        map.remove(&key);
+    }
+}
+
+fn pack(run: u32, at: usize) -> u64 {
+    (u64::from(run) << 32) | at as u64
+}
+
+fn unpack(r: u64) -> (u32, usize) {
+    ((r >> 32) as u32, (r & 0xffff_ffff) as usize)
+}
+
+const SPREAD_A: u64 = 0x9e37_79b9_7f4a_7c15;
+const SPREAD_B: u64 = 0xc2b2_ae3d_27d4_eb4f;
+
+/// A run's bit set over its blocks (see the module docs). Bits are not cleared when blocks go
+/// (two blocks may share one): a stale bit costs a read of the run, never an answer.
+#[derive(Debug, Default)]
+struct Signature {
+    words: Vec<u64>,
+    /// log2 of the number of bits.
+    bits: u32,
+}
+
+impl Signature {
+    #[inline]
+    fn positions(&self, h: BlockHash) -> [usize; 2] {
+        let shift = 64 - self.bits;
+        [
+            (h.0.wrapping_mul(SPREAD_A) >> shift) as usize,
+            (h.0.wrapping_mul(SPREAD_B) >> shift) as usize,
+        ]
+    }
+
+    #[inline]
+    fn may_hold(&self, h: BlockHash) -> bool {
+        !self.words.is_empty()
+            && self
+                .positions(h)
+                .iter()
+                .all(|&i| self.words[i / 64] & (1 << (i % 64)) != 0)
+    }
+
+    #[inline]
+    fn set(&mut self, h: BlockHash) {
+        for i in self.positions(h) {
+            self.words[i / 64] |= 1 << (i % 64);
+        }
+    }
+
+    /// Makes room for `blocks` (and one more), rebuilding from them when the set grows.
+    #[inline]
+    fn reserve(&mut self, blocks: &[BlockHash]) {
+        let want = ((blocks.len() + 1) * 16).next_power_of_two().max(64);
+        if self.words.len() * 64 >= want {
+            return;
+        }
+        self.bits = want.trailing_zeros();
+        self.words.clear();
+        self.words.resize(want / 64, 0);
+        for &b in blocks {
+            self.set(b);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Run {
+    pub set: u32,
+    /// Head first; empty when the run is free.
+    pub blocks: Vec<BlockHash>,
+    /// Offsets of the blocks that end a stored chain, and of the tail (ascending; the last is
+    /// the tail), each in the `ends` map.
+    ends: Vec<u32>,
+    sig: Signature,
+    /// Position in its set's list of runs.
+    at: u32,
+    /// Bumped whenever the run is made or extended, so the eviction queue can tell its entries
+    /// for the run's latest change from older ones.
+    stamp: u32,
+}
+
+impl Run {
+    /// How many leading blocks of `prompt` the run holds, given that its head is `prompt[0]`.
+    #[inline]
+    pub fn matched(&self, prompt: &[BlockHash]) -> usize {
+        let k = self.blocks.len().min(prompt.len());
+        if k == 0 {
+            return 0;
+        }
+        if self.blocks[k - 1] == prompt[k - 1] {
+            return k;
+        }
+        // Chained hashes: equal up to some count, different after it.
+        let (mut good, mut bad) = (1, k);
+        while bad - good > 1 {
+            let mid = good + (bad - good) / 2;
+            if self.blocks[mid - 1] == prompt[mid - 1] {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+        good
+    }
+}
+
+#[derive(Debug, Default)]
+struct SetState {
+    runs: Vec<u32>,
+    /// Blocks in the set.
+    blocks: usize,
+    /// Some run of the set may have been stored before its parent (see the module docs).
+    orphans: bool,
+}
+
+/// Where the previous block of a stored chain is, as the store walks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Prev {
+    /// The chain starts at the root.
+    Root,
+    /// Not held.
+    Unheld,
+    /// Added by this event as the tail of this run.
+    New(u32),
+    /// Held at this run and offset.
+    At(u32, usize),
+}
+
+#[derive(Debug, Default)]
+pub struct RunStore {
+    pub runs: Vec<Run>,
+    free: Vec<u32>,
+    pub heads: FxHashMap<BlockHash, Refs<u32>>,
+    ends: FxHashMap<BlockHash, Refs<u64>>,
+    sets: Vec<SetState>,
+    /// Per worker slot: its runs, least recently made or extended first, as `(run, stamp)`;
+    /// entries whose stamp is not the run's are stale and skipped.
+    queues: Vec<VecDeque<(u32, u32)>>,
+}
+
+impl RunStore {
+    /// Makes room for the sets of `slot`.
+    pub fn ensure_slot(&mut self, slot: u32) {
+        let sets = (slot as usize + 1) * TIERS as usize;
+        if self.sets.len() < sets {
+            self.sets.resize_with(sets, SetState::default);
+            self.queues.resize_with(slot as usize + 1, VecDeque::new);
+        }
+    }
+
+    /// Blocks in `set`.
+    pub fn len(&self, set: u32) -> usize {
+        self.sets.get(set as usize).map_or(0, |s| s.blocks)
+    }
+
+    /// Marks `set` as possibly holding blocks stored before their parents: from now on every
+    /// stored block is looked up among the set's run heads before it is added.
+    pub fn mark_orphans(&mut self, set: u32) {
+        if let Some(state) = self.sets.get_mut(set as usize) {
+            state.orphans = true;
+        }
+    }
+
+    /// Runs of `set` (tests look at the layout).
+    #[cfg(test)]
+    pub fn runs_in(&self, set: u32) -> usize {
+        self.sets.get(set as usize).map_or(0, |s| s.runs.len())
+    }
+
+    /// Entries of `slot`'s eviction queue, stale ones included.
+    #[cfg(test)]
+    pub fn queue_len(&self, slot: u32) -> usize {
+        self.queues.get(slot as usize).map_or(0, VecDeque::len)
+    }
+
+    /// Tier bits of `slot`'s sets that hold blocks.
+    pub fn tiers(&self, slot: u32) -> u8 {
+        (0..TIERS)
+            .filter(|t| self.len(slot * TIERS + t) > 0)
+            .fold(0, |m, t| m | 1 << t)
+    }
+
+    fn run_at(
+        &self,
+        map: &FxHashMap<BlockHash, Refs<u32>>,
+        key: BlockHash,
+        set: u32,
+    ) -> Option<u32> {
+        map.get(&key)?
+            .as_slice()
+            .iter()
+            .copied()
+            .find(|&id| self.runs[id as usize].set == set)
+    }
+
+    fn end_at(&self, key: BlockHash, set: u32) -> Option<(u32, usize)> {
+        self.ends
+            .get(&key)?
+            .as_slice()
+            .iter()
+            .map(|&r| unpack(r))
+            .find(|&(id, _)| self.runs[id as usize].set == set)
+    }
+
+    /// Where `set` holds `block`, if it does: the end of a stored chain or a run's tail, a run's
+    /// head, or a run whose signature admits it and whose blocks hold it.
+    pub fn find(&self, set: u32, block: BlockHash) -> Option<(u32, usize)> {
+        if let Some(at) = self.end_at(block, set) {
+            return Some(at);
+        }
+        if let Some(id) = self.run_at(&self.heads, block, set) {
+            return Some((id, 0));
+        }
+        let state = self.sets.get(set as usize)?;
+        state.runs.iter().find_map(|&id| {
+            let run = &self.runs[id as usize];
+            if !run.sig.may_hold(block) {
+                return None;
+            }
+            run.blocks.iter().position(|&b| b == block).map(|k| (id, k))
+        })
+    }
+
+    /// Whether `set` holds `block`.
+    pub fn holds(&self, set: u32, block: BlockHash) -> bool {
+        self.find(set, block).is_some()
+    }
+
+    /// Whether `block`, whose parent is `prev`, is held in `set` already, and where.
+    #[inline]
+    fn held(&self, set: u32, prev: Prev, block: BlockHash) -> Option<(u32, usize)> {
+        let as_head = || self.run_at(&self.heads, block, set).map(|id| (id, 0));
+        match prev {
+            // Inside a run: the run's next block, or a run stored under it (a branch).
+            Prev::At(id, k) => match self.runs[id as usize].blocks.get(k + 1) {
+                Some(&next) if next == block => Some((id, k + 1)),
+                _ => as_head(),
+            },
+            // A first block can only be a run's head.
+            Prev::Root => as_head(),
+            // Its parent is not held or was just added: only an orphan's head.
+            Prev::Unheld | Prev::New(_) if self.sets[set as usize].orphans => as_head(),
+            Prev::Unheld | Prev::New(_) => None,
+        }
+    }
+
+    fn alloc(&mut self, set: u32, first: BlockHash) -> u32 {
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.runs.push(Run::default());
+                (self.runs.len() - 1) as u32
+            }
+        };
+        let state = &mut self.sets[set as usize];
+        let run = &mut self.runs[id as usize];
+        run.set = set;
+        run.at = state.runs.len() as u32;
+        state.runs.push(id);
+        add_ref(&mut self.heads, first, id);
+        self.touch(id);
+        id
+    }
+
+    /// Queues the run as the worker's most recently changed.
+    fn touch(&mut self, id: u32) {
+        let run = &mut self.runs[id as usize];
+        run.stamp = run.stamp.wrapping_add(1);
+        let (stamp, slot) = (run.stamp, set_slot(run.set) as usize);
+        let queue = &mut self.queues[slot];
+        queue.push_back((id, stamp));
+        // Stale entries beyond the worker's live runs are dropped in one pass now and then.
+        let live: usize = (0..TIERS as usize)
+            .map(|t| self.sets[slot * TIERS as usize + t].runs.len())
+            .sum();
+        if queue.len() > 2 * live + 64 {
+            let runs = &self.runs;
+            queue.retain(|&(id, stamp)| {
+                let r = &runs[id as usize];
+                r.stamp == stamp && !r.blocks.is_empty() && set_slot(r.set) as usize == slot
+            });
+        }
+    }
+
+    fn release(&mut self, id: u32) {
+        let run = &mut self.runs[id as usize];
+        let (set, at) = (run.set as usize, run.at as usize);
+        run.ends.clear();
+        run.sig.words.clear();
+        run.stamp = run.stamp.wrapping_add(1);
+        let list = &mut self.sets[set].runs;
+        list.swap_remove(at);
+        if let Some(&moved) = list.get(at) {
+            self.runs[moved as usize].at = at as u32;
+        }
+        self.free.push(id);
+    }
+
+    #[inline]
+    fn append(&mut self, id: u32, block: BlockHash) {
+        let run = &mut self.runs[id as usize];
+        run.sig.reserve(&run.blocks);
+        run.sig.set(block);
+        run.blocks.push(block);
+        self.sets[run.set as usize].blocks += 1;
+    }
+
+    /// Records the run's tail as an end, if it is not one yet.
+    fn mark_end(&mut self, id: u32) {
+        let run = &mut self.runs[id as usize];
+        let k = run.blocks.len() - 1;
+        if run.ends.last() != Some(&(k as u32)) {
+            run.ends.push(k as u32);
+            add_ref(&mut self.ends, run.blocks[k], pack(id, k));
+        }
+    }
+
+    /// Stores the chain `blocks` under `parent` (`None`: at the root) in `set`; the blocks the
+    /// set did not hold are pushed to `added`.
+    pub fn store(
+        &mut self,
+        set: u32,
+        parent: Option<BlockHash>,
+        blocks: &[BlockHash],
+        added: &mut Vec<BlockHash>,
+    ) {
+        let mut prev = match parent {
+            None => Prev::Root,
+            Some(p) => self
+                .find(set, p)
+                .map_or(Prev::Unheld, |(id, k)| Prev::At(id, k)),
+        };
+        for &h in blocks {
+            if let Some((id, k)) = self.held(set, prev, h) {
+                if let Prev::New(grown) = prev {
+                    self.mark_end(grown);
+                }
+                prev = Prev::At(id, k);
+                continue;
+            }
+            let id = match prev {
+                Prev::New(id) => id,
+                Prev::At(id, k) if k + 1 == self.runs[id as usize].blocks.len() => {
+                    self.touch(id);
+                    id
+                }
+                _ => {
+                    if prev == Prev::Unheld {
+                        self.sets[set as usize].orphans = true;
+                    }
+                    self.alloc(set, h)
+                }
+            };
+            self.append(id, h);
+            added.push(h);
+            prev = Prev::New(id);
+        }
+        if let Prev::New(grown) = prev {
+            self.mark_end(grown);
+        }
+    }
+
+    /// Removes `blocks` from `set`; the blocks it held are pushed to `gone`. The event's blocks
+    /// that are next to each other in a run (tail first, as engines evict, or head first) go as
+    /// one range, found with one lookup.
+    pub fn remove(&mut self, set: u32, blocks: &[BlockHash], gone: &mut Vec<BlockHash>) {
+        let mut i = 0;
+        while i < blocks.len() {
+            let Some((id, k)) = self.find(set, blocks[i]) else {
+                i += 1;
+                continue;
+            };
+            i += 1;
+            let (mut lo, mut hi) = (k, k + 1);
+            let run = &self.runs[id as usize].blocks;
+            while i < blocks.len() {
+                if run.get(hi) == Some(&blocks[i]) {
+                    hi += 1;
+                } else if lo > 0 && run[lo - 1] == blocks[i] {
+                    lo -= 1;
+                } else {
+                    break;
+                }
+                i += 1;
+            }
+            self.cut(id, lo, hi, gone);
+        }
+    }
+
+    /// Removes blocks `lo..hi` of run `id`: the blocks after them become a run of their own (an
+    /// orphan: its parent is gone), and a run left empty goes.
+    fn cut(&mut self, id: u32, lo: usize, hi: usize, gone: &mut Vec<BlockHash>) {
+        if hi < self.runs[id as usize].blocks.len() {
+            self.split(id, hi - 1);
+        }
+        let head = self.runs[id as usize].blocks[0];
+        for _ in lo..hi {
+            self.pop(id, gone);
+        }
+        if self.runs[id as usize].blocks.is_empty() {
+            drop_ref(&mut self.heads, head, id);
+            self.release(id);
+        } else {
+            self.mark_end(id);
+        }
+    }
+
+    /// The blocks of run `id` after block `k` become a run of their own, under block `k`, with
+    /// their ends.
+    fn split(&mut self, id: u32, k: usize) {
+        let set = self.runs[id as usize].set;
+        self.sets[set as usize].orphans = true;
+        let run = &mut self.runs[id as usize];
+        let after = run.blocks.split_off(k + 1);
+        let cut = run.ends.partition_point(|&e| e as usize <= k);
+        let moved = run.ends.split_off(cut);
+        for &e in &moved {
+            drop_ref(
+                &mut self.ends,
+                after[e as usize - k - 1],
+                pack(id, e as usize),
+            );
+        }
+        self.sets[set as usize].blocks -= after.len();
+        let orphan = self.alloc(set, after[0]);
+        for &b in &after {
+            self.append(orphan, b);
+        }
+        for e in moved {
+            let at = e as usize - k - 1;
+            self.runs[orphan as usize].ends.push(at as u32);
+            add_ref(&mut self.ends, after[at], pack(orphan, at));
+        }
+    }
+
+    fn pop(&mut self, id: u32, gone: &mut Vec<BlockHash>) {
+        let run = &mut self.runs[id as usize];
+        let Some(b) = run.blocks.pop() else {
+            return;
+        };
+        self.sets[run.set as usize].blocks -= 1;
+        let k = run.blocks.len();
+        if run.ends.last() == Some(&(k as u32)) {
+            run.ends.pop();
+            drop_ref(&mut self.ends, b, pack(id, k));
+        }
+        gone.push(b);
+    }
+
+    /// Drops every block of `set`.
+    pub fn clear_set(&mut self, set: u32) {
+        let Some(state) = self.sets.get_mut(set as usize) else {
+            return;
+        };
+        let runs = std::mem::take(&mut state.runs);
+        state.blocks = 0;
+        state.orphans = false;
+        for id in runs {
+            let run = &mut self.runs[id as usize];
+            for &e in &run.ends {
+                drop_ref(&mut self.ends, run.blocks[e as usize], pack(id, e as usize));
+            }
+            drop_ref(&mut self.heads, run.blocks[0], id);
+            run.blocks.clear();
+            run.ends.clear();
+            run.sig.words.clear();
+            run.stamp = run.stamp.wrapping_add(1);
+            self.free.push(id);
+        }
+    }
+
+    /// Drops every block of every set of `slot`, and its eviction queue.
+    pub fn clear_slot(&mut self, slot: u32) {
+        for t in 0..TIERS {
+            self.clear_set(slot * TIERS + t);
+        }
+        if let Some(q) = self.queues.get_mut(slot as usize) {
+            *q = VecDeque::new();
+        }
+    }
+
+    /// The tail of `slot`'s least recently made or extended run and its set: the block the
+    /// memory bound evicts next (see the module docs of `mod.rs`).
+    pub fn eviction_candidate(&mut self, slot: u32) -> Option<(u32, BlockHash)> {
+        let queue = self.queues.get_mut(slot as usize)?;
+        while let Some(&(id, stamp)) = queue.front() {
+            let run = &self.runs[id as usize];
+            if run.stamp == stamp && set_slot(run.set) == slot && !run.blocks.is_empty() {
+                return Some((run.set, run.blocks[run.blocks.len() - 1]));
+            }
+            queue.pop_front();
+        }
+        None
+    }
+
+    /// The blocks of `set`, in no particular order.
+    pub fn blocks_of(&self, set: u32) -> impl Iterator<Item = BlockHash> + '_ {
+        self.sets
+            .get(set as usize)
+            .map_or(&[][..], |s| &s.runs[..])
+            .iter()
+            .flat_map(|&id| self.runs[id as usize].blocks.iter().copied())
+    }
+
+    /// Every block held anywhere, with repeats (one per set holding it).
+    pub fn all_blocks(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.runs.iter().flat_map(|r| r.blocks.iter().copied())
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        let runs: usize = self
+            .runs
+            .iter()
+            .map(|r| r.blocks.capacity() * 8 + r.ends.capacity() * 4 + r.sig.words.capacity() * 8)
+            .sum();
+        let refs =
+            |m: &FxHashMap<BlockHash, Refs<u32>>| m.values().map(Refs::heap_bytes).sum::<usize>();
+        let end_refs: usize = self.ends.values().map(Refs::heap_bytes).sum();
+        let sets: usize = self.sets.iter().map(|s| s.runs.capacity() * 4).sum();
+        let queues: usize = self.queues.iter().map(|q| q.capacity() * 8).sum();
+        runs + self.runs.capacity() * std::mem::size_of::<Run>()
+            + self.free.capacity() * 4
+            + super::map_bytes(&self.heads)
+            + refs(&self.heads)
+            + super::map_bytes(&self.ends)
+            + end_refs
+            + sets
+            + self.sets.capacity() * std::mem::size_of::<SetState>()
+            + queues
+            + self.queues.capacity() * std::mem::size_of::<VecDeque<(u32, u32)>>()
+    }
+}
