@@ -32,7 +32,9 @@
 use serde::Serialize;
 use switchyard_core::BlockHash;
 
-use super::runs::{DEVICE, DISK, HOST, REMOTE, Run, set_bit, set_slot};
+use std::cell::RefCell;
+
+use super::runs::{DEVICE, DISK, HOST, HeadRef, REMOTE, RunStore, set_bit, set_slot};
 use super::{PrefixIndex, WorkerKey};
 
 /// Leading blocks a worker holds, at four nested tier levels (see the module docs).
@@ -106,6 +108,24 @@ fn levels(bit: u8, n: u32) -> TierOverlap {
     }
 }
 
+/// The query's buffers, kept per thread between queries (a query allocates only its answer).
+#[derive(Debug, Default)]
+struct Scratch {
+    /// (position, set) still followed.
+    open: Vec<(u32, u32)>,
+    /// (set, leading blocks) settled.
+    done: Vec<(u32, u32)>,
+    /// The runs to match next, each at its prompt position.
+    batch: Vec<(u32, u32)>,
+    /// The sets stopped at the position being looked up, sorted, and which of them carry on.
+    here: Vec<u32>,
+    carried: Vec<bool>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
 /// A worker holding blocks in several tiers, walked: the leading blocks held at each level.
 #[derive(Debug, Clone, Copy)]
 struct Walked {
@@ -125,13 +145,32 @@ impl PrefixIndex {
         let Some(first) = blocks.first().and_then(|b| store.heads.get(b)) else {
             return OverlapScores::default();
         };
-        // (position, set) still followed, and (set, leading blocks) settled.
-        let mut open: Vec<(u32, u32)> = Vec::new();
-        let mut done: Vec<(u32, u32)> = Vec::new();
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            self.overlap_from(blocks, first.as_slice(), &mut scratch)
+        })
+    }
+
+    fn overlap_from(
+        &self,
+        blocks: &[BlockHash],
+        first: &[HeadRef],
+        scratch: &mut Scratch,
+    ) -> OverlapScores {
+        let store = &self.runs;
+        let Scratch {
+            open,
+            done,
+            batch,
+            here,
+            carried,
+        } = scratch;
+        open.clear();
+        done.clear();
+        batch.clear();
         let mut walked: Vec<Walked> = Vec::new();
-        for &id in first.as_slice() {
-            let run = &store.runs[id as usize];
-            let slot = set_slot(run.set);
+        for r in first {
+            let slot = set_slot(r.set);
             if store.tiers(slot).count_ones() > 1 {
                 if !walked.iter().any(|w| w.slot == slot) {
                     walked.push(Walked {
@@ -141,10 +180,9 @@ impl PrefixIndex {
                 }
                 continue;
             }
-            follow(run, 0, blocks, &mut open, &mut done);
+            batch.push((r.run, 0));
         }
-        // The sets stopped at the position being looked up, sorted, and which of them carry on.
-        let (mut here, mut carried): (Vec<u32>, Vec<bool>) = (Vec::new(), Vec::new());
+        follow(store, batch, blocks, open, done);
         while let Some(pos) = open.iter().map(|&(p, _)| p).min() {
             // The nearest position still open: one lookup for every set stopped there.
             here.clear();
@@ -157,25 +195,26 @@ impl PrefixIndex {
             here.sort_unstable();
             carried.clear();
             carried.resize(here.len(), false);
+            batch.clear();
             if let Some(refs) = store.heads.get(&blocks[pos as usize]) {
-                for &id in refs.as_slice() {
-                    let run = &store.runs[id as usize];
-                    if let Ok(i) = here.binary_search(&run.set) {
+                for r in refs.as_slice() {
+                    if let Ok(i) = here.binary_search(&r.set) {
                         carried[i] = true;
-                        follow(run, pos as usize, blocks, &mut open, &mut done);
+                        batch.push((r.run, pos));
                     }
                 }
             }
+            follow(store, batch, blocks, open, done);
             done.extend(
                 here.iter()
-                    .zip(&carried)
+                    .zip(carried.iter())
                     .filter(|&(_, &c)| !c)
                     .map(|(&set, _)| (set, pos)),
             );
         }
         let mut scores: Vec<(WorkerKey, TierOverlap)> = done
-            .into_iter()
-            .map(|(set, n)| (WorkerKey(set_slot(set)), levels(set_bit(set), n)))
+            .iter()
+            .map(|&(set, n)| (WorkerKey(set_slot(set)), levels(set_bit(set), n)))
             .collect();
         if !walked.is_empty() {
             self.walk(blocks, &mut walked);
@@ -209,13 +248,13 @@ impl PrefixIndex {
             let Some(refs) = store.heads.get(block) else {
                 continue;
             };
-            for &id in refs.as_slice() {
-                let run = &store.runs[id as usize];
-                let slot = set_slot(run.set);
+            for r in refs.as_slice() {
+                let slot = set_slot(r.set);
                 let Some(w) = walked.iter_mut().find(|w| w.slot == slot) else {
                     continue;
                 };
-                let bit = set_bit(run.set);
+                let run = &store.runs[r.run as usize];
+                let bit = set_bit(r.set);
                 let mut matched = None;
                 for (level, &tiers) in LEVELS.iter().enumerate() {
                     if tiers & bit != 0 && j32 <= w.reach[level] {
@@ -228,20 +267,24 @@ impl PrefixIndex {
     }
 }
 
-/// Matches `run` (starting at prompt block `pos`) and either settles its set or leaves it open
-/// at the position where the match stopped.
-#[inline]
+/// Matches each run of `batch` (starting at its prompt position) and either settles its set or
+/// leaves it open at the position where the match stopped.
 fn follow(
-    run: &Run,
-    pos: usize,
+    store: &RunStore,
+    batch: &[(u32, u32)],
     prompt: &[BlockHash],
     open: &mut Vec<(u32, u32)>,
     done: &mut Vec<(u32, u32)>,
 ) {
-    let end = pos + run.matched(&prompt[pos..]);
-    if end == prompt.len() {
-        done.push((run.set, end as u32));
-    } else {
-        open.push((end as u32, run.set));
+    for &(id, pos) in batch {
+        let run = &store.runs[id as usize];
+        let rest = &prompt[pos as usize..];
+        let m = run.matched(rest);
+        let end = pos + m as u32;
+        if end as usize == prompt.len() {
+            done.push((run.set, end));
+        } else {
+            open.push((end, run.set));
+        }
     }
 }

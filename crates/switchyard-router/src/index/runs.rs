@@ -198,11 +198,17 @@ impl Signature {
     }
 }
 
+/// A run, as the query reads it (the rest is in [`RunMeta`], so runs pack densely).
 #[derive(Debug, Default)]
 pub struct Run {
     pub set: u32,
     /// Head first; empty when the run is free.
     pub blocks: Vec<BlockHash>,
+}
+
+/// What only changes read of a run.
+#[derive(Debug, Default)]
+struct RunMeta {
     /// Offsets of the blocks that end a stored chain, and of the tail (ascending; the last is
     /// the tail), each in the `ends` map.
     ends: Vec<u32>,
@@ -212,6 +218,13 @@ pub struct Run {
     /// Bumped whenever the run is made or extended, so the eviction queue can tell its entries
     /// for the run's latest change from older ones.
     stamp: u32,
+}
+
+/// A run starting at a block, with its set (so a lookup for one set reads no run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadRef {
+    pub run: u32,
+    pub set: u32,
 }
 
 impl Run {
@@ -225,7 +238,15 @@ impl Run {
         if self.blocks[k - 1] == prompt[k - 1] {
             return k;
         }
-        // Chained hashes: equal up to some count, different after it.
+        // Chained hashes: equal up to some count, different after it. A short stretch is read
+        // in order (a few cache lines, no unpredictable branch), a long one bisected.
+        if k <= 32 {
+            return self.blocks[..k]
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count();
+        }
         let (mut good, mut bad) = (1, k);
         while bad - good > 1 {
             let mid = good + (bad - good) / 2;
@@ -264,10 +285,13 @@ enum Prev {
 #[derive(Debug, Default)]
 pub struct RunStore {
     pub runs: Vec<Run>,
+    meta: Vec<RunMeta>,
     free: Vec<u32>,
-    pub heads: FxHashMap<BlockHash, Refs<u32>>,
+    pub heads: FxHashMap<BlockHash, Refs<HeadRef>>,
     ends: FxHashMap<BlockHash, Refs<u64>>,
     sets: Vec<SetState>,
+    /// Per worker slot, the tier bits of its sets that hold blocks.
+    slot_tiers: Vec<u8>,
     /// Per worker slot: its runs, least recently made or extended first, as `(run, stamp)`;
     /// entries whose stamp is not the run's are stale and skipped.
     queues: Vec<VecDeque<(u32, u32)>>,
@@ -280,6 +304,7 @@ impl RunStore {
         if self.sets.len() < sets {
             self.sets.resize_with(sets, SetState::default);
             self.queues.resize_with(slot as usize + 1, VecDeque::new);
+            self.slot_tiers.resize(slot as usize + 1, 0);
         }
     }
 
@@ -309,23 +334,30 @@ impl RunStore {
     }
 
     /// Tier bits of `slot`'s sets that hold blocks.
+    #[inline]
     pub fn tiers(&self, slot: u32) -> u8 {
-        (0..TIERS)
-            .filter(|t| self.len(slot * TIERS + t) > 0)
-            .fold(0, |m, t| m | 1 << t)
+        self.slot_tiers.get(slot as usize).copied().unwrap_or(0)
     }
 
-    fn run_at(
-        &self,
-        map: &FxHashMap<BlockHash, Refs<u32>>,
-        key: BlockHash,
-        set: u32,
-    ) -> Option<u32> {
-        map.get(&key)?
+    /// Keeps `slot_tiers` right after `set`'s block count changed.
+    fn note_count(&mut self, set: u32) {
+        let bit = set_bit(set);
+        let tiers = &mut self.slot_tiers[set_slot(set) as usize];
+        if self.sets[set as usize].blocks > 0 {
+            *tiers |= bit;
+        } else {
+            *tiers &= !bit;
+        }
+    }
+
+    /// The run of `set` starting at `key`.
+    fn head_of(&self, key: BlockHash, set: u32) -> Option<u32> {
+        self.heads
+            .get(&key)?
             .as_slice()
             .iter()
-            .copied()
-            .find(|&id| self.runs[id as usize].set == set)
+            .find(|r| r.set == set)
+            .map(|r| r.run)
     }
 
     fn end_at(&self, key: BlockHash, set: u32) -> Option<(u32, usize)> {
@@ -343,16 +375,19 @@ impl RunStore {
         if let Some(at) = self.end_at(block, set) {
             return Some(at);
         }
-        if let Some(id) = self.run_at(&self.heads, block, set) {
+        if let Some(id) = self.head_of(block, set) {
             return Some((id, 0));
         }
         let state = self.sets.get(set as usize)?;
         state.runs.iter().find_map(|&id| {
-            let run = &self.runs[id as usize];
-            if !run.sig.may_hold(block) {
+            if !self.meta[id as usize].sig.may_hold(block) {
                 return None;
             }
-            run.blocks.iter().position(|&b| b == block).map(|k| (id, k))
+            self.runs[id as usize]
+                .blocks
+                .iter()
+                .position(|&b| b == block)
+                .map(|k| (id, k))
         })
     }
 
@@ -364,7 +399,7 @@ impl RunStore {
     /// Whether `block`, whose parent is `prev`, is held in `set` already, and where.
     #[inline]
     fn held(&self, set: u32, prev: Prev, block: BlockHash) -> Option<(u32, usize)> {
-        let as_head = || self.run_at(&self.heads, block, set).map(|id| (id, 0));
+        let as_head = || self.head_of(block, set).map(|id| (id, 0));
         match prev {
             // Inside a run: the run's next block, or a run stored under it (a branch).
             Prev::At(id, k) => match self.runs[id as usize].blocks.get(k + 1) {
@@ -384,24 +419,24 @@ impl RunStore {
             Some(id) => id,
             None => {
                 self.runs.push(Run::default());
+                self.meta.push(RunMeta::default());
                 (self.runs.len() - 1) as u32
             }
         };
         let state = &mut self.sets[set as usize];
-        let run = &mut self.runs[id as usize];
-        run.set = set;
-        run.at = state.runs.len() as u32;
+        self.runs[id as usize].set = set;
+        self.meta[id as usize].at = state.runs.len() as u32;
         state.runs.push(id);
-        add_ref(&mut self.heads, first, id);
+        add_ref(&mut self.heads, first, HeadRef { run: id, set });
         self.touch(id);
         id
     }
 
     /// Queues the run as the worker's most recently changed.
     fn touch(&mut self, id: u32) {
-        let run = &mut self.runs[id as usize];
-        run.stamp = run.stamp.wrapping_add(1);
-        let (stamp, slot) = (run.stamp, set_slot(run.set) as usize);
+        let meta = &mut self.meta[id as usize];
+        meta.stamp = meta.stamp.wrapping_add(1);
+        let (stamp, slot) = (meta.stamp, set_slot(self.runs[id as usize].set) as usize);
         let queue = &mut self.queues[slot];
         queue.push_back((id, stamp));
         // Stale entries beyond the worker's live runs are dropped in one pass now and then.
@@ -409,24 +444,27 @@ impl RunStore {
             .map(|t| self.sets[slot * TIERS as usize + t].runs.len())
             .sum();
         if queue.len() > 2 * live + 64 {
-            let runs = &self.runs;
+            let (runs, meta) = (&self.runs, &self.meta);
             queue.retain(|&(id, stamp)| {
                 let r = &runs[id as usize];
-                r.stamp == stamp && !r.blocks.is_empty() && set_slot(r.set) as usize == slot
+                meta[id as usize].stamp == stamp
+                    && !r.blocks.is_empty()
+                    && set_slot(r.set) as usize == slot
             });
         }
     }
 
     fn release(&mut self, id: u32) {
-        let run = &mut self.runs[id as usize];
-        let (set, at) = (run.set as usize, run.at as usize);
-        run.ends.clear();
-        run.sig.words.clear();
-        run.stamp = run.stamp.wrapping_add(1);
+        let set = self.runs[id as usize].set as usize;
+        let meta = &mut self.meta[id as usize];
+        let at = meta.at as usize;
+        meta.ends.clear();
+        meta.sig.words.clear();
+        meta.stamp = meta.stamp.wrapping_add(1);
         let list = &mut self.sets[set].runs;
         list.swap_remove(at);
         if let Some(&moved) = list.get(at) {
-            self.runs[moved as usize].at = at as u32;
+            self.meta[moved as usize].at = at as u32;
         }
         self.free.push(id);
     }
@@ -434,18 +472,24 @@ impl RunStore {
     #[inline]
     fn append(&mut self, id: u32, block: BlockHash) {
         let run = &mut self.runs[id as usize];
-        run.sig.reserve(&run.blocks);
-        run.sig.set(block);
+        let sig = &mut self.meta[id as usize].sig;
+        sig.reserve(&run.blocks);
+        sig.set(block);
         run.blocks.push(block);
-        self.sets[run.set as usize].blocks += 1;
+        let set = run.set;
+        self.sets[set as usize].blocks += 1;
+        if self.sets[set as usize].blocks == 1 {
+            self.note_count(set);
+        }
     }
 
     /// Records the run's tail as an end, if it is not one yet.
     fn mark_end(&mut self, id: u32) {
-        let run = &mut self.runs[id as usize];
+        let run = &self.runs[id as usize];
+        let meta = &mut self.meta[id as usize];
         let k = run.blocks.len() - 1;
-        if run.ends.last() != Some(&(k as u32)) {
-            run.ends.push(k as u32);
+        if meta.ends.last() != Some(&(k as u32)) {
+            meta.ends.push(k as u32);
             add_ref(&mut self.ends, run.blocks[k], pack(id, k));
         }
     }
@@ -533,7 +577,8 @@ impl RunStore {
             self.pop(id, gone);
         }
         if self.runs[id as usize].blocks.is_empty() {
-            drop_ref(&mut self.heads, head, id);
+            let set = self.runs[id as usize].set;
+            drop_ref(&mut self.heads, head, HeadRef { run: id, set });
             self.release(id);
         } else {
             self.mark_end(id);
@@ -545,10 +590,10 @@ impl RunStore {
     fn split(&mut self, id: u32, k: usize) {
         let set = self.runs[id as usize].set;
         self.sets[set as usize].orphans = true;
-        let run = &mut self.runs[id as usize];
-        let after = run.blocks.split_off(k + 1);
-        let cut = run.ends.partition_point(|&e| e as usize <= k);
-        let moved = run.ends.split_off(cut);
+        let after = self.runs[id as usize].blocks.split_off(k + 1);
+        let ends = &mut self.meta[id as usize].ends;
+        let cut = ends.partition_point(|&e| e as usize <= k);
+        let moved = ends.split_off(cut);
         for &e in &moved {
             drop_ref(
                 &mut self.ends,
@@ -563,7 +608,7 @@ impl RunStore {
         }
         for e in moved {
             let at = e as usize - k - 1;
-            self.runs[orphan as usize].ends.push(at as u32);
+            self.meta[orphan as usize].ends.push(at as u32);
             add_ref(&mut self.ends, after[at], pack(orphan, at));
         }
     }
@@ -573,10 +618,14 @@ impl RunStore {
         let Some(b) = run.blocks.pop() else {
             return;
         };
-        self.sets[run.set as usize].blocks -= 1;
-        let k = run.blocks.len();
-        if run.ends.last() == Some(&(k as u32)) {
-            run.ends.pop();
+        let (set, k) = (run.set, run.blocks.len());
+        self.sets[set as usize].blocks -= 1;
+        if self.sets[set as usize].blocks == 0 {
+            self.note_count(set);
+        }
+        let ends = &mut self.meta[id as usize].ends;
+        if ends.last() == Some(&(k as u32)) {
+            ends.pop();
             drop_ref(&mut self.ends, b, pack(id, k));
         }
         gone.push(b);
@@ -592,16 +641,18 @@ impl RunStore {
         state.orphans = false;
         for id in runs {
             let run = &mut self.runs[id as usize];
-            for &e in &run.ends {
+            let meta = &mut self.meta[id as usize];
+            for &e in &meta.ends {
                 drop_ref(&mut self.ends, run.blocks[e as usize], pack(id, e as usize));
             }
-            drop_ref(&mut self.heads, run.blocks[0], id);
+            drop_ref(&mut self.heads, run.blocks[0], HeadRef { run: id, set });
             run.blocks.clear();
-            run.ends.clear();
-            run.sig.words.clear();
-            run.stamp = run.stamp.wrapping_add(1);
+            meta.ends.clear();
+            meta.sig.words.clear();
+            meta.stamp = meta.stamp.wrapping_add(1);
             self.free.push(id);
         }
+        self.note_count(set);
     }
 
     /// Drops every block of every set of `slot`, and its eviction queue.
@@ -620,7 +671,10 @@ impl RunStore {
         let queue = self.queues.get_mut(slot as usize)?;
         while let Some(&(id, stamp)) = queue.front() {
             let run = &self.runs[id as usize];
-            if run.stamp == stamp && set_slot(run.set) == slot && !run.blocks.is_empty() {
+            if self.meta[id as usize].stamp == stamp
+                && set_slot(run.set) == slot
+                && !run.blocks.is_empty()
+            {
                 return Some((run.set, run.blocks[run.blocks.len() - 1]));
             }
             queue.pop_front();
@@ -643,20 +697,23 @@ impl RunStore {
     }
 
     pub fn heap_bytes(&self) -> usize {
-        let runs: usize = self
-            .runs
+        let runs: usize = self.runs.iter().map(|r| r.blocks.capacity() * 8).sum();
+        let meta: usize = self
+            .meta
             .iter()
-            .map(|r| r.blocks.capacity() * 8 + r.ends.capacity() * 4 + r.sig.words.capacity() * 8)
+            .map(|m| m.ends.capacity() * 4 + m.sig.words.capacity() * 8)
             .sum();
-        let refs =
-            |m: &FxHashMap<BlockHash, Refs<u32>>| m.values().map(Refs::heap_bytes).sum::<usize>();
+        let head_refs: usize = self.heads.values().map(Refs::heap_bytes).sum();
         let end_refs: usize = self.ends.values().map(Refs::heap_bytes).sum();
         let sets: usize = self.sets.iter().map(|s| s.runs.capacity() * 4).sum();
         let queues: usize = self.queues.iter().map(|q| q.capacity() * 8).sum();
         runs + self.runs.capacity() * std::mem::size_of::<Run>()
+            + meta
+            + self.meta.capacity() * std::mem::size_of::<RunMeta>()
             + self.free.capacity() * 4
+            + self.slot_tiers.capacity()
             + super::map_bytes(&self.heads)
-            + refs(&self.heads)
+            + head_refs
             + super::map_bytes(&self.ends)
             + end_refs
             + sets
