@@ -44,6 +44,12 @@
 //! `Removed` events are lost cannot push the other workers out of the index. An evicted pair
 //! under-reports what the worker holds, which only makes the router a little pessimistic about
 //! that worker's cache.
+//!
+//! Memory per pair follows from the runs: a block in a run costs its 8-byte hash and two bytes
+//! of bit set, a run a few dozen bytes more and its entries in the maps (`docs/BENCHMARKS.md`:
+//! 22–29 bytes per pair for stored chains of 16 blocks, 35–55 on the trace replays). A block
+//! stored alone (a snapshot naming no parents) is a run of its own and costs several times that;
+//! the cap counts pairs, not bytes.
 
 mod digest;
 mod overlap;
