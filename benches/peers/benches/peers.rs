@@ -358,13 +358,7 @@ fn main() {
     };
     let lengths = [64usize, 128, 1024, 8192];
     for workers in [8usize, 64, 512] {
-        let spec = Synthetic {
-            workers,
-            pairs: 1 << 20,
-            prompt_len: 8192,
-            holders: 32,
-            seed: 7,
-        };
+        let spec = Synthetic::of(workers, 1 << 20);
         let label = format!("synthetic 1M pairs, {workers} workers");
         bench.synthetic(spec, &label, &lengths, workers == 64);
     }

@@ -335,13 +335,7 @@ fn main() {
         return;
     }
     let workers: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(64);
-    let spec = Synthetic {
-        workers,
-        pairs: 1 << 20,
-        prompt_len: 8192,
-        holders: 32,
-        seed: 7,
-    };
+    let spec = Synthetic::of(workers, 1 << 20);
     let events: Vec<Event> = spec.population().collect();
     let ops: usize = events.iter().map(Event::block_ops).sum();
     let prompt = spec.prompt();

@@ -52,13 +52,7 @@ fn contender(name: &str, workers: usize) -> Option<Box<dyn Contender>> {
 }
 
 fn spec(workers: usize, pairs: usize) -> Synthetic {
-    Synthetic {
-        workers,
-        pairs,
-        prompt_len: 8192,
-        holders: 32,
-        seed: 7,
-    }
+    Synthetic::of(workers, pairs)
 }
 
 fn chunks(spec: &Synthetic) -> Vec<Vec<Event>> {

@@ -989,13 +989,7 @@ fn replay(r: &Replay, reps: usize) {
 }
 
 fn synthetic(workers: usize, reps: usize) {
-    let spec = Synthetic {
-        workers,
-        pairs: 1 << 20,
-        prompt_len: 8192,
-        holders: 32,
-        seed: 7,
-    };
+    let spec = Synthetic::of(workers, 1 << 20);
     let events: Vec<Event> = spec.population().collect();
     let ops: usize = events.iter().map(Event::block_ops).sum();
     let batch = spec.churn(1024);

@@ -166,6 +166,18 @@ pub struct Synthetic {
 }
 
 impl Synthetic {
+    /// The bench's synthetic index: `pairs` over `workers`, the first 32 holding prefixes of an
+    /// 8,192-block prompt, seed 7.
+    pub fn of(workers: usize, pairs: usize) -> Self {
+        Synthetic {
+            workers,
+            pairs,
+            prompt_len: 8192,
+            holders: 32,
+            seed: 7,
+        }
+    }
+
     pub fn prompt(&self) -> Query {
         let mut rng = Rng::new(self.seed ^ 0x9e0f);
         let locals: Vec<u64> = (0..self.prompt_len).map(|_| rng.next_u64()).collect();

@@ -18,8 +18,8 @@
 //! (see `runs.rs`): a run is a chain of blocks, head first, in one vector, each block the
 //! parent of the next. A `Stored` chain under the tail of one of the worker's runs in that tier
 //! extends the run (an engine stores a sequence's next blocks under its last one); any other
-//! starts a run. Maps keyed by block hash point at runs' first blocks and at the ends of stored
-//! chains and runs' tails; no map holds every block, so storing or evicting a sequence costs a
+//! starts a run. Maps keyed by block hash point at runs' first and last blocks; no map holds
+//! every block, so storing or evicting a sequence costs a
 //! few map accesses per event, not one per block. Each run keeps a bit set over its blocks (two
 //! bytes per block), through which a block that is no run's head or end (a branch off the
 //! middle of a run, a block removed from inside a run) is found without reading every run. A

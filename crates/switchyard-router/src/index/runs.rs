@@ -3,16 +3,15 @@
 //! A *set* is one worker's blocks in one tier ([`set_of`]). A set's blocks are kept in *runs*:
 //! a run is a chain of blocks, head first, each block the parent of the next, in one vector. A
 //! `Stored` chain under the tail of one of the set's runs extends that run; any other starts a
-//! run. Two maps keyed by block hash point into runs: `heads` (a run's first block) and `ends`
-//! (the last block of each stored chain, and each run's tail, with its offset). No map holds every
-//! block: storing and removing a sequence costs map accesses per event and per run touched, not
-//! per block.
+//! run. Two maps keyed by block hash point into runs: `heads` (a run's first block) and `ends` (a
+//! run's tail, with its offset). No map holds every block: storing and removing a sequence costs
+//! map accesses per event and per run touched, not per block.
 //!
 //! **Each block once per set.** The store walks the chain knowing where each block's parent is
 //! (the run and offset of the previous block), so it knows where the block itself would be if
 //! held: right after its parent in the same run, or at the head of a run stored under its parent.
 //! A block held already is skipped, never stored twice. A chain's parent that is no run's tail
-//! or head or end of an earlier chain (a branch off the middle of a run) is looked for among the
+//! or head (a branch off the middle of a run) is looked for among the
 //! runs whose *signature* admits it: a bit set over the run's blocks (two bits per block, sixteen
 //! bits of set per block held), written as each block is appended, in the run's own small set.
 //! A block whose parent was just added can only be held as the head of a run stored before its
@@ -209,8 +208,8 @@ pub struct Run {
 /// What only changes read of a run.
 #[derive(Debug, Default)]
 struct RunMeta {
-    /// Offsets of the blocks that end a stored chain, and of the tail (ascending; the last is
-    /// the tail), each in the `ends` map.
+    /// The offset of the tail when it is in the `ends` map (at most one entry: the map keeps
+    /// runs' tails only).
     ends: Vec<u32>,
     sig: Signature,
     /// Position in its set's list of runs.
@@ -369,7 +368,7 @@ impl RunStore {
             .find(|&(id, _)| self.runs[id as usize].set == set)
     }
 
-    /// Where `set` holds `block`, if it does: the end of a stored chain or a run's tail, a run's
+    /// Where `set` holds `block`, if it does: a run's tail, a run's
     /// head, or a run whose signature admits it and whose blocks hold it.
     pub fn find(&self, set: u32, block: BlockHash) -> Option<(u32, usize)> {
         if let Some(at) = self.end_at(block, set) {
@@ -483,6 +482,17 @@ impl RunStore {
         }
     }
 
+    /// Forgets the run's tail as an end (it is about to be extended).
+    fn unmark_tail(&mut self, id: u32) {
+        let run = &self.runs[id as usize];
+        let meta = &mut self.meta[id as usize];
+        let k = run.blocks.len() - 1;
+        if meta.ends.last() == Some(&(k as u32)) {
+            meta.ends.pop();
+            drop_ref(&mut self.ends, run.blocks[k], pack(id, k));
+        }
+    }
+
     /// Records the run's tail as an end, if it is not one yet.
     fn mark_end(&mut self, id: u32) {
         let run = &self.runs[id as usize];
@@ -520,6 +530,9 @@ impl RunStore {
             let id = match prev {
                 Prev::New(id) => id,
                 Prev::At(id, k) if k + 1 == self.runs[id as usize].blocks.len() => {
+                    // Its tail moves: the map keeps runs' tails only (one entry per run, not
+                    // one per event, when a sequence grows a block at a time).
+                    self.unmark_tail(id);
                     self.touch(id);
                     id
                 }
