@@ -208,9 +208,8 @@ pub struct Run {
 /// What only changes read of a run.
 #[derive(Debug, Default)]
 struct RunMeta {
-    /// The offset of the tail when it is in the `ends` map (at most one entry: the map keeps
-    /// runs' tails only).
-    ends: Vec<u32>,
+    /// The run's tail is in the `ends` map (which keeps runs' tails only).
+    tail_marked: bool,
     sig: Signature,
     /// Position in its set's list of runs.
     at: u32,
@@ -457,7 +456,7 @@ impl RunStore {
         let set = self.runs[id as usize].set as usize;
         let meta = &mut self.meta[id as usize];
         let at = meta.at as usize;
-        meta.ends.clear();
+        meta.tail_marked = false;
         meta.sig.words.clear();
         meta.stamp = meta.stamp.wrapping_add(1);
         let list = &mut self.sets[set].runs;
@@ -486,9 +485,9 @@ impl RunStore {
     fn unmark_tail(&mut self, id: u32) {
         let run = &self.runs[id as usize];
         let meta = &mut self.meta[id as usize];
-        let k = run.blocks.len() - 1;
-        if meta.ends.last() == Some(&(k as u32)) {
-            meta.ends.pop();
+        if meta.tail_marked {
+            meta.tail_marked = false;
+            let k = run.blocks.len() - 1;
             drop_ref(&mut self.ends, run.blocks[k], pack(id, k));
         }
     }
@@ -497,9 +496,9 @@ impl RunStore {
     fn mark_end(&mut self, id: u32) {
         let run = &self.runs[id as usize];
         let meta = &mut self.meta[id as usize];
-        let k = run.blocks.len() - 1;
-        if meta.ends.last() != Some(&(k as u32)) {
-            meta.ends.push(k as u32);
+        if !meta.tail_marked {
+            meta.tail_marked = true;
+            let k = run.blocks.len() - 1;
             add_ref(&mut self.ends, run.blocks[k], pack(id, k));
         }
     }
@@ -598,31 +597,21 @@ impl RunStore {
         }
     }
 
-    /// The blocks of run `id` after block `k` become a run of their own, under block `k`, with
-    /// their ends.
+    /// The blocks of run `id` after block `k` become a run of their own, under block `k`; the
+    /// tail's end entry, if any, moves with them.
     fn split(&mut self, id: u32, k: usize) {
         let set = self.runs[id as usize].set;
         self.sets[set as usize].orphans = true;
+        let marked = self.meta[id as usize].tail_marked;
+        self.unmark_tail(id);
         let after = self.runs[id as usize].blocks.split_off(k + 1);
-        let ends = &mut self.meta[id as usize].ends;
-        let cut = ends.partition_point(|&e| e as usize <= k);
-        let moved = ends.split_off(cut);
-        for &e in &moved {
-            drop_ref(
-                &mut self.ends,
-                after[e as usize - k - 1],
-                pack(id, e as usize),
-            );
-        }
         self.sets[set as usize].blocks -= after.len();
         let orphan = self.alloc(set, after[0]);
         for &b in &after {
             self.append(orphan, b);
         }
-        for e in moved {
-            let at = e as usize - k - 1;
-            self.meta[orphan as usize].ends.push(at as u32);
-            add_ref(&mut self.ends, after[at], pack(orphan, at));
+        if marked {
+            self.mark_end(orphan);
         }
     }
 
@@ -636,9 +625,9 @@ impl RunStore {
         if self.sets[set as usize].blocks == 0 {
             self.note_count(set);
         }
-        let ends = &mut self.meta[id as usize].ends;
-        if ends.last() == Some(&(k as u32)) {
-            ends.pop();
+        let meta = &mut self.meta[id as usize];
+        if meta.tail_marked {
+            meta.tail_marked = false;
             drop_ref(&mut self.ends, b, pack(id, k));
         }
         gone.push(b);
@@ -655,12 +644,13 @@ impl RunStore {
         for id in runs {
             let run = &mut self.runs[id as usize];
             let meta = &mut self.meta[id as usize];
-            for &e in &meta.ends {
-                drop_ref(&mut self.ends, run.blocks[e as usize], pack(id, e as usize));
+            if meta.tail_marked {
+                let k = run.blocks.len() - 1;
+                drop_ref(&mut self.ends, run.blocks[k], pack(id, k));
             }
             drop_ref(&mut self.heads, run.blocks[0], HeadRef { run: id, set });
             run.blocks.clear();
-            meta.ends.clear();
+            meta.tail_marked = false;
             meta.sig.words.clear();
             meta.stamp = meta.stamp.wrapping_add(1);
             self.free.push(id);
@@ -711,11 +701,7 @@ impl RunStore {
 
     pub fn heap_bytes(&self) -> usize {
         let runs: usize = self.runs.iter().map(|r| r.blocks.capacity() * 8).sum();
-        let meta: usize = self
-            .meta
-            .iter()
-            .map(|m| m.ends.capacity() * 4 + m.sig.words.capacity() * 8)
-            .sum();
+        let meta: usize = self.meta.iter().map(|m| m.sig.words.capacity() * 8).sum();
         let head_refs: usize = self.heads.values().map(Refs::heap_bytes).sum();
         let end_refs: usize = self.ends.values().map(Refs::heap_bytes).sum();
         let sets: usize = self.sets.iter().map(|s| s.runs.capacity() * 4).sum();

@@ -42,36 +42,33 @@ impl PrefixIndex {
         let mut added = std::mem::take(&mut self.added);
         added.clear();
         self.runs.store(set, parent, chain, &mut added);
-        let others = self.runs.tiers(slot) & !set_bit(set);
-        let new = if others == 0 {
-            added.len()
-        } else {
-            added
-                .iter()
-                .filter(|&&b| !self.held_elsewhere(slot, set, b))
-                .count()
-        };
+        let new = self.pairs_of(slot, set, &added);
         self.entries += new;
         self.state_mut(slot).live += new;
         self.added = added;
     }
 
     /// Removes blocks from one of the worker's tiers; a pair goes with its last tier.
-    pub(super) fn remove_blocks(&mut self, slot: u32, set: u32, blocks: &[BlockHash]) {
+    fn remove_blocks(&mut self, slot: u32, set: u32, blocks: &[BlockHash]) {
         let mut gone = std::mem::take(&mut self.added);
         gone.clear();
         self.runs.remove(set, blocks, &mut gone);
-        let others = self.runs.tiers(slot) & !set_bit(set);
-        let lost = if others == 0 {
-            gone.len()
-        } else {
-            gone.iter()
-                .filter(|&&b| !self.held_elsewhere(slot, set, b))
-                .count()
-        };
+        let lost = self.pairs_of(slot, set, &gone);
         self.entries -= lost;
         self.state_mut(slot).live -= lost;
         self.added = gone;
+    }
+
+    /// How many of `blocks`, just stored in or removed from `set`, the worker holds in no other
+    /// tier: the `(block, worker)` pairs they add or remove.
+    fn pairs_of(&self, slot: u32, set: u32, blocks: &[BlockHash]) -> usize {
+        if self.runs.tiers(slot) & !set_bit(set) == 0 {
+            return blocks.len();
+        }
+        blocks
+            .iter()
+            .filter(|&&b| !self.held_elsewhere(slot, set, b))
+            .count()
     }
 
     /// Whether the worker holds `block` in a tier other than `set`'s.
