@@ -10,8 +10,15 @@
 //! workers cleared. Events are lost (the index asks for a resync and keeps its stale view until
 //! the snapshot), workers are resynced from snapshots of their true state (in either order, with
 //! or without the blocks' parents, as engines that do not know them send), and the whole index is
-//! rebuilt from snapshots, then carries on with later events. After every step the index's
-//! overlap for prefixes of the prompt equals the model's view of what the index was told.
+//! rebuilt from snapshots, then carries on with later events. After every step each worker's
+//! pair count, and its overlap for prefixes of the prompt and for every branch stored so far,
+//! equal the model's view of what the index was told.
+//!
+//! Those streams soon leave some block stored before its parent, which turns on the index's
+//! careful path (every stored block looked up among run heads). A second suite plays *tidy*
+//! engines, as vLLM and SGLang are: chains stored under held parents, tails evicted, a parent
+//! sometimes evicted before another chain's child (blocks shared by requests), snapshots naming
+//! parents; the index answers those through its fast paths only.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -55,9 +62,11 @@ enum Step {
         to: usize,
         tier: StorageTier,
     },
-    /// The prompt's blocks `from..to`, tail first, from one tier.
+    /// Blocks `from..to` of a chain (the prompt or a branch), tail first, from one tier.
     Remove {
         w: usize,
+        branch: u32,
+        leave: usize,
         from: usize,
         to: usize,
         tier: StorageTier,
@@ -107,19 +116,27 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(w, from, n, tier)| Step::Store {
                 w, branch: 0, leave: 0, from, to: (from + n).min(LEN), tier,
             }),
-        // A branch leaving the prompt after block `leave`.
-        3 => (w.clone(), 1u32..4, 1..LEN, 1..12usize, tier()).prop_map(|(w, branch, leave, n, tier)| {
-            Step::Store { w, branch, leave, from: leave, to: (leave + n).min(LEN), tier }
-        }),
+        // A branch leaving the prompt after block `leave`, stored from its first block of its
+        // own or from a few of the prompt's blocks before it (one chain: a parent and its
+        // branch in one event).
+        3 => (w.clone(), 1u32..4, 1..LEN, prop_oneof![2 => Just(0), 1 => 1..4usize], 1..12usize, tier())
+            .prop_map(|(w, branch, leave, back, n, tier)| Step::Store {
+                w, branch, leave, from: leave.saturating_sub(back), to: (leave + n).min(LEN), tier,
+            }),
         // Evict a tail (closed) or punch a hole (not closed).
-        4 => (w.clone(), 0..LEN, 1..20usize, tier()).prop_map(|(w, from, n, tier)| Step::Remove {
-            w, from, to: (from + n).min(LEN), tier,
+        4 => (w.clone(), chain(), 0..LEN, 1..20usize, tier()).prop_map(|(w, (branch, leave), from, n, tier)| {
+            Step::Remove { w, branch, leave, from, to: (from + n).min(LEN), tier }
         }),
         1 => w.clone().prop_map(|w| Step::Clear { w }),
         1 => w.clone().prop_map(|w| Step::Lose { w }),
         2 => (w, shape()).prop_map(|(w, shape)| Step::Resync { w, shape }),
         1 => shape().prop_map(|shape| Step::Rebuild { shape }),
     ]
+}
+
+/// The prompt (mostly) or a branch leaving it: `(branch, leave)`.
+fn chain() -> impl Strategy<Value = (u32, usize)> {
+    prop_oneof![3 => Just((0, 0)), 1 => (1u32..4, 1..LEN)]
 }
 
 fn shape() -> impl Strategy<Value = Shape> {
@@ -160,8 +177,15 @@ fn event(step: &Step) -> KvEvent {
                 tier: *tier,
             }
         }
-        Step::Remove { from, to, tier, .. } => {
-            let hashes = block_hashes(&tokens(0, 0), bs());
+        Step::Remove {
+            branch,
+            leave,
+            from,
+            to,
+            tier,
+            ..
+        } => {
+            let hashes = block_hashes(&tokens(*branch, *leave), bs());
             KvEvent::Removed {
                 blocks: (*from..*to).rev().map(|i| hashes[i]).collect(),
                 tier: *tier,
@@ -313,6 +337,164 @@ fn run_step(
     Ok(())
 }
 
+/// After a step: every worker's pair count and its overlap for the prompt's prefixes and for
+/// every branch stored so far equal the model's view of what the index was told.
+fn check(
+    index: &PrefixIndex,
+    ids: &[WorkerId],
+    engines: &[Engine],
+    prefixes: &[usize],
+    branches: &[Vec<BlockHash>],
+    step: &Step,
+) -> Result<(), TestCaseError> {
+    for (i, id) in ids.iter().enumerate() {
+        prop_assert_eq!(
+            index.worker_entries(id),
+            engines[i].known.len(),
+            "worker {}'s pairs after {:?}",
+            i,
+            step
+        );
+    }
+    let prompt = block_hashes(&tokens(0, 0), bs());
+    let queries = prefixes
+        .iter()
+        .map(|&len| &prompt[..len])
+        .chain(branches.iter().map(Vec::as_slice));
+    for q in queries {
+        let scores = index.overlap(q);
+        for (i, id) in ids.iter().enumerate() {
+            let got = index
+                .worker_key(id)
+                .map(|k| scores.get(k))
+                .unwrap_or_default();
+            prop_assert_eq!(
+                got,
+                model_overlap(&engines[i].known, q),
+                "worker {} on a {}-block query after {:?}",
+                i,
+                q.len(),
+                step
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Notes the branch a step stored, if any, among the chains `check` queries.
+fn note_branch(branches: &mut Vec<Vec<BlockHash>>, step: &Step) {
+    if let Step::Store { branch, leave, .. } = *step
+        && branch > 0
+    {
+        let hashes = block_hashes(&tokens(branch, leave), bs());
+        if !branches.contains(&hashes) {
+            branches.push(hashes);
+        }
+    }
+}
+
+/// A step of a tidy engine, resolved against what it holds (see [`tidy`]).
+#[derive(Debug, Clone)]
+enum Tidy {
+    /// Extends a chain from its deepest held block (re-storing `back` held blocks before it).
+    Store {
+        w: usize,
+        chain: (u32, usize),
+        back: usize,
+        n: usize,
+    },
+    /// Evicts the last `n` held blocks of a chain, tail first.
+    Evict {
+        w: usize,
+        chain: (u32, usize),
+        n: usize,
+    },
+    Clear {
+        w: usize,
+    },
+    /// A snapshot naming parents, after the next change is lost.
+    Lose {
+        w: usize,
+    },
+    Resync {
+        w: usize,
+    },
+}
+
+fn tidy_step() -> impl Strategy<Value = Tidy> {
+    // Two workers and short branches, so chains meet often: a branch under a block the
+    // worker later evicts, then stores again.
+    let w = 0..2usize;
+    let chain = || prop_oneof![Just((0, 0)), (1u32..4, 1..16usize)];
+    prop_oneof![
+        10 => (w.clone(), chain(), 0..4usize, 1..12usize)
+            .prop_map(|(w, chain, back, n)| Tidy::Store { w, chain, back, n }),
+        5 => (w.clone(), chain(), 1..12usize).prop_map(|(w, chain, n)| Tidy::Evict { w, chain, n }),
+        1 => w.clone().prop_map(|w| Tidy::Clear { w }),
+        1 => w.clone().prop_map(|w| Tidy::Lose { w }),
+        1 => w.prop_map(|w| Tidy::Resync { w }),
+    ]
+}
+
+/// Device blocks of a chain the engine holds from its start.
+fn depth(e: &Engine, (branch, leave): (u32, usize)) -> usize {
+    block_hashes(&tokens(branch, leave), bs())
+        .iter()
+        .take_while(|h| e.held.get(h).is_some_and(|m| m & 1 != 0))
+        .count()
+}
+
+/// The concrete step a tidy one makes on the engines' current state: stores always hang under a
+/// held parent and evictions take chain tails, so the index never sees a block before its parent
+/// (but may see a parent go before another chain's child: engines evict a block whose children
+/// belong to other requests).
+fn tidy(engines: &[Engine], t: &Tidy) -> Step {
+    let device = StorageTier::Device;
+    match *t {
+        Tidy::Store {
+            w,
+            chain: (branch, leave),
+            back,
+            n,
+        } => {
+            let d = depth(&engines[w], (branch, leave));
+            let from = d.saturating_sub(back);
+            Step::Store {
+                w,
+                branch,
+                leave,
+                from,
+                to: (d + n).min(LEN),
+                tier: device,
+            }
+        }
+        Tidy::Evict {
+            w,
+            chain: (branch, leave),
+            n,
+        } => {
+            let d = depth(&engines[w], (branch, leave));
+            Step::Remove {
+                w,
+                branch,
+                leave,
+                from: d.saturating_sub(n),
+                to: d,
+                tier: device,
+            }
+        }
+        Tidy::Clear { w } => Step::Clear { w },
+        Tidy::Lose { w } => Step::Lose { w },
+        Tidy::Resync { w } => Step::Resync {
+            w,
+            shape: Shape {
+                parents: true,
+                reverse: false,
+            },
+        },
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -327,24 +509,33 @@ proptest! {
             .collect();
         let mut engines = vec![Engine::default(); WORKERS];
         let mut parents = BTreeMap::new();
-        let prompt = block_hashes(&tokens(0, 0), bs());
+        let prefixes: Vec<usize> = lens.iter().copied().chain([LEN]).collect();
+        let mut branches: Vec<Vec<BlockHash>> = Vec::new();
         for step in &steps {
             run_step(&mut index, &ids, &mut engines, &mut parents, step)?;
-            for &len in lens.iter().chain([LEN].iter()) {
-                let q = &prompt[..len];
-                let scores = index.overlap(q);
-                for (i, id) in ids.iter().enumerate() {
-                    let got = index.worker_key(id).map(|k| scores.get(k)).unwrap_or_default();
-                    prop_assert_eq!(
-                        got,
-                        model_overlap(&engines[i].known, q),
-                        "worker {} on a {}-block prompt after {:?}",
-                        i,
-                        len,
-                        step
-                    );
-                }
-            }
+            note_branch(&mut branches, step);
+            check(&index, &ids, &engines, &prefixes, &branches, step)?;
+        }
+    }
+
+    /// Engines that store under held parents and evict tails (vLLM, SGLang): the index keeps no
+    /// orphan runs, and answers through its fast paths only.
+    #[test]
+    fn tidy_engines_are_answered_as_the_model(
+        steps in proptest::collection::vec(tidy_step(), 1..80),
+    ) {
+        let mut index = PrefixIndex::new(IndexConfig::new(bs()));
+        let ids: Vec<WorkerId> = (0..WORKERS)
+            .map(|i| WorkerId::new(format!("w{i}")).unwrap())
+            .collect();
+        let mut engines = vec![Engine::default(); WORKERS];
+        let mut parents = BTreeMap::new();
+        let mut branches: Vec<Vec<BlockHash>> = Vec::new();
+        for t in &steps {
+            let step = tidy(&engines, t);
+            run_step(&mut index, &ids, &mut engines, &mut parents, &step)?;
+            note_branch(&mut branches, &step);
+            check(&index, &ids, &engines, &[LEN], &branches, &step)?;
         }
     }
 }

@@ -20,7 +20,9 @@
 //! **Removal.** A removed block that is its run's tail shortens the run, and the event's next
 //! blocks that are the run's new tails go without a map access (engines evict a sequence tail
 //! first). A block removed from inside a run splits it: the blocks after it become a run of
-//! their own, an orphan.
+//! their own, an orphan. A run remembers the offsets its branches were stored under, so a
+//! removed block with branches makes them orphans too (engines may evict a block shared by
+//! requests before another request's child of it: that child is found when the block returns).
 
 use std::collections::VecDeque;
 
@@ -210,6 +212,9 @@ pub struct Run {
 struct RunMeta {
     /// The run's tail is in the `ends` map (which keeps runs' tails only).
     tail_marked: bool,
+    /// Offsets of the run's blocks that runs of the set were stored under (branches): when one
+    /// goes, its branches lose their parent (see [`RunStore::cut`]).
+    branches: Vec<u32>,
     sig: Signature,
     /// Position in its set's list of runs.
     at: u32,
@@ -236,16 +241,26 @@ impl Run {
         if self.blocks[k - 1] == prompt[k - 1] {
             return k;
         }
-        // Chained hashes: equal up to some count, different after it. A short stretch is read
-        // in order (a few cache lines, no unpredictable branch), a long one bisected.
+        self.matched_short(prompt, k)
+    }
+
+    /// [`Run::matched`] when the run and the prompt differ at block `k - 1`.
+    ///
+    /// Chained hashes: equal up to some count, different after it. A short stretch is counted
+    /// without a branch (equal blocks are the leading ones), a long one bisected.
+    #[inline]
+    pub fn matched_short(&self, prompt: &[BlockHash], k: usize) -> usize {
         if k <= 32 {
             return self.blocks[..k]
                 .iter()
-                .zip(prompt)
-                .take_while(|(a, b)| a == b)
-                .count();
+                .zip(&prompt[..k])
+                .map(|(a, b)| usize::from(a == b))
+                .sum();
         }
         let (mut good, mut bad) = (1, k);
+        if self.blocks[0] != prompt[0] {
+            return 0;
+        }
         while bad - good > 1 {
             let mid = good + (bad - good) / 2;
             if self.blocks[mid - 1] == prompt[mid - 1] {
@@ -457,6 +472,7 @@ impl RunStore {
         let meta = &mut self.meta[id as usize];
         let at = meta.at as usize;
         meta.tail_marked = false;
+        meta.branches.clear();
         meta.sig.words.clear();
         meta.stamp = meta.stamp.wrapping_add(1);
         let list = &mut self.sets[set].runs;
@@ -536,8 +552,15 @@ impl RunStore {
                     id
                 }
                 _ => {
-                    if prev == Prev::Unheld {
-                        self.sets[set as usize].orphans = true;
+                    match prev {
+                        Prev::Unheld => self.sets[set as usize].orphans = true,
+                        Prev::At(parent, k) => {
+                            let branches = &mut self.meta[parent as usize].branches;
+                            if !branches.contains(&(k as u32)) {
+                                branches.push(k as u32);
+                            }
+                        }
+                        Prev::Root | Prev::New(_) => {}
                     }
                     self.alloc(set, h)
                 }
@@ -579,10 +602,19 @@ impl RunStore {
     }
 
     /// Removes blocks `lo..hi` of run `id`: the blocks after them become a run of their own (an
-    /// orphan: its parent is gone), and a run left empty goes.
+    /// orphan: its parent is gone), and a run left empty goes. Runs stored under a removed block
+    /// become orphans too, so the set is marked as possibly holding some: a chain storing that
+    /// block again then finds them (a store only looks for a block among run heads where one
+    /// may be).
     fn cut(&mut self, id: u32, lo: usize, hi: usize, gone: &mut Vec<BlockHash>) {
         if hi < self.runs[id as usize].blocks.len() {
             self.split(id, hi - 1);
+        }
+        let branches = &mut self.meta[id as usize].branches;
+        if branches.iter().any(|&k| k as usize >= lo) {
+            branches.retain(|&k| (k as usize) < lo);
+            let set = self.runs[id as usize].set;
+            self.sets[set as usize].orphans = true;
         }
         let head = self.runs[id as usize].blocks[0];
         for _ in lo..hi {
@@ -604,6 +636,8 @@ impl RunStore {
         self.sets[set as usize].orphans = true;
         let marked = self.meta[id as usize].tail_marked;
         self.unmark_tail(id);
+        // The set holds an orphan from now on: the branch offsets after `k` need not move.
+        self.meta[id as usize].branches.retain(|&b| b as usize <= k);
         let after = self.runs[id as usize].blocks.split_off(k + 1);
         self.sets[set as usize].blocks -= after.len();
         let orphan = self.alloc(set, after[0]);
@@ -651,6 +685,7 @@ impl RunStore {
             drop_ref(&mut self.heads, run.blocks[0], HeadRef { run: id, set });
             run.blocks.clear();
             meta.tail_marked = false;
+            meta.branches.clear();
             meta.sig.words.clear();
             meta.stamp = meta.stamp.wrapping_add(1);
             self.free.push(id);
@@ -701,7 +736,11 @@ impl RunStore {
 
     pub fn heap_bytes(&self) -> usize {
         let runs: usize = self.runs.iter().map(|r| r.blocks.capacity() * 8).sum();
-        let meta: usize = self.meta.iter().map(|m| m.sig.words.capacity() * 8).sum();
+        let meta: usize = self
+            .meta
+            .iter()
+            .map(|m| m.sig.words.capacity() * 8 + m.branches.capacity() * 4)
+            .sum();
         let head_refs: usize = self.heads.values().map(Refs::heap_bytes).sum();
         let end_refs: usize = self.ends.values().map(Refs::heap_bytes).sum();
         let sets: usize = self.sets.iter().map(|s| s.runs.capacity() * 4).sum();

@@ -642,3 +642,52 @@ fn the_last_sequence_number_applies_then_needs_a_snapshot() {
         "{next:?}"
     );
 }
+
+/// A branch whose parent goes before it (engines may evict a shared parent before a child of
+/// another request), then the parent and the branch are stored again as one chain: the branch's
+/// block is held once, counted once, and goes with one removal.
+#[test]
+fn a_branch_outliving_its_parent_is_found_when_the_parent_returns() {
+    let mut idx = index();
+    let a = w("a");
+    let main = hashes(1, 3);
+    let toks: Vec<u32> = tokens(1, 2).into_iter().chain(500..504).collect();
+    let branch = block_hashes(&toks, bs());
+    assert_eq!(branch[..2], main[..2]);
+    let h = branch[2];
+    let store = |parent: Option<BlockHash>, blocks: &[(BlockHash, &[u32])]| KvEvent::Stored {
+        parent,
+        blocks: blocks
+            .iter()
+            .map(|(hash, t)| StoredBlock {
+                hash: *hash,
+                tokens: t.to_vec(),
+            })
+            .collect(),
+        tier: StorageTier::Device,
+    };
+    let removed = |b: BlockHash| KvEvent::Removed {
+        blocks: vec![b],
+        tier: StorageTier::Device,
+    };
+    idx.apply(&a, 1, 0, &stored(1, 0, 3, StorageTier::Device))
+        .unwrap();
+    idx.apply(&a, 1, 1, &store(Some(main[1]), &[(h, &toks[8..12])]))
+        .unwrap();
+    idx.apply(&a, 1, 2, &removed(main[2])).unwrap();
+    idx.apply(&a, 1, 3, &removed(main[1])).unwrap();
+    assert_eq!(idx.worker_entries(&a), 2);
+    assert_eq!(device(&idx, "a", &branch), 1);
+    idx.apply(
+        &a,
+        1,
+        4,
+        &store(Some(main[0]), &[(main[1], &toks[4..8]), (h, &toks[8..12])]),
+    )
+    .unwrap();
+    assert_eq!(idx.worker_entries(&a), 3, "the branch's block is held once");
+    assert_eq!(device(&idx, "a", &branch), 3);
+    idx.apply(&a, 1, 5, &removed(h)).unwrap();
+    assert_eq!(idx.worker_entries(&a), 2);
+    assert_eq!(device(&idx, "a", &branch), 2, "one removal drops the block");
+}
