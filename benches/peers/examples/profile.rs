@@ -8,6 +8,8 @@
 //! target/release/examples/profile churn switchyard 1 64 1048576 1500  # 1,500 rounds, for perf
 //! target/release/examples/profile agent switchyard,radix_tree 3      # the agent-session replay
 //! target/release/examples/profile mooncake switchyard 3              # the Mooncake replay
+//! target/release/examples/profile mooncake-mix switchyard,radix_tree,jump,concurrent 3
+//!                                   # contenders interleaved step by step, as the bench runs them
 //! target/release/examples/profile floor - 3                          # hash-map insert floors
 //! ```
 //!
@@ -18,6 +20,14 @@
 //! whole repetition (from `/proc/thread-self/schedstat`; conversions included), which a
 //! descheduled process does not inflate: on a shared machine, compare two builds by the lowest
 //! CPU time of several alternated runs.
+//!
+//! `mooncake-mix` and `agent-mix` replay a trace as the bench does, every contender answering
+//! and applying each step in turn, so each finds the caches as the others left them (the
+//! bench's trace figures are these, not the ones of a replay alone: alone, an index keeps its
+//! working set in cache). To compare two builds of the index, run each in its own process, in
+//! turns, and compare their ratios to a Dynamo contender of the same process: two Switchyard
+//! indexes in one process share code and per-thread buffers, and the one running second in a
+//! step gains as much as a fifth.
 //!
 //! `floor` inserts 750,000 random keys (the synthetic million pairs' distinct blocks) into one
 //! growing FxHash map with 24-byte values, into one presized, and into 64 maps of 16-byte
@@ -138,6 +148,42 @@ fn replay(label: &str, r: &Replay, names: &[&str], reps: usize) {
     }
 }
 
+/// The replay as the bench runs it: every step, each contender (in rotated order) answers the
+/// query and applies the events, so each finds the caches as the others left them. Query
+/// p50/p99 and apply rate per contender.
+fn interleaved(label: &str, r: &Replay, names: &[&str], reps: usize) {
+    let ops = r.block_ops();
+    for _ in 0..reps {
+        let mut line: Vec<(&str, Box<dyn Contender>)> = names
+            .iter()
+            .filter_map(|n| Some((*n, contender(n, r.workers)?)))
+            .collect();
+        let n = line.len();
+        let mut apply = vec![Duration::ZERO; n];
+        let mut query: Vec<Vec<Duration>> = vec![Vec::with_capacity(r.steps.len()); n];
+        for (k, step) in r.steps.iter().enumerate() {
+            for i in (0..n).map(|i| (i + k) % n) {
+                let c = &mut line[i].1;
+                query[i].push(c.overlap(&step.query).0);
+                if !step.events.is_empty() {
+                    apply[i] += c.apply(&step.events);
+                }
+            }
+        }
+        for (i, (name, _)) in line.iter().enumerate() {
+            let q = &mut query[i];
+            q.sort_unstable();
+            let at = |p: f64| q[((q.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e6;
+            let rate = ops as f64 / apply[i].as_secs_f64() / 1e6;
+            println!(
+                "{name} {label} apply {rate:.2} M/s, query p50 {:.2} µs p99 {:.2} µs",
+                at(0.5),
+                at(0.99)
+            );
+        }
+    }
+}
+
 /// FxHash's multiply-rotate step, as the index's own hasher (`switchyard_router::hasher`).
 #[derive(Default, Clone, Copy)]
 struct Fx(u64);
@@ -215,8 +261,16 @@ fn main() {
             Some(Err(e)) => eprintln!("{name}: {e}"),
             None => {}
         },
+        mixed @ ("mooncake-mix" | "agent-mix") => match traces::recorded(&mixed[..mixed.len() - 4])
+        {
+            Some(Ok(r)) => interleaved(mixed, &r, &names, reps),
+            Some(Err(e)) => eprintln!("{mixed}: {e}"),
+            None => {}
+        },
         other => {
-            eprintln!("unknown workload {other}: load, churn, agent, mooncake or floor");
+            eprintln!(
+                "unknown workload {other}: load, churn, agent, mooncake, agent-mix, mooncake-mix or floor"
+            );
             std::process::exit(64);
         }
     }

@@ -11,9 +11,11 @@
 //! (the run and offset of the previous block), so it knows where the block itself would be if
 //! held: right after its parent in the same run, or at the head of a run stored under its parent.
 //! A block held already is skipped, never stored twice. A chain's parent that is no run's tail
-//! or head (a branch off the middle of a run) is looked for among the
-//! runs whose *signature* admits it: a bit set over the run's blocks (two bits per block, sixteen
-//! bits of set per block held), written as each block is appended, in the run's own small set.
+//! or head (a branch off the middle of a run) is looked for among the runs of the set: first in
+//! a *summary* of each run (256 bits over its blocks, the set's summaries side by side, read in
+//! a sweep), then, for the runs whose summary admits it, in the run's *signature* (two bits per
+//! block, sixteen bits of set per block held, in the run's own small set), then in the run's
+//! blocks. Both are written as each block is appended.
 //! A block whose parent was just added can only be held as the head of a run stored before its
 //! parent (an *orphan*), looked up only in sets that may have one.
 //!
@@ -183,10 +185,10 @@ impl Signature {
         }
     }
 
-    /// Makes room for `blocks` (and one more), rebuilding from them when the set grows.
+    /// Makes room for `total` blocks, rebuilding from `blocks` (those held) when the set grows.
     #[inline]
-    fn reserve(&mut self, blocks: &[BlockHash]) {
-        let want = ((blocks.len() + 1) * 16).next_power_of_two().max(64);
+    fn reserve(&mut self, blocks: &[BlockHash], total: usize) {
+        let want = (total * 16).next_power_of_two().max(64);
         if self.words.len() * 64 >= want {
             return;
         }
@@ -196,6 +198,36 @@ impl Signature {
         for &b in blocks {
             self.set(b);
         }
+    }
+}
+
+const SUM_A: u64 = 0xd6e8_feb8_6659_fd93;
+const SUM_B: u64 = 0xa076_1d64_78bd_642f;
+
+/// 256 bits over a run's blocks, two per block, never cleared (see [`SetState::sums`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Summary([u64; 4]);
+
+impl Summary {
+    #[inline]
+    fn positions(h: BlockHash) -> [u32; 2] {
+        [
+            (h.0.wrapping_mul(SUM_A) >> 56) as u32,
+            (h.0.wrapping_mul(SUM_B) >> 56) as u32,
+        ]
+    }
+
+    #[inline]
+    fn add(&mut self, h: BlockHash) {
+        for i in Self::positions(h) {
+            self.0[(i / 64) as usize] |= 1 << (i % 64);
+        }
+    }
+
+    #[inline]
+    fn may_hold(&self, [a, b]: [u32; 2]) -> bool {
+        self.0[(a / 64) as usize] & (1 << (a % 64)) != 0
+            && self.0[(b / 64) as usize] & (1 << (b % 64)) != 0
     }
 }
 
@@ -276,6 +308,10 @@ impl Run {
 #[derive(Debug, Default)]
 struct SetState {
     runs: Vec<u32>,
+    /// Beside each run of `runs`, a small bit set over its blocks ([`Summary`]): a search for a
+    /// block inside the set's runs reads these side by side, and a run's own signature only
+    /// where its summary admits the block.
+    sums: Vec<Summary>,
     /// Blocks in the set.
     blocks: usize,
     /// Some run of the set may have been stored before its parent (see the module docs).
@@ -382,8 +418,8 @@ impl RunStore {
             .find(|&(id, _)| self.runs[id as usize].set == set)
     }
 
-    /// Where `set` holds `block`, if it does: a run's tail, a run's
-    /// head, or a run whose signature admits it and whose blocks hold it.
+    /// Where `set` holds `block`, if it does: a run's tail, a run's head, or a run whose summary
+    /// and signature admit it and whose blocks hold it (the latest runs first).
     pub fn find(&self, set: u32, block: BlockHash) -> Option<(u32, usize)> {
         if let Some(at) = self.end_at(block, set) {
             return Some(at);
@@ -392,16 +428,22 @@ impl RunStore {
             return Some((id, 0));
         }
         let state = self.sets.get(set as usize)?;
-        state.runs.iter().find_map(|&id| {
-            if !self.meta[id as usize].sig.may_hold(block) {
-                return None;
-            }
-            self.runs[id as usize]
-                .blocks
-                .iter()
-                .position(|&b| b == block)
-                .map(|k| (id, k))
-        })
+        let bits = Summary::positions(block);
+        state
+            .sums
+            .iter()
+            .zip(&state.runs)
+            .rev()
+            .find_map(|(sum, &id)| {
+                if !sum.may_hold(bits) || !self.meta[id as usize].sig.may_hold(block) {
+                    return None;
+                }
+                self.runs[id as usize]
+                    .blocks
+                    .iter()
+                    .position(|&b| b == block)
+                    .map(|k| (id, k))
+            })
     }
 
     /// Whether `set` holds `block`.
@@ -440,6 +482,7 @@ impl RunStore {
         self.runs[id as usize].set = set;
         self.meta[id as usize].at = state.runs.len() as u32;
         state.runs.push(id);
+        state.sums.push(Summary::default());
         add_ref(&mut self.heads, first, HeadRef { run: id, set });
         self.touch(id);
         id
@@ -475,7 +518,9 @@ impl RunStore {
         meta.branches.clear();
         meta.sig.words.clear();
         meta.stamp = meta.stamp.wrapping_add(1);
-        let list = &mut self.sets[set].runs;
+        let state = &mut self.sets[set];
+        state.sums.swap_remove(at);
+        let list = &mut state.runs;
         list.swap_remove(at);
         if let Some(&moved) = list.get(at) {
             self.meta[moved as usize].at = at as u32;
@@ -486,15 +531,26 @@ impl RunStore {
     #[inline]
     fn append(&mut self, id: u32, block: BlockHash) {
         let run = &mut self.runs[id as usize];
-        let sig = &mut self.meta[id as usize].sig;
-        sig.reserve(&run.blocks);
-        sig.set(block);
+        let meta = &mut self.meta[id as usize];
+        meta.sig.reserve(&run.blocks, run.blocks.len() + 1);
+        meta.sig.set(block);
         run.blocks.push(block);
         let set = run.set;
-        self.sets[set as usize].blocks += 1;
-        if self.sets[set as usize].blocks == 1 {
+        let state = &mut self.sets[set as usize];
+        state.sums[meta.at as usize].add(block);
+        state.blocks += 1;
+        if state.blocks == 1 {
             self.note_count(set);
         }
+    }
+
+    /// Makes room in run `id` for `more` blocks at once (a chain's blocks are appended one by
+    /// one; growing the run and its signature for each would allocate again and again).
+    fn make_room(&mut self, id: u32, more: usize) {
+        let blocks = &mut self.runs[id as usize].blocks;
+        blocks.reserve(more);
+        let sig = &mut self.meta[id as usize].sig;
+        sig.reserve(blocks, blocks.len() + more);
     }
 
     /// Forgets the run's tail as an end (it is about to be extended).
@@ -534,7 +590,7 @@ impl RunStore {
                 .find(set, p)
                 .map_or(Prev::Unheld, |(id, k)| Prev::At(id, k)),
         };
-        for &h in blocks {
+        for (i, &h) in blocks.iter().enumerate() {
             if let Some((id, k)) = self.held(set, prev, h) {
                 if let Prev::New(grown) = prev {
                     self.mark_end(grown);
@@ -549,6 +605,7 @@ impl RunStore {
                     // one per event, when a sequence grows a block at a time).
                     self.unmark_tail(id);
                     self.touch(id);
+                    self.make_room(id, blocks.len() - i);
                     id
                 }
                 _ => {
@@ -562,7 +619,9 @@ impl RunStore {
                         }
                         Prev::Root | Prev::New(_) => {}
                     }
-                    self.alloc(set, h)
+                    let id = self.alloc(set, h);
+                    self.make_room(id, blocks.len() - i);
+                    id
                 }
             };
             self.append(id, h);
@@ -673,6 +732,7 @@ impl RunStore {
             return;
         };
         let runs = std::mem::take(&mut state.runs);
+        state.sums = Vec::new();
         state.blocks = 0;
         state.orphans = false;
         for id in runs {
@@ -743,7 +803,12 @@ impl RunStore {
             .sum();
         let head_refs: usize = self.heads.values().map(Refs::heap_bytes).sum();
         let end_refs: usize = self.ends.values().map(Refs::heap_bytes).sum();
-        let sets: usize = self.sets.iter().map(|s| s.runs.capacity() * 4).sum();
+
+        let sets: usize = self
+            .sets
+            .iter()
+            .map(|s| s.runs.capacity() * 4 + s.sums.capacity() * std::mem::size_of::<Summary>())
+            .sum();
         let queues: usize = self.queues.iter().map(|q| q.capacity() * 8).sum();
         runs + self.runs.capacity() * std::mem::size_of::<Run>()
             + meta
