@@ -691,3 +691,32 @@ fn a_branch_outliving_its_parent_is_found_when_the_parent_returns() {
     assert_eq!(idx.worker_entries(&a), 2);
     assert_eq!(device(&idx, "a", &branch), 2, "one removal drops the block");
 }
+
+/// Many workers stop where the prompt leaves their first run and many runs start at the next
+/// block (the query sorts the stopped workers once instead of reading them for each run): each
+/// worker carries on only along its own run.
+#[test]
+fn many_workers_carry_on_from_the_same_position() {
+    let mut idx = index();
+    let h = hashes(1, 8);
+    for i in 0..12 {
+        let name = format!("w{i}");
+        // The second half first (its parent not held yet: a run of its own), for most workers.
+        let mut seq = 0;
+        if i % 4 != 0 {
+            idx.apply(&w(&name), 1, seq, &stored(1, 4, 8, StorageTier::Device))
+                .unwrap();
+            seq += 1;
+        }
+        idx.apply(&w(&name), 1, seq, &stored(1, 0, 4, StorageTier::Device))
+            .unwrap();
+    }
+    // And a worker holding only the second half.
+    idx.apply(&w("tail"), 1, 0, &stored(1, 4, 8, StorageTier::Device))
+        .unwrap();
+    for i in 0..12 {
+        let want = if i % 4 != 0 { 8 } else { 4 };
+        assert_eq!(device(&idx, &format!("w{i}"), &h), want, "worker {i}");
+    }
+    assert_eq!(device(&idx, "tail", &h), 0);
+}
