@@ -412,10 +412,11 @@ enum Tidy {
     Clear {
         w: usize,
     },
-    /// A snapshot naming parents, after the next change is lost.
+    /// The worker's next change never reaches the index (which then waits for a resync).
     Lose {
         w: usize,
     },
+    /// The worker is resynced from a snapshot naming parents.
     Resync {
         w: usize,
     },
