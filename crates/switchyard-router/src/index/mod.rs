@@ -19,12 +19,12 @@
 //! parent of the next. A `Stored` chain under the tail of one of the worker's runs in that tier
 //! extends the run (an engine stores a sequence's next blocks under its last one); any other
 //! starts a run. Maps keyed by block hash point at runs' first and last blocks; no map holds
-//! every block, so storing or evicting a sequence costs a
-//! few map accesses per event, not one per block. Each run keeps a bit set over its blocks (two
-//! bytes per block), through which a block that is no run's head or end (a branch off the
-//! middle of a run, a block removed from inside a run) is found without reading every run. A
-//! block is kept at most once per worker and tier, whatever the events repeat, and the index
-//! counts `(block, worker)` pairs across tiers.
+//! every block, so storing or evicting a sequence costs a few map accesses per event, not one
+//! per block. Each run keeps a 256-bit summary of its blocks (a worker's summaries side by side)
+//! and a bit set over them (two bytes per block), through which a block that is no run's head or
+//! end (a branch off the middle of a run, a block removed from inside a run) is found in one
+//! sweep, without reading every run. A block is kept at most once per worker and tier, whatever
+//! the events repeat, and the index counts `(block, worker)` pairs across tiers.
 //!
 //! ## The overlap query
 //! Block hashes are chained (a block's hash names its whole prefix), so a run starting at prompt
@@ -47,7 +47,7 @@
 //!
 //! Memory per pair follows from the runs: a block in a run costs its 8-byte hash and two bytes
 //! of bit set, a run a few dozen bytes more and its entries in the maps (`docs/BENCHMARKS.md`:
-//! 22–29 bytes per pair for stored chains of 16 blocks, 35–55 on the trace replays). A block
+//! 24–32 bytes per pair for stored chains of 16 blocks, 37–54 on the trace replays). A block
 //! stored alone (a snapshot naming no parents) is a run of its own and costs several times that;
 //! the cap counts pairs, not bytes.
 

@@ -273,26 +273,16 @@ impl Run {
         if self.blocks[k - 1] == prompt[k - 1] {
             return k;
         }
-        self.matched_short(prompt, k)
-    }
-
-    /// [`Run::matched`] when the run and the prompt differ at block `k - 1`.
-    ///
-    /// Chained hashes: equal up to some count, different after it. A short stretch is counted
-    /// without a branch (equal blocks are the leading ones), a long one bisected.
-    #[inline]
-    pub fn matched_short(&self, prompt: &[BlockHash], k: usize) -> usize {
+        // Chained hashes: equal up to some count, different after it. A short stretch is read
+        // in order (a few cache lines, no unpredictable branch), a long one bisected.
         if k <= 32 {
             return self.blocks[..k]
                 .iter()
-                .zip(&prompt[..k])
-                .map(|(a, b)| usize::from(a == b))
-                .sum();
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count();
         }
         let (mut good, mut bad) = (1, k);
-        if self.blocks[0] != prompt[0] {
-            return 0;
-        }
         while bad - good > 1 {
             let mid = good + (bad - good) / 2;
             if self.blocks[mid - 1] == prompt[mid - 1] {
@@ -803,7 +793,6 @@ impl RunStore {
             .sum();
         let head_refs: usize = self.heads.values().map(Refs::heap_bytes).sum();
         let end_refs: usize = self.ends.values().map(Refs::heap_bytes).sum();
-
         let sets: usize = self
             .sets
             .iter()
