@@ -276,10 +276,13 @@ fn follow(
     open: &mut Vec<(u32, u32)>,
     done: &mut Vec<(u32, u32)>,
 ) {
+    // The runs of a batch start at one position; a run's count is the guess for the next.
+    let mut guess = 0;
     for &(id, pos) in batch {
         let run = &store.runs[id as usize];
         let rest = &prompt[pos as usize..];
-        let m = run.matched(rest);
+        let m = run.matched_near(rest, guess);
+        guess = m;
         let end = pos + m as u32;
         if end as usize == prompt.len() {
             done.push((run.set, end));

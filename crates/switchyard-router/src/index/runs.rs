@@ -266,23 +266,41 @@ impl Run {
     /// How many leading blocks of `prompt` the run holds, given that its head is `prompt[0]`.
     #[inline]
     pub fn matched(&self, prompt: &[BlockHash]) -> usize {
+        self.matched_near(prompt, 0)
+    }
+
+    /// [`Run::matched`], trying `guess` first (the count another run starting at the same
+    /// block gave: runs of workers sharing a prefix stop at the same block, and two blocks next
+    /// to each other settle it).
+    #[inline]
+    pub fn matched_near(&self, prompt: &[BlockHash], guess: usize) -> usize {
         let k = self.blocks.len().min(prompt.len());
         if k == 0 {
             return 0;
         }
-        if self.blocks[k - 1] == prompt[k - 1] {
+        let (mut good, mut bad) = (1, k);
+        if guess > 0 && guess < k {
+            if self.blocks[guess - 1] != prompt[guess - 1] {
+                bad = guess;
+            } else if self.blocks[guess] != prompt[guess] {
+                return guess;
+            } else {
+                good = guess + 1;
+            }
+        }
+        if bad == k && self.blocks[k - 1] == prompt[k - 1] {
             return k;
         }
         // Chained hashes: equal up to some count, different after it. A short stretch is read
         // in order (a few cache lines, no unpredictable branch), a long one bisected.
-        if k <= 32 {
-            return self.blocks[..k]
-                .iter()
-                .zip(prompt)
-                .take_while(|(a, b)| a == b)
-                .count();
+        if bad - good <= 32 {
+            return good
+                + self.blocks[good..bad]
+                    .iter()
+                    .zip(&prompt[good..bad])
+                    .take_while(|(a, b)| a == b)
+                    .count();
         }
-        let (mut good, mut bad) = (1, k);
         while bad - good > 1 {
             let mid = good + (bad - good) / 2;
             if self.blocks[mid - 1] == prompt[mid - 1] {

@@ -720,3 +720,37 @@ fn many_workers_carry_on_from_the_same_position() {
     }
     assert_eq!(device(&idx, "tail", &h), 0);
 }
+
+#[test]
+fn a_run_is_matched_exactly_whatever_the_guess() {
+    // Runs and prompts sharing 0..n leading blocks (chained: equal up to a count, then
+    // different), short and long enough to be bisected; every guess, right or wrong, in range
+    // or not, gives the count read block by block.
+    for run_len in [1, 2, 3, 31, 33, 34, 70, 200] {
+        for prompt_len in [1, 2, 5, 33, 40, 120, 300] {
+            for shared in [1, 2, 3, 17, 32, 33, 34, 69, 150, 300] {
+                let mut prompt = hashes(1, prompt_len);
+                let mut blocks = prompt.clone();
+                blocks.truncate(shared.min(prompt_len));
+                blocks.extend(hashes(2, run_len + prompt_len)[blocks.len()..].iter());
+                blocks.truncate(run_len);
+                prompt.truncate(prompt_len);
+                let run = runs::Run { set: 0, blocks };
+                let want = run
+                    .blocks
+                    .iter()
+                    .zip(&prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                assert_eq!(run.matched(&prompt), want);
+                for guess in 0..run_len.max(prompt_len) + 3 {
+                    assert_eq!(
+                        run.matched_near(&prompt, guess),
+                        want,
+                        "run {run_len}, prompt {prompt_len}, shared {shared}, guess {guess}"
+                    );
+                }
+            }
+        }
+    }
+}
