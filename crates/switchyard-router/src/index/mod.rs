@@ -31,7 +31,10 @@
 //! block `p` holds prompt blocks `p..p+m` exactly when its `m`-th block is prompt block `p+m-1`:
 //! the query follows each worker along its runs from the prompt's first block, comparing one
 //! block per run, and looks up the worker's next run only where one ends or the prompt leaves
-//! it. A worker holding blocks in several tiers is walked position by position. Answers are
+//! it. The runs starting at one block form a *family*: its first run leads, and once the family
+//! has eight runs each member keeps how many blocks it shares with the leader and its block
+//! after those, so the query matches the leader and settles the members of a shared system
+//! prompt without reading their runs. A worker holding blocks in several tiers is walked position by position. Answers are
 //! exact for any stream of valid events, in any order: a block stored under a parent the worker
 //! does not hold is simply never reached (see `overlap.rs`).
 //!

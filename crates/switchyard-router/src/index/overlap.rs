@@ -22,7 +22,13 @@
 //!   No block is in two runs of one worker's tier, so the run holding prompt block `p` after the
 //!   run that held `p - 1` must start at `p`: one `heads` lookup per position where some worker
 //!   stops, shared by every worker stopping there. A 128k-token prompt (8,192 blocks) held as one
-//!   run costs one lookup and one comparison per worker.
+//!   run costs one lookup and one comparison per worker. The runs starting at the prompt's first
+//!   block are a family (see `runs.rs`): only the leader's run is matched when the family keeps
+//!   figures; a member parting from the leader `s` blocks in holds `min(s, t)` prompt blocks
+//!   when the leader holds `t`, and, when `s = t`, `t` unless its block after those is the
+//!   prompt's next (then its run is read on). The runs of a batch otherwise start at one
+//!   position, and each is tried first at the count the one before it gave (workers sharing a
+//!   prefix stop at the same block).
 //! - **Walk**, for a worker holding blocks in several tiers: the tiers' runs interleave (a
 //!   prefix on the device, its continuation only in host memory), so every prompt position up to
 //!   the worker's reach is looked up in `heads`, and each of the worker's runs starting there
@@ -169,7 +175,14 @@ impl PrefixIndex {
         done.clear();
         batch.clear();
         let mut walked: Vec<Walked> = Vec::new();
-        for r in first {
+        // The runs starting at the first block are a family: the leader's run is matched, and
+        // in a family keeping figures each member's count follows from where it parts from the
+        // leader (see `runs.rs`); in a small one, members are matched trying the leader's count
+        // first.
+        let len = blocks.len() as u32;
+        let t = store.runs[first[0].run as usize].matched(blocks) as u32;
+        let kept = first[0].kept;
+        for (i, r) in first.iter().enumerate() {
             let slot = set_slot(r.set);
             if store.tiers(slot).count_ones() > 1 {
                 if !walked.iter().any(|w| w.slot == slot) {
@@ -180,9 +193,26 @@ impl PrefixIndex {
                 }
                 continue;
             }
-            batch.push((r.run, 0));
+            let m = if i == 0 {
+                t
+            } else if !kept {
+                store.runs[r.run as usize].matched_near(blocks, t as usize) as u32
+            } else if r.shared != t {
+                // Parting from the leader before the prompt does, it parts from the prompt
+                // there; parting later, where the prompt parts from the leader.
+                r.shared.min(t)
+            } else if t < len && r.forks && r.fork == blocks[t as usize] {
+                // Leaving the leader where the prompt does, the same way: read on.
+                store.runs[r.run as usize].matched_near(blocks, t as usize + 1) as u32
+            } else {
+                t
+            };
+            if m == len {
+                done.push((r.set, m));
+            } else {
+                open.push((m, r.set));
+            }
         }
-        follow(store, batch, blocks, open, done);
         while let Some(pos) = open.iter().map(|&(p, _)| p).min() {
             // The nearest position still open: one lookup for every set stopped there.
             here.clear();
@@ -192,16 +222,28 @@ impl PrefixIndex {
                 }
                 p != pos
             });
-            here.sort_unstable();
+            let Some(refs) = store.heads.get(&blocks[pos as usize]) else {
+                // No run starts here: every set stopped here is settled.
+                done.extend(here.iter().map(|&set| (set, pos)));
+                continue;
+            };
+            // A few sets are searched in turn; many sorted first and bisected.
+            let few = here.len() <= 32;
+            if !few {
+                here.sort_unstable();
+            }
             carried.clear();
             carried.resize(here.len(), false);
             batch.clear();
-            if let Some(refs) = store.heads.get(&blocks[pos as usize]) {
-                for r in refs.as_slice() {
-                    if let Ok(i) = here.binary_search(&r.set) {
-                        carried[i] = true;
-                        batch.push((r.run, pos));
-                    }
+            for r in refs.as_slice() {
+                let at = if few {
+                    here.iter().position(|&s| s == r.set)
+                } else {
+                    here.binary_search(&r.set).ok()
+                };
+                if let Some(i) = at {
+                    carried[i] = true;
+                    batch.push((r.run, pos));
                 }
             }
             follow(store, batch, blocks, open, done);

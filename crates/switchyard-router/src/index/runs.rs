@@ -19,6 +19,20 @@
 //! A block whose parent was just added can only be held as the head of a run stored before its
 //! parent (an *orphan*), looked up only in sets that may have one.
 //!
+//! **Families.** The runs starting at one block (at most one per set) are listed in `heads`
+//! under it, the first listed the family's *leader*. Once a family has [`KEEP_FIGURES`] runs, each
+//! member's entry keeps its *figures*: how many leading blocks it has in common with the leader
+//! (`shared`), and its block after those, if any (`fork`: it differs from the leader's block
+//! there, or the leader has none). The query then matches the leader alone and derives every
+//! member's count (see `overlap.rs`): sixteen workers holding one system prompt cost one run's
+//! reads, not sixteen. The figures are exact, compared block by block, and kept through every
+//! change at the cost of a map access only where one can move them: a member grown while it
+//! ended where it parts from the leader (`grown`), a leader grown while a member shares all its
+//! blocks (it keeps an upper bound of its members' `shared`), a run cut down to `shared` blocks
+//! or fewer (`shrinking`: a leader then hands the family to the member sharing most, whose
+//! figures for the others follow from those for the old leader, see `relead`). Each run's
+//! `RunMeta` mirrors its `shared`, so most changes decide without the map.
+//!
 //! **Removal.** A removed block that is its run's tail shortens the run, and the event's next
 //! blocks that are the run's new tails go without a map access (engines evict a sequence tail
 //! first). A block removed from inside a run splits it: the blocks after it become a run of
@@ -86,6 +100,13 @@ impl<T: Copy + PartialEq> Refs<T> {
     pub fn as_slice(&self) -> &[T] {
         match self {
             Refs::One(r) => std::slice::from_ref(r),
+            Refs::Many(v) => v,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        match self {
+            Refs::One(r) => std::slice::from_mut(r),
             Refs::Many(v) => v,
         }
     }
@@ -253,13 +274,55 @@ struct RunMeta {
     /// Bumped whenever the run is made or extended, so the eviction queue can tell its entries
     /// for the run's latest change from older ones.
     stamp: u32,
+    /// The run leads its head's family.
+    leads: bool,
+    /// A member's `shared` (as in its [`HeadRef`]); for a leader, at least its members' largest
+    /// (so a change of either that cannot move a member's figures reads no map).
+    shared: u32,
 }
 
-/// A run starting at a block, with its set (so a lookup for one set reads no run).
+/// A run starting at a block, with its set (so a lookup for one set reads no run), and how it
+/// compares with the first run of the block's list, the family's *leader* (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadRef {
     pub run: u32,
     pub set: u32,
+    /// For a member (not the leader): how many leading blocks it has in common with the leader.
+    pub shared: u32,
+    /// Whether the member has a block after those (then it is `fork`, and differs from the
+    /// leader's block there, or the leader has none).
+    pub forks: bool,
+    /// For the leader: whether the family keeps its members' figures (from [`KEEP_FIGURES`]
+    /// runs on); until then a member's `shared` is [`UNKEPT`].
+    pub kept: bool,
+    pub fork: BlockHash,
+}
+
+/// A family keeps its members' figures from this many runs on: a query reads a smaller
+/// family's runs one by one (a few cache lines), and every member joining a family that keeps
+/// figures reads the leader's run.
+pub const KEEP_FIGURES: usize = 8;
+
+/// A member's `shared` in a family not keeping figures.
+pub const UNKEPT: u32 = u32::MAX;
+
+impl HeadRef {
+    fn new(run: u32, set: u32, shared: u32) -> Self {
+        HeadRef {
+            run,
+            set,
+            shared,
+            forks: false,
+            kept: false,
+            fork: BlockHash(0),
+        }
+    }
+}
+
+/// How many leading blocks `a` and `b` have in common (read in order: exact whatever the
+/// hashes).
+fn common(a: &[BlockHash], b: &[BlockHash]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl Run {
@@ -384,6 +447,65 @@ impl RunStore {
         self.sets.get(set as usize).map_or(0, |s| s.runs.len())
     }
 
+    /// Checks every family's figures against the runs (tests).
+    #[cfg(test)]
+    pub fn check_families(&self) {
+        for (head, refs) in &self.heads {
+            let list = refs.as_slice();
+            let lead = &self.runs[list[0].run as usize].blocks;
+            let lead_meta = &self.meta[list[0].run as usize];
+            assert!(lead_meta.leads, "leader of {head:?} marked as leading");
+            assert!(
+                list[0].kept || list.len() < KEEP_FIGURES,
+                "a family of {} keeps figures",
+                list.len()
+            );
+            if !list[0].kept {
+                assert_eq!(
+                    lead_meta.shared, 0,
+                    "the leader of a family without figures"
+                );
+            }
+            for (i, r) in list.iter().enumerate() {
+                let run = &self.runs[r.run as usize];
+                assert_eq!(
+                    run.blocks.first(),
+                    Some(head),
+                    "run {} starts at {head:?}",
+                    r.run
+                );
+                assert_eq!(run.set, r.set);
+                if i == 0 {
+                    continue;
+                }
+                let meta = &self.meta[r.run as usize];
+                assert!(!meta.leads, "member {} not leading", r.run);
+                assert!(!r.kept, "member {} keeps no family", r.run);
+                assert_eq!(meta.shared, r.shared, "member {}'s mirror", r.run);
+                if !list[0].kept {
+                    assert_eq!(
+                        r.shared, UNKEPT,
+                        "member {} of a family without figures",
+                        r.run
+                    );
+                    continue;
+                }
+                let n = common(&run.blocks, lead);
+                assert_eq!(r.shared as usize, n, "member {} of {head:?} shares", r.run);
+                assert_eq!(meta.shared, r.shared, "member {}'s mirror", r.run);
+                assert_eq!(r.forks, n < run.blocks.len(), "member {} forks", r.run);
+                if r.forks {
+                    assert_eq!(r.fork, run.blocks[n], "member {}'s fork", r.run);
+                }
+                assert!(
+                    lead_meta.shared >= r.shared,
+                    "leader's reach covers {}",
+                    r.run
+                );
+            }
+        }
+    }
+
     /// Entries of `slot`'s eviction queue, stale ones included.
     #[cfg(test)]
     pub fn queue_len(&self, slot: u32) -> usize {
@@ -491,9 +613,243 @@ impl RunStore {
         self.meta[id as usize].at = state.runs.len() as u32;
         state.runs.push(id);
         state.sums.push(Summary::default());
-        add_ref(&mut self.heads, first, HeadRef { run: id, set });
+        self.join(first, id, set);
         self.touch(id);
         id
+    }
+
+    /// Enters run `id` (no blocks yet) in the family of `head`: its leader if it is the first.
+    fn join(&mut self, head: BlockHash, id: u32, set: u32) {
+        let (leads, shared, keep) = match self.heads.entry(head) {
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let refs = e.get_mut();
+                let kept = refs.as_slice()[0].kept;
+                let shared = if kept { 0 } else { UNKEPT };
+                refs.push(HeadRef::new(id, set, shared));
+                (
+                    false,
+                    shared,
+                    !kept && refs.as_slice().len() >= KEEP_FIGURES,
+                )
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Refs::One(HeadRef::new(id, set, 0)));
+                (true, 0, false)
+            }
+        };
+        let meta = &mut self.meta[id as usize];
+        meta.leads = leads;
+        meta.shared = shared;
+        if keep {
+            self.keep_figures(head);
+        }
+    }
+
+    /// The family of `head` starts keeping figures: each member's are read from its run.
+    fn keep_figures(&mut self, head: BlockHash) {
+        let Some(refs) = self.heads.get_mut(&head) else {
+            return;
+        };
+        let list = refs.as_mut_slice();
+        let runs = &self.runs;
+        let lead = &runs[list[0].run as usize].blocks;
+        let mut reach = 0;
+        for r in &mut list[1..] {
+            let blocks = &runs[r.run as usize].blocks;
+            let n = common(blocks, lead);
+            r.shared = n as u32;
+            r.forks = n < blocks.len();
+            if r.forks {
+                r.fork = blocks[n];
+            }
+            self.meta[r.run as usize].shared = n as u32;
+            reach = reach.max(n as u32);
+        }
+        list[0].kept = true;
+        self.meta[list[0].run as usize].shared = reach;
+    }
+
+    /// Takes run `id` (its blocks still there) out of the family of `head`; a leader leaving
+    /// hands the family to a member first.
+    fn leave(&mut self, head: BlockHash, id: u32) {
+        let Some(refs) = self.heads.get(&head) else {
+            return;
+        };
+        let list = refs.as_slice();
+        if list.len() > 1 && list[0].run == id {
+            if list[0].kept {
+                let next = (1..list.len()).max_by_key(|&i| list[i].shared).unwrap_or(1);
+                self.relead(head, next);
+            } else {
+                // No figures to derive: the next run leads.
+                let next = list[1].run;
+                if let Some(refs) = self.heads.get_mut(&head) {
+                    let list = refs.as_mut_slice();
+                    list.swap(0, 1);
+                    list[0].shared = 0;
+                }
+                let meta = &mut self.meta[next as usize];
+                meta.leads = true;
+                meta.shared = 0;
+            }
+        }
+        if let Some(refs) = self.heads.get_mut(&head) {
+            let list = refs.as_slice();
+            let Some(i) = list.iter().position(|r| r.run == id) else {
+                return;
+            };
+            let r = list[i];
+            if refs.remove(r) {
+                self.heads.remove(&head);
+            }
+        }
+        let meta = &mut self.meta[id as usize];
+        meta.leads = false;
+        meta.shared = 0;
+    }
+
+    /// Makes member `next` of the family of `head` its leader, the leader a member, and
+    /// derives every member's figures for the new leader from those for the old one: a member
+    /// parting from the old leader before the new one does parts from the new one there too;
+    /// one parting after it parts from it where the new one does; only members parting where
+    /// the new one does, with the same block, are read further.
+    fn relead(&mut self, head: BlockHash, next: usize) {
+        let Some(refs) = self.heads.get_mut(&head) else {
+            return;
+        };
+        let list = refs.as_mut_slice();
+        let new = list[next];
+        let (s, runs) = (new.shared, &self.runs);
+        for (i, r) in list.iter_mut().enumerate() {
+            if i == next {
+                continue;
+            }
+            let blocks = &runs[r.run as usize].blocks;
+            if i == 0 {
+                // The old leader holds all `s` blocks the new one shares with it.
+                r.shared = s;
+                r.forks = (s as usize) < blocks.len();
+                if r.forks {
+                    r.fork = blocks[s as usize];
+                }
+            } else if r.shared > s {
+                r.shared = s;
+                r.forks = true;
+                r.fork = blocks[s as usize];
+            } else if r.shared == s && r.forks && new.forks && r.fork == new.fork {
+                let lead = &runs[new.run as usize].blocks;
+                let n = s as usize + 1 + common(&blocks[s as usize + 1..], &lead[s as usize + 1..]);
+                r.shared = n as u32;
+                r.forks = n < blocks.len();
+                if r.forks {
+                    r.fork = blocks[n];
+                }
+            }
+        }
+        list.swap(0, next);
+        list[0].shared = 0;
+        list[0].forks = false;
+        list[0].kept = true;
+        list[next].kept = false;
+        let mut reach = 0;
+        for r in &list[1..] {
+            let meta = &mut self.meta[r.run as usize];
+            meta.leads = false;
+            meta.shared = r.shared;
+            reach = reach.max(r.shared);
+        }
+        let meta = &mut self.meta[list[0].run as usize];
+        meta.leads = true;
+        meta.shared = reach;
+    }
+
+    /// Keeps the family figures right after blocks were appended to run `id` from offset `n0`
+    /// on: a member that had no block after those it shares with the leader may share more
+    /// now, or fork; a leader's members sharing all its `n0` blocks may share more.
+    fn grown(&mut self, id: u32, n0: usize) {
+        let meta = &self.meta[id as usize];
+        let (leads, shared) = (meta.leads, meta.shared as usize);
+        // A leader's members share at least its head: a new leader has none to move.
+        if leads && (shared < n0 || n0 == 0) || !leads && shared != n0 {
+            return;
+        }
+        let runs = &self.runs;
+        let blocks = &runs[id as usize].blocks;
+        let Some(refs) = self.heads.get_mut(&blocks[0]) else {
+            return;
+        };
+        let list = refs.as_mut_slice();
+        let mut reach = 0;
+        if leads {
+            let next = blocks[n0];
+            for r in &mut list[1..] {
+                if r.shared as usize == n0 && r.forks && r.fork == next {
+                    let theirs = &runs[r.run as usize].blocks;
+                    let n = n0 + 1 + common(&theirs[n0 + 1..], &blocks[n0 + 1..]);
+                    r.shared = n as u32;
+                    r.forks = n < theirs.len();
+                    if r.forks {
+                        r.fork = theirs[n];
+                    }
+                    self.meta[r.run as usize].shared = n as u32;
+                    reach = reach.max(n as u32);
+                }
+            }
+            let meta = &mut self.meta[id as usize];
+            meta.shared = meta.shared.max(reach);
+        } else {
+            let lead = &runs[list[0].run as usize].blocks;
+            let n = n0 + common(&blocks[n0..], lead.get(n0..).unwrap_or(&[]));
+            let Some(r) = list.iter_mut().find(|r| r.run == id) else {
+                return;
+            };
+            r.shared = n as u32;
+            r.forks = n < blocks.len();
+            if r.forks {
+                r.fork = blocks[n];
+            }
+            self.meta[id as usize].shared = n as u32;
+            let lead = &mut self.meta[list[0].run as usize];
+            lead.shared = lead.shared.max(n as u32);
+        }
+    }
+
+    /// Keeps the family figures right before run `id` is cut down to its first `keep` blocks:
+    /// a leader whose members share more than that hands the family to the member sharing
+    /// most (and becomes a member); a member sharing `keep` blocks or more shares `keep` and
+    /// forks no more.
+    fn shrinking(&mut self, id: u32, keep: usize) {
+        let meta = &self.meta[id as usize];
+        let unkept = !meta.leads && meta.shared == UNKEPT;
+        if unkept || meta.shared as usize <= keep && (meta.leads || (meta.shared as usize) < keep) {
+            return;
+        }
+        let head = self.runs[id as usize].blocks[0];
+        if self.meta[id as usize].leads {
+            let Some(refs) = self.heads.get(&head) else {
+                return;
+            };
+            let list = refs.as_slice();
+            let best = (1..list.len()).max_by_key(|&i| list[i].shared);
+            match best.map(|i| (i, list[i].shared)) {
+                Some((i, shared)) if shared as usize > keep => self.relead(head, i),
+                best => {
+                    self.meta[id as usize].shared = best.map_or(0, |(_, shared)| shared);
+                    return;
+                }
+            }
+        }
+        if keep > self.meta[id as usize].shared as usize {
+            return;
+        }
+        let Some(refs) = self.heads.get_mut(&head) else {
+            return;
+        };
+        if let Some(r) = refs.as_mut_slice().iter_mut().find(|r| r.run == id) {
+            r.shared = keep as u32;
+            r.forks = false;
+        }
+        self.meta[id as usize].shared = keep as u32;
     }
 
     /// Queues the run as the worker's most recently changed.
@@ -598,10 +954,13 @@ impl RunStore {
                 .find(set, p)
                 .map_or(Prev::Unheld, |(id, k)| Prev::At(id, k)),
         };
+        // Where the run being appended to had its tail before this event's blocks.
+        let mut from = 0;
         for (i, &h) in blocks.iter().enumerate() {
             if let Some((id, k)) = self.held(set, prev, h) {
                 if let Prev::New(grown) = prev {
                     self.mark_end(grown);
+                    self.grown(grown, from);
                 }
                 prev = Prev::At(id, k);
                 continue;
@@ -614,6 +973,7 @@ impl RunStore {
                     self.unmark_tail(id);
                     self.touch(id);
                     self.make_room(id, blocks.len() - i);
+                    from = k + 1;
                     id
                 }
                 _ => {
@@ -629,6 +989,7 @@ impl RunStore {
                     }
                     let id = self.alloc(set, h);
                     self.make_room(id, blocks.len() - i);
+                    from = 0;
                     id
                 }
             };
@@ -638,6 +999,7 @@ impl RunStore {
         }
         if let Prev::New(grown) = prev {
             self.mark_end(grown);
+            self.grown(grown, from);
         }
     }
 
@@ -674,6 +1036,7 @@ impl RunStore {
     /// block again then finds them (a store only looks for a block among run heads where one
     /// may be).
     fn cut(&mut self, id: u32, lo: usize, hi: usize, gone: &mut Vec<BlockHash>) {
+        self.shrinking(id, lo);
         if hi < self.runs[id as usize].blocks.len() {
             self.split(id, hi - 1);
         }
@@ -688,8 +1051,7 @@ impl RunStore {
             self.pop(id, gone);
         }
         if self.runs[id as usize].blocks.is_empty() {
-            let set = self.runs[id as usize].set;
-            drop_ref(&mut self.heads, head, HeadRef { run: id, set });
+            self.leave(head, id);
             self.release(id);
         } else {
             self.mark_end(id);
@@ -711,6 +1073,7 @@ impl RunStore {
         for &b in &after {
             self.append(orphan, b);
         }
+        self.grown(orphan, 0);
         if marked {
             self.mark_end(orphan);
         }
@@ -744,13 +1107,13 @@ impl RunStore {
         state.blocks = 0;
         state.orphans = false;
         for id in runs {
+            self.leave(self.runs[id as usize].blocks[0], id);
             let run = &mut self.runs[id as usize];
             let meta = &mut self.meta[id as usize];
             if meta.tail_marked {
                 let k = run.blocks.len() - 1;
                 drop_ref(&mut self.ends, run.blocks[k], pack(id, k));
             }
-            drop_ref(&mut self.heads, run.blocks[0], HeadRef { run: id, set });
             run.blocks.clear();
             meta.tail_marked = false;
             meta.branches.clear();

@@ -754,3 +754,137 @@ fn a_run_is_matched_exactly_whatever_the_guess() {
         }
     }
 }
+
+/// Tokens of block `i` of chain `c`: the chains share their first blocks (chain 3 only its
+/// first three, the others six) and part after them.
+fn chain_tokens(c: u32, n: usize) -> Vec<u32> {
+    let shared = if c == 3 { 3 } else { 6 };
+    (0..n)
+        .flat_map(|i| {
+            let f = if i < shared { 0 } else { c + 1 };
+            (0..4).map(move |t| f * 10_000 + i as u32 * 4 + t)
+        })
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum FamilyStep {
+    Store {
+        worker: usize,
+        chain: u32,
+        from: usize,
+        to: usize,
+    },
+    Remove {
+        worker: usize,
+        chain: u32,
+        from: usize,
+        to: usize,
+        tail_first: bool,
+    },
+    Drop {
+        worker: usize,
+    },
+}
+
+/// Workers in `families_follow_their_runs`: more than a family needs to keep figures.
+const WORKERS: usize = runs::KEEP_FIGURES + 2;
+
+fn family_step() -> impl proptest::strategy::Strategy<Value = FamilyStep> {
+    use proptest::prelude::*;
+    prop_oneof![
+        // From the first block half the time: the family there reaches the size at which it
+        // keeps figures.
+        5 => (0..WORKERS, 0..4u32, prop_oneof![Just(0usize), 0..14usize], 1..8usize).prop_map(
+            |(worker, chain, from, n)| FamilyStep::Store {
+                worker,
+                chain,
+                from,
+                to: (from + n).min(16),
+            }
+        ),
+        3 => (0..WORKERS, 0..4u32, 0..16usize, 1..6usize, any::<bool>()).prop_map(
+            |(worker, chain, from, n, tail_first)| FamilyStep::Remove {
+                worker,
+                chain,
+                from,
+                to: (from + n).min(16),
+                tail_first,
+            }
+        ),
+        1 => (0..WORKERS).prop_map(|worker| FamilyStep::Drop { worker }),
+    ]
+}
+
+proptest::proptest! {
+    /// Workers storing, evicting and dropping chains that share their first blocks: after
+    /// every step each family keeping figures has the right ones (how far each member runs
+    /// along its leader, and its next block), and every worker's overlap with every chain and its
+    /// prefixes is the leading blocks it holds.
+    #[test]
+    fn families_follow_their_runs(steps in proptest::collection::vec(family_step(), 1..80)) {
+        let chains: Vec<Vec<BlockHash>> =
+            (0..4).map(|c| block_hashes(&chain_tokens(c, 16), bs())).collect();
+        let mut idx = index();
+        let mut held: Vec<std::collections::BTreeSet<BlockHash>> =
+            vec![Default::default(); WORKERS];
+        let mut seqs = [0u64; WORKERS];
+        let mut incs = [1u64; WORKERS];
+        for step in steps {
+            match step {
+                FamilyStep::Store { worker, chain, from, to } => {
+                    let toks = chain_tokens(chain, to);
+                    let h = &chains[chain as usize];
+                    let ev = KvEvent::Stored {
+                        parent: from.checked_sub(1).map(|i| h[i]),
+                        blocks: (from..to)
+                            .map(|i| StoredBlock {
+                                hash: h[i],
+                                tokens: toks[i * 4..i * 4 + 4].to_vec(),
+                            })
+                            .collect(),
+                        tier: StorageTier::Device,
+                    };
+                    idx.apply(&w(&format!("w{worker}")), incs[worker], seqs[worker], &ev)
+                        .unwrap();
+                    seqs[worker] += 1;
+                    held[worker].extend(&h[from..to]);
+                }
+                FamilyStep::Remove { worker, chain, from, to, tail_first } => {
+                    let mut blocks = chains[chain as usize][from..to].to_vec();
+                    if tail_first {
+                        blocks.reverse();
+                    }
+                    for b in &blocks {
+                        held[worker].remove(b);
+                    }
+                    idx.apply(&w(&format!("w{worker}")), incs[worker], seqs[worker], &removed(blocks))
+                        .unwrap();
+                    seqs[worker] += 1;
+                }
+                FamilyStep::Drop { worker } => {
+                    idx.remove_worker(&w(&format!("w{worker}")));
+                    held[worker].clear();
+                    seqs[worker] = 0;
+                    incs[worker] += 1;
+                }
+            }
+            idx.runs.check_families();
+            for h in &chains {
+                for len in [1, 4, 6, 7, 16] {
+                    let prompt = &h[..len];
+                    for (i, blocks) in held.iter().enumerate() {
+                        let want = prompt.iter().take_while(|b| blocks.contains(b)).count();
+                        proptest::prop_assert_eq!(
+                            device(&idx, &format!("w{i}"), prompt) as usize,
+                            want,
+                            "worker {} prompt {:?}",
+                            i,
+                            len
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
