@@ -307,6 +307,16 @@ pub const KEEP_FIGURES: usize = 8;
 pub const UNKEPT: u32 = u32::MAX;
 
 impl HeadRef {
+    /// Sets a member's figures: it shares `n` blocks with the leader, and its `blocks` tell
+    /// whether and how it goes on.
+    fn part(&mut self, blocks: &[BlockHash], n: usize) {
+        self.shared = n as u32;
+        self.forks = n < blocks.len();
+        if self.forks {
+            self.fork = blocks[n];
+        }
+    }
+
     fn new(run: u32, set: u32, shared: u32) -> Self {
         HeadRef {
             run,
@@ -657,11 +667,7 @@ impl RunStore {
         for r in &mut list[1..] {
             let blocks = &runs[r.run as usize].blocks;
             let n = common(blocks, lead);
-            r.shared = n as u32;
-            r.forks = n < blocks.len();
-            if r.forks {
-                r.fork = blocks[n];
-            }
+            r.part(blocks, n);
             self.meta[r.run as usize].shared = n as u32;
             reach = reach.max(n as u32);
         }
@@ -727,11 +733,7 @@ impl RunStore {
             let blocks = &runs[r.run as usize].blocks;
             if i == 0 {
                 // The old leader holds all `s` blocks the new one shares with it.
-                r.shared = s;
-                r.forks = (s as usize) < blocks.len();
-                if r.forks {
-                    r.fork = blocks[s as usize];
-                }
+                r.part(blocks, s as usize);
             } else if r.shared > s {
                 r.shared = s;
                 r.forks = true;
@@ -739,11 +741,7 @@ impl RunStore {
             } else if r.shared == s && r.forks && new.forks && r.fork == new.fork {
                 let lead = &runs[new.run as usize].blocks;
                 let n = s as usize + 1 + common(&blocks[s as usize + 1..], &lead[s as usize + 1..]);
-                r.shared = n as u32;
-                r.forks = n < blocks.len();
-                if r.forks {
-                    r.fork = blocks[n];
-                }
+                r.part(blocks, n);
             }
         }
         list.swap(0, next);
@@ -786,11 +784,7 @@ impl RunStore {
                 if r.shared as usize == n0 && r.forks && r.fork == next {
                     let theirs = &runs[r.run as usize].blocks;
                     let n = n0 + 1 + common(&theirs[n0 + 1..], &blocks[n0 + 1..]);
-                    r.shared = n as u32;
-                    r.forks = n < theirs.len();
-                    if r.forks {
-                        r.fork = theirs[n];
-                    }
+                    r.part(theirs, n);
                     self.meta[r.run as usize].shared = n as u32;
                     reach = reach.max(n as u32);
                 }
@@ -803,11 +797,7 @@ impl RunStore {
             let Some(r) = list.iter_mut().find(|r| r.run == id) else {
                 return;
             };
-            r.shared = n as u32;
-            r.forks = n < blocks.len();
-            if r.forks {
-                r.fork = blocks[n];
-            }
+            r.part(blocks, n);
             self.meta[id as usize].shared = n as u32;
             let lead = &mut self.meta[list[0].run as usize];
             lead.shared = lead.shared.max(n as u32);
