@@ -810,8 +810,14 @@ impl RunStore {
     /// forks no more.
     fn shrinking(&mut self, id: u32, keep: usize) {
         let meta = &self.meta[id as usize];
-        let unkept = !meta.leads && meta.shared == UNKEPT;
-        if unkept || meta.shared as usize <= keep && (meta.leads || (meta.shared as usize) < keep) {
+        let unmoved = if meta.leads {
+            // No member shares more than `keep` blocks.
+            meta.shared as usize <= keep
+        } else {
+            // No figures, or the member keeps its block after those it shares.
+            meta.shared == UNKEPT || (meta.shared as usize) < keep
+        };
+        if unmoved {
             return;
         }
         let head = self.runs[id as usize].blocks[0];

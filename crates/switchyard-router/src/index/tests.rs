@@ -15,8 +15,13 @@ fn tokens(f: u32, n: usize) -> Vec<u32> {
 }
 
 fn stored(f: u32, from: usize, to: usize, tier: StorageTier) -> KvEvent {
-    let toks = tokens(f, to);
-    let hashes = block_hashes(&toks, bs());
+    stored_tokens(&tokens(f, to), from, tier)
+}
+
+/// Blocks `from..` of the prompt `toks` (whole blocks), stored under block `from - 1`.
+fn stored_tokens(toks: &[u32], from: usize, tier: StorageTier) -> KvEvent {
+    let hashes = block_hashes(toks, bs());
+    let to = toks.len() / 4;
     KvEvent::Stored {
         parent: from.checked_sub(1).map(|i| hashes[i]),
         blocks: (from..to)
@@ -833,18 +838,8 @@ proptest::proptest! {
         for step in steps {
             match step {
                 FamilyStep::Store { worker, chain, from, to } => {
-                    let toks = chain_tokens(chain, to);
                     let h = &chains[chain as usize];
-                    let ev = KvEvent::Stored {
-                        parent: from.checked_sub(1).map(|i| h[i]),
-                        blocks: (from..to)
-                            .map(|i| StoredBlock {
-                                hash: h[i],
-                                tokens: toks[i * 4..i * 4 + 4].to_vec(),
-                            })
-                            .collect(),
-                        tier: StorageTier::Device,
-                    };
+                    let ev = stored_tokens(&chain_tokens(chain, to), from, StorageTier::Device);
                     idx.apply(&w(&format!("w{worker}")), incs[worker], seqs[worker], &ev)
                         .unwrap();
                     seqs[worker] += 1;
