@@ -17,7 +17,8 @@
 //! block, sixteen bits of set per block held, in the run's own small set), then in the run's
 //! blocks. Both are written as each block is appended.
 //! A block whose parent was just added can only be held as the head of a run stored before its
-//! parent (an *orphan*), looked up only in sets that may have one.
+//! parent (an *orphan*), looked up only in sets that may have one; in a set that has none, the
+//! rest of a chain after its first new block is appended in one go.
 //!
 //! **Families.** The runs starting at one block (at most one per set) are listed in `heads`
 //! under it, the first listed the family's *leader*. Once a family has [`KEEP_FIGURES`] runs, each
@@ -904,6 +905,28 @@ impl RunStore {
         }
     }
 
+    /// Appends `blocks` to run `id` at once: the rest of a chain none of whose blocks the set
+    /// can hold (each is new, as [`Self::held`] would find, one block at a time).
+    fn append_all(&mut self, id: u32, blocks: &[BlockHash]) {
+        let run = &mut self.runs[id as usize];
+        let meta = &mut self.meta[id as usize];
+        meta.sig
+            .reserve(&run.blocks, run.blocks.len() + blocks.len());
+        let set = run.set;
+        let state = &mut self.sets[set as usize];
+        let sum = &mut state.sums[meta.at as usize];
+        for &b in blocks {
+            meta.sig.set(b);
+            sum.add(b);
+        }
+        run.blocks.extend_from_slice(blocks);
+        let was_empty = state.blocks == 0;
+        state.blocks += blocks.len();
+        if was_empty && !blocks.is_empty() {
+            self.note_count(set);
+        }
+    }
+
     /// Makes room in run `id` for `more` blocks at once (a chain's blocks are appended one by
     /// one; growing the run and its signature for each would allocate again and again).
     fn make_room(&mut self, id: u32, more: usize) {
@@ -992,6 +1015,14 @@ impl RunStore {
             self.append(id, h);
             added.push(h);
             prev = Prev::New(id);
+            if !self.sets[set as usize].orphans {
+                // After a new block only an orphan's head could be held (see `held`): with no
+                // orphans in the set, the rest of the chain is new.
+                let rest = &blocks[i + 1..];
+                self.append_all(id, rest);
+                added.extend_from_slice(rest);
+                break;
+            }
         }
         if let Prev::New(grown) = prev {
             self.mark_end(grown);
