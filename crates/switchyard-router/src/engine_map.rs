@@ -2,7 +2,7 @@
 //!
 //! vLLM and SGLang name blocks by their own 64-bit hashes, which differ between engines and
 //! versions. Their `Stored` events also carry the blocks' token ids, so the adapter recomputes
-//! Switchyard's [`chain_hash`] from them and remembers the correspondence here; a later engine
+//! Switchyard's [`chain_hash`](switchyard_core::chain_hash) from them and remembers the correspondence here; a later engine
 //! `Removed{engine hashes}` is then translated back. One map per worker, owned by the adapter
 //! that consumes that worker's stream and dropped with it (and [`EngineHashMap::clear`]ed on a
 //! new incarnation or a `Cleared` event).

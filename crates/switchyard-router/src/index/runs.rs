@@ -32,7 +32,9 @@
 //! blocks (it keeps an upper bound of its members' `shared`), a run cut down to `shared` blocks
 //! or fewer (`shrinking`: a leader then hands the family to the member sharing most, whose
 //! figures for the others follow from those for the old leader, see `relead`). Each run's
-//! `RunMeta` mirrors its `shared`, so most changes decide without the map.
+//! `RunMeta` mirrors its `shared`, so most changes decide without the map. A family keeping
+//! figures goes on keeping them when it shrinks below [`KEEP_FIGURES`] runs again (a family
+//! whose size hovers at the threshold does not read every member's run at each crossing).
 //!
 //! **Removal.** A removed block that is its run's tail shortens the run, and the event's next
 //! blocks that are the run's new tails go without a map access (engines evict a sequence tail

@@ -1,6 +1,6 @@
 //! Counterfactuals: what another policy would have chosen for a decision already made.
 //!
-//! A decision's [`Explanation`] already holds, per candidate and in the order the candidates
+//! A decision's [`Explanation`](crate::policy::Explanation) already holds, per candidate and in the order the candidates
 //! were given, the load figures the policy saw (queued prefill, running requests, decoding
 //! sequences, active blocks) and the leading prompt blocks the index said it held, per tier.
 //! [`RescoreBasis`] keeps the little the explanation lacks: the routing clock, the prompt's
@@ -12,7 +12,7 @@
 //! [`rescore`] rebuilds exactly that moment — a [`PrefixIndex`] whose workers hold the recorded
 //! overlap of a chain of blocks that starts with the recorded first block, a [`LoadView`] whose
 //! reports are the recorded figures — and lets a freshly built policy choose over it with the
-//! same [`Policy::choose`] the live router calls. The index is the one *as recorded*, not the
+//! same [`Policy::choose`](crate::policy::Policy::choose) the live router calls. The index is the one *as recorded*, not the
 //! index now: by the time anyone asks, the request itself has stored its prompt on the worker
 //! it went to, and an index read now would favour the live choice. Policies with state start
 //! fresh (round-robin at its first turn, random from its seed, session with no pins, approx-kv

@@ -6,7 +6,7 @@
 //! caller's clock in [`RouteRequest::now`]):
 //!
 //! 1. **Decode worker** ([`ServingCore::route_decode`]): the live policy chooses among the
-//!    candidates ([`candidates`]: role, draining, exclusions, engine pairing) and the request
+//!    candidates (`candidates`: role, draining, exclusions, engine pairing) and the request
 //!    is booked on it as aggregated ([`BookingKind::Aggregated`]).
 //! 2. **Mode** ([`serving_mode`]): from what that worker would compute (its uncached prompt
 //!    tokens) and the [`ServeSettings`], stay aggregated or try the prefill pool.
