@@ -73,8 +73,10 @@ fn main() {
     );
     println!("| workers | prompt blocks (tokens @16) | p50 µs | p99 µs |");
     println!("|---|---|---|---|");
+    let mut admin = Vec::new();
     for workers in [8usize, 64, 512] {
         let (index, _, prompt) = support::build(workers, 1 << 20, 8192, 32);
+        admin.push((workers, admin_stats(&index)));
         for blocks in [64usize, 128, 1024, 8192] {
             let iters = if blocks >= 8192 { 2_000 } else { 20_000 };
             let (p50, p99) = query_percentiles(&index, &prompt[..blocks], iters);
@@ -87,9 +89,42 @@ fn main() {
         }
     }
 
+    println!();
+    println!("## `/admin/index` statistics (1M pairs; median of 5)");
+    println!(
+        "| workers | copy, under the model's lock (ms) | distinct count, off the lock (ms) | distinct blocks |"
+    );
+    println!("|---|---|---|---|");
+    for (workers, (copy, count, blocks)) in admin {
+        println!(
+            "| {workers} | {:.1} | {:.1} | {blocks} |",
+            copy.as_secs_f64() * 1e3,
+            count.as_secs_f64() * 1e3
+        );
+    }
+
     if !quick {
         mooncake();
     }
+}
+
+/// Times the statistics' two halves: the copy the admin API takes under the model's lock and
+/// the distinct count it makes afterwards (median of five each), and the count.
+fn admin_stats(index: &PrefixIndex) -> (Duration, Duration, usize) {
+    let mut copy = Vec::new();
+    let mut count = Vec::new();
+    let mut blocks = 0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let draft = black_box(index.stats_draft());
+        copy.push(t.elapsed());
+        let t = Instant::now();
+        blocks = black_box(draft.finish()).blocks;
+        count.push(t.elapsed());
+    }
+    copy.sort_unstable();
+    count.sort_unstable();
+    (copy[2], count[2], blocks)
 }
 
 /// A worker's cache in the replay: block -> last use, and (last use, block) in order.

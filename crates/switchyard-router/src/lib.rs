@@ -27,7 +27,8 @@ pub mod serve;
 pub use engine_map::EngineHashMap;
 pub use error::{IndexError, RouteError};
 pub use index::{
-    ApplyOutcome, IndexConfig, IndexStats, OverlapScores, PrefixIndex, TierOverlap, WorkerKey,
+    ApplyOutcome, IndexConfig, IndexStats, OverlapScores, PrefixIndex, StatsDraft, TierOverlap,
+    WorkerKey,
 };
 pub use load::{BookedRequest, LoadConfig, LoadView, RequestId, Tick, WorkerLoad};
 pub use policy::{

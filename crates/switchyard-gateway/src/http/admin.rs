@@ -281,22 +281,39 @@ struct ModelIndex {
     stats: IndexStats,
 }
 
-async fn index(State(state): State<Arc<AppState>>) -> axum::Json<Vec<ModelIndex>> {
-    let out = state
+async fn index(
+    State(state): State<Arc<AppState>>,
+) -> Result<axum::Json<Vec<ModelIndex>>, ApiError> {
+    // Each model's lock is held while its blocks are copied; the distinct ones are counted
+    // afterwards, off the runtime's threads, so routing waits for a copy, not a count.
+    let drafts: Vec<_> = state
         .pool
         .models()
         .into_iter()
         .map(|(model, routes)| {
             let core = routes.lock();
-            ModelIndex {
+            (
                 model,
-                block_size: routes.block_size.get(),
-                policy: core.serving.policy_kind(),
-                stats: core.serving.index.stats(),
-            }
+                routes.block_size.get(),
+                core.serving.policy_kind(),
+                core.serving.index.stats_draft(),
+            )
         })
         .collect();
-    axum::Json(out)
+    let out = tokio::task::spawn_blocking(move || {
+        drafts
+            .into_iter()
+            .map(|(model, block_size, policy, draft)| ModelIndex {
+                model,
+                block_size,
+                policy,
+                stats: draft.finish(),
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("index statistics: {e}")))?;
+    Ok(axum::Json(out))
 }
 
 async fn subscriptions(

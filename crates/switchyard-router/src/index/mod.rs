@@ -145,6 +145,28 @@ pub struct IndexStats {
     pub heap_bytes: usize,
 }
 
+/// The index's counters with a copy of every indexed block, taken where the index is guarded
+/// (a copy is a sweep over the runs); the distinct blocks are counted from the copy by
+/// [`StatsDraft::finish`], wherever the caller chooses, so whatever guards the index is held
+/// for the copy only.
+#[derive(Debug, Clone)]
+pub struct StatsDraft {
+    stats: IndexStats,
+    blocks: Vec<BlockHash>,
+}
+
+impl StatsDraft {
+    /// The statistics, `blocks` counted (O(pairs · log pairs), in place).
+    pub fn finish(mut self) -> IndexStats {
+        self.blocks.sort_unstable();
+        self.blocks.dedup();
+        IndexStats {
+            blocks: self.blocks.len(),
+            ..self.stats
+        }
+    }
+}
+
 /// Which workers hold which blocks; see the module docs.
 #[derive(Debug)]
 pub struct PrefixIndex {
@@ -318,9 +340,23 @@ impl PrefixIndex {
     /// Counters and sizes. Counting distinct blocks reads every block of every run (no map holds
     /// every block): O(pairs), for the admin API, not for a hot path.
     pub fn stats(&self) -> IndexStats {
+        self.stats_draft().finish()
+    }
+
+    /// The counters and a copy of every indexed block, to count the distinct ones later (see
+    /// [`StatsDraft`]): O(pairs), a copy per run, no hashing.
+    pub fn stats_draft(&self) -> StatsDraft {
+        StatsDraft {
+            stats: self.counters(),
+            blocks: self.runs.all_blocks(),
+        }
+    }
+
+    /// Every statistic but the distinct blocks (left 0).
+    fn counters(&self) -> IndexStats {
         IndexStats {
             workers: self.by_id.len(),
-            blocks: self.distinct_blocks(),
+            blocks: 0,
             entries: self.entries,
             max_entries: self.config.max_entries,
             evicted_entries: self.evicted,

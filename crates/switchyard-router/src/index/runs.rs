@@ -1190,8 +1190,14 @@ impl RunStore {
     }
 
     /// Every block held anywhere, with repeats (one per set holding it).
-    pub fn all_blocks(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.runs.iter().flat_map(|r| r.blocks.iter().copied())
+    /// Every block of every set (a block held in several sets, several times), copied run by
+    /// run.
+    pub fn all_blocks(&self) -> Vec<BlockHash> {
+        let mut out = Vec::with_capacity(self.sets.iter().map(|s| s.blocks).sum());
+        for run in &self.runs {
+            out.extend_from_slice(&run.blocks);
+        }
+        out
     }
 
     pub fn heap_bytes(&self) -> usize {

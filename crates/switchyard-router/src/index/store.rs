@@ -163,13 +163,6 @@ impl PrefixIndex {
         state.live = 0;
         self.runs.clear_slot(slot);
     }
-
-    /// Distinct blocks held by any worker (O(pairs)).
-    pub(super) fn distinct_blocks(&self) -> usize {
-        let mut seen = FxHashSet::default();
-        seen.extend(self.runs.all_blocks());
-        seen.len()
-    }
 }
 
 /// One tier's snapshot blocks as chains to store: each chain's parent and blocks, a block after

@@ -883,3 +883,41 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn stats_count_each_block_once_however_many_workers_and_tiers_hold_it() {
+    let mut idx = index();
+    // a: blocks 0..6 of family 1 on the device, 0..3 again in host memory; b: 0..4 of family 1
+    // and 0..2 of family 2; c: nothing left after its blocks are removed.
+    idx.apply(&w("a"), 1, 0, &stored(1, 0, 6, StorageTier::Device))
+        .unwrap();
+    idx.apply(&w("a"), 1, 1, &stored(1, 0, 3, StorageTier::Host))
+        .unwrap();
+    idx.apply(&w("b"), 1, 0, &stored(1, 0, 4, StorageTier::Device))
+        .unwrap();
+    idx.apply(&w("b"), 1, 1, &stored(2, 0, 2, StorageTier::Device))
+        .unwrap();
+    idx.apply(&w("c"), 1, 0, &stored(3, 0, 5, StorageTier::Device))
+        .unwrap();
+    idx.apply(
+        &w("c"),
+        1,
+        1,
+        &KvEvent::Removed {
+            blocks: hashes(3, 5),
+            tier: StorageTier::Device,
+        },
+    )
+    .unwrap();
+    let draft = idx.stats_draft();
+    let stats = draft.clone().finish();
+    assert_eq!(stats.blocks, 6 + 2, "distinct blocks");
+    assert_eq!(stats.entries, 6 + 4 + 2, "(block, worker) pairs");
+    assert_eq!(stats.workers, 3);
+    assert_eq!(stats, idx.stats());
+    // The draft is a copy: the index changing afterwards leaves its count alone.
+    idx.apply(&w("b"), 1, 2, &stored(4, 0, 3, StorageTier::Device))
+        .unwrap();
+    assert_eq!(draft.finish().blocks, 8);
+    assert_eq!(idx.stats().blocks, 11);
+}
