@@ -24,8 +24,9 @@ fn candidates(explain_workers: &Value) -> Vec<String> {
     ids
 }
 
-/// A gateway over one `switchyard worker --engine vllm` (`worker_args` added) in front of a
-/// vLLM stand-in started with `fake_args`, once the gateway follows the worker.
+/// A gateway over one `switchyard worker --engine vllm` (or `sglang`, see [`Self::engine`];
+/// `worker_args` added) in front of a stand-in engine started with `fake_args`, once the
+/// gateway follows the worker.
 struct VllmCluster {
     _etcd: EtcdServer,
     fake: Fake,
@@ -37,12 +38,16 @@ struct VllmCluster {
 
 impl VllmCluster {
     async fn start(worker: &str, fake_args: &[&str], worker_args: &[&str]) -> Self {
+        Self::engine("vllm", worker, fake_args, worker_args).await
+    }
+
+    async fn engine(engine: &str, worker: &str, fake_args: &[&str], worker_args: &[&str]) -> Self {
         let etcd = EtcdServer::start().expect("etcd");
         let endpoint = etcd.endpoint();
         let cluster = format!("{worker}-{}", std::process::id());
         let fake = Fake::start(fake_args).await;
         let process = fake
-            .worker("vllm", worker, &endpoint, &cluster)
+            .worker(engine, worker, &endpoint, &cluster)
             .args(worker_args)
             .start()
             .await;
@@ -336,6 +341,119 @@ async fn an_adapter_loaded_into_a_running_vllm_is_registered_and_one_unloaded_is
         .await,
         "an unloaded adapter is no longer routed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_loaded_into_a_running_sglang_is_registered_and_one_unloaded_is_dropped() {
+    let c = VllmCluster::engine(
+        "sglang",
+        "sglang-live",
+        &["--flavor", "sglang", "--lora-modules", "sql-lora"],
+        &[
+            "--lora-adapter",
+            "sql-lora",
+            "--engine-adapters-interval-ms",
+            "100",
+        ],
+    )
+    .await;
+    let (api, fake) = (&c.api, &c.fake);
+    let ask = json!({"model": "hot-lora", "prompt": tokens(8, 12), "max_tokens": 2});
+    assert_eq!(api.post("/v1/completions", &ask).await.0, 404);
+
+    // SGLang's run-time endpoint: the worker sees the adapter in /v1/models, registers it, and
+    // the gateway sends it to SGLang as `lora_path`.
+    let engine = reqwest::Client::new();
+    let load = engine
+        .post(format!("{}/load_lora_adapter", fake.http))
+        .json(&json!({"lora_name": "hot-lora", "lora_path": "/adapters/hot"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(load.status(), 200);
+    let loaded: Value = load.json().await.unwrap();
+    assert_eq!(loaded["success"], true, "{loaded}");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            api.get("/v1/models/hot-lora").await.0 == 200
+        })
+        .await,
+        "the loaded adapter is served"
+    );
+    let (status, answer) = api.post("/v1/completions", &ask).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(c.last_request().await["lora_path"], "hot-lora");
+
+    // Unloading the adapter the worker was started with drops it too: the engine's list is
+    // followed, not the flags.
+    for name in ["hot-lora", "sql-lora"] {
+        let unload = engine
+            .post(format!("{}/unload_lora_adapter", fake.http))
+            .json(&json!({"lora_name": name}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(unload.status(), 200);
+    }
+    for name in ["hot-lora", "sql-lora"] {
+        let ask = json!({"model": name, "prompt": tokens(8, 12), "max_tokens": 2});
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                api.post("/v1/completions", &ask).await.0 == 404
+            })
+            .await,
+            "an unloaded adapter ({name}) is no longer routed"
+        );
+    }
+
+    // A worker naming an adapter its SGLang engine does not list refuses to start, naming it
+    // and SGLang's own flag.
+    let args: Vec<String> = [
+        "worker",
+        "--engine",
+        "sglang",
+        "--engine-url",
+        &fake.http,
+        "--kv-events",
+        &format!("tcp://127.0.0.1:{}", fake.zmq),
+        "--model",
+        "fake-model",
+        "--lora-adapter",
+        "sql-lora",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    let (output, stderr) = run_to_exit(&args, Duration::from_secs(60)).await;
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("\"sql-lora\"") && stderr.contains("--lora-paths"),
+        "the refusal names the adapter and the engine flag: {stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sglang_before_0_5_5_serves_the_adapters_the_worker_names() {
+    // SGLang before 0.5.5 lists no adapter in /v1/models: the worker cannot check or follow
+    // them, so it registers the ones it is told of, and the gateway routes them as before.
+    let c = VllmCluster::engine(
+        "sglang",
+        "sglang-old",
+        &[
+            "--flavor",
+            "sglang",
+            "--sglang-version",
+            "0.5.4.post3",
+            "--lora-modules",
+            "sql-lora",
+        ],
+        &["--lora-adapter", "sql-lora"],
+    )
+    .await;
+    let ask = json!({"model": "sql-lora", "prompt": tokens(8, 12), "max_tokens": 2});
+    let (status, answer) = c.api.post("/v1/completions", &ask).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(c.last_request().await["lora_path"], "sql-lora");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

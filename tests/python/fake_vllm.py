@@ -22,6 +22,10 @@ It answers like the real engines on the wire:
   * LoRA adapters (`--lora-modules NAME ...`): listed in `/v1/models` with the base model as
     `parent`, served under their own name as `model` (SGLang: `lora_path`), their blocks hashed
     apart and published with `lora_id` and `lora_name`; any other model name is vLLM's 404.
+    Loaded and unloaded at run time as each engine does: vLLM's `POST /v1/load_lora_adapter`
+    and `/v1/unload_lora_adapter` (200 with a sentence, 400 with an error object), SGLang's
+    `POST /load_lora_adapter` and `/unload_lora_adapter` (its `LoadLoRAAdapterReqOutput`:
+    `success`, `error_message`, `loaded_adapters`, with 200 or 400).
 
 Test control (POST, JSON body, answers JSON):
   /admin/state             blocks held per rank, each as the full token prefix ending with it
@@ -217,6 +221,7 @@ class Engine:
         self.scripts = collections.deque()
         # vLLM's integer LoRA ids: 1 and up, in the order adapters were first served.
         self.lora_ids = {}
+        self.lora_paths = {}
         self.ctx = zmq.Context()
         self.next_rank = 0
         self.stats = {"prompt": 0, "cached": 0, "running": 0}
@@ -301,6 +306,10 @@ class Engine:
 def make_handler(engine):
     args = engine.args
 
+    def sglang_lists_adapters():
+        """SGLang lists its LoRA adapters in /v1/models from 0.5.5 on."""
+        return tuple(int(x) for x in args.sglang_version.split(".")[:3]) >= (0, 5, 5)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -324,16 +333,20 @@ def make_handler(engine):
                 with engine.lock:
                     return self.reply(200, engine.metrics(), "text/plain; version=0.0.4")
             if self.path == "/v1/models":
-                # vLLM lists each LoRA module after the base model, with the base as `parent`.
+                # vLLM lists each LoRA module after the base model, with the base as `parent`;
+                # SGLang too from 0.5.5 on, and none before.
+                listed = args.lora_modules if args.flavor == "vllm" or sglang_lists_adapters() else []
                 adapters = [{"id": name, "object": "model", "parent": args.model,
-                             "root": f"/adapters/{name}", "max_model_len": args.max_model_len}
-                            for name in args.lora_modules]
+                             "root": engine.lora_paths.get(name, f"/adapters/{name}"), "max_model_len": args.max_model_len}
+                            for name in listed]
                 return self.reply(200, {"object": "list", "data": [
                     {"id": args.model, "object": "model", "max_model_len": args.max_model_len},
                     *adapters]})
             if self.path == "/get_server_info" and args.flavor == "sglang":
                 return self.reply(200, {"page_size": args.block_size,
-                                        "max_total_num_tokens": args.num_blocks * args.block_size})
+                                        "max_total_num_tokens": args.num_blocks * args.block_size,
+                                        "version": args.sglang_version,
+                                        "enable_lora": bool(args.lora_modules)})
             self.reply(404, {"error": {"message": "not found"}})
 
         def do_POST(self):
@@ -348,6 +361,8 @@ def make_handler(engine):
                 return self.completions(body, sglang=False)
             if self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and args.flavor == "vllm":
                 return self.lora(self.path == "/v1/load_lora_adapter", body)
+            if self.path in ("/load_lora_adapter", "/unload_lora_adapter") and args.flavor == "sglang":
+                return self.sglang_lora(self.path == "/load_lora_adapter", body)
             if self.path == "/generate" and args.flavor == "sglang":
                 engine.requests.append(body)
                 return self.completions(body, sglang=True)
@@ -406,6 +421,28 @@ def make_handler(engine):
                     args.lora_modules.remove(name)
             verb = "added" if load else "removed"
             self.reply(200, "Success: LoRA adapter '%s' %s successfully." % (name, verb), "text/plain")
+
+        def sglang_lora(self, load, body):
+            """SGLang's run-time LoRA endpoints: `LoadLoRAAdapterReqOutput` (success,
+            error_message, loaded_adapters: name -> path) with 200, or 400 when it failed."""
+            name = body.get("lora_name")
+            with engine.lock:
+                error = None
+                if not isinstance(name, str) or not name or (load and not body.get("lora_path")):
+                    error = "lora_name and lora_path are required"
+                elif load and name in args.lora_modules:
+                    error = "The LoRA adapter with name '%s' is already loaded." % name
+                elif not load and name not in args.lora_modules:
+                    error = "LoRA adapter '%s' is not loaded." % name
+                elif load:
+                    args.lora_modules.append(name)
+                    engine.lora_paths[name] = body["lora_path"]
+                else:
+                    args.lora_modules.remove(name)
+                    engine.lora_paths.pop(name, None)
+                loaded = {n: engine.lora_paths.get(n, f"/adapters/{n}") for n in args.lora_modules}
+            self.reply(200 if error is None else 400,
+                       {"success": error is None, "error_message": error, "loaded_adapters": loaded})
 
         def completions(self, body, sglang):
             prompt = body.get("input_ids") if sglang else body.get("prompt")
@@ -551,6 +588,9 @@ def main():
     p.add_argument("--encoding", choices=["positional", "map"], default="positional")
     p.add_argument("--hash-bytes", action="store_true")
     p.add_argument("--flavor", choices=["vllm", "sglang"], default="vllm")
+    p.add_argument("--sglang-version", default="0.5.23",
+                   help="the version /get_server_info reports; below 0.5.5 /v1/models lists no "
+                        "LoRA adapter, as SGLang before 0.5.5")
     p.add_argument("--topic", default="")
     p.add_argument("--model", default="fake-model")
     p.add_argument("--lora-modules", nargs="*", default=[],

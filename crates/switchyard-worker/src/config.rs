@@ -45,8 +45,8 @@ pub struct WorkerConfig {
     /// Model name clients ask for.
     pub model: String,
     /// LoRA adapters the engine serves besides the base model, by the names clients ask for
-    /// them as `model` (vLLM's `--lora-modules` names, checked against its `/v1/models`; SGLang's
-    /// `--lora-paths` names; any name for the simulator). Registered with the worker, so the
+    /// them as `model` (vLLM's `--lora-modules` names or SGLang's `--lora-paths` names, checked
+    /// against the engine's `/v1/models`; any name for the simulator). Registered with the worker, so the
     /// gateway routes a request naming one here, with the adapter's KV.
     pub lora_adapters: Vec<String>,
     pub role: Role,
@@ -350,7 +350,7 @@ pub struct WorkerArgs {
     /// vLLM/SGLang: seconds start-up waits for the engine to answer.
     #[arg(long, env = "SWITCHYARD_ENGINE_STARTUP_TIMEOUT_SECS")]
     pub engine_startup_timeout_secs: Option<u64>,
-    /// vLLM: milliseconds between reads of `/v1/models` for the LoRA adapters the engine
+    /// vLLM/SGLang: milliseconds between reads of `/v1/models` for the LoRA adapters the engine
     /// serves (loaded or unloaded while it runs); default 5000.
     #[arg(long, env = "SWITCHYARD_ENGINE_ADAPTERS_INTERVAL_MS")]
     pub engine_adapters_interval_ms: Option<u64>,

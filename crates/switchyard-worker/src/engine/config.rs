@@ -40,9 +40,9 @@ pub struct EngineConfig {
     pub max_context: Option<u64>,
     /// How often `/metrics` is scraped for load.
     pub metrics_interval_ms: u64,
-    /// vLLM: how often `/v1/models` is read for the LoRA adapters the engine serves (loaded or
-    /// unloaded at run time through vLLM's `/v1/load_lora_adapter`), which the worker
-    /// registers.
+    /// vLLM/SGLang: how often `/v1/models` is read for the LoRA adapters the engine serves
+    /// (loaded or unloaded at run time through vLLM's `/v1/load_lora_adapter` or SGLang's
+    /// `/load_lora_adapter`), which the worker registers.
     pub adapters_interval_ms: u64,
     /// How long start-up waits for the engine to answer.
     pub startup_timeout_secs: u64,

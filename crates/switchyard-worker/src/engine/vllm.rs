@@ -78,7 +78,7 @@ pub struct VllmEngine {
     counters: Arc<AdapterCounters>,
     scrapes: Arc<EngineScrapeCounters>,
     shared: Option<Arc<RelayShared>>,
-    /// vLLM: the LoRA adapters `/v1/models` lists, followed while the engine runs.
+    /// The LoRA adapters `/v1/models` lists, followed while the engine runs.
     adapters_rx: Option<watch::Receiver<Vec<String>>>,
     pub(super) tasks: TaskTracker,
     pub(super) cancel: CancellationToken,
@@ -116,14 +116,24 @@ impl VllmEngine {
             .build()
             .map_err(|e| AdapterError::Config(e.to_string()))?;
         let facts = discover(&http, kind, &base_url, config).await?;
-        let adapters_rx = if kind == EngineKind::Vllm {
+        let adapters_rx = if kind == EngineKind::Sglang
+            && !sglang_lists_adapters(&http, &base_url).await
+        {
+            if !adapters.is_empty() {
+                tracing::warn!(
+                    url = %base_url,
+                    "this SGLang (before 0.5.5) does not list its LoRA adapters: the configured \
+                     ones are registered unchecked, and adapters loaded or unloaded at run time \
+                     are not followed"
+                );
+            }
+            None
+        } else {
             let served = served_adapters(&http, &base_url).await.map_err(|e| {
                 AdapterError::Config(format!("cannot list the engine's LoRA adapters: {e}"))
             })?;
-            check_adapters(&base_url, adapters, &served)?;
+            check_adapters(kind, &base_url, adapters, &served)?;
             Some(served)
-        } else {
-            None
         };
         let block_size = facts.block_size.unwrap_or(16);
         let block_size =
@@ -380,9 +390,10 @@ async fn discover(
     }
 }
 
-/// The LoRA adapters a vLLM engine serves: the entries of its `/v1/models` with a `parent`
-/// (vLLM lists the adapters it was started with, `--lora-modules`, and those loaded since
-/// through `/v1/load_lora_adapter`, each under its own name with the base model as parent).
+/// The LoRA adapters a vLLM or SGLang engine serves: the entries of its `/v1/models` with a
+/// `parent`. Both list the adapters they were started with (vLLM's `--lora-modules`, SGLang's
+/// `--lora-paths`) and those loaded since (vLLM's `/v1/load_lora_adapter`, SGLang's
+/// `/load_lora_adapter`), each under its own name with the base model as parent.
 async fn served_adapters(http: &reqwest::Client, base: &str) -> Result<Vec<String>, String> {
     let models = get_json(http, &format!("{base}/v1/models")).await?;
     let mut adapters: Vec<String> = models
@@ -400,27 +411,62 @@ async fn served_adapters(http: &reqwest::Client, base: &str) -> Result<Vec<Strin
     Ok(adapters)
 }
 
-/// Checks that the vLLM engine serves every LoRA adapter the worker was told it does (the
-/// names themselves are checked with the registration). A missing one is a configuration error
-/// naming it, rather than requests routed here and refused by the engine.
+/// Whether the SGLang engine lists its LoRA adapters in `/v1/models` (from 0.5.5 on), by the
+/// version its `/get_server_info` reports; an engine that reports none is taken to (the
+/// stand-ins and any later release).
+async fn sglang_lists_adapters(http: &reqwest::Client, base: &str) -> bool {
+    let version = get_json(http, &format!("{base}/get_server_info"))
+        .await
+        .ok()
+        .and_then(|info| info.get("version")?.as_str().map(str::to_owned));
+    version.is_none_or(|v| lists_adapters_from(&v))
+}
+
+/// Whether SGLang `version` (`0.5.4`, `0.5.5.post1`, `0.5.10rc0`) is 0.5.5 or later; a version
+/// that does not parse is taken to be.
+fn lists_adapters_from(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| {
+        let digits: String = p.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse::<u64>().ok()
+    });
+    let mut next = || parts.next().flatten();
+    match (next(), next(), next()) {
+        (Some(major), Some(minor), patch) => (major, minor, patch.unwrap_or(0)) >= (0, 5, 5),
+        _ => true,
+    }
+}
+
+/// Checks that the engine serves every LoRA adapter the worker was told it does (the names
+/// themselves are checked with the registration). A missing one is a configuration error naming
+/// it, rather than requests routed here and refused by the engine.
 fn check_adapters(
+    kind: EngineKind,
     base: &str,
     configured: &[String],
     served: &[String],
 ) -> Result<(), AdapterError> {
-    match configured.iter().find(|a| !served.contains(a)) {
-        None => Ok(()),
-        Some(missing) => Err(AdapterError::Config(format!(
-            "lora_adapters names {missing:?}, which the vLLM engine at {base} does not serve \
-             (its /v1/models lists {}); start it with --enable-lora --lora-modules {missing}=<path> \
-             or drop the name",
-            if served.is_empty() {
-                "no adapter".to_owned()
-            } else {
-                served.join(", ")
-            }
-        ))),
-    }
+    let Some(missing) = configured.iter().find(|a| !served.contains(a)) else {
+        return Ok(());
+    };
+    let (engine, start) = match kind {
+        EngineKind::Sglang => (
+            "SGLang",
+            format!("--enable-lora --lora-paths {missing}=<path>"),
+        ),
+        _ => (
+            "vLLM",
+            format!("--enable-lora --lora-modules {missing}=<path>"),
+        ),
+    };
+    Err(AdapterError::Config(format!(
+        "lora_adapters names {missing:?}, which the {engine} engine at {base} does not serve \
+         (its /v1/models lists {}); start it with {start} or drop the name",
+        if served.is_empty() {
+            "no adapter".to_owned()
+        } else {
+            served.join(", ")
+        }
+    )))
 }
 
 /// Re-reads the engine's adapters every `every` and publishes the list when it changes (an
@@ -602,5 +648,29 @@ impl Engine for VllmEngine {
         tracing::info!(stats = ?self.stats(), "engine adapter stopping");
         self.cancel.cancel();
         self.tasks.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lists_adapters_from;
+
+    #[test]
+    fn sglang_lists_adapters_from_0_5_5_on() {
+        for old in ["0.4.9", "0.4.10.post2", "0.5.1", "0.5.4.post3", "0.5.0rc2"] {
+            assert!(!lists_adapters_from(old), "{old}");
+        }
+        for new in [
+            "0.5.5",
+            "0.5.5.post1",
+            "0.5.10rc0",
+            "0.5.23",
+            "0.6",
+            "1.0.0",
+        ] {
+            assert!(lists_adapters_from(new), "{new}");
+        }
+        // A version that does not parse is taken to be recent.
+        assert!(lists_adapters_from("dev"));
     }
 }
