@@ -151,6 +151,77 @@ async fn the_gateway_follows_the_pools_pods_through_changes_and_a_relist() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_loaded_into_a_pods_engine_is_routed_and_one_unloaded_is_dropped() {
+    // A pod's sidecar follows its vLLM's adapters; the gateway, finding the pod through the
+    // Kubernetes API, asks the sidecar again who it is and so follows them too.
+    let kube = FakeKube::start().await;
+    let fake = Fake::start(&[]).await;
+    let worker = Launch::new("worker")
+        .id("vllm-pod")
+        .arg("--listen", "127.0.0.1:0")
+        .arg("--engine", "vllm")
+        .arg("--engine-url", &fake.http)
+        .arg("--kv-events", &format!("tcp://127.0.0.1:{}", fake.zmq))
+        .arg("--kv-replay", &format!("tcp://127.0.0.1:{}", fake.replay))
+        .arg("--model", "fake-model")
+        .arg("--engine-adapters-interval-ms", "100")
+        .start()
+        .await;
+    kube.put(pod(
+        "engine-0",
+        "127.0.0.1",
+        &[("sidecar", port_of(&worker.address))],
+        true,
+    ));
+    let gateway = Launch::new("gateway")
+        .arg("--http", "127.0.0.1:0")
+        .arg("--discovery", "kubernetes")
+        .arg("--k8s-api-url", &kube.url)
+        .arg("--k8s-namespace", NAMESPACE)
+        .arg("--k8s-selector", "app=engine")
+        .arg("--k8s-worker-port", "sidecar")
+        .arg("--k8s-info-refresh-ms", "200")
+        .start()
+        .await;
+    let api = Api::new(&gateway);
+    assert!(routes_exactly(&api, "fake-model", &["vllm-pod"]).await);
+    let ask = json!({"model": "hot-lora", "prompt": tokens(8, 12), "max_tokens": 2});
+    assert_eq!(api.post("/v1/completions", &ask).await.0, 404);
+
+    let engine = reqwest::Client::new();
+    let load = engine
+        .post(format!("{}/v1/load_lora_adapter", fake.http))
+        .json(&json!({"lora_name": "hot-lora", "lora_path": "/adapters/hot"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(load.status(), 200);
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            api.post("/v1/completions", &ask).await.0 == 200
+        })
+        .await,
+        "the adapter loaded on the pod's engine is routed"
+    );
+    let unload = engine
+        .post(format!("{}/v1/unload_lora_adapter", fake.http))
+        .json(&json!({"lora_name": "hot-lora"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unload.status(), 200);
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            api.post("/v1/completions", &ask).await.0 == 404
+        })
+        .await,
+        "an adapter unloaded from the pod's engine is no longer routed"
+    );
+    // The worker stays in routing for its base model throughout.
+    assert!(routes_exactly(&api, "fake-model", &["vllm-pod"]).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_picker_answers_with_the_pods_engine_endpoints() {
     let kube = FakeKube::start().await;
     let fake_a = Fake::start(&[]).await;

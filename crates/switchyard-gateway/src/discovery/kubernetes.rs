@@ -39,6 +39,9 @@ const WATCH_SECS: u32 = 240;
 const INFO_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often a serving pod whose sidecar did not answer is asked again.
 pub const RETRY_INFO: Duration = Duration::from_secs(2);
+/// How often, by default, every answered pod's sidecar is asked again (its LoRA adapters follow
+/// the engine's, loaded and unloaded at run time).
+pub const INFO_REFRESH: Duration = Duration::from_secs(10);
 
 /// Which pods are the workers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +67,8 @@ pub struct KubernetesSettings {
     /// The API server's URL with no credentials (a `kubectl proxy`, a test's fake server).
     /// None: the kubeconfig when there is one, else the pod's service account.
     pub api_url: Option<String>,
+    /// How often each answered pod's sidecar is asked again who it is.
+    pub info_refresh: Duration,
 }
 
 /// Discovery from the Kubernetes API (see the module header).
@@ -195,6 +200,28 @@ impl KubernetesDiscovery {
         changes
     }
 
+    /// Asks every answered pod's sidecar again who it is, all at once: a worker whose
+    /// description changed (its LoRA adapters, a restart) is updated. A sidecar that does not
+    /// answer keeps its last description (the pod's readiness says whether it serves).
+    async fn refresh(&self, known: &mut PodSet) -> Vec<WorkerChange> {
+        let answered = known.answered();
+        let answers = futures::future::join_all(answered.into_iter().map(|(pod, target)| async {
+            let answer = self.info(&target).await;
+            (pod, target, answer)
+        }))
+        .await;
+        let mut changes = Vec::new();
+        for (pod, target, answer) in answers {
+            match answer {
+                Ok(info) => changes.extend(known.refreshed(&pod, &target, info)),
+                Err(reason) => {
+                    tracing::debug!(pod, address = %target.worker_address, %reason, "pod's worker sidecar did not answer a refresh");
+                }
+            }
+        }
+        changes
+    }
+
     /// The sidecar's own description, at the address it was reached (and with the engine
     /// endpoint the pod exposes, when known).
     async fn info(&self, target: &PodTarget) -> Result<WorkerInfo, String> {
@@ -238,6 +265,9 @@ impl KubernetesDiscovery {
         let mut retry = tokio::time::interval(RETRY_INFO);
         // The tick is awaited only while a pod waits for its sidecar; no burst after a pause.
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let every = self.settings.info_refresh;
+        let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let pods = self.pods();
         loop {
             let stream = tokio::select! {
@@ -257,6 +287,13 @@ impl KubernetesDiscovery {
                     () = cancel.cancelled() => return,
                     _ = retry.tick(), if known.has_pending() => {
                         let changes = self.resolve(&mut known).await;
+                        if !send(&changes_tx, changes) {
+                            return;
+                        }
+                        continue;
+                    }
+                    _ = refresh.tick() => {
+                        let changes = self.refresh(&mut known).await;
                         if !send(&changes_tx, changes) {
                             return;
                         }
@@ -450,6 +487,48 @@ impl PodSet {
             .collect()
     }
 
+    /// The pods whose sidecars answered, where they are reached.
+    fn answered(&self) -> Vec<(String, PodTarget)> {
+        self.pods
+            .iter()
+            .filter(|(_, k)| k.worker.is_some())
+            .map(|(name, k)| (name.clone(), k.target.clone()))
+            .collect()
+    }
+
+    /// The sidecar of an answered `pod` at `target` answered again with `info`: an update when
+    /// it describes itself differently; a worker of another id replaces the old one. Nothing
+    /// when the pod moved on meanwhile.
+    fn refreshed(&mut self, pod: &str, target: &PodTarget, info: WorkerInfo) -> Vec<WorkerChange> {
+        let Some(old) = self
+            .pods
+            .get(pod)
+            .filter(|k| &k.target == target)
+            .and_then(|k| k.worker.clone())
+        else {
+            return Vec::new();
+        };
+        if old == info {
+            return Vec::new();
+        }
+        if old.id == info.id {
+            if let Some(known) = self.pods.get_mut(pod) {
+                known.worker = Some(info.clone());
+            }
+            return vec![WorkerChange::Updated(info)];
+        }
+        let mut changes = self.forget(pod);
+        self.pods.insert(
+            pod.to_owned(),
+            Known {
+                target: target.clone(),
+                worker: None,
+            },
+        );
+        changes.extend(self.resolved(pod, target, info));
+        changes
+    }
+
     /// The sidecar of `pod` at `target` answered with `info`; None when the pod moved on
     /// meanwhile or another pod already serves that worker id.
     fn resolved(
@@ -571,5 +650,37 @@ mod tests {
             None
         );
         assert!(known.forget("p1").is_empty());
+    }
+
+    #[test]
+    fn a_sidecar_asked_again_updates_its_worker_only_when_it_changed() {
+        let mut known = PodSet::new(PortRef::Number(7000));
+        known.observe(&pod("p0", "10.0.0.1", true), &selection());
+        let (name, target) = known.pending().remove(0);
+        known.resolved(&name, &target, info("w0"));
+        assert_eq!(known.answered(), [(name.clone(), target.clone())]);
+        // The same answer: nothing to tell.
+        assert!(known.refreshed(&name, &target, info("w0")).is_empty());
+        // An adapter loaded on the engine: the worker is updated.
+        let mut loaded = info("w0");
+        loaded.adapters = vec!["sql-lora".into()];
+        assert_eq!(
+            known.refreshed(&name, &target, loaded.clone()),
+            [WorkerChange::Updated(loaded.clone())]
+        );
+        assert_eq!(known.workers(), [loaded.clone()]);
+        // Another worker answering at the pod's address (a sidecar started with another id)
+        // replaces the old one.
+        assert_eq!(
+            known.refreshed(&name, &target, info("w1")),
+            [
+                WorkerChange::Removed(WorkerId::new("w0").unwrap()),
+                WorkerChange::Added(info("w1"))
+            ]
+        );
+        // An answer for an address the pod no longer has is stale.
+        known.observe(&pod("p0", "10.0.0.9", true), &selection());
+        assert!(known.refreshed(&name, &target, loaded).is_empty());
+        assert!(known.answered().is_empty());
     }
 }

@@ -69,6 +69,9 @@ pub struct KubernetesConfig {
     /// The API server's URL with no credentials (a `kubectl proxy`); unset: the kubeconfig,
     /// else the pod's service account.
     pub api_url: Option<String>,
+    /// How often each pod's sidecar is asked again who it is, in milliseconds (its LoRA
+    /// adapters change while the engine runs); unset: 10,000.
+    pub info_refresh_ms: Option<u64>,
 }
 
 impl DiscoveryConfig {
@@ -122,12 +125,23 @@ impl DiscoveryConfig {
             .as_deref()
             .map(|p| PortRef::parse(p).map_err(|e| format!("--k8s-engine-port: {e}")))
             .transpose()?;
+        let info_refresh = match k.info_refresh_ms {
+            None => kubernetes::INFO_REFRESH,
+            Some(0) => {
+                return Err(
+                    "discovery.kubernetes.info_refresh_ms (--k8s-info-refresh-ms) must be at least 1"
+                        .into(),
+                );
+            }
+            Some(ms) => std::time::Duration::from_millis(ms),
+        };
         Ok(KubernetesSettings {
             namespace: k.namespace.clone(),
             selector,
             worker_port,
             engine_port,
             api_url: k.api_url.clone(),
+            info_refresh,
         })
     }
 }
@@ -156,6 +170,9 @@ pub struct DiscoveryArgs {
     /// Kubernetes API server URL without credentials (default: kubeconfig or service account).
     #[arg(long = "k8s-api-url", env = "SWITCHYARD_K8S_API_URL")]
     pub api_url: Option<String>,
+    /// Milliseconds between asking each pod's sidecar again who it is (default 10000).
+    #[arg(long = "k8s-info-refresh-ms", env = "SWITCHYARD_K8S_INFO_REFRESH_MS")]
+    pub info_refresh_ms: Option<u64>,
 }
 
 impl DiscoveryArgs {
@@ -173,6 +190,9 @@ impl DiscoveryArgs {
             if flag.is_some() {
                 target.clone_from(flag);
             }
+        }
+        if self.info_refresh_ms.is_some() {
+            k.info_refresh_ms = self.info_refresh_ms;
         }
         // A selector given by flag replaces a pool from the file and the other way round.
         if self.selector.is_some() {
@@ -270,6 +290,27 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(ns.contains("namespace"), "{ns}");
+        let never = kubernetes(|k| k.info_refresh_ms = Some(0))
+            .validate()
+            .unwrap_err();
+        assert!(never.contains("--k8s-info-refresh-ms"), "{never}");
+        assert_eq!(
+            kubernetes(|_| {})
+                .kubernetes_settings()
+                .unwrap()
+                .info_refresh,
+            kubernetes::INFO_REFRESH
+        );
+        let mut quick = kubernetes(|_| {});
+        DiscoveryArgs {
+            info_refresh_ms: Some(250),
+            ..DiscoveryArgs::default()
+        }
+        .apply(&mut quick);
+        assert_eq!(
+            quick.kubernetes_settings().unwrap().info_refresh,
+            std::time::Duration::from_millis(250)
+        );
         // etcd alone needs none of it.
         assert!(DiscoveryConfig::default().validate().is_ok());
     }
