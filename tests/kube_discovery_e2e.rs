@@ -188,14 +188,7 @@ async fn an_adapter_loaded_into_a_pods_engine_is_routed_and_one_unloaded_is_drop
     let ask = json!({"model": "hot-lora", "prompt": tokens(8, 12), "max_tokens": 2});
     assert_eq!(api.post("/v1/completions", &ask).await.0, 404);
 
-    let engine = reqwest::Client::new();
-    let load = engine
-        .post(format!("{}/v1/load_lora_adapter", fake.http))
-        .json(&json!({"lora_name": "hot-lora", "lora_path": "/adapters/hot"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(load.status(), 200);
+    assert_eq!(fake.lora("hot-lora", Some("/adapters/hot")).await.0, 200);
     assert!(
         eventually(Duration::from_secs(15), || async {
             api.post("/v1/completions", &ask).await.0 == 200
@@ -203,13 +196,7 @@ async fn an_adapter_loaded_into_a_pods_engine_is_routed_and_one_unloaded_is_drop
         .await,
         "the adapter loaded on the pod's engine is routed"
     );
-    let unload = engine
-        .post(format!("{}/v1/unload_lora_adapter", fake.http))
-        .json(&json!({"lora_name": "hot-lora"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(unload.status(), 200);
+    assert_eq!(fake.lora("hot-lora", None).await.0, 200);
     assert!(
         eventually(Duration::from_secs(15), || async {
             api.post("/v1/completions", &ask).await.0 == 404

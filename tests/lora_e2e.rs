@@ -308,14 +308,7 @@ async fn an_adapter_loaded_into_a_running_vllm_is_registered_and_one_unloaded_is
 
     // vLLM's run-time endpoint (VLLM_ALLOW_RUNTIME_LORA_UPDATING): the worker sees the adapter
     // in /v1/models and registers it; the gateway routes it.
-    let engine = reqwest::Client::new();
-    let load = engine
-        .post(format!("{}/v1/load_lora_adapter", fake.http))
-        .json(&json!({"lora_name": "hot-lora", "lora_path": "/adapters/hot"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(load.status(), 200);
+    assert_eq!(fake.lora("hot-lora", Some("/adapters/hot")).await.0, 200);
     assert!(
         eventually(Duration::from_secs(10), || async {
             api.get("/v1/models/hot-lora").await.0 == 200
@@ -327,13 +320,7 @@ async fn an_adapter_loaded_into_a_running_vllm_is_registered_and_one_unloaded_is
     assert_eq!(status, 200, "{answer}");
     assert_eq!(c.last_request().await["model"], "hot-lora");
 
-    let unload = engine
-        .post(format!("{}/v1/unload_lora_adapter", fake.http))
-        .json(&json!({"lora_name": "hot-lora"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(unload.status(), 200);
+    assert_eq!(fake.lora("hot-lora", None).await.0, 200);
     assert!(
         eventually(Duration::from_secs(10), || async {
             api.post("/v1/completions", &ask).await.0 == 404
@@ -363,16 +350,11 @@ async fn an_adapter_loaded_into_a_running_sglang_is_registered_and_one_unloaded_
 
     // SGLang's run-time endpoint: the worker sees the adapter in /v1/models, registers it, and
     // the gateway sends it to SGLang as `lora_path`.
-    let engine = reqwest::Client::new();
-    let load = engine
-        .post(format!("{}/load_lora_adapter", fake.http))
-        .json(&json!({"lora_name": "hot-lora", "lora_path": "/adapters/hot"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(load.status(), 200);
-    let loaded: Value = load.json().await.unwrap();
+    let (status, loaded) = fake.lora("hot-lora", Some("/adapters/hot")).await;
+    assert_eq!(status, 200, "{loaded}");
+    let loaded: Value = serde_json::from_str(&loaded).unwrap();
     assert_eq!(loaded["success"], true, "{loaded}");
+    assert_eq!(loaded["loaded_adapters"]["hot-lora"], "/adapters/hot");
     assert!(
         eventually(Duration::from_secs(10), || async {
             api.get("/v1/models/hot-lora").await.0 == 200
@@ -387,14 +369,11 @@ async fn an_adapter_loaded_into_a_running_sglang_is_registered_and_one_unloaded_
     // Unloading the adapter the worker was started with drops it too: the engine's list is
     // followed, not the flags.
     for name in ["hot-lora", "sql-lora"] {
-        let unload = engine
-            .post(format!("{}/unload_lora_adapter", fake.http))
-            .json(&json!({"lora_name": name}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(unload.status(), 200);
+        assert_eq!(fake.lora(name, None).await.0, 200);
     }
+    // SGLang's answer to a name it does not hold: 400 with `success: false`.
+    let (status, refused) = fake.lora("hot-lora", None).await;
+    assert_eq!(status, 400, "{refused}");
     for name in ["hot-lora", "sql-lora"] {
         let ask = json!({"model": name, "prompt": tokens(8, 12), "max_tokens": 2});
         assert!(

@@ -23,6 +23,8 @@ pub struct Fake {
     pub replay: u64,
     /// SGLang bootstrap server / vLLM side channel port.
     pub bootstrap: u64,
+    /// Plays SGLang (`--flavor sglang`), not vLLM.
+    sglang: bool,
     client: reqwest::Client,
 }
 
@@ -52,8 +54,30 @@ impl Fake {
             zmq: port("zmq"),
             replay: port("replay"),
             bootstrap: port("bootstrap"),
+            sglang: extra.windows(2).any(|w| w == ["--flavor", "sglang"]),
             client: reqwest::Client::new(),
         }
+    }
+
+    /// Loads the LoRA adapter `name` (with a `path`) or unloads it (`None`) at run time, through
+    /// the engine's own endpoint (vLLM's `/v1/load_lora_adapter`, SGLang's
+    /// `/load_lora_adapter`, and their unload twins); the status and the body.
+    pub async fn lora(&self, name: &str, path: Option<&str>) -> (u16, String) {
+        let prefix = if self.sglang { "" } else { "/v1" };
+        let verb = if path.is_some() { "load" } else { "unload" };
+        let mut body = json!({"lora_name": name});
+        if let Some(path) = path {
+            body["lora_path"] = json!(path);
+        }
+        let response = self
+            .client
+            .post(format!("{}{prefix}/{verb}_lora_adapter", self.http))
+            .json(&body)
+            .send()
+            .await
+            .expect("lora endpoint");
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
     }
 
     pub async fn admin(&self, what: &str, body: Value) -> Value {

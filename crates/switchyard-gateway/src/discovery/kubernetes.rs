@@ -182,14 +182,8 @@ impl KubernetesDiscovery {
 
     /// Asks each pod's sidecar who it is, all at once; the pods that answered get their info.
     async fn resolve(&self, known: &mut PodSet) -> Vec<WorkerChange> {
-        let pending = known.pending();
-        let answers = futures::future::join_all(pending.into_iter().map(|(pod, target)| async {
-            let answer = self.info(&target).await;
-            (pod, target, answer)
-        }))
-        .await;
         let mut changes = Vec::new();
-        for (pod, target, answer) in answers {
+        for (pod, target, answer) in self.ask_all(known.pending()).await {
             match answer {
                 Ok(info) => changes.extend(known.resolved(&pod, &target, info)),
                 Err(reason) => {
@@ -204,14 +198,8 @@ impl KubernetesDiscovery {
     /// description changed (its LoRA adapters, a restart) is updated. A sidecar that does not
     /// answer keeps its last description (the pod's readiness says whether it serves).
     async fn refresh(&self, known: &mut PodSet) -> Vec<WorkerChange> {
-        let answered = known.answered();
-        let answers = futures::future::join_all(answered.into_iter().map(|(pod, target)| async {
-            let answer = self.info(&target).await;
-            (pod, target, answer)
-        }))
-        .await;
         let mut changes = Vec::new();
-        for (pod, target, answer) in answers {
+        for (pod, target, answer) in self.ask_all(known.answered()).await {
             match answer {
                 Ok(info) => changes.extend(known.refreshed(&pod, &target, info)),
                 Err(reason) => {
@@ -220,6 +208,18 @@ impl KubernetesDiscovery {
             }
         }
         changes
+    }
+
+    /// Asks the sidecars of `pods` who they are, all at once; each pod with its answer.
+    async fn ask_all(
+        &self,
+        pods: Vec<(String, PodTarget)>,
+    ) -> Vec<(String, PodTarget, Result<WorkerInfo, String>)> {
+        futures::future::join_all(pods.into_iter().map(|(pod, target)| async {
+            let answer = self.info(&target).await;
+            (pod, target, answer)
+        }))
+        .await
     }
 
     /// The sidecar's own description, at the address it was reached (and with the engine
