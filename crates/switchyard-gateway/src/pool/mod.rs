@@ -113,6 +113,10 @@ pub enum Delivery {
 pub struct WorkerPool {
     workers: RwLock<BTreeMap<WorkerId, Arc<WorkerHandle>>>,
     models: RwLock<BTreeMap<String, Arc<ModelRoutes>>>,
+    /// Per LoRA adapter, the base models of the workers in `workers` serving it, with how many
+    /// workers each: a request naming an adapter finds its base model without a sweep of the
+    /// workers (kept with `workers`, see [`Self::count_adapters`]).
+    adapters: RwLock<BTreeMap<String, BTreeMap<String, usize>>>,
     policy_settings: PolicyConfig,
     policy_kind: RwLock<PolicyKind>,
     /// Every routing decision with what then happened ([`crate::audit::decisions`]).
@@ -156,6 +160,7 @@ impl WorkerPool {
         Ok(Self {
             workers: RwLock::new(BTreeMap::new()),
             models: RwLock::new(BTreeMap::new()),
+            adapters: RwLock::new(BTreeMap::new()),
             policy_settings,
             policy_kind: RwLock::new(policy_kind),
             decisions: Arc::new(
@@ -381,15 +386,48 @@ impl WorkerPool {
     /// The base models of the workers that serve the LoRA adapter `adapter`, without repeats
     /// (more than one is a misconfigured fleet: the caller refuses the name as ambiguous).
     pub fn adapter_models(&self, adapter: &str) -> Vec<String> {
-        let mut models: Vec<String> = Vec::new();
-        for w in self.workers() {
-            let info = w.info.read().unwrap_or_else(|p| p.into_inner());
-            if info.adapters.iter().any(|a| a == adapter) && !models.contains(&info.model) {
-                models.push(info.model.clone());
+        self.adapters
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(adapter)
+            .map(|models| models.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Keeps [`Self::adapter_models`]'s counts as a worker's description leaves `workers`
+    /// (`left`) and another enters (`joined`): a worker joining, leaving, or changing (both),
+    /// in one step, so an adapter the change keeps never looks unserved meanwhile.
+    fn count_adapters(&self, left: Option<&WorkerInfo>, joined: Option<&WorkerInfo>) {
+        let moves = |info: Option<&WorkerInfo>| info.is_some_and(|i| !i.adapters.is_empty());
+        if !moves(left) && !moves(joined) {
+            return;
+        }
+        let mut adapters = self.adapters.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(info) = left {
+            for adapter in &info.adapters {
+                let Some(models) = adapters.get_mut(adapter) else {
+                    continue;
+                };
+                if let Some(count) = models.get_mut(&info.model) {
+                    *count = count.saturating_sub(1);
+                    if *count == 0 {
+                        models.remove(&info.model);
+                    }
+                }
+                if models.is_empty() {
+                    adapters.remove(adapter);
+                }
             }
         }
-        models.sort();
-        models
+        if let Some(info) = joined {
+            for adapter in &info.adapters {
+                *adapters
+                    .entry(adapter.clone())
+                    .or_default()
+                    .entry(info.model.clone())
+                    .or_default() += 1;
+            }
+        }
     }
 
     pub(crate) fn routes_for(&self, info: &WorkerInfo) -> Result<Arc<ModelRoutes>, String> {
@@ -426,6 +464,7 @@ impl WorkerPool {
         if let Some(existing) = self.worker(&info.id) {
             let old = existing.info();
             if old.incarnation == info.incarnation && old.address == info.address {
+                self.count_adapters(Some(&old), Some(&info));
                 *existing.info.write().unwrap_or_else(|p| p.into_inner()) = info;
                 return;
             }
@@ -467,6 +506,7 @@ impl WorkerPool {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(info.id.clone(), Arc::clone(&handle));
+        self.count_adapters(None, Some(&info));
         self.recorder.record(|| Record::WorkerJoined {
             tick: self.now_tick(),
             worker: info.clone(),
@@ -492,7 +532,9 @@ impl WorkerPool {
         let Some(handle) = removed else { return };
         handle.cancel.cancel();
         self.subscriptions.left(&handle.subscription);
-        let model = handle.info().model;
+        let info = handle.info();
+        self.count_adapters(Some(&info), None);
+        let model = info.model;
         if let Some(routes) = self.model(&model) {
             let mut core = routes.lock();
             core.serving.remove_worker(id);
@@ -516,5 +558,79 @@ impl WorkerPool {
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_core::{BlockSize, EngineKind, Role};
+
+    fn info(id: &str, model: &str, adapters: &[&str]) -> WorkerInfo {
+        WorkerInfo {
+            adapters: adapters.iter().map(|a| (*a).to_owned()).collect(),
+            id: WorkerId::new(id).unwrap(),
+            // Nothing listens on port 1: the pool's subscriber fails and retries, harmlessly.
+            address: "127.0.0.1:1".into(),
+            model: model.into(),
+            role: Role::Both,
+            block_size: BlockSize::new(4).unwrap(),
+            kv_capacity_blocks: 100,
+            max_context_tokens: 10_000,
+            engine: EngineKind::Vllm,
+            incarnation: 1,
+            engine_endpoint: None,
+            kv_tiers: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_adapter_is_found_on_the_base_models_of_the_workers_serving_it_now() {
+        let pool = Arc::new(
+            WorkerPool::new(
+                PolicyKind::Kv,
+                PolicyConfig::default(),
+                16,
+                100,
+                Arc::new(Metrics::new()),
+            )
+            .unwrap(),
+        );
+        let none: Vec<String> = Vec::new();
+        pool.upsert_worker(info("a", "llama", &["sql"]));
+        pool.upsert_worker(info("b", "llama", &["sql", "chat"]));
+        assert_eq!(pool.adapter_models("sql"), ["llama"]);
+        assert_eq!(pool.adapter_models("chat"), ["llama"]);
+        assert_eq!(
+            pool.adapter_models("llama"),
+            none,
+            "a base model is no adapter"
+        );
+        // Another base model claiming the adapter: both are named (the caller refuses it).
+        pool.upsert_worker(info("c", "qwen", &["sql"]));
+        assert_eq!(pool.adapter_models("sql"), ["llama", "qwen"]);
+        // A worker's list changing (an adapter unloaded, another loaded).
+        pool.upsert_worker(info("b", "llama", &["code"]));
+        assert_eq!(pool.adapter_models("chat"), none);
+        assert_eq!(pool.adapter_models("code"), ["llama"]);
+        assert_eq!(
+            pool.adapter_models("sql"),
+            ["llama", "qwen"],
+            "a still serves it"
+        );
+        pool.remove_worker(&WorkerId::new("a").unwrap());
+        assert_eq!(pool.adapter_models("sql"), ["qwen"]);
+        // A restarted worker (new incarnation) is followed from scratch, its adapters too.
+        let mut restarted = info("c", "qwen", &["chat"]);
+        restarted.incarnation = 2;
+        pool.upsert_worker(restarted);
+        assert_eq!(pool.adapter_models("sql"), none);
+        assert_eq!(pool.adapter_models("chat"), ["qwen"]);
+        // Everything gone: nothing left over.
+        for id in ["b", "c"] {
+            pool.remove_worker(&WorkerId::new(id).unwrap());
+        }
+        assert!(pool.adapters.read().unwrap().is_empty());
+        pool.shutdown().await;
     }
 }
