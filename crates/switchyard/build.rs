@@ -18,17 +18,17 @@ fn main() {
         .ok()
         .filter(|rev| !rev.is_empty())
         .or_else(|| {
-            // Rebuild the string when HEAD moves: HEAD itself, the branch it points at, and the
-            // packed refs a `git gc` moves that branch into.
-            for path in ["HEAD", "packed-refs"] {
-                if let Some(p) = git(&["rev-parse", "--git-path", path]) {
+            // Rebuild the string when HEAD moves: HEAD itself, the loose branch refs (a folder,
+            // which cargo scans whole, so a branch's first loose ref counts too) and the packed
+            // refs. Only paths that exist are watched: cargo reruns a build script whose watched
+            // file is missing on every build (a fresh clone has no loose branch ref, and a
+            // repository never packed has no packed-refs).
+            for path in ["HEAD", "refs/heads", "packed-refs"] {
+                if let Some(p) = git(&["rev-parse", "--git-path", path])
+                    && std::path::Path::new(&p).exists()
+                {
                     println!("cargo:rerun-if-changed={p}");
                 }
-            }
-            if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
-                && let Some(p) = git(&["rev-parse", "--git-path", &branch])
-            {
-                println!("cargo:rerun-if-changed={p}");
             }
             git(&["rev-parse", "--short=12", "HEAD"])
         })

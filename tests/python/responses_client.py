@@ -150,18 +150,28 @@ def main(base_url: str, model: str) -> None:
                                   text={"format": {"type": "json_object"}})
     assert isinstance(json.loads(obj.output_text), dict), obj
 
+    # Advisory and unknown fields are taken (docs/openai-api.md): a reasoning effort the
+    # model's template has no switch for, hosted tools, Codex's own fields.
+    taken = client.responses.create(model=model, input="x", max_output_tokens=4,
+                                    reasoning={"effort": "high", "summary": "auto"},
+                                    tools=[{"type": "web_search"}], store=False,
+                                    include=["reasoning.encrypted_content"],
+                                    prompt_cache_key="py-session",
+                                    extra_body={"frobnicate": 1, "client_metadata": {"a": "b"}})
+    assert taken.status in ("completed", "incomplete"), taken
     # What cannot be honoured is a 400 naming the field.
-    refused(lambda: client.responses.create(model=model, input="x", extra_body={"frobnicate": 1}),
-            "frobnicate")
     refused(lambda: client.responses.create(model=model, input="x", previous_response_id=plain.id),
             "previous_response_id")
     refused(lambda: client.responses.create(model=model, input="x", store=True), "store")
-    refused(lambda: client.responses.create(model=model, input="x", reasoning={"effort": "high"}),
+    refused(lambda: client.responses.create(model=model, input="x", reasoning={"effort": "extreme"}),
             "reasoning.effort")
     refused(lambda: client.responses.create(model=model, input=[{"role": "tool", "content": "x"}]),
             "input[0].role")
-    refused(lambda: client.responses.create(model=model, input="x", tools=[{"type": "web_search"}]),
-            "tools[0].type")
+    refused(lambda: client.responses.create(model=model, input="x",
+                                            include=["message.output_text.logprobs"]),
+            "include")
+    refused(lambda: client.responses.create(model=model, input="x", extra_body={"stop": ["y"]}),
+            "stop")
     print("openai sdk responses: all checks passed")
 
 

@@ -29,8 +29,15 @@ impl Launch {
     }
 
     /// `switchyard up --workers <workers>` (gateway and simulated workers in one process) on a
-    /// free loopback port.
+    /// free loopback port, its answers running to their `max_tokens` (`--mean-output-tokens
+    /// 0`) so that tests can count tokens; [`Self::up_as_readme`] keeps `up`'s own default.
     pub fn up(workers: u32) -> Self {
+        Self::up_as_readme(workers).arg("--mean-output-tokens", "0")
+    }
+
+    /// `switchyard up --workers <workers>` on a free loopback port with every other default as
+    /// the README starts it (answers end as a model's do).
+    pub fn up_as_readme(workers: u32) -> Self {
         Self::new("up")
             .arg("--http", "127.0.0.1:0")
             .arg("--workers", &workers.to_string())

@@ -33,6 +33,12 @@ pub struct SimConfig {
     /// Sampling this token ends a sequence with [`crate::FinishReason::Stop`] unless the
     /// request ignores EOS.
     pub eos_token_id: u32,
+    /// Answers end the way a model's do: each sampled token is the end of sequence (the
+    /// request's first stop token, else [`Self::eos_token_id`]) with probability
+    /// 1/`mean_output_tokens`, so answers are this long on average and finish `stop`. 0: tokens
+    /// are drawn uniformly and answers run to `max_tokens` (the replay lab sets lengths from
+    /// its traces).
+    pub mean_output_tokens: u32,
     /// Engine-wide sampling seed; the same seed and the same calls give the same run.
     pub seed: u64,
     pub timing: TimingModel,
@@ -50,6 +56,7 @@ impl Default for SimConfig {
             max_context_tokens: 131_072,
             vocab_size: 32_000,
             eos_token_id: 2,
+            mean_output_tokens: 0,
             seed: 0,
             timing: TimingModel::default(),
         }

@@ -181,6 +181,7 @@ impl Simulator {
         let block_size = self.config.block_size;
         let bs = block_size.as_usize();
         let (vocab, eos) = (self.config.vocab_size, self.config.eos_token_id);
+        let ending = Some((self.config.mean_output_tokens, eos));
         let mut outputs = Vec::new();
         let mut finished = vec![false; self.running.len()];
         for &(index, new_tokens) in scheduled {
@@ -225,7 +226,7 @@ impl Simulator {
             if end < seq.tokens.len() {
                 continue; // mid-prefill: no logits yet
             }
-            let token = seq.sample(vocab);
+            let token = seq.sample(vocab, ending);
             seq.completion_tokens += 1;
             seq.prefill_done = true;
             let finish = seq.finish_on(token, eos);

@@ -10,6 +10,9 @@ use crate::{FinishReason, SimRequest, kv_cache::BlockId};
 /// A cheap, well-mixed 64-bit hash (the workspace's SplitMix64).
 use switchyard_core::rng::splitmix as mix;
 
+/// Keeps the end-of-sequence draw apart from the token draw of the same position.
+const ENDING_SALT: u64 = 0x454f_535f_454e_4421;
+
 /// Stream salts of seeded and greedy sequences (no engine seed in them).
 const SEEDED: u64 = 0x5345_4544_4544_0001;
 const GREEDY: u64 = 0x4752_4545_4459_0001;
@@ -115,7 +118,11 @@ impl Sequence {
 
     /// The token this request samples at position `tokens.len()`: among the forced tokens when
     /// there are some, never a banned one.
-    pub(crate) fn sample(&self, vocab_size: u32) -> TokenId {
+    ///
+    /// With `ending = (mean, eos)` (see `SimConfig::mean_output_tokens`) the token is the end of
+    /// sequence — the request's first stop token, else `eos` — with probability 1/`mean`, once
+    /// `min_tokens` are out and unless the request ignores EOS.
+    pub(crate) fn sample(&self, vocab_size: u32, ending: Option<(u32, TokenId)>) -> TokenId {
         let position = self.tokens.len() as u64;
         if let Some(last) = self.script.last() {
             let generated = self.tokens.len().saturating_sub(self.prompt_len);
@@ -124,6 +131,14 @@ impl Sequence {
         let mut draw = mix(self.stream ^ mix(position));
         if !self.forced.is_empty() {
             return self.forced[(draw % self.forced.len() as u64) as usize];
+        }
+        if let Some((mean, eos)) = ending
+            && mean > 0
+            && !self.ignore_eos
+            && self.completion_tokens >= self.min_tokens
+            && mix(draw ^ ENDING_SALT).is_multiple_of(u64::from(mean))
+        {
+            return self.stop_token_ids.first().copied().unwrap_or(eos);
         }
         for _ in 0..64 {
             let token = (draw % u64::from(vocab_size)) as TokenId;
@@ -291,9 +306,9 @@ mod tests {
         let other_seed = Sequence::new(SimRequest::new(1, vec![1, 2, 3], 4), 1, bs(4));
         let other_prompt = Sequence::new(SimRequest::new(1, vec![1, 2, 4], 4), 0, bs(4));
         let v = 1 << 30;
-        assert_eq!(a.sample(v), same.sample(v));
-        assert_ne!(a.sample(v), other_seed.sample(v));
-        assert_ne!(a.sample(v), other_prompt.sample(v));
+        assert_eq!(a.sample(v, None), same.sample(v, None));
+        assert_ne!(a.sample(v, None), other_seed.sample(v, None));
+        assert_ne!(a.sample(v, None), other_prompt.sample(v, None));
     }
 
     #[test]
@@ -306,7 +321,7 @@ mod tests {
             ..SimRequest::new(id, prompt.clone(), 4)
         };
         // Two engines (seeds 1 and 2), two request ids.
-        let on = |r: SimRequest, engine| Sequence::new(r, engine, bs(4)).sample(v);
+        let on = |r: SimRequest, engine| Sequence::new(r, engine, bs(4)).sample(v, None);
         assert_eq!(on(req(1, Some(7), false), 1), on(req(9, Some(7), false), 2));
         assert_eq!(on(req(1, None, true), 1), on(req(9, None, true), 2));
         assert_ne!(on(req(1, None, false), 1), on(req(1, None, false), 2));
@@ -325,7 +340,7 @@ mod tests {
         );
         let mut found_below_first = false;
         for _ in 0..40 {
-            let token = seq.sample(v);
+            let token = seq.sample(v, None);
             let full = seq.logprob_of(token, 20, v);
             assert!(full.is_consistent(), "{full:?}");
             assert_eq!(full.top.len(), 20);
@@ -353,7 +368,7 @@ mod tests {
             0,
             bs(4),
         );
-        let token = greedy.sample(v);
+        let token = greedy.sample(v, None);
         assert_eq!(greedy.logprob_of(token, 2, v).top[0].token, token);
     }
 
@@ -369,7 +384,7 @@ mod tests {
             0,
             bs(4),
         );
-        assert_eq!(seq.sample(v), 15, "only token 15 is left");
+        assert_eq!(seq.sample(v, None), 15, "only token 15 is left");
         let seq = Sequence::new(
             SimRequest {
                 forced: vec![5, 6],
@@ -378,7 +393,7 @@ mod tests {
             0,
             bs(4),
         );
-        assert!([5, 6].contains(&seq.sample(v)));
+        assert!([5, 6].contains(&seq.sample(v, None)));
         let mut seq = Sequence::new(
             SimRequest {
                 min_tokens: 2,

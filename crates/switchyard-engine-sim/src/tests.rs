@@ -406,6 +406,41 @@ fn eos_and_stop_tokens_end_sequences() {
 }
 
 #[test]
+fn answers_end_like_a_models_at_the_mean_length_with_the_requests_stop_token() {
+    let config = SimConfig {
+        vocab_size: 32_000,
+        mean_output_tokens: 20,
+        ..tiny(16, 4096)
+    };
+    let mut d = Driver::new(config);
+    let n = 60u64;
+    for id in 0..n {
+        d.add(SimRequest {
+            stop_token_ids: vec![31_999],
+            ..SimRequest::new(id, range(id as u32 * 7, id as u32 * 7 + 5), 400)
+        });
+    }
+    // Ignoring EOS runs to max_tokens whatever the ending rate.
+    d.add(SimRequest {
+        ignore_eos: true,
+        ..SimRequest::new(n, range(0, 5), 50)
+    });
+    d.run(20_000);
+    let mut total = 0;
+    for id in 0..n {
+        let last = d.outputs[&id].last().unwrap().1.clone();
+        assert_eq!(last.finish, Some(FinishReason::Stop), "request {id}");
+        assert_eq!(last.token, 31_999, "ended with the request's stop token");
+        total += last.completion_tokens;
+    }
+    let mean = f64::from(total) / n as f64;
+    assert!((10.0..40.0).contains(&mean), "mean length {mean}");
+    let ignored = d.outputs[&n].last().unwrap().1.clone();
+    assert_eq!(ignored.finish, Some(FinishReason::Length));
+    assert_eq!(ignored.completion_tokens, 50);
+}
+
+#[test]
 fn a_scripted_answer_is_generated_exactly_and_ends_with_stop_or_at_max_tokens() {
     let mut d = Driver::new(tiny(4, 64));
     let script = vec![7, 3, 9, 1, 1, 5];

@@ -55,7 +55,9 @@ pub struct GatewayConfig {
     pub max_body_bytes: usize,
     /// Whole-request deadline in seconds (streaming included).
     pub request_timeout_secs: u64,
-    /// `max_tokens` when a request does not say.
+    /// `max_tokens` when a request does not say (at most what the context leaves). Agent
+    /// clients such as Codex leave it out and expect the model to finish its turn; vLLM gives
+    /// such a request all the context left, this bounds a model that never ends.
     pub default_max_tokens: u32,
     /// Requests served at once; more wait in the queue.
     pub max_concurrent_requests: usize,
@@ -131,6 +133,8 @@ pub struct GatewayConfig {
     pub quota: crate::quota::QuotaConfig,
     /// Retention hints on sessions' turns (`[retention]`).
     pub retention: crate::retention::RetentionSettings,
+    /// The request field policy (`[api]`, see `http::fields`).
+    pub api: crate::http::fields::ApiConfig,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -254,7 +258,7 @@ impl Default for GatewayConfig {
             session_cache: SessionCacheConfig::default(),
             max_body_bytes: 32 << 20,
             request_timeout_secs: 600,
-            default_max_tokens: 256,
+            default_max_tokens: 16_384,
             max_concurrent_requests: 1024,
             max_queued_requests: 4096,
             max_queued_per_session: 256,
@@ -283,6 +287,7 @@ impl Default for GatewayConfig {
             fleet: crate::fleet::FleetConfig::default(),
             quota: crate::quota::QuotaConfig::default(),
             retention: crate::retention::RetentionSettings::default(),
+            api: crate::http::fields::ApiConfig::default(),
         }
     }
 }
@@ -523,6 +528,10 @@ pub struct GatewayArgs {
     /// Directory KV recordings started through the admin API are confined to.
     #[arg(long, env = "SWITCHYARD_RECORDING_DIR")]
     pub recording_dir: Option<PathBuf>,
+    /// Request fields the gateway does not know: accept (counted, logged once; the default)
+    /// or refuse (a 400 naming the field).
+    #[arg(long, env = "SWITCHYARD_UNKNOWN_FIELDS")]
+    pub unknown_fields: Option<crate::http::fields::UnknownFields>,
     /// Disaggregated serving: off, auto or enforce.
     #[arg(long, env = "SWITCHYARD_DISAGGREGATION")]
     pub disaggregation: Option<Disaggregation>,
@@ -681,6 +690,9 @@ impl GatewayArgs {
         }
         if let Some(v) = self.disaggregation {
             config.disaggregation = v;
+        }
+        if let Some(v) = self.unknown_fields {
+            config.api.unknown_fields = v;
         }
         if let Some(v) = self.disagg_min_uncached_tokens {
             config.disagg_min_uncached_tokens = v;

@@ -62,6 +62,85 @@ pub struct PolicyLabels {
     pub policy: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IgnoredFieldLabels {
+    /// `chat_completions`, `completions`, `responses` or `messages`.
+    pub api: &'static str,
+    /// The field (`metadata`, `anthropic-beta:NAME`, `tools.web_search`, ...); an unknown
+    /// name past the first 64, or one that is not a plain name, counts as `(other)`.
+    pub field: String,
+}
+
+/// Fields requests carried that could not change their tokens (advisory) or that the gateway
+/// did not know (accepted under `unknown_fields = accept`).
+#[derive(Debug, Default)]
+pub struct FieldMetrics {
+    ignored: Family<IgnoredFieldLabels, Counter>,
+    /// Unknown names given their own label (each logged the first time).
+    unknown_seen: parking_lot::Mutex<std::collections::HashSet<String>>,
+}
+
+/// Distinct unknown names given their own label; later ones count as `(other)`.
+const MAX_UNKNOWN_LABELS: usize = 64;
+/// Longest unknown name given its own label.
+const MAX_LABEL_LEN: usize = 64;
+
+impl FieldMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "ignored_fields",
+            "Request fields and headers accepted without effect: advisory ones, and unknown ones under unknown_fields = accept",
+            self.ignored.clone(),
+        );
+    }
+
+    /// An advisory field a request carried.
+    pub fn advisory(&self, api: &'static str, field: &str) {
+        self.ignored
+            .get_or_create(&IgnoredFieldLabels {
+                api,
+                field: field.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A field the gateway does not know: counted under its own name while the names stay
+    /// few and plain (client-made label values are bounded), logged the first time.
+    pub fn unknown(&self, api: &'static str, field: &str) {
+        let plain = field.len() <= MAX_LABEL_LEN
+            && field
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-:[]".contains(&b));
+        let label = {
+            let mut seen = self.unknown_seen.lock();
+            if seen.contains(field) {
+                field
+            } else if plain && seen.len() < MAX_UNKNOWN_LABELS {
+                seen.insert(field.to_owned());
+                tracing::info!(
+                    api,
+                    field,
+                    "accepted a field the gateway does not know (counted in switchyard_ignored_fields_total)"
+                );
+                field
+            } else {
+                "(other)"
+            }
+        };
+        self.advisory(api, label);
+    }
+
+    /// How many times `field` was counted for `api`.
+    pub fn count(&self, api: &'static str, field: &str) -> u64 {
+        self.ignored
+            .get_or_create(&IgnoredFieldLabels {
+                api,
+                field: field.to_owned(),
+            })
+            .get()
+    }
+}
+
 /// Every metric the gateway exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -144,6 +223,8 @@ pub struct Metrics {
     pub fleet: crate::fleet::FleetMetrics,
     /// Quota refusals and store errors ([`crate::quota`]).
     pub quota: crate::quota::QuotaMetrics,
+    /// Fields accepted without effect (`http::fields`).
+    pub fields: FieldMetrics,
 }
 
 fn length_histogram() -> Histogram {
@@ -224,6 +305,7 @@ impl Metrics {
             audit: crate::audit::AuditMetrics::default(),
             fleet: crate::fleet::FleetMetrics::default(),
             quota: crate::quota::QuotaMetrics::default(),
+            fields: FieldMetrics::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -486,6 +568,7 @@ impl Metrics {
         m.audit.register(&mut registry);
         m.fleet.register(&mut registry);
         m.quota.register(&mut registry);
+        m.fields.register(&mut registry);
         Self { registry, ..m }
     }
 
@@ -580,6 +663,27 @@ impl Metrics {
         self.worker_unresponsive.remove(&labels);
         self.worker_active_blocks.remove(&labels);
         self.worker_indexed_blocks.remove(&labels);
+    }
+}
+
+#[cfg(test)]
+mod field_tests {
+    use super::*;
+
+    #[test]
+    fn unknown_field_labels_stay_bounded() {
+        let m = FieldMetrics::default();
+        m.unknown("chat_completions", "new_field");
+        m.unknown("chat_completions", "bad name\n");
+        for i in 0..MAX_UNKNOWN_LABELS {
+            m.unknown("chat_completions", &format!("f{i}"));
+        }
+        m.unknown("chat_completions", "one_more");
+        m.unknown("chat_completions", "new_field");
+        assert_eq!(m.count("chat_completions", "new_field"), 2);
+        // The bad name, the 65th distinct name and every one after it.
+        assert_eq!(m.count("chat_completions", "(other)"), 3);
+        assert_eq!(m.count("chat_completions", "one_more"), 0);
     }
 }
 

@@ -191,9 +191,23 @@ pub fn parse_messages(messages: Vec<serde_json::Value>) -> Result<Vec<ChatMessag
         .into_iter()
         .enumerate()
         .map(|(i, m)| {
-            serde_json::from_value::<ChatMessage>(m).map_err(|e| {
+            let mut message = serde_json::from_value::<ChatMessage>(m).map_err(|e| {
                 ApiError::bad_param("messages", format!("messages[{i}] is invalid: {e}"))
-            })
+            })?;
+            match message.role.as_str() {
+                "system" | "user" | "assistant" | "tool" => {}
+                // OpenAI's newer name for system instructions; chat templates know `system`.
+                "developer" => message.role = "system".to_owned(),
+                role => {
+                    return Err(ApiError::bad_param(
+                        format!("messages[{i}].role"),
+                        format!(
+                            "unknown role {role:?} in messages[{i}] (system, developer, user, assistant or tool)"
+                        ),
+                    ));
+                }
+            }
+            Ok(message)
         })
         .collect()
 }
@@ -239,7 +253,10 @@ pub async fn encode_chat(
 ) -> Result<Vec<TokenId>, ApiError> {
     let size = chat_size(&messages, &tools);
     off_reactor(metrics, size, move || {
-        chat_tokens(&model, messages, tools, &sessions, max)
+        let mut request = ChatRequest::new(messages);
+        request.tools = tools;
+        let text = model.dir.render_chat(&request).map_err(tokenize_error)?;
+        encode_with(&model, &text, &sessions, max)
     })
     .await
 }
@@ -248,32 +265,19 @@ pub async fn encode_chat(
 pub async fn encode_chat_named(
     metrics: &Metrics,
     model: Arc<ModelTokenizer>,
-    messages: Vec<ChatMessage>,
-    tools: Option<Vec<serde_json::Value>>,
+    request: ChatRequest,
     sessions: Sessions,
     max: usize,
     naming: BlockNaming,
 ) -> Result<(Vec<TokenId>, PromptHashes), ApiError> {
-    let size = chat_size(&messages, &tools);
+    let size = chat_size(&request.messages, &request.tools);
     off_reactor(metrics, size, move || {
-        let tokens = chat_tokens(&model, messages, tools, &sessions, max)?;
+        let text = model.dir.render_chat(&request).map_err(tokenize_error)?;
+        let tokens = encode_with(&model, &text, &sessions, max)?;
         let hashes = naming.hash(&tokens);
         Ok((tokens, hashes))
     })
     .await
-}
-
-fn chat_tokens(
-    model: &ModelTokenizer,
-    messages: Vec<ChatMessage>,
-    tools: Option<Vec<serde_json::Value>>,
-    sessions: &Sessions,
-    max: usize,
-) -> Result<Vec<TokenId>, ApiError> {
-    let mut request = ChatRequest::new(messages);
-    request.tools = tools;
-    let text = model.dir.render_chat(&request).map_err(tokenize_error)?;
-    encode_with(model, &text, sessions, max)
 }
 
 /// Renders a chat request as given (its own `add_generation_prompt`) and tokenizes it, outside
@@ -330,6 +334,25 @@ mod tests {
     use switchyard_tokenize::SessionConfig;
 
     use super::Tokenizers;
+
+    /// The roles the docs list are taken (`developer` as `system`); any other is a 400 naming
+    /// the message.
+    #[test]
+    fn an_unknown_chat_role_is_refused_by_name() {
+        let parsed = super::parse_messages(vec![
+            serde_json::json!({"role": "developer", "content": "rules"}),
+            serde_json::json!({"role": "user", "content": "hi"}),
+        ])
+        .unwrap();
+        assert_eq!(parsed[0].role, "system");
+        let Err(crate::error::ApiError::BadRequest { param, message }) =
+            super::parse_messages(vec![serde_json::json!({"role": "wizard", "content": "x"})])
+        else {
+            panic!("wizard is no role");
+        };
+        assert_eq!(param.as_deref(), Some("messages[0].role"));
+        assert!(message.contains("\"wizard\""), "{message}");
+    }
 
     /// Every built-in spelling loads its vocabulary (told apart by the ChatML end id), and a
     /// setting that is neither built in nor a directory is refused with its name.

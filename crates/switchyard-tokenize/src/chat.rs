@@ -169,6 +169,9 @@ pub struct ChatTemplate {
     formats: OutputFormats,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// The variables its templates read from their context (`enable_thinking`,
+    /// `reasoning_effort`, ...), so a request's switches can be told honoured or not.
+    variables: std::collections::BTreeSet<String>,
 }
 
 impl ChatTemplate {
@@ -217,13 +220,24 @@ impl ChatTemplate {
                 }
             })?;
         }
+        let variables = env
+            .templates()
+            .flat_map(|(_, template)| template.undeclared_variables(false))
+            .collect();
         Ok(Self {
             env,
             has_tool_use,
             formats,
             bos_token,
             eos_token,
+            variables,
         })
+    }
+
+    /// Whether the template reads `variable` from its context (a `chat_template_kwargs`
+    /// switch such as `enable_thinking` changes its prompt only then).
+    pub fn reads(&self, variable: &str) -> bool {
+        self.variables.contains(variable)
     }
 
     /// The tool-call and reasoning formats this template writes, as far as its text tells.

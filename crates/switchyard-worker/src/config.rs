@@ -289,6 +289,10 @@ pub struct WorkerArgs {
     /// Simulator: longest prompt + output in tokens.
     #[arg(long, env = "SWITCHYARD_MAX_CONTEXT")]
     pub max_context: Option<u64>,
+    /// Simulator: answers end with the end-of-sequence token after this many tokens on average
+    /// (0, the default: every answer runs to its `max_tokens`).
+    #[arg(long, env = "SWITCHYARD_MEAN_OUTPUT_TOKENS")]
+    pub mean_output_tokens: Option<u32>,
     /// Simulator: random seed.
     #[arg(long, env = "SWITCHYARD_SEED")]
     pub seed: Option<u64>,
@@ -421,6 +425,7 @@ impl WorkerArgs {
         set!(kv_blocks => config.sim.num_device_blocks);
         set!(host_kv_blocks => config.sim.num_host_blocks);
         set!(max_context => config.sim.max_context_tokens);
+        set!(mean_output_tokens => config.sim.mean_output_tokens);
         set!(seed => config.sim.seed);
         set!(tensor_parallel => config.kv_layout.tensor_parallel);
         if self.prefill_tensor_parallel.is_some() {

@@ -52,9 +52,15 @@ pub struct UpArgs {
     /// KV cache size of each worker, in blocks.
     #[arg(long, default_value_t = 8192, env = "SWITCHYARD_KV_BLOCKS")]
     pub kv_blocks: u64,
-    /// Longest prompt plus output, in tokens.
-    #[arg(long, default_value_t = 32768, env = "SWITCHYARD_MAX_CONTEXT")]
+    /// Longest prompt plus output, in tokens (today's models take 128k and more; agent
+    /// clients ask for 32k of output on top of prompts of tens of thousands).
+    #[arg(long, default_value_t = 131_072, env = "SWITCHYARD_MAX_CONTEXT")]
     pub max_context: u64,
+    /// Simulated answers end as a model's do, this many tokens long on average (each token
+    /// ends the answer with probability 1/N, with the model's end-of-sequence token, finishing
+    /// `stop`); 0 runs every answer to its `max_tokens`.
+    #[arg(long, default_value_t = 256, env = "SWITCHYARD_MEAN_OUTPUT_TOKENS")]
+    pub mean_output_tokens: u32,
     /// Simulated time runs this many times faster than real time.
     #[arg(long, default_value_t = 1.0, env = "SWITCHYARD_SPEEDUP")]
     pub speedup: f64,
@@ -171,6 +177,7 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
         config.sim.block_size = block_size;
         config.sim.num_device_blocks = args.kv_blocks;
         config.sim.max_context_tokens = args.max_context;
+        config.sim.mean_output_tokens = args.mean_output_tokens;
         config.sim.seed = i as u64;
         config.validate().map_err(|e| e.to_string())?;
         workers.push(config);

@@ -209,6 +209,15 @@ impl DecisionEntry {
                 ("choice", tags.choice.map(serde_json::Value::from)),
                 ("session", tags.session.clone().map(serde_json::Value::from)),
                 ("tenant", tags.tenant.clone().map(serde_json::Value::from)),
+                (
+                    "session_source",
+                    tags.session_source.map(serde_json::Value::from),
+                ),
+                (
+                    "ignored_fields",
+                    (!tags.ignored_fields.is_empty())
+                        .then(|| serde_json::Value::from(tags.ignored_fields.clone())),
+                ),
                 ("note", self.note.clone().map(serde_json::Value::from)),
             ];
             for (key, value) in optional {
@@ -456,6 +465,7 @@ mod tests {
             choice: None,
             session: session.map(str::to_owned),
             tenant: Some("user:a".into()),
+            ..RequestTags::default()
         };
         DecisionEntry::new(
             Arc::new(tags),

@@ -99,6 +99,11 @@ pub struct RequestTags {
     pub session: Option<String>,
     /// The fairness tenant (`user:…`, `key:…`, `ip:…` or `anonymous`).
     pub tenant: Option<String>,
+    /// What named the session: `x-session-id`, `x-claude-code-session-id`, `session-id`,
+    /// `prompt_cache_key` or `metadata.user_id.session_id`.
+    pub session_source: Option<&'static str>,
+    /// Fields the request carried without effect (advisory, or unknown and accepted).
+    pub ignored_fields: Vec<String>,
 }
 
 impl RequestTags {

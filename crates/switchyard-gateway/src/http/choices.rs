@@ -57,6 +57,8 @@ impl Choices {
                         choice: (total > 1).then_some(index),
                         session: p.session.clone().or_else(|| p.user.clone()),
                         tenant: Some(p.flow.tenant.clone()),
+                        session_source: p.session_source.map(|s| s.name()),
+                        ignored_fields: p.ignored.clone(),
                     }),
                     routes: Arc::clone(&p.routes),
                     prompt: prompt.tokens.clone(),

@@ -25,12 +25,15 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::AppState;
+use super::fields::{FieldNotes, SessionSource};
+use super::prompts::Template;
 use crate::admission::FlowKey;
 use crate::chat_output::ChatOutput;
 use crate::error::ApiError;
 use crate::http::ApiTenant;
 use crate::http::server::BodyTimeout;
 use crate::metrics::RequestLabels;
+use crate::openai::fields::{Endpoint, notes_of};
 use crate::openai::{ChatCompletionRequest, CompletionRequest, PromptInput, SamplingFields};
 use crate::pool::ModelRoutes;
 use crate::preprocess;
@@ -81,6 +84,14 @@ impl Kind {
         }
     }
 
+    /// The page whose field table covers this API.
+    pub(super) fn docs(self) -> &'static str {
+        match self {
+            Kind::Messages => "docs/anthropic-api.md",
+            _ => "docs/openai-api.md",
+        }
+    }
+
     fn span_name(self) -> &'static str {
         match self {
             Kind::Chat => "POST /v1/chat/completions",
@@ -115,14 +126,10 @@ pub(super) fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
-/// The session a request names (`x-session-id`); the fleet forwards by the same reading.
+/// The session a request's headers name (`x-session-id`, Claude Code's and Codex's session
+/// headers: [`super::fields::session_header`]); the fleet forwards by the same reading.
 pub(crate) fn session_of(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("x-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
+    super::fields::session_header(headers).map(|(_, key)| key)
 }
 
 pub(super) fn record(state: &AppState, kind: Kind, model: &str, status: &'static str) {
@@ -178,6 +185,10 @@ pub(super) struct Prepared {
     /// OpenAI's `user`: the fairness tenant, and the session when no `x-session-id` names one.
     pub(super) user: Option<String>,
     pub(super) session: Option<String>,
+    /// What named the session (a header, `prompt_cache_key`, ...), shown in the decision log.
+    pub(super) session_source: Option<SessionSource>,
+    /// The advisory and unknown fields the request carried, shown in the decision log.
+    pub(super) ignored: Vec<String>,
     /// What besides its tokens names the prompt's KV (the cache salt).
     pub(super) identity: KvIdentity,
     /// Where each choice after the first waits for admission.
@@ -198,21 +209,6 @@ impl Prepared {
     /// Choices of the whole request: prompts × n.
     pub(super) fn choices(&self) -> u32 {
         self.prompts.len() as u32 * self.asks.n
-    }
-}
-
-/// A field the gateway does not take is refused by name rather than dropped.
-pub(crate) fn refuse_unknown(
-    unknown: &std::collections::BTreeMap<String, serde_json::Value>,
-) -> Result<(), ApiError> {
-    match unknown.keys().next() {
-        None => Ok(()),
-        Some(field) => Err(ApiError::bad_param(
-            field.clone(),
-            format!(
-                "unsupported field `{field}` (docs/openai-api.md lists the fields the gateway takes)"
-            ),
-        )),
     }
 }
 
@@ -266,6 +262,8 @@ pub struct ParsedRequest {
     pub echo: bool,
     /// `/v1/responses`: the request's settings, which its answer repeats.
     pub responses: Option<Arc<super::responses::Echo>>,
+    /// What the request carried besides what it is served from ([`super::fields`]).
+    pub notes: FieldNotes,
 }
 
 /// Parses and checks a `/v1/chat/completions` body as the handler does before admission.
@@ -290,7 +288,12 @@ pub(super) fn checked(kind: Kind, r: ParsedRequest) -> Result<ParsedRequest, Api
 
 /// A chat body taken apart.
 fn chat_split(request: ChatCompletionRequest) -> Result<ParsedRequest, ApiError> {
-    refuse_unknown(&request.unknown)?;
+    let logprobs = request
+        .sampling
+        .logprobs
+        .as_ref()
+        .is_some_and(|l| l.as_bool() != Some(false) && !l.is_null());
+    let notes = notes_of(Endpoint::Chat, &request.unknown, logprobs)?;
     let messages = preprocess::parse_messages(request.messages)?;
     Ok(ParsedRequest {
         model: request.model,
@@ -303,12 +306,18 @@ fn chat_split(request: ChatCompletionRequest) -> Result<ParsedRequest, ApiError>
         },
         echo: false,
         responses: None,
+        notes,
     })
 }
 
 /// A text completion body taken apart.
 fn completion_split(request: CompletionRequest) -> Result<ParsedRequest, ApiError> {
-    refuse_unknown(&request.unknown)?;
+    let logprobs = request
+        .sampling
+        .logprobs
+        .as_ref()
+        .is_some_and(|l| !l.is_null());
+    let notes = notes_of(Endpoint::Completions, &request.unknown, logprobs)?;
     let source = match request.prompt {
         PromptInput::Text(text) => PromptSource::Texts(vec![text]),
         PromptInput::Tokens(tokens) => PromptSource::Tokens(vec![tokens]),
@@ -327,6 +336,7 @@ fn completion_split(request: CompletionRequest) -> Result<ParsedRequest, ApiErro
         source,
         echo: request.echo,
         responses: None,
+        notes,
     })
 }
 
@@ -477,7 +487,9 @@ async fn serve<T: DeserializeOwned>(
             source,
             echo,
             responses,
+            mut notes,
         } = split(request)?;
+        notes.check(state.config.api.unknown_fields, kind.docs())?;
         let span = tracing::Span::current();
         span.record("gen_ai.request.model", model.as_str());
         span.record("stream", sampling.stream);
@@ -500,7 +512,19 @@ async fn serve<T: DeserializeOwned>(
                 "a required or named tool_choice constrains the output already; drop the other constraint",
             ));
         }
-        let session = session_of(&headers);
+        // The session: a header naming it (ours, Claude Code's, Codex's), else the body's
+        // (`prompt_cache_key`, Claude Code's `metadata.user_id`).
+        let (session_source, session) = match super::fields::session_header(&headers)
+            .or_else(|| notes.session.clone())
+        {
+            Some((source, key)) => (Some(source), Some(key)),
+            None => (None, None),
+        };
+        let template = Template {
+            kwargs: notes.settle_template(tokenizer.dir.chat_template()),
+            add_generation_prompt: notes.add_generation_prompt.unwrap_or(true),
+        };
+        count_ignored(&state, kind, &notes);
         let client = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
         // An API key's tenant is the fairness tenant; its users (or sessions) share its slots.
         let flow = match &ids.tenant {
@@ -523,7 +547,16 @@ async fn serve<T: DeserializeOwned>(
             block_size: routes.block_size,
             identity: identity.clone(),
         };
-        let prompts = tokenize(&state, &tokenizer, source, session.clone(), &routes, &naming).await?;
+        let prompts = tokenize(
+            &state,
+            &tokenizer,
+            source,
+            template,
+            session.clone(),
+            &routes,
+            &naming,
+        )
+        .await?;
         let model_dir = Arc::clone(&tokenizer.dir);
         let prepared = prepare(
             &state,
@@ -538,6 +571,8 @@ async fn serve<T: DeserializeOwned>(
                 sampling,
                 asks,
                 session,
+                session_source,
+                ignored: notes.ignored(),
                 flow,
                 client,
                 arrived,
@@ -568,12 +603,25 @@ struct Request {
     sampling: SamplingFields,
     asks: Asks,
     session: Option<String>,
+    session_source: Option<SessionSource>,
+    ignored: Vec<String>,
     flow: FlowKey,
     client: Option<IpAddr>,
     arrived: Instant,
     output: ChatOutput,
     responses: Option<Arc<super::responses::Echo>>,
     quota: Arc<QuotaPass>,
+}
+
+/// Counts the fields a request carried without effect (`switchyard_ignored_fields_total`).
+fn count_ignored(state: &AppState, kind: Kind, notes: &FieldNotes) {
+    let api = kind.endpoint();
+    for field in notes.advisory_names() {
+        state.metrics.fields.advisory(api, field);
+    }
+    for field in notes.unknown_names() {
+        state.metrics.fields.unknown(api, field);
+    }
 }
 
 /// The KV identity a request's `cache_salt` names, refused by that field's name when invalid.
@@ -644,6 +692,8 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
             .is_some_and(|o| o.include_usage),
         user: r.sampling.user,
         session: r.session,
+        session_source: r.session_source,
+        ignored: r.ignored,
         identity,
         flow: r.flow,
         client: r.client,

@@ -11,6 +11,7 @@ mod asks;
 mod assemble;
 mod choices;
 pub mod completions;
+pub mod fields;
 mod guided;
 mod prompts;
 pub mod responses;

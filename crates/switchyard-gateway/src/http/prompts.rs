@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use switchyard_core::TokenId;
 use switchyard_telemetry::GATEWAY_SPANS;
-use switchyard_tokenize::ChatMessage;
+use switchyard_tokenize::{ChatMessage, ChatRequest};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -38,6 +38,15 @@ impl PromptSource {
     }
 }
 
+/// How a chat prompt is rendered besides its messages and tools: the template variables
+/// (`chat_template_kwargs` and the reasoning switches) and whether it ends opening the
+/// assistant's turn. The engine is sent the tokens rendered so, so both see the same prompt.
+#[derive(Debug, Clone)]
+pub struct Template {
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    pub add_generation_prompt: bool,
+}
+
 /// A tokenized prompt, its block hashes, and the text it came from when the client gave text.
 pub(super) struct Tokenized {
     pub(super) tokens: Vec<TokenId>,
@@ -52,6 +61,7 @@ pub(super) async fn tokenize(
     state: &AppState,
     tokenizer: &Arc<ModelTokenizer>,
     source: PromptSource,
+    template: Template,
     session: Option<String>,
     routes: &ModelRoutes,
     naming: &BlockNaming,
@@ -80,11 +90,14 @@ pub(super) async fn tokenize(
                 messages, tools, ..
             } => {
                 span.record("input", "chat");
+                let mut chat = ChatRequest::new(messages);
+                chat.tools = tools;
+                chat.template_kwargs = template.kwargs;
+                chat.add_generation_prompt = template.add_generation_prompt;
                 let (tokens, hashes) = preprocess::encode_chat_named(
                     &state.metrics,
                     Arc::clone(tokenizer),
-                    messages,
-                    tools,
+                    chat,
                     track(1),
                     max_prompt,
                     naming.clone(),

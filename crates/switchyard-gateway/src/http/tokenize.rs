@@ -10,12 +10,28 @@ use axum::response::{IntoResponse, Response};
 use switchyard_tokenize::ChatRequest;
 
 use super::AppState;
-use super::completions::{model_routes, read_body, refuse_unknown};
+use super::completions::{model_routes, read_body};
 use crate::error::ApiError;
 use crate::openai::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
 use crate::preprocess::{self, Sessions};
+
+/// These vLLM utility endpoints take a handful of fields; any other is refused by name (they
+/// run no generation, so nothing here is advisory).
+fn refuse_unknown(
+    unknown: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Result<(), ApiError> {
+    match unknown.keys().next() {
+        None => Ok(()),
+        Some(field) => Err(ApiError::bad_param(
+            field.clone(),
+            format!(
+                "unsupported field `{field}` (docs/openai-api.md lists the fields /tokenize and /detokenize take)"
+            ),
+        )),
+    }
+}
 
 fn parse<T: serde::de::DeserializeOwned>(
     state: &AppState,
@@ -50,10 +66,10 @@ async fn run_tokenize(
     let max = usize::try_from(routes.max_context_tokens).unwrap_or(usize::MAX);
     let tokens = match (request.prompt, request.messages) {
         (Some(prompt), None) => {
-            if request.add_generation_prompt.is_some() {
+            if request.add_generation_prompt.is_some() || request.chat_template_kwargs.is_some() {
                 return Err(ApiError::bad_param(
                     "add_generation_prompt",
-                    "`add_generation_prompt` goes with `messages`",
+                    "`add_generation_prompt` and `chat_template_kwargs` go with `messages`",
                 ));
             }
             preprocess::encode_text(&state.metrics, tokenizer, prompt, Sessions::Bypass, max)
@@ -63,6 +79,10 @@ async fn run_tokenize(
             let messages = preprocess::parse_messages(messages)?;
             let mut chat = ChatRequest::new(messages);
             chat.add_generation_prompt = request.add_generation_prompt.unwrap_or(true);
+            if let Some(kwargs) = &request.chat_template_kwargs {
+                chat.template_kwargs =
+                    super::fields::template_kwargs(kwargs, "chat_template_kwargs")?;
+            }
             preprocess::encode_chat_request(&state.metrics, tokenizer, chat, max).await?
         }
         _ => {

@@ -1,13 +1,14 @@
 //! OpenAI API bodies: what clients send and what the gateway answers.
 //!
-//! Nothing a client sends is dropped silently: every field is either carried to the engine (the
+//! Nothing a client sends is dropped silently: every field is carried to the engine (the
 //! sampling fields, in `switchyard_core::Sampling`), honoured by the gateway (stop strings,
-//! `user`, streaming), or refused with a 400 naming it — an unknown field included
-//! (`docs/openai-api.md` lists every field and what happens to it).
+//! `user`, streaming, template switches), advisory (accepted, recorded and counted), or refused
+//! with a 400 naming it ([`fields`]; `docs/openai-api.md` lists every field and its outcome).
 //!
 //! [`logprobs`] holds the log-probability shapes of answers; [`tokenize`] the bodies of
 //! `/tokenize` and `/detokenize`.
 
+pub mod fields;
 pub mod logprobs;
 pub mod tokenize;
 
@@ -104,7 +105,7 @@ pub struct ChatCompletionRequest {
     pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
-    /// Fields the gateway does not take: refused with a 400 naming the first.
+    /// Every other field, each given its outcome by [`fields::notes_of`].
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,
 }
@@ -128,7 +129,7 @@ pub struct CompletionRequest {
     pub echo: bool,
     #[serde(flatten)]
     pub sampling: SamplingFields,
-    /// Fields the gateway does not take: refused with a 400 naming the first.
+    /// Every other field, each given its outcome by [`fields::notes_of`].
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,
 }

@@ -12,6 +12,8 @@ pub struct TokenizeRequest {
     pub messages: Option<Vec<serde_json::Value>>,
     /// With `messages`: end with the assistant's turn opener (default true, as vLLM).
     pub add_generation_prompt: Option<bool>,
+    /// With `messages`: variables for the chat template (`enable_thinking`, ...).
+    pub chat_template_kwargs: Option<serde_json::Value>,
     /// Fields the gateway does not take: refused with a 400 naming the first.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,

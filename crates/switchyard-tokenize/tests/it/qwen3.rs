@@ -117,6 +117,23 @@ fn system_user_prompt_reads_as_expected() {
     );
 }
 
+/// Qwen3's template reads `enable_thinking` (and not gpt-oss's `reasoning_effort`); switched
+/// off, the assistant's turn opens with an empty think block, as vLLM renders it.
+#[test]
+fn enable_thinking_is_a_switch_the_template_reads() {
+    let dir = qwen3();
+    let template = dir.chat_template().unwrap();
+    assert!(template.reads("enable_thinking"));
+    assert!(!template.reads("reasoning_effort"));
+    let mut request = ChatRequest::new(vec![ChatMessage::text("user", "Hi")]);
+    let on = dir.render_chat(&request).unwrap();
+    request
+        .template_kwargs
+        .insert("enable_thinking".into(), serde_json::Value::Bool(false));
+    let off = dir.render_chat(&request).unwrap();
+    assert_eq!(off, format!("{on}<think>\n\n</think>\n\n"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preprocessor_encodes_long_prompts_off_the_reactor() {
     let model = qwen3();

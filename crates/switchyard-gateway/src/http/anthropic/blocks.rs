@@ -81,7 +81,11 @@ fn text_blocks(value: &Json, path: &str) -> Result<Vec<ContentPart>, ApiError> {
                 let block = object(block, &path)?;
                 match block.get("type").and_then(Json::as_str) {
                     Some("text") => {
-                        only(block, &path, &["type", "text", "cache_control"])?;
+                        only(
+                            block,
+                            &path,
+                            &["type", "text", "cache_control", "citations"],
+                        )?;
                         cache_control(block, &path)?;
                         Ok(text_part(string(block, &path, "text")?))
                     }
@@ -147,7 +151,11 @@ fn user_turn(content: &Json, path: &str, out: &mut Vec<ChatMessage>) -> Result<(
         let block = object(block, &path)?;
         match block.get("type").and_then(Json::as_str) {
             Some("text") => {
-                only(block, &path, &["type", "text", "cache_control"])?;
+                only(
+                    block,
+                    &path,
+                    &["type", "text", "cache_control", "citations"],
+                )?;
                 cache_control(block, &path)?;
                 texts.push(text_part(string(block, &path, "text")?));
             }
@@ -217,7 +225,11 @@ fn assistant_turn(content: &Json, path: &str) -> Result<ChatMessage, ApiError> {
         let block = object(block, &path)?;
         match block.get("type").and_then(Json::as_str) {
             Some("text") => {
-                only(block, &path, &["type", "text", "cache_control"])?;
+                only(
+                    block,
+                    &path,
+                    &["type", "text", "cache_control", "citations"],
+                )?;
                 cache_control(block, &path)?;
                 text.push(text_part(string(block, &path, "text")?));
             }
@@ -296,11 +308,17 @@ pub fn chat_messages(
         match m.get("role").and_then(Json::as_str) {
             Some("user") => user_turn(content, &content_path, &mut out)?,
             Some("assistant") => out.push(assistant_turn(content, &content_path)?),
+            // A system turn in the conversation (Claude Code's mid-conversation instructions):
+            // rendered where it stands, as the model's template renders system messages.
+            Some("system") => out.push(message(
+                "system",
+                parts(text_blocks(content, &content_path)?),
+            )),
             Some(role) => {
                 return Err(bad(
                     format!("{path}.role"),
                     format!(
-                        "unknown role `{role}`: roles are \"user\" and \"assistant\" (the system prompt goes in `system`)"
+                        "unknown role `{role}`: roles are \"user\", \"assistant\" and \"system\""
                     ),
                 ));
             }

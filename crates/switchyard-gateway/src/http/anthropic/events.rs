@@ -54,6 +54,8 @@ pub struct EventWriter {
     /// The stop reason and sequence, once the choice finished.
     finish: Option<(&'static str, Option<String>)>,
     done: bool,
+    /// `thinking.display: "omitted"`: thinking blocks open and close, their text left out.
+    omit_thinking: bool,
 }
 
 impl EventWriter {
@@ -68,7 +70,14 @@ impl EventWriter {
             index: 0,
             finish: None,
             done: false,
+            omit_thinking: false,
         }
+    }
+
+    /// Thinking blocks without their text (`thinking.display: "omitted"`).
+    pub fn omitting_thinking(mut self, omit: bool) -> Self {
+        self.omit_thinking = omit;
+        self
     }
 
     /// Whether the stream has said all it will (`message_stop` or an error).
@@ -133,7 +142,9 @@ impl EventWriter {
             {
                 self.flush_text(false, &mut out);
                 self.open(Block::Thinking, &mut out);
-                out.push(self.delta(json!({"type": "thinking_delta", "thinking": thinking})));
+                if !self.omit_thinking {
+                    out.push(self.delta(json!({"type": "thinking_delta", "thinking": thinking})));
+                }
             }
             if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
                 self.text(text, &mut out);

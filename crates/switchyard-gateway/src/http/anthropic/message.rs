@@ -63,7 +63,9 @@ pub fn usage(chat_usage: &Json) -> Json {
 }
 
 /// A whole chat completion as an Anthropic message.
-pub fn message(chat: &Json, stops: &[String]) -> Json {
+/// With `omit_thinking` (`thinking.display: "omitted"`) a thinking block keeps its place and
+/// loses its text.
+pub fn message(chat: &Json, stops: &[String], omit_thinking: bool) -> Json {
     let choice = &chat["choices"][0];
     let reply = &choice["message"];
     let mut content = Vec::new();
@@ -71,7 +73,8 @@ pub fn message(chat: &Json, stops: &[String]) -> Json {
         .as_str()
         .filter(|t| !t.is_empty())
     {
-        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+        let shown = if omit_thinking { "" } else { thinking };
+        content.push(json!({"type": "thinking", "thinking": shown, "signature": ""}));
     }
     let finish = choice["finish_reason"].as_str().unwrap_or("stop");
     let mut text = reply["content"].as_str().unwrap_or_default().to_owned();
@@ -168,7 +171,7 @@ mod tests {
             "usage": {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
                 "prompt_tokens_details": {"cached_tokens": 32}},
         });
-        let m = message(&chat, &[]);
+        let m = message(&chat, &[], false);
         assert_eq!(m["type"], "message");
         assert_eq!(m["id"], "msg_1");
         assert_eq!(m["stop_reason"], "tool_use");
@@ -179,6 +182,12 @@ mod tests {
             json!({"type": "thinking", "thinking": "Weather?", "signature": ""})
         );
         assert_eq!(content[1], json!({"type": "text", "text": "Let me look."}));
+        // `thinking.display: "omitted"`: the block stays, its text does not.
+        let omitted = message(&chat, &[], true);
+        assert_eq!(
+            omitted["content"][0],
+            json!({"type": "thinking", "thinking": "", "signature": ""})
+        );
         assert_eq!(
             content[2],
             json!({"type": "tool_use", "id": "toolu_abc0", "name": "get_weather",
@@ -199,18 +208,18 @@ mod tests {
                 "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
         };
         let stops = ["END".to_owned(), "D".to_owned()];
-        let m = message(&chat("one two END", "stop"), &stops);
+        let m = message(&chat("one two END", "stop"), &stops, false);
         assert_eq!(m["stop_reason"], "stop_sequence");
         assert_eq!(m["stop_sequence"], "END");
         assert_eq!(m["content"], json!([{"type": "text", "text": "one two "}]));
-        let m = message(&chat("one two", "stop"), &stops);
+        let m = message(&chat("one two", "stop"), &stops, false);
         assert_eq!(m["stop_reason"], "end_turn");
         assert!(m["stop_sequence"].is_null());
-        let m = message(&chat("cut off mid-END", "length"), &stops);
+        let m = message(&chat("cut off mid-END", "length"), &stops, false);
         assert_eq!(m["stop_reason"], "max_tokens");
         assert_eq!(m["content"][0]["text"], "cut off mid-END");
         // Only tool calls: no text block at all.
-        let m = message(&chat("", "stop"), &stops);
+        let m = message(&chat("", "stop"), &stops, false);
         assert_eq!(m["content"], json!([]));
     }
 

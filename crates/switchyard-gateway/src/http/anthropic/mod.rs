@@ -47,23 +47,15 @@ pub(super) fn router(state: &Arc<AppState>) -> Router<Arc<AppState>> {
         .layer(axum::middleware::map_response(anthropic_errors))
 }
 
-/// `anthropic-beta` turns on features this gateway does not have; it is refused by name.
-fn refuse_beta(headers: &HeaderMap) -> Result<(), ApiError> {
-    match headers.get("anthropic-beta") {
-        None => Ok(()),
-        Some(value) => Err(ApiError::bad_param(
-            "anthropic-beta",
-            format!(
-                "anthropic-beta: beta features ({}) are not supported by this gateway",
-                value.to_str().unwrap_or("?")
-            ),
-        )),
-    }
+/// The `anthropic-beta` header's betas, noted ([`request::note_betas`]).
+fn betas(headers: &HeaderMap, notes: &mut crate::http::fields::FieldNotes) {
+    let header = headers.get("anthropic-beta").and_then(|v| v.to_str().ok());
+    request::note_betas(header, notes);
 }
 
-/// `thinking` against the model's reasoning parser: thinking asked of a model whose
-/// reasoning cannot be told from its answer, or switched off for one that always reasons,
-/// cannot be honoured.
+/// `thinking` against the model's reasoning parser and template: thinking asked of a model
+/// whose reasoning cannot be told from its answer, or switched off for one that always reasons
+/// (its template has no switch for it), cannot be honoured.
 fn check_thinking(
     state: &AppState,
     model: &str,
@@ -71,18 +63,27 @@ fn check_thinking(
     thinking: Thinking,
 ) -> Result<(), ApiError> {
     let reasons = state.config.output.formats(model, dir).reasoning.is_some();
-    thinking_for(model, reasons, thinking)
+    let switchable = dir
+        .chat_template()
+        .is_some_and(|t| t.reads("enable_thinking") || t.reads("thinking"));
+    thinking_for(model, reasons, switchable, thinking)
 }
 
-/// `thinking` for a model that has (`reasons`) or lacks a reasoning parser.
-fn thinking_for(model: &str, reasons: bool, thinking: Thinking) -> Result<(), ApiError> {
+/// `thinking` for a model that has (`reasons`) or lacks a reasoning parser, whose template can
+/// (`switchable`) or cannot switch thinking off.
+fn thinking_for(
+    model: &str,
+    reasons: bool,
+    switchable: bool,
+    thinking: Thinking,
+) -> Result<(), ApiError> {
     let refuse = |message: String| Err(ApiError::bad_param("thinking", message));
     match (thinking, reasons) {
         (Thinking::Enabled, false) => refuse(format!(
             "thinking: model `{model}` has no reasoning parser, so its thinking cannot be told from its answer (set output.reasoning_parsers: --reasoning-parser {model}=NAME)"
         )),
-        (Thinking::Disabled, true) => refuse(format!(
-            "thinking: model `{model}` reasons (its reasoning parser is on) and the gateway cannot switch that off; leave `thinking` out"
+        (Thinking::Disabled, true) if !switchable => refuse(format!(
+            "thinking: model `{model}` reasons (its reasoning parser is on) and its chat template has no switch to turn that off; leave `thinking` out"
         )),
         _ => Ok(()),
     }
@@ -96,26 +97,27 @@ async fn messages(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if let Err(err) = refuse_beta(&headers) {
-        return err.into_response();
-    }
     let mut stops: Vec<String> = Vec::new();
+    let mut omit_thinking = false;
     let split_state = Arc::clone(&state);
+    let split_headers = headers.clone();
     let split = |r: MessagesRequest| {
         let model = r.model.clone();
-        let ask = request::chat_ask(r)?;
+        let mut ask = request::chat_ask(r)?;
+        betas(&split_headers, &mut ask.notes);
         // A LoRA adapter thinks as its base model does (an unknown name is refused later).
         if let Ok(routes) = model_routes(&split_state, &model) {
             let tokenizer = split_state.tokenizers.for_model(&routes.model);
             check_thinking(&split_state, &routes.model, &tokenizer.dir, ask.thinking)?;
         }
         stops.clone_from(&ask.stop_sequences);
+        omit_thinking = ask.omit_thinking;
         Ok(parsed(model, ask))
     };
     let tenant = tenant.map(|Extension(t)| t);
     let response =
         completions::handle(state, tenant, Kind::Messages, peer, headers, body, split).await;
-    answer(response, stops).await
+    answer(response, stops, omit_thinking).await
 }
 
 /// The chat request of `ask`, as the pipeline takes it apart.
@@ -131,6 +133,7 @@ fn parsed(model: String, ask: request::ChatAsk) -> ParsedRequest {
         },
         echo: false,
         responses: None,
+        notes: ask.notes,
     }
 }
 
@@ -146,7 +149,7 @@ pub fn parse_messages_request(body: &[u8]) -> Result<ParsedRequest, ApiError> {
 
 /// The chat answer in Anthropic's shape: a message, or its events. Errors pass through to
 /// [`anthropic_errors`].
-async fn answer(response: Response, stops: Vec<String>) -> Response {
+async fn answer(response: Response, stops: Vec<String>, omit_thinking: bool) -> Response {
     if !response.status().is_success() {
         return response;
     }
@@ -158,7 +161,8 @@ async fn answer(response: Response, stops: Vec<String>) -> Response {
     let (mut parts, body) = response.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     if streamed {
-        return Response::from_parts(parts, Body::from_stream(event_stream(body, stops)));
+        let writer = EventWriter::new(stops).omitting_thinking(omit_thinking);
+        return Response::from_parts(parts, Body::from_stream(event_stream(body, writer)));
     }
     let chat: Json = match axum::body::to_bytes(body, usize::MAX).await {
         Ok(bytes) => match serde_json::from_slice(&bytes) {
@@ -171,7 +175,7 @@ async fn answer(response: Response, stops: Vec<String>) -> Response {
     };
     Response::from_parts(
         parts,
-        Body::from(message::message(&chat, &stops).to_string()),
+        Body::from(message::message(&chat, &stops, omit_thinking).to_string()),
     )
 }
 
@@ -180,7 +184,7 @@ async fn answer(response: Response, stops: Vec<String>) -> Response {
 /// stops the generation.
 fn event_stream(
     body: Body,
-    stops: Vec<String>,
+    writer: EventWriter,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
     struct S {
         data: axum::body::BodyDataStream,
@@ -191,7 +195,7 @@ fn event_stream(
     let s = S {
         data: body.into_data_stream(),
         decoder: SseDecoder::new(),
-        writer: EventWriter::new(stops),
+        writer,
         finished: false,
     };
     futures::stream::unfold(s, |mut s| async move {
@@ -270,19 +274,26 @@ async fn count(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<usize, ApiError> {
-    refuse_beta(headers)?;
     let body = read_body(state, body)?;
     let r: CountTokensRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
-    request::refuse_unknown(&r.unknown)?;
+    // The same policy as the Messages request's (nothing here is counted: no request runs).
+    let mut notes = crate::http::fields::FieldNotes::default();
+    betas(headers, &mut notes);
+    request::note_rest(&r.unknown, &mut notes)?;
+    notes.check(state.config.api.unknown_fields, Kind::Messages.docs())?;
     let messages = r
         .messages
         .as_deref()
         .ok_or_else(|| ApiError::bad_param("messages", "messages: Field required"))?;
-    let messages = request::chat_messages(r.system.as_ref(), messages)?;
-    let tools = request::chat_tools(r.tools.as_deref())?;
+    let mut messages = request::chat_messages(r.system.as_ref(), messages)?;
+    if let Some(keep) = request::context_edits(r.context_management.as_ref())? {
+        request::clear_thinking(&mut messages, keep);
+    }
+    let tools = request::chat_tools(r.tools.as_deref(), &mut notes)?;
     let (tool_choice, parallel) = request::chat_tool_choice(r.tool_choice.as_ref())?;
-    let thinking = request::thinking_of(r.thinking.as_ref(), u32::MAX)?;
+    let (thinking, _) = request::thinking_of(r.thinking.as_ref(), u32::MAX)?;
+    request::ask_reasoning(thinking, r.output_config.as_ref(), &mut notes)?;
     request::response_format(r.output_config.as_ref())?;
     request::top_cache_control(r.cache_control)?;
     let routes = model_routes(state, &r.model)?;
@@ -295,6 +306,7 @@ async fn count(
     let (_, tools) = ChatOutput::resolve(formats, base, tools, tool_choice, parallel)?;
     let mut chat = ChatRequest::new(messages);
     chat.tools = tools;
+    chat.template_kwargs = notes.settle_template(tokenizer.dir.chat_template());
     let max = preprocess::prompt_limit(routes.max_context_tokens);
     let tokens = preprocess::encode_chat_request(&state.metrics, tokenizer, chat, max).await?;
     Ok(tokens.len())
@@ -317,12 +329,14 @@ mod tests {
             (Disabled, false, true),
             (Disabled, true, false),
         ] {
-            let answer = thinking_for("m", reasons, thinking);
+            let answer = thinking_for("m", reasons, false, thinking);
             assert_eq!(answer.is_ok(), ok, "{thinking:?} with parser {reasons}");
             if let Err(ApiError::BadRequest { param, message }) = answer {
                 assert_eq!(param.as_deref(), Some("thinking"));
                 assert!(message.starts_with("thinking: model `m`"), "{message}");
             }
         }
+        // A template with a switch turns a reasoning model's thinking off.
+        assert!(thinking_for("m", true, true, Disabled).is_ok());
     }
 }

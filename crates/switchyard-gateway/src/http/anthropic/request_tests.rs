@@ -149,16 +149,7 @@ fn tool_choice_forms_map_onto_openai_ones() {
 fn what_cannot_be_honoured_is_refused_by_name() {
     let cases = [
         (json!({"max_tokens": null}), "max_tokens"),
-        (json!({"service_tier": "auto"}), "service_tier"),
         (json!({"temperature": 1.5}), "temperature"),
-        (
-            json!({"metadata": {"user_id": "u", "team": "x"}}),
-            "metadata.team",
-        ),
-        (
-            json!({"messages": [{"role": "system", "content": "x"}]}),
-            "messages.0.role",
-        ),
         (
             json!({"messages": [{"role": "user", "content": [{"type": "image",
                 "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}),
@@ -169,18 +160,9 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             "messages.0.content.0.type",
         ),
         (
-            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a",
-                "citations": []}]}]}),
-            "messages.0.content.0.citations",
-        ),
-        (
             json!({"messages": [{"role": "user", "content": "a"},
                                 {"role": "assistant", "content": "The answer is"}]}),
             "messages.1",
-        ),
-        (
-            json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
-            "tools.0.type",
         ),
         (json!({"tools": [{"name": "f"}]}), "tools.0.input_schema"),
         (
@@ -204,21 +186,31 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             "cache_control.scope",
         ),
         (
-            json!({"output_config": {"effort": "high"}}),
-            "output_config.effort",
-        ),
-        (
             json!({"output_config": {"format": {"type": "regex", "schema": {}}}}),
             "output_config.format.type",
-        ),
-        (
-            json!({"thinking": {"type": "adaptive", "display": "omitted"}}),
-            "thinking.display",
         ),
         (
             json!({"thinking": {"type": "between_tools"}}),
             "thinking.type",
         ),
+        (
+            json!({"thinking": {"type": "adaptive", "display": "hidden"}}),
+            "thinking.display",
+        ),
+        (
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            "messages.0.role",
+        ),
+        (
+            json!({"output_config": {"effort": "extreme"}}),
+            "output_config.effort",
+        ),
+        (
+            json!({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}),
+            "context_management.edits.0.type",
+        ),
+        (json!({"container": "c_1"}), "container"),
+        (json!({"mcp_servers": []}), "mcp_servers"),
     ];
     for (extra, param) in cases {
         let (named, message) = refused(with(extra.clone()));
@@ -249,4 +241,105 @@ fn output_config_cache_control_and_adaptive_thinking_are_taken() {
         Some(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}))
     );
     assert_eq!(ask.thinking, Thinking::Adaptive);
+}
+
+/// What Claude Code 2.1.332 sends on its first turn (captured from the client): every field is
+/// taken; the session and the user come from `metadata.user_id`; server tools and tool options
+/// that cannot change the tokens are noted; a system turn inside `messages` is rendered there.
+#[test]
+fn claude_code_first_turn_is_taken_with_its_advisory_fields_noted() {
+    let user_id = json!({"device_id": "dev-1", "account_uuid": "", "session_id": "sess-9"});
+    let ask = ask(json!({
+        "model": "m", "max_tokens": 32000, "stream": true,
+        "system": [{"type": "text", "text": "billing"},
+                   {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Say hello"}]},
+            {"role": "system", "content": [{"type": "text", "text": "reminder",
+                                            "cache_control": {"type": "ephemeral"}}]}
+        ],
+        "tools": [
+            {"name": "Bash", "description": "run", "input_schema": {"type": "object"}},
+            {"name": "Cron", "description": "later", "input_schema": {"type": "object"},
+             "defer_loading": true},
+            {"type": "web_search_20250305", "name": "web_search"}
+        ],
+        "metadata": {"user_id": user_id.to_string()},
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+        "service_tier": "auto"
+    }))
+    .unwrap();
+    assert_eq!(ask.thinking, Thinking::Adaptive);
+    assert!(ask.omit_thinking);
+    assert_eq!(ask.sampling.user.as_deref(), Some("dev-1"));
+    assert_eq!(
+        ask.notes.session,
+        Some((
+            crate::http::fields::SessionSource::MetadataSession,
+            "sess-9".to_owned()
+        ))
+    );
+    assert_eq!(ask.notes.reasoning(), Reasoning::of_effort("high"));
+    let roles: Vec<_> = ask.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["system", "user", "system"]);
+    assert_eq!(texts(&ask.messages[2]), "reminder");
+    assert_eq!(ask.tools.as_ref().unwrap().len(), 2);
+    assert_eq!(
+        ask.notes.ignored(),
+        [
+            "service_tier",
+            "tools.defer_loading",
+            "tools.web_search_20250305"
+        ]
+    );
+}
+
+#[test]
+fn clear_thinking_keeps_the_thinking_of_the_latest_turns_only() {
+    let turn = |thought: &str| {
+        json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": thought, "signature": ""},
+            {"type": "text", "text": "ok"}]})
+    };
+    let user = json!({"role": "user", "content": "go"});
+    let body = |keep: Json| {
+        with(json!({
+            "messages": [user, turn("a"), user, turn("b"), user, turn("c"), user],
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": keep}]}
+        }))
+    };
+    let thoughts = |ask: ChatAsk| -> Vec<Option<String>> {
+        ask.messages
+            .iter()
+            .filter(|m| m.role == "assistant")
+            .map(|m| m.reasoning_content.clone())
+            .collect()
+    };
+    let all = thoughts(ask(body(json!("all"))).unwrap());
+    assert_eq!(all, [Some("a".into()), Some("b".into()), Some("c".into())]);
+    let two = thoughts(ask(body(json!({"type": "thinking_turns", "value": 2}))).unwrap());
+    assert_eq!(two, [None, Some("b".into()), Some("c".into())]);
+}
+
+#[test]
+fn betas_are_advisory_and_unheard_of_ones_unknown() {
+    let mut notes = FieldNotes::default();
+    note_betas(
+        Some("claude-code-20250219, effort-2025-11-24,brand-new-2027-01-01"),
+        &mut notes,
+    );
+    assert_eq!(
+        notes.ignored(),
+        [
+            "anthropic-beta:brand-new-2027-01-01",
+            "anthropic-beta:claude-code-20250219",
+            "anthropic-beta:effort-2025-11-24"
+        ]
+    );
+    assert_eq!(
+        notes.unknown_names().collect::<Vec<_>>(),
+        ["anthropic-beta:brand-new-2027-01-01"]
+    );
 }

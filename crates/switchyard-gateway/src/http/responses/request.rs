@@ -1,8 +1,11 @@
 //! A `/v1/responses` body read and translated into the chat pipeline's request: `input` items
 //! become chat messages (function calls and their outputs become assistant `tool_calls` and
 //! `tool` messages), `instructions` the first system message, the flat function tools chat's
-//! nested ones, `text.format` chat's `response_format`. What the gateway cannot honour is a 400
-//! naming the field; the settings the answer repeats are kept in an [`Echo`].
+//! nested ones, `text.format` chat's `response_format`. Each other field has its outcome in the
+//! field policy ([`crate::http::fields`]): `reasoning.effort` sets the model's template switch,
+//! `prompt_cache_key` names the session, what cannot change the tokens is advisory, and only
+//! what the client would miss is a 400 naming the field. The settings the answer repeats are
+//! kept in an [`Echo`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,11 +15,12 @@ use serde_json::{Map, Value as Json, json};
 
 use crate::error::ApiError;
 use crate::http::completions::{ParsedRequest, PromptSource};
+use crate::http::fields::{FieldNotes, Reasoning, SessionSource, session_key};
 use crate::openai::SamplingFields;
 use crate::preprocess;
 
-/// `POST /v1/responses`, the fields the gateway takes; everything else lands in `other` and is
-/// refused by name unless it is the field's neutral value (`store: false`, `include: []`).
+/// `POST /v1/responses`, the fields the gateway reads itself; everything else lands in `other`
+/// and gets its outcome from [`note_other`].
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
     pub model: String,
@@ -58,15 +62,19 @@ const ROLES: [&str; 4] = ["user", "assistant", "system", "developer"];
 
 /// Takes a Responses body apart into the chat pipeline's request and the settings to echo.
 pub fn split(request: ResponsesRequest) -> Result<ParsedRequest, ApiError> {
-    refuse_other(&request.other)?;
-    refuse_reasoning(request.reasoning.as_ref())?;
+    let mut notes = FieldNotes::default();
+    note_other(&request.other, &mut notes)?;
+    note_reasoning(request.reasoning.as_ref(), &mut notes)?;
+    if request.metadata.as_ref().is_some_and(|m| !m.is_empty()) {
+        notes.advisory("metadata");
+    }
     let mut messages = Vec::new();
     if let Some(instructions) = &request.instructions {
         messages.push(json!({"role": "system", "content": instructions}));
     }
     match request.input {
         Some(Json::String(text)) => messages.push(json!({"role": "user", "content": text})),
-        Some(Json::Array(items)) => messages.extend(input_messages(items)?),
+        Some(Json::Array(items)) => messages.extend(input_messages(items, &mut notes)?),
         None | Some(Json::Null) => {
             return Err(ApiError::bad_param("input", "`input` is required"));
         }
@@ -84,15 +92,15 @@ pub fn split(request: ResponsesRequest) -> Result<ParsedRequest, ApiError> {
         .map_err(|e| ApiError::bad_param("input", e.to_string()))?;
     let tools = request
         .tools
-        .clone()
-        .map(|tools| tools.iter().enumerate().map(chat_tool).collect())
+        .as_deref()
+        .map(|tools| chat_tools(tools, &mut notes))
         .transpose()?;
     let tool_choice = request
         .tool_choice
         .as_ref()
         .map(chat_tool_choice)
         .transpose()?;
-    let text_format = text_format(request.text.as_ref())?;
+    let text_format = text_format(request.text.as_ref(), &mut notes)?;
     let response_format = match text_format.get("type").and_then(Json::as_str) {
         Some("json_schema") => Some(json!({"type": "json_schema", "json_schema": {
             "name": text_format.get("name").cloned().unwrap_or(Json::Null),
@@ -134,67 +142,136 @@ pub fn split(request: ResponsesRequest) -> Result<ParsedRequest, ApiError> {
         },
         echo: false,
         responses: Some(Arc::new(echo)),
+        notes,
     })
 }
 
-/// Fields outside [`ResponsesRequest`]: their neutral value is what the gateway does anyway;
-/// anything else is a 400 naming the field.
-fn refuse_other(other: &BTreeMap<String, Json>) -> Result<(), ApiError> {
-    for (field, value) in other {
-        let neutral = match (field.as_str(), value) {
-            (_, Json::Null) => true,
-            ("store" | "background", Json::Bool(false)) => true,
-            ("include", Json::Array(a)) => a.is_empty(),
-            ("truncation", Json::String(s)) => s == "disabled",
-            ("top_logprobs", Json::Number(n)) => n.as_u64() == Some(0),
-            _ => false,
-        };
-        if neutral {
-            continue;
+/// Fields outside [`ResponsesRequest`] that cannot change the tokens: accepted and counted.
+const ADVISORY: [&str; 8] = [
+    "service_tier",
+    "safety_identifier",
+    "max_tool_calls",
+    "client_metadata",
+    "prompt_cache_retention",
+    "stream_options",
+    "user_id",
+    "parallel_tool_calls_hint",
+];
+
+/// Fields outside [`ResponsesRequest`]: `prompt_cache_key` names the session; the neutral
+/// value of a stateful field is what the gateway does anyway (advisory); a stateful value or a
+/// setting that would change the answer is a 400 naming the field; [`ADVISORY`] fields are
+/// noted; anything else is unknown.
+fn note_other(other: &BTreeMap<String, Json>, notes: &mut FieldNotes) -> Result<(), ApiError> {
+    for (field, value) in other.iter().filter(|(_, v)| !v.is_null()) {
+        let refuse = |why: String| Err(ApiError::bad_param(field.clone(), why));
+        match (field.as_str(), value) {
+            ("prompt_cache_key", Json::String(key)) => {
+                if let Some(key) = session_key(key) {
+                    notes.session = Some((SessionSource::PromptCacheKey, key));
+                }
+            }
+            ("store" | "background", Json::Bool(false)) => notes.advisory(field.clone()),
+            ("store", _) => {
+                return refuse(
+                    "the gateway keeps no responses (stateless): `store` must be false or unset"
+                        .into(),
+                );
+            }
+            ("previous_response_id" | "conversation", _) => {
+                return refuse(format!(
+                    "the gateway keeps no responses (stateless): `{field}` cannot be honoured; send the whole conversation in `input`"
+                ));
+            }
+            ("background", _) => {
+                return refuse(
+                    "background responses need stored state; `background` must be false".into(),
+                );
+            }
+            ("include", Json::Array(items)) => {
+                for item in items {
+                    match item.as_str() {
+                        // Reasoning comes back as readable text in its item; nothing is sealed.
+                        Some("reasoning.encrypted_content") => {
+                            notes.advisory("include.reasoning.encrypted_content");
+                        }
+                        Some("message.output_text.logprobs") => {
+                            return refuse(
+                                "log probabilities are not served on /v1/responses".into(),
+                            );
+                        }
+                        Some(name) => notes.advisory(format!("include.{name}")),
+                        None => return refuse("`include` is a list of strings".into()),
+                    }
+                }
+            }
+            ("truncation", Json::String(s)) if s == "disabled" => {}
+            ("truncation", _) => {
+                return refuse(
+                    "only `truncation: \"disabled\"` is served (a prompt over the context is a 400)"
+                        .into(),
+                );
+            }
+            ("top_logprobs", Json::Number(n)) if n.as_u64() == Some(0) => {}
+            ("top_logprobs", _) => {
+                return refuse("log probabilities are not served on /v1/responses".into());
+            }
+            ("n", Json::Number(n)) if n.as_u64() == Some(1) => {}
+            (name, _) if CHAT_ONLY.contains(&name) => {
+                return refuse(format!(
+                    "`{field}` is a chat completions field that /v1/responses does not take, and ignoring it would change the answer (use /v1/chat/completions)"
+                ));
+            }
+            (name, _) if ADVISORY.contains(&name) => notes.advisory(field.clone()),
+            _ => notes.unknown(field.clone()),
         }
-        let why = match field.as_str() {
-            "store" => {
-                "the gateway keeps no responses (stateless): `store` must be false or unset".into()
-            }
-            "previous_response_id" | "conversation" => format!(
-                "the gateway keeps no responses (stateless): `{field}` cannot be honoured; send the whole conversation in `input`"
-            ),
-            "background" => {
-                "background responses need stored state; `background` must be false".into()
-            }
-            "include" => "no extra output data can be included; `include` must be empty".into(),
-            "truncation" => {
-                "only `truncation: \"disabled\"` is served (a prompt over the context is a 400)"
-                    .into()
-            }
-            "top_logprobs" => "log probabilities are not served on /v1/responses".into(),
-            _ => format!(
-                "unsupported field `{field}` (docs/openai-api.md lists the fields /v1/responses takes)"
-            ),
-        };
-        return Err(ApiError::bad_param(field.clone(), why));
     }
     Ok(())
 }
 
-/// `reasoning`: a model reasons as it was trained to; the gateway cannot set its effort or
-/// write summaries, so only an empty `reasoning` is taken.
-fn refuse_reasoning(reasoning: Option<&Json>) -> Result<(), ApiError> {
+/// Chat sampling fields sent to `/v1/responses` (through an SDK's `extra_body`): the client
+/// relies on each, and Responses has no place for them.
+const CHAT_ONLY: [&str; 12] = [
+    "n",
+    "stop",
+    "seed",
+    "logit_bias",
+    "logprobs",
+    "frequency_penalty",
+    "presence_penalty",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "stop_token_ids",
+    "response_format",
+];
+
+/// `reasoning`: `effort` is mapped onto the model's template switch (see
+/// [`crate::http::fields::Reasoning`]); `summary` is advisory (the reasoning comes back whole
+/// as a reasoning item when the model's parser finds any; no summary is written).
+fn note_reasoning(reasoning: Option<&Json>, notes: &mut FieldNotes) -> Result<(), ApiError> {
     let Some(Json::Object(fields)) = reasoning else {
         return match reasoning {
             None | Some(Json::Null) => Ok(()),
             Some(_) => Err(ApiError::bad_param("reasoning", "`reasoning` is an object")),
         };
     };
-    match fields.iter().find(|(_, v)| !v.is_null()) {
-        None => Ok(()),
-        Some((key, _)) => Err(ApiError::bad_param(
-            format!("reasoning.{key}"),
-            format!(
-                "`reasoning.{key}` cannot be honoured: the gateway does not steer a model's reasoning (its reasoning, when a reasoning parser is configured, comes back as a reasoning item)"
-            ),
-        )),
+    for (key, value) in fields.iter().filter(|(_, v)| !v.is_null()) {
+        match key.as_str() {
+            "effort" => {
+                let reasoning = value.as_str().and_then(Reasoning::of_effort).ok_or_else(|| {
+                    ApiError::bad_param(
+                        "reasoning.effort",
+                        "`reasoning.effort` must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\"",
+                    )
+                })?;
+                notes.ask_reasoning(reasoning, "reasoning.effort");
+            }
+            "summary" | "generate_summary" => notes.advisory(format!("reasoning.{key}")),
+            _ => notes.unknown(format!("reasoning.{key}")),
+        }
     }
+    Ok(())
 }
 
 /// The fields an input item of `kind` may carry.
@@ -217,7 +294,7 @@ fn allowed_keys(kind: &str) -> &'static [&'static str] {
 
 /// The chat messages of a list of input items, in order. Function calls join the assistant
 /// turn before them; a reasoning item joins the assistant turn after it.
-fn input_messages(items: Vec<Json>) -> Result<Vec<Json>, ApiError> {
+fn input_messages(items: Vec<Json>, notes: &mut FieldNotes) -> Result<Vec<Json>, ApiError> {
     let mut messages: Vec<Json> = Vec::new();
     let mut reasoning: Option<String> = None;
     for (i, item) in items.into_iter().enumerate() {
@@ -242,11 +319,8 @@ fn input_messages(items: Vec<Json>) -> Result<Vec<Json>, ApiError> {
                 ),
             ));
         }
-        if let Some(key) = item.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(ApiError::bad_param(
-                at(key),
-                format!("unsupported field `{key}` in a {kind} input item"),
-            ));
+        for key in item.keys().filter(|k| !allowed.contains(&k.as_str())) {
+            notes.unknown(format!("input[].{key}"));
         }
         match kind {
             "message" => {
@@ -257,7 +331,7 @@ fn input_messages(items: Vec<Json>) -> Result<Vec<Json>, ApiError> {
                         format!("unknown role {role:?} (user, assistant, system or developer)"),
                     ));
                 }
-                let content = content_text(item.get("content"), &at("content"))?;
+                let content = content_text(item.get("content"), &at("content"), notes)?;
                 // Chat templates know `system`; `developer` is its newer name.
                 let role = if role == "developer" { "system" } else { role };
                 let mut message = json!({"role": role, "content": content});
@@ -296,7 +370,7 @@ fn input_messages(items: Vec<Json>) -> Result<Vec<Json>, ApiError> {
             }
             "function_call_output" => {
                 let call_id = string_of(&item, "call_id", &at("call_id"))?;
-                let output = content_text(item.get("output"), &at("output"))?;
+                let output = content_text(item.get("output"), &at("output"), notes)?;
                 messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
             }
             _ => {
@@ -325,7 +399,11 @@ fn string_of<'a>(item: &'a Map<String, Json>, key: &str, at: &str) -> Result<&'a
 
 /// A message's or a function output's text: a string, or text parts (`input_text`,
 /// `output_text`) joined.
-fn content_text(content: Option<&Json>, at: &str) -> Result<String, ApiError> {
+fn content_text(
+    content: Option<&Json>,
+    at: &str,
+    notes: &mut FieldNotes,
+) -> Result<String, ApiError> {
     let parts = match content {
         Some(Json::String(text)) => return Ok(text.clone()),
         Some(Json::Array(parts)) => parts,
@@ -354,11 +432,8 @@ fn content_text(content: Option<&Json>, at: &str) -> Result<String, ApiError> {
         let Some(fields) = part.as_object() else {
             continue;
         };
-        if let Some(key) = fields.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(ApiError::bad_param(
-                format!("{at}[{j}].{key}"),
-                format!("unsupported field `{key}` in an {kind} part"),
-            ));
+        for key in fields.keys().filter(|k| !allowed.contains(&k.as_str())) {
+            notes.unknown(format!("content[].{key}"));
         }
         if fields
             .get("annotations")
@@ -408,27 +483,63 @@ fn reasoning_text(content: Option<&Json>, at: &str) -> Result<String, ApiError> 
     Ok(text)
 }
 
-/// A flat Responses function tool as chat's nested one.
-fn chat_tool((i, tool): (usize, &Json)) -> Result<Json, ApiError> {
-    let at = format!("tools[{i}]");
-    let Some(fields) = tool.as_object() else {
-        return Err(ApiError::bad_param(at, "a tool is an object"));
-    };
-    match fields.get("type").and_then(Json::as_str) {
-        Some("function") => {}
-        other => {
-            return Err(ApiError::bad_param(
-                format!("{at}.type"),
-                format!("tools of type {other:?} are not supported (only function tools are)"),
-            ));
+/// The request's tools as chat's nested function tools: function tools as they are, the
+/// function tools of a `namespace` (Codex groups some of its tools so) flattened beside them,
+/// and hosted tools (`web_search`, `file_search`, ...), which run on OpenAI's servers and which
+/// the model behind this gateway cannot call, left out and noted as advisory (the model answers
+/// without them).
+fn chat_tools(tools: &[Json], notes: &mut FieldNotes) -> Result<Vec<Json>, ApiError> {
+    let mut out = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let Some(fields) = tool.as_object() else {
+            return Err(ApiError::bad_param(at, "a tool is an object"));
+        };
+        match fields.get("type").and_then(Json::as_str) {
+            Some("function") => out.push(chat_tool(&at, fields, notes)?),
+            Some("namespace") => {
+                let inner = fields
+                    .get("tools")
+                    .and_then(Json::as_array)
+                    .ok_or_else(|| {
+                        ApiError::bad_param(format!("{at}.tools"), "a namespace lists its `tools`")
+                    })?;
+                for (j, tool) in inner.iter().enumerate() {
+                    let at = format!("{at}.tools[{j}]");
+                    match tool.as_object() {
+                        Some(f) if f.get("type").and_then(Json::as_str) == Some("function") => {
+                            out.push(chat_tool(&at, f, notes)?);
+                        }
+                        _ => {
+                            return Err(ApiError::bad_param(
+                                at,
+                                "a namespace holds function tools",
+                            ));
+                        }
+                    }
+                }
+            }
+            Some(kind) => notes.advisory(format!("tools.{kind}")),
+            None => {
+                return Err(ApiError::bad_param(
+                    format!("{at}.type"),
+                    "a tool needs a `type`",
+                ));
+            }
         }
     }
+    Ok(out)
+}
+
+/// A flat Responses function tool as chat's nested one.
+fn chat_tool(
+    at: &str,
+    fields: &Map<String, Json>,
+    notes: &mut FieldNotes,
+) -> Result<Json, ApiError> {
     const KEYS: [&str; 5] = ["type", "name", "description", "parameters", "strict"];
-    if let Some(key) = fields.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(ApiError::bad_param(
-            format!("{at}.{key}"),
-            format!("unsupported field `{key}` in a function tool"),
-        ));
+    for key in fields.keys().filter(|k| !KEYS.contains(&k.as_str())) {
+        notes.unknown(format!("tools[].{key}"));
     }
     let mut function = Map::new();
     for key in ["name", "description", "parameters", "strict"] {
@@ -467,7 +578,7 @@ fn chat_tool_choice(choice: &Json) -> Result<Json, ApiError> {
 
 /// `text.format`, checked: `text` (the default), `json_object`, or `json_schema` with a
 /// `schema`.
-fn text_format(text: Option<&Json>) -> Result<Json, ApiError> {
+fn text_format(text: Option<&Json>, notes: &mut FieldNotes) -> Result<Json, ApiError> {
     let default = json!({"type": "text"});
     let Some(text) = text.filter(|t| !t.is_null()) else {
         return Ok(default);
@@ -475,11 +586,16 @@ fn text_format(text: Option<&Json>) -> Result<Json, ApiError> {
     let Some(fields) = text.as_object() else {
         return Err(ApiError::bad_param("text", "`text` is an object"));
     };
-    if let Some((key, _)) = fields.iter().find(|(k, v)| *k != "format" && !v.is_null()) {
-        return Err(ApiError::bad_param(
-            format!("text.{key}"),
-            format!("`text.{key}` is not supported (only `text.format` is)"),
-        ));
+    for (key, _) in fields
+        .iter()
+        .filter(|(k, v)| *k != "format" && !v.is_null())
+    {
+        // `verbosity` steers OpenAI's own models; the models here write as they were trained.
+        if key == "verbosity" {
+            notes.advisory("text.verbosity");
+        } else {
+            notes.unknown(format!("text.{key}"));
+        }
     }
     let Some(format) = fields.get("format").filter(|f| !f.is_null()) else {
         return Ok(default);

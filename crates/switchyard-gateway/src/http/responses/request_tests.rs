@@ -162,13 +162,6 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             "previous_response_id",
         ),
         (json!({"conversation": "conv_1"}), "conversation"),
-        (
-            json!({"include": ["reasoning.encrypted_content"]}),
-            "include",
-        ),
-        (json!({"frobnicate": 1}), "frobnicate"),
-        (json!({"reasoning": {"effort": "high"}}), "reasoning.effort"),
-        (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
         (json!({"tools": [{"type": "function"}]}), "tools[0].name"),
         (
             json!({"tool_choice": {"type": "web_search"}}),
@@ -179,14 +172,9 @@ fn what_cannot_be_honoured_is_refused_by_name() {
             json!({"text": {"format": {"type": "json_schema", "name": "n"}}}),
             "text.format",
         ),
-        (json!({"text": {"verbosity": "low"}}), "text.verbosity"),
         (
             json!({"input": [{"role": "tool", "content": "x"}]}),
             "input[0].role",
-        ),
-        (
-            json!({"input": [{"role": "user", "content": "x", "phase": "y"}]}),
-            "input[0].phase",
         ),
         (
             json!({"input": [{"type": "item_reference", "id": "x"}]}),
@@ -202,7 +190,85 @@ fn what_cannot_be_honoured_is_refused_by_name() {
         ),
         (json!({"input": []}), "input"),
         (json!({"input": null}), "input"),
+        (
+            json!({"include": ["message.output_text.logprobs"]}),
+            "include",
+        ),
+        (
+            json!({"reasoning": {"effort": "extreme"}}),
+            "reasoning.effort",
+        ),
+        (json!({"background": true}), "background"),
+        (json!({"n": 2}), "n"),
+        (json!({"stop": ["x"]}), "stop"),
     ] {
         assert_eq!(param(body(extra.clone())), want, "{extra}");
     }
+}
+
+/// What Codex CLI 0.171.0 sends on its first turn (captured from the client): every field is
+/// taken, the session comes from `prompt_cache_key`, and what cannot change the tokens is noted.
+#[test]
+fn codex_first_turn_is_taken_with_its_advisory_fields_noted() {
+    let parsed = parse(json!({
+        "model": "m", "stream": true, "tool_choice": "auto", "parallel_tool_calls": true,
+        "reasoning": {"summary": "auto", "effort": "medium"}, "store": false,
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "thread-1",
+        "client_metadata": {"turn_id": "t"}, "service_tier": "auto",
+        "text": {"verbosity": "low"}, "max_tool_calls": 4, "safety_identifier": "s",
+        "input": [
+            {"type": "message", "id": "msg_1", "role": "developer",
+             "content": [{"type": "input_text", "text": "rules"}]},
+            {"type": "message", "role": "user", "phase": "x",
+             "content": [{"type": "input_text", "text": "hi"}]}
+        ],
+        "tools": [
+            {"type": "function", "name": "exec_command", "strict": false,
+             "parameters": {"type": "object"}, "description": "run"},
+            {"type": "namespace", "name": "multi_agent_v1", "tools": [
+                {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}
+            ]},
+            {"type": "web_search", "external_web_access": false}
+        ],
+        "brand_new": 1
+    }))
+    .unwrap();
+    let PromptSource::Chat { tools, .. } = &parsed.source else {
+        panic!("chat");
+    };
+    let names: Vec<_> = tools
+        .iter()
+        .flatten()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["exec_command", "spawn_agent"]);
+    let notes = &parsed.notes;
+    assert_eq!(
+        notes.session,
+        Some((
+            crate::http::fields::SessionSource::PromptCacheKey,
+            "thread-1".to_owned()
+        ))
+    );
+    assert_eq!(notes.reasoning(), Reasoning::of_effort("medium"));
+    assert_eq!(
+        notes.ignored(),
+        [
+            "brand_new",
+            "client_metadata",
+            "include.reasoning.encrypted_content",
+            "input[].phase",
+            "max_tool_calls",
+            "reasoning.summary",
+            "safety_identifier",
+            "service_tier",
+            "store",
+            "text.verbosity",
+            "tools.web_search"
+        ]
+    );
+    assert_eq!(
+        notes.unknown_names().collect::<Vec<_>>(),
+        ["brand_new", "input[].phase"]
+    );
 }
