@@ -205,3 +205,175 @@ fn without_ids(items: &Value) -> Value {
     }
     items
 }
+
+/// The Qwen3 test tokenizer (`crates/switchyard-tokenize/fetch-test-models.sh`), whose template
+/// renders the reasoning of the current tool-calling turn, so what reaches the engine shows
+/// whether a turn's reasoning was read back.
+fn qwen3_dir() -> String {
+    let dir = std::env::var("SWITCHYARD_TEST_MODELS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(std::env::var("HOME").expect("HOME"))
+                .join(".cache/switchyard/test-models")
+        })
+        .join("qwen3");
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "Qwen3 tokenizer missing in {}: run crates/switchyard-tokenize/fetch-test-models.sh",
+        dir.display()
+    );
+    dir.to_string_lossy().into_owned()
+}
+
+/// Stored responses are shared by two gateway replicas through Redis: one stores, the other
+/// reads it back, lists its input, continues from it (`previous_response_id`) and deletes it.
+/// With `store: false` and `include: ["reasoning.encrypted_content"]` (Codex's way) the
+/// reasoning travels sealed through the client and is read back by the other replica, which
+/// holds the same key; a sealed text it cannot open is left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_responses_and_sealed_reasoning_work_across_two_replicas_sharing_redis() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let redis = switchyard_testkit::redis::RedisServer::start()
+        .expect("redis-server (deploy/build-deps.sh test)");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("responses-state-{}", std::process::id());
+    let fake = Fake::start(&["--max-model-len", "32768"]).await;
+    let _worker = fake
+        .worker("vllm", "vllm-s", &endpoint, &cluster)
+        .start()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("responses-key");
+    std::fs::write(&key, "a secret both replicas hold").unwrap();
+    let replica = || {
+        Launch::gateway(&endpoint, &cluster)
+            .arg("--model-tokenizer", &format!("{MODEL}={}", qwen3_dir()))
+            .arg("--reasoning-parser", &format!("{MODEL}=qwen3"))
+            .arg("--responses-redis-url", &redis.url())
+            .arg("--responses-key-file", key.to_str().unwrap())
+            .start()
+    };
+    let (a, b) = (replica().await, replica().await);
+    let (a, b) = (Api::new(&a), Api::new(&b));
+    for api in [&a, &b] {
+        assert!(
+            eventually(Duration::from_secs(15), || async {
+                indexed(&api.base, "vllm-s").await.is_some()
+            })
+            .await
+        );
+    }
+    // The engine answers in Qwen3's tokens, as the gateway's tokenizer writes them.
+    let script = |text: &'static str| {
+        let (a, fake) = (&a, &fake);
+        async move {
+            let (_, tokens) = a
+                .post("/tokenize", &json!({"model": MODEL, "prompt": text}))
+                .await;
+            fake.admin("script", json!({"tokens": tokens["tokens"]}))
+                .await;
+        }
+    };
+    // The prompt the engine was last sent, as text.
+    let sent = || async {
+        let requests = fake.admin("requests", json!({})).await;
+        let prompt = requests["requests"].as_array().unwrap().last().unwrap()["prompt"].clone();
+        let (_, text) = a
+            .post("/detokenize", &json!({"model": MODEL, "tokens": prompt}))
+            .await;
+        text["prompt"].as_str().unwrap().to_owned()
+    };
+
+    // Stored on A (the default), read back on B.
+    script("<think>\nPlan the greeting.\n</think>\n\nHello there.").await;
+    let (status, first) = a
+        .post(
+            "/v1/responses",
+            &json!({"model": MODEL, "input": "Greet me."}),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["store"], true);
+    let id = first["id"].as_str().unwrap().to_owned();
+    let (status, read) = b.get(&format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read["output"], first["output"]);
+    let (status, items) = b.get(&format!("/v1/responses/{id}/input_items")).await;
+    assert_eq!(status, 200, "{items}");
+    assert_eq!(
+        items["data"][0]["content"][0]["text"], "Greet me.",
+        "{items}"
+    );
+
+    // Continued on B: the engine is sent the first turn before the new input.
+    script("Goodbye.").await;
+    let (status, second) = b
+        .post(
+            "/v1/responses",
+            &json!({"model": MODEL, "input": "Now say goodbye.", "previous_response_id": id}),
+        )
+        .await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["previous_response_id"], id.as_str());
+    let prompt = sent().await;
+    let (greet, hello, goodbye) = (
+        prompt.find("Greet me.").unwrap(),
+        prompt.find("Hello there.").unwrap(),
+        prompt.find("Now say goodbye.").unwrap(),
+    );
+    assert!(greet < hello && hello < goodbye, "{prompt}");
+
+    // Deleted on B: gone for A too, and nothing continues from it.
+    let (status, deleted) = b
+        .send(b.http.delete(format!("{}/v1/responses/{id}", b.base)))
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["deleted"], true);
+    let (status, _) = a.get(&format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 404);
+    let (status, refused) = a
+        .post(
+            "/v1/responses",
+            &json!({"model": MODEL, "input": "x", "previous_response_id": id}),
+        )
+        .await;
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["param"], "previous_response_id");
+
+    // Not stored, reasoning sealed: A writes it, the client carries it, B reads it back into
+    // the tool-calling turn it belongs to (Qwen3 renders that turn's reasoning).
+    let tools = json!([{"type": "function", "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    script("<think>\nLook up Paris first.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>").await;
+    let ask = json!({"model": MODEL, "store": false, "include": ["reasoning.encrypted_content"],
+        "tools": tools, "input": "Weather in Paris?"});
+    let (status, turn) = a.post("/v1/responses", &ask).await;
+    assert_eq!(status, 200, "{turn}");
+    let (status, _) = a
+        .get(&format!("/v1/responses/{}", turn["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status, 404, "store: false keeps nothing");
+    let reasoning = turn["output"][0].clone();
+    assert_eq!(reasoning["type"], "reasoning", "{turn}");
+    let sealed = reasoning["encrypted_content"].as_str().unwrap().to_owned();
+    assert!(!sealed.contains("Paris"), "{sealed}");
+    let call = turn["output"][1].clone();
+    let next = |sealed: &str| {
+        json!({"model": MODEL, "store": false, "include": ["reasoning.encrypted_content"],
+            "tools": tools, "input": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"type": "reasoning", "id": reasoning["id"], "summary": [], "encrypted_content": sealed},
+                call,
+                {"type": "function_call_output", "call_id": call["call_id"], "output": "18 C"}]})
+    };
+    script("It is 18 C.").await;
+    let (status, answer) = b.post("/v1/responses", &next(&sealed)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(sent().await.contains("Look up Paris first."));
+    // Sealed by someone else: the turn goes on without that reasoning.
+    script("It is 18 C.").await;
+    let foreign = format!("sy1.{}", "A".repeat(80));
+    let (status, answer) = b.post("/v1/responses", &next(&foreign)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(!sent().await.contains("Look up Paris first."));
+}

@@ -159,10 +159,25 @@ def main(base_url: str, model: str) -> None:
                                     prompt_cache_key="py-session",
                                     extra_body={"frobnicate": 1, "client_metadata": {"a": "b"}})
     assert taken.status in ("completed", "incomplete"), taken
+    # Stored by default, as OpenAI's are: read back, listed, continued, deleted.
+    assert client.responses.retrieve(plain.id).output_text == plain.output_text
+    items = client.responses.input_items.list(plain.id)
+    assert [i.content[0].text for i in items.data] == ["Say hello."], items
+    follow = client.responses.create(model=model, input="And again.", max_output_tokens=4,
+                                     previous_response_id=plain.id)
+    assert follow.previous_response_id == plain.id, follow
+    assert follow.usage.input_tokens > plain.usage.input_tokens, (follow.usage, plain.usage)
+    client.responses.delete(plain.id)
+    try:
+        client.responses.retrieve(plain.id)
+        raise AssertionError("a deleted response is gone")
+    except openai.NotFoundError:
+        pass
     # What cannot be honoured is a 400 naming the field.
     refused(lambda: client.responses.create(model=model, input="x", previous_response_id=plain.id),
             "previous_response_id")
-    refused(lambda: client.responses.create(model=model, input="x", store=True), "store")
+    refused(lambda: client.responses.create(model=model, input="x", background=True),
+            "background")
     refused(lambda: client.responses.create(model=model, input="x", reasoning={"effort": "extreme"}),
             "reasoning.effort")
     refused(lambda: client.responses.create(model=model, input=[{"role": "tool", "content": "x"}]),

@@ -183,6 +183,10 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
         extensions: Default::default(),
         retention: switchyard_gateway::retention::SessionRetention::new(&Default::default())
             .unwrap(),
+        responses: std::sync::Arc::new(
+            switchyard_gateway::http::responses::ResponsesState::new(&Default::default(), None)
+                .unwrap(),
+        ),
         access: switchyard_gateway::access::ClientAccess {
             api_keys: None,
             metrics_token: None,

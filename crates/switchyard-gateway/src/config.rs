@@ -135,6 +135,8 @@ pub struct GatewayConfig {
     pub retention: crate::retention::RetentionSettings,
     /// The request field policy (`[api]`, see `http::fields`).
     pub api: crate::http::fields::ApiConfig,
+    /// Stored responses and sealed reasoning of `/v1/responses` (`[responses]`).
+    pub responses: crate::http::responses::ResponsesConfig,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -288,6 +290,7 @@ impl Default for GatewayConfig {
             quota: crate::quota::QuotaConfig::default(),
             retention: crate::retention::RetentionSettings::default(),
             api: crate::http::fields::ApiConfig::default(),
+            responses: crate::http::responses::ResponsesConfig::default(),
         }
     }
 }
@@ -352,6 +355,7 @@ impl GatewayConfig {
         self.discovery.validate().map_err(ConfigError::Invalid)?;
         self.validate_fleet()?;
         self.quota.validate().map_err(ConfigError::Invalid)?;
+        self.responses.validate().map_err(ConfigError::Invalid)?;
         self.retention.estimator().map_err(ConfigError::Invalid)?;
         // The admin API drains workers and switches the policy: open only on loopback.
         if self.admin_token.is_none() && !self.listen.ip().is_loopback() {
@@ -556,6 +560,8 @@ pub struct GatewayArgs {
     pub quota: crate::quota::QuotaArgs,
     #[command(flatten)]
     pub retention: crate::retention::RetentionArgs,
+    #[command(flatten)]
+    pub responses: crate::http::responses::ResponsesArgs,
     /// Largest KV recording in bytes (default 1 GiB).
     #[arg(long, env = "SWITCHYARD_RECORDING_MAX_BYTES")]
     pub recording_max_bytes: Option<u64>,
@@ -709,6 +715,7 @@ impl GatewayArgs {
         }
         self.security.apply(&mut config.security);
         self.access.apply(&mut config.access);
+        self.responses.apply(&mut config.responses);
         self.discovery.apply(&mut config.discovery);
         self.fleet.apply(&mut config.fleet);
         self.quota.apply(&mut config.quota);

@@ -280,9 +280,23 @@ pub async fn start(
         .spawn(Arc::clone(&quota).renew_leases(pool.cancel.clone()));
     let retention =
         retention::SessionRetention::new(&config.retention).map_err(GatewayError::Routing)?;
+    let cluster_secret = match &config.security.cluster_secret_file {
+        Some(path) => Some(std::fs::read(path).map_err(|e| {
+            GatewayError::Routing(format!(
+                "cannot read the cluster secret {}: {e}",
+                path.display()
+            ))
+        })?),
+        None => None,
+    };
+    let responses = Arc::new(
+        http::responses::ResponsesState::new(&config.responses, cluster_secret.as_deref())
+            .map_err(GatewayError::Routing)?,
+    );
     Ok(Some(Arc::new(AppState {
         quota,
         retention,
+        responses,
         admission: Admission::new(
             config.max_concurrent_requests,
             config.max_queued_requests,

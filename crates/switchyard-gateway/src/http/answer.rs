@@ -187,7 +187,7 @@ pub(super) async fn respond(state: Arc<AppState>, p: Prepared, permit: Admitted)
             let answer = choices
                 .next()
                 .map(|(_, ((content, _), finish))| (content, finish));
-            super::responses::whole(&p, answer, &usage)
+            super::responses::whole(&state, &p, answer, &usage).await
         }
     }
 }

@@ -189,6 +189,8 @@ pub(super) struct Prepared {
     pub(super) session_source: Option<SessionSource>,
     /// The advisory and unknown fields the request carried, shown in the decision log.
     pub(super) ignored: Vec<String>,
+    /// The API key's tenant (none on an open gateway): who may read a stored response.
+    pub(super) tenant: Option<String>,
     /// What besides its tokens names the prompt's KV (the cache salt).
     pub(super) identity: KvIdentity,
     /// Where each choice after the first waits for admission.
@@ -670,7 +672,7 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
     let Ids {
         request_id,
         completion_id,
-        ..
+        tenant,
     } = r.ids;
     // `serve` runs in the request's span.
     let span = tracing::Span::current();
@@ -694,6 +696,7 @@ fn prepare(state: &AppState, r: Request) -> Result<Prepared, ApiError> {
         session: r.session,
         session_source: r.session_source,
         ignored: r.ignored,
+        tenant: tenant.map(|ApiTenant(t)| t),
         identity,
         flow: r.flow,
         client: r.client,

@@ -51,6 +51,8 @@ pub struct AppState {
     pub access: ClientAccess,
     /// Sessions' think times, for the retention hints of their turns.
     pub retention: Arc<crate::retention::SessionRetention>,
+    /// Stored responses and the reasoning sealer (`/v1/responses`).
+    pub responses: Arc<responses::ResponsesState>,
 }
 
 /// The tenant of the API key a `/v1` request was let in with.
@@ -100,6 +102,14 @@ pub fn router(state: Arc<AppState>, fleet: Option<Arc<crate::fleet::Fleet>>) -> 
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/tokenize", post(tokenize::tokenize))

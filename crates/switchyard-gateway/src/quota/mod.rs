@@ -34,7 +34,8 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use config::{Limits, QuotaArgs, QuotaConfig, StoreDown};
+pub use config::{Limits, QuotaArgs, QuotaConfig, RedisConfig, StoreDown};
+pub(crate) use redis::client_of as redis_client;
 use store::{Lease, MemoryStore, QuotaStore, StoreError, Verdict};
 
 use crate::error::ApiError;

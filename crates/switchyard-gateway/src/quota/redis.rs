@@ -116,7 +116,7 @@ impl RedisStore {
 }
 
 /// The Redis client: URL, then the password and user from their files, then TLS roots.
-fn client_of(config: &RedisConfig) -> Result<Client, StoreError> {
+pub(crate) fn client_of(config: &RedisConfig) -> Result<Client, StoreError> {
     let url = redacted(&config.url);
     let bad = |e: &dyn std::fmt::Display| StoreError(format!("redis url {url}: {e}"));
     let mut info: redis::ConnectionInfo =

@@ -4,6 +4,9 @@
 //! `response.output_item.done`) before the next one opens; every event carries the next
 //! `sequence_number`.
 
+use std::sync::Arc;
+
+use super::store::Sealer;
 use serde_json::{Value as Json, json};
 
 use super::output::{Item, item_id, message_shown, text_part};
@@ -30,6 +33,8 @@ pub struct Writer {
     held: String,
     messages: u32,
     reasonings: u32,
+    /// Seals finished reasoning items (`include: ["reasoning.encrypted_content"]`).
+    sealer: Option<Arc<Sealer>>,
 }
 
 impl Writer {
@@ -42,7 +47,14 @@ impl Writer {
             held: String::new(),
             messages: 0,
             reasonings: 0,
+            sealer: None,
         }
+    }
+
+    /// Finished reasoning items carry their text sealed by `sealer`.
+    pub fn sealing(mut self, sealer: Option<Arc<Sealer>>) -> Self {
+        self.sealer = sealer;
+        self
     }
 
     /// The items so far (the open one included, as it stands).
@@ -120,7 +132,7 @@ impl Writer {
                 let (index, id) = (self.output_index(), item.id().to_owned());
                 out.push(self.event(
                     "response.output_item.added",
-                    json!({"output_index": index, "item": item.to_json("in_progress")}),
+                    json!({"output_index": index, "item": item.to_json("in_progress", self.sealer.as_deref())}),
                 ));
                 out.push(self.event(
                     "response.function_call_arguments.delta",
@@ -132,7 +144,7 @@ impl Writer {
                 ));
                 out.push(self.event(
                     "response.output_item.done",
-                    json!({"output_index": index, "item": item.to_json("completed")}),
+                    json!({"output_index": index, "item": item.to_json("completed", self.sealer.as_deref())}),
                 ));
                 self.items.push(item);
             }
@@ -178,7 +190,7 @@ impl Writer {
         };
         let added = self.event(
             "response.output_item.added",
-            json!({"output_index": index, "item": item.to_json("in_progress")}),
+            json!({"output_index": index, "item": item.to_json("in_progress", self.sealer.as_deref())}),
         );
         let part = self.event(
             "response.content_part.added",
@@ -239,7 +251,7 @@ impl Writer {
             ),
             self.event(
                 "response.output_item.done",
-                json!({"output_index": index, "item": item.to_json(status)}),
+                json!({"output_index": index, "item": item.to_json(status, self.sealer.as_deref())}),
             ),
         ];
         self.items.push(item);

@@ -2,6 +2,7 @@
 //! function calls), its status, usage, and the request's settings repeated as the SDK's
 //! `Response` model expects them.
 
+use super::store::Sealer;
 use serde_json::{Value as Json, json};
 
 use super::request::Echo;
@@ -47,13 +48,27 @@ impl Item {
 
     /// The item as the API writes it with `status`: `in_progress` while it streams (its
     /// content comes in the deltas), else `completed` or `incomplete` (cut at the token limit).
-    pub fn to_json(&self, status: &str) -> Json {
+    ///
+    /// With a `sealer` (the request asked for `reasoning.encrypted_content`), a finished
+    /// reasoning item also carries its text sealed, for a client that stores nothing to send
+    /// back.
+    pub fn to_json(&self, status: &str, sealer: Option<&Sealer>) -> Json {
         let done = status != "in_progress";
         match self {
-            Item::Reasoning { id, text } => json!({
-                "type": "reasoning", "id": id, "summary": [], "status": status,
-                "content": if done { json!([{"type": "reasoning_text", "text": text}]) } else { json!([]) },
-            }),
+            Item::Reasoning { id, text } => {
+                let mut item = json!({
+                    "type": "reasoning", "id": id, "summary": [], "status": status,
+                    "content": if done { json!([{"type": "reasoning_text", "text": text}]) } else { json!([]) },
+                });
+                if let Some(sealer) = sealer {
+                    item["encrypted_content"] = if done {
+                        json!(sealer.seal(text))
+                    } else {
+                        Json::Null
+                    };
+                }
+                item
+            }
             Item::Message { id, text } => json!({
                 "type": "message", "id": id, "role": "assistant", "status": status,
                 "content": if done { json!([text_part(text)]) } else { json!([]) },
@@ -155,7 +170,7 @@ pub struct Outcome<'a> {
 }
 
 /// The response object.
-pub fn response(a: &Outcome<'_>, echo: &Echo) -> Json {
+pub fn response(a: &Outcome<'_>, echo: &Echo, sealer: Option<&Sealer>) -> Json {
     let (status, incomplete, error) = match &a.status {
         Status::InProgress => ("in_progress", Json::Null, Json::Null),
         Status::Completed => ("completed", Json::Null, Json::Null),
@@ -195,11 +210,11 @@ pub fn response(a: &Outcome<'_>, echo: &Echo) -> Json {
         "instructions": echo.instructions,
         "max_output_tokens": echo.max_output_tokens,
         "model": a.model,
-        "output": a.output.iter().enumerate().map(|(i, item)| item.to_json(item_status(i))).collect::<Vec<_>>(),
+        "output": a.output.iter().enumerate().map(|(i, item)| item.to_json(item_status(i), sealer)).collect::<Vec<_>>(),
         "parallel_tool_calls": echo.parallel_tool_calls,
-        "previous_response_id": null,
+        "previous_response_id": echo.previous_response_id,
         "reasoning": {"effort": null, "summary": null},
-        "store": false,
+        "store": echo.store,
         "temperature": echo.temperature,
         "text": {"format": echo.text_format},
         "tool_choice": echo.tool_choice,
@@ -229,6 +244,11 @@ mod tests {
             text_format: json!({"type": "text"}),
             metadata: [("k".to_owned(), "v".to_owned())].into(),
             user: None,
+            store: true,
+            previous_response_id: None,
+            seal_reasoning: false,
+            input: vec![],
+            previous: vec![],
         }
     }
 
@@ -264,7 +284,7 @@ mod tests {
         );
         // An empty answer is still a message.
         assert_eq!(items("resp_ab", None, String::new(), vec![]).len(), 1);
-        let json = got[1].to_json("completed");
+        let json = got[1].to_json("completed", None);
         assert_eq!(json["call_id"], "call_0");
         assert_eq!(json["arguments"], "{}");
         assert_eq!(json["status"], "completed");
@@ -289,6 +309,7 @@ mod tests {
                 tokens: Some(tokens),
             },
             &echo(),
+            None,
         );
         assert_eq!(r["status"], "incomplete");
         assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
@@ -309,9 +330,29 @@ mod tests {
                 tokens: None,
             },
             &echo(),
+            None,
         );
         assert_eq!(failed["status"], "failed");
         assert_eq!(failed["error"]["message"], "boom");
         assert!(failed["usage"].is_null());
+        assert_eq!(r["store"], true);
+        assert!(r["previous_response_id"].is_null());
+    }
+
+    /// Asked for (`include: ["reasoning.encrypted_content"]`), a finished reasoning item
+    /// carries its text sealed; one still streaming does not yet.
+    #[test]
+    fn reasoning_items_carry_their_text_sealed_when_asked() {
+        let sealer = Sealer::from_secret(b"k");
+        let item = Item::Reasoning {
+            id: "rs_1".into(),
+            text: "think".into(),
+        };
+        let plain = item.to_json("completed", None);
+        assert!(plain.get("encrypted_content").is_none());
+        let sealed = item.to_json("completed", Some(&sealer));
+        let carried = sealed["encrypted_content"].as_str().unwrap();
+        assert_eq!(sealer.open(carried).as_deref(), Some("think"));
+        assert!(item.to_json("in_progress", Some(&sealer))["encrypted_content"].is_null());
     }
 }

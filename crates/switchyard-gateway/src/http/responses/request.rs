@@ -13,6 +13,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 
+use super::store::Sealer;
 use crate::error::ApiError;
 use crate::http::completions::{ParsedRequest, PromptSource};
 use crate::http::fields::{FieldNotes, Reasoning, SessionSource, session_key};
@@ -37,8 +38,20 @@ pub struct ResponsesRequest {
     pub reasoning: Option<Json>,
     pub metadata: Option<BTreeMap<String, String>>,
     pub user: Option<String>,
+    /// Keep the response (`GET /v1/responses/{id}`, `previous_response_id`); OpenAI's default
+    /// is true.
+    pub store: Option<bool>,
+    pub previous_response_id: Option<String>,
+    pub include: Option<Vec<Json>>,
     #[serde(flatten)]
     pub other: BTreeMap<String, Json>,
+}
+
+/// What a request continues from and how reasoning is read back: the conversation of its
+/// `previous_response_id` (fetched by the caller) and the deployment's sealer.
+pub struct Context<'a> {
+    pub previous: Option<Vec<Json>>,
+    pub sealer: &'a Sealer,
 }
 
 /// The request's settings as the response object repeats them.
@@ -55,26 +68,38 @@ pub struct Echo {
     pub text_format: Json,
     pub metadata: BTreeMap<String, String>,
     pub user: Option<String>,
+    /// Whether the response is kept.
+    pub store: bool,
+    pub previous_response_id: Option<String>,
+    /// `include: ["reasoning.encrypted_content"]`: reasoning items carry their text sealed.
+    pub seal_reasoning: bool,
+    /// This request's input as items (a string input as one user message item).
+    pub input: Vec<Json>,
+    /// The conversation before this input (the previous response's), as items.
+    pub previous: Vec<Json>,
 }
 
 /// Roles an input message may have.
 const ROLES: [&str; 4] = ["user", "assistant", "system", "developer"];
 
 /// Takes a Responses body apart into the chat pipeline's request and the settings to echo.
-pub fn split(request: ResponsesRequest) -> Result<ParsedRequest, ApiError> {
+pub fn split(request: ResponsesRequest, context: Context<'_>) -> Result<ParsedRequest, ApiError> {
     let mut notes = FieldNotes::default();
     note_other(&request.other, &mut notes)?;
     note_reasoning(request.reasoning.as_ref(), &mut notes)?;
+    let seal_reasoning = note_include(request.include.as_deref(), &mut notes)?;
     if request.metadata.as_ref().is_some_and(|m| !m.is_empty()) {
         notes.advisory("metadata");
     }
+    let store = request.store.unwrap_or(true);
     let mut messages = Vec::new();
     if let Some(instructions) = &request.instructions {
         messages.push(json!({"role": "system", "content": instructions}));
     }
-    match request.input {
-        Some(Json::String(text)) => messages.push(json!({"role": "user", "content": text})),
-        Some(Json::Array(items)) => messages.extend(input_messages(items, &mut notes)?),
+    let input = match request.input {
+        Some(Json::String(text)) => vec![json!({"type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": text}]})],
+        Some(Json::Array(items)) => items,
         None | Some(Json::Null) => {
             return Err(ApiError::bad_param("input", "`input` is required"));
         }
@@ -84,7 +109,18 @@ pub fn split(request: ResponsesRequest) -> Result<ParsedRequest, ApiError> {
                 "`input` is a string or a list of input items",
             ));
         }
+    };
+    if input.is_empty() {
+        return Err(ApiError::bad_param("input", "`input` must not be empty"));
     }
+    let previous = context.previous.unwrap_or_default();
+    let items: Vec<Json> = previous.iter().chain(&input).cloned().collect();
+    messages.extend(input_messages(
+        items,
+        previous.len(),
+        context.sealer,
+        &mut notes,
+    )?);
     if messages.is_empty() {
         return Err(ApiError::bad_param("input", "`input` must not be empty"));
     }
@@ -130,6 +166,11 @@ pub fn split(request: ResponsesRequest) -> Result<ParsedRequest, ApiError> {
         text_format,
         metadata: request.metadata.unwrap_or_default(),
         user: request.user,
+        store,
+        previous_response_id: request.previous_response_id,
+        seal_reasoning,
+        input,
+        previous,
     };
     Ok(ParsedRequest {
         model: request.model,
@@ -171,39 +212,18 @@ fn note_other(other: &BTreeMap<String, Json>, notes: &mut FieldNotes) -> Result<
                     notes.session = Some((SessionSource::PromptCacheKey, key));
                 }
             }
-            ("store" | "background", Json::Bool(false)) => notes.advisory(field.clone()),
-            ("store", _) => {
+            ("background", Json::Bool(false)) => notes.advisory(field.clone()),
+            ("background", _) => {
                 return refuse(
-                    "the gateway keeps no responses (stateless): `store` must be false or unset"
+                    "background responses are not run: the answer comes on this connection; `background` must be false"
                         .into(),
                 );
             }
-            ("previous_response_id" | "conversation", _) => {
-                return refuse(format!(
-                    "the gateway keeps no responses (stateless): `{field}` cannot be honoured; send the whole conversation in `input`"
-                ));
-            }
-            ("background", _) => {
+            ("conversation", _) => {
                 return refuse(
-                    "background responses need stored state; `background` must be false".into(),
+                    "conversations are not kept; continue with `previous_response_id` or send the whole conversation in `input`"
+                        .into(),
                 );
-            }
-            ("include", Json::Array(items)) => {
-                for item in items {
-                    match item.as_str() {
-                        // Reasoning comes back as readable text in its item; nothing is sealed.
-                        Some("reasoning.encrypted_content") => {
-                            notes.advisory("include.reasoning.encrypted_content");
-                        }
-                        Some("message.output_text.logprobs") => {
-                            return refuse(
-                                "log probabilities are not served on /v1/responses".into(),
-                            );
-                        }
-                        Some(name) => notes.advisory(format!("include.{name}")),
-                        None => return refuse("`include` is a list of strings".into()),
-                    }
-                }
             }
             ("truncation", Json::String(s)) if s == "disabled" => {}
             ("truncation", _) => {
@@ -245,6 +265,32 @@ const CHAT_ONLY: [&str; 12] = [
     "stop_token_ids",
     "response_format",
 ];
+
+/// `include`: `reasoning.encrypted_content` seals reasoning items for the client to carry
+/// (returns whether it was asked); log probabilities are not served; anything else asks for
+/// data of hosted tools, which do not run here (advisory).
+fn note_include(include: Option<&[Json]>, notes: &mut FieldNotes) -> Result<bool, ApiError> {
+    let mut seal = false;
+    for item in include.unwrap_or_default() {
+        match item.as_str() {
+            Some("reasoning.encrypted_content") => seal = true,
+            Some("message.output_text.logprobs") => {
+                return Err(ApiError::bad_param(
+                    "include",
+                    "log probabilities are not served on /v1/responses",
+                ));
+            }
+            Some(name) => notes.advisory(format!("include.{name}")),
+            None => {
+                return Err(ApiError::bad_param(
+                    "include",
+                    "`include` is a list of strings",
+                ));
+            }
+        }
+    }
+    Ok(seal)
+}
 
 /// `reasoning`: `effort` is mapped onto the model's template switch (see
 /// [`crate::http::fields::Reasoning`]); `summary` is advisory (the reasoning comes back whole
@@ -294,14 +340,24 @@ fn allowed_keys(kind: &str) -> &'static [&'static str] {
 
 /// The chat messages of a list of input items, in order. Function calls join the assistant
 /// turn before them; a reasoning item joins the assistant turn after it.
-fn input_messages(items: Vec<Json>, notes: &mut FieldNotes) -> Result<Vec<Json>, ApiError> {
+fn input_messages(
+    items: Vec<Json>,
+    previous: usize,
+    sealer: &Sealer,
+    notes: &mut FieldNotes,
+) -> Result<Vec<Json>, ApiError> {
     let mut messages: Vec<Json> = Vec::new();
     let mut reasoning: Option<String> = None;
     for (i, item) in items.into_iter().enumerate() {
-        let at = |key: &str| format!("input[{i}].{key}");
+        // The previous response's items come first; a fault in them names that field.
+        let place = match i.checked_sub(previous) {
+            Some(j) => format!("input[{j}]"),
+            None => format!("previous_response_id.items[{i}]"),
+        };
+        let at = |key: &str| format!("{place}.{key}");
         let Json::Object(item) = item else {
             return Err(ApiError::bad_param(
-                format!("input[{i}]"),
+                place.clone(),
                 "an input item is an object",
             ));
         };
@@ -374,13 +430,25 @@ fn input_messages(items: Vec<Json>, notes: &mut FieldNotes) -> Result<Vec<Json>,
                 messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
             }
             _ => {
-                if item.get("encrypted_content").is_some_and(|v| !v.is_null()) {
-                    return Err(ApiError::bad_param(
-                        at("encrypted_content"),
-                        "encrypted reasoning cannot be read back by this gateway",
-                    ));
+                let mut text = reasoning_text(item.get("content"), &at("content"))?;
+                match item.get("encrypted_content") {
+                    None | Some(Json::Null) => {}
+                    // Sealed by this deployment: its text, when the item carries no other.
+                    Some(Json::String(sealed)) => match sealer.open(sealed) {
+                        Some(opened) if text.is_empty() => text = opened,
+                        Some(_) => {}
+                        // Sealed elsewhere (another deployment, OpenAI, a key since changed):
+                        // the turn's reasoning is left out, as most templates leave out past
+                        // reasoning anyway, and the request says so in its decisions.
+                        None => notes.advisory("input[].encrypted_content:unreadable"),
+                    },
+                    Some(_) => {
+                        return Err(ApiError::bad_param(
+                            at("encrypted_content"),
+                            "`encrypted_content` is a string",
+                        ));
+                    }
                 }
-                let text = reasoning_text(item.get("content"), &at("content"))?;
                 reasoning.get_or_insert_default().push_str(&text);
             }
         }

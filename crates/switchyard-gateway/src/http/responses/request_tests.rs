@@ -1,9 +1,21 @@
 use serde_json::{Value as Json, json};
 
+use super::super::store::Sealer;
 use super::*;
 
 fn parse(body: Json) -> Result<ParsedRequest, ApiError> {
-    split(serde_json::from_value(body).unwrap())
+    continued(body, None, &Sealer::from_secret(b"test"))
+}
+
+fn continued(
+    body: Json,
+    previous: Option<Vec<Json>>,
+    sealer: &Sealer,
+) -> Result<ParsedRequest, ApiError> {
+    split(
+        serde_json::from_value(body).unwrap(),
+        Context { previous, sealer },
+    )
 }
 
 fn param(body: Json) -> String {
@@ -156,11 +168,6 @@ fn what_cannot_be_honoured_is_refused_by_name() {
         b
     };
     for (extra, want) in [
-        (json!({"store": true}), "store"),
-        (
-            json!({"previous_response_id": "resp_1"}),
-            "previous_response_id",
-        ),
         (json!({"conversation": "conv_1"}), "conversation"),
         (json!({"tools": [{"type": "function"}]}), "tools[0].name"),
         (
@@ -256,13 +263,11 @@ fn codex_first_turn_is_taken_with_its_advisory_fields_noted() {
         [
             "brand_new",
             "client_metadata",
-            "include.reasoning.encrypted_content",
             "input[].phase",
             "max_tool_calls",
             "reasoning.summary",
             "safety_identifier",
             "service_tier",
-            "store",
             "text.verbosity",
             "tools.web_search"
         ]
@@ -270,5 +275,73 @@ fn codex_first_turn_is_taken_with_its_advisory_fields_noted() {
     assert_eq!(
         notes.unknown_names().collect::<Vec<_>>(),
         ["brand_new", "input[].phase"]
+    );
+    // `store: false` and the sealed reasoning Codex asks for are honoured.
+    let echo = parsed.responses.as_ref().unwrap();
+    assert!(!echo.store);
+    assert!(echo.seal_reasoning);
+}
+
+/// A turn continued from a stored conversation renders the earlier items first (a fault in
+/// them names `previous_response_id`), and its echo keeps both for the next record.
+#[test]
+fn a_previous_conversation_is_rendered_before_the_new_input() {
+    let sealer = Sealer::from_secret(b"test");
+    let previous = vec![
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}),
+        json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "id": "fc_1"}),
+    ];
+    let parsed = continued(
+        json!({"model": "m", "previous_response_id": "resp_1", "store": false,
+               "input": [{"type": "function_call_output", "call_id": "c1", "output": "ok"}]}),
+        Some(previous.clone()),
+        &sealer,
+    )
+    .unwrap();
+    let roles: Vec<_> = messages(&parsed)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "tool"]);
+    let echo = parsed.responses.unwrap();
+    assert!(!echo.store);
+    assert_eq!(echo.previous_response_id.as_deref(), Some("resp_1"));
+    assert_eq!(echo.previous, previous);
+    assert_eq!(echo.input.len(), 1);
+    let Err(ApiError::BadRequest { param, .. }) = continued(
+        json!({"model": "m", "previous_response_id": "resp_1", "input": "again"}),
+        Some(vec![json!("not an item")]),
+        &sealer,
+    ) else {
+        panic!("a broken stored item is refused");
+    };
+    assert_eq!(param.as_deref(), Some("previous_response_id.items[0]"));
+}
+
+/// Reasoning a client carried sealed (Codex with `store: false`) is read back into the turn it
+/// belongs to; one sealed elsewhere is left out, and the request says so.
+#[test]
+fn sealed_reasoning_is_read_back_and_a_foreign_one_is_left_out() {
+    let sealer = Sealer::from_secret(b"test");
+    let body = |sealed: String| {
+        json!({"model": "m", "include": ["reasoning.encrypted_content"], "store": false, "input": [
+            {"role": "user", "content": "weather?"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": sealed},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "18 C"}
+        ]})
+    };
+    let parsed = continued(body(sealer.seal("look it up")), None, &sealer).unwrap();
+    assert!(parsed.responses.as_ref().unwrap().seal_reasoning);
+    assert_eq!(messages(&parsed)[1]["reasoning_content"], "look it up");
+    assert!(parsed.notes.ignored().is_empty());
+    let foreign = Sealer::from_secret(b"elsewhere").seal("secret");
+    let parsed = continued(body(foreign), None, &sealer).unwrap();
+    assert_eq!(messages(&parsed)[1]["reasoning_content"], "");
+    assert_eq!(
+        parsed.notes.ignored(),
+        ["input[].encrypted_content:unreadable"]
     );
 }
