@@ -9,10 +9,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-mod support;
+use crate::support;
 
-#[path = "support/envoy_proxy.rs"]
-mod envoy_proxy;
+use crate::support::envoy_proxy;
 
 use std::time::Duration;
 

@@ -7,12 +7,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-mod support;
+use crate::support;
 
-#[path = "support/envoy_proxy.rs"]
-mod envoy_proxy;
-#[path = "support/fake_kube.rs"]
-mod fake_kube;
+use crate::support::envoy_proxy;
+use crate::support::fake_kube;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -12,7 +12,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod envoy_proxy;
 pub mod fake_engine;
+pub mod fake_kube;
 pub mod fault_proxy;
 pub mod kv_tamper;
 mod launch;

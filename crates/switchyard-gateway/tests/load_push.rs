@@ -7,7 +7,7 @@
 //! bookkeeping of its own for it, as for a request another gateway replica routed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! gRPC, the gateway's worker pool subscribed to them (`docs/scaling.md`, "A new gateway").
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

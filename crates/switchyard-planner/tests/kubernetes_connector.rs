@@ -531,7 +531,8 @@ async fn without_an_api_url_the_kubeconfig_is_used() {
     let output = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "without_an_api_url_the_kubeconfig_is_used",
+            // Its path in the `it` test binary (tests/it/main.rs).
+            "kubernetes_connector::without_an_api_url_the_kubeconfig_is_used",
             "--nocapture",
         ])
         .env(CHILD, "1")

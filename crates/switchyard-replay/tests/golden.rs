@@ -3,12 +3,12 @@
 //! `tests/golden/<case>.json`, written by the replayer before its speed work. A change to the
 //! simulator, the cluster loop or the router that moves any request by one microsecond fails
 //! here; a deliberate change of behaviour re-blesses the file with
-//! `SWITCHYARD_BLESS=1 cargo nextest run -p switchyard-replay --test golden` and says why in
+//! `SWITCHYARD_BLESS=1 cargo nextest run -p switchyard-replay --test it golden::` and says why in
 //! its commit.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 

@@ -7,7 +7,7 @@
 //! docs/BENCHMARKS.md "Disaggregation"):
 //!
 //! ```text
-//! cargo test --release -p switchyard-worker --test disagg_ttft -- --ignored --nocapture
+//! cargo test --release -p switchyard-worker --test it disagg_ttft -- --ignored --nocapture
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report

@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::pin::Pin;

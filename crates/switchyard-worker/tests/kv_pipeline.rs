@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-mod support;
+use crate::support;
 
 use futures::StreamExt;
 use support::{InProcessWorker as Worker, spawn_worker};

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-mod support;
+use crate::support;
 
 use futures::StreamExt;
 use support::{InProcessWorker as Worker, spawn_worker};

@@ -9,7 +9,7 @@ use switchyard_core::{BlockSize, EngineKind, Role};
 use switchyard_proto::v1::{GenerateRequest, RetentionHint, SamplingParams};
 use switchyard_worker::WorkerConfig;
 
-mod support;
+use crate::support;
 
 use support::fake_vllm::Fake;
 use support::spawn_worker;

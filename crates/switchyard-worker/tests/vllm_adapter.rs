@@ -19,7 +19,7 @@ use switchyard_worker::engine::{
 use switchyard_worker::metrics::{WorkerMetrics, sample};
 use switchyard_worker::state::WorkerState;
 
-mod support;
+use crate::support;
 
 use support::fake_vllm::{Fake, assert_mirrors, logged, seq, start};
 
