@@ -135,6 +135,12 @@ fn mooncake_approx_kv() {
     check("mooncake-approx-kv", mooncake_policy(PolicyKind::ApproxKv));
 }
 
+/// Dynamo's KV router cost (the comparison policy of issue 45) through the same cluster.
+#[test]
+fn mooncake_dynamo_kv() {
+    check("mooncake-dynamo-kv", mooncake_policy(PolicyKind::DynamoKv));
+}
+
 /// Delayed events and periodic load reports take the other paths of the cluster loop.
 #[test]
 fn mooncake_kv_delayed_events_and_reports() {

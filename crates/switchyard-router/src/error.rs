@@ -40,7 +40,7 @@ pub enum RouteError {
     InvalidConfig(String),
     /// The policy name is not one of the known policies.
     #[error(
-        "unknown routing policy {0:?} (expected kv, round-robin, random, least-loaded, session or approx-kv)"
+        "unknown routing policy {0:?} (expected kv, round-robin, random, least-loaded, session, approx-kv or dynamo-kv)"
     )]
     UnknownPolicy(String),
 }

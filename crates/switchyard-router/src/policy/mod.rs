@@ -8,12 +8,14 @@
 //! | `least-loaded` | the lowest queued prefill plus decode pressure, ignoring caches |
 //! | `session` | the worker a session id is pinned to, falling back to `kv`; see [`session`] |
 //! | `approx-kv` | `kv` scoring with overlap predicted from its own past decisions, for engines that publish no KV events; see [`approx`] |
+//! | `dynamo-kv` | NVIDIA Dynamo's KV router cost (overlap weight × prefill blocks + decode blocks), for comparison; see [`dynamo`] |
 //!
 //! Every policy fills the same per-worker breakdown ([`WorkerScore`]) so explanations can be
 //! compared across policies; `score` is the policy's own figure (lower is better).
 
 pub mod approx;
 mod cost;
+pub mod dynamo;
 mod explain;
 pub mod kv;
 mod placement;
@@ -29,6 +31,7 @@ use crate::load::{LoadView, Tick};
 
 pub use approx::{ApproxConfig, ApproxKvPolicy};
 pub use cost::{ASSUMED_KV_BYTES_PER_TOKEN, KvConfig, Onboarding};
+pub use dynamo::{DynamoConfig, DynamoKvPolicy};
 pub use explain::{Explanation, WorkerScore};
 pub use kv::KvPolicy;
 pub use session::{SessionConfig, SessionPolicy};
@@ -143,6 +146,7 @@ pub struct PolicyConfig {
     pub kv: KvConfig,
     pub session: SessionConfig,
     pub approx: ApproxConfig,
+    pub dynamo: DynamoConfig,
 }
 
 /// The policies by name, for the CLI and the admin API.
@@ -156,16 +160,18 @@ pub enum PolicyKind {
     LeastLoaded,
     Session,
     ApproxKv,
+    DynamoKv,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 6] = [
+    pub const ALL: [PolicyKind; 7] = [
         PolicyKind::Kv,
         PolicyKind::RoundRobin,
         PolicyKind::Random,
         PolicyKind::LeastLoaded,
         PolicyKind::Session,
         PolicyKind::ApproxKv,
+        PolicyKind::DynamoKv,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -176,6 +182,7 @@ impl PolicyKind {
             PolicyKind::LeastLoaded => "least-loaded",
             PolicyKind::Session => "session",
             PolicyKind::ApproxKv => "approx-kv",
+            PolicyKind::DynamoKv => "dynamo-kv",
         }
     }
 
@@ -200,6 +207,9 @@ impl PolicyKind {
                 config.approx.clone(),
                 KvPolicy::new(config.kv.clone(), config.seed)?,
             )?),
+            PolicyKind::DynamoKv => {
+                Box::new(DynamoKvPolicy::new(config.dynamo.clone(), config.seed)?)
+            }
         })
     }
 }
