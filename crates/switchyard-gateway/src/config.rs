@@ -470,7 +470,7 @@ pub struct GatewayArgs {
     /// Per-model reasoning parser, MODEL=NAME (qwen3, deepseek_r1, none; repeatable).
     #[arg(long = "reasoning-parser", value_parser = parse_model_tokenizer)]
     pub reasoning_parsers: Vec<(String, String)>,
-    /// Routing policy: kv, round-robin, random, least-loaded, session, approx-kv, dynamo-kv.
+    /// Routing policy: kv, round-robin, random, least-loaded, session, approx-kv, dynamo-kv, sglang-ca.
     #[arg(long, env = "SWITCHYARD_POLICY")]
     pub policy: Option<PolicyKind>,
     /// Whole-request deadline in seconds.

@@ -141,6 +141,12 @@ fn mooncake_dynamo_kv() {
     check("mooncake-dynamo-kv", mooncake_policy(PolicyKind::DynamoKv));
 }
 
+/// The SGLang router's cache-aware policy (issue 45's other comparison) through the same cluster.
+#[test]
+fn mooncake_sglang_ca() {
+    check("mooncake-sglang-ca", mooncake_policy(PolicyKind::SglangCa));
+}
+
 /// Delayed events and periodic load reports take the other paths of the cluster loop.
 #[test]
 fn mooncake_kv_delayed_events_and_reports() {

@@ -40,7 +40,7 @@ pub enum RouteError {
     InvalidConfig(String),
     /// The policy name is not one of the known policies.
     #[error(
-        "unknown routing policy {0:?} (expected kv, round-robin, random, least-loaded, session, approx-kv or dynamo-kv)"
+        "unknown routing policy {0:?} (expected kv, round-robin, random, least-loaded, session, approx-kv, dynamo-kv or sglang-ca)"
     )]
     UnknownPolicy(String),
 }

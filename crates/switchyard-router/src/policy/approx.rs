@@ -47,6 +47,8 @@ pub struct PredictedCache {
     workers: Vec<WorkerId>,
     by_id: FxHashMap<WorkerId, u32>,
     entries: usize,
+    /// Pairs predicted per worker slot.
+    held: Vec<usize>,
 }
 
 impl PredictedCache {
@@ -66,6 +68,7 @@ impl PredictedCache {
             Some(&s) => s,
             None => {
                 self.workers.push(worker.clone());
+                self.held.push(0);
                 let s = (self.workers.len() - 1) as u32;
                 self.by_id.insert(worker.clone(), s);
                 s
@@ -78,6 +81,9 @@ impl PredictedCache {
                 None => {
                     holders.push((slot, now));
                     self.entries += 1;
+                    if let Some(held) = self.held.get_mut(slot as usize) {
+                        *held += 1;
+                    }
                 }
             }
             self.queue.push_back((now, b, slot));
@@ -120,6 +126,9 @@ impl PredictedCache {
         {
             holders.swap_remove(i);
             self.entries -= 1;
+            if let Some(held) = self.held.get_mut(slot as usize) {
+                *held -= 1;
+            }
             if holders.is_empty() {
                 self.blocks.remove(&b);
             }
@@ -155,6 +164,18 @@ impl PredictedCache {
             !hs.is_empty()
         });
         self.entries -= removed;
+        if let Some(held) = self.held.get_mut(slot as usize) {
+            *held = 0;
+        }
+    }
+
+    /// Pairs predicted on `worker` (SGLang's per-worker tree size).
+    pub fn held(&self, worker: &WorkerId) -> usize {
+        self.by_id
+            .get(worker)
+            .and_then(|&slot| self.held.get(slot as usize))
+            .copied()
+            .unwrap_or(0)
     }
 }
 

@@ -9,6 +9,7 @@
 //! | `session` | the worker a session id is pinned to, falling back to `kv`; see [`session`] |
 //! | `approx-kv` | `kv` scoring with overlap predicted from its own past decisions, for engines that publish no KV events; see [`approx`] |
 //! | `dynamo-kv` | NVIDIA Dynamo's KV router cost (overlap weight × prefill blocks + decode blocks), for comparison; see [`dynamo`] |
+//! | `sglang-ca` | the SGLang router's cache-aware policy (balance thresholds, a tree of routed requests), for comparison; see [`sglang`] |
 //!
 //! Every policy fills the same per-worker breakdown ([`WorkerScore`]) so explanations can be
 //! compared across policies; `score` is the policy's own figure (lower is better).
@@ -20,6 +21,7 @@ mod explain;
 pub mod kv;
 mod placement;
 pub mod session;
+pub mod sglang;
 mod simple;
 
 use serde::{Deserialize, Serialize};
@@ -35,6 +37,7 @@ pub use dynamo::{DynamoConfig, DynamoKvPolicy};
 pub use explain::{Explanation, WorkerScore};
 pub use kv::KvPolicy;
 pub use session::{SessionConfig, SessionPolicy};
+pub use sglang::{SglangCaPolicy, SglangConfig};
 pub use simple::{LeastLoadedPolicy, RandomPolicy, RoundRobinPolicy};
 
 /// What the router knows about a request when it routes it.
@@ -147,6 +150,7 @@ pub struct PolicyConfig {
     pub session: SessionConfig,
     pub approx: ApproxConfig,
     pub dynamo: DynamoConfig,
+    pub sglang: SglangConfig,
 }
 
 /// The policies by name, for the CLI and the admin API.
@@ -161,10 +165,11 @@ pub enum PolicyKind {
     Session,
     ApproxKv,
     DynamoKv,
+    SglangCa,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 7] = [
+    pub const ALL: [PolicyKind; 8] = [
         PolicyKind::Kv,
         PolicyKind::RoundRobin,
         PolicyKind::Random,
@@ -172,6 +177,7 @@ impl PolicyKind {
         PolicyKind::Session,
         PolicyKind::ApproxKv,
         PolicyKind::DynamoKv,
+        PolicyKind::SglangCa,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -183,13 +189,14 @@ impl PolicyKind {
             PolicyKind::Session => "session",
             PolicyKind::ApproxKv => "approx-kv",
             PolicyKind::DynamoKv => "dynamo-kv",
+            PolicyKind::SglangCa => "sglang-ca",
         }
     }
 
     /// Whether the policy's explanation shows the prefix index's overlap (every policy but
-    /// `approx-kv`, which shows its own prediction).
+    /// `approx-kv` and `sglang-ca`, which show their own predictions).
     pub fn scores_index_overlap(self) -> bool {
-        self != PolicyKind::ApproxKv
+        !matches!(self, PolicyKind::ApproxKv | PolicyKind::SglangCa)
     }
 
     /// Builds the policy, checking the settings it uses.
@@ -210,6 +217,7 @@ impl PolicyKind {
             PolicyKind::DynamoKv => {
                 Box::new(DynamoKvPolicy::new(config.dynamo.clone(), config.seed)?)
             }
+            PolicyKind::SglangCa => Box::new(SglangCaPolicy::new(config.sglang.clone())?),
         })
     }
 }
