@@ -13,13 +13,14 @@ use switchyard_gateway::audit::RequestTags;
 use switchyard_gateway::error::ApiError;
 use switchyard_gateway::http::AppState;
 use switchyard_gateway::http::completions::{salted_identity, served_model};
+use switchyard_gateway::http::fields::template_kwargs;
 use switchyard_gateway::pool::ModelRoutes;
 use switchyard_gateway::preprocess::{self, Sessions};
 use switchyard_gateway::quota::QuotaPass;
 use switchyard_gateway::routing::{self, RoutedRequest};
 use switchyard_router::serve::DecodeFilter;
 use switchyard_router::{RouteError, RouteRequest};
-use switchyard_tokenize::ChatMessage;
+use switchyard_tokenize::ChatRequest;
 
 use crate::config::{EppConfig, FailureMode};
 use crate::envoy::{Headers, in_subset};
@@ -70,10 +71,10 @@ struct Asked {
 
 #[derive(Debug)]
 enum PromptText {
-    Chat {
-        messages: Vec<ChatMessage>,
-        tools: Option<Vec<Value>>,
-    },
+    /// Rendered as the model server renders it: its messages, tools and template switches
+    /// (`chat_template_kwargs`, `add_generation_prompt`), so the picker hashes the tokens the
+    /// engine will compute.
+    Chat(ChatRequest),
     Text(String),
     Tokens(Vec<TokenId>),
 }
@@ -278,11 +279,18 @@ fn read_body(path: &str, body: &[u8]) -> Result<Asked, ApiError> {
             Some(Value::Array(messages)) => preprocess::parse_messages(messages)?,
             _ => return Err(ApiError::bad_param("messages", "messages must be a list")),
         };
-        let tools = match fields.remove("tools") {
+        let mut chat = ChatRequest::new(messages);
+        chat.tools = match fields.remove("tools") {
             Some(Value::Array(tools)) => Some(tools),
             _ => None,
         };
-        PromptText::Chat { messages, tools }
+        if let Some(kwargs) = fields.remove("chat_template_kwargs") {
+            chat.template_kwargs = template_kwargs(&kwargs, "chat_template_kwargs")?;
+        }
+        if let Some(Value::Bool(open)) = fields.remove("add_generation_prompt") {
+            chat.add_generation_prompt = open;
+        }
+        PromptText::Chat(chat)
     } else {
         match fields.remove("prompt") {
             Some(prompt) => prompt_of(prompt)?,
@@ -347,8 +355,8 @@ async fn tokenize(
         PromptText::Text(text) => {
             preprocess::encode_text(&state.metrics, tokenizer, text, sessions, max).await
         }
-        PromptText::Chat { messages, tools } => {
-            preprocess::encode_chat(&state.metrics, tokenizer, messages, tools, sessions, max).await
+        PromptText::Chat(chat) => {
+            preprocess::encode_chat(&state.metrics, tokenizer, chat, sessions, max).await
         }
     }
 }
@@ -380,7 +388,24 @@ mod tests {
         assert_eq!(chat.model.as_deref(), Some("m"));
         assert_eq!(chat.max_tokens, Some(7));
         assert_eq!(chat.user.as_deref(), Some("u"));
-        assert!(matches!(chat.prompt, Some(PromptText::Chat { .. })));
+        assert!(matches!(chat.prompt, Some(PromptText::Chat(_))));
+        // The template switches a client sets reach the picker's rendering, as the engine's.
+        let switched = read_body(
+            "/v1/chat/completions",
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false}"#,
+        )
+        .unwrap();
+        let Some(PromptText::Chat(chat)) = switched.prompt else {
+            panic!("a chat prompt");
+        };
+        assert_eq!(chat.template_kwargs["enable_thinking"], Value::Bool(false));
+        assert!(!chat.add_generation_prompt);
+        let bad = read_body(
+            "/v1/chat/completions",
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":[1]}"#,
+        )
+        .unwrap_err();
+        assert!(bad.to_string().contains("chat_template_kwargs"), "{bad}");
         let tokens = read_body("/v1/completions", br#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
         assert!(matches!(tokens.prompt, Some(PromptText::Tokens(t)) if t == [1, 2, 3]));
         let batch = read_body("/v1/completions", br#"{"model":"m","prompt":["a","b"]}"#).unwrap();

@@ -242,19 +242,17 @@ fn encode_with(
     }
 }
 
-/// Renders the chat template and tokenizes the result (at most `max` tokens).
+/// Renders the chat template for `request` (its messages, tools and template switches) and
+/// tokenizes the result (at most `max` tokens).
 pub async fn encode_chat(
     metrics: &Metrics,
     model: Arc<ModelTokenizer>,
-    messages: Vec<ChatMessage>,
-    tools: Option<Vec<serde_json::Value>>,
+    request: ChatRequest,
     sessions: Sessions,
     max: usize,
 ) -> Result<Vec<TokenId>, ApiError> {
-    let size = chat_size(&messages, &tools);
+    let size = chat_size(&request.messages, &request.tools);
     off_reactor(metrics, size, move || {
-        let mut request = ChatRequest::new(messages);
-        request.tools = tools;
         let text = model.dir.render_chat(&request).map_err(tokenize_error)?;
         encode_with(&model, &text, &sessions, max)
     })

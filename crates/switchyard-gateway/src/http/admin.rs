@@ -216,8 +216,7 @@ async fn explain_prompt(
             preprocess::encode_chat(
                 &state.metrics,
                 model_dir,
-                messages,
-                None,
+                switchyard_tokenize::ChatRequest::new(messages),
                 Sessions::Bypass,
                 max,
             )
