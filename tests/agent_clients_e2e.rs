@@ -144,8 +144,14 @@ impl Workspace {
         )
         .await;
         assert!(output.status.success(), "codex: {}", text(&output));
-        let all = text(&output);
-        assert!(!all.contains("ERROR"), "codex reported an error: {all}");
+        // Codex reports a failed turn on stderr as `ERROR: …` (the simulated answer on stdout is
+        // random text, which may hold the word).
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !stderr.lines().any(|l| l.starts_with("ERROR")),
+            "codex reported an error: {}",
+            text(&output)
+        );
         output
     }
 }
@@ -185,7 +191,8 @@ async fn claude_code_and_codex_run_on_switchyard_up_as_the_readme_starts_it() {
     // Claude Code: a normal answer that ends its turn, then the same session resumed.
     let first = ws.claude(&api, "sim-8b", "Say hello", &[]).await;
     assert_eq!(first["stop_reason"], "end_turn", "{first}");
-    assert!(!first["result"].as_str().unwrap().is_empty(), "{first}");
+    // The simulated model's text is random (it may even end at once): a string, however long.
+    assert!(first["result"].is_string(), "{first}");
     let session = first["session_id"].as_str().unwrap().to_owned();
     let again = ws
         .claude(&api, "sim-8b", "Say it again", &["--resume", &session])
