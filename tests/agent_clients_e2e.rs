@@ -343,30 +343,16 @@ async fn tool_loops_in_front_of(flavor: &str) {
     reasoning_switches_reach_the_engine(&endpoint, &cluster, &fake).await;
 }
 
-/// The Qwen3 test tokenizer (`crates/switchyard-tokenize/fetch-test-models.sh`).
-fn qwen3_dir() -> String {
-    let dir = std::env::var("SWITCHYARD_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").expect("HOME"))
-                .join(".cache/switchyard/test-models")
-        })
-        .join("qwen3");
-    assert!(
-        dir.join("tokenizer.json").is_file(),
-        "Qwen3 tokenizer missing in {}: run crates/switchyard-tokenize/fetch-test-models.sh",
-        dir.display()
-    );
-    dir.to_string_lossy().into_owned()
-}
-
 /// `chat_template_kwargs`, `reasoning_effort` and Anthropic's `thinking: disabled` change the
 /// tokens the engine receives exactly as the model's template renders the switch: a gateway
 /// with Qwen3's tokenizer and template in front of the same engine sends the prompt `/tokenize`
 /// renders with `enable_thinking: false`, not the default one.
 async fn reasoning_switches_reach_the_engine(etcd: &str, cluster: &str, fake: &Fake) {
     let gateway = Launch::gateway(etcd, cluster)
-        .arg("--model-tokenizer", &format!("fake-model={}", qwen3_dir()))
+        .arg(
+            "--model-tokenizer",
+            &format!("fake-model={}", support::qwen3_dir()),
+        )
         .start()
         .await;
     let api = format!("http://{}", gateway.address);

@@ -433,19 +433,7 @@ async fn openai_api_serves_requests_and_refuses_bad_input() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hugging_face_tokenizer_and_chat_template_serve_the_api() {
-    let dir = std::env::var("SWITCHYARD_TEST_MODELS")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| {
-            std::path::PathBuf::from(std::env::var("HOME").expect("HOME"))
-                .join(".cache/switchyard/test-models")
-        })
-        .join("qwen3");
-    assert!(
-        dir.join("tokenizer.json").is_file(),
-        "Qwen3 tokenizer missing in {}: run crates/switchyard-tokenize/fetch-test-models.sh (the README test command does)",
-        dir.display()
-    );
-    let dir = dir.to_string_lossy().into_owned();
+    let dir = support::qwen3_dir();
     let up = Launch::up(1)
         .arg("--speedup", "50")
         .arg("--tokenizer", &dir)

@@ -206,25 +206,6 @@ fn without_ids(items: &Value) -> Value {
     items
 }
 
-/// The Qwen3 test tokenizer (`crates/switchyard-tokenize/fetch-test-models.sh`), whose template
-/// renders the reasoning of the current tool-calling turn, so what reaches the engine shows
-/// whether a turn's reasoning was read back.
-fn qwen3_dir() -> String {
-    let dir = std::env::var("SWITCHYARD_TEST_MODELS")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| {
-            std::path::PathBuf::from(std::env::var("HOME").expect("HOME"))
-                .join(".cache/switchyard/test-models")
-        })
-        .join("qwen3");
-    assert!(
-        dir.join("tokenizer.json").is_file(),
-        "Qwen3 tokenizer missing in {}: run crates/switchyard-tokenize/fetch-test-models.sh",
-        dir.display()
-    );
-    dir.to_string_lossy().into_owned()
-}
-
 /// Stored responses are shared by two gateway replicas through Redis: one stores, the other
 /// reads it back, lists its input, continues from it (`previous_response_id`) and deletes it.
 /// With `store: false` and `include: ["reasoning.encrypted_content"]` (Codex's way) the
@@ -247,7 +228,10 @@ async fn stored_responses_and_sealed_reasoning_work_across_two_replicas_sharing_
     std::fs::write(&key, "a secret both replicas hold").unwrap();
     let replica = || {
         Launch::gateway(&endpoint, &cluster)
-            .arg("--model-tokenizer", &format!("{MODEL}={}", qwen3_dir()))
+            .arg(
+                "--model-tokenizer",
+                &format!("{MODEL}={}", support::qwen3_dir()),
+            )
             .arg("--reasoning-parser", &format!("{MODEL}=qwen3"))
             .arg("--responses-redis-url", &redis.url())
             .arg("--responses-key-file", key.to_str().unwrap())

@@ -346,3 +346,21 @@ pub async fn refused_at_start<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(
     );
     assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
 }
+
+/// The Qwen3 test tokenizer's directory (`crates/switchyard-tokenize/fetch-test-models.sh`, which
+/// the README test command runs; `SWITCHYARD_TEST_MODELS` overrides the cache).
+pub fn qwen3_dir() -> String {
+    let dir = std::env::var("SWITCHYARD_TEST_MODELS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::PathBuf::from(std::env::var("HOME").expect("HOME"))
+                .join(".cache/switchyard/test-models")
+        })
+        .join("qwen3");
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "Qwen3 tokenizer missing in {}: run crates/switchyard-tokenize/fetch-test-models.sh (the README test command does)",
+        dir.display()
+    );
+    dir.to_string_lossy().into_owned()
+}

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::{Limits, QuotaArgs, QuotaConfig, RedisConfig, StoreDown};
-pub(crate) use redis::client_of as redis_client;
+pub(crate) use redis::connection_of as redis_connection;
 use store::{Lease, MemoryStore, QuotaStore, StoreError, Verdict};
 
 use crate::error::ApiError;

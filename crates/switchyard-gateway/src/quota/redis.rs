@@ -93,14 +93,7 @@ impl RedisStore {
         prefix: &str,
         timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let client = client_of(config)?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
-        let connection = ConnectionManager::new_lazy_with_config(client, manager_config)
-            .map_err(|e| StoreError(format!("redis at {}: {e}", redacted(&config.url))))?;
+        let connection = connection_of(config, timeout)?;
         Ok(Self {
             connection,
             prefix: format!("{prefix}:quota"),
@@ -115,8 +108,24 @@ impl RedisStore {
     }
 }
 
+/// A lazily connecting, self-reconnecting connection to the Redis `config` names, each call
+/// bounded by `timeout`: a Redis that is down at start fails calls, not the gateway's start.
+pub(crate) fn connection_of(
+    config: &RedisConfig,
+    timeout: Duration,
+) -> Result<ConnectionManager, StoreError> {
+    let client = client_of(config)?;
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_secs(1));
+    ConnectionManager::new_lazy_with_config(client, manager_config)
+        .map_err(|e| StoreError(format!("redis at {}: {e}", redacted(&config.url))))
+}
+
 /// The Redis client: URL, then the password and user from their files, then TLS roots.
-pub(crate) fn client_of(config: &RedisConfig) -> Result<Client, StoreError> {
+fn client_of(config: &RedisConfig) -> Result<Client, StoreError> {
     let url = redacted(&config.url);
     let bad = |e: &dyn std::fmt::Display| StoreError(format!("redis url {url}: {e}"));
     let mut info: redis::ConnectionInfo =

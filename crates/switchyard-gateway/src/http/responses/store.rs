@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use parking_lot::Mutex;
 use redis::AsyncCommands;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
@@ -285,14 +285,8 @@ impl RedisResponses {
         ttl: Duration,
         timeout: Duration,
     ) -> Result<Self, String> {
-        let client = crate::quota::redis_client(config).map_err(|e| e.0)?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_secs(1));
-        let connection = ConnectionManager::new_lazy_with_config(client, manager_config)
-            .map_err(|e| format!("responses redis: {e}"))?;
+        let connection = crate::quota::redis_connection(config, timeout)
+            .map_err(|e| format!("responses {}", e.0))?;
         Ok(Self {
             connection,
             prefix: format!("{prefix}:responses"),
