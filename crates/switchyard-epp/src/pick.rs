@@ -151,19 +151,19 @@ pub async fn pick(
         aggregated_only: true,
         adapter: request.adapter.as_deref(),
     };
+    let tags = Arc::new(RequestTags {
+        request_id: request_id.clone(),
+        session: session_tag,
+        ..RequestTags::default()
+    });
     let routed = routing::route_within(
         &state.pool,
         &routes,
-        &request,
-        max_tokens,
-        filter,
+        routing::DecodeAsk {
+            note: note.as_deref(),
+            ..routing::DecodeAsk::first(&request, max_tokens, filter, &tags)
+        },
         &within,
-        &Arc::new(RequestTags {
-            request_id: request_id.clone(),
-            session: session_tag,
-            ..RequestTags::default()
-        }),
-        note.as_deref(),
     )
     .map_err(|err| unavailable(&routes, subset, err))?;
     let destination = destination(state, &routed, &request, epp.fallbacks);

@@ -113,15 +113,16 @@ fn main() {
                     None,
                 );
                 let hashed = t.elapsed();
+                let tags = std::sync::Arc::new(switchyard_gateway::audit::RequestTags::new("b"));
                 let routed = routing::route(
                     &pool,
                     &routes,
-                    black_box(&request),
-                    4,
-                    DecodeFilter::default(),
-                    &std::sync::Arc::new(switchyard_gateway::audit::RequestTags::new("b")),
-                    1,
-                    None,
+                    routing::DecodeAsk::first(
+                        black_box(&request),
+                        4,
+                        DecodeFilter::default(),
+                        &tags,
+                    ),
                 )
                 .unwrap();
                 let elapsed = t.elapsed();

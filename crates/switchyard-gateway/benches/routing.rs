@@ -37,22 +37,20 @@ fn routing_overhead(c: &mut Criterion) {
                 &prompt,
                 |b, prompt| {
                     b.iter(|| {
+                        // Hashing the prompt is part of routing's cost, as dispatch pays it per attempt.
+                        let request = routing::route_request(
+                            &pool,
+                            &routes,
+                            black_box(prompt),
+                            &KvIdentity::PLAIN,
+                            None,
+                        );
+                        let tags =
+                            std::sync::Arc::new(switchyard_gateway::audit::RequestTags::new("b"));
                         routing::route(
                             &pool,
                             &routes,
-                            // Hashing the prompt is part of routing's cost, as dispatch pays it per attempt.
-                            &routing::route_request(
-                                &pool,
-                                &routes,
-                                black_box(prompt),
-                                &KvIdentity::PLAIN,
-                                None,
-                            ),
-                            4,
-                            DecodeFilter::default(),
-                            &std::sync::Arc::new(switchyard_gateway::audit::RequestTags::new("b")),
-                            1,
-                            None,
+                            routing::DecodeAsk::first(&request, 4, DecodeFilter::default(), &tags),
                         )
                         .unwrap()
                     })

@@ -79,6 +79,19 @@ pub struct ErrorObject<'a> {
     pub code: Option<&'a str>,
 }
 
+/// The serving sequence's errors, by who is at fault.
+impl From<switchyard_router::serve::ServeError> for ApiError {
+    fn from(err: switchyard_router::serve::ServeError) -> Self {
+        use switchyard_router::serve::ServeError;
+        match err {
+            ServeError::BadRequest(message) => ApiError::bad_request(message),
+            ServeError::Unavailable(message) => ApiError::Unavailable(message),
+            ServeError::Upstream(message) => ApiError::Upstream(message),
+            ServeError::Internal(message) => ApiError::Internal(message),
+        }
+    }
+}
+
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError::BadRequest {

@@ -13,7 +13,7 @@ use switchyard_router::{PolicyConfig, PolicyKind};
 use tokio::time::Instant;
 use tracing::Span;
 
-use crate::disagg::{self, DisaggSettings, Disaggregation, Prefilled, prefill_stage};
+use crate::disagg::{self, DisaggSettings, Disaggregation};
 use crate::dispatch::{self, DispatchEvent, GenerateJob};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -109,85 +109,49 @@ async fn aggregated_routes_leave_out_workers_that_need_a_prefill() {
 }
 
 /// Under `auto`, a short prompt on a decode worker that needs a prefill still tries the prefill
-/// pool; without a prefill worker (none registered, or every one failing) the stage reroutes
-/// instead of falling back to aggregated, and `enforce` still fails as before.
-/// The prefill stage of a first attempt whose decode worker is the pool's only decode worker.
-async fn stage(
-    pool: &Arc<WorkerPool>,
-    routes: &Arc<ModelRoutes>,
-    settings: DisaggSettings,
-) -> Prefilled {
-    let tokens: Vec<u32> = (0..16).collect();
-    let request = routing::route_request(pool, routes, &tokens, &KvIdentity::PLAIN, None);
-    let mut decode = routing::route(
-        pool,
-        routes,
-        &request,
-        4,
-        DecodeFilter::default(),
-        &Arc::new(crate::audit::RequestTags::new("r")),
-        1,
-        None,
-    )
-    .unwrap();
-    let mut excluded = Vec::new();
-    prefill_stage(
-        pool,
-        routes,
-        &settings,
-        &request,
-        crate::disagg::PrefillAsk {
-            request_id: "r",
-            prompt: &tokens,
-            identity: &KvIdentity::PLAIN,
-            retention: Default::default(),
-        },
-        &mut decode,
-        &Arc::new(crate::audit::RequestTags::new("r")),
-        2,
-        &mut excluded,
-        Span::none(),
-    )
-    .await
-}
-
+/// pool; when every prefill worker fails (nothing listens on its address) the request is
+/// rerouted rather than sent bare to that worker, and `enforce` fails with the prefill
+/// failures. Every booking of those attempts is released.
 #[tokio::test]
-async fn the_prefill_stage_reroutes_instead_of_falling_back_to_aggregated() {
-    // No prefill worker at all.
-    let (p, r) = pool(&[info("d", Role::Decode, EngineKind::Sglang)]);
-    match stage(&p, &r, auto()).await {
-        Prefilled::Reroute(why) => assert!(why.contains("no prefill worker"), "{why}"),
-        other => panic!("expected a reroute, got {other:?}"),
-    }
-    p.shutdown().await;
-    // A decode worker that can serve aggregated keeps the old behaviour (short prompt:
-    // aggregated).
-    let (p, r) = pool(&[info("v", Role::Decode, EngineKind::Vllm)]);
-    match stage(&p, &r, auto()).await {
-        Prefilled::Aggregated(why) => assert!(why.contains("below the threshold"), "{why}"),
-        other => panic!("expected aggregated, got {other:?}"),
-    }
-    p.shutdown().await;
-
-    // A prefill worker that fails every call (nothing listens on its address): the short
-    // prompt was sent to it anyway, and its failures end in a reroute.
+async fn failing_prefill_workers_end_in_a_reroute_not_an_aggregated_request() {
     let (p, r) = pool(&[
         info("d", Role::Decode, EngineKind::Sglang),
         info("p", Role::Prefill, EngineKind::Sglang),
     ]);
-    match stage(&p, &r, auto()).await {
-        Prefilled::Reroute(why) => assert!(why.contains("prefill failed everywhere"), "{why}"),
-        other => panic!("expected a reroute, got {other:?}"),
+    match failure(&p, job(&r, Disaggregation::Auto)).await {
+        ApiError::Unavailable(message) => {
+            assert!(
+                message.contains("decode worker d (sglang, role decode)"),
+                "{message}"
+            );
+            assert!(message.contains("prefill failed everywhere"), "{message}");
+        }
+        other => panic!("expected a 503, got {other:?}"),
     }
-    let mut enforce = auto();
-    enforce.serve.disaggregation = Disaggregation::Enforce;
-    match stage(&p, &r, enforce).await {
-        Prefilled::Fail(ApiError::Unavailable(message)) => {
+    match failure(&p, job(&r, Disaggregation::Enforce)).await {
+        ApiError::Unavailable(message) => {
             assert!(message.contains("every prefill worker failed"), "{message}")
         }
         other => panic!("expected a 503, got {other:?}"),
     }
-    // Every booking of those attempts is released.
+    // The decode decision and the prefill decision of each try are logged with their ends.
+    let log: Vec<(String, crate::audit::OutcomeStatus)> = p
+        .decisions
+        .entries()
+        .iter()
+        .map(|d| (d.decision.worker.to_string(), d.outcome().status))
+        .collect();
+    use crate::audit::OutcomeStatus::{Failed, Rerouted};
+    assert_eq!(
+        log,
+        [
+            ("d".to_owned(), Rerouted),
+            ("p".to_owned(), Failed),
+            ("d".to_owned(), Failed),
+            ("p".to_owned(), Failed),
+        ],
+        "{log:?}"
+    );
     assert!(r.lock().serving.load.bookings().is_empty());
     p.shutdown().await;
 }

@@ -1,43 +1,46 @@
-//! Dispatch: run a generation on a worker and stream its tokens back, hiding worker failures.
+//! Dispatch: run a generation on workers and stream its tokens back, hiding worker failures.
 //!
-//! Each attempt goes `route → prefill? → stream`, and its end decides what follows
-//! (`done | retry | migrate | reroute | fail`): a worker that fails before the first token is
-//! replaced by another (up to `max_retries`); a worker that fails mid-stream is replaced by
-//! another that continues from the prompt plus the tokens generated so far (up to
-//! `max_migrations`). The transitions are pure ([`attempts`]); this module runs them over the
-//! pool's [`WorkerTransport`](crate::transport::WorkerTransport). When the consumer drops its
-//! receiver (the client went away, or a stop string matched) the task ends, which drops the
-//! worker stream, which aborts the request on the worker. Every generation ends with
-//! `Finished` or `Failed` before the deadline: none hangs.
+//! The sequence — route, the serving mode, the prefill pool and its retries, generation, and
+//! what an attempt's end leads to (`done | retry | migrate | reroute | fail`) — is the router's
+//! serving machine ([`Serving`]); this module is its driver over the pool's
+//! [`WorkerTransport`](crate::transport::WorkerTransport): each [`Step`] is carried out here
+//! (routing under the model's lock with bookings held by guards, the Prefill and Generate
+//! calls, the decision log, spans and metrics) and its outcome is handed back. A worker that
+//! fails before the first token is replaced by another (up to `max_retries`); a worker that
+//! fails mid-stream is replaced by another that continues from the prompt plus the tokens
+//! generated so far (up to `max_migrations`). When the consumer drops its receiver (the client
+//! went away, or a stop string matched) the task ends, which drops the worker stream, which
+//! aborts the request on the worker. Every generation ends with `Finished` or `Failed` before
+//! the deadline: none hangs.
 
-mod attempts;
+mod classify;
+mod prefill;
+mod stream;
 #[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use switchyard_core::{KvIdentity, Sampling, TokenId, TokenLogprob, WorkerId};
-use switchyard_proto::v1::{self, GenerateRequest, SamplingParams};
-use switchyard_router::RouteError;
-use switchyard_router::serve::DecodeFilter;
+use switchyard_proto::v1;
+use switchyard_router::RouteRequest;
+use switchyard_router::serve::{
+    After, DecodeFilter, Plan, PrefillAsk, PrefillPick, RouteAsk, RouteFailure, Routed, ServeError,
+    Serving, Step,
+};
 use switchyard_telemetry::{GATEWAY_SPANS, record_error};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::Instrument;
 use tracing::field::Empty;
+use tracing::{Instrument, Span};
 
-use crate::audit::realized::{Realized, realize};
 use crate::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
-use crate::disagg::{
-    DisaggSettings, Disaggregation, PrefillAsk, Prefilled, prefill_stage, serves_only_with_prefill,
-};
+use crate::disagg::DisaggSettings;
 use crate::error::ApiError;
-use crate::health::{Liveness, is_transport_failure};
 use crate::pool::{ModelRoutes, WorkerPool};
-use crate::routing::{self, RoutedRequest, needs_prefill};
-use attempts::{AttemptEnd, AttemptKind, Attempts, Next, classify};
+use crate::routing::{self, PrefillRoute, RoutedRequest, needs_prefill};
 
+pub use switchyard_router::serve::Finish;
 /// One generation to run.
 #[derive(Debug, Clone)]
 pub struct GenerateJob {
@@ -65,13 +68,6 @@ pub struct GenerateJob {
     pub disagg: DisaggSettings,
     /// The request's trace span: the parent of each attempt's `route`, `prefill` and `decode`.
     pub span: tracing::Span,
-}
-
-/// Why generation ended by itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    Length,
-    Stop,
 }
 
 /// What the consumer receives, in order: `Started`, any number of `Tokens`, then `Finished`;
@@ -149,6 +145,8 @@ impl Drop for UnfinishedAttempt {
 struct OutcomeGuard {
     decisions: Arc<DecisionLog>,
     entry: Arc<DecisionEntry>,
+    /// The decision's worker, for the logs of what follows it.
+    worker: WorkerId,
 }
 
 impl OutcomeGuard {
@@ -169,24 +167,94 @@ impl Drop for OutcomeGuard {
     }
 }
 
-/// Runs attempts until one finishes the generation or the request fails.
+/// Drives the request's [`Serving`] machine until it finishes or fails.
 async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<DispatchEvent>) {
-    let mut attempts = Attempts::new(job.sampling.max_tokens, job.max_retries, job.max_migrations);
+    let mut driver = Driver {
+        pool,
+        serving: Serving::new(Plan {
+            model: job.routes.model.clone(),
+            settings: job.disagg.serve,
+            max_tokens: job.sampling.max_tokens,
+            max_retries: job.max_retries,
+            max_migrations: job.max_migrations,
+            logprobs: job.sampling.logprobs.is_some(),
+        }),
+        job: &job,
+        tx,
+        attempt: None,
+        outcome: None,
+    };
+    let mut step = driver.serving.start();
     loop {
-        let attempt = attempts.begin();
-        let kind = attempts.kind();
-        let context = attempts.context(&job.prompt);
-        // Log probabilities are computed where the tokens are: a prefill worker's first token
-        // comes without one, so such a request is served aggregated.
-        let logprobs = job.sampling.logprobs.is_some();
-        let aggregated_only = logprobs || attempts.aggregated_only(&job.disagg.serve);
-        let prefill_pool = attempts.may_use_prefill_pool() && !logprobs;
+        step = match step {
+            Step::Route(ask) => driver.route(ask),
+            Step::ChoosePrefill(ask) => driver.choose_prefill(&ask),
+            Step::Prefill {
+                worker,
+                try_number,
+                why,
+            } => driver.prefill(&worker, try_number, &why).await,
+            Step::Generate { mode, .. } => driver.generate(mode).await,
+            Step::Finish(finish) => {
+                driver.end_outcome(OutcomeStatus::Completed, None);
+                let _ = tx.send(DispatchEvent::Finished(finish)).await;
+                return;
+            }
+            Step::Fail(err) => {
+                driver.fail(err).await;
+                return;
+            }
+            Step::Stop => return,
+        };
+    }
+}
+
+/// One request's dispatch: the machine, and what its current attempt holds.
+struct Driver<'a> {
+    pool: &'a Arc<WorkerPool>,
+    job: &'a GenerateJob,
+    tx: &'a mpsc::Sender<DispatchEvent>,
+    serving: Serving,
+    /// The current attempt, from its route until its generation starts.
+    attempt: Option<Attempt>,
+    /// The current decode decision, until its outcome is written.
+    outcome: Option<OutcomeGuard>,
+}
+
+/// What one attempt holds between the machine's steps.
+struct Attempt {
+    number: u32,
+    kind: switchyard_router::serve::AttemptKind,
+    /// The attempt's route request (its context's block hashes).
+    request: RouteRequest,
+    /// The prompt plus what earlier attempts generated.
+    context: Vec<TokenId>,
+    /// The `route` span, open until the serving mode is decided.
+    route_span: Option<Span>,
+    /// The decode worker's route; dropping it releases its booking.
+    decode: RoutedRequest,
+    /// The prefill worker booked for the attempt, until its Prefill ran.
+    prefill: Option<RoutedRequest>,
+    /// Where the decode worker's prompt KV comes from.
+    source: KvSource,
+}
+
+impl Driver<'_> {
+    /// [`Step::Route`]: writes what ended the previous attempt, then routes and books this
+    /// one's decode worker.
+    fn route(&mut self, ask: RouteAsk) -> Step {
+        if let Some(after) = &ask.after {
+            self.previous_ended(after);
+        }
+        // A rerouted attempt's decode worker is let go here: its booking ends.
+        self.attempt = None;
+        let (pool, job) = (self.pool, self.job);
         let route_span = tracing::info_span!(
             target: GATEWAY_SPANS,
             parent: &job.span,
             "route",
-            attempt = i64::from(attempt),
-            attempt.kind = kind.as_str(),
+            attempt = i64::from(ask.attempt),
+            attempt.kind = ask.kind.as_str(),
             policy = Empty,
             worker = Empty,
             overlap_blocks = Empty,
@@ -195,6 +263,7 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             mode_reason = Empty,
             prefill_worker = Empty,
         );
+        let context = self.serving.context(&job.prompt);
         // Outside the model's lock; only the tokens after the prompt's hashed blocks are hashed
         // here (a migrated attempt's generated tokens).
         let request = routing::route_request_from(
@@ -206,162 +275,166 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
             job.session.clone(),
         );
         let filter = DecodeFilter {
-            exclude: &attempts.excluded,
-            aggregated_only,
+            exclude: &ask.exclude,
+            aggregated_only: ask.aggregated_only,
             adapter: request.adapter.as_deref(),
         };
         let routed = route_span.in_scope(|| {
-            routing::route_attempt(
+            routing::route(
                 pool,
                 &job.routes,
-                &request,
-                attempts.remaining(),
-                filter,
-                &job.tags,
-                attempt,
-                attempts.rerouted.as_deref(),
-                prefill_pool && job.disagg.mode() != Disaggregation::Off,
+                routing::DecodeAsk {
+                    request: &request,
+                    max_tokens: ask.max_tokens,
+                    filter,
+                    tags: &job.tags,
+                    attempt: ask.attempt,
+                    note: ask.note.as_deref(),
+                    prefill_pool: ask.prefill_pool,
+                },
             )
         });
-        let mut routed = match routed {
-            Ok(routed) => routed,
-            Err(err) => {
-                record_error(&route_span, err.to_string());
-                let err = match err {
-                    RouteError::NoCandidates => attempts.no_candidates(
-                        &job.routes.model,
-                        aggregated_only,
-                        any_needs_prefill(pool, &job.routes.model),
-                    ),
-                    err => ApiError::Internal(err.to_string()),
-                };
-                let _ = tx.send(DispatchEvent::Failed(err)).await;
-                return;
+        let decode = match routed {
+            Ok(decode) => decode,
+            Err(error) => {
+                record_error(&route_span, error.to_string());
+                return self.serving.routed(Err(RouteFailure {
+                    error,
+                    needs_prefill_registered: any_needs_prefill(pool, &job.routes.model),
+                }));
             }
         };
-        let worker_id = routed.worker_id.clone();
-        let outcome = OutcomeGuard {
+        self.outcome = Some(OutcomeGuard {
             decisions: Arc::clone(&pool.decisions),
-            entry: Arc::clone(&routed.audit),
-        };
-        route_span.record("policy", routed.decision.explanation.policy);
-        route_span.record("worker", worker_id.as_str());
-        route_span.record("overlap_blocks", i64::from(routed.cached_blocks));
+            entry: Arc::clone(&decode.audit),
+            worker: decode.worker_id.clone(),
+        });
+        route_span.record("policy", decode.decision.explanation.policy);
+        route_span.record("worker", decode.worker_id.as_str());
+        route_span.record("overlap_blocks", i64::from(decode.cached_blocks));
         route_span.record(
             "uncached_prompt_tokens",
-            routed.uncached_prompt_tokens() as i64,
+            decode.uncached_prompt_tokens() as i64,
         );
-        tracing::debug!(request = %job.request_id, worker = %worker_id, attempt, "dispatching");
+        tracing::debug!(request = %job.request_id, worker = %decode.worker_id, attempt = ask.attempt, "dispatching");
+        let info = decode.worker.info();
+        let routed = Routed {
+            worker: decode.worker_id.clone(),
+            uncached_prompt_tokens: decode.uncached_prompt_tokens(),
+            engine: info.engine,
+            needs_prefill: needs_prefill(&info),
+        };
+        self.attempt = Some(Attempt {
+            number: ask.attempt,
+            kind: ask.kind,
+            request,
+            context,
+            route_span: Some(route_span),
+            decode,
+            prefill: None,
+            source: KvSource::default(),
+        });
+        self.serving.routed(Ok(routed))
+    }
 
-        let source = if prefill_pool {
-            let prefilled = prefill_stage(
+    /// The previous attempt's decision ends with what the machine made of it.
+    fn previous_ended(&mut self, after: &After) {
+        let (status, reason) = match after {
+            After::Retry(reason) => (OutcomeStatus::Retried, reason),
+            After::Migrate(reason) => (OutcomeStatus::Migrated, reason),
+            After::Reroute(why) => (OutcomeStatus::Rerouted, why),
+        };
+        let worker = self.outcome.as_ref().map(|o| o.worker.clone());
+        let worker = worker.as_ref().map_or("", WorkerId::as_str);
+        self.end_outcome(status, Some(reason.clone()));
+        let request = &self.job.request_id;
+        match after {
+            After::Retry(reason) => {
+                self.pool.metrics.retries.inc();
+                tracing::warn!(%request, worker, %reason, "worker failed before the first token; retrying elsewhere");
+            }
+            After::Migrate(reason) => {
+                self.pool.metrics.migrations.inc();
+                let generated = self.serving.generated().len();
+                tracing::warn!(%request, worker, generated, %reason, "worker failed mid-stream; migrating");
+            }
+            After::Reroute(why) => {
+                if let Some(attempt) = &mut self.attempt {
+                    decided(&mut attempt.route_span, "rerouted", why, None);
+                }
+                tracing::warn!(%request, worker, %why, "rerouting to a worker that serves without a prefill worker");
+            }
+        }
+    }
+
+    /// [`Step::ChoosePrefill`]: a prefill worker for the attempt's decode worker, booked (the
+    /// decode worker's booking then counts no prefill).
+    fn choose_prefill(&mut self, ask: &PrefillAsk) -> Step {
+        let Some(attempt) = self.attempt.as_mut() else {
+            return self.serving.prefill_picked(PrefillPick::Unavailable(
+                switchyard_router::RouteError::NoCandidates,
+            ));
+        };
+        let (pool, job) = (self.pool, self.job);
+        let Attempt {
+            request,
+            decode,
+            route_span,
+            ..
+        } = attempt;
+        let mut route = || {
+            routing::route_prefill(
                 pool,
                 &job.routes,
-                &job.disagg,
-                &request,
-                PrefillAsk {
-                    request_id: &job.request_id,
-                    prompt: &context,
-                    identity: &job.identity,
-                    retention: job.retention.hint(),
-                },
-                &mut routed,
+                &job.disagg.serve,
+                request,
+                ask,
+                decode,
                 &job.tags,
-                job.max_retries + 1,
-                &mut attempts.excluded_prefill,
-                route_span,
             )
-            .await;
-            match prefilled {
-                Prefilled::Aggregated(why) => {
-                    tracing::debug!(request = %job.request_id, worker = %worker_id, %why, "aggregated");
-                    KvSource::default()
-                }
-                Prefilled::Source {
-                    source,
-                    worker,
-                    running,
-                } => {
-                    tracing::debug!(request = %job.request_id, prefill = %worker, decode = %worker_id, pipelined = source.pipelined, "disaggregated");
-                    KvSource {
-                        source: Some(source),
-                        prefill_worker: Some(worker),
-                        running,
-                    }
-                }
-                Prefilled::Fail(err) => {
-                    outcome.end(OutcomeStatus::Failed, Some(err.to_string()));
-                    let _ = tx.send(DispatchEvent::Failed(err)).await;
-                    return;
-                }
-                Prefilled::Reroute(why) => {
-                    let why = format!("{}, and {why}", serves_only_with_prefill(&worker_id));
-                    outcome.end(OutcomeStatus::Rerouted, Some(why.clone()));
-                    tracing::warn!(request = %job.request_id, worker = %worker_id, %why, "rerouting to a worker that serves without a prefill worker");
-                    attempts.reroute(why);
-                    // Dropping `routed` releases the load booked on the decode worker.
-                    continue;
-                }
-            }
-        } else {
-            route_span.record("mode", "aggregated");
-            route_span.record(
-                "mode_reason",
-                if logprobs {
-                    "log probabilities are computed where the tokens are generated"
-                } else {
-                    "a migration continues on one worker"
-                },
-            );
-            drop(route_span);
-            KvSource::default()
         };
-        let prefill_worker = source.prefill_worker.clone();
-        let end = stream_attempt(
-            pool,
-            &job,
-            &mut attempts,
-            attempt,
-            kind,
-            routed,
-            context,
-            &request.block_hashes,
-            source,
-            tx,
-        )
-        .await;
-        match &end {
-            AttemptEnd::Done => outcome.end(OutcomeStatus::Completed, None),
-            AttemptEnd::ConsumerGone => outcome.end(
-                OutcomeStatus::Cancelled,
-                Some(
-                    "the answer stopped being read (client gone, or a stop string matched)".into(),
-                ),
-            ),
-            _ => {}
+        let routed = match route_span {
+            Some(span) => span.in_scope(route),
+            None => route(),
+        };
+        let pick = match routed {
+            PrefillRoute::Routed(prefill) => {
+                let worker = prefill.worker_id.clone();
+                attempt.prefill = Some(prefill);
+                PrefillPick::Chosen(worker)
+            }
+            PrefillRoute::Saturated(why) => PrefillPick::Saturated(why),
+            PrefillRoute::Unavailable(err) => PrefillPick::Unavailable(err),
+        };
+        self.serving.prefill_picked(pick)
+    }
+
+    /// Writes the current decode decision's outcome (once).
+    fn end_outcome(&mut self, status: OutcomeStatus, detail: Option<String>) {
+        if let Some(outcome) = self.outcome.take() {
+            outcome.end(status, detail);
         }
-        match attempts.ended(end, &worker_id, prefill_worker) {
-            Next::Stop => return,
-            Next::Fail(err) => {
-                outcome.end(OutcomeStatus::Failed, Some(err.to_string()));
-                let _ = tx.send(DispatchEvent::Failed(err)).await;
-                return;
-            }
-            Next::Finish(finish) => {
-                outcome.end(OutcomeStatus::Completed, None);
-                let _ = tx.send(DispatchEvent::Finished(finish)).await;
-                return;
-            }
-            Next::Retry { reason } => {
-                outcome.end(OutcomeStatus::Retried, Some(reason.clone()));
-                pool.metrics.retries.inc();
-                tracing::warn!(request = %job.request_id, worker = %worker_id, %reason, "worker failed before the first token; retrying elsewhere");
-            }
-            Next::Migrate { reason } => {
-                outcome.end(OutcomeStatus::Migrated, Some(reason.clone()));
-                pool.metrics.migrations.inc();
-                tracing::warn!(request = %job.request_id, worker = %worker_id, generated = attempts.generated.len(), %reason, "worker failed mid-stream; migrating");
-            }
+    }
+
+    /// [`Step::Fail`]: the request fails with `err`.
+    async fn fail(&mut self, err: ServeError) {
+        if let Some(span) = self.attempt.as_ref().and_then(|a| a.route_span.as_ref()) {
+            record_error(span, err.message());
+        }
+        let err = ApiError::from(err);
+        self.end_outcome(OutcomeStatus::Failed, Some(err.to_string()));
+        let _ = self.tx.send(DispatchEvent::Failed(err)).await;
+    }
+}
+
+/// Closes the attempt's `route` span with the serving mode it chose, the first time only: later
+/// prefill retries (and a fall back after them) show on their own spans and on `decode`.
+fn decided(route_span: &mut Option<Span>, mode: &str, why: &str, prefill_worker: Option<&str>) {
+    if let Some(span) = route_span.take() {
+        span.record("mode", mode);
+        span.record("mode_reason", why);
+        if let Some(worker) = prefill_worker {
+            span.record("prefill_worker", worker);
         }
     }
 }
@@ -374,280 +447,6 @@ struct KvSource {
     /// A pipelined prefill still running: booked on its worker until the decode worker's first
     /// token says it finished.
     running: Option<Box<RoutedRequest>>,
-}
-
-/// The `stream` stage of one attempt: `Generate` on the routed worker through the pool's
-/// transport, relaying tokens to the consumer and appending them to `attempts.generated`.
-#[allow(clippy::too_many_arguments)]
-async fn stream_attempt(
-    pool: &WorkerPool,
-    job: &GenerateJob,
-    attempts: &mut Attempts,
-    attempt: u32,
-    kind: AttemptKind,
-    mut routed: RoutedRequest,
-    context: Vec<TokenId>,
-    prompt_blocks: &[switchyard_core::BlockHash],
-    source: KvSource,
-    tx: &mpsc::Sender<DispatchEvent>,
-) -> AttemptEnd {
-    let KvSource {
-        source: kv_source,
-        prefill_worker,
-        mut running,
-    } = source;
-    let worker_id = routed.worker_id.clone();
-    let disaggregated = kv_source.is_some();
-    routed.audit.update(|o| {
-        o.mode = Some(if disaggregated {
-            "disaggregated"
-        } else {
-            "aggregated"
-        });
-        o.prefill_worker = prefill_worker.as_ref().map(ToString::to_string);
-        o.retention = Some(job.retention.hint()).filter(switchyard_core::Retention::is_some);
-    });
-    let decode_span = tracing::info_span!(
-        target: GATEWAY_SPANS,
-        parent: &job.span,
-        "decode",
-        otel.kind = "client",
-        attempt = i64::from(attempt),
-        attempt.kind = kind.as_str(),
-        worker = worker_id.as_str(),
-        mode = if kv_source.is_some() { "disaggregated" } else { "aggregated" },
-        prefill_worker = prefill_worker.as_ref().map(WorkerId::as_str),
-        cached_prompt_tokens = Empty,
-        completion_tokens = Empty,
-        finish_reason = Empty,
-    );
-    let mut unfinished = UnfinishedAttempt {
-        span: decode_span.clone(),
-        deadline: job.deadline,
-        armed: true,
-    };
-    let generated_before = attempts.generated.len();
-    let request = GenerateRequest {
-        request_id: job.request_id.clone(),
-        prompt_token_ids: context,
-        sampling: Some(SamplingParams::from(&attempts.sampling(&job.sampling))),
-        kv_source,
-        identity: switchyard_proto::identity_to_proto(&job.identity),
-        retention: switchyard_proto::retention_to_proto(&job.retention.hint()),
-    };
-    let mut request = tonic::Request::new(request);
-    switchyard_telemetry::inject_context(&decode_span, request.metadata_mut());
-    // The attempt gives up on its worker the moment the worker is found unresponsive (its load
-    // reports stopped): a frozen worker holds its stream open without a word. A worker routed
-    // to while already unresponsive (none of the model answered) gets its chance.
-    let worker = Arc::clone(&routed.worker);
-    let mut liveness = worker.health.subscribe();
-    let watch_liveness = liveness.borrow_and_update().is_answering();
-    let stopped_answering = async {
-        if !watch_liveness {
-            return std::future::pending().await;
-        }
-        let state = liveness
-            .wait_for(|l| !l.is_answering())
-            .await
-            .map(|state| state.clone());
-        let Ok(state) = state else {
-            return std::future::pending().await;
-        };
-        match state {
-            Liveness::Unresponsive { reason, .. } => format!("worker stopped answering: {reason}"),
-            Liveness::Answering => "worker stopped answering".to_owned(),
-        }
-    };
-    tokio::pin!(stopped_answering);
-    let failed = |status: tonic::Status| {
-        if is_transport_failure(&status) {
-            pool.worker_failed(
-                &worker,
-                format!("a request to it failed: {}", status.message()),
-            );
-        }
-        classify(status)
-    };
-    let opened = tokio::select! {
-        opened = pool.transport.generate(&routed.worker, request) => opened,
-        reason = &mut stopped_answering => {
-            pool.metrics.unresponsive_cuts.inc();
-            Err(tonic::Status::unavailable(reason))
-        }
-    };
-    let end = match opened {
-        Err(status) => failed(status),
-        Ok(mut stream) => {
-            let mut end = AttemptEnd::worker_failed("worker closed the stream early");
-            // The prompt's cached tokens (the engine's realized hit): the simulator and SGLang
-            // report them with the first message, vLLM only with its final usage. The audit
-            // takes the first nonzero count, or the last when none is (`Realize`).
-            let mut first_message = true;
-            let mut cached_seen = 0u32;
-            let mut realize_pending = false;
-            loop {
-                let message = tokio::select! {
-                    message = stream.next() => message,
-                    reason = &mut stopped_answering => {
-                        pool.metrics.unresponsive_cuts.inc();
-                        end = AttemptEnd::worker_failed(reason);
-                        break;
-                    }
-                };
-                let Some(message) = message else { break };
-                let message = match message {
-                    Ok(message) => message,
-                    Err(status) => {
-                        end = failed(status);
-                        break;
-                    }
-                };
-                if let Some(mut prefill) = running.take() {
-                    // The decode worker's first token ends the pipelined prefill.
-                    prefill.prefill_done();
-                }
-                routed.prefill_done();
-                let cached_grew = message.cached_prompt_tokens > cached_seen;
-                cached_seen = cached_seen.max(message.cached_prompt_tokens);
-                if first_message || (realize_pending && cached_seen > 0) {
-                    realize_pending = first_message && cached_seen == 0;
-                    first_message = false;
-                    if !realize_pending {
-                        realize(
-                            pool,
-                            Realized {
-                                entry: &routed.audit,
-                                worker: &routed.worker,
-                                routes: &routed.routes,
-                                prompt_blocks,
-                                cached_prompt_tokens: u64::from(cached_seen),
-                                comparable: !disaggregated,
-                            },
-                        );
-                    }
-                }
-                if attempts.started
-                    && cached_grew
-                    && tx.send(DispatchEvent::Cached(cached_seen)).await.is_err()
-                {
-                    end = AttemptEnd::ConsumerGone;
-                    break;
-                }
-                if !attempts.started {
-                    attempts.started = true;
-                    decode_span.record(
-                        "cached_prompt_tokens",
-                        i64::from(message.cached_prompt_tokens),
-                    );
-                    let event = DispatchEvent::Started {
-                        worker: worker_id.clone(),
-                        prompt_tokens: job.prompt.len() as u32,
-                        cached_prompt_tokens: message.cached_prompt_tokens,
-                    };
-                    if tx.send(event).await.is_err() {
-                        end = AttemptEnd::ConsumerGone;
-                        break;
-                    }
-                }
-                if !message.token_ids.is_empty() {
-                    let logprobs = match logprobs_of(&job.sampling, &message) {
-                        Ok(logprobs) => logprobs,
-                        Err(reason) => {
-                            end = AttemptEnd::worker_failed(reason);
-                            break;
-                        }
-                    };
-                    attempts.generated.extend_from_slice(&message.token_ids);
-                    let event = DispatchEvent::Tokens {
-                        ids: message.token_ids,
-                        logprobs,
-                    };
-                    if tx.send(event).await.is_err() {
-                        end = AttemptEnd::ConsumerGone;
-                        break;
-                    }
-                }
-                let finish = match v1::FinishReason::try_from(message.finish_reason) {
-                    Ok(v1::FinishReason::Length) => Some(Finish::Length),
-                    Ok(v1::FinishReason::Stop) => Some(Finish::Stop),
-                    Ok(v1::FinishReason::Aborted) => {
-                        end = AttemptEnd::worker_failed("worker aborted the request");
-                        break;
-                    }
-                    _ => None,
-                };
-                if let Some(finish) = finish {
-                    if realize_pending {
-                        // The engine never reported a cached token: its hit was 0.
-                        realize(
-                            pool,
-                            Realized {
-                                entry: &routed.audit,
-                                worker: &routed.worker,
-                                routes: &routed.routes,
-                                prompt_blocks,
-                                cached_prompt_tokens: 0,
-                                comparable: !disaggregated,
-                            },
-                        );
-                    }
-                    decode_span.record(
-                        "finish_reason",
-                        match finish {
-                            Finish::Length => "length",
-                            Finish::Stop => "stop",
-                        },
-                    );
-                    let _ = tx.send(DispatchEvent::Finished(finish)).await;
-                    end = AttemptEnd::Done;
-                    break;
-                }
-            }
-            end
-        }
-    };
-    // Releases the decode worker's booking (and a pipelined prefill's, if it never finished).
-    drop(routed);
-    drop(running);
-    decode_span.record(
-        "completion_tokens",
-        (attempts.generated.len() - generated_before) as i64,
-    );
-    match &end {
-        AttemptEnd::Done => {}
-        AttemptEnd::ConsumerGone => {
-            decode_span.record("finish_reason", "cancelled");
-        }
-        AttemptEnd::WorkerFailed { reason, .. } => record_error(&decode_span, reason.as_str()),
-        AttemptEnd::Refused(err) => record_error(&decode_span, err.to_string()),
-    }
-    unfinished.armed = false;
-    end
-}
-
-/// A message's log probabilities: one per token when the request asked for them (a worker that
-/// sends another count failed the request), none otherwise.
-fn logprobs_of(
-    sampling: &Sampling,
-    message: &v1::GenerateResponse,
-) -> Result<Vec<TokenLogprob>, String> {
-    if sampling.logprobs.is_none() {
-        return Ok(Vec::new());
-    }
-    if message.logprobs.len() != message.token_ids.len() {
-        return Err(format!(
-            "worker sent {} log probabilities for {} tokens",
-            message.logprobs.len(),
-            message.token_ids.len()
-        ));
-    }
-    Ok(message
-        .logprobs
-        .iter()
-        .cloned()
-        .map(TokenLogprob::from)
-        .collect())
 }
 
 /// Whether a worker of `model` that serves only with a prefill worker is registered (what a 503

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use switchyard_core::{EngineKind, KvIdentity, TokenId, WorkerId, WorkerInfo};
 use switchyard_router::serve::{
-    self, Booking, DecodeFilter, PrefillChoice, RescoreBasis, ServeSettings, may_decode,
+    self, Booking, DecodeFilter, PrefillAsk, PrefillChoice, RescoreBasis, ServeSettings, may_decode,
 };
 use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
 
@@ -197,96 +197,83 @@ pub fn route_request(
     )
 }
 
-/// Step 1 of the serving core: chooses the generating worker for `request` among the
-/// candidates `filter` leaves, books it, and records the decision; `note` says in the decision
-/// log why the candidates were narrowed when an earlier attempt decided it. The attempt is
-/// served aggregated ([`route_attempt`] when the prefill pool may follow).
-#[allow(clippy::too_many_arguments)]
+/// What one decode route asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeAsk<'a> {
+    pub request: &'a RouteRequest,
+    /// Tokens the attempt generates (what its booking counts).
+    pub max_tokens: u32,
+    /// Which generating workers the attempt may use.
+    pub filter: DecodeFilter<'a>,
+    pub tags: &'a Arc<RequestTags>,
+    /// The attempt's number, from 1.
+    pub attempt: u32,
+    /// Why the candidates were narrowed when an earlier attempt decided it, for the decision
+    /// log.
+    pub note: Option<&'a str>,
+    /// The serving mode is decided after this route (the prefill step may follow): the KV
+    /// recording's route record then waits for the mode ([`RoutedRequest::record_served`],
+    /// [`route_prefill`]), so a replay serves the request in one step as the serving core's
+    /// [`serve::ServingCore::serve`] does.
+    pub prefill_pool: bool,
+}
+
+impl<'a> DecodeAsk<'a> {
+    /// A first attempt served aggregated, with no note: the common case.
+    pub fn first(
+        request: &'a RouteRequest,
+        max_tokens: u32,
+        filter: DecodeFilter<'a>,
+        tags: &'a Arc<RequestTags>,
+    ) -> Self {
+        Self {
+            request,
+            max_tokens,
+            filter,
+            tags,
+            attempt: 1,
+            note: None,
+            prefill_pool: false,
+        }
+    }
+}
+
+/// Step 1 of the serving core: chooses the generating worker for the ask's request among the
+/// candidates its filter leaves, books it, and records the decision.
 pub fn route(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
-    request: &RouteRequest,
-    max_tokens: u32,
-    filter: DecodeFilter<'_>,
-    tags: &Arc<RequestTags>,
-    attempt: u32,
-    note: Option<&str>,
+    ask: DecodeAsk<'_>,
 ) -> Result<RoutedRequest, RouteError> {
-    let candidates = candidates(pool, routes, filter);
-    let attempt = Attempt {
-        number: attempt,
-        note,
-        prefill_pool: false,
-    };
-    route_candidates(pool, routes, candidates, request, max_tokens, tags, attempt)
+    let candidates = candidates(pool, routes, ask.filter);
+    route_candidates(pool, routes, candidates, ask)
 }
 
-/// [`route`] for an attempt whose serving mode is decided next when `prefill_pool` (it may use
-/// the prefill pool): the KV recording's route record then waits for the mode
-/// ([`RoutedRequest::record_served`], [`route_prefill`]), so a replay serves the request in
-/// one step as the serving core's [`serve::ServingCore::serve`] does.
-#[allow(clippy::too_many_arguments)]
-pub fn route_attempt(
-    pool: &WorkerPool,
-    routes: &Arc<ModelRoutes>,
-    request: &RouteRequest,
-    max_tokens: u32,
-    filter: DecodeFilter<'_>,
-    tags: &Arc<RequestTags>,
-    attempt: u32,
-    note: Option<&str>,
-    prefill_pool: bool,
-) -> Result<RoutedRequest, RouteError> {
-    let candidates = candidates(pool, routes, filter);
-    let attempt = Attempt {
-        number: attempt,
-        note,
-        prefill_pool,
-    };
-    route_candidates(pool, routes, candidates, request, max_tokens, tags, attempt)
-}
-
-/// Which attempt a decode route is, for the decision log and the recording.
-#[derive(Debug, Clone, Copy)]
-struct Attempt<'a> {
-    number: u32,
-    note: Option<&'a str>,
-    /// The prefill step follows (see [`route_attempt`]).
-    prefill_pool: bool,
-}
-
-/// [`route`] (first attempt) among the workers `within` admits as well: the endpoint
-/// picker's subset of endpoints a proxy may send the request to. `note` goes to the decision
-/// log.
-#[allow(clippy::too_many_arguments)]
+/// [`route`] among the workers `within` admits as well: the endpoint picker's subset of
+/// endpoints a proxy may send the request to.
 pub fn route_within(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
-    request: &RouteRequest,
-    max_tokens: u32,
-    filter: DecodeFilter<'_>,
+    ask: DecodeAsk<'_>,
     within: &dyn Fn(&WorkerInfo) -> bool,
-    tags: &Arc<RequestTags>,
-    note: Option<&str>,
 ) -> Result<RoutedRequest, RouteError> {
+    let filter = ask.filter;
     let candidates = Candidates::select_within(pool, routes, |w| may_decode(w, filter), within);
-    let attempt = Attempt {
-        number: 1,
-        note,
-        prefill_pool: false,
-    };
-    route_candidates(pool, routes, candidates, request, max_tokens, tags, attempt)
+    route_candidates(pool, routes, candidates, ask)
 }
 
 fn route_candidates(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
     candidates: Candidates,
-    request: &RouteRequest,
-    max_tokens: u32,
-    tags: &Arc<RequestTags>,
-    attempt: Attempt<'_>,
+    ask: DecodeAsk<'_>,
 ) -> Result<RoutedRequest, RouteError> {
+    let DecodeAsk {
+        request,
+        max_tokens,
+        tags,
+        ..
+    } = ask;
     let started = Instant::now();
     let only = &candidates.ids;
     let (decision, booking, basis, pending) = {
@@ -297,17 +284,9 @@ fn route_candidates(
         let decision = Arc::new(decision);
         let mut pending = None;
         if pool.recorder.is_active() {
-            let mut record = route_record(
-                routes,
-                request,
-                only,
-                max_tokens,
-                booking.key,
-                attempt,
-                &decision,
-            );
+            let mut record = route_record(routes, &ask, only, booking.key, &decision);
             record.tenant.clone_from(&tags.tenant);
-            if attempt.prefill_pool {
+            if ask.prefill_pool {
                 pending = Some(record);
             } else {
                 write_route(&pool.recorder, record, ServedAs::Aggregated, None);
@@ -320,10 +299,10 @@ fn route_candidates(
             Arc::clone(tags),
             routes.model.clone(),
             routes.block_size.get(),
-            attempt.number,
+            ask.attempt,
             Stage::Decode,
             Arc::clone(&decision),
-            attempt.note.map(str::to_owned),
+            ask.note.map(str::to_owned),
         )
         .with_basis(basis),
     );
@@ -370,23 +349,27 @@ pub enum PrefillRoute {
 }
 
 /// Steps 3 and 4 of the serving core: chooses a prefill worker for `request` among those of
-/// the decode worker's `engine`, books it, makes `decode`'s booking disaggregated, and logs the
-/// decision. The first prefill route of an attempt writes the decode route's record with its
-/// outcome (a prefill retried after a failure is not recorded: see `docs/kv-recording.md`).
-#[allow(clippy::too_many_arguments)]
+/// the decode worker's engine (`ask`), books it, makes `decode`'s booking disaggregated, and
+/// logs the decision. The first prefill route of an attempt writes the decode route's record
+/// with its outcome (a prefill retried after a failure is not recorded: see
+/// `docs/kv-recording.md`).
 pub fn route_prefill(
     pool: &WorkerPool,
     routes: &Arc<ModelRoutes>,
     settings: &ServeSettings,
     request: &RouteRequest,
-    engine: EngineKind,
-    needs_prefill: bool,
-    exclude: &[WorkerId],
+    ask: &PrefillAsk,
     decode: &mut RoutedRequest,
     tags: &Arc<RequestTags>,
-    attempt: u32,
 ) -> PrefillRoute {
-    let candidates = prefill_candidates(pool, routes, engine, exclude, request.adapter.as_deref());
+    let needs_prefill = ask.needs_prefill;
+    let candidates = prefill_candidates(
+        pool,
+        routes,
+        ask.engine,
+        &ask.exclude,
+        request.adapter.as_deref(),
+    );
     let (decision, booking, basis) = {
         let mut core = routes.lock();
         let pending = decode.pending.take();
@@ -436,7 +419,7 @@ pub fn route_prefill(
             Arc::clone(tags),
             routes.model.clone(),
             routes.block_size.get(),
-            attempt,
+            ask.try_number,
             Stage::Prefill,
             Arc::clone(&decision),
             None,
@@ -504,21 +487,20 @@ fn routed_request(
 /// is written ([`write_route`]).
 fn route_record(
     routes: &ModelRoutes,
-    request: &RouteRequest,
+    ask: &DecodeAsk<'_>,
     candidates: &[Candidate],
-    max_tokens: u32,
     key: u64,
-    attempt: Attempt<'_>,
     decision: &Decision,
 ) -> Box<RouteRecord> {
+    let request = ask.request;
     Box::new(RouteRecord {
         tick: request.now,
         model: routes.model.clone(),
         key,
-        attempt: attempt.number,
+        attempt: ask.attempt,
         block_size: request.block_size.get(),
         prompt_tokens: request.prompt_tokens,
-        max_tokens,
+        max_tokens: ask.max_tokens,
         session: request.session.clone(),
         tenant: None,
         block_hashes: request.block_hashes.clone(),
@@ -526,7 +508,7 @@ fn route_record(
         policy: decision.explanation.policy.to_owned(),
         chosen: decision.worker.clone(),
         cached_blocks: cached_blocks(decision),
-        prefill_pool: attempt.prefill_pool,
+        prefill_pool: ask.prefill_pool,
         served: ServedAs::Aggregated,
         prefill: None,
     })

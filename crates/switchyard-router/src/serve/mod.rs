@@ -20,8 +20,10 @@
 //!    again until another prefill worker is booked).
 //! 5. **Progress** ([`ServingCore::prefill_done`], [`ServingCore::finished`]).
 //!
-//! [`ServingCore::serve`] takes the steps in one call for callers with no I/O between them (the
-//! replay lab, the planner's bench); the gateway takes them one by one around its calls.
+//! The *sequence* of those steps — and of a request's attempts: retries, migrations, reroutes,
+//! prefill retries — is written once, in the [`machine`] ([`Serving`]): the gateway's dispatch
+//! drives it over its worker transport, and [`ServingCore::serve`] drives it with simulated
+//! outcomes for callers with no I/O between steps (the replay lab, the planner's bench).
 //!
 //! [`retention`] turns a session's observed think times into the retention hint its requests
 //! carry ([`ThinkTimes`]), for the live gateway and the replay lab alike.
@@ -35,6 +37,7 @@
 
 mod candidates;
 pub mod counterfactual;
+pub mod machine;
 mod offline;
 pub mod retention;
 mod settings;
@@ -49,6 +52,11 @@ use crate::policy::{Candidate, Decision, Policy, PolicyConfig, PolicyKind, Route
 
 pub use candidates::{DecodeFilter, WorkerFacts, may_decode, may_prefill_for, needs_prefill};
 pub use counterfactual::{RescoreBasis, rescore};
+pub use machine::{
+    After, AttemptEnd, AttemptKind, Blame, Finish, Mode, Plan, PrefillAsk, PrefillFailure,
+    PrefillPick, RouteAsk, RouteFailure, Routed, ServeError, Serving, Step, no_prefill_worker,
+    serves_only_with_prefill,
+};
 pub use offline::{ServeOutcome, Served};
 pub use retention::{RetentionConfig, ThinkTimes};
 pub use settings::{

@@ -2,6 +2,7 @@
 //! through the prefill pool.
 
 use super::*;
+use crate::dispatch::stream::logprobs_of;
 
 #[tokio::test]
 async fn log_probabilities_stay_one_per_token_across_a_migration_and_skip_the_prefill_pool() {
