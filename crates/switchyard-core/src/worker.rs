@@ -122,6 +122,8 @@ pub enum EngineKind {
     Sim,
     Vllm,
     Sglang,
+    /// TensorRT-LLM's `trtllm-serve`.
+    Trtllm,
 }
 
 impl EngineKind {
@@ -130,6 +132,7 @@ impl EngineKind {
             EngineKind::Sim => "sim",
             EngineKind::Vllm => "vllm",
             EngineKind::Sglang => "sglang",
+            EngineKind::Trtllm => "trtllm",
         }
     }
 }

@@ -285,6 +285,7 @@ impl TryFrom<v1::WorkerInfo> for WorkerInfo {
             "sim" => EngineKind::Sim,
             "vllm" => EngineKind::Vllm,
             "sglang" => EngineKind::Sglang,
+            "trtllm" => EngineKind::Trtllm,
             other => return Err(ProtoError::UnknownEngine(other.to_owned())),
         };
         let info = WorkerInfo {

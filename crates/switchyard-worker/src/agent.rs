@@ -199,6 +199,18 @@ pub async fn run(
             .await
             .map_err(|e| engine_error(e.to_string()))?,
         ),
+        EngineKind::Trtllm => Arc::new(
+            VllmEngine::start_trtllm(
+                id.clone(),
+                incarnation,
+                &config.model,
+                &config.engine,
+                config.kv_bytes_per_token,
+                config.event_buffer,
+            )
+            .await
+            .map_err(|e| engine_error(e.to_string()))?,
+        ),
     };
     let spec = engine.spec().clone();
     // The adapters the engine says it serves (vLLM, followed while it runs), else the

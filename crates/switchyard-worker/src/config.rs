@@ -207,6 +207,20 @@ impl WorkerConfig {
         if self.kv_transfer.staging_bytes == 0 {
             return invalid("kv_transfer.staging_bytes must be at least 1".into());
         }
+        if self.engine.kind == EngineKind::Trtllm {
+            // Neither is wired for TensorRT-LLM yet (docs/engines.md, "Not yet supported").
+            if self.role != Role::Both {
+                return invalid(format!(
+                    "--role {} with --engine trtllm: disaggregated serving through TensorRT-LLM is not supported yet; use --role both",
+                    self.role
+                ));
+            }
+            if !self.lora_adapters.is_empty() {
+                return invalid(
+                    "--lora-adapter with --engine trtllm: LoRA adapters on TensorRT-LLM workers are not supported yet".into(),
+                );
+            }
+        }
         self.engine.validate()
     }
 
@@ -307,7 +321,7 @@ pub struct WorkerArgs {
     pub kv_coalesce: Option<bool>,
     #[command(flatten)]
     pub kv_tiers: KvTierArgs,
-    /// Engine behind the worker: sim, vllm or sglang.
+    /// Engine behind the worker: sim, vllm, sglang or trtllm.
     #[arg(long, env = "SWITCHYARD_ENGINE", value_parser = parse_engine_kind)]
     pub engine: Option<EngineKind>,
     /// vLLM/SGLang: the engine's HTTP base URL (http://host:port).
@@ -326,9 +340,14 @@ pub struct WorkerArgs {
     /// vLLM/SGLang: KV event topic prefix to subscribe to.
     #[arg(long, env = "SWITCHYARD_KV_EVENTS_TOPIC")]
     pub kv_events_topic: Option<String>,
-    /// vLLM/SGLang: data-parallel ranks (one publisher each, ports offset by rank).
+    /// vLLM/SGLang: data-parallel ranks (one publisher each, ports offset by rank);
+    /// TensorRT-LLM: attention-DP ranks (one event stream each).
     #[arg(long, env = "SWITCHYARD_DP_RANKS")]
     pub dp_ranks: Option<u32>,
+    /// TensorRT-LLM: milliseconds between polls of `/kv_cache_events` while events flow (backs
+    /// off to 25x when none come or the engine does not answer); default 20.
+    #[arg(long, env = "SWITCHYARD_ENGINE_KV_POLL_MS")]
+    pub engine_kv_poll_ms: Option<u64>,
     /// vLLM/SGLang: model name sent to the engine (default: --model).
     #[arg(long, env = "SWITCHYARD_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
@@ -370,7 +389,10 @@ fn parse_engine_kind(s: &str) -> Result<EngineKind, String> {
         "sim" => Ok(EngineKind::Sim),
         "vllm" => Ok(EngineKind::Vllm),
         "sglang" => Ok(EngineKind::Sglang),
-        _ => Err(format!("unknown engine {s:?} (sim, vllm or sglang)")),
+        "trtllm" | "tensorrt-llm" => Ok(EngineKind::Trtllm),
+        _ => Err(format!(
+            "unknown engine {s:?} (sim, vllm, sglang or trtllm)"
+        )),
     }
 }
 
@@ -449,6 +471,7 @@ impl WorkerArgs {
         }
         set!(kv_events_topic => engine.kv_events_topic);
         set!(dp_ranks => engine.dp_ranks);
+        set!(engine_kv_poll_ms => engine.kv_poll_ms);
         set!(vllm_token_ids => engine.vllm_token_ids);
         set!(engine_startup_timeout_secs => engine.startup_timeout_secs);
         set!(engine_adapters_interval_ms => engine.adapters_interval_ms);

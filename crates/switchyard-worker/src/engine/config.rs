@@ -1,4 +1,4 @@
-//! The engine behind a worker (`[engine]`): the simulator, or a vLLM/SGLang server, and how to
+//! The engine behind a worker (`[engine]`): the simulator, or a vLLM/SGLang/TensorRT-LLM server, and how to
 //! reach it. Part of the worker's configuration (`WorkerConfig`), validated with it.
 
 use serde::Deserialize;
@@ -28,8 +28,12 @@ pub struct EngineConfig {
     pub kv_replay: Option<String>,
     /// Topic prefix to subscribe to (the engine's `topic`; empty = everything).
     pub kv_events_topic: String,
-    /// Data-parallel ranks of the engine (one publisher each).
+    /// Data-parallel ranks of the engine (one publisher each; TensorRT-LLM: attention-DP ranks,
+    /// whose events arrive on one endpoint, each tagged with its rank).
     pub dp_ranks: u32,
+    /// TensorRT-LLM: milliseconds between polls of `/kv_cache_events` while events flow; an
+    /// empty or failed poll backs off up to 25 times that.
+    pub kv_poll_ms: u64,
     /// Model name sent to the engine (default: `model`).
     pub served_model_name: Option<String>,
     /// Tokens per KV block; read from the engine's metrics when absent.
@@ -65,6 +69,7 @@ impl Default for EngineConfig {
             kv_replay: None,
             kv_events_topic: String::new(),
             dp_ranks: 1,
+            kv_poll_ms: 20,
             served_model_name: None,
             block_size: None,
             kv_blocks: None,
@@ -131,6 +136,15 @@ impl EngineConfig {
         for endpoint in [&self.kv_events, &self.kv_replay].into_iter().flatten() {
             rank_endpoint(endpoint, self.dp_ranks - 1)
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        if self.kind == EngineKind::Trtllm && (self.kv_events.is_some() || self.kv_replay.is_some())
+        {
+            return invalid(
+                "--kv-events and --kv-replay are vLLM/SGLang ZMQ sockets; TensorRT-LLM's KV events are polled from --engine-url's /kv_cache_events".into(),
+            );
+        }
+        if self.kv_poll_ms == 0 {
+            return invalid("kv_poll_ms must be at least 1".into());
         }
         if self.kv_replay.is_some() && self.kv_events.is_none() {
             return invalid("--kv-replay needs --kv-events".into());

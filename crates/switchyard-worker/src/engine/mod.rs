@@ -5,8 +5,9 @@
 //! [`vllm::VllmEngine`] (HTTP generation in [`openai_http`] with log probabilities read by
 //! [`engine_logprobs`], ZMQ KV events in [`zmq_events`],
 //! decoded by [`kv_decode`] and rehashed by [`kv_relay`], load from [`engine_metrics`], and
-//! disaggregated prefill/decode through the engines' own KV transfer in [`pd`]). An engine
-//! publishes its KV cache changes into its [`EventLog`].
+//! disaggregated prefill/decode through the engines' own KV transfer in [`pd`]); TensorRT-LLM's
+//! `trtllm-serve` by the same adapter started by [`trtllm`], its pulled KV events read by
+//! [`trtllm_events`]. An engine publishes its KV cache changes into its [`EventLog`].
 
 mod capability;
 pub mod config;
@@ -20,6 +21,8 @@ pub mod pd;
 mod proptests;
 pub mod sim;
 pub mod stats;
+pub mod trtllm;
+pub mod trtllm_events;
 pub mod vllm;
 pub mod zmq_events;
 

@@ -5,6 +5,10 @@
 //!   or, with [`TokenIdSource::Logprobs`] for older builds, as `logprobs.tokens` strings
 //!   `"token_id:<id>"` (`logprobs: 0` + `return_tokens_as_token_ids`). The final usage chunk
 //!   (`stream_options.include_usage`) gives the cached prompt tokens.
+//! * TensorRT-LLM (`trtllm-serve`): `POST /v1/completions` like vLLM, with `detokenize: false`,
+//!   which makes each chunk carry `choices[].token_ids` (and empty text); its sampling fields
+//!   under its own names (`response_format` for constraints). Its request model refuses fields it
+//!   does not declare, so only those are sent.
 //! * SGLang: its native `POST /generate` with `input_ids`, which returns `output_ids` and the
 //!   cached token count in `meta_info` in every version; whether `output_ids` is cumulative or
 //!   incremental depends on a server flag, so it is read against `meta_info.completion_tokens`.
@@ -49,6 +53,7 @@ impl std::str::FromStr for TokenIdSource {
 pub enum Dialect {
     Vllm(TokenIdSource),
     Sglang,
+    Trtllm,
 }
 
 /// The request body for one generation. Sampling fields go in the engine's own names, and an
@@ -132,6 +137,7 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
             }
             ("/v1/completions", body)
         }
+        Dialect::Trtllm => ("/v1/completions", trtllm_body(model, p, sampling)),
         Dialect::Sglang => {
             sampling.insert("max_new_tokens".into(), json!(s.max_tokens));
             sampling.insert("skip_special_tokens".into(), json!(false));
@@ -158,6 +164,53 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
             sglang_identity(&mut body, &p.identity);
             ("/generate", body)
         }
+    }
+}
+
+/// `trtllm-serve`'s `CompletionRequest` (`tensorrt_llm/serve/openai_protocol.py`): the shared
+/// sampling fields, `seed`, `min_tokens`, `response_format` for a constraint. The engine's own
+/// defaults apply to what is unset. Log probabilities, LoRA adapters and cache salts are refused
+/// before this (see `trtllm.rs`).
+fn trtllm_body(model: &str, p: &GenerateParams, sampling: serde_json::Map<String, Value>) -> Value {
+    let s = &p.sampling;
+    let mut body = json!({
+        "model": model,
+        "prompt": p.prompt,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "max_tokens": s.max_tokens,
+        "detokenize": false,
+    });
+    if let Some(fields) = body.as_object_mut() {
+        fields.extend(sampling);
+        if let Some(seed) = s.seed {
+            fields.insert("seed".into(), json!(seed));
+        }
+        if let Some(min) = s.min_tokens {
+            fields.insert("min_tokens".into(), json!(min));
+        }
+        if let Some(guided) = &s.guided {
+            fields.insert("response_format".into(), trtllm_response_format(guided));
+        }
+    }
+    body
+}
+
+/// TensorRT-LLM's `response_format` for a constraint: `json` with a schema, `json_object`,
+/// `regex` or `ebnf`; a choice list becomes a regular expression matching exactly one of them.
+fn trtllm_response_format(guided: &Guided) -> Value {
+    match guided {
+        Guided::JsonObject => json!({"type": "json_object"}),
+        Guided::JsonSchema(schema) => json!({
+            "type": "json",
+            "schema": serde_json::from_str::<Value>(schema).unwrap_or_else(|_| json!(schema))
+        }),
+        Guided::Regex(regex) => json!({"type": "regex", "regex": regex}),
+        Guided::Choice(_) => {
+            let (_, regex) = sglang_constraint(guided);
+            json!({"type": "regex", "regex": regex})
+        }
+        Guided::Grammar(grammar) => json!({"type": "ebnf", "ebnf": grammar}),
     }
 }
 
@@ -347,7 +400,8 @@ impl StreamState {
             )))];
         }
         match self.dialect {
-            Dialect::Vllm(_) => self.on_vllm(&value),
+            // trtllm-serve streams vLLM's completion chunks (token ids per choice, a usage chunk).
+            Dialect::Vllm(_) | Dialect::Trtllm => self.on_vllm(&value),
             Dialect::Sglang => self.on_sglang(&value),
         }
     }

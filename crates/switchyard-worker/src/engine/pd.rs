@@ -236,6 +236,7 @@ impl VllmEngine {
     ) -> Result<GenerationStream, EngineError> {
         let (path, mut body) = openai_http::request_body(self.dialect, &self.model, &params);
         match self.dialect {
+            Dialect::Trtllm => return Err(super::trtllm::DISAGGREGATION_UNSUPPORTED),
             Dialect::Vllm(_) => {
                 if transfer.get("do_remote_prefill") != Some(&Value::Bool(true)) {
                     return Err(EngineError::Unsupported(

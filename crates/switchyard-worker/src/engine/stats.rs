@@ -40,6 +40,12 @@ pub struct AdapterStats {
     pub other_groups: u64,
     /// Events naming a medium the worker does not know (counted as a non-device tier).
     pub unknown_media: u64,
+    /// TensorRT-LLM: gaps at the start of a poll, where the engine's event buffer
+    /// (`event_buffer_max_size`) wrapped before the worker read it (also counted in `gaps`).
+    pub buffer_wraps: u64,
+    /// TensorRT-LLM: polls of `/kv_cache_events` that failed (engine unreachable, an error
+    /// status, a body that is not a JSON list), counted on rank 0.
+    pub poll_failures: u64,
 }
 
 impl AdapterStats {
@@ -61,6 +67,8 @@ impl AdapterStats {
             unknown_removals: self.unknown_removals + o.unknown_removals,
             other_groups: self.other_groups + o.other_groups,
             unknown_media: self.unknown_media + o.unknown_media,
+            buffer_wraps: self.buffer_wraps + o.buffer_wraps,
+            poll_failures: self.poll_failures + o.poll_failures,
         }
     }
 }
@@ -84,6 +92,8 @@ pub struct RankCounters {
     pub unknown_removals: AtomicU64,
     pub other_groups: AtomicU64,
     pub unknown_media: AtomicU64,
+    pub buffer_wraps: AtomicU64,
+    pub poll_failures: AtomicU64,
 }
 
 impl RankCounters {
@@ -110,6 +120,8 @@ impl RankCounters {
             unknown_removals: get(&self.unknown_removals),
             other_groups: get(&self.other_groups),
             unknown_media: get(&self.unknown_media),
+            buffer_wraps: get(&self.buffer_wraps),
+            poll_failures: get(&self.poll_failures),
         }
     }
 }

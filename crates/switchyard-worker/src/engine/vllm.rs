@@ -1,4 +1,5 @@
-//! The real-engine adapter: an [`Engine`] in front of a vLLM or SGLang server.
+//! The real-engine adapter: an [`Engine`] in front of a vLLM or SGLang server (and, started by
+//! [`trtllm`](super::trtllm), a TensorRT-LLM one).
 //!
 //! Generation goes over the engine's HTTP API ([`openai_http`](super::openai_http)); the
 //! engine's KV events come over ZMQ ([`zmq_events`](super::zmq_events)), are rehashed into our
@@ -63,7 +64,7 @@ struct Facts {
     max_context: Option<u64>,
 }
 
-/// A vLLM or SGLang engine behind the worker.
+/// A vLLM, SGLang or TensorRT-LLM engine behind the worker.
 #[derive(Debug)]
 pub struct VllmEngine {
     pub(super) spec: EngineSpec,
@@ -73,13 +74,13 @@ pub struct VllmEngine {
     pub(super) model: String,
     /// SGLang: where decode engines reach this engine's bootstrap server (host, port).
     pub(super) bootstrap: (String, u16),
-    load_rx: watch::Receiver<LoadStats>,
-    events: Arc<EventLog>,
-    counters: Arc<AdapterCounters>,
-    scrapes: Arc<EngineScrapeCounters>,
-    shared: Option<Arc<RelayShared>>,
+    pub(super) load_rx: watch::Receiver<LoadStats>,
+    pub(super) events: Arc<EventLog>,
+    pub(super) counters: Arc<AdapterCounters>,
+    pub(super) scrapes: Arc<EngineScrapeCounters>,
+    pub(super) shared: Option<Arc<RelayShared>>,
     /// The LoRA adapters `/v1/models` lists, followed while the engine runs.
-    adapters_rx: Option<watch::Receiver<Vec<String>>>,
+    pub(super) adapters_rx: Option<watch::Receiver<Vec<String>>>,
     pub(super) tasks: TaskTracker,
     pub(super) cancel: CancellationToken,
 }
@@ -496,7 +497,7 @@ async fn follow_adapters(
     }
 }
 
-async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, String> {
+pub(super) async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, String> {
     let response = http
         .get(url)
         .timeout(Duration::from_secs(5))
@@ -509,7 +510,7 @@ async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, String> {
     response.text().await.map_err(|e| e.to_string())
 }
 
-async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, String> {
+pub(super) async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, String> {
     let text = get_text(http, url).await?;
     serde_json::from_str(&text).map_err(|e| format!("{url}: {e}"))
 }
@@ -562,7 +563,7 @@ async fn scrape_load(
     }
 }
 
-async fn log_stats(counters: Arc<AdapterCounters>, cancel: CancellationToken) {
+pub(super) async fn log_stats(counters: Arc<AdapterCounters>, cancel: CancellationToken) {
     let mut logged = AdapterStats::default();
     loop {
         tokio::select! {
@@ -596,6 +597,9 @@ impl Engine for VllmEngine {
     }
 
     async fn generate(&self, params: GenerateParams) -> Result<GenerationStream, EngineError> {
+        if self.dialect == Dialect::Trtllm {
+            super::trtllm::check_request(&params)?;
+        }
         let (path, body) = openai_http::request_body(self.dialect, &self.model, &params);
         self.stream_request(path, body, &params).await
     }
@@ -607,11 +611,12 @@ impl Engine for VllmEngine {
         match self.dialect {
             Dialect::Vllm(_) => self.prefill_vllm(params).await,
             Dialect::Sglang => self.prefill_sglang(params).await,
+            Dialect::Trtllm => Err(super::trtllm::DISAGGREGATION_UNSUPPORTED),
         }
     }
 
     fn engine_transfer(&self) -> Option<&dyn EngineTransfer> {
-        Some(self)
+        (self.dialect != Dialect::Trtllm).then_some(self as &dyn EngineTransfer)
     }
 
     fn load(&self) -> LoadStats {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use super::kv_decode::decode_batch;
+use super::kv_decode::{EngineBatch, decode_batch};
 use super::kv_relay::KvRelay;
 use super::stats::AdapterCounters;
 use crate::event_log::EventLog;
@@ -83,11 +83,7 @@ impl RelayShared {
     /// Decodes and applies one batch; a malformed one is counted and skipped.
     pub fn apply(&self, rank: u32, seq: u64, payload: &[u8]) {
         match decode_batch(payload) {
-            Ok(batch) => {
-                let c = self.counters.rank(rank);
-                c.add(&c.batches, 1);
-                self.lock().apply(rank, &batch, &self.log, &self.counters);
-            }
+            Ok(batch) => self.apply_batch(rank, &batch),
             Err(err) => {
                 let c = self.counters.rank(rank);
                 c.add(&c.malformed, 1);
@@ -96,7 +92,16 @@ impl RelayShared {
         }
     }
 
-    fn reset(&self, rank: u32) {
+    /// Applies one decoded batch (from the ZMQ stream, or converted from TensorRT-LLM's
+    /// polled events).
+    pub fn apply_batch(&self, rank: u32, batch: &EngineBatch) {
+        let c = self.counters.rank(rank);
+        c.add(&c.batches, 1);
+        self.lock().apply(rank, batch, &self.log, &self.counters);
+    }
+
+    /// Forgets what `rank` held (lost events, an engine restart) and publishes the removals.
+    pub fn reset(&self, rank: u32) {
         self.lock().reset_and_publish(rank, &self.log);
     }
 }

@@ -66,7 +66,7 @@ fn family<M: EncodeMetric>(
 type RelayCounter = (&'static str, &'static str, fn(&AdapterStats) -> u64);
 
 /// The relay counters, exported per rank.
-const RELAY: [RelayCounter; 16] = [
+const RELAY: [RelayCounter; 18] = [
     (
         "engine_kv_batches",
         "Engine KV event batches applied (live or replayed), per data-parallel rank",
@@ -146,6 +146,16 @@ const RELAY: [RelayCounter; 16] = [
         "engine_kv_unknown_media",
         "Engine KV events naming a medium the worker does not know, per rank",
         |s| s.unknown_media,
+    ),
+    (
+        "engine_kv_buffer_wraps",
+        "TensorRT-LLM: gaps where the engine's KV event buffer wrapped before a poll read it, per rank",
+        |s| s.buffer_wraps,
+    ),
+    (
+        "engine_kv_poll_failures",
+        "TensorRT-LLM: failed polls of the engine's /kv_cache_events (counted on rank 0)",
+        |s| s.poll_failures,
     ),
 ];
 

@@ -32,5 +32,8 @@ mod metrics;
 #[path = "../retention_hints.rs"]
 mod retention_hints;
 
+#[path = "../trtllm_adapter.rs"]
+mod trtllm_adapter;
+
 #[path = "../vllm_adapter.rs"]
 mod vllm_adapter;

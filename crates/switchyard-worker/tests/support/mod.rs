@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod fake_trtllm;
 pub mod fake_vllm;
 
 use std::net::SocketAddr;

@@ -1,0 +1,706 @@
+//! TensorRT-LLM's KV cache events: parsing what `trtllm-serve` hands out and turning it into the
+//! [`EngineBatch`]es the relay ([`kv_relay`](super::kv_relay)) applies, with the loss of events
+//! detected rather than papered over.
+//!
+//! TensorRT-LLM does not push its events: `trtllm-serve` drains its in-engine queue into the body
+//! of each `POST /kv_cache_events`, a JSON list (the poller is [`trtllm`](super::trtllm)). The
+//! queue holds at most `kv_cache_config.event_buffer_max_size` events and drops the oldest when a
+//! reader is slow, so loss has to be found in the events themselves. The shape below is read from
+//! TensorRT-LLM's own serializer (`tensorrt_llm/_utils.py`, `KVCacheEventSerializer`; its route
+//! in `tensorrt_llm/serve/openai_server.py`) and from how Dynamo's TensorRT-LLM publisher
+//! (`components/src/dynamo/trtllm/publisher.py`) reads it:
+//!
+//! ```text
+//! [{"event_id": 7, "window_size": 4096, "attention_dp_rank": 1,      // rank: with attention DP only
+//!   "data": {"type": "stored", "parent_hash": 12 | null,
+//!            "blocks": [{"type": "stored_block", "block_hash": 13,
+//!                        "tokens": [{"type": "unique_token", "token_id": 1, "token_extra_id": 0}, …],
+//!                        "cache_level": 0, "priority": 35,
+//!                        // newer releases: "mm_keys": [{"type": "mm_key", "hash": "<hex>", "start_offset": 4}],
+//!                        //                 "cache_salt": null, "lora_id": null
+//!                       }, …]}}, …]
+//! data {"type": "created", "num_blocks_per_cache_level": [primary, secondary]}
+//!      {"type": "removed", "block_hashes": [13, …]}
+//!      {"type": "updated", "block_hash": 13,
+//!       "cache_level": {"type": "event_diff", "new_value": 1, "old_value": 0}, "priority": {…}}
+//! ```
+//!
+//! What [`TrtllmEvents`] makes of them, per attention-DP rank (each its own stream and its own
+//! engine-hash namespace, as vLLM's data-parallel ranks):
+//!
+//! - `event_id` grows by one per event from 0 at engine start. A jump forward is a gap (at the
+//!   start of a poll: the engine's buffer wrapped); a jump back, or a `created` after blocks were
+//!   stored, is a restart. Nothing can be replayed, so either way the rank's blocks are removed
+//!   from the worker's view ([`Step::Reset`]) and rebuilt from the events that follow.
+//! - Only the largest attention window (`window_size`) names reusable prefixes (variable
+//!   sliding-window models keep one pool per window); events of smaller windows are skipped and
+//!   counted (`other_groups`).
+//! - Blocks are rehashed from their token ids by the relay, so the engine's hash algorithm
+//!   (`v1_block_key`, `v2_sha256`) does not matter; hashes are read as unsigned or signed 64-bit
+//!   integers or hex digests and only ever compared with each other.
+//! - A block of fewer tokens than the block size (TensorRT-LLM stores partial blocks for reuse)
+//!   is never indexed; its later removal is dropped quietly.
+//! - `cache_level` is the tier (0 the device, 1 host memory); an `updated` event that changes it
+//!   moves the block: stored in its new tier, then removed from its old one.
+//! - The adapter (`lora_id`, or `lora_name` where a release names it), the salt (`cache_salt`, on
+//!   a prompt's first block) and multimodal keys (`mm_keys`, non-zero `token_extra_id`s) are part
+//!   of a block's identity, as with the other engines.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use serde_json::Value;
+use switchyard_core::BlockSize;
+
+use super::kv_decode::{EngineBatch, EngineEvent, Skipped, StoredEvent};
+use super::stats::AdapterCounters;
+use super::zmq_events::{SeqStep, classify};
+
+/// One event of a poll, its envelope read; `data` is `Err` when the event itself is unusable.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parsed {
+    pub event_id: u64,
+    pub rank: u32,
+    pub window: Option<u64>,
+    pub data: Result<TrtData, Skipped>,
+}
+
+/// What an event says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TrtData {
+    /// The engine (re)created its cache: blocks per cache level.
+    Created,
+    Stored {
+        parent: Option<u64>,
+        blocks: Vec<TrtBlock>,
+    },
+    Removed {
+        hashes: Vec<u64>,
+    },
+    /// A block changed cache level (`Some((old, new))`) or only priority (`None`).
+    Updated {
+        hash: u64,
+        cache_level: Option<(u64, u64)>,
+    },
+}
+
+/// One stored block.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TrtBlock {
+    pub hash: u64,
+    pub tokens: Vec<u32>,
+    pub cache_level: u64,
+    pub lora: Option<String>,
+    pub salt: Option<String>,
+    /// What besides its tokens names the block (multimodal keys, extra token ids), encoded.
+    pub other: Option<Vec<u8>>,
+}
+
+/// Why a poll's body is not a list of events.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PollError {
+    #[error("the body is not JSON: {0}")]
+    NotJson(String),
+    #[error("the body is not a JSON list of events")]
+    NotAList,
+}
+
+/// A poll's events, and the reasons for those without a readable envelope (no `event_id`).
+pub fn parse_poll(body: &str) -> Result<(Vec<Parsed>, Vec<String>), PollError> {
+    let value: Value = serde_json::from_str(body).map_err(|e| PollError::NotJson(e.to_string()))?;
+    let Value::Array(items) = value else {
+        return Err(PollError::NotAList);
+    };
+    let mut events = Vec::with_capacity(items.len());
+    let mut unreadable = Vec::new();
+    for item in &items {
+        match parse_event(item) {
+            Ok(event) => events.push(event),
+            Err(why) => unreadable.push(why),
+        }
+    }
+    Ok((events, unreadable))
+}
+
+/// One event; `Err` when even its envelope cannot be read.
+pub fn parse_event(item: &Value) -> Result<Parsed, String> {
+    let event_id = item
+        .get("event_id")
+        .and_then(Value::as_u64)
+        .ok_or("an event without an unsigned event_id")?;
+    let rank = match item.get("attention_dp_rank") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .and_then(|r| u32::try_from(r).ok())
+            .ok_or("attention_dp_rank is not a small unsigned integer")?,
+    };
+    let window = item.get("window_size").and_then(Value::as_u64);
+    let data = item.get("data").unwrap_or(&Value::Null);
+    let kind = data.get("type").and_then(Value::as_str).unwrap_or("?");
+    let data = parse_data(data, kind).map_err(|why| Skipped {
+        kind: kind.chars().take(64).collect(),
+        why,
+    });
+    Ok(Parsed {
+        event_id,
+        rank,
+        window,
+        data,
+    })
+}
+
+fn parse_data(data: &Value, kind: &str) -> Result<TrtData, String> {
+    match kind {
+        "created" => Ok(TrtData::Created),
+        "stored" => {
+            let parent = match data.get("parent_hash") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(hash(v).ok_or("parent_hash is not a hash")?),
+            };
+            let lora = data.get("lora_name").and_then(Value::as_str);
+            let blocks = data
+                .get("blocks")
+                .and_then(Value::as_array)
+                .ok_or("blocks is not a list")?
+                .iter()
+                .map(|b| parse_block(b, lora))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(TrtData::Stored { parent, blocks })
+        }
+        "removed" => Ok(TrtData::Removed {
+            hashes: data
+                .get("block_hashes")
+                .and_then(Value::as_array)
+                .ok_or("block_hashes is not a list")?
+                .iter()
+                .map(|h| hash(h).ok_or_else(|| "a block hash is not a hash".to_owned()))
+                .collect::<Result<_, _>>()?,
+        }),
+        "updated" => {
+            let hash = data
+                .get("block_hash")
+                .and_then(hash)
+                .ok_or("block_hash is not a hash")?;
+            let diff = |name: &str| -> Result<Option<(u64, u64)>, String> {
+                match data.get(name) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(d) => {
+                        let side = |k: &str| d.get(k).and_then(Value::as_u64);
+                        match (side("old_value"), side("new_value")) {
+                            (Some(old), Some(new)) => Ok(Some((old, new))),
+                            _ => Err(format!("{name} is not an event_diff of levels")),
+                        }
+                    }
+                }
+            };
+            Ok(TrtData::Updated {
+                hash,
+                cache_level: diff("cache_level")?,
+            })
+        }
+        "?" => Err("an event without data.type".into()),
+        other => Err(format!(
+            "unknown event type {:?}",
+            other.chars().take(64).collect::<String>()
+        )),
+    }
+}
+
+fn parse_block(block: &Value, event_lora: Option<&str>) -> Result<TrtBlock, String> {
+    let hash = block
+        .get("block_hash")
+        .and_then(hash)
+        .ok_or("block_hash is not a hash")?;
+    let mut tokens = Vec::new();
+    let mut extra = Vec::new();
+    for token in block
+        .get("tokens")
+        .and_then(Value::as_array)
+        .ok_or("tokens is not a list")?
+    {
+        let id = token
+            .get("token_id")
+            .and_then(Value::as_u64)
+            .and_then(|t| u32::try_from(t).ok())
+            .ok_or("a token without a uint32 token_id")?;
+        let extra_id = token
+            .get("token_extra_id")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        tokens.push(id);
+        extra.push(extra_id);
+    }
+    let lora = match block.get("lora_id").and_then(Value::as_u64) {
+        // TensorRT-LLM's ids are its own; 0 and absent mean the base model.
+        Some(id) if id != 0 => Some(format!("lora_id:{id}")),
+        _ => event_lora.map(str::to_owned),
+    };
+    // Extra token ids (prompt-tuning / multimodal tokens) and multimodal keys name what the token
+    // ids alone do not: folded into the block's key, so such a block never matches plain text.
+    let mut other = Vec::new();
+    if extra.iter().any(|e| *e != 0) {
+        other.extend(b"extra:");
+        for e in &extra {
+            other.extend(e.to_le_bytes());
+        }
+    }
+    if let Some(keys) = block.get("mm_keys").and_then(Value::as_array) {
+        for key in keys {
+            other.extend(b"mm:");
+            other.extend(
+                key.get("hash")
+                    .map(Value::to_string)
+                    .unwrap_or_default()
+                    .bytes(),
+            );
+            other.extend(
+                key.get("start_offset")
+                    .map(Value::to_string)
+                    .unwrap_or_default()
+                    .bytes(),
+            );
+        }
+    }
+    Ok(TrtBlock {
+        hash,
+        tokens,
+        cache_level: block
+            .get("cache_level")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+        lora,
+        salt: block
+            .get("cache_salt")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        other: (!other.is_empty()).then_some(other),
+    })
+}
+
+/// An engine hash folded to u64: unsigned as is, signed by its bits, a hex digest (TensorRT-LLM's
+/// `v2_sha256`) by its last 8 bytes. Engine hashes are only compared with each other.
+fn hash(value: &Value) -> Option<u64> {
+    if let Some(h) = value.as_u64() {
+        return Some(h);
+    }
+    if let Some(h) = value.as_i64() {
+        return Some(h as u64);
+    }
+    let hex = value.as_str()?;
+    if hex.is_empty() || hex.len() > 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(&hex[hex.len().saturating_sub(16)..], 16).ok()
+}
+
+/// The medium the relay maps to a tier for a TensorRT-LLM cache level.
+fn medium(level: u64) -> String {
+    match level {
+        0 => "GPU".to_owned(),
+        1 => "CPU".to_owned(),
+        // A level this worker does not know: the relay counts it and prices it as remote.
+        n => format!("CACHE_LEVEL_{n}"),
+    }
+}
+
+/// Why a rank's blocks were dropped from the worker's view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// Events `expected..got` never arrived; `wrapped` when at the start of a poll (the engine's
+    /// buffer dropped them before it was read).
+    Gap {
+        expected: u64,
+        got: u64,
+        wrapped: bool,
+    },
+    /// Event ids went back: the engine restarted.
+    Restart { last: u64, got: u64 },
+    /// A `created` event after blocks were stored: the engine made a new cache.
+    Recreated,
+    /// A larger attention window appeared after blocks of a smaller one were taken (the worker
+    /// joined after the engine announced its windows).
+    WindowGrew { from: u64, to: u64 },
+}
+
+/// What the poller does next, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    Apply { rank: u32, batch: EngineBatch },
+    Reset { rank: u32, loss: Loss },
+}
+
+/// A block the rank holds, kept so a change of cache level can store it again in its new tier.
+#[derive(Debug, Clone)]
+struct Known {
+    parent: Option<u64>,
+    tokens: Vec<u32>,
+    key: Option<u64>,
+    level: u64,
+}
+
+/// One attention-DP rank's stream.
+#[derive(Debug, Default)]
+struct RankStream {
+    last_id: Option<u64>,
+    window: Option<u64>,
+    /// Something was applied since the last reset (a `created` then means a new cache).
+    dirty: bool,
+    partials: HashSet<u64>,
+    known: HashMap<u64, Known>,
+    /// Insertion order of `known` and `partials`, for the bound; may hold stale keys.
+    order: VecDeque<u64>,
+    /// Told the log about this rank's joining a running engine.
+    joined: bool,
+}
+
+impl RankStream {
+    fn reset(&mut self) {
+        self.dirty = false;
+        self.partials.clear();
+        self.known.clear();
+        self.order.clear();
+    }
+
+    fn remember(&mut self, hash: u64, known: Option<Known>, capacity: usize) {
+        while self.known.len() + self.partials.len() >= capacity {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            self.known.remove(&old);
+            self.partials.remove(&old);
+        }
+        match known {
+            Some(k) => {
+                self.known.insert(hash, k);
+            }
+            None => {
+                self.partials.insert(hash);
+            }
+        }
+        self.order.push_back(hash);
+    }
+}
+
+/// Every attention-DP rank's stream state: sequence, window, partial and held blocks.
+#[derive(Debug)]
+pub struct TrtllmEvents {
+    block_size: BlockSize,
+    capacity: usize,
+    ranks: Vec<RankStream>,
+    /// Ranks past the configured ones, reported once.
+    reported_ranks: HashSet<u32>,
+}
+
+impl TrtllmEvents {
+    /// `capacity`: how many blocks per rank are remembered for moves between tiers (above the
+    /// engine's blocks across tiers, and nothing is forgotten).
+    pub fn new(block_size: BlockSize, dp_ranks: u32, capacity: usize) -> Self {
+        Self {
+            block_size,
+            capacity: capacity.max(1),
+            ranks: (0..dp_ranks.max(1))
+                .map(|_| RankStream::default())
+                .collect(),
+            reported_ranks: HashSet::new(),
+        }
+    }
+
+    /// Turns one poll's events into the steps that apply them, counting what it finds.
+    pub fn ingest(&mut self, events: Vec<Parsed>, c: &AdapterCounters) -> Vec<Step> {
+        let mut steps = Vec::new();
+        let mut pending: BTreeMap<u32, EngineBatch> = BTreeMap::new();
+        let mut seen: HashSet<u32> = HashSet::new();
+        let capacity = self.capacity;
+        let bs = self.block_size.as_usize();
+        for event in events {
+            let rank = event.rank;
+            let rc = c.rank(rank);
+            let Some(stream) = self.ranks.get_mut(rank as usize) else {
+                rc.add(&rc.skipped_events, 1);
+                if self.reported_ranks.insert(rank) {
+                    tracing::warn!(
+                        rank,
+                        ranks = self.ranks.len(),
+                        "TensorRT-LLM kv events name an attention-DP rank past --dp-ranks; they are skipped"
+                    );
+                }
+                continue;
+            };
+            match classify(stream.last_id, event.event_id) {
+                SeqStep::InOrder => {}
+                SeqStep::First => {
+                    if event.event_id > 0 && !stream.joined {
+                        tracing::info!(
+                            rank,
+                            first = event.event_id,
+                            "joined a running TensorRT-LLM engine: blocks stored before event {} stay unknown until evicted or stored again",
+                            event.event_id
+                        );
+                    }
+                }
+                SeqStep::Gap { missing_from } => {
+                    let wrapped = !seen.contains(&rank);
+                    rc.add(&rc.gaps, 1);
+                    rc.add(&rc.resyncs, 1);
+                    if wrapped {
+                        rc.add(&rc.buffer_wraps, 1);
+                    }
+                    tracing::warn!(
+                        rank,
+                        missing_from,
+                        got = event.event_id,
+                        wrapped,
+                        "TensorRT-LLM kv events lost{}; clearing the rank's blocks and rebuilding",
+                        if wrapped {
+                            " (the engine's event buffer wrapped: raise event_buffer_max_size or poll faster)"
+                        } else {
+                            ""
+                        }
+                    );
+                    let loss = Loss::Gap {
+                        expected: missing_from,
+                        got: event.event_id,
+                        wrapped,
+                    };
+                    reset(&mut pending, &mut steps, stream, rank, loss);
+                }
+                SeqStep::Restart => {
+                    rc.add(&rc.restarts, 1);
+                    let last = stream.last_id.unwrap_or_default();
+                    tracing::warn!(
+                        rank,
+                        last,
+                        got = event.event_id,
+                        "TensorRT-LLM engine restarted; clearing its blocks"
+                    );
+                    let loss = Loss::Restart {
+                        last,
+                        got: event.event_id,
+                    };
+                    reset(&mut pending, &mut steps, stream, rank, loss);
+                }
+            }
+            stream.last_id = Some(event.event_id);
+            stream.joined = true;
+            seen.insert(rank);
+            let data = match event.data {
+                Ok(data) => data,
+                Err(skipped) => {
+                    batch_of(&mut pending, rank).skipped.push(skipped);
+                    continue;
+                }
+            };
+            if let Some(w) = event.window {
+                match stream.window {
+                    Some(current) if w < current => {
+                        // A sliding-window pool: its blocks name no reusable prefix.
+                        rc.add(&rc.other_groups, 1);
+                        continue;
+                    }
+                    Some(current) if w > current && stream.dirty => {
+                        rc.add(&rc.resyncs, 1);
+                        tracing::warn!(
+                            rank,
+                            from = current,
+                            to = w,
+                            "a larger TensorRT-LLM attention window appeared; rebuilding the rank's blocks from it"
+                        );
+                        let loss = Loss::WindowGrew {
+                            from: current,
+                            to: w,
+                        };
+                        reset(&mut pending, &mut steps, stream, rank, loss);
+                    }
+                    _ => {}
+                }
+                stream.window = Some(stream.window.map_or(w, |current| current.max(w)));
+            }
+            if matches!(data, TrtData::Created) {
+                if stream.dirty {
+                    rc.add(&rc.restarts, 1);
+                    tracing::warn!(
+                        rank,
+                        "TensorRT-LLM created a new KV cache; clearing the rank's blocks"
+                    );
+                    reset(&mut pending, &mut steps, stream, rank, Loss::Recreated);
+                }
+                continue;
+            }
+            let batch = batch_of(&mut pending, rank);
+            match data {
+                TrtData::Created => {}
+                TrtData::Stored { parent, blocks } => {
+                    stream.dirty = true;
+                    convert_stored(stream, parent, &blocks, bs, capacity, batch, rc);
+                }
+                TrtData::Removed { hashes } => {
+                    let mut by_level: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+                    for h in hashes {
+                        if stream.partials.remove(&h) {
+                            continue;
+                        }
+                        let level = stream.known.remove(&h).map_or(0, |k| k.level);
+                        by_level.entry(level).or_default().push(h);
+                    }
+                    for (level, block_hashes) in by_level {
+                        batch.events.push(EngineEvent::BlockRemoved {
+                            block_hashes,
+                            medium: Some(medium(level)),
+                            group: 0,
+                        });
+                    }
+                }
+                TrtData::Updated {
+                    hash,
+                    cache_level: Some((old, new)),
+                } if old != new => match stream.known.get_mut(&hash) {
+                    Some(known) => {
+                        // Stored in the new tier first, so the block's mapping (and its
+                        // children's parent) never lapses, then removed from the old one.
+                        batch.events.push(EngineEvent::BlockStored(StoredEvent {
+                            block_hashes: vec![hash],
+                            parent: known.parent,
+                            token_ids: known.tokens.clone(),
+                            block_size: u32::try_from(known.tokens.len()).ok(),
+                            medium: Some(medium(new)),
+                            block_keys: if known.key.is_some() {
+                                vec![known.key]
+                            } else {
+                                Vec::new()
+                            },
+                            ..StoredEvent::default()
+                        }));
+                        batch.events.push(EngineEvent::BlockRemoved {
+                            block_hashes: vec![hash],
+                            medium: Some(medium(known.level)),
+                            group: 0,
+                        });
+                        known.level = new;
+                    }
+                    None => rc.add(&rc.unknown_removals, 1),
+                },
+                // A priority change, or a level "change" to the same level: nothing moves.
+                TrtData::Updated { .. } => {}
+            }
+        }
+        for (rank, batch) in pending {
+            if !batch.events.is_empty() || !batch.skipped.is_empty() {
+                steps.push(Step::Apply { rank, batch });
+            }
+        }
+        steps
+    }
+}
+
+/// The batch being gathered for `rank` in this poll.
+fn batch_of(pending: &mut BTreeMap<u32, EngineBatch>, rank: u32) -> &mut EngineBatch {
+    pending.entry(rank).or_insert_with(|| EngineBatch {
+        events: Vec::new(),
+        skipped: Vec::new(),
+        dp_rank: Some(rank),
+    })
+}
+
+/// Applies what `rank` gathered so far, then drops its blocks from the worker's view.
+fn reset(
+    pending: &mut BTreeMap<u32, EngineBatch>,
+    steps: &mut Vec<Step>,
+    stream: &mut RankStream,
+    rank: u32,
+    loss: Loss,
+) {
+    if let Some(batch) = pending.remove(&rank) {
+        steps.push(Step::Apply { rank, batch });
+    }
+    stream.reset();
+    steps.push(Step::Reset { rank, loss });
+}
+
+/// A stored run as the relay takes it: no keys at all when no block has one.
+fn finish(mut run: StoredEvent) -> EngineEvent {
+    if run.block_keys.iter().all(Option::is_none) {
+        run.block_keys.clear();
+    }
+    EngineEvent::BlockStored(run)
+}
+
+/// Converts one `stored` event: its full blocks, split where the cache level changes; a partial
+/// block ends it (and is remembered, so its removal is dropped), a larger block is handed to the
+/// relay as it is, which refuses and reports it.
+fn convert_stored(
+    stream: &mut RankStream,
+    parent: Option<u64>,
+    blocks: &[TrtBlock],
+    bs: usize,
+    capacity: usize,
+    batch: &mut EngineBatch,
+    rc: &super::stats::RankCounters,
+) {
+    let mut run: Option<StoredEvent> = None;
+    let mut run_level = 0;
+    let mut prev = parent;
+    for (i, block) in blocks.iter().enumerate() {
+        let n = block.tokens.len();
+        if n != bs {
+            if let Some(done) = run.take() {
+                batch.events.push(finish(done));
+            }
+            if n < bs {
+                rc.add(&rc.partial_blocks, (blocks.len() - i) as u64);
+                stream.remember(block.hash, None, capacity);
+            } else {
+                batch.events.push(EngineEvent::BlockStored(StoredEvent {
+                    block_hashes: vec![block.hash],
+                    parent: prev,
+                    token_ids: block.tokens.clone(),
+                    block_size: u32::try_from(n).ok(),
+                    medium: Some(medium(block.cache_level)),
+                    ..StoredEvent::default()
+                }));
+            }
+            return;
+        }
+        // The salt keys a prompt's first block, from which every later hash chains (as the
+        // gateway hashes a salted prompt).
+        let first = i == 0 && parent.is_none();
+        let key = switchyard_core::identity_block_key(
+            block.lora.as_deref(),
+            block.salt.as_deref().filter(|_| first),
+            block.other.as_deref(),
+        );
+        if run.is_some()
+            && run_level != block.cache_level
+            && let Some(done) = run.take()
+        {
+            batch.events.push(finish(done));
+        }
+        let current = run.get_or_insert_with(|| StoredEvent {
+            parent: prev,
+            block_size: u32::try_from(bs).ok(),
+            medium: Some(medium(block.cache_level)),
+            ..StoredEvent::default()
+        });
+        run_level = block.cache_level;
+        current.block_hashes.push(block.hash);
+        current.token_ids.extend_from_slice(&block.tokens);
+        current.block_keys.push(key);
+        stream.remember(
+            block.hash,
+            Some(Known {
+                parent: prev,
+                tokens: block.tokens.clone(),
+                key,
+                level: block.cache_level,
+            }),
+            capacity,
+        );
+        prev = Some(block.hash);
+    }
+    if let Some(done) = run {
+        batch.events.push(finish(done));
+    }
+}
+
+#[cfg(test)]
+#[path = "trtllm_events_tests.rs"]
+mod tests;
