@@ -678,4 +678,38 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("bootstrap_port"), "{err}");
     }
+
+    #[test]
+    fn a_trtllm_worker_is_polled_over_http_and_refuses_what_it_cannot_do_yet() {
+        let args = WorkerArgs {
+            engine: Some(parse_engine_kind("trtllm").unwrap()),
+            engine_url: Some("http://127.0.0.1:8000".into()),
+            engine_kv_poll_ms: Some(5),
+            ..Default::default()
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!(
+            (config.engine.kind, config.engine.kv_poll_ms),
+            (EngineKind::Trtllm, 5)
+        );
+        let refused = |args: WorkerArgs, needle: &str| {
+            let err = args.resolve().unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        };
+        let zmq = WorkerArgs {
+            kv_events: Some("tcp://127.0.0.1:5557".into()),
+            ..args.clone()
+        };
+        refused(zmq, "/kv_cache_events");
+        let decode = WorkerArgs {
+            role: Some(Role::Decode),
+            ..args.clone()
+        };
+        refused(decode, "disaggregated");
+        let lora = WorkerArgs {
+            lora_adapters: Some(vec!["sql".into()]),
+            ..args
+        };
+        refused(lora, "LoRA");
+    }
 }

@@ -34,7 +34,10 @@
 //!   from the worker's view ([`Step::Reset`]) and rebuilt from the events that follow.
 //! - Only the largest attention window (`window_size`) names reusable prefixes (variable
 //!   sliding-window models keep one pool per window); events of smaller windows are skipped and
-//!   counted (`other_groups`).
+//!   counted (`other_groups`). The one event id counter of a rank spans every window. Newer
+//!   releases (KV cache manager V2) also name a `layer_group_id`: each group is its own
+//!   engine-hash namespace, as vLLM's KV-cache groups, so a block leaves the view when the last
+//!   group holding it drops it.
 //! - Blocks are rehashed from their token ids by the relay, so the engine's hash algorithm
 //!   (`v1_block_key`, `v2_sha256`) does not matter; hashes are read as unsigned or signed 64-bit
 //!   integers or hex digests and only ever compared with each other.
@@ -61,6 +64,9 @@ pub struct Parsed {
     pub event_id: u64,
     pub rank: u32,
     pub window: Option<u64>,
+    /// The KV cache manager's layer group (`layer_group_id`, newer releases; 0 when absent): its
+    /// own engine-hash namespace, as vLLM's KV-cache groups.
+    pub group: u32,
     pub data: Result<TrtData, Skipped>,
 }
 
@@ -135,6 +141,11 @@ pub fn parse_event(item: &Value) -> Result<Parsed, String> {
             .ok_or("attention_dp_rank is not a small unsigned integer")?,
     };
     let window = item.get("window_size").and_then(Value::as_u64);
+    let group = item
+        .get("layer_group_id")
+        .and_then(Value::as_u64)
+        .and_then(|g| u32::try_from(g).ok())
+        .unwrap_or(0);
     let data = item.get("data").unwrap_or(&Value::Null);
     let kind = data.get("type").and_then(Value::as_str).unwrap_or("?");
     let data = parse_data(data, kind).map_err(|why| Skipped {
@@ -145,6 +156,7 @@ pub fn parse_event(item: &Value) -> Result<Parsed, String> {
         event_id,
         rank,
         window,
+        group,
         data,
     })
 }
@@ -329,6 +341,9 @@ pub enum Step {
     Reset { rank: u32, loss: Loss },
 }
 
+/// A block as the engine names it: (layer group, engine hash).
+type BlockId = (u32, u64);
+
 /// A block the rank holds, kept so a change of cache level can store it again in its new tier.
 #[derive(Debug, Clone)]
 struct Known {
@@ -345,10 +360,10 @@ struct RankStream {
     window: Option<u64>,
     /// Something was applied since the last reset (a `created` then means a new cache).
     dirty: bool,
-    partials: HashSet<u64>,
-    known: HashMap<u64, Known>,
+    partials: HashSet<BlockId>,
+    known: HashMap<BlockId, Known>,
     /// Insertion order of `known` and `partials`, for the bound; may hold stale keys.
-    order: VecDeque<u64>,
+    order: VecDeque<BlockId>,
     /// Told the log about this rank's joining a running engine.
     joined: bool,
 }
@@ -361,7 +376,7 @@ impl RankStream {
         self.order.clear();
     }
 
-    fn remember(&mut self, hash: u64, known: Option<Known>, capacity: usize) {
+    fn remember(&mut self, id: BlockId, known: Option<Known>, capacity: usize) {
         while self.known.len() + self.partials.len() >= capacity {
             let Some(old) = self.order.pop_front() else {
                 break;
@@ -371,13 +386,13 @@ impl RankStream {
         }
         match known {
             Some(k) => {
-                self.known.insert(hash, k);
+                self.known.insert(id, k);
             }
             None => {
-                self.partials.insert(hash);
+                self.partials.insert(id);
             }
         }
-        self.order.push_back(hash);
+        self.order.push_back(id);
     }
 }
 
@@ -490,11 +505,14 @@ impl TrtllmEvents {
                     continue;
                 }
             };
+            let group = event.group;
             if let Some(w) = event.window {
                 match stream.window {
                     Some(current) if w < current => {
                         // A sliding-window pool: its blocks name no reusable prefix.
-                        rc.add(&rc.other_groups, 1);
+                        if !matches!(data, TrtData::Created) {
+                            rc.add(&rc.other_groups, 1);
+                        }
                         continue;
                     }
                     Some(current) if w > current && stream.dirty => {
@@ -531,29 +549,34 @@ impl TrtllmEvents {
                 TrtData::Created => {}
                 TrtData::Stored { parent, blocks } => {
                     stream.dirty = true;
-                    convert_stored(stream, parent, &blocks, bs, capacity, batch, rc);
+                    let at = Place {
+                        group,
+                        bs,
+                        capacity,
+                    };
+                    convert_stored(stream, parent, &blocks, at, batch, rc);
                 }
                 TrtData::Removed { hashes } => {
                     let mut by_level: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
                     for h in hashes {
-                        if stream.partials.remove(&h) {
+                        if stream.partials.remove(&(group, h)) {
                             continue;
                         }
-                        let level = stream.known.remove(&h).map_or(0, |k| k.level);
+                        let level = stream.known.remove(&(group, h)).map_or(0, |k| k.level);
                         by_level.entry(level).or_default().push(h);
                     }
                     for (level, block_hashes) in by_level {
                         batch.events.push(EngineEvent::BlockRemoved {
                             block_hashes,
                             medium: Some(medium(level)),
-                            group: 0,
+                            group,
                         });
                     }
                 }
                 TrtData::Updated {
                     hash,
                     cache_level: Some((old, new)),
-                } if old != new => match stream.known.get_mut(&hash) {
+                } if old != new => match stream.known.get_mut(&(group, hash)) {
                     Some(known) => {
                         // Stored in the new tier first, so the block's mapping (and its
                         // children's parent) never lapses, then removed from the old one.
@@ -563,6 +586,7 @@ impl TrtllmEvents {
                             token_ids: known.tokens.clone(),
                             block_size: u32::try_from(known.tokens.len()).ok(),
                             medium: Some(medium(new)),
+                            group,
                             block_keys: if known.key.is_some() {
                                 vec![known.key]
                             } else {
@@ -573,7 +597,7 @@ impl TrtllmEvents {
                         batch.events.push(EngineEvent::BlockRemoved {
                             block_hashes: vec![hash],
                             medium: Some(medium(known.level)),
-                            group: 0,
+                            group,
                         });
                         known.level = new;
                     }
@@ -627,15 +651,28 @@ fn finish(mut run: StoredEvent) -> EngineEvent {
 /// Converts one `stored` event: its full blocks, split where the cache level changes; a partial
 /// block ends it (and is remembered, so its removal is dropped), a larger block is handed to the
 /// relay as it is, which refuses and reports it.
+/// Where a stored event's blocks go: their layer group, the block size, the bound on what is
+/// remembered.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    group: u32,
+    bs: usize,
+    capacity: usize,
+}
+
 fn convert_stored(
     stream: &mut RankStream,
     parent: Option<u64>,
     blocks: &[TrtBlock],
-    bs: usize,
-    capacity: usize,
+    at: Place,
     batch: &mut EngineBatch,
     rc: &super::stats::RankCounters,
 ) {
+    let Place {
+        group,
+        bs,
+        capacity,
+    } = at;
     let mut run: Option<StoredEvent> = None;
     let mut run_level = 0;
     let mut prev = parent;
@@ -647,7 +684,7 @@ fn convert_stored(
             }
             if n < bs {
                 rc.add(&rc.partial_blocks, (blocks.len() - i) as u64);
-                stream.remember(block.hash, None, capacity);
+                stream.remember((group, block.hash), None, capacity);
             } else {
                 batch.events.push(EngineEvent::BlockStored(StoredEvent {
                     block_hashes: vec![block.hash],
@@ -655,6 +692,7 @@ fn convert_stored(
                     token_ids: block.tokens.clone(),
                     block_size: u32::try_from(n).ok(),
                     medium: Some(medium(block.cache_level)),
+                    group,
                     ..StoredEvent::default()
                 }));
             }
@@ -678,6 +716,7 @@ fn convert_stored(
             parent: prev,
             block_size: u32::try_from(bs).ok(),
             medium: Some(medium(block.cache_level)),
+            group,
             ..StoredEvent::default()
         });
         run_level = block.cache_level;
@@ -685,7 +724,7 @@ fn convert_stored(
         current.token_ids.extend_from_slice(&block.tokens);
         current.block_keys.push(key);
         stream.remember(
-            block.hash,
+            (group, block.hash),
             Some(Known {
                 parent: prev,
                 tokens: block.tokens.clone(),

@@ -416,3 +416,22 @@ fn a_larger_engine_block_is_refused_and_reported() {
     assert_eq!(rig.stats().block_size_mismatches, 1);
     assert_eq!(rig.relay.block_count(), 0);
 }
+
+#[test]
+fn layer_groups_hold_a_block_until_the_last_one_drops_it() {
+    let mut rig = Rig::new(1);
+    let in_group = |mut event: Value, group: u32| {
+        event["layer_group_id"] = json!(group);
+        event
+    };
+    // KV cache manager V2: the same block announced by two layer groups of the global window.
+    rig.poll(vec![
+        in_group(stored(0, None, vec![block(10, &[1, 2], 0)]), 0),
+        in_group(stored(1, None, vec![block(10, &[1, 2], 0)]), 1),
+        in_group(removed(2, &[10]), 0),
+    ]);
+    assert_eq!(rig.held(StorageTier::Device), ours(&[1, 2]));
+    rig.poll(vec![in_group(removed(3, &[10]), 1)]);
+    assert!(rig.held(StorageTier::Device).is_empty());
+    assert_eq!(rig.stats().unknown_removals, 0);
+}
