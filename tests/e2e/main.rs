@@ -111,6 +111,9 @@ mod security_e2e;
 #[path = "../tracing_e2e.rs"]
 mod tracing_e2e;
 
+#[path = "../trtllm_adapter_e2e.rs"]
+mod trtllm_adapter_e2e;
+
 #[path = "../vllm_adapter_e2e.rs"]
 mod vllm_adapter_e2e;
 

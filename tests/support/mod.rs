@@ -6,6 +6,7 @@
 pub mod envoy_proxy;
 pub mod fake_engine;
 pub mod fake_kube;
+pub mod fake_trtllm;
 pub mod fault_proxy;
 pub mod kv_tamper;
 mod launch;

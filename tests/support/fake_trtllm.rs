@@ -1,0 +1,82 @@
+//! The `trtllm-serve` stand-in (`tests/python/fake_trtllm.py`) as the end-to-end tests drive it,
+//! and the `switchyard worker --engine trtllm` flags that put a worker in front of one.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use super::Launch;
+
+const SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/python/fake_trtllm.py"
+);
+
+/// One stand-in engine process, killed when dropped.
+pub struct FakeTrtllm {
+    _child: Child,
+    pub http: String,
+    client: reqwest::Client,
+}
+
+impl FakeTrtllm {
+    /// Starts a stand-in with block size 4 and 128 blocks, plus `extra` flags.
+    pub async fn start(extra: &[&str]) -> FakeTrtllm {
+        let mut child = Command::new("python3")
+            .arg(SCRIPT)
+            .args(["--block-size", "4", "--num-blocks", "128"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 runs the trtllm-serve stand-in");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("stand-in starts")
+            .expect("read stand-in stdout")
+            .expect("stand-in prints READY");
+        let ports: Value = serde_json::from_str(line.strip_prefix("READY ").expect("READY line"))
+            .expect("READY json");
+        FakeTrtllm {
+            _child: child,
+            http: format!("http://127.0.0.1:{}", ports["http"]),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn admin(&self, what: &str, body: Value) -> Value {
+        let response = self
+            .client
+            .post(format!("{}/admin/{what}", self.http))
+            .json(&body)
+            .send()
+            .await
+            .expect("admin");
+        response.json().await.expect("admin json")
+    }
+
+    /// Full blocks the stand-in holds.
+    pub async fn held(&self) -> u64 {
+        let state = self.admin("state", json!({})).await;
+        state["blocks"].as_array().map_or(0, |b| b.len() as u64)
+    }
+
+    /// `switchyard worker --engine trtllm` with id `id` in front of this stand-in, with the facts
+    /// an idle trtllm-serve does not announce, and its `/metrics` served.
+    pub fn worker(&self, id: &str, etcd: &str, cluster: &str) -> Launch {
+        Launch::worker(etcd, cluster)
+            .arg("--engine", "trtllm")
+            .arg("--engine-url", &self.http)
+            .arg("--engine-block-size", "4")
+            .arg("--engine-kv-blocks", "128")
+            .arg("--engine-max-context", "4096")
+            .arg("--engine-kv-poll-ms", "10")
+            .arg("--model", "fake-model")
+            .arg("--metrics-listen", "127.0.0.1:0")
+            .id(id)
+    }
+}
