@@ -23,6 +23,7 @@ pub mod sim;
 pub mod stats;
 pub mod trtllm;
 pub mod trtllm_events;
+pub mod trtllm_wire;
 pub mod vllm;
 pub mod zmq_events;
 

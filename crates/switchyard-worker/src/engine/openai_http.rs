@@ -137,7 +137,10 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
             }
             ("/v1/completions", body)
         }
-        Dialect::Trtllm => ("/v1/completions", trtllm_body(model, p, sampling)),
+        Dialect::Trtllm => (
+            "/v1/completions",
+            super::trtllm::request_body(model, p, sampling),
+        ),
         Dialect::Sglang => {
             sampling.insert("max_new_tokens".into(), json!(s.max_tokens));
             sampling.insert("skip_special_tokens".into(), json!(false));
@@ -164,53 +167,6 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
             sglang_identity(&mut body, &p.identity);
             ("/generate", body)
         }
-    }
-}
-
-/// `trtllm-serve`'s `CompletionRequest` (`tensorrt_llm/serve/openai_protocol.py`): the shared
-/// sampling fields, `seed`, `min_tokens`, `response_format` for a constraint. The engine's own
-/// defaults apply to what is unset. Log probabilities, LoRA adapters and cache salts are refused
-/// before this (see `trtllm.rs`).
-fn trtllm_body(model: &str, p: &GenerateParams, sampling: serde_json::Map<String, Value>) -> Value {
-    let s = &p.sampling;
-    let mut body = json!({
-        "model": model,
-        "prompt": p.prompt,
-        "stream": true,
-        "stream_options": {"include_usage": true},
-        "max_tokens": s.max_tokens,
-        "detokenize": false,
-    });
-    if let Some(fields) = body.as_object_mut() {
-        fields.extend(sampling);
-        if let Some(seed) = s.seed {
-            fields.insert("seed".into(), json!(seed));
-        }
-        if let Some(min) = s.min_tokens {
-            fields.insert("min_tokens".into(), json!(min));
-        }
-        if let Some(guided) = &s.guided {
-            fields.insert("response_format".into(), trtllm_response_format(guided));
-        }
-    }
-    body
-}
-
-/// TensorRT-LLM's `response_format` for a constraint: `json` with a schema, `json_object`,
-/// `regex` or `ebnf`; a choice list becomes a regular expression matching exactly one of them.
-fn trtllm_response_format(guided: &Guided) -> Value {
-    match guided {
-        Guided::JsonObject => json!({"type": "json_object"}),
-        Guided::JsonSchema(schema) => json!({
-            "type": "json",
-            "schema": serde_json::from_str::<Value>(schema).unwrap_or_else(|_| json!(schema))
-        }),
-        Guided::Regex(regex) => json!({"type": "regex", "regex": regex}),
-        Guided::Choice(_) => {
-            let (_, regex) = sglang_constraint(guided);
-            json!({"type": "regex", "regex": regex})
-        }
-        Guided::Grammar(grammar) => json!({"type": "ebnf", "ebnf": grammar}),
     }
 }
 
@@ -242,7 +198,7 @@ fn vllm_structured_outputs(guided: &Guided) -> Value {
 
 /// SGLang's sampling parameter for a constraint: `json_schema` (text), `regex` or `ebnf`. It
 /// has no choice list, so choices become a regular expression matching exactly one of them.
-fn sglang_constraint(guided: &Guided) -> (&'static str, String) {
+pub(super) fn sglang_constraint(guided: &Guided) -> (&'static str, String) {
     match guided {
         Guided::JsonObject => ("json_schema", r#"{"type": "object"}"#.to_owned()),
         Guided::JsonSchema(schema) => ("json_schema", schema.clone()),

@@ -27,8 +27,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
-use switchyard_core::{BlockSize, EngineKind, LoadStats, WorkerId};
+use serde_json::{Value, json};
+use switchyard_core::{BlockSize, EngineKind, Guided, LoadStats, WorkerId};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -72,6 +72,57 @@ pub(super) fn check_request(params: &GenerateParams) -> Result<(), EngineError> 
         ));
     }
     Ok(())
+}
+
+/// `trtllm-serve`'s `CompletionRequest` (`tensorrt_llm/serve/openai_protocol.py`): the shared
+/// sampling fields, `seed`, `min_tokens`, `response_format` for a constraint. The engine's own
+/// defaults apply to what is unset. Log probabilities, LoRA adapters and cache salts are refused
+/// before this ([`check_request`]).
+pub(super) fn request_body(
+    model: &str,
+    p: &GenerateParams,
+    sampling: serde_json::Map<String, Value>,
+) -> Value {
+    let s = &p.sampling;
+    let mut body = json!({
+        "model": model,
+        "prompt": p.prompt,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "max_tokens": s.max_tokens,
+        "detokenize": false,
+    });
+    if let Some(fields) = body.as_object_mut() {
+        fields.extend(sampling);
+        if let Some(seed) = s.seed {
+            fields.insert("seed".into(), json!(seed));
+        }
+        if let Some(min) = s.min_tokens {
+            fields.insert("min_tokens".into(), json!(min));
+        }
+        if let Some(guided) = &s.guided {
+            fields.insert("response_format".into(), trtllm_response_format(guided));
+        }
+    }
+    body
+}
+
+/// TensorRT-LLM's `response_format` for a constraint: `json` with a schema, `json_object`,
+/// `regex` or `ebnf`; a choice list becomes a regular expression matching exactly one of them.
+fn trtllm_response_format(guided: &Guided) -> Value {
+    match guided {
+        Guided::JsonObject => json!({"type": "json_object"}),
+        Guided::JsonSchema(schema) => json!({
+            "type": "json",
+            "schema": serde_json::from_str::<Value>(schema).unwrap_or_else(|_| json!(schema))
+        }),
+        Guided::Regex(regex) => json!({"type": "regex", "regex": regex}),
+        Guided::Choice(_) => {
+            let (_, regex) = super::openai_http::sglang_constraint(guided);
+            json!({"type": "regex", "regex": regex})
+        }
+        Guided::Grammar(grammar) => json!({"type": "ebnf", "ebnf": grammar}),
+    }
 }
 
 /// The engine facts registration needs, as far as they are known.
@@ -457,7 +508,6 @@ pub fn load_from_stats(stats: &[Value], previous: LoadStats) -> LoadStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn iteration_stats_become_load_and_an_empty_read_means_idle() {
@@ -481,6 +531,79 @@ mod tests {
         assert_eq!((idle.running_requests, idle.waiting_requests), (0, 0));
         assert_eq!(idle.used_blocks, 40, "blocks in use stay as last seen");
         assert_eq!(idle.prompt_tokens_total, 320);
+    }
+
+    #[test]
+    fn the_request_names_only_fields_trtllm_serve_declares() {
+        // trtllm-serve's CompletionRequest (openai_protocol.py) forbids undeclared fields.
+        let declared = [
+            "model",
+            "prompt",
+            "stream",
+            "stream_options",
+            "max_tokens",
+            "detokenize",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "logit_bias",
+            "stop",
+            "stop_token_ids",
+            "ignore_eos",
+            "seed",
+            "min_tokens",
+            "response_format",
+        ];
+        let with = |guided: Option<Guided>| GenerateParams {
+            request_id: "r".into(),
+            prompt: vec![1, 2],
+            sampling: switchyard_core::Sampling {
+                max_tokens: 3,
+                temperature: Some(0.5),
+                top_k: Some(4),
+                seed: Some(9),
+                min_tokens: Some(1),
+                stop_token_ids: vec![7],
+                guided,
+                ..Default::default()
+            },
+            identity: Default::default(),
+            retention: Default::default(),
+        };
+        let body = |guided| {
+            let (path, body) =
+                super::super::openai_http::request_body(Dialect::Trtllm, "m", &with(guided));
+            assert_eq!(path, "/v1/completions");
+            body
+        };
+        let plain = body(None);
+        for key in plain.as_object().unwrap().keys() {
+            assert!(
+                declared.contains(&key.as_str()),
+                "{key} is not trtllm-serve's"
+            );
+        }
+        assert_eq!(plain["detokenize"], false);
+        assert_eq!((&plain["top_k"], &plain["seed"]), (&json!(4), &json!(9)));
+        assert!(plain.get("top_p").is_none() && plain.get("response_format").is_none());
+        let format = |g| body(Some(g))["response_format"].clone();
+        assert_eq!(
+            format(Guided::JsonSchema(r#"{"type":"object"}"#.into())),
+            json!({"type": "json", "schema": {"type": "object"}})
+        );
+        assert_eq!(format(Guided::JsonObject), json!({"type": "json_object"}));
+        assert_eq!(
+            format(Guided::Grammar("root ::= x".into())),
+            json!({"type": "ebnf", "ebnf": "root ::= x"})
+        );
+        assert_eq!(
+            format(Guided::Choice(vec!["a".into(), "b.c".into()])),
+            json!({"type": "regex", "regex": r"(a|b\.c)"})
+        );
     }
 
     #[test]
