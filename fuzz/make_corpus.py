@@ -170,6 +170,54 @@ for i, (name, value) in enumerate(payloads.items()):
 write("zmq_event", "replay_end_marker", bytes([0x08]) + frames(b"", b"\xff" * 8, b""))
 write("zmq_event", "live_short_seq", bytes([0x04]) + frames(topic, b"\x00\x01", b"\x90"))
 
+# ---- trtllm_events: trtllm-serve's /kv_cache_events bodies ------------------------------------
+# In the shape of TensorRT-LLM's KVCacheEventSerializer (tensorrt_llm/_utils.py); polls are
+# separated by a 0x00 byte.
+def trt_block(h, ids, level=0, **extra):
+    b = {"type": "stored_block", "block_hash": h, "cache_level": level, "priority": 35,
+         "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in ids],
+         "mm_keys": [], "cache_salt": None}
+    b.update(extra)
+    return b
+
+
+def trt(i, data, **env):
+    e = {"event_id": i, "data": data, "window_size": 4096}
+    e.update(env)
+    return e
+
+
+trt_created = {"type": "created", "num_blocks_per_cache_level": [128, 64]}
+trt_polls = {
+    "stored_removed": [[trt(0, trt_created), trt(1, {"type": "stored", "parent_hash": None, "blocks": [
+        trt_block(11, [1, 2]), trt_block(12, [3, 4]), trt_block(13, [5])]}),
+        trt(2, {"type": "removed", "block_hashes": [12, 13]})]],
+    "wrap_and_restart": [[trt(0, trt_created), trt(1, {"type": "stored", "parent_hash": None,
+                                                    "blocks": [trt_block(11, [1, 2])]})],
+                         [trt(5, {"type": "stored", "parent_hash": 11, "blocks": [trt_block(12, [3, 4])]})],
+                         [trt(0, trt_created)]],
+    "updated_tiers": [[trt(0, {"type": "stored", "parent_hash": None, "blocks": [
+        trt_block(11, [1, 2]), trt_block(12, [3, 4], 1)]}),
+        trt(1, {"type": "updated", "block_hash": 11,
+                "cache_level": {"type": "event_diff", "new_value": 1, "old_value": 0},
+                "priority": {"type": "event_diff", "new_value": 35, "old_value": 35}})]],
+    "windows_ranks_groups": [[trt(0, trt_created, window_size=512), trt(1, trt_created),
+                              trt(2, {"type": "stored", "parent_hash": None,
+                                      "blocks": [trt_block(11, [1, 2])]}, window_size=512),
+                              trt(0, {"type": "stored", "parent_hash": None,
+                                      "blocks": [trt_block(11, [1, 2], lora_id=3, cache_salt="s")]},
+                                  attention_dp_rank=1, layer_group_id=1),
+                              trt(9, {"type": "removed", "block_hashes": [11]}, attention_dp_rank=7)]],
+    "hashes_hex_signed_big": [[trt(0, {"type": "stored", "parent_hash": None, "blocks": [
+        trt_block(18000000000000000000, [1, 2]), trt_block(-5, [3, 4]),
+        trt_block("ff" * 32, [5, 6], mm_keys=[{"type": "mm_key", "hash": "0102", "start_offset": 0}])]})]],
+    "malformed": [[{"data": {"type": "removed"}}, trt(0, {"type": "teleported"}),
+                   trt(1, {"type": "stored", "parent_hash": "zz", "blocks": None})]],
+}
+for name, trt_bodies in trt_polls.items():
+    write("trtllm_events", name, b"\x00".join(json.dumps(b).encode() for b in trt_bodies))
+write("trtllm_events", "not_a_list", b'{"events": []}\x00<html>\x00[]')
+
 # ---- proto_conversions: switchyard.v1 messages -----------------------------------------------
 
 

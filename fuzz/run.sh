@@ -5,7 +5,8 @@
 #
 #   --time S      seconds of fuzzing per target (default 30)
 #   --build-only  build the drivers and stop
-#   TARGET        http_chat_body, zmq_event, proto_conversions, chat_template (default: all)
+#   TARGET        http_chat_body, zmq_event, trtllm_events, proto_conversions, chat_template
+#                 (default: all)
 #
 # Stable Rust, no cargo-fuzz: libfuzzer-sys (libFuzzer's C++ sources, built by its build script
 # with the system C++ compiler) and the SanitizerCoverage passes rustc runs on request, as
@@ -25,7 +26,7 @@ cd "$(dirname "$0")"
 seconds=30
 build_only=0
 targets=()
-all=(http_chat_body zmq_event proto_conversions chat_template)
+all=(http_chat_body zmq_event trtllm_events proto_conversions chat_template)
 while (($#)); do
   case "$1" in
     --time)

@@ -49,7 +49,7 @@ cargo test --workspace --doc --locked
 SOAK_SECS=180 bash tests/soak.sh
 #
 # The bounded fuzz run: every fuzz target for 30 s on mutations of its committed seeds and
-# regressions (crates/switchyard-fuzz, built with the workspace; about 2 min). A crash fails the
+# regressions (crates/switchyard-fuzz, built with the workspace; about 2.5 min). A crash fails the
 # run and names the input to keep under fuzz/regressions/. The coverage-guided libFuzzer run
 # (fuzz/run.sh) builds an instrumented copy of the dependency tree, too long for every run:
 # fuzz/README.md has the measurements and the longer command.

@@ -7,6 +7,8 @@
 //!   `/v1/completions` and `/v1/messages` bodies, and the error object it answers with.
 //! - [`zmq_event`]: vLLM/SGLang KV-event messages off ZeroMQ: frame splitting (live and replay
 //!   framings), MessagePack batch decoding and the relay into the worker's event log.
+//! - [`trtllm_events`]: TensorRT-LLM's KV events as `trtllm-serve` hands them out (JSON polls),
+//!   through the converter that finds lost events and the relay into the worker's event log.
 //! - [`proto`]: `switchyard.v1` protobuf messages decoded by prost, their conversions to core
 //!   types, and KV-event streams applied to the router's prefix index as the gateway does.
 //! - [`chat_template`]: chat-template rendering of arbitrary conversations with the built-in and
@@ -23,6 +25,7 @@ pub mod corpus;
 pub mod http_body;
 pub mod mutate;
 pub mod proto;
+pub mod trtllm_events;
 pub mod zmq_event;
 
 /// One fuzz target: its name (the directory name under `fuzz/corpus` and `fuzz/regressions`,
@@ -34,7 +37,7 @@ pub struct Target {
 }
 
 /// Every target.
-pub const TARGETS: [Target; 4] = [
+pub const TARGETS: [Target; 5] = [
     Target {
         name: "http_chat_body",
         run: http_body::run,
@@ -42,6 +45,10 @@ pub const TARGETS: [Target; 4] = [
     Target {
         name: "zmq_event",
         run: zmq_event::run,
+    },
+    Target {
+        name: "trtllm_events",
+        run: trtllm_events::run,
     },
     Target {
         name: "proto_conversions",

@@ -42,6 +42,11 @@ fn zmq_event_corpus_and_regressions() {
 }
 
 #[test]
+fn trtllm_events_corpus_and_regressions() {
+    replay_all("trtllm_events");
+}
+
+#[test]
 fn proto_conversions_corpus_and_regressions() {
     replay_all("proto_conversions");
 }
