@@ -206,3 +206,65 @@ async fn facts_come_from_iteration_stats_and_what_is_missing_is_named() {
     let err = start_trtllm(&other).await.unwrap_err().to_string();
     assert!(err.contains("fake-model") && err.contains("llama"), "{err}");
 }
+
+/// A whole worker agent in front of the stand-in: it registers as a TensorRT-LLM worker, serves
+/// `Generate` over gRPC, and refuses a prefill or decode role (disaggregation is not wired).
+#[tokio::test]
+async fn a_trtllm_worker_registers_serves_grpc_and_refuses_a_disaggregated_role() {
+    use switchyard_proto::v1::{self, ControlRequest, GenerateRequest, SamplingParams};
+    use switchyard_registry::{MemoryRegistry, Registry};
+
+    let fake = FakeTrtllm::start(&["--block-size", "4", "--num-blocks", "64"]).await;
+    let config = switchyard_worker::WorkerConfig {
+        id: Some("trt-w".into()),
+        model: "fake-model".into(),
+        engine: fake.config(),
+        ..switchyard_worker::WorkerConfig::default()
+    };
+    let registry = Arc::new(MemoryRegistry::new());
+    let mut worker =
+        support::spawn_worker(config, Some(registry.clone() as Arc<dyn Registry>)).await;
+    let listed = registry.list_workers().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].engine, switchyard_core::EngineKind::Trtllm);
+    assert_eq!(
+        (listed[0].block_size.get(), listed[0].kv_capacity_blocks),
+        (4, 64)
+    );
+
+    let mut stream = worker
+        .client
+        .generate(GenerateRequest {
+            request_id: "g".into(),
+            prompt_token_ids: seq(1, 9),
+            sampling: Some(SamplingParams {
+                max_tokens: 3,
+                ignore_eos: true,
+                ..Default::default()
+            }),
+            kv_source: None,
+            identity: None,
+            retention: None,
+        })
+        .await
+        .expect("generate")
+        .into_inner();
+    let mut tokens = 0;
+    while let Some(chunk) = stream.next().await {
+        tokens += chunk.expect("chunk").token_ids.len();
+    }
+    assert_eq!(tokens, 3);
+
+    let refused = worker
+        .client
+        .control(ControlRequest {
+            command: Some(v1::control_request::Command::SetRole(v1::SetRole {
+                role: v1::Role::Prefill as i32,
+            })),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused}");
+    assert!(refused.message().contains("TensorRT-LLM"), "{refused}");
+    worker.stop().await;
+}
