@@ -199,6 +199,10 @@ refuse "the worker's metrics port is a vLLM engine's KV event port" "port of the
   -f "$CHART/ci/vllm-sidecar-values.yaml" --set workers.defaults.metricsPort=5557
 refuse "a vLLM pool's ranks' KV event and replay ports overlap" "ports of its 2 data-parallel ranks overlap" \
   -f "$CHART/ci/vllm-sidecar-values.yaml" --set workers.pools.qwen3.engine.dpRanks=2 --set workers.pools.qwen3.engine.kvReplayPort=5558
+refuse "a TensorRT-LLM pool is given ZMQ KV event ports" "publishes no ZMQ KV events" \
+  -f "$CHART/ci/trtllm-sidecar-values.yaml" --set workers.pools.llama.engine.kvEventsPort=5557
+refuse "a TensorRT-LLM pool states no context length" "announces no context length" \
+  -f "$CHART/ci/trtllm-sidecar-values.yaml" --set workers.pools.llama.engine.maxContext=null
 refuse "the planner has no prefill and decode pools" "planner.decodePool" --set planner.enabled=true
 refuse "the planner's prefill pool is not prefill-only" "must have role prefill" \
   -f "$CHART/ci/planner-values.yaml" --set workers.pools.prefill.role=both
@@ -211,7 +215,7 @@ refuse "the endpoint picker's failure mode is unknown" "epp/failureMode" -f "$CH
 refuse "etcd users are on without etcd TLS" "etcd.auth needs etcd.tls.enabled" --set etcd.tls.enabled=false
 refuse "a certificate's lifetime is not a duration" "tls/certManager/duration" --set tls.certManager.duration=90d
 refuse "a pool lists a LoRA adapter twice" "loraAdapters" --set 'workers.defaults.loraAdapters={sql-lora,sql-lora}'
-say "refused: 20 bad value sets, each with its reason"
+say "refused: 22 bad value sets, each with its reason"
 
 # ---- 5. the image ----
 step="Dockerfile"
