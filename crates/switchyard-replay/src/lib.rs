@@ -19,6 +19,9 @@
 //! - [`events`]: a gateway's KV recording replayed against several policies side by side
 //!   (no simulator: the recorded caches, load reports and candidates are the input);
 //!   [`events_filter`] narrows its figures to one session or tenant.
+//! - [`sweep`]: every policy across traces, worker counts and arrival rates, and in each cell
+//!   whether `kv` leads, ties or trails the others on hit rate and TTFT p99 (issue 45;
+//!   `switchyard replay sweep`).
 //! - [`parallel`]: independent runs (policies, load levels) on several threads, results in
 //!   the order a serial loop gives them.
 //! - [`error`] holds [`ReplayError`].
@@ -34,6 +37,7 @@ pub mod parallel;
 pub mod plot;
 pub mod progress;
 pub mod report;
+pub mod sweep;
 pub mod synth;
 pub mod workload;
 

@@ -85,7 +85,7 @@ fn mooncake_case(rows: usize, config: &ClusterConfig) -> Value {
 }
 
 /// Compares `got` with `tests/golden/<name>.json`, or writes it there when blessing.
-fn check(name: &str, got: Value) {
+pub(crate) fn check(name: &str, got: Value) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(format!("{name}.json"));

@@ -20,5 +20,8 @@ mod placement;
 #[path = "../retention.rs"]
 mod retention;
 
+#[path = "../sweep.rs"]
+mod sweep;
+
 #[path = "../traces.rs"]
 mod traces;
