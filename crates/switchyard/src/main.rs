@@ -11,6 +11,7 @@ mod etcd_auth_cmd;
 mod planner_cmd;
 mod replay_cmd;
 mod shared_data;
+mod sweep_cmd;
 mod up;
 mod workers_cmd;
 

@@ -43,6 +43,9 @@ enum WorkloadCommand {
     /// The same open-loop workload served aggregated and disaggregated (fixed splits,
     /// `enforce` and `auto`) on the same simulated workers: TTFT, ITL, attainment, throughput.
     Disagg(crate::disagg_cmd::DisaggArgs),
+    /// Every policy across worker counts and arrival rates on the Mooncake and agent-session
+    /// traces; marks each cell where kv trails another policy on hit rate or TTFT p99.
+    Sweep(crate::sweep_cmd::SweepArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -337,7 +340,7 @@ struct Plan {
     extra: serde_json::Value,
 }
 
-fn ms_to_us(ms: f64) -> Result<u64, ReplayError> {
+pub(crate) fn ms_to_us(ms: f64) -> Result<u64, ReplayError> {
     if ms.is_finite() && ms >= 0.0 {
         Ok((ms * 1000.0).round() as u64)
     } else {
@@ -427,6 +430,9 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
         )),
         WorkloadCommand::Events(_) => Err(ReplayError::InvalidConfig(
             "a recording has no workload plan; see `replay events`".into(),
+        )),
+        WorkloadCommand::Sweep(_) => Err(ReplayError::InvalidConfig(
+            "the sweep has its own plan; see `replay sweep`".into(),
         )),
         WorkloadCommand::Agentx(a) => {
             if a.concurrency.contains(&0) {
@@ -533,6 +539,17 @@ pub fn run(args: ReplayArgs, bench: bool) -> ExitCode {
     if let WorkloadCommand::Disagg(disagg) = &args.workload {
         return exit(command, crate::disagg_cmd::run(disagg));
     }
+    if let WorkloadCommand::Sweep(sweep) = &args.workload {
+        if bench {
+            return exit(
+                command,
+                Err(ReplayError::InvalidConfig(
+                    "bench measures the replayer on one workload; run the sweep with `switchyard replay sweep`".into(),
+                )),
+            );
+        }
+        return crate::sweep_cmd::run(sweep);
+    }
     let plan = match plan(args) {
         Ok(plan) => plan,
         Err(err @ (ReplayError::InvalidConfig(_) | ReplayError::Cluster(_))) => {
@@ -560,7 +577,7 @@ pub fn run(args: ReplayArgs, bench: bool) -> ExitCode {
     exit(command, result)
 }
 
-fn exit(command: &str, result: Result<(), ReplayError>) -> ExitCode {
+pub(crate) fn exit(command: &str, result: Result<(), ReplayError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err @ ReplayError::InvalidConfig(_)) => {

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 pub const MOONCAKE_TRACE: &str = "traces/mooncake/conversation_trace.jsonl";
 /// The default AgentX/Weka sessions, relative to the shared data directory.
 pub const AGENTX_TRACE: &str = "agentx/weka_kv_cache_tester/dev_120.jsonl.gz";
+/// The held-out AgentX/Weka sessions, relative to the shared data directory.
+pub const AGENTX_B_TRACE: &str = "agentx/weka_kv_cache_tester/dev_b_120.jsonl.gz";
 
 /// The shared data directories looked in, in order: `$SWITCHYARD_DATA` (read by clap into
 /// `data_dir`), `../shared/data` from the current directory (a checkout's root), and
