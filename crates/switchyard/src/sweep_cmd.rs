@@ -404,6 +404,79 @@ mod tests {
         assert!(err.contains("names no file"), "{err}");
     }
 
+    /// A small trace of its own: the sweep runs end to end, writes its three files, and its
+    /// exit status follows the verdicts with `--fail-on-trail`.
+    #[test]
+    fn a_sweep_writes_its_report_and_fails_on_a_trailing_cell_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("tiny.jsonl");
+        let lines: Vec<String> = (0..16)
+            .map(|i| {
+                let ids = if i % 2 == 0 {
+                    "[1,2,3]".to_owned()
+                } else {
+                    format!("[{},{}]", 100 + i, 200 + i)
+                };
+                format!(
+                    r#"{{"timestamp":{},"input_length":1500,"output_length":8,"hash_ids":{ids}}}"#,
+                    i * 50
+                )
+            })
+            .collect();
+        std::fs::write(&trace, lines.join("\n")).unwrap();
+        let out = dir.path().join("out");
+        let trace_arg = format!("mooncake:{}", trace.display());
+        let sweep = |extra: &[&str]| {
+            let mut args = vec![
+                "--traces",
+                &trace_arg,
+                "--policies",
+                "kv,round-robin",
+                "--kv-blocks",
+                "256",
+                "--threads",
+                "1",
+                "--format",
+                "json",
+                "--out",
+                out.to_str().unwrap(),
+            ];
+            args.extend_from_slice(extra);
+            run(&parse(&args).unwrap())
+        };
+        assert_eq!(
+            sweep(&["--workers", "1", "--rates", "1,2"]),
+            ExitCode::SUCCESS
+        );
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("sweep.json")).unwrap())
+                .unwrap();
+        // One worker: both policies send everything to it.
+        assert_eq!(report["tally"]["ties"], 2, "{report}");
+        assert!(out.join("sweep.csv").is_file() && out.join("sweep.md").is_file());
+
+        let status = sweep(&[
+            "--workers",
+            "2",
+            "--rates",
+            "4",
+            "--tie",
+            "0",
+            "--fail-on-trail",
+        ]);
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("sweep.json")).unwrap())
+                .unwrap();
+        let trails = report["tally"]["trails"].as_u64().unwrap();
+        let expected = if trails > 0 {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        };
+        assert_eq!(status, expected, "{report}");
+        assert_eq!(report["cells"][0]["runs"].as_array().unwrap().len(), 2);
+    }
+
     #[test]
     fn a_missing_trace_file_names_the_file() {
         let args = parse(&["--traces", "mooncake:/nonexistent/trace.jsonl"]).unwrap();
