@@ -475,6 +475,45 @@ mod tests {
         };
         assert_eq!(status, expected, "{report}");
         assert_eq!(report["cells"][0]["runs"].as_array().unwrap().len(), 2);
+        assert!(report["traces"][0].get("concurrency").is_none(), "{report}");
+
+        // An agent trace: the report says what its rates meant.
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/data/agentx/fixtures/weka-two-plays.jsonl");
+        let agent_arg = format!("agentx:{}", fixture.display());
+        let status = run(&parse(&[
+            "--traces",
+            &agent_arg,
+            "--policies",
+            "kv,round-robin",
+            "--workers",
+            "1",
+            "--rates",
+            "0.5,2",
+            "--concurrency",
+            "1",
+            "--format",
+            "json",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .unwrap());
+        assert_eq!(status, ExitCode::SUCCESS);
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("sweep.json")).unwrap())
+                .unwrap();
+        let trace = &report["traces"][0];
+        assert_eq!(trace["name"], "weka-two-plays", "{trace}");
+        assert_eq!(trace["level_kind"], "concurrency", "{trace}");
+        assert_eq!(trace["concurrency"], 1, "{trace}");
+        assert_eq!(trace["time_scale"], 1.0, "{trace}");
+        let levels: Vec<f64> = report["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["level"].as_f64().unwrap())
+            .collect();
+        assert_eq!(levels, [1.0, 2.0], "at least one live session");
     }
 
     #[test]

@@ -173,6 +173,13 @@ pub struct TraceInfo {
     pub level_kind: String,
     /// Requests or sessions per run.
     pub size: usize,
+    /// Agent traces: live session trees at rate 1, think-time scale and gap cap (seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_scale: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_gap_s: Option<f64>,
 }
 
 /// One trace × worker count × rate, every policy run in it.
@@ -329,11 +336,20 @@ pub fn run_sweep(
         rates: config.rates.clone(),
         traces: traces
             .iter()
-            .map(|t| TraceInfo {
-                name: t.name.clone(),
-                path: t.path.clone(),
-                level_kind: t.level_kind().to_owned(),
-                size: t.size(),
+            .map(|t| {
+                let agent = match &t.source {
+                    TraceSource::Agentx { config, .. } => Some(config),
+                    TraceSource::Mooncake(_) => None,
+                };
+                TraceInfo {
+                    name: t.name.clone(),
+                    path: t.path.clone(),
+                    level_kind: t.level_kind().to_owned(),
+                    size: t.size(),
+                    concurrency: agent.map(|c| c.concurrency),
+                    time_scale: agent.map(|c| c.time_scale),
+                    max_gap_s: agent.map(|c| c.max_gap_s),
+                }
             })
             .collect(),
         settings: serde_json::json!({
