@@ -435,6 +435,7 @@ mod tests {
                 prompt_blocks: 4,
                 sampled: false,
                 workers: vec![WorkerScore {
+                    pending_blocks: 0,
                     worker: id,
                     overlap: TierOverlap::uniform(device),
                     uncached_prompt_tokens: 0,

@@ -35,6 +35,9 @@ use crate::load::LoadView;
 /// fp16 (32 layers × 8 KV heads × 128 dims × K and V × 2 bytes), the simulator's default.
 pub const ASSUMED_KV_BYTES_PER_TOKEN: u64 = 131_072;
 
+/// Default [`KvConfig::prefill_step_tokens`]: vLLM's and SGLang's default step budget.
+pub const DEFAULT_PREFILL_STEP_TOKENS: u64 = 8192;
+
 /// Settings of the `kv` policy (also the load terms of the other policies).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -49,6 +52,11 @@ pub struct KvConfig {
     pub disk_hit_factor: Option<f64>,
     /// 0 picks the lowest cost; above 0 samples (softmax over normalised costs).
     pub temperature: f64,
+    /// Prompt tokens an engine prefills per step (vLLM's `max_num_batched_tokens`, SGLang's
+    /// chunked prefill size; both 8,192 by default): a request queued behind another finds the
+    /// blocks they share cached only if at least a step of work lies between them (see
+    /// `load::pending`).
+    pub prefill_step_tokens: u64,
     /// The link between workers a prefix can be copied over (sub-agent placement, see
     /// `placement`): with one, a worker may be priced with copying the device prefix a peer
     /// holds instead of recomputing it. Not read from configuration: only the replay lab's
@@ -65,6 +73,7 @@ impl Default for KvConfig {
             host_hit_factor: None,
             disk_hit_factor: None,
             temperature: 0.0,
+            prefill_step_tokens: DEFAULT_PREFILL_STEP_TOKENS,
             peer_link: None,
         }
     }
@@ -91,6 +100,11 @@ impl KvConfig {
         if self.peer_link.is_some_and(|l| l.bytes_per_s == 0) {
             return Err(RouteError::InvalidConfig(
                 "the peer link's bandwidth must be positive".into(),
+            ));
+        }
+        if self.prefill_step_tokens == 0 {
+            return Err(RouteError::InvalidConfig(
+                "kv.prefill_step_tokens must be at least 1".into(),
             ));
         }
         if !finite_non_neg(self.temperature) {
@@ -204,6 +218,16 @@ pub(crate) fn costs_of(candidate: &Candidate, block_size: u32) -> (KvTierCosts, 
     }
 }
 
+/// Which blocks a policy counts as a worker's besides what `overlap_of` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pending {
+    /// Only what the overlap source says (the peers' policies, as they score).
+    Ignored,
+    /// The leading blocks requests in flight bring to each worker ([`LoadView::pending_leading`]):
+    /// a request queued behind them finds them cached.
+    Counted,
+}
+
 /// Fills the breakdown of every candidate; `score` is set to the kv cost
 /// (`prefill_term + decode_term`, seconds), which policies may overwrite.
 pub(crate) fn breakdown(
@@ -212,9 +236,20 @@ pub(crate) fn breakdown(
     load: &LoadView,
     cfg: &KvConfig,
     overlap_of: impl Fn(&WorkerId) -> TierOverlap,
+    pending: Pending,
 ) -> Vec<WorkerScore> {
     let bs = request.block_size.get();
-    let overlaps: Vec<TierOverlap> = candidates.iter().map(|c| overlap_of(&c.worker)).collect();
+    let pending = match pending {
+        Pending::Ignored => Vec::new(),
+        Pending::Counted => {
+            load.pending_leading(&request.block_hashes, bs, cfg.prefill_step_tokens)
+        }
+    };
+    let pending_of = |w: &WorkerId| pending.iter().find(|(p, _)| p == w).map_or(0, |(_, n)| *n);
+    let overlaps: Vec<TierOverlap> = candidates
+        .iter()
+        .map(|c| with_pending(overlap_of(&c.worker), pending_of(&c.worker)))
+        .collect();
     let peer_device = overlaps.iter().map(|o| o.device).max().unwrap_or(0);
     candidates
         .iter()
@@ -239,6 +274,7 @@ pub(crate) fn breakdown(
             let decode_term =
                 cfg.decode_weight * costs.recompute_seconds(l.active_blocks * u64::from(bs));
             WorkerScore {
+                pending_blocks: pending_of(&c.worker),
                 worker: c.worker.clone(),
                 overlap,
                 uncached_prompt_tokens: uncached,
@@ -255,4 +291,14 @@ pub(crate) fn breakdown(
             }
         })
         .collect()
+}
+
+/// `overlap` with `pending` leading blocks counted as device blocks.
+fn with_pending(overlap: TierOverlap, pending: u32) -> TierOverlap {
+    TierOverlap {
+        device: overlap.device.max(pending),
+        device_or_host: overlap.device_or_host.max(pending),
+        device_host_or_disk: overlap.device_host_or_disk.max(pending),
+        any_tier: overlap.any_tier.max(pending),
+    }
 }

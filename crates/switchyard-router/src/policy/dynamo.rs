@@ -119,6 +119,7 @@ impl Policy for DynamoKvPolicy {
             load,
             &self.breakdown,
             index_overlap(request, index),
+            cost::Pending::Ignored,
         );
         for s in &mut scores {
             s.score = self.logit(

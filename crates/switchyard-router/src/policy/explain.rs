@@ -33,8 +33,14 @@ pub struct Explanation {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WorkerScore {
     pub worker: WorkerId,
-    /// Leading prompt blocks the worker holds, per tier level.
+    /// Leading prompt blocks the worker holds, per tier level (with `pending_blocks` counted
+    /// as device blocks).
     pub overlap: TierOverlap,
+    /// Leading prompt blocks requests routed to the worker and not finished are bringing to
+    /// its cache (`load::pending`), counted as held: this request queues behind them. Only the
+    /// `kv` and `approx-kv` policies count them; left out of the JSON when none.
+    #[serde(skip_serializing_if = "no_blocks")]
+    pub pending_blocks: u32,
     /// Prompt tokens the worker would have to compute: the prompt past its longest cached
     /// prefix in any tier.
     pub uncached_prompt_tokens: u64,
@@ -54,6 +60,10 @@ pub struct WorkerScore {
     /// Probability of being picked, when the policy sampled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probability: Option<f64>,
+}
+
+fn no_blocks(blocks: &u32) -> bool {
+    *blocks == 0
 }
 
 /// A stable per-request key for rendezvous tie-breaking: the session id if any, else the

@@ -67,7 +67,14 @@ impl KvPolicy {
         if candidates.is_empty() {
             return Err(RouteError::NoCandidates);
         }
-        let mut scores = cost::breakdown(request, candidates, load, &self.config, overlap_of);
+        let mut scores = cost::breakdown(
+            request,
+            candidates,
+            load,
+            &self.config,
+            overlap_of,
+            cost::Pending::Counted,
+        );
         let sampled = self.config.temperature > 0.0 && scores.len() > 1;
         let chosen = if sampled {
             explain::sample(&mut scores, self.config.temperature, &mut self.rng)

@@ -126,7 +126,14 @@ impl Policy for SglangCaPolicy {
         let tree = &self.tree;
         let overlap_of =
             |w: &WorkerId| TierOverlap::uniform(tree.overlap(w, &request.block_hashes));
-        let mut scores = cost::breakdown(request, candidates, load, &self.breakdown, overlap_of);
+        let mut scores = cost::breakdown(
+            request,
+            candidates,
+            load,
+            &self.breakdown,
+            overlap_of,
+            cost::Pending::Ignored,
+        );
         let loads: Vec<u64> = scores.iter().map(|s| s.running_requests).collect();
         let block = u64::from(request.block_size.get());
         let match_rate =

@@ -27,6 +27,7 @@ fn checked_breakdown(
         load,
         config,
         index_overlap(request, index),
+        cost::Pending::Ignored,
     ))
 }
 

@@ -272,7 +272,7 @@ impl ServingCore {
             .policy
             .choose(request, candidates, &self.index, &self.load)?;
         let booking = Booking::aggregated(self.next_key(), &decision, request, max_tokens);
-        self.book(&booking, request.now);
+        self.book(&booking, request);
         Ok((decision, booking))
     }
 
@@ -351,7 +351,7 @@ impl ServingCore {
                 .div_ceil(u64::from(self.block_size.get())),
             onboard_bytes: onboard_bytes_of(prefill),
         };
-        self.book(&booking, request.now);
+        self.book(&booking, request);
         decode.kind = BookingKind::DisaggregatedDecode;
         decode.prefill_tokens = 0;
         self.load
@@ -394,7 +394,7 @@ impl ServingCore {
         };
         served.explanation.chosen = to.clone();
         let moved = Booking::aggregated(self.next_key(), &served, request, max_tokens);
-        self.book(&moved, request.now);
+        self.book(&moved, request);
         moved
     }
 
@@ -403,7 +403,20 @@ impl ServingCore {
         self.load.on_finished(&booking.worker, booking.key);
     }
 
-    fn book(&mut self, booking: &Booking, now: Tick) {
+    /// Counts `booking` on its worker, whose cache the request's prompt blocks are on their way
+    /// to ([`LoadView::add_pending`]).
+    fn book(&mut self, booking: &Booking, request: &RouteRequest) {
+        let now = request.now;
+        self.load.add_pending(
+            crate::load::pending::Incoming {
+                request: booking.key,
+                worker: &booking.worker,
+                blocks: &request.block_hashes,
+                prompt_tokens: request.prompt_tokens,
+                prefill_tokens: booking.prefill_tokens,
+            },
+            now,
+        );
         self.load.on_routed(
             &booking.worker,
             booking.key,

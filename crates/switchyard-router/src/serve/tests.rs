@@ -300,3 +300,76 @@ fn a_moved_booking_leaves_the_chosen_worker_and_counts_on_the_server() {
     core.finished(&moved);
     assert!(booked(&core, "c").is_empty());
 }
+
+/// Tokens of a chain of their own (`family` apart from `prompt`'s).
+fn distinct(family: u32, tokens: u32) -> Vec<TokenId> {
+    (0..tokens).map(|i| family * 1_000_000 + i).collect()
+}
+
+#[test]
+fn a_prefix_in_flight_counts_once_a_step_of_work_lies_between_it_and_the_request() {
+    use crate::load::pending::Incoming;
+    use switchyard_core::LoadStats;
+    let mut core = core(PolicyKind::Kv);
+    let queued = |tokens| LoadStats {
+        queued_prefill_tokens: tokens,
+        ..LoadStats::default()
+    };
+    core.load.report(&w("a"), queued(15_000), 0);
+    core.load.report(&w("b"), queued(10_000), 0);
+    // `a` has a request in flight computing a 600-block prompt (its load is in the report).
+    let first = prompt(600);
+    let first_blocks = route_request(&first, bs(), None, 0).block_hashes;
+    core.load.add_pending(
+        Incoming {
+            request: 1,
+            worker: &w("a"),
+            blocks: &first_blocks,
+            prompt_tokens: 9_600,
+            prefill_tokens: 9_600,
+        },
+        0,
+    );
+    // A request sharing 590 of those blocks: with nothing queued behind the first, both would
+    // prefill in the same step (10 blocks apart), so the shared blocks do not count and the
+    // less loaded `b` wins.
+    let mut tokens = prompt(590);
+    tokens.extend(distinct(1, 160));
+    let request = route_request(&tokens, bs(), None, 1);
+    let decide = |core: &ServingCore| {
+        core.explain_decode(&request, &candidates(&["a", "b"]))
+            .unwrap()
+    };
+    let decision = decide(&core);
+    assert_eq!(decision.worker, w("b"), "{}", decision.explanation.why);
+    assert!(
+        decision
+            .explanation
+            .workers
+            .iter()
+            .all(|s| s.pending_blocks == 0)
+    );
+    // 9,000 tokens queued behind the first request on `a` (more than the 8,192 of a step): the
+    // shared blocks are computed before the request is scheduled, and `a` wins.
+    let other = route_request(&distinct(2, 9_000), bs(), None, 0).block_hashes;
+    core.load.add_pending(
+        Incoming {
+            request: 2,
+            worker: &w("a"),
+            blocks: &other,
+            prompt_tokens: 9_000,
+            prefill_tokens: 9_000,
+        },
+        0,
+    );
+    let decision = decide(&core);
+    assert_eq!(decision.worker, w("a"), "{}", decision.explanation.why);
+    let a = &decision.explanation.workers[0];
+    assert_eq!(a.worker, w("a"));
+    assert_eq!((a.pending_blocks, a.overlap.device), (590, 590));
+    assert_eq!(a.uncached_prompt_tokens, 160);
+    // The first request finished: its blocks are the index's business again (no event came
+    // here), and `b` wins as before.
+    core.load.on_finished(&w("a"), 1);
+    assert_eq!(decide(&core).worker, w("b"));
+}

@@ -18,10 +18,13 @@
 //! forgotten after [`LoadConfig::in_flight_ttl`], and at most
 //! [`LoadConfig::max_in_flight_per_worker`] are kept per worker (oldest dropped first).
 
+pub mod pending;
+
 use serde::Serialize;
-use switchyard_core::{LoadStats, WorkerId};
+use switchyard_core::{BlockHash, LoadStats, WorkerId};
 
 use crate::hasher::FxHashMap;
+use pending::{Incoming, PendingPrefixes};
 
 /// Microseconds on the caller's monotonic clock.
 pub type Tick = u64;
@@ -111,6 +114,8 @@ struct WorkerEntry {
 pub struct LoadView {
     config: LoadConfig,
     workers: FxHashMap<WorkerId, WorkerEntry>,
+    /// The prompt blocks of requests in flight, by worker ([`pending`]).
+    pending: PendingPrefixes,
 }
 
 impl LoadView {
@@ -118,7 +123,26 @@ impl LoadView {
         Self {
             config,
             workers: FxHashMap::default(),
+            pending: PendingPrefixes::default(),
         }
+    }
+
+    /// A request routed at `now` brings its prompt's blocks into its worker's cache until it
+    /// finishes ([`pending`]).
+    pub fn add_pending(&mut self, incoming: Incoming<'_>, now: Tick) {
+        self.pending.add(incoming, now, self.config.in_flight_ttl);
+    }
+
+    /// For each worker where a request routed now would find some, how many leading blocks of
+    /// `chain` requests in flight there will have computed by then (`block` tokens per block,
+    /// `step_tokens` prompt tokens per engine step; [`pending`]).
+    pub fn pending_leading(
+        &self,
+        chain: &[BlockHash],
+        block: u32,
+        step_tokens: u64,
+    ) -> Vec<(WorkerId, u32)> {
+        self.pending.leading(chain, block, step_tokens)
     }
 
     /// A load report received from `worker` at `now`.
@@ -200,6 +224,7 @@ impl LoadView {
         request: RequestId,
         prefill_tokens: u64,
     ) {
+        self.pending.set_prefill_tokens(request, prefill_tokens);
         if let Some(r) = self
             .workers
             .get_mut(worker)
@@ -211,6 +236,7 @@ impl LoadView {
 
     /// `request`'s prefill finished: it now decodes.
     pub fn on_prefill_done(&mut self, worker: &WorkerId, request: RequestId) {
+        self.pending.prefill_done(request);
         if let Some(r) = self
             .workers
             .get_mut(worker)
@@ -222,6 +248,7 @@ impl LoadView {
 
     /// `request` finished (or failed, or was cancelled): release it.
     pub fn on_finished(&mut self, worker: &WorkerId, request: RequestId) {
+        self.pending.remove(request);
         if let Some(e) = self.workers.get_mut(worker) {
             e.in_flight.remove(&request);
         }
@@ -251,6 +278,7 @@ impl LoadView {
     /// Forgets a worker that left.
     pub fn remove_worker(&mut self, worker: &WorkerId) {
         self.workers.remove(worker);
+        self.pending.remove_worker(worker);
     }
 
     /// The worker's predicted load (zero for a worker never seen).
