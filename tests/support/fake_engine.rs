@@ -15,6 +15,44 @@ const SCRIPT: &str = concat!(
     "/../../tests/python/fake_vllm.py"
 );
 
+/// Starts a Python stand-in engine (`script`) with block size 4 and 128 blocks plus `extra`
+/// flags; the process (killed when dropped) and the ports its READY line names.
+pub async fn spawn_stand_in(script: &str, extra: &[&str]) -> (Child, Value) {
+    let mut child = Command::new("python3")
+        .arg(script)
+        .args(["--block-size", "4", "--num-blocks", "128"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs the stand-in");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("stand-in starts")
+        .expect("read stand-in stdout")
+        .expect("stand-in prints READY");
+    let ports =
+        serde_json::from_str(line.strip_prefix("READY ").expect("READY line")).expect("READY json");
+    (child, ports)
+}
+
+/// A stand-in's test-only admin endpoint (`/admin/<what>`): its JSON answer.
+pub async fn stand_in_admin(
+    client: &reqwest::Client,
+    http: &str,
+    what: &str,
+    body: Value,
+) -> Value {
+    let response = client
+        .post(format!("{http}/admin/{what}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("admin");
+    response.json().await.expect("admin json")
+}
+
 /// One stand-in engine process, killed when dropped.
 pub struct Fake {
     _child: Child,
@@ -31,22 +69,7 @@ pub struct Fake {
 impl Fake {
     /// Starts a stand-in with block size 4 and 128 blocks, plus `extra` flags.
     pub async fn start(extra: &[&str]) -> Fake {
-        let mut child = Command::new("python3")
-            .arg(SCRIPT)
-            .args(["--block-size", "4", "--num-blocks", "128"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 runs the stand-in");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("stand-in starts")
-            .expect("read stand-in stdout")
-            .expect("stand-in prints READY");
-        let ports: Value = serde_json::from_str(line.strip_prefix("READY ").expect("READY line"))
-            .expect("READY json");
+        let (child, ports) = spawn_stand_in(SCRIPT, extra).await;
         let port = |name: &str| ports[name].as_u64().expect("port");
         Fake {
             _child: child,
@@ -81,15 +104,7 @@ impl Fake {
     }
 
     pub async fn admin(&self, what: &str, body: Value) -> Value {
-        let url = format!("{}/admin/{what}", self.http);
-        let response = self
-            .client
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .expect("admin");
-        response.json().await.expect("admin json")
+        stand_in_admin(&self.client, &self.http, what, body).await
     }
 
     /// Blocks the stand-in holds (rank 0).

@@ -1,14 +1,11 @@
 //! The `trtllm-serve` stand-in (`tests/python/fake_trtllm.py`) as the end-to-end tests drive it,
 //! and the `switchyard worker --engine trtllm` flags that put a worker in front of one.
 
-use std::process::Stdio;
-use std::time::Duration;
-
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use super::Launch;
+use super::fake_engine::{spawn_stand_in, stand_in_admin};
 
 const SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -25,22 +22,7 @@ pub struct FakeTrtllm {
 impl FakeTrtllm {
     /// Starts a stand-in with block size 4 and 128 blocks, plus `extra` flags.
     pub async fn start(extra: &[&str]) -> FakeTrtllm {
-        let mut child = Command::new("python3")
-            .arg(SCRIPT)
-            .args(["--block-size", "4", "--num-blocks", "128"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 runs the trtllm-serve stand-in");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("stand-in starts")
-            .expect("read stand-in stdout")
-            .expect("stand-in prints READY");
-        let ports: Value = serde_json::from_str(line.strip_prefix("READY ").expect("READY line"))
-            .expect("READY json");
+        let (child, ports) = spawn_stand_in(SCRIPT, extra).await;
         FakeTrtllm {
             _child: child,
             http: format!("http://127.0.0.1:{}", ports["http"]),
@@ -49,14 +31,7 @@ impl FakeTrtllm {
     }
 
     pub async fn admin(&self, what: &str, body: Value) -> Value {
-        let response = self
-            .client
-            .post(format!("{}/admin/{what}", self.http))
-            .json(&body)
-            .send()
-            .await
-            .expect("admin");
-        response.json().await.expect("admin json")
+        stand_in_admin(&self.client, &self.http, what, body).await
     }
 
     /// Full blocks the stand-in holds.

@@ -10,14 +10,10 @@
 //! Checks: nothing panics; a body is either a list of events or an error; after each poll the
 //! relay's blocks and the event log's blocks (what gateways are told) agree.
 
-use std::sync::{Arc, Mutex};
-
-use switchyard_core::{BlockSize, WorkerId};
-use switchyard_worker::engine::kv_relay::KvRelay;
-use switchyard_worker::engine::stats::AdapterCounters;
+use switchyard_core::BlockSize;
 use switchyard_worker::engine::trtllm_events::{Step, TrtllmEvents, parse_poll};
-use switchyard_worker::engine::zmq_events::RelayShared;
-use switchyard_worker::event_log::EventLog;
+
+use crate::zmq_event::{check_relay_matches_log, relay_shared};
 
 /// Two attention-DP ranks, block size 2 (small blocks so short inputs fill some), a small map so
 /// the bounds are reached.
@@ -29,12 +25,7 @@ const MAX_POLLS: usize = 8;
 /// Runs one input.
 pub fn run(data: &[u8]) {
     let block_size = BlockSize::new(BLOCK_SIZE).unwrap_or_else(|_| unreachable!("2 is valid"));
-    let worker = WorkerId::new("fuzz-worker").unwrap_or_else(|_| unreachable!("a valid id"));
-    let shared = RelayShared {
-        relay: Mutex::new(KvRelay::new(block_size, DP_RANKS, MAP_CAPACITY)),
-        log: Arc::new(EventLog::new(worker, 1, 256)),
-        counters: Arc::new(AdapterCounters::new(DP_RANKS)),
-    };
+    let shared = relay_shared(BLOCK_SIZE, DP_RANKS, MAP_CAPACITY);
     let mut events = TrtllmEvents::new(block_size, DP_RANKS, MAP_CAPACITY);
     for body in data.split(|b| *b == 0).take(MAX_POLLS) {
         let body = String::from_utf8_lossy(body);
@@ -47,15 +38,6 @@ pub fn run(data: &[u8]) {
                 Step::Reset { rank, .. } => shared.reset(rank),
             }
         }
-        let relay_blocks = shared
-            .relay
-            .lock()
-            .map(|relay| relay.block_count())
-            .unwrap_or_else(|poisoned| poisoned.into_inner().block_count());
-        assert_eq!(
-            relay_blocks,
-            shared.log.block_count(),
-            "the relay holds other blocks than the event log announced"
-        );
+        check_relay_matches_log(&shared);
     }
 }

@@ -61,27 +61,38 @@ pub fn run(data: &[u8]) {
             decode_batch(&payload).is_ok(),
             "the relay and the decoder disagree on whether the payload is a batch"
         );
-        let relay_blocks = shared
-            .relay
-            .lock()
-            .map(|relay| relay.block_count())
-            .unwrap_or_else(|poisoned| poisoned.into_inner().block_count());
-        assert_eq!(
-            relay_blocks,
-            shared.log.block_count(),
-            "the relay holds other blocks than the event log announced"
-        );
+        check_relay_matches_log(&shared);
     }
 }
 
 fn relay() -> RelayShared {
-    let block_size = BlockSize::new(BLOCK_SIZE).unwrap_or_else(|_| unreachable!("4 is valid"));
+    relay_shared(BLOCK_SIZE, DP_RANKS, MAP_CAPACITY)
+}
+
+/// A worker's relay and event log as an adapter's reader shares them, for a fuzz target.
+pub(crate) fn relay_shared(block_size: u32, ranks: u32, map_capacity: usize) -> RelayShared {
+    let block_size = BlockSize::new(block_size).unwrap_or_else(|_| unreachable!("a valid size"));
     let worker = WorkerId::new("fuzz-worker").unwrap_or_else(|_| unreachable!("a valid id"));
     RelayShared {
-        relay: Mutex::new(KvRelay::new(block_size, DP_RANKS, MAP_CAPACITY)),
+        relay: Mutex::new(KvRelay::new(block_size, ranks, map_capacity)),
         log: Arc::new(EventLog::new(worker, 1, 256)),
-        counters: Arc::new(AdapterCounters::new(DP_RANKS)),
+        counters: Arc::new(AdapterCounters::new(ranks)),
     }
+}
+
+/// The check every relay target ends an input with: the relay holds the blocks the event log
+/// announced to gateways.
+pub(crate) fn check_relay_matches_log(shared: &RelayShared) {
+    let relay_blocks = shared
+        .relay
+        .lock()
+        .map(|relay| relay.block_count())
+        .unwrap_or_else(|poisoned| poisoned.into_inner().block_count());
+    assert_eq!(
+        relay_blocks,
+        shared.log.block_count(),
+        "the relay holds other blocks than the event log announced"
+    );
 }
 
 /// Splits `bytes` into length-prefixed frames (see the module docs).

@@ -183,14 +183,14 @@ impl PendingPrefixes {
         let Some(ids) = chain.first().and_then(|b| self.by_first.get(b)) else {
             return Vec::new();
         };
-        let mut best: Vec<(WorkerId, u32)> = Vec::new();
+        let mut best: FxHashMap<&WorkerId, u32> = FxHashMap::default();
         let mut behind: FxHashMap<&WorkerId, FxHashMap<RequestId, u64>> = FxHashMap::default();
         for id in ids {
             let Some(r) = self.requests.get(id) else {
                 continue;
             };
             let shared = shared_prefix(&r.blocks, chain) as u32;
-            if shared == 0 || best.iter().any(|(w, n)| *w == r.worker && *n >= shared) {
+            if shared == 0 || best.get(&r.worker).is_some_and(|&n| n >= shared) {
                 continue;
             }
             if !r.prefill_done {
@@ -206,12 +206,9 @@ impl PendingPrefixes {
                     continue;
                 }
             }
-            match best.iter_mut().find(|(w, _)| *w == r.worker) {
-                Some(entry) => entry.1 = entry.1.max(shared),
-                None => best.push((r.worker.clone(), shared)),
-            }
+            best.insert(&r.worker, shared);
         }
-        best
+        best.into_iter().map(|(w, n)| (w.clone(), n)).collect()
     }
 
     /// For each request queued on `worker`, the prefill tokens routed there after it and not

@@ -28,6 +28,7 @@ use super::explain::WorkerScore;
 use super::placement;
 use super::{Candidate, RouteRequest};
 use crate::error::RouteError;
+use crate::hasher::FxHashMap;
 use crate::index::TierOverlap;
 use crate::load::LoadView;
 
@@ -245,7 +246,8 @@ pub(crate) fn breakdown(
             load.pending_leading(&request.block_hashes, bs, cfg.prefill_step_tokens)
         }
     };
-    let pending_of = |w: &WorkerId| pending.iter().find(|(p, _)| p == w).map_or(0, |(_, n)| *n);
+    let pending: FxHashMap<&WorkerId, u32> = pending.iter().map(|(w, n)| (w, *n)).collect();
+    let pending_of = |w: &WorkerId| pending.get(w).copied().unwrap_or(0);
     let overlaps: Vec<TierOverlap> = candidates
         .iter()
         .map(|c| with_pending(overlap_of(&c.worker), pending_of(&c.worker)))

@@ -3,14 +3,14 @@
 //! `/kv_cache_events`, its own block hashes) and a TensorRT-LLM adapter started against it.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchyard_core::{BlockHash, BlockSize, EngineKind, WorkerId, block_hashes};
 use switchyard_worker::config::EngineConfig;
 use switchyard_worker::engine::vllm::{AdapterError, VllmEngine};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
+
+use super::fake_vllm::{spawn_stand_in, stand_in_admin};
 
 pub const SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -25,21 +25,7 @@ pub struct FakeTrtllm {
 
 impl FakeTrtllm {
     pub async fn start(extra: &[&str]) -> FakeTrtllm {
-        let mut child = Command::new("python3")
-            .arg(SCRIPT)
-            .args(extra)
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 runs the trtllm-serve stand-in");
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("stand-in starts")
-            .unwrap()
-            .expect("stand-in prints READY");
-        let ports: Value = serde_json::from_str(line.strip_prefix("READY ").unwrap()).unwrap();
+        let (child, ports) = spawn_stand_in(SCRIPT, extra, "the trtllm-serve stand-in").await;
         FakeTrtllm {
             child,
             http: format!("http://127.0.0.1:{}", ports["http"]),
@@ -53,15 +39,7 @@ impl FakeTrtllm {
     }
 
     pub async fn admin(&self, what: &str, body: Value) -> Value {
-        self.client
-            .post(format!("{}/admin/{what}", self.http))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        stand_in_admin(&self.client, &self.http, what, body).await
     }
 
     pub async fn store(&self, tokens: Vec<u32>) {

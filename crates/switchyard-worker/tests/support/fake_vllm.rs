@@ -18,6 +18,45 @@ pub const SCRIPT: &str = concat!(
     "/../../tests/python/fake_vllm.py"
 );
 
+/// Starts a Python stand-in engine (`script`) with `extra` flags; the process (killed when
+/// dropped) and the ports its READY line names.
+pub async fn spawn_stand_in(script: &str, extra: &[&str], what: &str) -> (Child, Value) {
+    let mut child = Command::new("python3")
+        .arg(script)
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("python3 runs {what}: {e}"));
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("stand-in starts")
+        .unwrap()
+        .expect("stand-in prints READY");
+    let ports = serde_json::from_str(line.strip_prefix("READY ").unwrap()).unwrap();
+    (child, ports)
+}
+
+/// A stand-in's test-only admin endpoint (`/admin/<what>`): its JSON answer.
+pub async fn stand_in_admin(
+    client: &reqwest::Client,
+    http: &str,
+    what: &str,
+    body: Value,
+) -> Value {
+    client
+        .post(format!("{http}/admin/{what}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 pub struct Fake {
     _child: Child,
     pub http: String,
@@ -29,21 +68,8 @@ pub struct Fake {
 
 impl Fake {
     pub async fn start(extra: &[&str]) -> Fake {
-        let mut child = Command::new("python3")
-            .arg(SCRIPT)
-            .args(extra)
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 runs the stand-in (pip install pyzmq msgpack)");
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("stand-in starts")
-            .unwrap()
-            .expect("stand-in prints READY");
-        let ports: Value = serde_json::from_str(line.strip_prefix("READY ").unwrap()).unwrap();
+        let (child, ports) =
+            spawn_stand_in(SCRIPT, extra, "the stand-in (pip install pyzmq msgpack)").await;
         Fake {
             _child: child,
             http: format!("http://127.0.0.1:{}", ports["http"]),
@@ -55,15 +81,7 @@ impl Fake {
     }
 
     pub async fn admin(&self, what: &str, body: Value) -> Value {
-        self.client
-            .post(format!("{}/admin/{what}", self.http))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        stand_in_admin(&self.client, &self.http, what, body).await
     }
 
     pub async fn store(&self, tokens: Vec<u32>, rank: u32) {
