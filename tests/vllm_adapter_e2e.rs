@@ -349,3 +349,95 @@ async fn logprobs_are_asked_in_each_engines_fields_and_come_back_with_its_figure
         }
     }
 }
+
+/// vLLM and SGLang publish waiting and running requests, not tokens: the worker counts the
+/// prompt tokens its requests still have to prefill (the prompt past the prefix its engine's
+/// events say it holds) from admission to the first token, and the gateway receives that queue
+/// in the load reports the cost model prices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_reports_the_prefill_queue_vllm_does_not_publish() {
+    prefill_queue_is_reported("vllm").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_reports_the_prefill_queue_sglang_does_not_publish() {
+    prefill_queue_is_reported("sglang").await;
+}
+
+async fn prefill_queue_is_reported(engine: &str) {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("{engine}-queue-{}", std::process::id());
+    let fake = Fake::start(&["--flavor", engine]).await;
+    let _worker = fake
+        .worker(engine, "vllm-q", &endpoint, &cluster)
+        .start()
+        .await;
+    let gateway = Launch::gateway(&endpoint, &cluster).start().await;
+    let api = format!("http://{}", gateway.address);
+    let client = support::Api::at(&api);
+    let seen = eventually(Duration::from_secs(15), || async {
+        indexed(&api, "vllm-q").await.is_some()
+    })
+    .await;
+    assert!(seen, "the gateway sees the worker");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // 64 tokens (16 blocks) the engine holds before the requests come.
+    let prefix = tokens(7, 64);
+    fake.admin("store", json!({"tokens": prefix})).await;
+    assert_mirrored(&api, "vllm-q", &fake).await;
+
+    fake.admin("hold_prefill", json!({"hold": true})).await;
+    let fresh = tokens(8, 100);
+    let mut extended = prefix.clone();
+    extended.extend(tokens(9, 36));
+    let send = |prompt: Vec<u32>| {
+        let http = reqwest::Client::new();
+        let url = format!("{api}/v1/completions");
+        tokio::spawn(async move {
+            let body = json!({"model": "fake-model", "prompt": prompt, "max_tokens": 3,
+                              "ignore_eos": true, "stream": true});
+            let response = http.post(url).json(&body).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.text().await.unwrap()
+        })
+    };
+    let queued = "switchyard_worker_queued_prefill_tokens{worker=\"vllm-q\"}";
+    let cold = send(fresh);
+    let one = eventually(Duration::from_secs(15), || async {
+        client.metric(queued).await == 100.0
+    })
+    .await;
+    assert!(
+        one,
+        "a cold 100-token prompt queues 100 tokens: {}",
+        client.metric(queued).await
+    );
+    let warm = send(extended);
+    let both = eventually(Duration::from_secs(15), || async {
+        client.metric(queued).await == 136.0
+    })
+    .await;
+    assert!(
+        both,
+        "the second prompt queues only the 36 tokens past the held prefix: {}",
+        client.metric(queued).await
+    );
+
+    // Their first tokens take them off the queue.
+    fake.admin("hold_prefill", json!({"hold": false})).await;
+    for answer in [cold.await.unwrap(), warm.await.unwrap()] {
+        let data = switchyard_core::sse::events(&answer);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{answer}");
+    }
+    let drained = eventually(Duration::from_secs(15), || async {
+        client.metric(queued).await == 0.0
+    })
+    .await;
+    assert!(
+        drained,
+        "the queue empties: {}",
+        client.metric(queued).await
+    );
+}

@@ -42,6 +42,8 @@ Test control (POST, JSON body, answers JSON):
                            their rooms (an engine failing after it accepted them)
   /admin/requests          the bodies of the generation requests received, oldest first (the
                            last 64): what a real engine would have been asked
+  /admin/hold_prefill      {"hold": bool}: while held, generation requests wait before their
+                           first token (a prefill queue the test controls); releasing lets them on
 
 Disaggregated prefill/decode (vLLM `kv_transfer_params`, SGLang bootstrap): see fake_pd.py.
 
@@ -225,6 +227,9 @@ class Engine:
         self.ctx = zmq.Context()
         self.next_rank = 0
         self.stats = {"prompt": 0, "cached": 0, "running": 0}
+        # Set unless a test holds requests before their first token (/admin/hold_prefill).
+        self.prefill_gate = threading.Event()
+        self.prefill_gate.set()
         self.zmq_port = self.bind_range("zmq_port", zmq.PUB)
         self.replay_port = self.bind_range("replay_port", zmq.ROUTER)
         self.ranks = [Rank(self, r, self.pubs[r], args.buffer_steps) for r in range(args.dp_ranks)]
@@ -396,6 +401,9 @@ def make_handler(engine):
                     return self.reply(200, {"scripts": len(engine.scripts)})
                 if what == "requests":
                     return self.reply(200, {"requests": list(engine.requests)})
+                if what == "hold_prefill":
+                    (engine.prefill_gate.clear if body.get("hold", True) else engine.prefill_gate.set)()
+                    return self.reply(200, {})
                 if what == "lose_rooms":
                     engine.pd.lose_rooms = body.get("count", 1)
                     return self.reply(200, {})
@@ -493,6 +501,7 @@ def make_handler(engine):
                     max_tokens = 1
                     if not engine.pd.sglang_wait(room, prompt):
                         failure = "bootstrap timeout: no decode engine took room %s" % room
+                engine.prefill_gate.wait(timeout=60)
                 seed = body.get("seed") or sp.get("sampling_seed") or 0
                 events = []
                 steps = max_tokens if script is None else min(max_tokens, len(script))

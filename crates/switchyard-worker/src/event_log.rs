@@ -112,6 +112,22 @@ impl EventLog {
         self.lock().blocks.len()
     }
 
+    /// How many leading blocks of `chain` the view holds in some tier: the prompt the engine
+    /// finds cached (its events say so), so the part past them is what it has to compute.
+    pub fn leading_held(&self, chain: &[BlockHash]) -> usize {
+        let state = self.lock();
+        chain
+            .iter()
+            .take_while(|h| {
+                state
+                    .blocks
+                    .range((**h, StorageTier::Device)..=(**h, StorageTier::Remote))
+                    .next()
+                    .is_some()
+            })
+            .count()
+    }
+
     /// The digest of the view, and the sequence number of the next event (the view is what the
     /// events before it leave in place).
     pub fn digest(&self) -> (EventSeq, BlockSetDigest) {
@@ -253,6 +269,31 @@ mod tests {
 
     fn log(capacity: usize) -> EventLog {
         EventLog::new(WorkerId::new("w").unwrap(), 9, capacity)
+    }
+
+    #[test]
+    fn leading_held_counts_the_prefix_held_in_any_tier() {
+        let log = log(8);
+        log.publish([stored(1, None), stored(2, Some(1))]);
+        log.publish([KvEvent::Stored {
+            parent: Some(BlockHash(2)),
+            blocks: vec![StoredBlock {
+                hash: BlockHash(3),
+                tokens: vec![1],
+            }],
+            tier: StorageTier::Host,
+        }]);
+        let chain = |hs: &[u64]| hs.iter().map(|h| BlockHash(*h)).collect::<Vec<_>>();
+        assert_eq!(log.leading_held(&chain(&[1, 2, 3, 4])), 3);
+        // A block missing in the middle ends the prefix: the engine recomputes from there.
+        assert_eq!(log.leading_held(&chain(&[1, 9, 3])), 1);
+        assert_eq!(log.leading_held(&chain(&[7])), 0);
+        assert_eq!(log.leading_held(&[]), 0);
+        log.publish([KvEvent::Removed {
+            blocks: vec![BlockHash(2)],
+            tier: StorageTier::Device,
+        }]);
+        assert_eq!(log.leading_held(&chain(&[1, 2, 3])), 1);
     }
 
     #[test]

@@ -31,7 +31,7 @@ mod streams;
 pub use access::Access;
 use access::Call;
 
-use crate::state::{InFlightGuard, WorkerState};
+use crate::state::{InFlightGuard, WorkerState, worker_load};
 use load_pacer::{Due, LoadPacer};
 use streams::{
     DigestIdentity, EventStreamState, PullSent, PullState, digest_timer, start_messages,
@@ -196,6 +196,9 @@ impl WorkerService {
         // Counted only for a request the worker takes.
         let retention = self.retention(req.retention)?;
         let in_flight = self.state.begin_request();
+        if req.kv_source.is_none() {
+            self.queue_prefill(&in_flight, &req.prompt_token_ids, &identity);
+        }
         let params = GenerateParams {
             request_id: req.request_id,
             prompt: req.prompt_token_ids,
@@ -232,6 +235,27 @@ impl WorkerService {
         // The engine holds the request now: a report pushed from here shows it.
         self.state.load_changed();
         Ok((engine_stream, in_flight))
+    }
+
+    /// Counts the prompt tokens `guard`'s request has to prefill here, where the engine does
+    /// not count them itself ([`Engine::reports_queued_prefill`]): the prompt past the leading
+    /// blocks the engine's KV events say it holds, in any tier.
+    fn queue_prefill(
+        &self,
+        guard: &InFlightGuard,
+        prompt: &[u32],
+        identity: &switchyard_core::KvIdentity,
+    ) {
+        if self.engine.reports_queued_prefill() {
+            return;
+        }
+        let block = self.engine.spec().block_size;
+        let held = self
+            .engine
+            .events()
+            .leading_held(&identity.block_hashes(prompt, block));
+        let cached = held.saturating_mul(block.as_usize()).min(prompt.len());
+        guard.queue_prefill((prompt.len() - cached) as u64);
     }
 
     /// Refuses a request under a LoRA adapter this worker's engine does not serve (the gateway
@@ -280,7 +304,8 @@ impl WorkerService {
             0 => self.limits.default_hold,
             ms => Duration::from_millis(u64::from(ms)).min(self.limits.max_hold),
         };
-        let _in_flight = self.state.begin_request();
+        let in_flight = self.state.begin_request();
+        self.queue_prefill(&in_flight, &req.prompt_token_ids, &identity);
         let outcome = self
             .engine
             .prefill(PrefillParams {
@@ -604,7 +629,7 @@ impl v1::worker_server::Worker for WorkerService {
                     let due = pacer.wait().await;
                     let report = load_to_wire(
                         &service.info.id,
-                        &service.engine.load(),
+                        &worker_load(&*service.engine, &service.state),
                         service.state.role(),
                         service.state.is_draining(),
                         0,

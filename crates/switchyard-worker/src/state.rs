@@ -1,13 +1,23 @@
-//! The agent's mutable state shared by the gRPC service and the lifecycle: role, draining, and
-//! the count of requests in flight, and a signal that the load changed (a request taken, its
-//! first token, its end, role or drain), which load-report streams push on.
+//! The agent's mutable state shared by the gRPC service and the lifecycle: role, draining, the
+//! count of requests in flight and the prompt tokens they still have to prefill, and a signal
+//! that the load changed (a request taken, its first token, its end, role or drain), which
+//! load-report streams push on.
+//!
+//! The queued prefill tokens are the agent's own count, for engines that publish no such figure
+//! (vLLM, SGLang and TensorRT-LLM report waiting and running requests, not tokens): each request
+//! the engine takes adds the prompt tokens it has to compute (its prompt past the leading blocks
+//! the worker's KV events say the engine holds), and its first token, or its end, takes them
+//! off. The router's cost model prices a worker's queue in these tokens, and with several
+//! gateways in front of one worker only the worker sees all of them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use switchyard_core::Role;
+use switchyard_core::{LoadStats, Role};
 use tokio::sync::{Notify, watch};
+
+use crate::engine::Engine;
 
 /// Shared worker state. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -20,6 +30,8 @@ struct Inner {
     role_tx: watch::Sender<Role>,
     draining: AtomicBool,
     in_flight: AtomicU64,
+    /// Prompt tokens of requests in flight not yet prefilled ([`InFlightGuard::queue_prefill`]).
+    queued_prefill_tokens: AtomicU64,
     idle: Notify,
     /// Bumped on every load change; load-report streams that push on change watch it.
     load_changes: watch::Sender<u64>,
@@ -33,6 +45,7 @@ impl WorkerState {
                 role_tx,
                 draining: AtomicBool::new(false),
                 in_flight: AtomicU64::new(0),
+                queued_prefill_tokens: AtomicU64::new(0),
                 idle: Notify::new(),
                 load_changes: watch::channel(0).0,
             }),
@@ -78,12 +91,18 @@ impl WorkerState {
         self.inner.in_flight.load(Ordering::SeqCst)
     }
 
+    /// Prompt tokens the requests in flight still have to prefill (see the module docs).
+    pub fn queued_prefill_tokens(&self) -> u64 {
+        self.inner.queued_prefill_tokens.load(Ordering::SeqCst)
+    }
+
     /// Counts a request as in flight until the returned guard drops.
     pub fn begin_request(&self) -> InFlightGuard {
         self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
         self.load_changed();
         InFlightGuard {
             state: self.clone(),
+            queued: AtomicU64::new(0),
         }
     }
 
@@ -102,21 +121,56 @@ impl WorkerState {
     }
 }
 
+/// The load the worker reports: the engine's, with the worker's own count of queued prefill
+/// tokens where the engine has none ([`Engine::reports_queued_prefill`]).
+pub fn worker_load(engine: &dyn Engine, state: &WorkerState) -> LoadStats {
+    let mut load = engine.load();
+    if !engine.reports_queued_prefill() {
+        load.queued_prefill_tokens = state.queued_prefill_tokens();
+    }
+    load
+}
+
 /// Marks one request in flight; dropping it ends the request.
 #[derive(Debug)]
 pub struct InFlightGuard {
     state: WorkerState,
+    /// Its prompt tokens still counted in the worker's queued prefill tokens.
+    queued: AtomicU64,
 }
 
 impl InFlightGuard {
+    /// The request has `tokens` prompt tokens to prefill: they count in the worker's queue
+    /// until its first token (or its end). Replaces what it counted before.
+    pub fn queue_prefill(&self, tokens: u64) {
+        let before = self.queued.swap(tokens, Ordering::SeqCst);
+        self.state
+            .inner
+            .queued_prefill_tokens
+            .fetch_add(tokens, Ordering::SeqCst);
+        self.unqueue(before);
+        self.state.load_changed();
+    }
+
     /// The request's prefill is done (its first token came): its prompt left the queue.
     pub fn prefill_done(&self) {
+        self.unqueue(self.queued.swap(0, Ordering::SeqCst));
         self.state.load_changed();
+    }
+
+    fn unqueue(&self, tokens: u64) {
+        if tokens > 0 {
+            self.state
+                .inner
+                .queued_prefill_tokens
+                .fetch_sub(tokens, Ordering::SeqCst);
+        }
     }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        self.unqueue(self.queued.swap(0, Ordering::SeqCst));
         if self.state.inner.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.state.inner.idle.notify_waiters();
         }
@@ -161,6 +215,29 @@ mod tests {
         state.set_draining(true);
         expect_change("draining");
         assert!(!changes.has_changed().unwrap());
+    }
+
+    #[test]
+    fn queued_prefill_tokens_last_until_the_first_token_or_the_end() {
+        let state = WorkerState::new(Role::Both);
+        let a = state.begin_request();
+        a.queue_prefill(1_000);
+        let b = state.begin_request();
+        b.queue_prefill(300);
+        assert_eq!(state.queued_prefill_tokens(), 1_300);
+        // Re-counted (the engine found more of the prompt cached): replaced, not added.
+        b.queue_prefill(200);
+        assert_eq!(state.queued_prefill_tokens(), 1_200);
+        a.prefill_done();
+        assert_eq!(state.queued_prefill_tokens(), 200);
+        // A second first token, or the end after it, takes nothing more off.
+        a.prefill_done();
+        drop(a);
+        assert_eq!(state.queued_prefill_tokens(), 200);
+        // A request ending before its first token (cancelled, failed) leaves the queue too.
+        drop(b);
+        assert_eq!(state.queued_prefill_tokens(), 0);
+        assert_eq!(state.in_flight(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -393,6 +393,14 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// Current load.
     fn load(&self) -> LoadStats;
 
+    /// Whether [`Engine::load`]'s `queued_prefill_tokens` is the engine's own figure (the
+    /// simulator's scheduler knows it). Else the worker reports its own count of the prompt
+    /// tokens its requests still have to prefill (see `state`): vLLM, SGLang and
+    /// TensorRT-LLM publish waiting and running requests, not tokens.
+    fn reports_queued_prefill(&self) -> bool {
+        false
+    }
+
     /// The LoRA adapters the engine serves, when it can say and they may change while it runs
     /// (vLLM lists them in `/v1/models`); None: the worker's configured list stands.
     fn adapters(&self) -> Option<tokio::sync::watch::Receiver<Vec<String>>> {

@@ -459,6 +459,10 @@ impl Engine for SimEngine {
         *self.load_rx.borrow()
     }
 
+    fn reports_queued_prefill(&self) -> bool {
+        true
+    }
+
     fn telemetry(&self) -> super::stats::EngineTelemetry {
         super::stats::EngineTelemetry {
             held_kv_handles: Some(self.held_handles() as u64),

@@ -188,7 +188,7 @@ impl Collector for ScrapeCollector {
                 .collect(),
         )?;
 
-        let load = self.engine.load();
+        let load = crate::state::worker_load(&*self.engine, &self.state);
         gauge(
             e,
             "engine_queued_prefill_tokens",
