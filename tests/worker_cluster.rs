@@ -143,6 +143,7 @@ async fn two_workers_register_generate_publish_events_and_expire() {
     let mut events = ca
         .kv_events(KvEventsRequest {
             digest_interval_ms: 0,
+            max_batch_events: 0,
             from_seq: None,
             incarnation: 0,
         })
@@ -191,6 +192,7 @@ async fn two_workers_register_generate_publish_events_and_expire() {
     let mut resumed = ca
         .kv_events(KvEventsRequest {
             digest_interval_ms: 0,
+            max_batch_events: 0,
             from_seq: Some(resume_from),
             incarnation,
         })
@@ -214,6 +216,7 @@ async fn two_workers_register_generate_publish_events_and_expire() {
         let mut probe = ca
             .kv_events(KvEventsRequest {
                 digest_interval_ms: 0,
+                max_batch_events: 0,
                 from_seq: None,
                 incarnation,
             })
@@ -231,6 +234,7 @@ async fn two_workers_register_generate_publish_events_and_expire() {
     let mut too_old = ca
         .kv_events(KvEventsRequest {
             digest_interval_ms: 0,
+            max_batch_events: 0,
             from_seq: Some(0),
             incarnation,
         })

@@ -153,14 +153,19 @@ impl Worker for Proxy {
                         return None;
                     }
                     m if m == Tamper::EmptyRemovals as u8 => {
-                        if let Some(Payload::Event(v1::KvEvent {
-                            kind: Some(kv_event::Kind::Removed(removed)),
-                            ..
-                        })) = message.payload.as_mut()
-                            && !removed.blocks.is_empty()
-                        {
-                            removed.blocks.clear();
-                            shared.emptied.fetch_add(1, Ordering::Relaxed);
+                        // Alone or in a batch (the gateway asks for batches).
+                        let events = match message.payload.as_mut() {
+                            Some(Payload::Event(event)) => std::slice::from_mut(event),
+                            Some(Payload::Batch(batch)) => batch.events.as_mut_slice(),
+                            _ => &mut [],
+                        };
+                        for event in events {
+                            if let Some(kv_event::Kind::Removed(removed)) = event.kind.as_mut()
+                                && !removed.blocks.is_empty()
+                            {
+                                removed.blocks.clear();
+                                shared.emptied.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                     }
                     _ => {}

@@ -7,7 +7,7 @@
 //!
 //! | byte mod 6 | message | what is done with it |
 //! |---|---|---|
-//! | 0 | `KvEventsResponse`s, each length-delimited | snapshots and events applied in order to two prefix indexes (hashes verified, as the gateway does; and not, as replay does) |
+//! | 0 | `KvEventsResponse`s, each length-delimited | the gateway subscriber's `pool::ingest` on each, in order, into two prefix indexes (hashes verified, as the gateway does; and not, as replay does) |
 //! | 1 | `WorkerInfo` | `WorkerInfo::try_from`; what is accepted survives a round trip |
 //! | 2 | `GenerateRequest` | its sampling through `Sampling::try_from` (the worker's check); round trip |
 //! | 3 | `LoadReport` | `LoadStats::from` and `role_from_wire`; round trip through `load_to_wire` |
@@ -19,12 +19,11 @@
 
 use prost::Message;
 use switchyard_core::{BlockSize, LoadStats, Sampling, WorkerId, WorkerInfo};
+use switchyard_gateway::pool::ingest::{Cursor, Ingested, ingest};
 use switchyard_proto::convert::{
-    kv_event_from_wire, kv_event_to_wire, load_to_wire, role_from_wire, snapshot_block_from_wire,
-    worker_info_to_wire,
+    kv_event_from_wire, kv_event_to_wire, load_to_wire, role_from_wire, worker_info_to_wire,
 };
 use switchyard_proto::v1;
-use switchyard_proto::v1::kv_events_response::Payload;
 use switchyard_router::{IndexConfig, PrefixIndex};
 
 const BLOCK_SIZE: u32 = 4;
@@ -62,7 +61,10 @@ fn kv_event_stream(mut bytes: &[u8]) {
         verify_hashes: false,
         ..verified
     };
-    let mut indexes = [PrefixIndex::new(verified), PrefixIndex::new(trusted)];
+    let mut indexes = [
+        (PrefixIndex::new(verified), Cursor::default()),
+        (PrefixIndex::new(trusted), Cursor::default()),
+    ];
     for _ in 0..MAX_MESSAGES {
         if bytes.is_empty() {
             break;
@@ -70,41 +72,37 @@ fn kv_event_stream(mut bytes: &[u8]) {
         let Ok(message) = v1::KvEventsResponse::decode_length_delimited(&mut bytes) else {
             break;
         };
-        for index in &mut indexes {
-            apply(index, &worker, message.clone());
+        for (index, cursor) in &mut indexes {
+            apply(index, &worker, cursor, message.clone());
         }
     }
 }
 
-/// What the gateway's subscriber does with one message (`switchyard_gateway::subscriber`).
-fn apply(index: &mut PrefixIndex, worker: &WorkerId, message: v1::KvEventsResponse) {
-    let incarnation = message.incarnation;
-    match message.payload {
-        Some(Payload::Snapshot(snapshot)) => {
-            let blocks: Result<Vec<_>, _> = snapshot
-                .blocks
-                .iter()
-                .map(snapshot_block_from_wire)
-                .collect();
-            match blocks {
-                Ok(blocks) => {
-                    let _ = index.apply_snapshot(worker, incarnation, snapshot.next_seq, &blocks);
-                }
-                Err(_) => {
-                    index.remove_worker(worker);
-                }
+/// The gateway subscriber's own step ([`switchyard_gateway::pool::ingest`]) on one message,
+/// then the index's bound and the cursor's rule: a message the stream cannot go on from leaves
+/// the cursor asking for a snapshot, an applied event moves it past the event.
+fn apply(
+    index: &mut PrefixIndex,
+    worker: &WorkerId,
+    cursor: &mut Cursor,
+    message: v1::KvEventsResponse,
+) {
+    let ingested = ingest(index, worker, cursor, message);
+    match &ingested {
+        _ if ingested.resync().is_some() => {
+            assert_eq!(cursor.next_seq, None, "{ingested:?}");
+        }
+        Ingested::Events { applied, .. } => {
+            if let Some((seq, _)) = applied.last() {
+                assert_eq!(cursor.next_seq, seq.checked_add(1));
             }
         }
-        Some(Payload::Event(event)) => {
-            if let Ok((seq, event)) = kv_event_from_wire(event) {
-                let _ = index.apply(worker, incarnation, seq, &event);
-            }
-        }
+        Ingested::Snapshot { next_seq, .. } => assert_eq!(cursor.next_seq, Some(*next_seq)),
         // The gateway compares the worker's digest with the index's own view of the worker.
-        Some(Payload::Digest(_)) => {
+        Ingested::Digest { .. } => {
             let _ = index.worker_digest(worker);
         }
-        None => {}
+        Ingested::Resync(_) | Ingested::Nothing => {}
     }
     let stats = index.stats();
     assert!(

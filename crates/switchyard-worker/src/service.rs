@@ -66,6 +66,9 @@ impl Default for ServiceLimits {
     }
 }
 
+/// Most KV events a consumer may ask for in one message (`KvEventsRequest.max_batch_events`).
+pub const MAX_BATCH_EVENTS: u32 = 1024;
+
 /// The Worker service implementation.
 #[derive(Debug, Clone)]
 pub struct WorkerService {
@@ -578,9 +581,10 @@ impl v1::worker_server::Worker for WorkerService {
             SubscriptionStart::Replay(_) => req.from_seq,
             SubscriptionStart::Snapshot { next_seq, .. } => Some(*next_seq),
         };
+        let max_batch = req.max_batch_events.min(MAX_BATCH_EVENTS) as usize;
         let state = EventStreamState {
             log,
-            pending: start_messages(subscription.start).into(),
+            pending: start_messages(subscription.start, max_batch).into(),
             live: subscription.live,
             next_seq,
             at: subscription.at,
@@ -589,6 +593,8 @@ impl v1::worker_server::Worker for WorkerService {
                 model: self.info.model.clone(),
                 block_size: self.info.block_size,
             },
+            max_batch,
+            lagged: false,
         };
         let stream = stream::unfold(state, |mut st| async move {
             let payload = st.next_payload().await?;

@@ -144,6 +144,7 @@ async fn decode_imports_a_pipelined_prefill_chunk_by_chunk_and_announces_it() {
         .client
         .kv_events(KvEventsRequest {
             digest_interval_ms: 0,
+            max_batch_events: 0,
             from_seq: None,
             incarnation: 0,
         })

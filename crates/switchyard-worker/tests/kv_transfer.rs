@@ -103,6 +103,7 @@ async fn decode_pulls_the_prefill_blocks_announces_them_and_continues_after_the_
         .client
         .kv_events(KvEventsRequest {
             digest_interval_ms: 0,
+            max_batch_events: 0,
             from_seq: None,
             incarnation: 0,
         })

@@ -267,6 +267,7 @@ async fn kv_event_subscribers_and_subscriptions() {
         .client
         .kv_events(KvEventsRequest {
             digest_interval_ms: 0,
+            max_batch_events: 0,
             from_seq: None,
             incarnation: 0,
         })

@@ -36,11 +36,10 @@ pub fn prompt_tokens(len: usize, seed: u64) -> Vec<TokenId> {
         .collect()
 }
 
-/// A pool with `workers` workers of one model, without a network: it must be built inside an
-/// entered tokio runtime that is never driven, so the per-worker subscriber tasks never run and
-/// the index holds exactly what is put here. Half the workers hold prefixes of `prompt` (one of
-/// them all of it); every worker holds filler blocks up to `INDEX_BLOCKS` in total.
-pub fn pool(workers: usize, prompt: &[TokenId]) -> (Arc<WorkerPool>, Arc<ModelRoutes>) {
+/// A pool with `workers` workers of one model and an empty index, without a network: it must
+/// be built inside an entered tokio runtime that is never driven, so the per-worker subscriber
+/// tasks never run and the index holds exactly what the bench puts there. Workers are `sim-0`…
+pub fn empty_pool(workers: usize) -> (Arc<WorkerPool>, Arc<ModelRoutes>, Vec<WorkerId>) {
     let block_size = BlockSize::new(BLOCK_SIZE).unwrap();
     let pool = Arc::new(
         WorkerPool::new(
@@ -73,6 +72,15 @@ pub fn pool(workers: usize, prompt: &[TokenId]) -> (Arc<WorkerPool>, Arc<ModelRo
         });
     }
     let routes = pool.model(MODEL).unwrap();
+    (pool, routes, ids)
+}
+
+/// [`empty_pool`] whose index holds ~`INDEX_BLOCKS` blocks: half the workers hold prefixes of
+/// `prompt` (one of them all of it); every worker holds filler blocks up to `INDEX_BLOCKS` in
+/// total.
+pub fn pool(workers: usize, prompt: &[TokenId]) -> (Arc<WorkerPool>, Arc<ModelRoutes>) {
+    let block_size = BlockSize::new(BLOCK_SIZE).unwrap();
+    let (pool, routes, ids) = empty_pool(workers);
     let hashes = block_hashes(prompt, block_size);
     let holders = (workers / 2).max(1);
     let per_worker = INDEX_BLOCKS / workers;

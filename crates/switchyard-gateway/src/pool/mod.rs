@@ -27,6 +27,7 @@ use crate::metrics::{Metrics, WorkerLabels};
 use crate::recorder::{Record, Recorder};
 use crate::transport::{GrpcTransport, WorkerTransport};
 
+pub mod ingest;
 pub mod subscriber;
 pub mod subscriptions;
 

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
+use prost::Message;
 use switchyard_proto::convert::{kv_event_to_wire, snapshot_block_to_wire};
 use switchyard_proto::{ErrorCode, v1};
 use switchyard_telemetry::record_error;
@@ -76,8 +77,24 @@ pub(super) fn stream_generate(
     Box::pin(stream)
 }
 
-pub(super) fn start_messages(start: SubscriptionStart) -> Vec<v1::kv_events_response::Payload> {
+/// The messages a subscription starts with: its snapshot, or the events it replays (together in
+/// batches of at most `max_batch`, or one per message when that is 0 or 1).
+pub(super) fn start_messages(
+    start: SubscriptionStart,
+    max_batch: usize,
+) -> Vec<v1::kv_events_response::Payload> {
     match start {
+        SubscriptionStart::Replay(events) if max_batch > 1 => events
+            .chunks(max_batch)
+            .map(|chunk| {
+                v1::kv_events_response::Payload::Batch(v1::KvEventBatch {
+                    events: chunk
+                        .iter()
+                        .map(|e| kv_event_to_wire(e.seq, &e.event))
+                        .collect(),
+                })
+            })
+            .collect(),
         SubscriptionStart::Replay(events) => events
             .iter()
             .map(|e| v1::kv_events_response::Payload::Event(kv_event_to_wire(e.seq, &e.event)))
@@ -238,7 +255,15 @@ pub(super) struct EventStreamState {
     pub(super) at: (u64, switchyard_core::BlockSetDigest),
     pub(super) digest_every: Option<tokio::time::Interval>,
     pub(super) identity: DigestIdentity,
+    /// Most events per message (`KvEventsRequest.max_batch_events`; 0 or 1: one each).
+    pub(super) max_batch: usize,
+    /// The live receiver fell behind while a batch was gathered: resume from the log next.
+    pub(super) lagged: bool,
 }
+
+/// A batch stops growing once its events take this many bytes (far below a gRPC message's
+/// default 4 MiB limit, whatever the events' size).
+const MAX_BATCH_BYTES: usize = 1 << 20;
 
 /// Shortest digest interval a consumer may ask for.
 const MIN_DIGEST_INTERVAL_MS: u32 = 100;
@@ -262,6 +287,10 @@ impl EventStreamState {
                 self.note_sent(&payload);
                 return Some(payload);
             }
+            if self.lagged {
+                self.resubscribe();
+                continue;
+            }
             let Self {
                 live, digest_every, ..
             } = self;
@@ -284,25 +313,62 @@ impl EventStreamState {
                     if self.next_seq.is_some_and(|next| event.seq < next) {
                         continue;
                     }
-                    let payload = v1::kv_events_response::Payload::Event(kv_event_to_wire(
-                        event.seq,
-                        &event.event,
-                    ));
-                    self.at = (event.seq + 1, event.digest);
+                    let payload = self.gather(event);
                     self.note_sent(&payload);
                     return Some(payload);
                 }
                 Err(broadcast::error::RecvError::Lagged(skipped)) => {
                     tracing::debug!(skipped, "kv event consumer lagged; resuming from the log");
-                    let Subscription { start, live, at } =
-                        self.log.subscribe(self.next_seq, self.log.incarnation());
-                    self.live = live;
-                    self.at = at;
-                    self.pending = start_messages(start).into();
+                    self.resubscribe();
                 }
                 Err(broadcast::error::RecvError::Closed) => return None,
             }
         }
+    }
+
+    /// `first` and, with batching, the events already received after it (never waiting for
+    /// more), as one message.
+    fn gather(&mut self, first: Arc<SequencedEvent>) -> v1::kv_events_response::Payload {
+        self.at = (first.seq + 1, first.digest);
+        if self.max_batch <= 1 {
+            return v1::kv_events_response::Payload::Event(kv_event_to_wire(
+                first.seq,
+                &first.event,
+            ));
+        }
+        let mut events = vec![kv_event_to_wire(first.seq, &first.event)];
+        let mut bytes = events[0].encoded_len();
+        while events.len() < self.max_batch && bytes < MAX_BATCH_BYTES {
+            match self.live.try_recv() {
+                Ok(event) => {
+                    let wire = kv_event_to_wire(event.seq, &event.event);
+                    bytes += wire.encoded_len();
+                    events.push(wire);
+                    self.at = (event.seq + 1, event.digest);
+                }
+                Err(broadcast::error::TryRecvError::Lagged(skipped)) => {
+                    tracing::debug!(skipped, "kv event consumer lagged; resuming from the log");
+                    self.lagged = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if events.len() == 1 {
+            return v1::kv_events_response::Payload::Event(events.remove(0));
+        }
+        v1::kv_events_response::Payload::Batch(v1::KvEventBatch { events })
+    }
+
+    /// Starts again from the log at the consumer's position (a replay of what it missed, or a
+    /// snapshot when the log no longer holds it).
+    fn resubscribe(&mut self) {
+        self.lagged = false;
+        let Subscription { start, live, at } =
+            self.log.subscribe(self.next_seq, self.log.incarnation());
+        self.live = live;
+        self.at = at;
+        self.pending = start_messages(start, self.max_batch).into();
     }
 
     /// The digest of what the events sent so far leave in place (only sent when nothing is
@@ -325,6 +391,112 @@ impl EventStreamState {
             v1::kv_events_response::Payload::Event(e) => e.seq + 1,
             v1::kv_events_response::Payload::Snapshot(s) => s.next_seq,
             v1::kv_events_response::Payload::Digest(d) => d.next_seq,
+            v1::kv_events_response::Payload::Batch(b) => match b.events.last() {
+                Some(e) => e.seq + 1,
+                None => return,
+            },
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event_log::EventLog;
+    use switchyard_core::{BlockHash, BlockSize, KvEvent, StorageTier, StoredBlock, WorkerId};
+
+    fn stored(hash: u64) -> KvEvent {
+        KvEvent::Stored {
+            parent: None,
+            blocks: vec![StoredBlock {
+                hash: BlockHash(hash),
+                tokens: vec![1],
+            }],
+            tier: StorageTier::Device,
+        }
+    }
+
+    /// A stream of `log` from `from_seq`, `max_batch` events per message at most.
+    fn stream(log: &Arc<EventLog>, from_seq: Option<u64>, max_batch: usize) -> EventStreamState {
+        let subscription = log.subscribe(from_seq, log.incarnation());
+        let next_seq = match &subscription.start {
+            SubscriptionStart::Replay(_) => from_seq,
+            SubscriptionStart::Snapshot { next_seq, .. } => Some(*next_seq),
+        };
+        EventStreamState {
+            log: Arc::clone(log),
+            pending: start_messages(subscription.start, max_batch).into(),
+            live: subscription.live,
+            next_seq,
+            at: subscription.at,
+            digest_every: None,
+            identity: DigestIdentity {
+                model: "m".into(),
+                block_size: BlockSize::new(4).unwrap(),
+            },
+            max_batch,
+            lagged: false,
+        }
+    }
+
+    /// The sequence numbers of each message's events (`[]` for a snapshot or a digest).
+    async fn next_seqs(stream: &mut EventStreamState) -> Vec<u64> {
+        match stream.next_payload().await.expect("a message") {
+            v1::kv_events_response::Payload::Event(e) => vec![e.seq],
+            v1::kv_events_response::Payload::Batch(b) => {
+                assert!(b.events.len() > 1, "a batch of one goes out as an event");
+                b.events.iter().map(|e| e.seq).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn ready_events_go_out_together_up_to_the_batch_size() {
+        let log = Arc::new(EventLog::new(WorkerId::new("w").unwrap(), 1, 64));
+        let mut batched = stream(&log, None, 4);
+        let mut single = stream(&log, None, 0);
+        assert_eq!(next_seqs(&mut batched).await, Vec::<u64>::new(), "snapshot");
+        assert_eq!(next_seqs(&mut single).await, Vec::<u64>::new(), "snapshot");
+        log.publish((0..10).map(stored));
+        assert_eq!(next_seqs(&mut batched).await, vec![0, 1, 2, 3]);
+        assert_eq!(next_seqs(&mut batched).await, vec![4, 5, 6, 7]);
+        // Nothing is held back to fill a batch.
+        assert_eq!(next_seqs(&mut batched).await, vec![8, 9]);
+        log.publish([stored(99)]);
+        assert_eq!(next_seqs(&mut batched).await, vec![10]);
+        for seq in 0..11 {
+            assert_eq!(next_seqs(&mut single).await, vec![seq], "one per message");
+        }
+        // A resume inside the buffer replays in batches too.
+        let mut resumed = stream(&log, Some(3), 4);
+        assert_eq!(next_seqs(&mut resumed).await, vec![3, 4, 5, 6]);
+        assert_eq!(next_seqs(&mut resumed).await, vec![7, 8, 9, 10]);
+    }
+
+    #[tokio::test]
+    async fn a_consumer_that_falls_behind_resumes_from_the_log_with_nothing_skipped() {
+        // The live channel holds 8 events: 12 published before the consumer reads lag it.
+        let log = Arc::new(EventLog::new(WorkerId::new("w").unwrap(), 1, 8));
+        let mut batched = stream(&log, None, 64);
+        assert_eq!(next_seqs(&mut batched).await, Vec::<u64>::new(), "snapshot");
+        log.publish((0..3).map(stored));
+        let first = next_seqs(&mut batched).await;
+        assert_eq!(first, vec![0, 1, 2]);
+        log.publish((3..15).map(stored));
+        // Whatever the channel lost comes back from the log (a replay or a snapshot), and no
+        // sequence number is skipped or repeated among the events sent.
+        let mut seen = first;
+        while seen.last() != Some(&14) {
+            let seqs = next_seqs(&mut batched).await;
+            if seqs.is_empty() {
+                // A snapshot: the consumer's position moved to its next_seq.
+                seen.clear();
+                seen.push(batched.next_seq.unwrap() - 1);
+                continue;
+            }
+            assert_eq!(seqs[0], seen.last().unwrap() + 1, "{seen:?} then {seqs:?}");
+            seen.extend(seqs);
+        }
     }
 }
