@@ -8,15 +8,16 @@
 //! kept in an [`Echo`].
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
+use switchyard_tokenize::ChatMessage;
 
 use super::store::Sealer;
 use crate::error::ApiError;
-use crate::http::completions::{ParsedRequest, PromptSource};
 use crate::http::fields::{FieldNotes, Reasoning, SessionSource, session_key};
+use crate::http::pipeline::ParsedRequest;
+use crate::http::prompts::PromptSource;
 use crate::openai::SamplingFields;
 use crate::preprocess;
 
@@ -83,7 +84,10 @@ pub struct Echo {
 const ROLES: [&str; 4] = ["user", "assistant", "system", "developer"];
 
 /// Takes a Responses body apart into the chat pipeline's request and the settings to echo.
-pub fn split(request: ResponsesRequest, context: Context<'_>) -> Result<ParsedRequest, ApiError> {
+pub fn split(
+    request: ResponsesRequest,
+    context: Context<'_>,
+) -> Result<(ParsedRequest, Echo), ApiError> {
     let mut notes = FieldNotes::default();
     note_other(&request.other, &mut notes)?;
     note_reasoning(request.reasoning.as_ref(), &mut notes)?;
@@ -92,40 +96,16 @@ pub fn split(request: ResponsesRequest, context: Context<'_>) -> Result<ParsedRe
         notes.advisory("metadata");
     }
     let store = request.store.unwrap_or(true);
-    let mut messages = Vec::new();
-    if let Some(instructions) = &request.instructions {
-        messages.push(json!({"role": "system", "content": instructions}));
-    }
-    let input = match request.input {
-        Some(Json::String(text)) => vec![json!({"type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": text}]})],
-        Some(Json::Array(items)) => items,
-        None | Some(Json::Null) => {
-            return Err(ApiError::bad_param("input", "`input` is required"));
-        }
-        Some(_) => {
-            return Err(ApiError::bad_param(
-                "input",
-                "`input` is a string or a list of input items",
-            ));
-        }
-    };
-    if input.is_empty() {
-        return Err(ApiError::bad_param("input", "`input` must not be empty"));
-    }
-    let previous = context.previous.unwrap_or_default();
-    let items: Vec<Json> = previous.iter().chain(&input).cloned().collect();
-    messages.extend(input_messages(
-        items,
-        previous.len(),
-        context.sealer,
+    let Conversation {
+        messages,
+        input,
+        previous,
+    } = conversation(
+        request.instructions.as_deref(),
+        request.input,
+        context,
         &mut notes,
-    )?);
-    if messages.is_empty() {
-        return Err(ApiError::bad_param("input", "`input` must not be empty"));
-    }
-    let messages = preprocess::parse_messages(messages)
-        .map_err(|e| ApiError::bad_param("input", e.to_string()))?;
+    )?;
     let tools = request
         .tools
         .as_deref()
@@ -172,7 +152,7 @@ pub fn split(request: ResponsesRequest, context: Context<'_>) -> Result<ParsedRe
         input,
         previous,
     };
-    Ok(ParsedRequest {
+    let parsed = ParsedRequest {
         model: request.model,
         sampling,
         source: PromptSource::Chat {
@@ -182,8 +162,64 @@ pub fn split(request: ResponsesRequest, context: Context<'_>) -> Result<ParsedRe
             parallel_tool_calls: request.parallel_tool_calls,
         },
         echo: false,
-        responses: Some(Arc::new(echo)),
         notes,
+    };
+    Ok((parsed, echo))
+}
+
+/// A request's conversation: the chat messages it renders to, and its input and the previous
+/// response's conversation as items (which the stored response keeps).
+struct Conversation {
+    messages: Vec<ChatMessage>,
+    input: Vec<Json>,
+    previous: Vec<Json>,
+}
+
+/// The instructions, the previous response's conversation and this input as chat messages.
+fn conversation(
+    instructions: Option<&str>,
+    input: Option<Json>,
+    context: Context<'_>,
+    notes: &mut FieldNotes,
+) -> Result<Conversation, ApiError> {
+    let mut messages = Vec::new();
+    if let Some(instructions) = &instructions {
+        messages.push(json!({"role": "system", "content": instructions}));
+    }
+    let input = match input {
+        Some(Json::String(text)) => vec![json!({"type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": text}]})],
+        Some(Json::Array(items)) => items,
+        None | Some(Json::Null) => {
+            return Err(ApiError::bad_param("input", "`input` is required"));
+        }
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "input",
+                "`input` is a string or a list of input items",
+            ));
+        }
+    };
+    if input.is_empty() {
+        return Err(ApiError::bad_param("input", "`input` must not be empty"));
+    }
+    let previous = context.previous.unwrap_or_default();
+    let items: Vec<Json> = previous.iter().chain(&input).cloned().collect();
+    messages.extend(input_messages(
+        items,
+        previous.len(),
+        context.sealer,
+        notes,
+    )?);
+    if messages.is_empty() {
+        return Err(ApiError::bad_param("input", "`input` must not be empty"));
+    }
+    let messages = preprocess::parse_messages(messages)
+        .map_err(|e| ApiError::bad_param("input", e.to_string()))?;
+    Ok(Conversation {
+        messages,
+        input,
+        previous,
     })
 }
 
@@ -346,8 +382,7 @@ fn input_messages(
     sealer: &Sealer,
     notes: &mut FieldNotes,
 ) -> Result<Vec<Json>, ApiError> {
-    let mut messages: Vec<Json> = Vec::new();
-    let mut reasoning: Option<String> = None;
+    let mut turns = Turns::default();
     for (i, item) in items.into_iter().enumerate() {
         // The previous response's items come first; a fault in them names that field.
         let place = match i.checked_sub(previous) {
@@ -361,102 +396,158 @@ fn input_messages(
                 "an input item is an object",
             ));
         };
-        let kind = match item.get("type") {
-            None => "message",
-            Some(Json::String(kind)) => kind.as_str(),
-            Some(_) => return Err(ApiError::bad_param(at("type"), "`type` is a string")),
-        };
-        let allowed = allowed_keys(kind);
-        if allowed.is_empty() {
-            return Err(ApiError::bad_param(
-                at("type"),
-                format!(
-                    "input items of type {kind:?} are not supported (message, function_call, function_call_output and reasoning are)"
-                ),
-            ));
-        }
-        for key in item.keys().filter(|k| !allowed.contains(&k.as_str())) {
-            notes.unknown(format!("input[].{key}"));
-        }
-        match kind {
-            "message" => {
-                let role = string_of(&item, "role", &at("role"))?;
-                if !ROLES.contains(&role) {
-                    return Err(ApiError::bad_param(
-                        at("role"),
-                        format!("unknown role {role:?} (user, assistant, system or developer)"),
-                    ));
-                }
-                let content = content_text(item.get("content"), &at("content"), notes)?;
-                // Chat templates know `system`; `developer` is its newer name.
-                let role = if role == "developer" { "system" } else { role };
-                let mut message = json!({"role": role, "content": content});
-                if role == "assistant"
-                    && let Some(text) = reasoning.take()
-                {
-                    message["reasoning_content"] = json!(text);
-                }
-                messages.push(message);
-            }
-            "function_call" => {
-                let call = json!({
-                    "id": string_of(&item, "call_id", &at("call_id"))?,
-                    "type": "function",
-                    "function": {
-                        "name": string_of(&item, "name", &at("name"))?,
-                        "arguments": string_of(&item, "arguments", &at("arguments"))?,
-                    },
-                });
-                let joins = messages
-                    .last()
-                    .is_some_and(|m| m["role"] == "assistant" && reasoning.is_none());
-                if !joins {
-                    let mut turn = json!({"role": "assistant", "content": null, "tool_calls": []});
-                    if let Some(text) = reasoning.take() {
-                        turn["reasoning_content"] = json!(text);
-                    }
-                    messages.push(turn);
-                }
-                if let Some(last) = messages.last_mut() {
-                    match last.get_mut("tool_calls").and_then(Json::as_array_mut) {
-                        Some(calls) => calls.push(call),
-                        None => last["tool_calls"] = json!([call]),
-                    }
-                }
-            }
+        match item_kind(&item, &at, notes)? {
+            "message" => turns.message(&item, &at, notes)?,
+            "function_call" => turns.function_call(&item, &at)?,
             "function_call_output" => {
                 let call_id = string_of(&item, "call_id", &at("call_id"))?;
                 let output = content_text(item.get("output"), &at("output"), notes)?;
-                messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
+                turns
+                    .messages
+                    .push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
             }
             _ => {
-                let mut text = reasoning_text(item.get("content"), &at("content"))?;
-                match item.get("encrypted_content") {
-                    None | Some(Json::Null) => {}
-                    // Sealed by this deployment: its text, when the item carries no other.
-                    Some(Json::String(sealed)) => match sealer.open(sealed) {
-                        Some(opened) if text.is_empty() => text = opened,
-                        Some(_) => {}
-                        // Sealed elsewhere (another deployment, OpenAI, a key since changed):
-                        // the turn's reasoning is left out, as most templates leave out past
-                        // reasoning anyway, and the request says so in its decisions.
-                        None => notes.advisory("input[].encrypted_content:unreadable"),
-                    },
-                    Some(_) => {
-                        return Err(ApiError::bad_param(
-                            at("encrypted_content"),
-                            "`encrypted_content` is a string",
-                        ));
-                    }
-                }
-                reasoning.get_or_insert_default().push_str(&text);
+                let text = reasoning_of(&item, &at, sealer, notes)?;
+                turns.reasoning.get_or_insert_default().push_str(&text);
             }
         }
     }
-    if let Some(text) = reasoning {
-        messages.push(json!({"role": "assistant", "content": "", "reasoning_content": text}));
+    Ok(turns.finish())
+}
+
+/// An input item's type, checked: one the gateway reads, its keys noted when unknown.
+fn item_kind<'a>(
+    item: &'a Map<String, Json>,
+    at: &dyn Fn(&str) -> String,
+    notes: &mut FieldNotes,
+) -> Result<&'a str, ApiError> {
+    let kind = match item.get("type") {
+        None => "message",
+        Some(Json::String(kind)) => kind.as_str(),
+        Some(_) => return Err(ApiError::bad_param(at("type"), "`type` is a string")),
+    };
+    let allowed = allowed_keys(kind);
+    if allowed.is_empty() {
+        return Err(ApiError::bad_param(
+            at("type"),
+            format!(
+                "input items of type {kind:?} are not supported (message, function_call, function_call_output and reasoning are)"
+            ),
+        ));
     }
-    Ok(messages)
+    for key in item.keys().filter(|k| !allowed.contains(&k.as_str())) {
+        notes.unknown(format!("input[].{key}"));
+    }
+    Ok(kind)
+}
+
+/// The chat messages so far, and reasoning waiting for the assistant turn it belongs to.
+#[derive(Default)]
+struct Turns {
+    messages: Vec<Json>,
+    reasoning: Option<String>,
+}
+
+impl Turns {
+    /// A message item; an assistant's takes the reasoning before it.
+    fn message(
+        &mut self,
+        item: &Map<String, Json>,
+        at: &dyn Fn(&str) -> String,
+        notes: &mut FieldNotes,
+    ) -> Result<(), ApiError> {
+        let role = string_of(item, "role", &at("role"))?;
+        if !ROLES.contains(&role) {
+            return Err(ApiError::bad_param(
+                at("role"),
+                format!("unknown role {role:?} (user, assistant, system or developer)"),
+            ));
+        }
+        let content = content_text(item.get("content"), &at("content"), notes)?;
+        // Chat templates know `system`; `developer` is its newer name.
+        let role = if role == "developer" { "system" } else { role };
+        let mut message = json!({"role": role, "content": content});
+        if role == "assistant"
+            && let Some(text) = self.reasoning.take()
+        {
+            message["reasoning_content"] = json!(text);
+        }
+        self.messages.push(message);
+        Ok(())
+    }
+
+    /// A function call: it joins the assistant turn before it, unless reasoning came between.
+    fn function_call(
+        &mut self,
+        item: &Map<String, Json>,
+        at: &dyn Fn(&str) -> String,
+    ) -> Result<(), ApiError> {
+        let call = json!({
+            "id": string_of(item, "call_id", &at("call_id"))?,
+            "type": "function",
+            "function": {
+                "name": string_of(item, "name", &at("name"))?,
+                "arguments": string_of(item, "arguments", &at("arguments"))?,
+            },
+        });
+        let joins = self
+            .messages
+            .last()
+            .is_some_and(|m| m["role"] == "assistant" && self.reasoning.is_none());
+        if !joins {
+            let mut turn = json!({"role": "assistant", "content": null, "tool_calls": []});
+            if let Some(text) = self.reasoning.take() {
+                turn["reasoning_content"] = json!(text);
+            }
+            self.messages.push(turn);
+        }
+        if let Some(last) = self.messages.last_mut() {
+            match last.get_mut("tool_calls").and_then(Json::as_array_mut) {
+                Some(calls) => calls.push(call),
+                None => last["tool_calls"] = json!([call]),
+            }
+        }
+        Ok(())
+    }
+
+    /// The messages, with reasoning that no assistant turn followed as one of its own.
+    fn finish(mut self) -> Vec<Json> {
+        if let Some(text) = self.reasoning {
+            self.messages
+                .push(json!({"role": "assistant", "content": "", "reasoning_content": text}));
+        }
+        self.messages
+    }
+}
+
+/// A reasoning item's text: its summary or content, else its sealed text when this deployment
+/// sealed it.
+fn reasoning_of(
+    item: &Map<String, Json>,
+    at: &dyn Fn(&str) -> String,
+    sealer: &Sealer,
+    notes: &mut FieldNotes,
+) -> Result<String, ApiError> {
+    let mut text = reasoning_text(item.get("content"), &at("content"))?;
+    match item.get("encrypted_content") {
+        None | Some(Json::Null) => {}
+        // Sealed by this deployment: its text, when the item carries no other.
+        Some(Json::String(sealed)) => match sealer.open(sealed) {
+            Some(opened) if text.is_empty() => text = opened,
+            Some(_) => {}
+            // Sealed elsewhere (another deployment, OpenAI, a key since changed): the turn's
+            // reasoning is left out, as most templates leave out past reasoning anyway, and the
+            // request says so in its decisions.
+            None => notes.advisory("input[].encrypted_content:unreadable"),
+        },
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                at("encrypted_content"),
+                "`encrypted_content` is a string",
+            ));
+        }
+    }
+    Ok(text)
 }
 
 fn string_of<'a>(item: &'a Map<String, Json>, key: &str, at: &str) -> Result<&'a str, ApiError> {
