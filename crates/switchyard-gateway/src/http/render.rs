@@ -487,3 +487,7 @@ impl<R: Renderer> Streamed<R> {
         self.done = true;
     }
 }
+
+#[cfg(test)]
+#[path = "render_tests.rs"]
+mod tests;
