@@ -1,19 +1,28 @@
-//! The `/v1` API key check, shared by the OpenAI and the Anthropic routes.
+//! The `/v1` API key check, shared by the OpenAI and the Anthropic routes; each words its
+//! refusal in its own API's shape.
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::state::{ApiTenant, AppState};
 use crate::error::ApiError;
 
-/// With an API key file, `/v1` takes only requests carrying one of its keys (401 in OpenAI's
-/// shape otherwise) and shares the slots by the key's tenant. The key comes as
+/// What the check needs: the gateway's keys and metrics, and how the routes it guards word a
+/// refusal.
+#[derive(Clone)]
+pub(super) struct KeyCheck {
+    pub(super) state: Arc<AppState>,
+    pub(super) refuse: fn(ApiError) -> Response,
+}
+
+/// With an API key file, `/v1` takes only requests carrying one of its keys (401 otherwise, in
+/// the API's shape) and shares the slots by the key's tenant. The key comes as
 /// `Authorization: Bearer <key>` or, as Anthropic's clients send it, `x-api-key: <key>`.
 pub(super) async fn require_api_key(
-    State(state): State<Arc<AppState>>,
+    State(KeyCheck { state, refuse }): State<KeyCheck>,
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -41,5 +50,5 @@ pub(super) async fn require_api_key(
         },
     };
     state.metrics.api_key_refused(refused.metric_label());
-    refused.into_response()
+    refuse(refused)
 }

@@ -35,7 +35,7 @@ use axum::routing::{get, post};
 
 use crate::error::ApiError;
 use crate::openai::{ModelCard, ModelList};
-use keys::require_api_key;
+use keys::{KeyCheck, require_api_key};
 use state::unix_now;
 pub use state::{ApiTenant, AppState, Extensions, MetricsSource};
 
@@ -70,7 +70,10 @@ pub fn router(state: Arc<AppState>, fleet: Option<Arc<crate::fleet::Fleet>>) -> 
     let api =
         api.layer(DefaultBodyLimit::max(body_limit))
             .layer(axum::middleware::from_fn_with_state(
-                Arc::clone(&state),
+                KeyCheck {
+                    state: Arc::clone(&state),
+                    refuse: IntoResponse::into_response,
+                },
                 require_api_key,
             ));
     Router::new()

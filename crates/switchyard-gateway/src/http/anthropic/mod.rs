@@ -3,8 +3,9 @@
 //! becomes a chat request ([`request`]) that runs through the pipeline under the [`MESSAGES`]
 //! descriptor, and the [`MessagesRenderer`] writes the answer from the dispatch events as an
 //! Anthropic message ([`message`]) or as Anthropic's events ([`events`]). Every error on these
-//! routes leaves in Anthropic's shape: the pipeline's refusals are written so, and the few made
-//! before it (the API-key check's) are rewritten by [`anthropic_errors`].
+//! routes leaves in Anthropic's shape: the pipeline's and the API-key check's refusals are
+//! written so, and axum's own rejections (a method other than POST) are wrapped by
+//! [`anthropic_errors`].
 
 mod blocks;
 mod events;
@@ -21,10 +22,10 @@ use axum::response::sse::KeepAlive;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
-use serde_json::{Value as Json, json};
+use serde_json::json;
 use switchyard_tokenize::{ChatRequest, ModelDir};
 
-use super::keys::require_api_key;
+use super::keys::{KeyCheck, require_api_key};
 use super::pipeline::{
     self, Api, Incoming, ParsedRequest, Peer, Shape, checked, handle, model_routes, read_body,
 };
@@ -66,7 +67,10 @@ pub(super) fn router(state: &Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/v1/messages/count_tokens", post(count_tokens))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(state),
+            KeyCheck {
+                state: Arc::clone(state),
+                refuse: MESSAGES.error,
+            },
             require_api_key,
         ))
         .layer(axum::middleware::map_response(anthropic_errors))
@@ -248,27 +252,23 @@ impl Renderer for MessagesRenderer {
     }
 }
 
-/// Every error response of these routes in Anthropic's shape (the status kept): the refusals
-/// made before the pipeline (the API-key check's) are OpenAI error objects, rewritten here;
-/// the pipeline's own are written in Anthropic's shape already and pass through.
+/// Axum's own rejections on these routes (405 for a method other than POST, with an empty
+/// body) in Anthropic's shape, the status kept. The gateway's refusals are JSON in Anthropic's
+/// shape already and pass through.
 async fn anthropic_errors(response: Response) -> Response {
-    if response.status().is_success() {
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if response.status().is_success() || json {
         return response;
     }
     let (mut parts, body) = response.into_parts();
     let bytes = axum::body::to_bytes(body, 1 << 20)
         .await
         .unwrap_or_default();
-    let openai: Json = serde_json::from_slice(&bytes).unwrap_or(Json::Null);
-    if openai["type"] == "error" {
-        return Response::from_parts(parts, Body::from(bytes));
-    }
-    let body = if openai["error"].is_object() {
-        message::error_body(&openai, Some(parts.status))
-    } else {
-        json!({"type": "error", "error": {"type": message::error_type(parts.status),
-            "message": String::from_utf8_lossy(&bytes)}})
-    };
+    let body = json!({"type": "error", "error": {"type": message::error_type(parts.status),
+        "message": String::from_utf8_lossy(&bytes)}});
     parts.headers.remove(header::CONTENT_LENGTH);
     parts.headers.insert(
         header::CONTENT_TYPE,
@@ -360,5 +360,39 @@ mod tests {
         }
         // A template with a switch turns a reasoning model's thinking off.
         assert!(thinking_for("m", true, true, Disabled).is_ok());
+    }
+
+    async fn body(response: Response) -> serde_json::Value {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn refusals_leave_in_anthropics_shape_and_axums_are_wrapped() {
+        // The pipeline's own: written in Anthropic's shape, with the error's status and headers.
+        let own = error_response(ApiError::Saturated {
+            retry_after_secs: 3,
+        });
+        assert_eq!(own.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(own.headers()[header::RETRY_AFTER], "3");
+        let passed = anthropic_errors(own).await;
+        assert_eq!(passed.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(body(passed).await["error"]["type"], "rate_limit_error");
+        let own = error_response(ApiError::bad_param("max_tokens", "Field required"));
+        assert_eq!(
+            body(anthropic_errors(own).await).await,
+            json!({"type": "error", "error": {"type": "invalid_request_error",
+                   "message": "max_tokens: Field required"}})
+        );
+        // Axum's 405 (an empty text body) is wrapped, its status kept.
+        let rejected = (StatusCode::METHOD_NOT_ALLOWED, "").into_response();
+        let wrapped = anthropic_errors(rejected).await;
+        assert_eq!(wrapped.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(
+            body(wrapped).await,
+            json!({"type": "error", "error": {"type": "api_error", "message": ""}})
+        );
     }
 }
