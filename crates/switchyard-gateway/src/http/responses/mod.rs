@@ -1,6 +1,7 @@
 //! `POST /v1/responses`, OpenAI's Responses API over the shared pipeline. [`request`] turns the
-//! body into a chat request (so routing, sessions, admission, tenants and metrics apply
-//! unchanged, under the `responses` endpoint label) and the settings its answer repeats; the
+//! body into a chat request (its input items through `items`; so routing, sessions, admission,
+//! tenants and metrics apply unchanged, under the `responses` endpoint label) and the settings
+//! its answer repeats; the
 //! pipeline generates and reads reasoning and tool calls as for `/v1/chat/completions`; the
 //! [`ResponsesRenderer`] writes the answer from the dispatch events, as a response object
 //! ([`output`]) or as the Responses event stream ([`events`]). [`store`] keeps
@@ -8,6 +9,7 @@
 //! `input_items`) and seals reasoning for clients that keep it themselves.
 
 mod events;
+mod items;
 mod output;
 pub(crate) mod request;
 pub mod store;
