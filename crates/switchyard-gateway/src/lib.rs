@@ -12,7 +12,7 @@
 //! the on-demand recording of the router's inputs for `switchyard replay events`; [`audit`] the
 //! decision log, predicted-against-realized prefix hits and the check of each worker's KV
 //! events against its own view; [`access`] and [`api_keys`] who may use the listener (API keys,
-//! metrics token, HTTPS).
+//! metrics token, HTTPS); [`gateway_error`] why the gateway could not start or stopped.
 
 pub mod access;
 pub mod admission;
@@ -25,6 +25,7 @@ pub mod discovery;
 pub mod dispatch;
 pub mod error;
 pub mod fleet;
+pub mod gateway_error;
 pub mod health;
 pub mod http;
 pub mod metrics;
@@ -51,6 +52,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{ConfigError, GatewayArgs, GatewayConfig};
+pub use gateway_error::GatewayError;
 pub use http::Extensions;
 
 use crate::admission::Admission;
@@ -58,32 +60,6 @@ use crate::http::AppState;
 use crate::metrics::Metrics;
 use crate::pool::WorkerPool;
 use crate::preprocess::Tokenizers;
-
-/// Why the gateway could not start or stopped badly.
-#[derive(Debug, thiserror::Error)]
-pub enum GatewayError {
-    #[error("cannot load tokenizers: {0}")]
-    Tokenizers(String),
-    #[error("invalid routing configuration: {0}")]
-    Routing(String),
-    #[error("cannot bind {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("cannot watch the registry: {0}")]
-    Registry(String),
-    #[error("worker discovery: {0}")]
-    Discovery(String),
-    #[error(transparent)]
-    DecisionLog(#[from] audit::disk::DiskLogError),
-    #[error("gateway fleet: {0}")]
-    Fleet(String),
-    #[error("quota: {0}")]
-    Quota(String),
-    #[error("security: {0}")]
-    Security(#[from] switchyard_security::SecurityError),
-}
 
 /// Runs the gateway until `shutdown` is cancelled. `on_ready` gets the bound address once the
 /// listener is open.

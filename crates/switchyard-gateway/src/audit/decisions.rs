@@ -124,7 +124,6 @@ pub struct DecisionEntry {
 }
 
 impl DecisionEntry {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         tags: Arc<RequestTags>,
         model: String,

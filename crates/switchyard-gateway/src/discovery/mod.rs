@@ -16,7 +16,8 @@ use switchyard_registry::{Discovery, Merged, Registry};
 pub use kubernetes::{KubernetesDiscovery, KubernetesSettings, PodSelector};
 pub use pods::PortRef;
 
-use crate::{GatewayConfig, GatewayError};
+use crate::GatewayConfig;
+use crate::gateway_error::GatewayError;
 
 /// Which sources say who the workers are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]

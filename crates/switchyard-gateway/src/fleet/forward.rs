@@ -37,7 +37,7 @@ pub async fn forward_session(
         fleet.metrics.fleet.received.inc();
         return next.run(request).await;
     }
-    let session = crate::http::completions::session_of(request.headers());
+    let session = crate::http::pipeline::session_of(request.headers());
     let Some(owner) = session.and_then(|s| fleet.other_owner(&s)) else {
         return next.run(request).await;
     };

@@ -34,7 +34,7 @@ use tokio_util::task::TaskTracker;
 
 pub use config::{FleetArgs, FleetConfig};
 
-use crate::GatewayError;
+use crate::gateway_error::GatewayError;
 
 /// The header a forwarded turn carries: the cluster credential of the forwarding gateway
 /// (or `open` in a cluster without a secret). A request that has it is never forwarded again.

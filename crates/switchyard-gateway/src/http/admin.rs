@@ -32,7 +32,7 @@ use switchyard_proto::v1::{self, ControlRequest, control_request::Command};
 use switchyard_router::serve::{DecodeFilter, aggregated_only};
 use switchyard_router::{IndexStats, PolicyKind, WorkerLoad};
 
-use super::AppState;
+use super::state::AppState;
 use crate::audit::DecisionQuery;
 use crate::audit::counterfactual::{CounterfactualQuery, Counterfactuals, counterfactuals};
 use crate::audit::kv::KvAuditView;
@@ -202,8 +202,8 @@ async fn explain_prompt(
 ) -> Result<axum::Json<ExplainResponse>, ApiError> {
     let request: ExplainRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("invalid explain request: {e}")))?;
-    let super::completions::ServedModel { routes, adapter } =
-        super::completions::served_model(state, &request.model)?;
+    let super::pipeline::ServedModel { routes, adapter } =
+        super::pipeline::served_model(state, &request.model)?;
     let model_dir = state.tokenizers.for_model(&routes.model);
     let max = preprocess::prompt_limit(routes.max_context_tokens);
     let tokens = match (request.prompt, request.messages) {
@@ -231,7 +231,7 @@ async fn explain_prompt(
     let settings = state.config.disagg();
     // As dispatch routes a first attempt: with disaggregation off no request gets a prefill
     // worker, so none goes to a worker that needs one.
-    let mut identity = super::completions::salted_identity(request.cache_salt)?;
+    let mut identity = super::pipeline::salted_identity(request.cache_salt)?;
     identity.adapter = adapter;
     let route_request =
         routing::route_request(&state.pool, &routes, &tokens, &identity, request.session_id);
@@ -441,7 +441,7 @@ fn recording_path(
         .map_err(|e| refused(format!("recording_dir {} is unusable: {e}", dir.display())))?;
     let path = match requested {
         Some(p) => root.join(p),
-        None => root.join(format!("kv-recording-{}.jsonl", super::unix_now())),
+        None => root.join(format!("kv-recording-{}.jsonl", super::state::unix_now())),
     };
     let root = Some(root);
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
@@ -484,7 +484,7 @@ async fn start_recording(
         format: FORMAT.to_owned(),
         version: VERSION,
         gateway_version: env!("CARGO_PKG_VERSION").to_owned(),
-        started_at_unix_ms: super::unix_now() * 1000,
+        started_at_unix_ms: super::state::unix_now() * 1000,
         start_tick: pool.now_tick(),
         policy: pool.policy_kind().as_str().to_owned(),
         policy_settings: state.config.policy_settings.clone(),

@@ -6,9 +6,24 @@ use std::collections::BTreeMap;
 
 use switchyard_core::{MAX_TOP_LOGPROBS, Sampling, TokenId};
 
-use super::completions::Kind;
 use crate::error::ApiError;
 use crate::openai::SamplingFields;
+
+/// What a choice's text is read into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// A chat answer: its reasoning and tool calls are read out of the text (by the model's
+    /// output parsers); log probabilities in the chat form.
+    Chat,
+    /// A text completion: the text as it is; log probabilities in the completions form.
+    Text,
+}
+
+impl Shape {
+    pub(crate) fn is_chat(self) -> bool {
+        self == Shape::Chat
+    }
+}
 
 /// Most choices one request may ask for (prompts × `n`), as OpenAI caps `n`.
 pub const MAX_CHOICES: u32 = 128;
@@ -47,7 +62,7 @@ pub struct Asks {
 /// Reads `n`, `best_of`, the log-probability fields and `echo` of a request with `prompts`
 /// prompts.
 pub fn asks_of(
-    kind: Kind,
+    shape: Shape,
     s: &SamplingFields,
     echo: bool,
     prompts: usize,
@@ -71,7 +86,7 @@ pub fn asks_of(
             "`best_of` other than `n` is not supported (the gateway does not rank extra candidates)",
         ));
     }
-    let logprobs = logprobs_of(kind, s)?;
+    let logprobs = logprobs_of(shape, s)?;
     if echo && logprobs.is_some() {
         return Err(ApiError::bad_param(
             "echo",
@@ -81,11 +96,11 @@ pub fn asks_of(
     Ok(Asks { n, logprobs, echo })
 }
 
-fn logprobs_of(kind: Kind, s: &SamplingFields) -> Result<Option<LogprobsAsk>, ApiError> {
+fn logprobs_of(shape: Shape, s: &SamplingFields) -> Result<Option<LogprobsAsk>, ApiError> {
     use serde_json::Value;
-    match kind {
+    match shape {
         // A Responses request carries no log-probability fields (it refuses `top_logprobs`).
-        Kind::Chat | Kind::Responses | Kind::Messages => {
+        Shape::Chat => {
             let on = match &s.logprobs {
                 None | Some(Value::Null) | Some(Value::Bool(false)) => false,
                 Some(Value::Bool(true)) => true,
@@ -111,7 +126,7 @@ fn logprobs_of(kind: Kind, s: &SamplingFields) -> Result<Option<LogprobsAsk>, Ap
             }
             Ok(on.then_some(LogprobsAsk::Chat { top }))
         }
-        Kind::Text => {
+        Shape::Text => {
             if s.top_logprobs.is_some() {
                 return Err(ApiError::bad_param(
                     "top_logprobs",
@@ -220,8 +235,8 @@ mod tests {
 
     #[test]
     fn logprobs_are_read_in_each_endpoints_form() {
-        let chat = |v| asks_of(Kind::Chat, &fields(v), false, 1);
-        let text = |v| asks_of(Kind::Text, &fields(v), false, 1);
+        let chat = |v| asks_of(Shape::Chat, &fields(v), false, 1);
+        let text = |v| asks_of(Shape::Text, &fields(v), false, 1);
         assert_eq!(
             chat(json!({"logprobs": true, "top_logprobs": 3}))
                 .unwrap()
@@ -250,7 +265,7 @@ mod tests {
 
     #[test]
     fn choices_best_of_and_echo_are_checked() {
-        let ask = |v, echo, prompts| asks_of(Kind::Text, &fields(v), echo, prompts);
+        let ask = |v, echo, prompts| asks_of(Shape::Text, &fields(v), echo, prompts);
         assert_eq!(ask(json!({"n": 3}), false, 2).unwrap().n, 3);
         assert_eq!(param(ask(json!({"n": 0}), false, 1)), "n");
         assert_eq!(param(ask(json!({"n": 65}), false, 2)), "n");

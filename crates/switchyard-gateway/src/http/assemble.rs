@@ -7,8 +7,8 @@ use std::time::Instant;
 use switchyard_core::{TokenId, TokenLogprob};
 use switchyard_tokenize::{IncrementalDecoder, Tokenizer};
 
-use super::AppState;
-use super::completions::{Prepared, PromptPlan};
+use super::pipeline::prepared::{Prepared, PromptPlan};
+use super::state::AppState;
 use crate::chat_output::{Piece as OutputPiece, Shaper, ToolCallOut, prompt_tail};
 use crate::dispatch::Finish;
 use crate::metrics::ModelLabels;
@@ -54,12 +54,15 @@ impl ChoiceText {
             completion_tokens: 0,
             finish: None,
             last_token_at: None,
-            logprobs: p.asks.logprobs.map(|_| LogprobsOut::new(p.kind.is_chat())),
+            logprobs: p
+                .asks
+                .logprobs
+                .map(|_| LogprobsOut::new(p.api.shape.is_chat())),
             offset: prompt
                 .echo
                 .as_deref()
                 .map_or(0, |e| e.chars().count() as u32),
-            shaper: p.kind.is_chat().then(|| {
+            shaper: p.api.shape.is_chat().then(|| {
                 Shaper::new(
                     &p.output,
                     &p.completion_id,
@@ -218,23 +221,23 @@ pub(super) fn request_usage(texts: &[ChoiceText], n: u32) -> Usage {
 }
 
 /// A whole (not streamed) choice's answer, gathered from its pieces.
-#[derive(Default)]
-pub(super) struct Gathered {
-    pub(super) content: String,
-    pub(super) reasoning: Option<String>,
-    pub(super) tool_calls: Vec<ToolCallOut>,
+#[derive(Debug, Default)]
+pub(crate) struct Gathered {
+    pub(crate) content: String,
+    pub(crate) reasoning: Option<String>,
+    pub(crate) tool_calls: Vec<ToolCallOut>,
 }
 
 impl Gathered {
     /// Starts with `text` (an echoed prompt).
-    pub(super) fn starting_with(text: String) -> Self {
+    pub(crate) fn starting_with(text: String) -> Self {
         Self {
             content: text,
             ..Self::default()
         }
     }
 
-    pub(super) fn extend(&mut self, pieces: Vec<OutputPiece>) {
+    pub(crate) fn extend(&mut self, pieces: Vec<OutputPiece>) {
         for piece in pieces {
             match piece {
                 OutputPiece::Content(text) => self.content.push_str(&text),
@@ -247,7 +250,7 @@ impl Gathered {
     }
 
     /// The chat message: no content (null) when the model only called tools, as OpenAI answers.
-    pub(super) fn message(self) -> ChatMessageOut {
+    pub(crate) fn message(self) -> ChatMessageOut {
         let called = !self.tool_calls.is_empty();
         ChatMessageOut {
             role: "assistant",

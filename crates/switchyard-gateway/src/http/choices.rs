@@ -13,9 +13,9 @@ use futures::stream::{BoxStream, SelectAll};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::AppState;
 use super::asks::for_choice;
-use super::completions::Prepared;
+use super::pipeline::prepared::Prepared;
+use super::state::AppState;
 use crate::admission::{Admitted, FlowKey};
 use crate::audit::RequestTags;
 use crate::dispatch::{self, DispatchEvent, GenerateJob};

@@ -1,11 +1,14 @@
-//! The HTTP surface: OpenAI API ([`completions`], answered by `answer` over `choices` and
-//! `assemble`, with the request's fields read by `asks` and its prompts by `prompts`; the
-//! Responses API, [`responses`], translated onto the same path), vLLM's `/tokenize` and
-//! `/detokenize` ([`tokenize`]), Anthropic's Messages API ([`anthropic`], a translation onto the
-//! chat path), admin API ([`admin`]), health, readiness, metrics and the model list.
+//! The HTTP surface. Four generation APIs share one request pipeline and one answer driver:
+//! chat and text completions ([`completions`]), OpenAI's Responses API ([`responses`]) and
+//! Anthropic's Messages API ([`anthropic`]) each take their body apart for the pipeline
+//! ([`pipeline`]: read, validate, admit, tokenize, prepare; counting and refusing) and write
+//! their answer through their own [`render::Renderer`], which `render`'s driver feeds from the
+//! dispatch events of the request's choices (`choices`, read into text, reasoning and tool
+//! calls by `assemble`). The request's fields are read by `asks` and [`fields`], its prompts by
+//! `prompts`. Besides: vLLM's `/tokenize` and `/detokenize` ([`tokenize`]), the admin API
+//! ([`admin`]), health, readiness, metrics and the model list.
 
 pub mod admin;
-mod answer;
 pub mod anthropic;
 mod asks;
 mod assemble;
@@ -13,13 +16,16 @@ mod choices;
 pub mod completions;
 pub mod fields;
 mod guided;
+mod keys;
+pub mod pipeline;
 mod prompts;
+pub(crate) mod render;
 pub mod responses;
 pub mod server;
+pub mod state;
 pub mod tokenize;
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
@@ -27,72 +33,11 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::access::ClientAccess;
-use crate::admission::Admission;
-use crate::config::GatewayConfig;
 use crate::error::ApiError;
-use crate::metrics::Metrics;
 use crate::openai::{ModelCard, ModelList};
-use crate::pool::WorkerPool;
-use crate::preprocess::Tokenizers;
-
-/// Everything a handler needs.
-#[derive(Debug)]
-pub struct AppState {
-    pub config: GatewayConfig,
-    pub pool: Arc<WorkerPool>,
-    pub tokenizers: Tokenizers,
-    pub metrics: Arc<Metrics>,
-    pub admission: Admission,
-    /// Fleet-wide per-tenant quotas, checked before admission.
-    pub quota: Arc<crate::quota::Quotas>,
-    pub extensions: Extensions,
-    /// API keys, the metrics token, HTTPS.
-    pub access: ClientAccess,
-    /// Sessions' think times, for the retention hints of their turns.
-    pub retention: Arc<crate::retention::SessionRetention>,
-    /// Stored responses and the reasoning sealer (`/v1/responses`).
-    pub responses: Arc<responses::ResponsesState>,
-}
-
-/// The tenant of the API key a `/v1` request was let in with.
-#[derive(Debug, Clone)]
-pub struct ApiTenant(pub String);
-
-/// A text exposition of metrics another role exports (OpenMetrics, ending in `# EOF`).
-pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
-
-/// What other roles embedded in the same process serve on the gateway's listener.
-#[derive(Clone, Default)]
-pub struct Extensions {
-    /// Routers mounted under `/admin/<path>`, behind the admin token like the gateway's own.
-    pub admin: Vec<(&'static str, Router)>,
-    /// Metrics appended to `/metrics`.
-    pub metrics: Vec<MetricsSource>,
-    /// Where this gateway announces itself and finds the other replicas, to share sessions
-    /// (`[fleet]`): the registry its workers are in.
-    pub replicas: Option<Arc<dyn switchyard_registry::Replicas>>,
-}
-
-impl std::fmt::Debug for Extensions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Extensions")
-            .field(
-                "admin",
-                &self.admin.iter().map(|(p, _)| p).collect::<Vec<_>>(),
-            )
-            .field("metrics", &self.metrics.len())
-            .field("replicas", &self.replicas.is_some())
-            .finish()
-    }
-}
-
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+use keys::{KeyCheck, require_api_key};
+use state::unix_now;
+pub use state::{ApiTenant, AppState, Extensions, MetricsSource};
 
 /// The gateway's HTTP application; with a `fleet`, a session's turns are served at the replica
 /// that owns the session.
@@ -125,7 +70,10 @@ pub fn router(state: Arc<AppState>, fleet: Option<Arc<crate::fleet::Fleet>>) -> 
     let api =
         api.layer(DefaultBodyLimit::max(body_limit))
             .layer(axum::middleware::from_fn_with_state(
-                Arc::clone(&state),
+                KeyCheck {
+                    state: Arc::clone(&state),
+                    refuse: IntoResponse::into_response,
+                },
                 require_api_key,
             ));
     Router::new()
@@ -203,41 +151,6 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, body).into_response()
-}
-
-/// With an API key file, `/v1` takes only requests carrying one of its keys (401 in OpenAI's
-/// shape otherwise) and shares the slots by the key's tenant. The key comes as
-/// `Authorization: Bearer <key>` or, as Anthropic's clients send it, `x-api-key: <key>`.
-async fn require_api_key(
-    State(state): State<Arc<AppState>>,
-    mut request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let Some(keys) = &state.access.api_keys else {
-        return next.run(request).await;
-    };
-    let authorization = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let x_api_key = request
-        .headers()
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|k| !k.is_empty());
-    let refused = match crate::api_keys::bearer(authorization).or(x_api_key) {
-        None => ApiError::MissingApiKey,
-        Some(key) => match keys.tenant(key) {
-            Some(tenant) => {
-                request.extensions_mut().insert(ApiTenant(tenant));
-                return next.run(request).await;
-            }
-            None => ApiError::InvalidApiKey,
-        },
-    };
-    state.metrics.api_key_refused(refused.metric_label());
-    refused.into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
@@ -318,7 +231,7 @@ async fn model(
     State(state): State<Arc<AppState>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    match completions::served_model(&state, &id) {
+    match pipeline::served_model(&state, &id) {
         Ok(served) if !state.pool.workers_of(&served.routes.model).is_empty() => {
             let parent = served
                 .adapter

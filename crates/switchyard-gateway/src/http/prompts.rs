@@ -9,7 +9,7 @@ use switchyard_tokenize::{ChatMessage, ChatRequest};
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::AppState;
+use super::state::AppState;
 use crate::error::ApiError;
 use crate::pool::ModelRoutes;
 use crate::preprocess::{self, ModelTokenizer, Sessions};

@@ -9,8 +9,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use switchyard_tokenize::ChatRequest;
 
-use super::AppState;
-use super::completions::{model_routes, read_body};
+use super::pipeline::{model_routes, read_body};
+use super::state::AppState;
 use crate::error::ApiError;
 use crate::openai::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,

@@ -1,8 +1,8 @@
-//! A streamed chat answer's chunks as Anthropic's stream events: `message_start` (with the
-//! prompt's usage, from the usage chunk a Messages stream begins with) and a `ping`, then for
+//! A streamed answer as Anthropic's stream events, written from the answer's pieces as the
+//! dispatch events bring them: `message_start` (with the prompt's usage) and a `ping`, then for
 //! each block `content_block_start`, its deltas (`thinking_delta`, `text_delta`,
 //! `input_json_delta`) and `content_block_stop`, and at the end `message_delta` (stop reason,
-//! usage) and `message_stop`. An error chunk becomes an `error` event.
+//! usage) and `message_stop`. A failure becomes an `error` event.
 //!
 //! With stop sequences the last few bytes of text are held back until the next piece: when a
 //! stop sequence ends the answer it is cut from the text (the pipeline keeps it there so that
@@ -11,6 +11,9 @@
 use serde_json::{Value as Json, json};
 
 use super::message::{error_body, matched_stop, stop_reason, tool_input, tool_use_block, usage};
+use crate::chat_output::Piece;
+use crate::error::ApiError;
+use crate::openai::Usage;
 
 /// One server-sent event: its `event:` name and its data.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,11 +27,17 @@ impl Event {
         Self { name, data }
     }
 
+    /// The `error` event of a generation that failed mid-stream.
+    pub fn error(err: &ApiError) -> Self {
+        Self::new("error", error_body(&err.to_json(), None))
+    }
+
     pub fn ping() -> Self {
         Self::new("ping", json!({"type": "ping"}))
     }
 
     /// The event as it goes on the wire.
+    #[cfg(test)]
     pub fn to_sse(&self) -> String {
         format!("event: {}\ndata: {}\n\n", self.name, self.data)
     }
@@ -40,7 +49,7 @@ enum Block {
     Thinking,
 }
 
-/// Turns one stream's chat chunks into Anthropic events.
+/// Turns one stream's answer into Anthropic events.
 #[derive(Debug)]
 pub struct EventWriter {
     stops: Vec<String>,
@@ -53,7 +62,6 @@ pub struct EventWriter {
     index: u32,
     /// The stop reason and sequence, once the choice finished.
     finish: Option<(&'static str, Option<String>)>,
-    done: bool,
     /// `thinking.display: "omitted"`: thinking blocks open and close, their text left out.
     omit_thinking: bool,
 }
@@ -69,7 +77,6 @@ impl EventWriter {
             open: None,
             index: 0,
             finish: None,
-            done: false,
             omit_thinking: false,
         }
     }
@@ -80,109 +87,78 @@ impl EventWriter {
         self
     }
 
-    /// Whether the stream has said all it will (`message_stop` or an error).
-    pub fn is_done(&self) -> bool {
-        self.done
-    }
-
-    /// The events of one chunk's data (a chat chunk, an error object or `[DONE]`).
-    pub fn push(&mut self, data: &str) -> Vec<Event> {
-        let mut out = Vec::new();
-        if self.done {
-            return out;
+    /// The message opens (once, with its first choice): `message_start`, with the prompt's
+    /// usage, and a `ping`.
+    pub fn start(&mut self, id: &str, model: &str, prompt: &Usage) -> Vec<Event> {
+        if self.started {
+            return Vec::new();
         }
-        if data.trim() == "[DONE]" {
-            return self.end();
-        }
-        let chunk: Json = match serde_json::from_str(data) {
-            Ok(chunk) => chunk,
-            Err(e) => return self.fail(&format!("unreadable chunk from the pipeline: {e}")),
-        };
-        if chunk.get("error").is_some() {
-            self.done = true;
-            return vec![Event::new("error", error_body(&chunk, None))];
-        }
-        let choices = chunk["choices"].as_array().map_or(&[][..], Vec::as_slice);
-        if !self.started {
-            self.started = true;
-            let mut message = json!({
-                "id": chunk["id"], "type": "message", "role": "assistant", "model": chunk["model"],
-                "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": usage(&chunk["usage"]),
-            });
-            message["usage"]["output_tokens"] = json!(0);
-            out.push(Event::new(
+        self.started = true;
+        let mut message = json!({
+            "id": id, "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": usage(prompt),
+        });
+        message["usage"]["output_tokens"] = json!(0);
+        vec![
+            Event::new(
                 "message_start",
                 json!({"type": "message_start", "message": message}),
-            ));
-            out.push(Event::ping());
-            if choices.is_empty() {
-                return out;
-            }
-        }
-        if choices.is_empty() && chunk.get("usage").is_some_and(|u| !u.is_null()) {
-            // The last chunk: the whole request's usage.
-            self.close(&mut out);
-            let (reason, sequence) = self.finish.take().unwrap_or(("end_turn", None));
-            out.push(Event::new(
-                "message_delta",
-                json!({"type": "message_delta",
-                       "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                       "usage": usage(&chunk["usage"])}),
-            ));
-            out.push(Event::new("message_stop", json!({"type": "message_stop"})));
-            self.done = true;
-            return out;
-        }
-        for choice in choices {
-            let delta = &choice["delta"];
-            if let Some(thinking) = delta["reasoning_content"]
-                .as_str()
-                .filter(|t| !t.is_empty())
-            {
+            ),
+            Event::ping(),
+        ]
+    }
+
+    /// The events of one piece of the answer.
+    pub fn piece(&mut self, piece: Piece) -> Vec<Event> {
+        let mut out = Vec::new();
+        match piece {
+            Piece::Reasoning(thinking) if !thinking.is_empty() => {
                 self.flush_text(false, &mut out);
                 self.open(Block::Thinking, &mut out);
                 if !self.omit_thinking {
                     out.push(self.delta(json!({"type": "thinking_delta", "thinking": thinking})));
                 }
             }
-            if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
-                self.text(text, &mut out);
-            }
-            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            Piece::Content(text) if !text.is_empty() => self.text(&text, &mut out),
+            Piece::ToolCall(call) => {
                 self.flush_text(false, &mut out);
                 self.close(&mut out);
-                out.push(self.block_start(tool_use_block(call, false)));
-                let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
-                let input = tool_input(arguments).to_string();
+                out.push(self.block_start(tool_use_block(&call, false)));
+                let input = tool_input(&call.function.arguments).to_string();
                 out.push(self.delta(json!({"type": "input_json_delta", "partial_json": input})));
                 out.push(self.block_stop());
                 self.index += 1;
             }
-            if let Some(finish) = choice["finish_reason"].as_str() {
-                let stopped_by = self.flush_text(finish == "stop", &mut out);
-                self.close(&mut out);
-                let reason = stop_reason(finish, stopped_by.as_deref());
-                self.finish = Some((reason, stopped_by));
-            }
+            Piece::Reasoning(_) | Piece::Content(_) => {}
         }
         out
     }
 
-    /// The body ended: a stream that had not finished gets an error event.
-    pub fn end(&mut self) -> Vec<Event> {
-        if self.done {
-            return Vec::new();
-        }
-        self.fail("the generation ended unexpectedly")
+    /// The answer finished (`finish`: the chat finish reason): the held text comes out, less a
+    /// stop sequence that ended it, and the open block closes.
+    pub fn finish(&mut self, finish: &str) -> Vec<Event> {
+        let mut out = Vec::new();
+        let stopped_by = self.flush_text(finish == "stop", &mut out);
+        self.close(&mut out);
+        let reason = stop_reason(finish, stopped_by.as_deref());
+        self.finish = Some((reason, stopped_by));
+        out
     }
 
-    fn fail(&mut self, message: &str) -> Vec<Event> {
-        self.done = true;
-        vec![Event::new(
-            "error",
-            json!({"type": "error", "error": {"type": "api_error", "message": message}}),
-        )]
+    /// The message ends: `message_delta` (stop reason and the request's usage), `message_stop`.
+    pub fn end(&mut self, request: &Usage) -> Vec<Event> {
+        let mut out = Vec::new();
+        self.close(&mut out);
+        let (reason, sequence) = self.finish.take().unwrap_or(("end_turn", None));
+        out.push(Event::new(
+            "message_delta",
+            json!({"type": "message_delta",
+                   "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                   "usage": usage(request)}),
+        ));
+        out.push(Event::new("message_stop", json!({"type": "message_stop"})));
+        out
     }
 
     fn text(&mut self, text: &str, out: &mut Vec<Event>) {

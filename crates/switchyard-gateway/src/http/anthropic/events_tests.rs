@@ -2,27 +2,44 @@
 
 use super::*;
 
-fn chunk(delta: Json, finish: Option<&str>) -> String {
-    json!({"id": "msg_9", "model": "m", "object": "chat.completion.chunk",
-           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-    .to_string()
+use crate::chat_output::{FunctionCall, ToolCallOut};
+
+/// What the renderer is told, in order.
+enum Step {
+    /// The choice started: prompt and cached tokens.
+    Start(u32, u32),
+    Piece(Piece),
+    Finish(&'static str),
+    /// Every choice ended: prompt, completion and cached tokens of the request.
+    End(u32, u32, u32),
+    Fail(ApiError),
 }
 
-fn usage_chunk(prompt: u32, completion: u32, cached: u32) -> String {
-    json!({"id": "msg_9", "model": "m", "choices": [],
-           "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                     "prompt_tokens_details": {"cached_tokens": cached}}})
-    .to_string()
+fn content(text: &str) -> Step {
+    Step::Piece(Piece::Content(text.to_owned()))
 }
 
-/// Runs a whole stream of chunk data through a writer.
-fn run(stops: &[&str], datas: &[String]) -> Vec<Event> {
+fn reasoning(text: &str) -> Step {
+    Step::Piece(Piece::Reasoning(text.to_owned()))
+}
+
+/// Runs a whole stream of steps through a writer.
+fn run(stops: &[&str], steps: Vec<Step>) -> Vec<Event> {
     let mut writer = EventWriter::new(stops.iter().map(|s| (*s).to_owned()).collect());
     let mut events = Vec::new();
-    for data in datas {
-        events.extend(writer.push(data));
+    for step in steps {
+        events.extend(match step {
+            Step::Start(prompt, cached) => {
+                writer.start("msg_9", "m", &Usage::new(prompt, 0, cached))
+            }
+            Step::Piece(piece) => writer.piece(piece),
+            Step::Finish(finish) => writer.finish(finish),
+            Step::End(prompt, completion, cached) => {
+                writer.end(&Usage::new(prompt, completion, cached))
+            }
+            Step::Fail(err) => vec![Event::error(&err)],
+        });
     }
-    events.extend(writer.end());
     events
 }
 
@@ -42,14 +59,13 @@ fn text_of(events: &[Event]) -> String {
 fn a_text_answer_is_one_text_block_between_start_and_stop() {
     let events = run(
         &[],
-        &[
-            usage_chunk(30, 0, 16),
-            chunk(json!({"role": "assistant", "content": ""}), None),
-            chunk(json!({"content": "Hello"}), None),
-            chunk(json!({"content": " world"}), None),
-            chunk(json!({}), Some("length")),
-            usage_chunk(30, 2, 16),
-            "[DONE]".into(),
+        vec![
+            Step::Start(30, 16),
+            content(""),
+            content("Hello"),
+            content(" world"),
+            Step::Finish("length"),
+            Step::End(30, 2, 16),
         ],
     );
     assert_eq!(
@@ -92,19 +108,25 @@ fn a_text_answer_is_one_text_block_between_start_and_stop() {
 
 #[test]
 fn thinking_text_and_tool_calls_are_blocks_in_order() {
-    let call = json!({"index": 0, "id": "call_x0", "type": "function",
-        "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}});
+    let call = ToolCallOut {
+        index: 0,
+        id: "call_x0".into(),
+        kind: "function",
+        function: FunctionCall {
+            name: "get_weather".into(),
+            arguments: "{\"city\":\"Paris\"}".into(),
+        },
+    };
     let events = run(
         &[],
-        &[
-            usage_chunk(10, 0, 0),
-            chunk(json!({"role": "assistant", "content": ""}), None),
-            chunk(json!({"reasoning_content": "Hm", "reasoning": "Hm"}), None),
-            chunk(json!({"reasoning_content": "m."}), None),
-            chunk(json!({"content": "Looking."}), None),
-            chunk(json!({"tool_calls": [call]}), None),
-            chunk(json!({}), Some("tool_calls")),
-            usage_chunk(10, 9, 0),
+        vec![
+            Step::Start(10, 0),
+            reasoning("Hm"),
+            reasoning("m."),
+            content("Looking."),
+            Step::Piece(Piece::ToolCall(call)),
+            Step::Finish("tool_calls"),
+            Step::End(10, 9, 0),
         ],
     );
     let blocks: Vec<(u64, &Json)> = events
@@ -154,13 +176,13 @@ fn thinking_text_and_tool_calls_are_blocks_in_order() {
 fn a_stop_sequence_split_across_chunks_is_cut_and_named() {
     let events = run(
         &["STOP"],
-        &[
-            usage_chunk(5, 0, 0),
-            chunk(json!({"content": "one two S"}), None),
-            chunk(json!({"content": "TO"}), None),
-            chunk(json!({"content": "P"}), None),
-            chunk(json!({}), Some("stop")),
-            usage_chunk(5, 4, 0),
+        vec![
+            Step::Start(5, 0),
+            content("one two S"),
+            content("TO"),
+            content("P"),
+            Step::Finish("stop"),
+            Step::End(5, 4, 0),
         ],
     );
     assert_eq!(text_of(&events), "one two ");
@@ -170,11 +192,11 @@ fn a_stop_sequence_split_across_chunks_is_cut_and_named() {
     // Ended by itself: the held text comes out whole.
     let events = run(
         &["STOP"],
-        &[
-            usage_chunk(5, 0, 0),
-            chunk(json!({"content": "naïve ST"}), None),
-            chunk(json!({}), Some("stop")),
-            usage_chunk(5, 3, 0),
+        vec![
+            Step::Start(5, 0),
+            content("naïve ST"),
+            Step::Finish("stop"),
+            Step::End(5, 3, 0),
         ],
     );
     assert_eq!(text_of(&events), "naïve ST");
@@ -184,17 +206,13 @@ fn a_stop_sequence_split_across_chunks_is_cut_and_named() {
 }
 
 #[test]
-fn errors_and_cut_streams_end_with_an_error_event() {
-    let error = json!({"error": {"message": "worker lost", "type": "server_error",
-        "param": null, "code": "upstream_error"}})
-    .to_string();
+fn a_failure_ends_the_stream_with_an_error_event() {
     let events = run(
         &[],
-        &[
-            usage_chunk(5, 0, 0),
-            chunk(json!({"content": "par"}), None),
-            error,
-            "[DONE]".into(),
+        vec![
+            Step::Start(5, 0),
+            content("par"),
+            Step::Fail(ApiError::Upstream("worker lost".into())),
         ],
     );
     let last = events.last().unwrap();
@@ -204,11 +222,26 @@ fn errors_and_cut_streams_end_with_an_error_event() {
         json!({"type": "error", "error": {"type": "api_error", "message": "worker lost"}})
     );
     assert_eq!(events.iter().filter(|e| e.name == "error").count(), 1);
-    // The pipeline's stream stopped before the usage chunk.
+    assert!(!names(&events).contains(&"message_stop"));
+    // A refusal mid-stream keeps its Anthropic type.
     let events = run(
         &[],
-        &[usage_chunk(5, 0, 0), chunk(json!({"content": "x"}), None)],
+        vec![
+            Step::Start(5, 0),
+            Step::Fail(ApiError::Saturated {
+                retry_after_secs: 1,
+            }),
+        ],
     );
-    assert_eq!(events.last().unwrap().name, "error");
-    assert!(!names(&events).contains(&"message_stop"));
+    assert_eq!(
+        events.last().unwrap().data["error"]["type"],
+        "rate_limit_error"
+    );
+}
+
+#[test]
+fn the_message_starts_once() {
+    let mut writer = EventWriter::new(Vec::new());
+    assert_eq!(writer.start("msg_1", "m", &Usage::new(3, 0, 0)).len(), 2);
+    assert!(writer.start("msg_1", "m", &Usage::new(3, 0, 0)).is_empty());
 }

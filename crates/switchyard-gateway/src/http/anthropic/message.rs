@@ -1,10 +1,14 @@
-//! The chat answer read back as an Anthropic message: reasoning as a `thinking` block, the
-//! text as a `text` block, each tool call as a `tool_use` block; `finish_reason` as
-//! `stop_reason`, and the usage in Anthropic's terms. Errors in Anthropic's shape, with the
-//! OpenAI error's status kept.
+//! A whole answer as an Anthropic message: reasoning as a `thinking` block, the text as a
+//! `text` block, each tool call as a `tool_use` block; the finish reason as `stop_reason`, and
+//! the usage in Anthropic's terms. Errors in Anthropic's shape, with the error's status kept.
 
 use axum::http::StatusCode;
 use serde_json::{Value as Json, json};
+
+use crate::chat_output::ToolCallOut;
+use crate::http::assemble::Gathered;
+use crate::http::render::WholeChoice;
+use crate::openai::Usage;
 
 /// Anthropic's name of a tool call's id (`toolu_…`) for the chat answer's (`call_…`).
 pub fn tool_use_id(call_id: &str) -> String {
@@ -42,43 +46,49 @@ pub fn stop_reason(finish: &str, stopped_by: Option<&str>) -> &'static str {
     }
 }
 
-/// Anthropic's usage from the chat usage: `input_tokens` are the prompt tokens not read from
-/// the KV cache, `cache_read_input_tokens` those that were; the cache is filled by every
-/// prompt with no separate charge, so `cache_creation_input_tokens` is 0.
-pub fn usage(chat_usage: &Json) -> Json {
-    let count = |pointer: &str| {
-        chat_usage
-            .pointer(pointer)
-            .and_then(Json::as_u64)
-            .unwrap_or(0)
-    };
-    let prompt = count("/prompt_tokens");
-    let cached = count("/prompt_tokens_details/cached_tokens").min(prompt);
+/// Anthropic's usage: `input_tokens` are the prompt tokens not read from the KV cache,
+/// `cache_read_input_tokens` those that were; the cache is filled by every prompt with no
+/// separate charge, so `cache_creation_input_tokens` is 0.
+pub fn usage(usage: &Usage) -> Json {
+    let prompt = usage.prompt_tokens;
+    let cached = usage.prompt_tokens_details.cached_tokens.min(prompt);
     json!({
         "input_tokens": prompt - cached,
-        "output_tokens": count("/completion_tokens"),
+        "output_tokens": usage.completion_tokens,
         "cache_read_input_tokens": cached,
         "cache_creation_input_tokens": 0,
     })
 }
 
-/// A whole chat completion as an Anthropic message.
+/// A whole answer as an Anthropic message: reasoning as a `thinking` block, the text as a
+/// `text` block (less a stop sequence that ended it), each tool call as a `tool_use` block.
 /// With `omit_thinking` (`thinking.display: "omitted"`) a thinking block keeps its place and
 /// loses its text.
-pub fn message(chat: &Json, stops: &[String], omit_thinking: bool) -> Json {
-    let choice = &chat["choices"][0];
-    let reply = &choice["message"];
+pub fn message(
+    id: &str,
+    model: &str,
+    choice: WholeChoice,
+    usage_of: &Usage,
+    stops: &[String],
+    omit_thinking: bool,
+) -> Json {
+    let Gathered {
+        content: text,
+        reasoning,
+        tool_calls,
+    } = choice.answer;
     let mut content = Vec::new();
-    if let Some(thinking) = reply["reasoning_content"]
-        .as_str()
-        .filter(|t| !t.is_empty())
-    {
-        let shown = if omit_thinking { "" } else { thinking };
+    if let Some(thinking) = reasoning.filter(|t| !t.is_empty()) {
+        let shown = if omit_thinking { "" } else { &thinking };
         content.push(json!({"type": "thinking", "thinking": shown, "signature": ""}));
     }
-    let finish = choice["finish_reason"].as_str().unwrap_or("stop");
-    let mut text = reply["content"].as_str().unwrap_or_default().to_owned();
-    let stopped_by = if finish == "stop" {
+    // A model that only called tools has no text, whatever whitespace it wrote.
+    let mut text = if !tool_calls.is_empty() && text.trim().is_empty() {
+        String::new()
+    } else {
+        text
+    };
+    let stopped_by = if choice.finish == "stop" {
         matched_stop(&mut text, stops)
     } else {
         None
@@ -86,30 +96,29 @@ pub fn message(chat: &Json, stops: &[String], omit_thinking: bool) -> Json {
     if !text.is_empty() {
         content.push(json!({"type": "text", "text": text}));
     }
-    for call in reply["tool_calls"].as_array().into_iter().flatten() {
+    for call in &tool_calls {
         content.push(tool_use_block(call, true));
     }
     json!({
-        "id": chat["id"],
+        "id": id,
         "type": "message",
         "role": "assistant",
-        "model": chat["model"],
+        "model": model,
         "content": content,
-        "stop_reason": stop_reason(finish, stopped_by.as_deref()),
+        "stop_reason": stop_reason(choice.finish, stopped_by.as_deref()),
         "stop_sequence": stopped_by,
-        "usage": usage(&chat["usage"]),
+        "usage": usage(usage_of),
     })
 }
 
-/// A `tool_use` block of a chat tool call; `with_input: false` leaves the input empty (streamed,
-/// it follows as an `input_json_delta`).
-pub fn tool_use_block(call: &Json, with_input: bool) -> Json {
-    let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
+/// A `tool_use` block of a tool call; `with_input: false` leaves the input empty (streamed, it
+/// follows as an `input_json_delta`).
+pub fn tool_use_block(call: &ToolCallOut, with_input: bool) -> Json {
     json!({
         "type": "tool_use",
-        "id": tool_use_id(call["id"].as_str().unwrap_or_default()),
-        "name": call["function"]["name"],
-        "input": if with_input { tool_input(arguments) } else { json!({}) },
+        "id": tool_use_id(&call.id),
+        "name": call.function.name,
+        "input": if with_input { tool_input(&call.function.arguments) } else { json!({}) },
     })
 }
 
@@ -160,20 +169,52 @@ pub fn error_body(openai: &Json, status: Option<StatusCode>) -> Json {
 mod tests {
     use super::*;
 
+    use crate::chat_output::FunctionCall;
+
+    fn choice(
+        content: &str,
+        reasoning: Option<&str>,
+        calls: Vec<ToolCallOut>,
+        finish: &'static str,
+    ) -> WholeChoice {
+        WholeChoice {
+            answer: Gathered {
+                content: content.to_owned(),
+                reasoning: reasoning.map(str::to_owned),
+                tool_calls: calls,
+            },
+            logprobs: None,
+            finish,
+        }
+    }
+
+    fn weather_call() -> ToolCallOut {
+        ToolCallOut {
+            index: 0,
+            id: "call_abc0".into(),
+            kind: "function",
+            function: FunctionCall {
+                name: "get_weather".into(),
+                arguments: "{\"city\": \"Paris\"}".into(),
+            },
+        }
+    }
+
     #[test]
-    fn a_chat_answer_becomes_thinking_text_and_tool_use_blocks() {
-        let chat = json!({
-            "id": "msg_1", "model": "m",
-            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                "role": "assistant", "content": "Let me look.", "reasoning_content": "Weather?",
-                "tool_calls": [{"index": 0, "id": "call_abc0", "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}}],
-            "usage": {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
-                "prompt_tokens_details": {"cached_tokens": 32}},
-        });
-        let m = message(&chat, &[], false);
+    fn an_answer_becomes_thinking_text_and_tool_use_blocks() {
+        let answer = || {
+            choice(
+                "Let me look.",
+                Some("Weather?"),
+                vec![weather_call()],
+                "tool_calls",
+            )
+        };
+        let usage = Usage::new(40, 12, 32);
+        let m = message("msg_1", "m", answer(), &usage, &[], false);
         assert_eq!(m["type"], "message");
         assert_eq!(m["id"], "msg_1");
+        assert_eq!(m["model"], "m");
         assert_eq!(m["stop_reason"], "tool_use");
         assert!(m["stop_sequence"].is_null());
         let content = m["content"].as_array().unwrap();
@@ -183,7 +224,7 @@ mod tests {
         );
         assert_eq!(content[1], json!({"type": "text", "text": "Let me look."}));
         // `thinking.display: "omitted"`: the block stays, its text does not.
-        let omitted = message(&chat, &[], true);
+        let omitted = message("msg_1", "m", answer(), &usage, &[], true);
         assert_eq!(
             omitted["content"][0],
             json!({"type": "thinking", "thinking": "", "signature": ""})
@@ -198,29 +239,48 @@ mod tests {
             json!({"input_tokens": 8, "output_tokens": 12, "cache_read_input_tokens": 32,
                    "cache_creation_input_tokens": 0})
         );
+        // Whitespace beside tool calls is no text block.
+        let m = message(
+            "msg_1",
+            "m",
+            choice(" \n", None, vec![weather_call()], "tool_calls"),
+            &usage,
+            &[],
+            false,
+        );
+        assert_eq!(m["content"].as_array().unwrap().len(), 1);
+        assert_eq!(m["content"][0]["type"], "tool_use");
     }
 
     #[test]
     fn a_stop_sequence_is_named_and_cut_from_the_text() {
-        let chat = |text: &str, finish: &str| {
-            json!({"id": "msg_2", "model": "m", "choices": [{"finish_reason": finish,
-                "message": {"role": "assistant", "content": text}}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
-        };
+        let usage = Usage::new(3, 4, 0);
         let stops = ["END".to_owned(), "D".to_owned()];
-        let m = message(&chat("one two END", "stop"), &stops, false);
-        assert_eq!(m["stop_reason"], "stop_sequence");
-        assert_eq!(m["stop_sequence"], "END");
-        assert_eq!(m["content"], json!([{"type": "text", "text": "one two "}]));
-        let m = message(&chat("one two", "stop"), &stops, false);
-        assert_eq!(m["stop_reason"], "end_turn");
-        assert!(m["stop_sequence"].is_null());
-        let m = message(&chat("cut off mid-END", "length"), &stops, false);
-        assert_eq!(m["stop_reason"], "max_tokens");
-        assert_eq!(m["content"][0]["text"], "cut off mid-END");
-        // Only tool calls: no text block at all.
-        let m = message(&chat("", "stop"), &stops, false);
-        assert_eq!(m["content"], json!([]));
+        let m = |text: &str, finish| {
+            message(
+                "msg_2",
+                "m",
+                choice(text, None, Vec::new(), finish),
+                &usage,
+                &stops,
+                false,
+            )
+        };
+        let stopped = m("one two END", "stop");
+        assert_eq!(stopped["stop_reason"], "stop_sequence");
+        assert_eq!(stopped["stop_sequence"], "END");
+        assert_eq!(
+            stopped["content"],
+            json!([{"type": "text", "text": "one two "}])
+        );
+        let ended = m("one two", "stop");
+        assert_eq!(ended["stop_reason"], "end_turn");
+        assert!(ended["stop_sequence"].is_null());
+        let cut = m("cut off mid-END", "length");
+        assert_eq!(cut["stop_reason"], "max_tokens");
+        assert_eq!(cut["content"][0]["text"], "cut off mid-END");
+        // No text: no text block at all.
+        assert_eq!(m("", "stop")["content"], json!([]));
     }
 
     #[test]

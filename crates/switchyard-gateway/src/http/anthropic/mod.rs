@@ -1,37 +1,63 @@
-//! Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`) as a thin
-//! translation onto the chat pipeline, so routing, sessions, admission and tenants apply
-//! unchanged: the request becomes a chat request ([`request`]) that runs through
-//! `completions::handle` as `Kind::Messages`, and its chat answer is read back as an
-//! Anthropic message ([`message`]) or, streamed, as Anthropic's events ([`events`]). Every
-//! error on these routes (the API-key check's included) leaves in Anthropic's shape.
+//! Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`) over the
+//! shared pipeline, so routing, sessions, admission and tenants apply unchanged: the request
+//! becomes a chat request ([`request`]) that runs through the pipeline under the [`MESSAGES`]
+//! descriptor, and the [`MessagesRenderer`] writes the answer from the dispatch events as an
+//! Anthropic message ([`message`]) or as Anthropic's events ([`events`]). Every error on these
+//! routes leaves in Anthropic's shape: the pipeline's and the API-key check's refusals are
+//! written so, and axum's own rejections (a method other than POST) are wrapped by
+//! [`anthropic_errors`].
 
 mod blocks;
 mod events;
 mod message;
 mod request;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::KeepAlive;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
-use futures::{Stream, StreamExt};
-use serde_json::{Value as Json, json};
-use switchyard_core::sse::SseDecoder;
+use serde_json::json;
 use switchyard_tokenize::{ChatRequest, ModelDir};
 
-use super::completions::{self, Kind, ParsedRequest, Peer, PromptSource, model_routes, read_body};
-use super::{ApiTenant, AppState};
+use super::keys::{KeyCheck, require_api_key};
+use super::pipeline::{
+    self, Api, Incoming, ParsedRequest, Peer, Shape, checked, handle, model_routes, read_body,
+};
+use super::prompts::PromptSource;
+use super::render::{Answering, Delta, Frame, Renderer, Whole};
+use super::state::{ApiTenant, AppState};
 use crate::chat_output::ChatOutput;
 use crate::error::ApiError;
+use crate::openai::Usage;
 use crate::preprocess;
 use events::{Event, EventWriter};
 use request::{CountTokensRequest, MessagesRequest, Thinking};
+
+/// `/v1/messages`.
+pub const MESSAGES: Api = Api {
+    endpoint: "messages",
+    route: "/v1/messages",
+    span_name: "POST /v1/messages",
+    docs: "docs/anthropic-api.md",
+    id_prefix: "msg_",
+    shape: Shape::Chat,
+    error: error_response,
+};
+
+/// A refusal in Anthropic's shape, with the error's status and headers.
+fn error_response(err: ApiError) -> Response {
+    let status = err.status();
+    let body = message::error_body(&err.to_json(), Some(status));
+    let mut response = (status, axum::Json(body)).into_response();
+    response.headers_mut().extend(err.headers());
+    response
+}
 
 /// The routes, behind the API-key check like the rest of `/v1`, answering errors in
 /// Anthropic's shape.
@@ -41,8 +67,11 @@ pub(super) fn router(state: &Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/v1/messages/count_tokens", post(count_tokens))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(state),
-            super::require_api_key,
+            KeyCheck {
+                state: Arc::clone(state),
+                refuse: MESSAGES.error,
+            },
+            require_api_key,
         ))
         .layer(axum::middleware::map_response(anthropic_errors))
 }
@@ -97,11 +126,9 @@ async fn messages(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let mut stops: Vec<String> = Vec::new();
-    let mut omit_thinking = false;
     let split_state = Arc::clone(&state);
     let split_headers = headers.clone();
-    let split = |r: MessagesRequest| {
+    let split = move |r: MessagesRequest| {
         let model = r.model.clone();
         let mut ask = request::chat_ask(r)?;
         betas(&split_headers, &mut ask.notes);
@@ -110,14 +137,16 @@ async fn messages(
             let tokenizer = split_state.tokenizers.for_model(&routes.model);
             check_thinking(&split_state, &routes.model, &tokenizer.dir, ask.thinking)?;
         }
-        stops.clone_from(&ask.stop_sequences);
-        omit_thinking = ask.omit_thinking;
-        Ok(parsed(model, ask))
+        let renderer = MessagesRenderer::new(ask.stop_sequences.clone(), ask.omit_thinking);
+        Ok((parsed(model, ask), renderer))
     };
-    let tenant = tenant.map(|Extension(t)| t);
-    let response =
-        completions::handle(state, tenant, Kind::Messages, peer, headers, body, split).await;
-    answer(response, stops, omit_thinking).await
+    let incoming = Incoming {
+        tenant: tenant.map(|Extension(t)| t),
+        peer,
+        headers,
+        body,
+    };
+    handle(state, &MESSAGES, incoming, split).await
 }
 
 /// The chat request of `ask`, as the pipeline takes it apart.
@@ -132,7 +161,6 @@ fn parsed(model: String, ask: request::ChatAsk) -> ParsedRequest {
             parallel_tool_calls: ask.parallel_tool_calls,
         },
         echo: false,
-        responses: None,
         notes: ask.notes,
     }
 }
@@ -141,112 +169,106 @@ fn parsed(model: String, ask: request::ChatAsk) -> ParsedRequest {
 /// model-dependent `thinking` check aside). Public so that the fuzz targets
 /// (`crates/switchyard-fuzz`) drive exactly this code.
 pub fn parse_messages_request(body: &[u8]) -> Result<ParsedRequest, ApiError> {
-    let request: MessagesRequest = completions::parse_body(body)?;
+    let request: MessagesRequest = pipeline::parse_body(body)?;
     let model = request.model.clone();
     let ask = request::chat_ask(request)?;
-    completions::checked(Kind::Messages, parsed(model, ask))
+    checked(&MESSAGES, parsed(model, ask))
 }
 
-/// The chat answer in Anthropic's shape: a message, or its events. Errors pass through to
-/// [`anthropic_errors`].
-async fn answer(response: Response, stops: Vec<String>, omit_thinking: bool) -> Response {
-    if !response.status().is_success() {
-        return response;
+/// Writes Messages answers: a message, or its events (a quiet stream is kept open with `ping`
+/// events). The answer has one choice.
+pub(crate) struct MessagesRenderer {
+    /// The request's stop sequences: the one that ended the answer is named, and cut from the
+    /// text.
+    stops: Vec<String>,
+    /// `thinking.display: "omitted"`.
+    omit_thinking: bool,
+    writer: EventWriter,
+}
+
+impl MessagesRenderer {
+    pub(crate) fn new(stops: Vec<String>, omit_thinking: bool) -> Self {
+        let writer = EventWriter::new(stops.clone()).omitting_thinking(omit_thinking);
+        Self {
+            stops,
+            omit_thinking,
+            writer,
+        }
     }
-    let streamed = response
+}
+
+fn frames(events: Vec<Event>) -> Vec<Frame> {
+    events
+        .iter()
+        .map(|event| Frame::named(event.name, &event.data))
+        .collect()
+}
+
+impl Renderer for MessagesRenderer {
+    fn started(&mut self, a: &Answering, _index: u32, prompt: &Usage) -> Vec<Frame> {
+        frames(self.writer.start(&a.id, &a.model, prompt))
+    }
+
+    fn delta(&mut self, _a: &Answering, _index: u32, delta: Delta) -> Vec<Frame> {
+        let events = delta
+            .pieces
+            .into_iter()
+            .flat_map(|piece| self.writer.piece(piece))
+            .collect();
+        frames(events)
+    }
+
+    fn finished(&mut self, _a: &Answering, _index: u32, finish: &'static str) -> Vec<Frame> {
+        frames(self.writer.finish(finish))
+    }
+
+    async fn ended(&mut self, _a: &Answering, usage: &Usage) -> Vec<Frame> {
+        frames(self.writer.end(usage))
+    }
+
+    fn failed(&mut self, _a: &Answering, err: &ApiError) -> Vec<Frame> {
+        frames(vec![Event::error(err)])
+    }
+
+    fn keep_alive(&self) -> KeepAlive {
+        let ping = Event::ping();
+        KeepAlive::default().event(Frame::named(ping.name, &ping.data).event())
+    }
+
+    async fn whole(self, a: Answering, answer: Whole) -> Response {
+        // One prompt, one choice.
+        let Some(choice) = answer.choices.into_iter().next() else {
+            return error_response(ApiError::Internal("a message without its choice".into()));
+        };
+        let message = message::message(
+            &a.id,
+            &a.model,
+            choice,
+            &answer.usage,
+            &self.stops,
+            self.omit_thinking,
+        );
+        axum::Json(message).into_response()
+    }
+}
+
+/// Axum's own rejections on these routes (405 for a method other than POST, with an empty
+/// body) in Anthropic's shape, the status kept. The gateway's refusals are JSON in Anthropic's
+/// shape already and pass through.
+async fn anthropic_errors(response: Response) -> Response {
+    let json = response
         .headers()
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    let (mut parts, body) = response.into_parts();
-    parts.headers.remove(header::CONTENT_LENGTH);
-    if streamed {
-        let writer = EventWriter::new(stops).omitting_thinking(omit_thinking);
-        return Response::from_parts(parts, Body::from_stream(event_stream(body, writer)));
-    }
-    let chat: Json = match axum::body::to_bytes(body, usize::MAX).await {
-        Ok(bytes) => match serde_json::from_slice(&bytes) {
-            Ok(chat) => chat,
-            Err(e) => {
-                return ApiError::Internal(format!("unreadable chat answer: {e}")).into_response();
-            }
-        },
-        Err(e) => return ApiError::Internal(format!("chat answer cut off: {e}")).into_response(),
-    };
-    Response::from_parts(
-        parts,
-        Body::from(message::message(&chat, &stops, omit_thinking).to_string()),
-    )
-}
-
-/// The chat stream's body as Anthropic's events. The chat stream's keep-alive comments become
-/// `ping` events. Dropping this stream (the client went away) drops the chat stream, which
-/// stops the generation.
-fn event_stream(
-    body: Body,
-    writer: EventWriter,
-) -> impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
-    struct S {
-        data: axum::body::BodyDataStream,
-        decoder: SseDecoder,
-        writer: EventWriter,
-        finished: bool,
-    }
-    let s = S {
-        data: body.into_data_stream(),
-        decoder: SseDecoder::new(),
-        writer,
-        finished: false,
-    };
-    futures::stream::unfold(s, |mut s| async move {
-        while !s.finished {
-            let mut events = Vec::new();
-            match s.data.next().await {
-                Some(Ok(bytes)) => {
-                    let datas = s.decoder.push(&bytes);
-                    if datas.is_empty() && bytes.starts_with(b":") {
-                        events.push(Event::ping());
-                    }
-                    for data in datas {
-                        events.extend(s.writer.push(&data));
-                    }
-                }
-                Some(Err(_)) | None => {
-                    if let Some(data) = s.decoder.finish() {
-                        events.extend(s.writer.push(&data));
-                    }
-                    events.extend(s.writer.end());
-                }
-            }
-            s.finished = s.writer.is_done();
-            if !events.is_empty() {
-                let text: String = events.iter().map(Event::to_sse).collect();
-                return Some((Ok(Bytes::from(text)), s));
-            }
-        }
-        None
-    })
-}
-
-/// Every error response of these routes in Anthropic's shape (the status kept).
-async fn anthropic_errors(response: Response) -> Response {
-    if response.status().is_success() {
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if response.status().is_success() || json {
         return response;
     }
     let (mut parts, body) = response.into_parts();
     let bytes = axum::body::to_bytes(body, 1 << 20)
         .await
         .unwrap_or_default();
-    let openai: Json = serde_json::from_slice(&bytes).unwrap_or(Json::Null);
-    if openai["type"] == "error" {
-        return Response::from_parts(parts, Body::from(bytes));
-    }
-    let body = if openai["error"].is_object() {
-        message::error_body(&openai, Some(parts.status))
-    } else {
-        json!({"type": "error", "error": {"type": message::error_type(parts.status),
-            "message": String::from_utf8_lossy(&bytes)}})
-    };
+    let body = json!({"type": "error", "error": {"type": message::error_type(parts.status),
+        "message": String::from_utf8_lossy(&bytes)}});
     parts.headers.remove(header::CONTENT_LENGTH);
     parts.headers.insert(
         header::CONTENT_TYPE,
@@ -265,7 +287,7 @@ async fn count_tokens(
 ) -> Response {
     match count(&state, &headers, body).await {
         Ok(tokens) => (StatusCode::OK, axum::Json(json!({"input_tokens": tokens}))).into_response(),
-        Err(err) => err.into_response(),
+        Err(err) => error_response(err),
     }
 }
 
@@ -281,7 +303,7 @@ async fn count(
     let mut notes = crate::http::fields::FieldNotes::default();
     betas(headers, &mut notes);
     request::note_rest(&r.unknown, &mut notes)?;
-    notes.check(state.config.api.unknown_fields, Kind::Messages.docs())?;
+    notes.check(state.config.api.unknown_fields, MESSAGES.docs)?;
     let messages = r
         .messages
         .as_deref()
@@ -338,5 +360,39 @@ mod tests {
         }
         // A template with a switch turns a reasoning model's thinking off.
         assert!(thinking_for("m", true, true, Disabled).is_ok());
+    }
+
+    async fn body(response: Response) -> serde_json::Value {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn refusals_leave_in_anthropics_shape_and_axums_are_wrapped() {
+        // The pipeline's own: written in Anthropic's shape, with the error's status and headers.
+        let own = error_response(ApiError::Saturated {
+            retry_after_secs: 3,
+        });
+        assert_eq!(own.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(own.headers()[header::RETRY_AFTER], "3");
+        let passed = anthropic_errors(own).await;
+        assert_eq!(passed.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(body(passed).await["error"]["type"], "rate_limit_error");
+        let own = error_response(ApiError::bad_param("max_tokens", "Field required"));
+        assert_eq!(
+            body(anthropic_errors(own).await).await,
+            json!({"type": "error", "error": {"type": "invalid_request_error",
+                   "message": "max_tokens: Field required"}})
+        );
+        // Axum's 405 (an empty text body) is wrapped, its status kept.
+        let rejected = (StatusCode::METHOD_NOT_ALLOWED, "").into_response();
+        let wrapped = anthropic_errors(rejected).await;
+        assert_eq!(wrapped.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(
+            body(wrapped).await,
+            json!({"type": "error", "error": {"type": "api_error", "message": ""}})
+        );
     }
 }

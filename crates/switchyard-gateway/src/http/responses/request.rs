@@ -8,15 +8,17 @@
 //! kept in an [`Echo`].
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
+use switchyard_tokenize::ChatMessage;
 
+use super::items::input_messages;
 use super::store::Sealer;
 use crate::error::ApiError;
-use crate::http::completions::{ParsedRequest, PromptSource};
 use crate::http::fields::{FieldNotes, Reasoning, SessionSource, session_key};
+use crate::http::pipeline::ParsedRequest;
+use crate::http::prompts::PromptSource;
 use crate::openai::SamplingFields;
 use crate::preprocess;
 
@@ -79,11 +81,11 @@ pub struct Echo {
     pub previous: Vec<Json>,
 }
 
-/// Roles an input message may have.
-const ROLES: [&str; 4] = ["user", "assistant", "system", "developer"];
-
 /// Takes a Responses body apart into the chat pipeline's request and the settings to echo.
-pub fn split(request: ResponsesRequest, context: Context<'_>) -> Result<ParsedRequest, ApiError> {
+pub fn split(
+    request: ResponsesRequest,
+    context: Context<'_>,
+) -> Result<(ParsedRequest, Echo), ApiError> {
     let mut notes = FieldNotes::default();
     note_other(&request.other, &mut notes)?;
     note_reasoning(request.reasoning.as_ref(), &mut notes)?;
@@ -92,40 +94,16 @@ pub fn split(request: ResponsesRequest, context: Context<'_>) -> Result<ParsedRe
         notes.advisory("metadata");
     }
     let store = request.store.unwrap_or(true);
-    let mut messages = Vec::new();
-    if let Some(instructions) = &request.instructions {
-        messages.push(json!({"role": "system", "content": instructions}));
-    }
-    let input = match request.input {
-        Some(Json::String(text)) => vec![json!({"type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": text}]})],
-        Some(Json::Array(items)) => items,
-        None | Some(Json::Null) => {
-            return Err(ApiError::bad_param("input", "`input` is required"));
-        }
-        Some(_) => {
-            return Err(ApiError::bad_param(
-                "input",
-                "`input` is a string or a list of input items",
-            ));
-        }
-    };
-    if input.is_empty() {
-        return Err(ApiError::bad_param("input", "`input` must not be empty"));
-    }
-    let previous = context.previous.unwrap_or_default();
-    let items: Vec<Json> = previous.iter().chain(&input).cloned().collect();
-    messages.extend(input_messages(
-        items,
-        previous.len(),
-        context.sealer,
+    let Conversation {
+        messages,
+        input,
+        previous,
+    } = conversation(
+        request.instructions.as_deref(),
+        request.input,
+        context,
         &mut notes,
-    )?);
-    if messages.is_empty() {
-        return Err(ApiError::bad_param("input", "`input` must not be empty"));
-    }
-    let messages = preprocess::parse_messages(messages)
-        .map_err(|e| ApiError::bad_param("input", e.to_string()))?;
+    )?;
     let tools = request
         .tools
         .as_deref()
@@ -172,7 +150,7 @@ pub fn split(request: ResponsesRequest, context: Context<'_>) -> Result<ParsedRe
         input,
         previous,
     };
-    Ok(ParsedRequest {
+    let parsed = ParsedRequest {
         model: request.model,
         sampling,
         source: PromptSource::Chat {
@@ -182,8 +160,64 @@ pub fn split(request: ResponsesRequest, context: Context<'_>) -> Result<ParsedRe
             parallel_tool_calls: request.parallel_tool_calls,
         },
         echo: false,
-        responses: Some(Arc::new(echo)),
         notes,
+    };
+    Ok((parsed, echo))
+}
+
+/// A request's conversation: the chat messages it renders to, and its input and the previous
+/// response's conversation as items (which the stored response keeps).
+struct Conversation {
+    messages: Vec<ChatMessage>,
+    input: Vec<Json>,
+    previous: Vec<Json>,
+}
+
+/// The instructions, the previous response's conversation and this input as chat messages.
+fn conversation(
+    instructions: Option<&str>,
+    input: Option<Json>,
+    context: Context<'_>,
+    notes: &mut FieldNotes,
+) -> Result<Conversation, ApiError> {
+    let mut messages = Vec::new();
+    if let Some(instructions) = &instructions {
+        messages.push(json!({"role": "system", "content": instructions}));
+    }
+    let input = match input {
+        Some(Json::String(text)) => vec![json!({"type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": text}]})],
+        Some(Json::Array(items)) => items,
+        None | Some(Json::Null) => {
+            return Err(ApiError::bad_param("input", "`input` is required"));
+        }
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "input",
+                "`input` is a string or a list of input items",
+            ));
+        }
+    };
+    if input.is_empty() {
+        return Err(ApiError::bad_param("input", "`input` must not be empty"));
+    }
+    let previous = context.previous.unwrap_or_default();
+    let items: Vec<Json> = previous.iter().chain(&input).cloned().collect();
+    messages.extend(input_messages(
+        items,
+        previous.len(),
+        context.sealer,
+        notes,
+    )?);
+    if messages.is_empty() {
+        return Err(ApiError::bad_param("input", "`input` must not be empty"));
+    }
+    let messages = preprocess::parse_messages(messages)
+        .map_err(|e| ApiError::bad_param("input", e.to_string()))?;
+    Ok(Conversation {
+        messages,
+        input,
+        previous,
     })
 }
 
@@ -318,237 +352,6 @@ fn note_reasoning(reasoning: Option<&Json>, notes: &mut FieldNotes) -> Result<()
         }
     }
     Ok(())
-}
-
-/// The fields an input item of `kind` may carry.
-fn allowed_keys(kind: &str) -> &'static [&'static str] {
-    match kind {
-        "message" => &["type", "role", "content", "id", "status"],
-        "function_call" => &["type", "call_id", "name", "arguments", "id", "status"],
-        "function_call_output" => &["type", "call_id", "output", "id", "status"],
-        "reasoning" => &[
-            "type",
-            "id",
-            "summary",
-            "content",
-            "encrypted_content",
-            "status",
-        ],
-        _ => &[],
-    }
-}
-
-/// The chat messages of a list of input items, in order. Function calls join the assistant
-/// turn before them; a reasoning item joins the assistant turn after it.
-fn input_messages(
-    items: Vec<Json>,
-    previous: usize,
-    sealer: &Sealer,
-    notes: &mut FieldNotes,
-) -> Result<Vec<Json>, ApiError> {
-    let mut messages: Vec<Json> = Vec::new();
-    let mut reasoning: Option<String> = None;
-    for (i, item) in items.into_iter().enumerate() {
-        // The previous response's items come first; a fault in them names that field.
-        let place = match i.checked_sub(previous) {
-            Some(j) => format!("input[{j}]"),
-            None => format!("previous_response_id.items[{i}]"),
-        };
-        let at = |key: &str| format!("{place}.{key}");
-        let Json::Object(item) = item else {
-            return Err(ApiError::bad_param(
-                place.clone(),
-                "an input item is an object",
-            ));
-        };
-        let kind = match item.get("type") {
-            None => "message",
-            Some(Json::String(kind)) => kind.as_str(),
-            Some(_) => return Err(ApiError::bad_param(at("type"), "`type` is a string")),
-        };
-        let allowed = allowed_keys(kind);
-        if allowed.is_empty() {
-            return Err(ApiError::bad_param(
-                at("type"),
-                format!(
-                    "input items of type {kind:?} are not supported (message, function_call, function_call_output and reasoning are)"
-                ),
-            ));
-        }
-        for key in item.keys().filter(|k| !allowed.contains(&k.as_str())) {
-            notes.unknown(format!("input[].{key}"));
-        }
-        match kind {
-            "message" => {
-                let role = string_of(&item, "role", &at("role"))?;
-                if !ROLES.contains(&role) {
-                    return Err(ApiError::bad_param(
-                        at("role"),
-                        format!("unknown role {role:?} (user, assistant, system or developer)"),
-                    ));
-                }
-                let content = content_text(item.get("content"), &at("content"), notes)?;
-                // Chat templates know `system`; `developer` is its newer name.
-                let role = if role == "developer" { "system" } else { role };
-                let mut message = json!({"role": role, "content": content});
-                if role == "assistant"
-                    && let Some(text) = reasoning.take()
-                {
-                    message["reasoning_content"] = json!(text);
-                }
-                messages.push(message);
-            }
-            "function_call" => {
-                let call = json!({
-                    "id": string_of(&item, "call_id", &at("call_id"))?,
-                    "type": "function",
-                    "function": {
-                        "name": string_of(&item, "name", &at("name"))?,
-                        "arguments": string_of(&item, "arguments", &at("arguments"))?,
-                    },
-                });
-                let joins = messages
-                    .last()
-                    .is_some_and(|m| m["role"] == "assistant" && reasoning.is_none());
-                if !joins {
-                    let mut turn = json!({"role": "assistant", "content": null, "tool_calls": []});
-                    if let Some(text) = reasoning.take() {
-                        turn["reasoning_content"] = json!(text);
-                    }
-                    messages.push(turn);
-                }
-                if let Some(last) = messages.last_mut() {
-                    match last.get_mut("tool_calls").and_then(Json::as_array_mut) {
-                        Some(calls) => calls.push(call),
-                        None => last["tool_calls"] = json!([call]),
-                    }
-                }
-            }
-            "function_call_output" => {
-                let call_id = string_of(&item, "call_id", &at("call_id"))?;
-                let output = content_text(item.get("output"), &at("output"), notes)?;
-                messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
-            }
-            _ => {
-                let mut text = reasoning_text(item.get("content"), &at("content"))?;
-                match item.get("encrypted_content") {
-                    None | Some(Json::Null) => {}
-                    // Sealed by this deployment: its text, when the item carries no other.
-                    Some(Json::String(sealed)) => match sealer.open(sealed) {
-                        Some(opened) if text.is_empty() => text = opened,
-                        Some(_) => {}
-                        // Sealed elsewhere (another deployment, OpenAI, a key since changed):
-                        // the turn's reasoning is left out, as most templates leave out past
-                        // reasoning anyway, and the request says so in its decisions.
-                        None => notes.advisory("input[].encrypted_content:unreadable"),
-                    },
-                    Some(_) => {
-                        return Err(ApiError::bad_param(
-                            at("encrypted_content"),
-                            "`encrypted_content` is a string",
-                        ));
-                    }
-                }
-                reasoning.get_or_insert_default().push_str(&text);
-            }
-        }
-    }
-    if let Some(text) = reasoning {
-        messages.push(json!({"role": "assistant", "content": "", "reasoning_content": text}));
-    }
-    Ok(messages)
-}
-
-fn string_of<'a>(item: &'a Map<String, Json>, key: &str, at: &str) -> Result<&'a str, ApiError> {
-    item.get(key)
-        .and_then(Json::as_str)
-        .ok_or_else(|| ApiError::bad_param(at, format!("`{key}` is required and is a string")))
-}
-
-/// A message's or a function output's text: a string, or text parts (`input_text`,
-/// `output_text`) joined.
-fn content_text(
-    content: Option<&Json>,
-    at: &str,
-    notes: &mut FieldNotes,
-) -> Result<String, ApiError> {
-    let parts = match content {
-        Some(Json::String(text)) => return Ok(text.clone()),
-        Some(Json::Array(parts)) => parts,
-        _ => {
-            return Err(ApiError::bad_param(
-                at,
-                "content is a string or a list of input_text/output_text parts",
-            ));
-        }
-    };
-    let mut text = String::new();
-    for (j, part) in parts.iter().enumerate() {
-        let kind = part.get("type").and_then(Json::as_str).unwrap_or_default();
-        let allowed: &[&str] = match kind {
-            "input_text" => &["type", "text"],
-            "output_text" => &["type", "text", "annotations", "logprobs"],
-            _ => {
-                return Err(ApiError::bad_param(
-                    format!("{at}[{j}].type"),
-                    format!(
-                        "content parts of type {kind:?} are not supported (input_text and output_text are)"
-                    ),
-                ));
-            }
-        };
-        let Some(fields) = part.as_object() else {
-            continue;
-        };
-        for key in fields.keys().filter(|k| !allowed.contains(&k.as_str())) {
-            notes.unknown(format!("content[].{key}"));
-        }
-        if fields
-            .get("annotations")
-            .is_some_and(|a| !a.is_null() && a.as_array().is_none_or(|a| !a.is_empty()))
-        {
-            return Err(ApiError::bad_param(
-                format!("{at}[{j}].annotations"),
-                "annotations cannot be given back to a model",
-            ));
-        }
-        match fields.get("text").and_then(Json::as_str) {
-            Some(part_text) => text.push_str(part_text),
-            None => {
-                return Err(ApiError::bad_param(
-                    format!("{at}[{j}].text"),
-                    "a text part needs `text`",
-                ));
-            }
-        }
-    }
-    Ok(text)
-}
-
-/// A reasoning item's text: its `reasoning_text` parts (its summary is what was shown of it,
-/// not what the model thought, so it is not rendered; none is ever written by this gateway).
-fn reasoning_text(content: Option<&Json>, at: &str) -> Result<String, ApiError> {
-    let mut text = String::new();
-    for (j, part) in content
-        .and_then(Json::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        match (
-            part.get("type").and_then(Json::as_str),
-            part.get("text").and_then(Json::as_str),
-        ) {
-            (Some("reasoning_text"), Some(t)) => text.push_str(t),
-            _ => {
-                return Err(ApiError::bad_param(
-                    format!("{at}[{j}]"),
-                    "reasoning content parts are {\"type\": \"reasoning_text\", \"text\": …}",
-                ));
-            }
-        }
-    }
-    Ok(text)
 }
 
 /// The request's tools as chat's nested function tools: function tools as they are, the

@@ -3,19 +3,33 @@ use serde_json::{Value as Json, json};
 use super::super::store::Sealer;
 use super::*;
 
-fn parse(body: Json) -> Result<ParsedRequest, ApiError> {
+/// A split request: the chat request, and the settings its answer repeats.
+#[derive(Debug)]
+struct Split {
+    parsed: ParsedRequest,
+    responses: Option<Echo>,
+}
+
+impl std::ops::Deref for Split {
+    type Target = ParsedRequest;
+    fn deref(&self) -> &ParsedRequest {
+        &self.parsed
+    }
+}
+
+fn parse(body: Json) -> Result<Split, ApiError> {
     continued(body, None, &Sealer::from_secret(b"test"))
 }
 
-fn continued(
-    body: Json,
-    previous: Option<Vec<Json>>,
-    sealer: &Sealer,
-) -> Result<ParsedRequest, ApiError> {
+fn continued(body: Json, previous: Option<Vec<Json>>, sealer: &Sealer) -> Result<Split, ApiError> {
     split(
         serde_json::from_value(body).unwrap(),
         Context { previous, sealer },
     )
+    .map(|(parsed, echo)| Split {
+        parsed,
+        responses: Some(echo),
+    })
 }
 
 fn param(body: Json) -> String {

@@ -12,6 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -425,6 +426,34 @@ impl Sealer {
             .open_in_place(nonce, Aad::from(SEALED_AAD), &mut data)
             .ok()?;
         String::from_utf8(plain.to_vec()).ok()
+    }
+}
+
+/// The stored responses and the reasoning sealer, shared by the handlers.
+#[derive(Debug)]
+pub struct ResponsesState {
+    pub store: ResponseStore,
+    pub sealer: Arc<Sealer>,
+}
+
+impl ResponsesState {
+    /// The store `config` names; the sealing key from its key file, else the cluster secret
+    /// (every replica of a cluster reads every other's sealed reasoning), else made now.
+    pub fn new(config: &ResponsesConfig, cluster_secret: Option<&[u8]>) -> Result<Self, String> {
+        let sealer = match (&config.key_file, cluster_secret) {
+            (Some(path), _) => {
+                let secret = std::fs::read(path).map_err(|e| {
+                    format!("cannot read responses.key_file {}: {e}", path.display())
+                })?;
+                Sealer::from_secret(&secret)
+            }
+            (None, Some(secret)) => Sealer::from_secret(secret),
+            (None, None) => Sealer::random(),
+        };
+        Ok(Self {
+            store: ResponseStore::new(config)?,
+            sealer: Arc::new(sealer),
+        })
     }
 }
 
