@@ -19,9 +19,12 @@
 //!   engine does not answer; [`trtllm_events`](super::trtllm_events) finds lost events and turns
 //!   the rest into the relay's batches.
 //!
-//! Disaggregation (`disaggregated_params`), LoRA adapters, log probabilities and cache salts on
-//! `/v1/completions` are not supported yet: the configuration refuses the first two and a
-//! request asking for the others is refused with `UNIMPLEMENTED`, so the gateway can say why.
+//! - **Disaggregation.** A prefill or decode worker splits requests through the engine's
+//!   `disaggregated_params` ([`trtllm_pd`](super::trtllm_pd)).
+//!
+//! LoRA adapters, log probabilities and cache salts on `/v1/completions` are not supported yet:
+//! the configuration refuses the first and a request asking for the others is refused with
+//! `UNIMPLEMENTED`, so the gateway can say why.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -43,11 +46,6 @@ use super::zmq_events::RelayShared;
 use super::{EngineError, EngineSpec, GenerateParams};
 use crate::event_log::EventLog;
 
-/// What a prefill or decode request against a TensorRT-LLM worker answers.
-pub(super) const DISAGGREGATION_UNSUPPORTED: EngineError = EngineError::Unsupported(
-    "disaggregated serving through TensorRT-LLM workers is not supported yet",
-);
-
 /// How many times the poll interval an idle or failing poller waits at most.
 const BACKOFF_FACTOR: u32 = 25;
 /// How long after the engine is healthy start-up waits for the facts only iteration stats give.
@@ -61,12 +59,17 @@ pub(super) fn check_request(params: &GenerateParams) -> Result<(), EngineError> 
             "log probabilities are not supported on TensorRT-LLM workers yet",
         ));
     }
-    if params.identity.adapter.is_some() {
+    check_identity(&params.identity)
+}
+
+/// Refuses a KV identity `trtllm-serve` cannot be given (a prefill has no sampling to check).
+pub(super) fn check_identity(identity: &switchyard_core::KvIdentity) -> Result<(), EngineError> {
+    if identity.adapter.is_some() {
         return Err(EngineError::Unsupported(
             "LoRA adapters are not supported on TensorRT-LLM workers yet",
         ));
     }
-    if params.identity.salt.is_some() {
+    if identity.salt.is_some() {
         return Err(EngineError::Unsupported(
             "trtllm-serve's /v1/completions takes no cache_salt",
         ));

@@ -611,12 +611,12 @@ impl Engine for VllmEngine {
         match self.dialect {
             Dialect::Vllm(_) => self.prefill_vllm(params).await,
             Dialect::Sglang => self.prefill_sglang(params).await,
-            Dialect::Trtllm => Err(super::trtllm::DISAGGREGATION_UNSUPPORTED),
+            Dialect::Trtllm => self.prefill_trtllm(params).await,
         }
     }
 
     fn engine_transfer(&self) -> Option<&dyn EngineTransfer> {
-        (self.dialect != Dialect::Trtllm).then_some(self as &dyn EngineTransfer)
+        Some(self)
     }
 
     fn load(&self) -> LoadStats {
