@@ -9,6 +9,7 @@
 //! `trtllm-serve` by the same adapter started by [`trtllm`], its pulled KV events read by
 //! [`trtllm_events`] and its disaggregation through `disaggregated_params` in [`trtllm_pd`]. An engine publishes its KV cache changes into its [`EventLog`].
 
+mod adapter_base;
 mod capability;
 pub mod config;
 pub mod engine_logprobs;
