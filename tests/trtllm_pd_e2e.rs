@@ -135,6 +135,7 @@ async fn trtllm_context_and_generation_workers_split_a_request_through_disaggreg
     // The generation engine's events show the received blocks on `gen`.
     let indexed_y = eventually(Duration::from_secs(15), || async {
         overlap(&strict.base, "gen", &y).await == 40 / BLOCK
+            && overlap(&auto.base, "gen", &y).await == 40 / BLOCK
     })
     .await;
     assert!(indexed_y, "gen's received blocks reach the index");
@@ -149,9 +150,32 @@ async fn trtllm_context_and_generation_workers_split_a_request_through_disaggreg
         disaggregated["choices"][0]["text"]
     );
     assert!(decisions(&auto, "prefill").await.is_empty());
+    // The context engine samples the first token as the request asks (its seed here): a seeded
+    // request's disaggregated answer is its aggregated one too.
+    let seeded = |prompt: &[u32]| {
+        json!({"model": "fake-model", "prompt": prompt, "max_tokens": 5, "ignore_eos": true,
+               "seed": 11})
+    };
+    let z = tokens(9, 40);
+    let (status, split) = strict.post("/v1/completions", &seeded(&z)).await;
+    assert_eq!(status, 200, "{split}");
+    assert_eq!(decisions(&strict, "prefill").await.len(), 2);
+    let cached_z = eventually(Duration::from_secs(15), || async {
+        overlap(&auto.base, "gen", &z).await == 40 / BLOCK
+    })
+    .await;
+    assert!(cached_z, "the auto gateway sees Z's blocks on gen");
+    let (status, whole) = auto.post("/v1/completions", &seeded(&z)).await;
+    assert_eq!(status, 200, "{whole}");
+    assert!(decisions(&auto, "prefill").await.is_empty());
+    assert_eq!(split["choices"][0]["text"], whole["choices"][0]["text"]);
+    assert_ne!(
+        split["choices"][0]["text"], disaggregated["choices"][0]["text"],
+        "the seed changes the completion"
+    );
     // Streamed, disaggregated as well.
     stream(&strict, &tokens(3, 40), 6).await;
-    assert_eq!(received(&generation, 2).await[1]["outcome"], "transferred");
+    assert_eq!(received(&generation, 3).await[2]["outcome"], "transferred");
 
     // ctx-a's engine answers the context request, then loses the KV: the generation engine's
     // transfer fails inside its stream, the decode worker reports a failed pull, and the
@@ -177,9 +201,9 @@ async fn trtllm_context_and_generation_workers_split_a_request_through_disaggreg
         decoded.iter().all(|d| d["explanation"]["chosen"] == "gen"),
         "{decoded:?}"
     );
-    let after = received(&generation, 4).await;
+    let after = received(&generation, 5).await;
     assert_eq!(
-        (&after[2]["outcome"], &after[3]["outcome"]),
+        (&after[3]["outcome"], &after[4]["outcome"]),
         (&json!("failed"), &json!("transferred"))
     );
 
@@ -200,7 +224,7 @@ async fn trtllm_context_and_generation_workers_split_a_request_through_disaggreg
         (&json!("ctx-a"), &json!("ctx-b")),
         "{tried:?}"
     );
-    assert_eq!(received(&generation, 5).await[4]["outcome"], "transferred");
+    assert_eq!(received(&generation, 6).await[5]["outcome"], "transferred");
 
     // No context engine left: `auto` falls back to aggregated on the generation worker, whose
     // engine computes the prompt itself; `enforce` refuses rather than pairing `gen` with the

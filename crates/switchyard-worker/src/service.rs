@@ -291,6 +291,11 @@ impl WorkerService {
         let identity = switchyard_proto::identity_from_proto(req.identity)
             .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
         self.check_adapter(&identity)?;
+        let sampling = req
+            .sampling
+            .map(switchyard_core::Sampling::try_from)
+            .transpose()
+            .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
         if !self.state.role().serves_prefill() {
             return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role decode and does not prefill",
@@ -315,6 +320,7 @@ impl WorkerService {
                 pipelined: req.pipelined,
                 identity,
                 retention,
+                sampling,
             })
             .await?;
         Ok(Response::new(v1::PrefillResponse {

@@ -311,6 +311,7 @@ async fn trtllm_context_phase_hands_its_disaggregated_params_to_the_generation_e
         pipelined: false,
         identity: Default::default(),
         retention: Default::default(),
+        sampling: None,
     };
 
     let outcome = ctx.prefill(prefill(prompt.clone())).await.unwrap();
@@ -389,6 +390,38 @@ async fn trtllm_context_phase_hands_its_disaggregated_params_to_the_generation_e
     let (aggregated, _) = collect(ctx.generate(params(prompt.clone(), 4)).await.unwrap()).await;
     assert_eq!(aggregated, tokens);
 
+    // The context engine samples the first token as the request asks (here: its seed), so a
+    // seeded request's disaggregated answer is its aggregated one too.
+    let seeded = |prompt: Vec<u32>| {
+        let mut p = params(prompt, 4);
+        p.sampling.seed = Some(11);
+        p
+    };
+    let other = seq(60, 12);
+    let outcome = ctx
+        .prefill(PrefillParams {
+            sampling: Some(seeded(other.clone()).sampling),
+            ..prefill(other.clone())
+        })
+        .await
+        .unwrap();
+    let sent = ctx_fake.admin("requests", json!({})).await["requests"][2].clone();
+    assert_eq!(
+        (&sent["seed"], &sent["max_tokens"]),
+        (&json!(11), &json!(1))
+    );
+    let transfer_seeded =
+        object(serde_json::from_str(outcome.engine_transfer_params.as_deref().unwrap()).unwrap());
+    let (split, _) = collect(
+        transferring
+            .generate_with_transfer(seeded(other.clone()), transfer_seeded)
+            .await
+            .unwrap(),
+    )
+    .await;
+    let (whole, _) = collect(ctx.generate(seeded(other)).await.unwrap()).await;
+    assert_eq!(split, whole);
+
     // The same parameters again: the context server no longer holds that request, so the
     // transfer fails, reported inside the stream before any token.
     let mut stream = transferring
@@ -400,7 +433,7 @@ async fn trtllm_context_phase_hands_its_disaggregated_params_to_the_generation_e
         other => panic!("expected the engine's failure, got {other:?}"),
     }
     assert_eq!(
-        gen_fake.admin("transfers", json!({})).await["received"][1]["outcome"],
+        gen_fake.admin("transfers", json!({})).await["received"][2]["outcome"],
         "failed"
     );
 
@@ -423,7 +456,8 @@ async fn trtllm_context_phase_hands_its_disaggregated_params_to_the_generation_e
             .as_array()
             .unwrap()
             .len(),
-        2
+        3,
+        "refused parameters never reach the engine"
     );
 
     // A context engine that went away fails the prefill at once, as the engine's fault.

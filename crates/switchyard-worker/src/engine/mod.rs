@@ -172,6 +172,9 @@ pub struct PrefillParams {
     pub identity: switchyard_core::KvIdentity,
     /// Keep the prompt's blocks cached once the hold is released, as in [`GenerateParams`].
     pub retention: switchyard_core::Retention,
+    /// The request's sampling, for an engine whose prefill samples the first token the decode
+    /// side continues from (TensorRT-LLM); `None` from older gateways (sampled greedily).
+    pub sampling: Option<switchyard_core::Sampling>,
 }
 
 /// What a finished prefill holds.

@@ -3,8 +3,9 @@
 //! a generation server. The engines move the KV themselves (the cache transceiver: NIXL, UCX);
 //! the workers only carry the parameters.
 //!
-//! * **Context (prefill).** The prompt goes to the context server's `/v1/completions` with
-//!   `max_tokens: 1`, unstreamed, and `disaggregated_params: {"request_type": "context_only"}`.
+//! * **Context (prefill).** The prompt goes to the context server's `/v1/completions` with the
+//!   request's sampling, `max_tokens: 1`, unstreamed, and
+//!   `disaggregated_params: {"request_type": "context_only"}`.
 //!   The engine computes the KV, keeps it for a generation server, samples the first token and
 //!   answers with the choice's `disaggregated_params`: `request_type`, `first_gen_tokens`,
 //!   `ctx_request_id`, `encoded_opaque_state` (base64 of its communicator state), and what newer
@@ -17,8 +18,10 @@
 //!   stream (an SSE `error` event before the first token), which the decode worker reports as
 //!   a failed pull ([`crate::engine_transfer`]).
 //!
-//! The context request carries no sampling of the client's (a `Prefill` has none): the first
-//! token is sampled greedily, as the simulator's and vLLM's prefills are.
+//! The context server samples the first token, so the context request carries the client's
+//! sampling (`PrefillRequest.sampling`: temperature, top-k/p, penalties, seed, logit bias, the
+//! constraint), cut to one token that always ends by length; from a gateway that sends none,
+//! the first token is greedy.
 
 use std::time::SystemTime;
 
@@ -28,18 +31,30 @@ use super::openai_http::{self, Dialect};
 use super::vllm::VllmEngine;
 use super::{EngineError, GenerateParams, PrefillOutcome, PrefillParams};
 
-/// The prefill request: the prompt, one greedy token, unstreamed, as a context-only request.
+/// The prefill request: the prompt, one token sampled as the request asks (greedy when it
+/// does not say), unstreamed, as a context-only request.
 pub(super) fn context_body(model: &str, params: &PrefillParams) -> Value {
+    let asked = params
+        .sampling
+        .clone()
+        .unwrap_or_else(|| switchyard_core::Sampling {
+            temperature: Some(0.0),
+            ..switchyard_core::Sampling::default()
+        });
     let generate = GenerateParams {
         request_id: params.request_id.clone(),
         prompt: params.prompt.clone(),
         sampling: switchyard_core::Sampling {
             max_tokens: 1,
-            temperature: Some(0.0),
-            // The context phase always hands over: an end-of-sequence first token is for the
-            // generation server's stop check, as every later token is.
+            // The context phase always ends by length and hands over: an end-of-sequence or
+            // stop first token is for the generation server's stop check, as every later token
+            // is. Neither has text to stop on yet, nor a minimum to reach.
             ignore_eos: true,
-            ..switchyard_core::Sampling::default()
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            min_tokens: None,
+            logprobs: None,
+            ..asked
         },
         identity: params.identity.clone(),
         retention: params.retention,
@@ -197,6 +212,7 @@ mod tests {
             pipelined: false,
             identity: Default::default(),
             retention: Default::default(),
+            sampling: None,
         }
     }
 
@@ -220,6 +236,44 @@ mod tests {
             body["disaggregated_params"],
             json!({"request_type": "context_only"})
         );
+        // No sampling given (an older gateway): greedy.
+        assert_eq!(body["temperature"], 0.0);
+    }
+
+    #[test]
+    fn the_context_request_samples_its_token_as_the_request_asks() {
+        let asked = switchyard_core::Sampling {
+            max_tokens: 200,
+            temperature: Some(0.7),
+            top_k: Some(20),
+            seed: Some(9),
+            stop: vec!["\n".into()],
+            stop_token_ids: vec![2],
+            min_tokens: Some(5),
+            guided: Some(switchyard_core::Guided::JsonObject),
+            ..Default::default()
+        };
+        let body = context_body(
+            "m",
+            &PrefillParams {
+                sampling: Some(asked),
+                ..prefill(vec![5, 6, 7])
+            },
+        );
+        assert_eq!(
+            (&body["temperature"], &body["top_k"]),
+            (&json!(0.7f32), &json!(20))
+        );
+        assert_eq!(body["seed"], 9);
+        assert_eq!(body["response_format"], json!({"type": "json_object"}));
+        // One token that ends by length, whatever stops the rest.
+        assert_eq!(
+            (&body["max_tokens"], &body["ignore_eos"]),
+            (&json!(1), &json!(true))
+        );
+        for absent in ["stop", "stop_token_ids", "min_tokens"] {
+            assert!(body.get(absent).is_none(), "{absent}: {body}");
+        }
     }
 
     #[test]
