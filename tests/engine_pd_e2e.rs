@@ -23,7 +23,7 @@ use switchyard_testkit::EtcdServer;
 
 const BLOCK: u64 = 4;
 
-async fn gateway(etcd: &str, cluster: &str, mode: &str) -> (SwitchyardProcess, Api) {
+pub(crate) async fn gateway(etcd: &str, cluster: &str, mode: &str) -> (SwitchyardProcess, Api) {
     let process = Launch::gateway(etcd, cluster)
         .arg("--disaggregation", mode)
         .arg("--disagg-min-uncached-tokens", "16")
@@ -34,7 +34,7 @@ async fn gateway(etcd: &str, cluster: &str, mode: &str) -> (SwitchyardProcess, A
     (process, api)
 }
 
-async fn sees_workers(api: &Api, ids: &[&str]) {
+pub(crate) async fn sees_workers(api: &Api, ids: &[&str]) {
     let ok = eventually(Duration::from_secs(20), || async {
         let mut all = true;
         for id in ids {
@@ -47,7 +47,7 @@ async fn sees_workers(api: &Api, ids: &[&str]) {
 }
 
 /// A non-streaming completion: (status, body).
-async fn complete(api: &Api, prompt: &[u32], max_tokens: u32) -> (u16, Value) {
+pub(crate) async fn complete(api: &Api, prompt: &[u32], max_tokens: u32) -> (u16, Value) {
     api.post(
         "/v1/completions",
         &json!({"model": "fake-model", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true}),
@@ -56,7 +56,7 @@ async fn complete(api: &Api, prompt: &[u32], max_tokens: u32) -> (u16, Value) {
 }
 
 /// A streaming completion that must finish by length; returns its payloads.
-async fn stream(api: &Api, prompt: &[u32], max_tokens: u32) -> Vec<String> {
+pub(crate) async fn stream(api: &Api, prompt: &[u32], max_tokens: u32) -> Vec<String> {
     let data = api
         .stream(
             "/v1/completions",
@@ -74,7 +74,7 @@ async fn stream(api: &Api, prompt: &[u32], max_tokens: u32) -> Vec<String> {
 }
 
 /// Decision records of one stage (`prefill` or `decode`), newest first.
-async fn decisions(api: &Api, stage: &str) -> Vec<Value> {
+pub(crate) async fn decisions(api: &Api, stage: &str) -> Vec<Value> {
     let (status, all) = api.get("/admin/decisions?limit=1000").await;
     assert_eq!(status, 200);
     all.as_array()

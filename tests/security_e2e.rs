@@ -85,6 +85,7 @@ fn prefill() -> v1::PrefillRequest {
         pipelined: false,
         identity: None,
         retention: None,
+        sampling: None,
     }
 }
 

@@ -114,6 +114,9 @@ mod tracing_e2e;
 #[path = "../trtllm_adapter_e2e.rs"]
 mod trtllm_adapter_e2e;
 
+#[path = "../trtllm_pd_e2e.rs"]
+mod trtllm_pd_e2e;
+
 #[path = "../vllm_adapter_e2e.rs"]
 mod vllm_adapter_e2e;
 

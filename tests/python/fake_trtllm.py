@@ -30,6 +30,14 @@ Test control (POST, JSON body, answers JSON):
                      queue wraps before it is read)
   /admin/restart     a new engine: empty cache, new hash seed, event ids from 0, `created` again
   /admin/requests    the bodies of the generation requests received, oldest first (last 64)
+  /admin/transfers   disaggregation (fake_trtllm_disagg.py): the context requests held, those
+                     handed over, what a generation request was handed and whether its KV
+                     arrived, the blocks received instead of computed, and `computed_tokens`
+                     (prompt tokens this engine prefilled itself)
+  /admin/lose_transfers {"count": n}: the next n context requests answer, then lose their KV
+
+`disaggregated_params` on `/v1/completions` splits a request between two stand-ins as
+TensorRT-LLM splits it between a context and a generation server: see fake_trtllm_disagg.py.
 
 Prints one line `READY {"http": port}` when serving.
 """
@@ -43,6 +51,8 @@ import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import fake_trtllm_disagg
 
 # The fields of trtllm-serve's CompletionRequest (openai_protocol.py); anything else is a 400.
 COMPLETION_FIELDS = {
@@ -67,6 +77,8 @@ class Engine:
         self.running = 0
         self.reused = 0
         self.missed = 0
+        self.computed_tokens = 0
+        self.transceiver = fake_trtllm_disagg.Transceiver(self)
         self.restart()
 
     def restart(self):
@@ -76,6 +88,7 @@ class Engine:
         self.drop = 0
         # engine hash -> (tokens of the block, parent hash, prefix ending with it); LRU order.
         self.blocks = collections.OrderedDict()
+        self.transceiver.restart()
         self.emit({"type": "created", "num_blocks_per_cache_level": [self.args.num_blocks, 0]})
 
     def emit(self, data):
@@ -222,6 +235,13 @@ def make_handler(engine):
                     return self.reply(200, {})
                 if what == "requests":
                     return self.reply(200, {"requests": list(engine.requests)})
+                if what == "transfers":
+                    report = engine.transceiver.report()
+                    report["computed_tokens"] = engine.computed_tokens
+                    return self.reply(200, report)
+                if what == "lose_transfers":
+                    engine.transceiver.lose = body.get("count", 1)
+                    return self.reply(200, {})
             self.reply(404, {"detail": "unknown admin action"})
 
         def completions(self, body):
@@ -237,12 +257,87 @@ def make_handler(engine):
             max_tokens = body.get("max_tokens") or 16
             if len(prompt) + max_tokens > args.max_seq_len:
                 return self.error(400, "the prompt and max_tokens exceed max_seq_len %d" % args.max_seq_len)
-            stops = set(body.get("stop_token_ids") or [])
-            detokenize = body.get("detokenize", True)
+            disagg = body.get("disaggregated_params")
+            kind = "context_and_generation"
+            if disagg is not None:
+                problem = fake_trtllm_disagg.check_params(disagg)
+                if problem:
+                    return self.error(400, problem)
+                kind = disagg["request_type"].lower()
+            if kind == "context_only":
+                return self.context_only(body, prompt, disagg)
+            first = []
+            if kind == "generation_only":
+                # The prompt's KV comes from the context server; nothing is recomputed here.
+                failure = engine.transceiver.receive(disagg, prompt, args.block_size)
+                if failure:
+                    return self.failed(body, failure)
+                first = disagg["first_gen_tokens"][:1]
+                with engine.lock:
+                    engine.cache(prompt)
+                cached = len(prompt)
+            else:
+                cached = self.prefill(prompt)
+            self.generate(body, prompt, max_tokens, cached, first)
+
+        def prefill(self, prompt):
+            """Computes the prompt's KV (what is not cached); the prompt tokens that were hits."""
             with engine.lock:
                 cached = engine.cache(prompt)
                 engine.reused += cached // args.block_size
                 engine.missed += len(prompt) // args.block_size - cached // args.block_size
+                engine.computed_tokens += len(prompt) - cached
+            return cached
+
+        def context_only(self, body, prompt, disagg):
+            """The context phase: the prompt's KV computed and held, the first token sampled,
+            the parameters a generation server needs in the (non-streamed) answer."""
+            if body.get("stream"):
+                return self.error(400, "the stand-in serves context_only requests unstreamed, as "
+                                       "TensorRT-LLM's disaggregated proxy sends them")
+            cached = self.prefill(prompt)
+            token = next_token(prompt, 0, body.get("seed") or 0)
+            with engine.lock:
+                engine.iteration_stat()
+            ctx_request_id = engine.transceiver.hold(prompt)
+            params = {"request_type": "context_only", "first_gen_tokens": [token],
+                      "ctx_request_id": ctx_request_id,
+                      "encoded_opaque_state": engine.transceiver.opaque_state(),
+                      "draft_tokens": None, "disagg_request_id": disagg.get("disagg_request_id"),
+                      "ctx_dp_rank": 0, "ctx_info_endpoint": None}
+            detokenize = body.get("detokenize", True)
+            self.reply(200, {
+                "id": "cmpl-%d" % ctx_request_id, "object": "text_completion",
+                "created": int(time.time()), "model": args.model,
+                "choices": [{"index": 0, "text": " t%d" % token if detokenize else "",
+                             "token_ids": None if detokenize else [token], "logprobs": None,
+                             "context_logits": None, "finish_reason": "length", "stop_reason": None,
+                             "disaggregated_params": params}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1,
+                          "total_tokens": len(prompt) + 1,
+                          "prompt_tokens_details": {"cached_tokens": cached}},
+                "prompt_token_ids": prompt,
+            })
+
+        def failed(self, body, message):
+            """A request the engine took and then failed: inside a stream (already 200) an SSE
+            error event and [DONE], as openai_server.py reports it; otherwise an error answer."""
+            if not body.get("stream"):
+                return self.error(400, message)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.event({"error": {"message": message, "type": "server_error", "code": None,
+                                  "param": None}})
+            self.chunk(b"data: [DONE]\n\n")
+            self.chunk(b"")
+
+        def generate(self, body, prompt, max_tokens, cached, first):
+            """Streams the completion; `first`: tokens already sampled by a context server."""
+            stops = set(body.get("stop_token_ids") or [])
+            detokenize = body.get("detokenize", True)
+            with engine.lock:
                 engine.running += 1
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -251,7 +346,7 @@ def make_handler(engine):
             out, finish, seed = [], None, body.get("seed") or 0
             try:
                 for i in range(max_tokens):
-                    tok = (prompt[-1] * 31 + i * 7 + seed) % 50000 + 1
+                    tok = first[i] if i < len(first) else next_token(prompt, i, seed)
                     out.append(tok)
                     if tok in stops and not body.get("ignore_eos"):
                         finish = "stop"
@@ -294,6 +389,12 @@ def make_handler(engine):
     return Handler
 
 
+def next_token(prompt, i, seed):
+    """The i-th generated token: a function of the prompt's last token, so any two engines (and
+    the two halves of a disaggregated request) agree on a completion."""
+    return (prompt[-1] * 31 + i * 7 + seed) % 50000 + 1
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--http-port", type=int, default=0)
@@ -305,6 +406,8 @@ def main():
     p.add_argument("--window-size", type=int, default=4096)
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--token-delay-ms", type=float, default=2.0)
+    p.add_argument("--kv-transfer-timeout-ms", type=int, default=30000,
+                   help="cache_transceiver_config.kv_transfer_timeout_ms: how long context KV is held")
     args = p.parse_args()
     engine = Engine(args)
     server = ThreadingHTTPServer(("127.0.0.1", args.http_port), make_handler(engine))

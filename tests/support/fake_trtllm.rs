@@ -34,6 +34,13 @@ impl FakeTrtllm {
         stand_in_admin(&self.client, &self.http, what, body).await
     }
 
+    /// What its cache transceiver did (`/admin/transfers`): context requests held and handed
+    /// over, what generation requests were handed and whether the KV arrived, blocks received
+    /// instead of computed, prompt tokens computed.
+    pub async fn transfers(&self) -> Value {
+        self.admin("transfers", json!({})).await
+    }
+
     /// Full blocks the stand-in holds.
     pub async fn held(&self) -> u64 {
         let state = self.admin("state", json!({})).await;

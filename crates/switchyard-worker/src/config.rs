@@ -207,19 +207,11 @@ impl WorkerConfig {
         if self.kv_transfer.staging_bytes == 0 {
             return invalid("kv_transfer.staging_bytes must be at least 1".into());
         }
-        if self.engine.kind == EngineKind::Trtllm {
-            // Neither is wired for TensorRT-LLM yet (docs/engines.md, "Not yet supported").
-            if self.role != Role::Both {
-                return invalid(format!(
-                    "--role {} with --engine trtllm: disaggregated serving through TensorRT-LLM is not supported yet; use --role both",
-                    self.role
-                ));
-            }
-            if !self.lora_adapters.is_empty() {
-                return invalid(
-                    "--lora-adapter with --engine trtllm: LoRA adapters on TensorRT-LLM workers are not supported yet".into(),
-                );
-            }
+        if self.engine.kind == EngineKind::Trtllm && !self.lora_adapters.is_empty() {
+            // Not wired for TensorRT-LLM yet (docs/engines.md, "Not yet supported").
+            return invalid(
+                "--lora-adapter with --engine trtllm: LoRA adapters on TensorRT-LLM workers are not supported yet".into(),
+            );
         }
         self.engine.validate()
     }
@@ -701,11 +693,14 @@ mod tests {
             ..args.clone()
         };
         refused(zmq, "/kv_cache_events");
-        let decode = WorkerArgs {
-            role: Some(Role::Decode),
-            ..args.clone()
-        };
-        refused(decode, "disaggregated");
+        // Prefill and decode roles split requests through disaggregated_params.
+        for role in [Role::Prefill, Role::Decode] {
+            let split = WorkerArgs {
+                role: Some(role),
+                ..args.clone()
+            };
+            assert_eq!(split.resolve().unwrap().role, role);
+        }
         let lora = WorkerArgs {
             lora_adapters: Some(vec!["sql".into()]),
             ..args

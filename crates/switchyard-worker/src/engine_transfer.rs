@@ -8,9 +8,10 @@
 //! taken from the prefill: the decode engine counts the KV it received as cached, which is not
 //! what the client asked about (prompt tokens the prefill found in its prefix cache).
 //!
-//! An engine that aborts the request before its first token most likely never got the KV (the
-//! prefill engine died after its worker answered, an SGLang room nobody filled): that is
-//! reported as a failed pull ([`EngineError::KvSource`], as the simulator's pull failures are),
+//! An engine that aborts the request, or reports that it failed it (TensorRT-LLM's error event
+//! when its cache transceiver could not fetch the KV), before its first token most likely never
+//! got the KV (the prefill engine died after its worker answered, an SGLang room nobody filled,
+//! a context request the context server no longer holds): that is reported as a failed pull ([`EngineError::KvSource`], as the simulator's pull failures are),
 //! so the gateway blames the prefill worker and keeps this decode worker eligible for the retry.
 
 use std::sync::Arc;
@@ -71,6 +72,13 @@ pub(crate) async fn generate(
                      aborted the request before its first token"
                 )))
             }
+            Err(EngineError::Failed(why)) if !started => {
+                metrics.pull_failed(PullFailure::EngineTransfer);
+                Err(EngineError::KvSource(format!(
+                    "pulling kv through the {kind} engine's own transfer failed: the engine \
+                     failed the request before its first token ({why})"
+                )))
+            }
             other => other,
         };
         started |= item.as_ref().is_ok_and(|c| !c.tokens.is_empty());
@@ -105,6 +113,8 @@ mod tests {
         given: Mutex<Vec<Map<String, Value>>>,
         /// Abort every request before its first token, as after a failed transfer.
         abort: bool,
+        /// Report a failure after this many tokens, as TensorRT-LLM reports one in its stream.
+        fail_after: Option<usize>,
     }
 
     impl Receiving {
@@ -120,6 +130,7 @@ mod tests {
                 events: Arc::new(EventLog::new(WorkerId::new("w").unwrap(), 1, 8)),
                 given: Mutex::new(Vec::new()),
                 abort: false,
+                fail_after: None,
             }
         }
     }
@@ -144,6 +155,14 @@ mod tests {
             let (tx, rx) = mpsc::unbounded_channel();
             if self.abort {
                 tx.send(Ok(chunk(Vec::new(), Some(FinishReason::Aborted), 0)))
+                    .unwrap();
+                return Ok(GenerationStream::new(rx, DropGuard::new(|| {})));
+            }
+            if let Some(after) = self.fail_after {
+                for n in 0..after {
+                    tx.send(Ok(chunk(vec![7], None, n as u32 + 1))).unwrap();
+                }
+                tx.send(Err(EngineError::Failed("kv cache transfer failed".into())))
                     .unwrap();
                 return Ok(GenerationStream::new(rx, DropGuard::new(|| {})));
             }
@@ -286,6 +305,46 @@ mod tests {
             "{status:?}"
         );
         assert!(status.message().contains("pulling kv"), "{status:?}");
+    }
+
+    #[tokio::test]
+    async fn an_engine_reported_failure_before_the_first_token_is_a_failed_pull() {
+        let engine = Receiving {
+            fail_after: Some(0),
+            ..Receiving::new()
+        };
+        let first = metrics();
+        let stream = generate(&engine, params(), source("{}", 0), &first)
+            .await
+            .unwrap();
+        let items: Vec<_> = stream.collect().await;
+        assert_eq!(failures(&first), 1.0);
+        let status = Status::from(items[0].clone().unwrap_err());
+        assert_eq!(
+            switchyard_proto::fault::fault_of(&status),
+            Some(switchyard_proto::fault::Fault::KvSource),
+            "{status:?}"
+        );
+        assert!(
+            status.message().contains("kv cache transfer failed"),
+            "{status:?}"
+        );
+
+        // After a token the KV had arrived: a later failure is the decode engine's own.
+        let engine = Receiving {
+            fail_after: Some(1),
+            ..Receiving::new()
+        };
+        let later = metrics();
+        let stream = generate(&engine, params(), source("{}", 0), &later)
+            .await
+            .unwrap();
+        let items: Vec<_> = stream.collect().await;
+        assert_eq!(items[0].as_ref().unwrap().tokens, vec![7]);
+        let status = Status::from(items[1].clone().unwrap_err());
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(switchyard_proto::fault::fault_of(&status), None);
+        assert_eq!(failures(&later), 0.0);
     }
 
     #[tokio::test]

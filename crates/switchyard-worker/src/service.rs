@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{Stream, StreamExt, stream};
-use switchyard_core::{EngineKind, Role, WorkerInfo};
+use switchyard_core::WorkerInfo;
 use switchyard_proto::convert::{load_to_wire, role_from_wire, worker_info_to_wire};
 use switchyard_proto::{ErrorCode, v1};
 use switchyard_telemetry::{WORKER_SPANS, extract_parent, record_error};
@@ -294,6 +294,11 @@ impl WorkerService {
         let identity = switchyard_proto::identity_from_proto(req.identity)
             .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
         self.check_adapter(&identity)?;
+        let sampling = req
+            .sampling
+            .map(switchyard_core::Sampling::try_from)
+            .transpose()
+            .map_err(|e| ErrorCode::InvalidRequest.status(e.to_string()))?;
         if !self.state.role().serves_prefill() {
             return Err(ErrorCode::WrongWorker.status(format!(
                 "worker {} has role decode and does not prefill",
@@ -318,6 +323,7 @@ impl WorkerService {
                 pipelined: req.pipelined,
                 identity,
                 retention,
+                sampling,
             })
             .await?;
         Ok(Response::new(v1::PrefillResponse {
@@ -668,13 +674,6 @@ impl v1::worker_server::Worker for WorkerService {
             v1::control_request::Command::SetRole(set) => {
                 let role = role_from_wire(set.role)
                     .map_err(|_| ErrorCode::InvalidRequest.status("set_role needs a role"))?;
-                if self.info.engine == EngineKind::Trtllm && role != Role::Both {
-                    // A prefill or decode role would route disaggregated requests to an engine
-                    // whose `disaggregated_params` the worker does not drive yet.
-                    return Err(ErrorCode::Unsupported.status(format!(
-                        "a TensorRT-LLM worker takes no {role} role: disaggregated serving through TensorRT-LLM is not supported yet"
-                    )));
-                }
                 tracing::info!(worker = %self.info.id, %role, "role changed by control request");
                 self.state.set_role(role);
             }

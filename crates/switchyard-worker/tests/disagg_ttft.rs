@@ -125,6 +125,7 @@ async fn disaggregated_ms(
             pipelined,
             identity: None,
             retention: None,
+            sampling: None,
         })
         .await
         .expect("prefill")

@@ -91,6 +91,7 @@ async fn prefill_holds_blocks_until_pulled_once() {
             pipelined: false,
             identity: None,
             retention: None,
+            sampling: None,
         })
         .await
         .expect("prefill")
@@ -166,6 +167,7 @@ async fn an_unpulled_handle_expires_and_releases_its_blocks() {
             pipelined: false,
             identity: None,
             retention: None,
+            sampling: None,
         })
         .await
         .expect("prefill")
@@ -320,6 +322,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
             pipelined: false,
             identity: None,
             retention: None,
+            sampling: None,
         })
         .await
         .expect_err("empty prompt");
@@ -414,6 +417,7 @@ async fn a_worker_registers_its_adapters_and_refuses_any_other() {
                 cache_salt: None,
             }),
             retention: None,
+            sampling: None,
         })
         .await
         .expect_err("nor prefills under it");

@@ -80,6 +80,7 @@ async fn disaggregated_via(
             pipelined: false,
             identity: None,
             retention: None,
+            sampling: None,
         })
         .await
         .expect("prefill")

@@ -56,6 +56,7 @@ async fn prefill(worker: &mut Worker, prompt: &[u32], pipelined: bool) -> v1::Pr
             pipelined,
             identity: None,
             retention: None,
+            sampling: None,
         })
         .await
         .expect("prefill")
@@ -341,6 +342,7 @@ async fn an_unpulled_pipelined_handle_expires_and_stops_the_prefill() {
             pipelined: true,
             identity: None,
             retention: None,
+            sampling: None,
         })
         .await
         .expect("prefill")

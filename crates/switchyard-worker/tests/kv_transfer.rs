@@ -44,6 +44,7 @@ impl Worker {
                 pipelined: false,
                 identity: None,
                 retention: None,
+                sampling: None,
             })
             .await
             .expect("prefill")

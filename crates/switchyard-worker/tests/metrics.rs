@@ -96,6 +96,7 @@ fn prefill(prompt: Vec<u32>, hold_ms: u32) -> PrefillRequest {
         pipelined: false,
         identity: None,
         retention: None,
+        sampling: None,
     }
 }
 

@@ -121,20 +121,6 @@ async fn trtllm_generation_and_polled_kv_events_through_a_wrap_and_a_restart() {
         block_hashes(&seq(300, 12), bs).into_iter().collect()
     );
 
-    // Disaggregation is refused, not faked.
-    let prefill = engine
-        .prefill(PrefillParams {
-            request_id: "p".into(),
-            prompt: seq(1, 8),
-            hold: Duration::from_secs(1),
-            pipelined: false,
-            identity: Default::default(),
-            retention: Default::default(),
-        })
-        .await;
-    assert!(matches!(prefill, Err(EngineError::Unsupported(_))));
-    assert!(engine.engine_transfer().is_none());
-
     // The counters reach /metrics per rank; an engine that went away is counted.
     let engine: Arc<dyn Engine> = Arc::new(engine);
     let metrics = WorkerMetrics::new("w", Arc::clone(&engine), WorkerState::new(Role::Both));
@@ -208,9 +194,9 @@ async fn facts_come_from_iteration_stats_and_what_is_missing_is_named() {
 }
 
 /// A whole worker agent in front of the stand-in: it registers as a TensorRT-LLM worker, serves
-/// `Generate` over gRPC, and refuses a prefill or decode role (disaggregation is not wired).
+/// `Generate` over gRPC, and takes a prefill role from a planner.
 #[tokio::test]
-async fn a_trtllm_worker_registers_serves_grpc_and_refuses_a_disaggregated_role() {
+async fn a_trtllm_worker_registers_serves_grpc_and_takes_a_prefill_role() {
     use switchyard_proto::v1::{self, ControlRequest, GenerateRequest, SamplingParams};
     use switchyard_registry::{MemoryRegistry, Registry};
 
@@ -255,7 +241,7 @@ async fn a_trtllm_worker_registers_serves_grpc_and_refuses_a_disaggregated_role(
     }
     assert_eq!(tokens, 3);
 
-    let refused = worker
+    worker
         .client
         .control(ControlRequest {
             command: Some(v1::control_request::Command::SetRole(v1::SetRole {
@@ -263,8 +249,221 @@ async fn a_trtllm_worker_registers_serves_grpc_and_refuses_a_disaggregated_role(
             })),
         })
         .await
-        .unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused}");
-    assert!(refused.message().contains("TensorRT-LLM"), "{refused}");
+        .expect("a trtllm worker takes a prefill role");
+    // As a prefill worker it answers Prefill with the context engine's disaggregated_params.
+    let answer = worker
+        .client
+        .prefill(v1::PrefillRequest {
+            request_id: "p".into(),
+            prompt_token_ids: seq(1, 9),
+            ..Default::default()
+        })
+        .await
+        .expect("prefill")
+        .into_inner();
+    let params: serde_json::Value = serde_json::from_str(&answer.engine_transfer_params).unwrap();
+    assert_eq!(params["request_type"], "context_only", "{params}");
+    assert_eq!(params["first_gen_tokens"], json!([answer.first_token_id]));
+    assert_eq!(answer.prompt_tokens, 9);
+    assert_eq!(answer.block_hashes.len(), 2);
+    let held = fake.admin("transfers", json!({})).await["held"].clone();
+    assert_eq!(held, json!([params["ctx_request_id"]]));
     worker.stop().await;
+}
+
+fn object(value: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    match value {
+        serde_json::Value::Object(map) => map,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+async fn collect(
+    mut stream: switchyard_worker::engine::GenerationStream,
+) -> (Vec<u32>, FinishReason) {
+    let mut tokens = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.unwrap();
+        tokens.extend(chunk.tokens);
+        if let Some(finish) = chunk.finish {
+            return (tokens, finish);
+        }
+    }
+    panic!("stream ended without a finish");
+}
+
+/// Prefill on one stand-in as a context-only request, decode on another as a generation-only
+/// one with the parameters the first handed out: the KV moves between the engines (the
+/// generation engine counts the prompt's blocks as transferred, computes none), the answer is
+/// the one an aggregated run gives, and parameters nobody holds fail inside the stream.
+#[tokio::test]
+async fn trtllm_context_phase_hands_its_disaggregated_params_to_the_generation_engine() {
+    let flags = ["--block-size", "4", "--num-blocks", "64"];
+    let mut ctx_fake = FakeTrtllm::start(&flags).await;
+    let gen_fake = FakeTrtllm::start(&flags).await;
+    let ctx = start_trtllm(&ctx_fake.config()).await.unwrap();
+    let generator = start_trtllm(&gen_fake.config()).await.unwrap();
+    let prompt = seq(1, 10);
+    let prefill = |prompt: Vec<u32>| PrefillParams {
+        request_id: "pd-1".into(),
+        prompt,
+        hold: Duration::from_secs(30),
+        pipelined: false,
+        identity: Default::default(),
+        retention: Default::default(),
+        sampling: None,
+    };
+
+    let outcome = ctx.prefill(prefill(prompt.clone())).await.unwrap();
+    // The context server was asked as TensorRT-LLM's own proxy asks it.
+    let sent = ctx_fake.admin("requests", json!({})).await["requests"][0].clone();
+    assert_eq!(
+        sent["disaggregated_params"],
+        json!({"request_type": "context_only"})
+    );
+    assert_eq!(
+        (&sent["max_tokens"], &sent["stream"]),
+        (&json!(1), &json!(false))
+    );
+    assert_eq!(sent["prompt"], json!(prompt));
+    let transfer =
+        object(serde_json::from_str(outcome.engine_transfer_params.as_deref().unwrap()).unwrap());
+    assert_eq!(transfer["request_type"], "context_only");
+    assert_eq!(transfer["first_gen_tokens"], json!([outcome.first_token]));
+    assert!(transfer["encoded_opaque_state"].is_string(), "{transfer:?}");
+    let ctx_request_id = transfer["ctx_request_id"].as_u64().unwrap();
+    assert_eq!(outcome.handle, format!("trtllm:{ctx_request_id}"));
+    assert_eq!(
+        outcome.block_hashes,
+        block_hashes(&prompt, ctx.spec().block_size)
+    );
+    assert_eq!(
+        (outcome.prompt_tokens, outcome.cached_prompt_tokens),
+        (10, 0)
+    );
+    let held = ctx_fake.admin("transfers", json!({})).await;
+    assert_eq!(held["held"], json!([ctx_request_id]));
+    assert_eq!(held["computed_tokens"], 10);
+
+    // The generation engine gets the original request with those parameters as a
+    // generation-only request and generates the whole completion from the first token on.
+    let transferring = generator
+        .engine_transfer()
+        .expect("a trtllm engine takes transfer params");
+    let (tokens, finish) = collect(
+        transferring
+            .generate_with_transfer(params(prompt.clone(), 4), transfer.clone())
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((tokens.len(), finish), (4, FinishReason::Length));
+    assert_eq!(tokens[0], outcome.first_token);
+    let sent = gen_fake.admin("requests", json!({})).await["requests"][0].clone();
+    let mut generation = transfer.clone();
+    generation.insert("request_type".into(), json!("generation_only"));
+    assert_eq!(
+        sent["disaggregated_params"],
+        serde_json::Value::Object(generation)
+    );
+    assert_eq!(sent["stream"], true);
+    // The KV moved engine to engine: received, not recomputed, and handed over once.
+    let received = gen_fake.admin("transfers", json!({})).await;
+    assert_eq!(
+        received["received"][0]["outcome"], "transferred",
+        "{received}"
+    );
+    assert_eq!(received["transferred_blocks"], 10 / 4);
+    assert_eq!(received["computed_tokens"], 0);
+    let handed = ctx_fake.admin("transfers", json!({})).await;
+    assert_eq!(
+        (&handed["handed_over"], &handed["held"]),
+        (&json!(1), &json!([]))
+    );
+    // The received blocks are in the generation engine's cache, and so in its events.
+    let bs = generator.spec().block_size;
+    let view = gen_fake.held(bs).await;
+    assert!(block_hashes(&prompt, bs).iter().all(|h| view.contains(h)));
+    assert_view(&generator, &view).await;
+
+    // Aggregated, the same prompt gives the same completion.
+    let (aggregated, _) = collect(ctx.generate(params(prompt.clone(), 4)).await.unwrap()).await;
+    assert_eq!(aggregated, tokens);
+
+    // The context engine samples the first token as the request asks (here: its seed), so a
+    // seeded request's disaggregated answer is its aggregated one too.
+    let seeded = |prompt: Vec<u32>| {
+        let mut p = params(prompt, 4);
+        p.sampling.seed = Some(11);
+        p
+    };
+    let other = seq(60, 12);
+    let outcome = ctx
+        .prefill(PrefillParams {
+            sampling: Some(seeded(other.clone()).sampling),
+            ..prefill(other.clone())
+        })
+        .await
+        .unwrap();
+    let sent = ctx_fake.admin("requests", json!({})).await["requests"][2].clone();
+    assert_eq!(
+        (&sent["seed"], &sent["max_tokens"]),
+        (&json!(11), &json!(1))
+    );
+    let transfer_seeded =
+        object(serde_json::from_str(outcome.engine_transfer_params.as_deref().unwrap()).unwrap());
+    let (split, _) = collect(
+        transferring
+            .generate_with_transfer(seeded(other.clone()), transfer_seeded)
+            .await
+            .unwrap(),
+    )
+    .await;
+    let (whole, _) = collect(ctx.generate(seeded(other)).await.unwrap()).await;
+    assert_eq!(split, whole);
+
+    // The same parameters again: the context server no longer holds that request, so the
+    // transfer fails, reported inside the stream before any token.
+    let mut stream = transferring
+        .generate_with_transfer(params(prompt.clone(), 4), transfer.clone())
+        .await
+        .unwrap();
+    match stream.next().await {
+        Some(Err(EngineError::Failed(why))) => assert!(why.contains("KV cache transfer"), "{why}"),
+        other => panic!("expected the engine's failure, got {other:?}"),
+    }
+    assert_eq!(
+        gen_fake.admin("transfers", json!({})).await["received"][2]["outcome"],
+        "failed"
+    );
+
+    // vLLM's and SGLang's parameters are not TensorRT-LLM's: refused before the engine.
+    for other in [
+        r#"{"do_remote_prefill":true,"remote_engine_id":"e","remote_block_ids":[0]}"#,
+        r#"{"bootstrap_host":"h","bootstrap_port":1,"bootstrap_room":2}"#,
+    ] {
+        let err = transferring
+            .generate_with_transfer(
+                params(prompt.clone(), 4),
+                object(serde_json::from_str(other).unwrap()),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(tonic::Status::from(err).code(), tonic::Code::Unimplemented);
+    }
+    assert_eq!(
+        gen_fake.admin("requests", json!({})).await["requests"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3,
+        "refused parameters never reach the engine"
+    );
+
+    // A context engine that went away fails the prefill at once, as the engine's fault.
+    ctx_fake.kill().await;
+    let err = ctx.prefill(prefill(seq(50, 8))).await.unwrap_err();
+    assert!(matches!(err, EngineError::Unavailable(_)), "{err}");
+    ctx.shutdown();
+    generator.shutdown();
 }

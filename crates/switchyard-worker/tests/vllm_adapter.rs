@@ -295,6 +295,7 @@ async fn errors_map_to_whose_fault_and_dropping_a_stream_aborts() {
             pipelined: false,
             identity: Default::default(),
             retention: Default::default(),
+            sampling: None,
         })
         .await
         .unwrap_err();
@@ -349,6 +350,7 @@ fn prefill_params(prompt: Vec<u32>, hold: Duration) -> PrefillParams {
         pipelined: false,
         identity: Default::default(),
         retention: Default::default(),
+        sampling: None,
     }
 }
 

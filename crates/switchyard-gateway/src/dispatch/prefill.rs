@@ -106,6 +106,8 @@ impl Driver<'_> {
             pipelined: settings.kv_transfer == KvTransfer::Pipelined,
             identity: switchyard_proto::identity_to_proto(&job.identity),
             retention: switchyard_proto::retention_to_proto(&job.retention.hint()),
+            // A context phase (TensorRT-LLM) samples the first token the decode continues from.
+            sampling: Some(v1::SamplingParams::from(&job.sampling)),
         });
         switchyard_telemetry::inject_context(&prefill_span, call.metadata_mut());
         let answer = tokio::time::timeout(

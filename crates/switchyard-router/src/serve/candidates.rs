@@ -55,8 +55,8 @@ pub fn may_decode(worker: WorkerFacts<'_>, filter: DecodeFilter<'_>) -> bool {
 
 /// Whether `worker` may prefill for a decode worker in front of `engine`. Only workers of the
 /// same engine kind pair up: the KV moves between the engines (the simulator's blocks over
-/// `PullKv`, vLLM's and SGLang's through the engines' own transfer), and neither side can read
-/// the other kind's. A request under a LoRA adapter needs a prefill worker that serves it too.
+/// `PullKv`, vLLM's, SGLang's and TensorRT-LLM's through the engines' own transfer), and no
+/// side can read another kind's. A request under a LoRA adapter needs a prefill worker that serves it too.
 pub fn may_prefill_for(
     worker: WorkerFacts<'_>,
     engine: EngineKind,
@@ -133,6 +133,26 @@ mod tests {
             &[],
             None
         ));
+        // TensorRT-LLM's cache transceiver exchanges KV with TensorRT-LLM engines only.
+        let kinds = [
+            EngineKind::Sim,
+            EngineKind::Vllm,
+            EngineKind::Sglang,
+            EngineKind::Trtllm,
+        ];
+        for prefill in kinds {
+            for decode in kinds {
+                assert_eq!(
+                    may_prefill_for(facts(&p, Role::Prefill, prefill), decode, &[], None),
+                    prefill == decode,
+                    "{prefill} prefill for a {decode} decode worker"
+                );
+            }
+        }
+        assert!(
+            !needs_prefill(Role::Decode, EngineKind::Trtllm),
+            "serves aggregated too"
+        );
         assert!(!may_prefill_for(
             facts(&p, Role::Both, EngineKind::Sim),
             EngineKind::Sim,

@@ -7,8 +7,9 @@
 //! decoded by [`kv_decode`] and rehashed by [`kv_relay`], load from [`engine_metrics`], and
 //! disaggregated prefill/decode through the engines' own KV transfer in [`pd`]); TensorRT-LLM's
 //! `trtllm-serve` by the same adapter started by [`trtllm`], its pulled KV events read by
-//! [`trtllm_events`]. An engine publishes its KV cache changes into its [`EventLog`].
+//! [`trtllm_events`] and its disaggregation through `disaggregated_params` in [`trtllm_pd`]. An engine publishes its KV cache changes into its [`EventLog`].
 
+mod adapter_base;
 mod capability;
 pub mod config;
 pub mod engine_logprobs;
@@ -23,6 +24,7 @@ pub mod sim;
 pub mod stats;
 pub mod trtllm;
 pub mod trtllm_events;
+pub mod trtllm_pd;
 pub mod trtllm_wire;
 pub mod vllm;
 pub mod zmq_events;
@@ -170,6 +172,9 @@ pub struct PrefillParams {
     pub identity: switchyard_core::KvIdentity,
     /// Keep the prompt's blocks cached once the hold is released, as in [`GenerateParams`].
     pub retention: switchyard_core::Retention,
+    /// The request's sampling, for an engine whose prefill samples the first token the decode
+    /// side continues from (TensorRT-LLM); `None` from older gateways (sampled greedily).
+    pub sampling: Option<switchyard_core::Sampling>,
 }
 
 /// What a finished prefill holds.
@@ -317,6 +322,10 @@ pub enum EngineError {
     /// engine's fault, and another worker or a later retry can help.
     #[error("engine unavailable: {0}")]
     Unavailable(String),
+    /// The engine took the request and then reported that it failed it (an error event in its
+    /// stream): the engine's fault, as [`EngineError::Unavailable`].
+    #[error("engine failed the request: {0}")]
+    Failed(String),
     /// This engine cannot do what was asked; retrying on it cannot help.
     #[error("{0}")]
     Unsupported(&'static str),
@@ -334,7 +343,9 @@ impl EngineError {
         match self {
             EngineError::InvalidRequest(_) => ErrorCode::InvalidRequest,
             EngineError::HandleNotFound(_) => ErrorCode::NotFound,
-            EngineError::Stopped | EngineError::Unavailable(_) => ErrorCode::Unavailable,
+            EngineError::Stopped | EngineError::Unavailable(_) | EngineError::Failed(_) => {
+                ErrorCode::Unavailable
+            }
             EngineError::Unsupported(_) => ErrorCode::Unsupported,
             // The one place a worker marks a failure as the KV source's: the gateway reads
             // the mark, not the message, to blame the prefill worker.

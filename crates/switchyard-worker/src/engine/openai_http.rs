@@ -351,9 +351,7 @@ impl StreamState {
                 .get("message")
                 .and_then(Value::as_str)
                 .map_or_else(|| error.to_string(), str::to_owned);
-            return vec![Err(EngineError::Unavailable(format!(
-                "engine failed the request: {message}"
-            )))];
+            return vec![Err(EngineError::Failed(message))];
         }
         match self.dialect {
             // trtllm-serve streams vLLM's completion chunks (token ids per choice, a usage chunk).

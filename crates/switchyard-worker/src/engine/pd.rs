@@ -236,7 +236,11 @@ impl VllmEngine {
     ) -> Result<GenerationStream, EngineError> {
         let (path, mut body) = openai_http::request_body(self.dialect, &self.model, &params);
         match self.dialect {
-            Dialect::Trtllm => return Err(super::trtllm::DISAGGREGATION_UNSUPPORTED),
+            Dialect::Trtllm => {
+                super::trtllm::check_request(&params)?;
+                let generation = super::trtllm_pd::generation_params(transfer)?;
+                body["disaggregated_params"] = Value::Object(generation);
+            }
             Dialect::Vllm(_) => {
                 if transfer.get("do_remote_prefill") != Some(&Value::Bool(true)) {
                     return Err(EngineError::Unsupported(

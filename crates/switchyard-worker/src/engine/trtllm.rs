@@ -19,34 +19,30 @@
 //!   engine does not answer; [`trtllm_events`](super::trtllm_events) finds lost events and turns
 //!   the rest into the relay's batches.
 //!
-//! Disaggregation (`disaggregated_params`), LoRA adapters, log probabilities and cache salts on
-//! `/v1/completions` are not supported yet: the configuration refuses the first two and a
-//! request asking for the others is refused with `UNIMPLEMENTED`, so the gateway can say why.
+//! - **Disaggregation.** A prefill or decode worker splits requests through the engine's
+//!   `disaggregated_params` ([`trtllm_pd`](super::trtllm_pd)).
+//!
+//! LoRA adapters, log probabilities and cache salts on `/v1/completions` are not supported yet:
+//! the configuration refuses the first and a request asking for the others is refused with
+//! `UNIMPLEMENTED`, so the gateway can say why.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchyard_core::{BlockSize, EngineKind, Guided, LoadStats, WorkerId};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
+use super::adapter_base::{AdapterBase, EngineParts};
 use super::config::EngineConfig;
-use super::kv_relay::KvRelay;
 use super::openai_http::Dialect;
-use super::stats::{AdapterCounters, EngineScrapeCounters};
+use super::stats::EngineScrapeCounters;
 use super::trtllm_events::{Step, TrtllmEvents, parse_poll};
-use super::vllm::{AdapterError, VllmEngine, get_json, get_text, log_stats};
+use super::vllm::{AdapterError, VllmEngine, get_json, get_text};
 use super::zmq_events::RelayShared;
 use super::{EngineError, EngineSpec, GenerateParams};
-use crate::event_log::EventLog;
-
-/// What a prefill or decode request against a TensorRT-LLM worker answers.
-pub(super) const DISAGGREGATION_UNSUPPORTED: EngineError = EngineError::Unsupported(
-    "disaggregated serving through TensorRT-LLM workers is not supported yet",
-);
 
 /// How many times the poll interval an idle or failing poller waits at most.
 const BACKOFF_FACTOR: u32 = 25;
@@ -61,12 +57,17 @@ pub(super) fn check_request(params: &GenerateParams) -> Result<(), EngineError> 
             "log probabilities are not supported on TensorRT-LLM workers yet",
         ));
     }
-    if params.identity.adapter.is_some() {
+    check_identity(&params.identity)
+}
+
+/// Refuses a KV identity `trtllm-serve` cannot be given (a prefill has no sampling to check).
+pub(super) fn check_identity(identity: &switchyard_core::KvIdentity) -> Result<(), EngineError> {
+    if identity.adapter.is_some() {
         return Err(EngineError::Unsupported(
             "LoRA adapters are not supported on TensorRT-LLM workers yet",
         ));
     }
-    if params.identity.salt.is_some() {
+    if identity.salt.is_some() {
         return Err(EngineError::Unsupported(
             "trtllm-serve's /v1/completions takes no cache_salt",
         ));
@@ -143,21 +144,13 @@ impl VllmEngine {
         kv_bytes_per_token: u64,
         event_buffer: usize,
     ) -> Result<Self, AdapterError> {
-        let base_url = config
-            .url
-            .clone()
-            .ok_or_else(|| AdapterError::Config("no engine url".into()))?
-            .trim_end_matches('/')
-            .to_owned();
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|e| AdapterError::Config(e.to_string()))?;
+        let base = AdapterBase::new(worker, incarnation, config, event_buffer)?;
+        let (http, base_url) = (&base.http, base.base_url.as_str());
         let served = config
             .served_model_name
             .clone()
             .unwrap_or_else(|| model.to_owned());
-        let facts = discover(&http, &base_url, &served, config).await?;
+        let facts = discover(http, base_url, &served, config).await?;
         let (Some(block_size), Some(kv_blocks), Some(max_context)) =
             (facts.block_size, facts.kv_blocks, facts.max_context)
         else {
@@ -196,35 +189,26 @@ impl VllmEngine {
         };
         tracing::info!(url = %base_url, block_size = block_size.get(), kv_blocks, max_context, "TensorRT-LLM engine found");
 
-        let events = Arc::new(EventLog::new(worker, incarnation, event_buffer));
-        let counters = Arc::new(AdapterCounters::new(config.dp_ranks));
-        let cancel = CancellationToken::new();
-        let tasks = TaskTracker::new();
-        // Above the engine's device capacity (per rank) with room for the host tier.
-        let capacity = usize::try_from(kv_blocks.saturating_mul(4))
-            .unwrap_or(usize::MAX)
-            .max(1 << 16);
-        let shared = Arc::new(RelayShared {
-            relay: Mutex::new(KvRelay::new(block_size, config.dp_ranks, capacity)),
-            log: Arc::clone(&events),
-            counters: Arc::clone(&counters),
-        });
-        tasks.spawn(poll_events(
+        let shared = base.relay(block_size, config.dp_ranks, kv_blocks);
+        base.tasks.spawn(poll_events(
             EventSource {
                 http: http.clone(),
                 url: format!("{base_url}/kv_cache_events"),
                 every: Duration::from_millis(config.kv_poll_ms),
-                events: TrtllmEvents::new(block_size, config.dp_ranks, capacity),
+                events: TrtllmEvents::new(
+                    block_size,
+                    config.dp_ranks,
+                    AdapterBase::relay_capacity(kv_blocks),
+                ),
             },
             Arc::clone(&shared),
-            cancel.clone(),
+            base.cancel.clone(),
         ));
         let (load_tx, load_rx) = watch::channel(LoadStats {
             capacity_blocks: kv_blocks,
             ..LoadStats::default()
         });
-        let scrapes = Arc::new(EngineScrapeCounters::default());
-        tasks.spawn(scrape_stats(
+        base.tasks.spawn(scrape_stats(
             StatsSource {
                 http: http.clone(),
                 url: format!("{base_url}/metrics"),
@@ -232,26 +216,18 @@ impl VllmEngine {
                 every: Duration::from_millis(config.metrics_interval_ms),
             },
             load_tx,
-            Arc::clone(&scrapes),
-            cancel.clone(),
+            Arc::clone(&base.scrapes),
+            base.cancel.clone(),
         ));
-        tasks.spawn(log_stats(Arc::clone(&counters), cancel.clone()));
-        Ok(Self {
+        Ok(base.finish(EngineParts {
             spec,
             dialect: Dialect::Trtllm,
-            http,
-            base_url,
             model: served,
             bootstrap: (String::new(), 0),
             load_rx,
-            events,
-            counters,
-            scrapes,
             shared: Some(shared),
             adapters_rx: None,
-            tasks,
-            cancel,
-        })
+        }))
     }
 }
 

@@ -7,15 +7,16 @@
 //! [`EventLog`]; load comes from the engine's Prometheus `/metrics`
 //! ([`engine_metrics`](super::engine_metrics)), scraped periodically. At start the adapter
 //! waits for the engine to answer and reads its block size, device blocks and context length
-//! (each can be overridden by configuration).
+//! (each can be overridden by configuration). What every adapter's start shares (URL, client,
+//! event log, counters, task owners) is [`adapter_base`](super::adapter_base).
 //!
 //! Disaggregated serving goes through the engines' own KV transfer ([`pd`](super::pd)): the
 //! prefill answer carries the engine's transfer parameters and the decode side hands them to its
 //! engine: it offers [`EngineTransfer`], not [`KvExport`](super::KvExport), so a `PullKv` from
 //! it answers `UNIMPLEMENTED`.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -24,9 +25,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::adapter_base::{AdapterBase, EngineParts};
 use super::config::EngineConfig;
 use super::engine_metrics::Scrape;
-use super::kv_relay::KvRelay;
 use super::openai_http::{self, Dialect};
 use super::stats::{AdapterCounters, AdapterStats, EngineScrapeCounters, EngineTelemetry};
 use super::zmq_events::{RankEndpoints, RelayShared, follow_rank, rank_endpoint};
@@ -97,28 +98,20 @@ impl VllmEngine {
         event_buffer: usize,
     ) -> Result<Self, AdapterError> {
         let kind = config.kind;
-        let base_url = config
-            .url
-            .clone()
-            .ok_or_else(|| AdapterError::Config("no engine url".into()))?
-            .trim_end_matches('/')
-            .to_owned();
+        let base = AdapterBase::new(worker, incarnation, config, event_buffer)?;
         let dialect = match kind {
             EngineKind::Sglang => Dialect::Sglang,
             _ => Dialect::Vllm(config.vllm_token_ids),
         };
         let bootstrap = (
-            super::pd::bootstrap_host(config.bootstrap_host.as_deref(), &base_url)
+            super::pd::bootstrap_host(config.bootstrap_host.as_deref(), &base.base_url)
                 .map_err(AdapterError::Config)?,
             config.bootstrap_port,
         );
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|e| AdapterError::Config(e.to_string()))?;
-        let facts = discover(&http, kind, &base_url, config).await?;
+        let (http, base_url) = (&base.http, base.base_url.as_str());
+        let facts = discover(http, kind, base_url, config).await?;
         let adapters_rx = if kind == EngineKind::Sglang
-            && !sglang_lists_adapters(&http, &base_url).await
+            && !sglang_lists_adapters(http, base_url).await
         {
             if !adapters.is_empty() {
                 tracing::warn!(
@@ -130,10 +123,10 @@ impl VllmEngine {
             }
             None
         } else {
-            let served = served_adapters(&http, &base_url).await.map_err(|e| {
+            let served = served_adapters(http, base_url).await.map_err(|e| {
                 AdapterError::Config(format!("cannot list the engine's LoRA adapters: {e}"))
             })?;
-            check_adapters(kind, &base_url, adapters, &served)?;
+            check_adapters(kind, base_url, adapters, &served)?;
             Some(served)
         };
         let block_size = facts.block_size.unwrap_or(16);
@@ -149,21 +142,9 @@ impl VllmEngine {
         };
         tracing::info!(%kind, url = %base_url, block_size = block_size.get(), kv_blocks, max_context = spec.max_context_tokens, "engine found");
 
-        let events = Arc::new(EventLog::new(worker, incarnation, event_buffer));
-        let counters = Arc::new(AdapterCounters::new(config.dp_ranks));
-        let cancel = CancellationToken::new();
-        let tasks = TaskTracker::new();
         let shared = match &config.kv_events {
             Some(endpoint) => {
-                // Above the engine's device capacity (per rank) with room for offload tiers.
-                let capacity = usize::try_from(kv_blocks.saturating_mul(4))
-                    .unwrap_or(usize::MAX)
-                    .max(1 << 16);
-                let shared = Arc::new(RelayShared {
-                    relay: Mutex::new(KvRelay::new(block_size, config.dp_ranks, capacity)),
-                    log: Arc::clone(&events),
-                    counters: Arc::clone(&counters),
-                });
+                let shared = base.relay(block_size, config.dp_ranks, kv_blocks);
                 for rank in 0..config.dp_ranks.max(1) {
                     let endpoints = RankEndpoints {
                         rank,
@@ -177,11 +158,11 @@ impl VllmEngine {
                             None => None,
                         },
                     };
-                    tasks.spawn(follow_rank(
+                    base.tasks.spawn(follow_rank(
                         endpoints,
                         config.kv_events_topic.clone(),
                         Arc::clone(&shared),
-                        cancel.clone(),
+                        base.cancel.clone(),
                     ));
                 }
                 Some(shared)
@@ -195,8 +176,7 @@ impl VllmEngine {
             capacity_blocks: kv_blocks,
             ..LoadStats::default()
         });
-        let scrapes = Arc::new(EngineScrapeCounters::default());
-        tasks.spawn(scrape_load(
+        base.tasks.spawn(scrape_load(
             LoadSource {
                 http: http.clone(),
                 url: format!("{base_url}/metrics"),
@@ -205,40 +185,33 @@ impl VllmEngine {
                 every: Duration::from_millis(config.metrics_interval_ms),
             },
             load_tx,
-            Arc::clone(&scrapes),
-            cancel.clone(),
+            Arc::clone(&base.scrapes),
+            base.cancel.clone(),
         ));
-        tasks.spawn(log_stats(Arc::clone(&counters), cancel.clone()));
         let adapters_rx = adapters_rx.map(|served| {
             let (tx, rx) = watch::channel(served);
-            tasks.spawn(follow_adapters(
+            base.tasks.spawn(follow_adapters(
                 http.clone(),
-                base_url.clone(),
+                base_url.to_owned(),
                 Duration::from_millis(config.adapters_interval_ms),
                 tx,
-                cancel.clone(),
+                base.cancel.clone(),
             ));
             rx
         });
-        Ok(Self {
+        let model = config
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| model.to_owned());
+        Ok(base.finish(EngineParts {
             spec,
             dialect,
-            http,
-            base_url,
+            model,
             bootstrap,
-            model: config
-                .served_model_name
-                .clone()
-                .unwrap_or_else(|| model.to_owned()),
             load_rx,
-            events,
-            counters,
-            scrapes,
             shared,
             adapters_rx,
-            tasks,
-            cancel,
-        })
+        }))
     }
 
     /// The KV event relay's counters.
@@ -611,12 +584,12 @@ impl Engine for VllmEngine {
         match self.dialect {
             Dialect::Vllm(_) => self.prefill_vllm(params).await,
             Dialect::Sglang => self.prefill_sglang(params).await,
-            Dialect::Trtllm => Err(super::trtllm::DISAGGREGATION_UNSUPPORTED),
+            Dialect::Trtllm => self.prefill_trtllm(params).await,
         }
     }
 
     fn engine_transfer(&self) -> Option<&dyn EngineTransfer> {
-        (self.dialect != Dialect::Trtllm).then_some(self as &dyn EngineTransfer)
+        Some(self)
     }
 
     fn load(&self) -> LoadStats {
