@@ -66,6 +66,7 @@ impl Choices {
                     sampling,
                     identity: p.identity.clone(),
                     retention: Arc::new(state.retention.begin(p.session.as_deref())),
+                    priority: p.priority,
                     session: p.session.clone().or_else(|| p.user.clone()),
                     deadline: tokio::time::Instant::from_std(
                         p.arrived + state.config.request_timeout(),
