@@ -132,7 +132,7 @@ impl Run {
                 let job = run.job.take()?;
                 if run.permit.is_none() {
                     let admitted = tokio::select! {
-                        admitted = run.state.admission.admit(run.flow.clone(), run.client, &run.state.metrics) => admitted,
+                        admitted = run.state.admission.admit(run.flow.clone(), job.priority, run.client, &run.state.metrics) => admitted,
                         () = run.stop.cancelled() => return None,
                     };
                     match admitted {

@@ -147,7 +147,7 @@ async fn serve<T: DeserializeOwned, R: Renderer>(
         let admission = tracing::info_span!(target: GATEWAY_SPANS, "admission");
         let permit = state
             .admission
-            .admit(flow.clone(), client, &state.metrics)
+            .admit(flow.clone(), settled.priority, client, &state.metrics)
             .instrument(admission)
             .await?;
         let who = Who {
