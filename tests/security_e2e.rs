@@ -65,6 +65,7 @@ fn drain() -> v1::ControlRequest {
 
 fn generate(kv_source: Option<v1::KvSource>) -> v1::GenerateRequest {
     v1::GenerateRequest {
+        priority: None,
         request_id: "intruder".into(),
         prompt_token_ids: tokens(9, 64),
         sampling: Some(v1::SamplingParams {
@@ -79,6 +80,7 @@ fn generate(kv_source: Option<v1::KvSource>) -> v1::GenerateRequest {
 
 fn prefill() -> v1::PrefillRequest {
     v1::PrefillRequest {
+        priority: None,
         request_id: "pin".into(),
         prompt_token_ids: tokens(10, 256),
         hold_ms: 600_000,

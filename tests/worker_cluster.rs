@@ -31,6 +31,7 @@ async fn client(worker: &WorkerProcess) -> WorkerClient<tonic::transport::Channe
 
 fn generate_request(prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
+        priority: None,
         request_id: "t".into(),
         prompt_token_ids: prompt,
         sampling: Some(SamplingParams {

@@ -65,6 +65,7 @@ async fn worker_serves_metrics_on_its_own_port_and_counts_a_generation() {
     let mut client = WorkerClient::connect(worker.endpoint()).await.unwrap();
     let mut stream = client
         .generate(GenerateRequest {
+            priority: None,
             request_id: "m".into(),
             prompt_token_ids: (1..=48).collect(),
             sampling: Some(SamplingParams {

@@ -99,6 +99,9 @@ mod quota_e2e;
 #[path = "../replay_e2e.rs"]
 mod replay_e2e;
 
+#[path = "../request_priority_e2e.rs"]
+mod request_priority_e2e;
+
 #[path = "../responses_e2e.rs"]
 mod responses_e2e;
 

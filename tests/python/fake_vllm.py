@@ -26,6 +26,12 @@ It answers like the real engines on the wire:
     and `/v1/unload_lora_adapter` (200 with a sentence, 400 with an error object), SGLang's
     `POST /load_lora_adapter` and `/unload_lora_adapter` (its `LoadLoRAAdapterReqOutput`:
     `success`, `error_message`, `loaded_adapters`, with 200 or 400).
+  * Request priority: vLLM refuses a non-zero `priority` with a 400 unless started with
+    `--scheduling-policy priority`; the SGLang flavour refuses any `priority` on `/generate`
+    unless started with `--enable-priority-scheduling` (as SGLang does with
+    `--abort-on-priority-when-disabled`; by default it ignores one: either way a worker must not
+    send a priority to an engine that does not schedule by it).
+    The requests log (`/admin/requests`) shows what arrived.
 
 Test control (POST, JSON body, answers JSON):
   /admin/state             blocks held per rank, each as the full token prefix ending with it
@@ -462,6 +468,15 @@ def make_handler(engine):
                                                   "type": "BadRequestError", "code": 400}})
             # vLLM serves the base model and each LoRA module under its own name; SGLang names
             # the adapter in `lora_path`.
+            priority = body.get("priority")
+            if priority is not None:
+                scheduling = args.enable_priority_scheduling if sglang else args.scheduling_policy == "priority"
+                if isinstance(priority, bool) or not isinstance(priority, int):
+                    return self.reply(400, {"error": {"message": "priority must be an integer",
+                                                      "type": "BadRequestError", "code": 400}})
+                if not scheduling and (sglang or priority != 0):
+                    return self.reply(400, {"error": {"message": "Got priority %d but Priority scheduling is not enabled." % priority,
+                                                      "type": "BadRequestError", "code": 400}})
             model = body.get("lora_path") if sglang else body.get("model")
             lora = model if model in args.lora_modules else None
             if not sglang and model != args.model and lora is None:
@@ -614,6 +629,10 @@ def main():
                    help="SGLang bootstrap server / vLLM NIXL side channel port (0 = any free one)")
     p.add_argument("--transfer-timeout", type=float, default=30.0,
                    help="seconds held KV waits for its decode side")
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+                   help="vLLM: 'priority' accepts a non-zero request priority")
+    p.add_argument("--enable-priority-scheduling", action="store_true",
+                   help="SGLang: accept a request priority on /generate")
     args = p.parse_args()
     engine = Engine(args)
     server = ThreadingHTTPServer(("127.0.0.1", args.http_port), make_handler(engine))

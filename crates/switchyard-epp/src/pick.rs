@@ -116,7 +116,12 @@ pub async fn pick(
     // The tenant's fleet-wide quota first, as in the gateway: a request over it waits for no
     // local slot.
     let quota = state.quota.enter(&flow.tenant).await?;
-    let admitted = state.admission.admit(flow, None, &state.metrics).await?;
+    // The picker's waiters keep arrival order within their flow (no priority read here); the
+    // body, priority included, goes to the engine as the client sent it.
+    let admitted = state
+        .admission
+        .admit(flow, None, None, &state.metrics)
+        .await?;
     let tokens = match asked.prompt {
         None => Vec::new(),
         Some(prompt) => match tokenize(state, &routes, prompt, session.clone()).await {

@@ -239,6 +239,7 @@ async fn worker_ttft(
     i: usize,
 ) -> Duration {
     let request = GenerateRequest {
+        priority: None,
         request_id: format!("direct-{i}"),
         prompt_token_ids: prompt.to_vec(),
         sampling: Some(SamplingParams {

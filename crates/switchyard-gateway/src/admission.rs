@@ -8,7 +8,16 @@
 //! session-less flow). [`FairQueue`] serves two levels of round-robin: one turn per active
 //! tenant, and within a tenant's turn one waiter of its next active session. This is deficit
 //! round-robin with equal weights and a cost of one request per grant; inside a flow, waiters
-//! are served first come, first served.
+//! are served by their request's `priority` with aging (below), first come, first served at
+//! equal priority.
+//!
+//! Priority orders a flow's own waiters only (a session's sub-agents, say), never one flow
+//! against another: a client cannot buy its way past other tenants' fair turns by sending a
+//! low number. Aging counts arrivals, not time, so it is deterministic: a waiter's place is its
+//! arrival number plus its priority (lower is earlier, clamped to ±[`PRIORITY_LEVELS`]) times
+//! [`AGING_ARRIVALS`]. A waiter is overtaken only by waiters of its flow that arrive within
+//! `2 × PRIORITY_LEVELS × AGING_ARRIVALS` arrivals after it, so none waits unboundedly
+//! however many more urgent requests keep coming.
 //!
 //! [`FairQueue`] is the synchronous core. [`Admission`] wraps it: exactly one waiter, the
 //! *head* (the next one the fair order chose), waits on the semaphore; when it gets a slot it
@@ -96,6 +105,23 @@ impl FlowKey {
 /// Identifies one waiter in a [`FairQueue`].
 pub type Ticket = u64;
 
+/// Priorities beyond ± this many levels order a flow's waiters as these do.
+pub const PRIORITY_LEVELS: i32 = 8;
+
+/// Arrivals one priority level is worth: a waiter one level more urgent goes ahead of those
+/// that arrived up to this many arrivals before it.
+pub const AGING_ARRIVALS: i64 = 16;
+
+/// A waiter's place in its flow: its arrival number moved by its priority, then the ticket
+/// (arrival order) among equal places.
+type Place = (i64, Ticket);
+
+fn place_of(ticket: Ticket, priority: i32) -> Place {
+    let levels = i64::from(priority.clamp(-PRIORITY_LEVELS, PRIORITY_LEVELS));
+    let arrival = i64::try_from(ticket).unwrap_or(i64::MAX);
+    (arrival.saturating_add(levels * AGING_ARRIVALS), ticket)
+}
+
 /// Why a [`FairQueue`] refused a waiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum QueueFull {
@@ -111,8 +137,8 @@ pub struct FairQueue<T> {
     tenants: HashMap<String, TenantLine<T>>,
     /// Tenants with waiters, the next to be served in front.
     tenant_turns: VecDeque<String>,
-    /// Where each queued ticket waits.
-    flow_of: HashMap<Ticket, FlowKey>,
+    /// Where each queued ticket waits, and its place there.
+    flow_of: HashMap<Ticket, (FlowKey, Place)>,
     next_ticket: Ticket,
     max_total: usize,
     max_per_flow: usize,
@@ -120,8 +146,8 @@ pub struct FairQueue<T> {
 
 #[derive(Debug)]
 struct TenantLine<T> {
-    /// Each session's waiters by ticket; tickets only grow, so the first is the oldest.
-    sessions: HashMap<Option<String>, BTreeMap<Ticket, T>>,
+    /// Each session's waiters by place: the first is the next to serve.
+    sessions: HashMap<Option<String>, BTreeMap<Place, T>>,
     /// Sessions with waiters, the next to be served in front.
     session_turns: VecDeque<Option<String>>,
 }
@@ -149,6 +175,12 @@ impl<T> FairQueue<T> {
 
     /// Queues `item` at the back of its flow, unless the queue or the flow is full.
     pub fn push(&mut self, flow: FlowKey, item: T) -> Result<Ticket, QueueFull> {
+        self.push_at(flow, 0, item)
+    }
+
+    /// Queues `item` in its flow at `priority` (lower is earlier, 0 the default, aged as the
+    /// module says), unless the queue or the flow is full.
+    pub fn push_at(&mut self, flow: FlowKey, priority: i32, item: T) -> Result<Ticket, QueueFull> {
         if self.len() >= self.max_total {
             return Err(QueueFull::Total);
         }
@@ -176,18 +208,20 @@ impl<T> FairQueue<T> {
                 self.tenant_turns.push_back(flow.tenant.clone());
             }
         }
-        waiters.insert(ticket, item);
-        self.flow_of.insert(ticket, flow);
+        let place = place_of(ticket, priority);
+        waiters.insert(place, item);
+        self.flow_of.insert(ticket, (flow, place));
         Ok(ticket)
     }
 
-    /// The next waiter in fair order: the oldest waiter of the next session of the next tenant.
+    /// The next waiter in fair order: the first waiter (by place) of the next session of the
+    /// next tenant.
     pub fn pop(&mut self) -> Option<(Ticket, T)> {
         let tenant_name = self.tenant_turns.pop_front()?;
         let tenant = self.tenants.get_mut(&tenant_name)?;
         let session = tenant.session_turns.pop_front()?;
         let waiters = tenant.sessions.get_mut(&session)?;
-        let (ticket, item) = waiters.pop_first()?;
+        let ((_, ticket), item) = waiters.pop_first()?;
         if waiters.is_empty() {
             tenant.sessions.remove(&session);
         } else {
@@ -204,10 +238,10 @@ impl<T> FairQueue<T> {
 
     /// Takes a waiter out wherever it is (its client went away).
     pub fn remove(&mut self, ticket: Ticket) -> Option<T> {
-        let flow = self.flow_of.remove(&ticket)?;
+        let (flow, place) = self.flow_of.remove(&ticket)?;
         let tenant = self.tenants.get_mut(&flow.tenant)?;
         let waiters = tenant.sessions.get_mut(&flow.session)?;
-        let item = waiters.remove(&ticket)?;
+        let item = waiters.remove(&place)?;
         if waiters.is_empty() {
             tenant.sessions.remove(&flow.session);
             tenant.session_turns.retain(|s| *s != flow.session);
@@ -340,12 +374,14 @@ impl Admission {
         self.line.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A slot to run in, waiting in `flow`'s line when all are taken and the line has room,
-    /// unless `client` (the connection's address) already has as many requests in flight as
-    /// one client may. Everything is released when the [`Admitted`] drops.
+    /// A slot to run in, waiting in `flow`'s line (at the request's `priority` among that
+    /// flow's waiters) when all are taken and the line has room, unless `client` (the
+    /// connection's address) already has as many requests in flight as one client may.
+    /// Everything is released when the [`Admitted`] drops.
     pub async fn admit(
         &self,
         flow: FlowKey,
+        priority: Option<i32>,
         client: Option<IpAddr>,
         metrics: &Metrics,
     ) -> Result<Admitted, ApiError> {
@@ -353,7 +389,7 @@ impl Admission {
             Some(ip) if self.clients.max > 0 => Some(self.clients.enter(ip)?),
             _ => None,
         };
-        let slot = self.slot(flow, metrics).await?;
+        let slot = self.slot(flow, priority.unwrap_or(0), metrics).await?;
         Ok(Admitted {
             _slot: slot,
             _client: client,
@@ -363,6 +399,7 @@ impl Admission {
     async fn slot(
         &self,
         flow: FlowKey,
+        priority: i32,
         metrics: &Metrics,
     ) -> Result<OwnedSemaphorePermit, ApiError> {
         let queued_at = Instant::now();
@@ -384,10 +421,13 @@ impl Admission {
                 return Err(saturated);
             }
             let (chosen_tx, chosen_rx) = oneshot::channel();
-            let ticket = line.queue.push(flow, chosen_tx).map_err(|full| {
-                tracing::debug!(reason = %full, "request refused");
-                saturated
-            })?;
+            let ticket = line
+                .queue
+                .push_at(flow, priority, chosen_tx)
+                .map_err(|full| {
+                    tracing::debug!(reason = %full, "request refused");
+                    saturated
+                })?;
             line.choose_head();
             (ticket, chosen_rx)
         };
@@ -499,6 +539,41 @@ mod tests {
     }
 
     #[test]
+    fn within_a_flow_a_lower_priority_goes_first_and_flows_still_take_turns() {
+        let mut queue = FairQueue::new(100, 100);
+        queue.push_at(flow("t", "a"), 0, "a1").unwrap();
+        queue.push_at(flow("t", "a"), 0, "a2").unwrap();
+        // A very urgent waiter of another flow gets its flow's turn, no more.
+        queue.push_at(flow("t", "b"), -100, "b1").unwrap();
+        queue.push_at(flow("t", "b"), 3, "b2").unwrap();
+        queue.push_at(flow("t", "a"), -2, "a3").unwrap();
+        let b3 = queue.push_at(flow("t", "b"), -1, "b3").unwrap();
+        assert_eq!(queue.len(), 6);
+        // Removal finds a waiter wherever its priority put it.
+        assert_eq!(queue.remove(b3), Some("b3"));
+        assert_eq!(drain(&mut queue), ["a3", "b1", "a1", "b2", "a2"]);
+        assert!(queue.flow_of.is_empty());
+    }
+
+    #[test]
+    fn aging_bounds_how_often_a_waiter_can_be_overtaken() {
+        let bound = 2 * PRIORITY_LEVELS as usize * AGING_ARRIVALS as usize;
+        let mut queue = FairQueue::new(10_000, 10_000);
+        // The least urgent waiter there is (any larger value counts as PRIORITY_LEVELS)...
+        queue.push_at(flow("t", "s"), i32::MAX, "late").unwrap();
+        // ...then a stream of the most urgent ones, twice as long as the bound.
+        for _ in 0..2 * bound {
+            queue.push_at(flow("t", "s"), i32::MIN, "urgent").unwrap();
+        }
+        let order = drain(&mut queue);
+        let served_at = order.iter().position(|w| *w == "late").unwrap();
+        // Overtaken by exactly the urgent waiters that arrived within the bound (tickets 1 to
+        // bound - 1), and by no later one.
+        assert_eq!(served_at, bound - 1);
+        assert_eq!(order.len(), 2 * bound + 1);
+    }
+
+    #[test]
     fn cancelled_waiters_leave_no_trace() {
         let mut queue = FairQueue::new(100, 100);
         let a1 = queue.push(flow("t", "a"), "a1").unwrap();
@@ -593,12 +668,22 @@ mod tests {
 
         /// A request of `f` that records `name` when admitted, then finishes.
         fn request(&self, f: FlowKey, name: &str) -> tokio::task::JoinHandle<Result<(), ApiError>> {
+            self.request_at(f, None, name)
+        }
+
+        /// As [`Harness::request`], at `priority`.
+        fn request_at(
+            &self,
+            f: FlowKey,
+            priority: Option<i32>,
+            name: &str,
+        ) -> tokio::task::JoinHandle<Result<(), ApiError>> {
             let admission = Arc::clone(&self.admission);
             let metrics = Arc::clone(&self.metrics);
             let grants = Arc::clone(&self.grants);
             let name = name.to_owned();
             tokio::spawn(async move {
-                let _permit = admission.admit(f, None, &metrics).await?;
+                let _permit = admission.admit(f, priority, None, &metrics).await?;
                 grants.lock().unwrap().push(name);
                 tokio::task::yield_now().await;
                 Ok(())
@@ -621,7 +706,7 @@ mod tests {
         let h = Harness::new(1, 64, 64);
         let holder = h
             .admission
-            .admit(flow("ip:1", "x"), None, &h.metrics)
+            .admit(flow("ip:1", "x"), None, None, &h.metrics)
             .await
             .unwrap();
         let mut tasks = Vec::new();
@@ -650,11 +735,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_flows_waiters_are_admitted_by_priority() {
+        let h = Harness::new(1, 64, 64);
+        let holder = h
+            .admission
+            .admit(flow("t", "s"), None, None, &h.metrics)
+            .await
+            .unwrap();
+        // The first waiter becomes the head at once (nobody was waiting to be chosen over).
+        let mut tasks = vec![h.request_at(flow("t", "s"), Some(5), "head")];
+        until_queued(&h.metrics, 1).await;
+        for (name, priority) in [
+            ("p0", None),
+            ("urgent", Some(-3)),
+            ("p1", Some(1)),
+            ("urgent2", Some(-3)),
+        ] {
+            tasks.push(h.request_at(flow("t", "s"), priority, name));
+            until_queued(&h.metrics, tasks.len() as i64).await;
+        }
+        drop(holder);
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        assert_eq!(h.grants(), ["head", "urgent", "urgent2", "p0", "p1"]);
+    }
+
+    #[tokio::test]
     async fn full_lines_are_refused_and_departed_waiters_free_their_place() {
         let h = Harness::new(1, 3, 2);
         let holder = h
             .admission
-            .admit(flow("t", "x"), None, &h.metrics)
+            .admit(flow("t", "x"), None, None, &h.metrics)
             .await
             .unwrap();
         let head = h.request(flow("t", "a"), "a0");
@@ -662,7 +774,10 @@ mod tests {
         let a2 = h.request(flow("t", "a"), "a2");
         until_queued(&h.metrics, 3).await;
         // The line is full (3 waiting), and flow a has its share queued behind the head.
-        let refused = h.admission.admit(flow("t", "b"), None, &h.metrics).await;
+        let refused = h
+            .admission
+            .admit(flow("t", "b"), None, None, &h.metrics)
+            .await;
         assert!(matches!(refused, Err(ApiError::Saturated { .. })));
         // A waiter whose client leaves gives its place back, the head included.
         a1.abort();
@@ -680,7 +795,7 @@ mod tests {
         // With nobody waiting, a free slot is taken at once.
         assert!(
             h.admission
-                .admit(flow("t", "c"), None, &h.metrics)
+                .admit(flow("t", "c"), None, None, &h.metrics)
                 .await
                 .is_ok()
         );
@@ -692,17 +807,19 @@ mod tests {
         let metrics = Metrics::new();
         let (a, b) = (IpAddr::from([10, 0, 0, 1]), IpAddr::from([10, 0, 0, 2]));
         let running = admission
-            .admit(flow("t", "1"), Some(a), &metrics)
+            .admit(flow("t", "1"), None, Some(a), &metrics)
             .await
             .unwrap();
         // The second of client a waits for the one slot: it counts while it waits.
-        let waiting = admission.admit(flow("t", "2"), Some(a), &metrics);
+        let waiting = admission.admit(flow("t", "2"), None, Some(a), &metrics);
         tokio::pin!(waiting);
         assert!(futures::poll!(waiting.as_mut()).is_pending());
-        let third = admission.admit(flow("t", "3"), Some(a), &metrics).await;
+        let third = admission
+            .admit(flow("t", "3"), None, Some(a), &metrics)
+            .await;
         assert!(matches!(third, Err(ApiError::ClientLimit(2))), "{third:?}");
         // Another client is not affected by a's share; without an address there is no limit.
-        let other = admission.admit(flow("t", "4"), Some(b), &metrics);
+        let other = admission.admit(flow("t", "4"), None, Some(b), &metrics);
         tokio::pin!(other);
         assert!(futures::poll!(other.as_mut()).is_pending());
         drop(running);
@@ -711,14 +828,14 @@ mod tests {
         drop(other.await.unwrap());
         // Places free as requests finish: a may send two again.
         let again = admission
-            .admit(flow("t", "5"), Some(a), &metrics)
+            .admit(flow("t", "5"), None, Some(a), &metrics)
             .await
             .unwrap();
         drop(again);
         assert!(admission.clients.lock().is_empty());
         let unlimited = Admission::new(4, 4, 4);
         let held: Vec<_> = futures::future::join_all(
-            (0..4).map(|i| unlimited.admit(flow("t", &i.to_string()), Some(a), &metrics)),
+            (0..4).map(|i| unlimited.admit(flow("t", &i.to_string()), None, Some(a), &metrics)),
         )
         .await;
         assert!(held.iter().all(Result::is_ok));

@@ -209,6 +209,7 @@ fn job(routes: &Arc<ModelRoutes>, mode: Disaggregation) -> GenerateJob {
         },
         span: Span::none(),
         retention: Default::default(),
+        priority: None,
     }
 }
 

@@ -321,6 +321,7 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     span: tracing::Span::none(),
                     identity: Default::default(),
                     retention: Default::default(),
+                    priority: None,
                 };
                 let now = pool.now_tick();
                 let events = dispatch::start(&pool, job);

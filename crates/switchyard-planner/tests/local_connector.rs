@@ -68,6 +68,7 @@ async fn in_flight_generation(
 ) -> tokio::task::JoinHandle<(u32, i32)> {
     let mut stream = client
         .generate(v1::GenerateRequest {
+            priority: None,
             request_id: "long".into(),
             prompt_token_ids: (1..=64).collect(),
             sampling: Some(v1::SamplingParams {
@@ -172,6 +173,7 @@ async fn a_moved_decode_worker_finishes_its_sequence_and_takes_the_new_role() {
     let refused = decode
         .client
         .generate(v1::GenerateRequest {
+            priority: None,
             request_id: "after".into(),
             prompt_token_ids: vec![1, 2, 3],
             sampling: Some(v1::SamplingParams {

@@ -369,6 +369,10 @@ pub struct WorkerArgs {
     /// serves (loaded or unloaded while it runs); default 5000.
     #[arg(long, env = "SWITCHYARD_ENGINE_ADAPTERS_INTERVAL_MS")]
     pub engine_adapters_interval_ms: Option<u64>,
+    /// vLLM/SGLang: the engine schedules by request priority (vLLM `--scheduling-policy
+    /// priority`, SGLang `--enable-priority-scheduling`): send each request's `priority`.
+    #[arg(long, env = "SWITCHYARD_ENGINE_PRIORITY_SCHEDULING")]
+    pub engine_priority_scheduling: bool,
     /// Export traces to this OpenTelemetry collector (OTLP/gRPC), e.g. http://otel-collector:4317.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
@@ -468,6 +472,9 @@ impl WorkerArgs {
         set!(engine_startup_timeout_secs => engine.startup_timeout_secs);
         set!(engine_adapters_interval_ms => engine.adapters_interval_ms);
         set!(engine_bootstrap_port => engine.bootstrap_port);
+        if self.engine_priority_scheduling {
+            engine.priority_scheduling = true;
+        }
         if self.engine_block_size.is_some() {
             engine.block_size = self.engine_block_size;
         }

@@ -226,6 +226,7 @@ mod tests {
             },
             identity: Default::default(),
             retention: Default::default(),
+            priority: None,
         }
     }
 

@@ -150,6 +150,7 @@ pub struct WorkerMetrics {
     kv_descriptors: Family<StageLabels, Counter>,
     kv_transfer: Histogram,
     retention_hints: Family<HintLabels, Counter>,
+    priorities: Family<HintLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -180,6 +181,7 @@ impl WorkerMetrics {
             kv_descriptors: Family::default(),
             kv_transfer: latency_histogram(),
             retention_hints: Family::default(),
+            priorities: Family::default(),
         };
         // Series that exist from the start, at 0, so `rate()` and alerts see them before the
         // first occurrence.
@@ -203,6 +205,7 @@ impl WorkerMetrics {
         }
         for outcome in ["passed", "unhonoured"] {
             let _ = m.retention_hints.get_or_create(&HintLabels { outcome });
+            let _ = m.priorities.get_or_create(&HintLabels { outcome });
         }
         for stage in ["planned", "issued"] {
             let _ = m.kv_descriptors.get_or_create(&StageLabels { stage });
@@ -284,6 +287,11 @@ impl WorkerMetrics {
             "Requests that carried a retention hint: passed to the engine, or unhonoured (it has no such control)",
             m.retention_hints.clone(),
         );
+        r.register(
+            "request_priorities",
+            "Requests that carried a non-default scheduling priority: passed to the engine, or unhonoured (it was not started scheduling by priority)",
+            m.priorities.clone(),
+        );
         r.register_collector(Box::new(scrape::ScrapeCollector::new(engine, state)));
         Self { registry, ..m }
     }
@@ -335,6 +343,12 @@ impl WorkerMetrics {
             .get_or_create(&labels)
             .inc_by(u64::from(cached));
         self.completion_tokens.inc_by(u64::from(completion));
+    }
+
+    /// A request carried a non-default priority, which its engine schedules by or not.
+    pub fn request_priority(&self, honoured: bool) {
+        let outcome = if honoured { "passed" } else { "unhonoured" };
+        self.priorities.get_or_create(&HintLabels { outcome }).inc();
     }
 
     /// A request carried a retention hint, which its engine honours or not.

@@ -152,6 +152,18 @@ impl WorkerService {
         })
     }
 
+    /// A request's scheduling priority, counted: passed to an engine that schedules by it,
+    /// unhonoured (and dropped) otherwise. The default (0, or none) is not counted, and an
+    /// engine that does not schedule by priority is never sent one (vLLM refuses a non-zero
+    /// priority unless started with `--scheduling-policy priority`).
+    fn priority(&self, priority: Option<i32>) -> Option<i32> {
+        let schedules = self.engine.schedules_by_priority();
+        if priority.is_some_and(|p| p != 0) {
+            self.metrics.request_priority(schedules);
+        }
+        priority.filter(|_| schedules)
+    }
+
     /// `Generate` inside its `generate` span, which the returned stream holds until it ends.
     async fn start_generate(
         &self,
@@ -198,6 +210,7 @@ impl WorkerService {
         self.check_accepting()?;
         // Counted only for a request the worker takes.
         let retention = self.retention(req.retention)?;
+        let priority = self.priority(req.priority);
         let in_flight = self.state.begin_request();
         if req.kv_source.is_none() {
             self.queue_prefill(&in_flight, &req.prompt_token_ids, &identity);
@@ -208,6 +221,7 @@ impl WorkerService {
             sampling,
             identity,
             retention,
+            priority,
         };
         let engine_stream: ChunkStream = match req.kv_source {
             // The first token comes from the prefill worker, which computes no log
@@ -308,6 +322,7 @@ impl WorkerService {
         self.check_accepting()?;
         // Counted only for a request the worker takes.
         let retention = self.retention(req.retention)?;
+        let priority = self.priority(req.priority);
         let hold = match req.hold_ms {
             0 => self.limits.default_hold,
             ms => Duration::from_millis(u64::from(ms)).min(self.limits.max_hold),
@@ -324,6 +339,7 @@ impl WorkerService {
                 identity,
                 retention,
                 sampling,
+                priority,
             })
             .await?;
         Ok(Response::new(v1::PrefillResponse {

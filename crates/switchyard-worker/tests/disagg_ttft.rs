@@ -81,6 +81,7 @@ fn prompt(seed: u32, len: u32) -> Vec<u32> {
 
 fn request(prompt: Vec<u32>, kv_source: Option<KvSource>) -> GenerateRequest {
     GenerateRequest {
+        priority: None,
         request_id: "bench".into(),
         prompt_token_ids: prompt,
         sampling: Some(SamplingParams {
@@ -119,6 +120,7 @@ async fn disaggregated_ms(
     let pre = prefill
         .client
         .prefill(PrefillRequest {
+            priority: None,
             request_id: "bench".into(),
             prompt_token_ids: p.clone(),
             hold_ms: 0,

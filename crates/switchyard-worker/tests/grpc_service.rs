@@ -65,6 +65,7 @@ fn prompt(len: u32) -> Vec<u32> {
 
 fn gen_req(prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
+        priority: None,
         request_id: "r".into(),
         prompt_token_ids: prompt,
         sampling: Some(SamplingParams {
@@ -85,6 +86,7 @@ async fn prefill_holds_blocks_until_pulled_once() {
     let resp = h
         .client
         .prefill(PrefillRequest {
+            priority: None,
             request_id: "p1".into(),
             prompt_token_ids: tokens.clone(),
             hold_ms: 60_000,
@@ -161,6 +163,7 @@ async fn an_unpulled_handle_expires_and_releases_its_blocks() {
     let resp = h
         .client
         .prefill(PrefillRequest {
+            priority: None,
             request_id: "p2".into(),
             prompt_token_ids: prompt(64),
             hold_ms: 200,
@@ -316,6 +319,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
     let err = h
         .client
         .prefill(PrefillRequest {
+            priority: None,
             request_id: "x".into(),
             prompt_token_ids: vec![],
             hold_ms: 0,
@@ -348,6 +352,7 @@ async fn bad_prefill_and_pull_requests_are_invalid_arguments() {
     let err = h
         .client
         .generate(GenerateRequest {
+            priority: None,
             request_id: "x".into(),
             prompt_token_ids: prompt(4),
             sampling: Some(SamplingParams {
@@ -408,6 +413,7 @@ async fn a_worker_registers_its_adapters_and_refuses_any_other() {
     let err = worker
         .client
         .prefill(PrefillRequest {
+            priority: None,
             request_id: "p".into(),
             prompt_token_ids: prompt(40),
             hold_ms: 0,

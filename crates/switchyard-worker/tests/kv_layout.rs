@@ -74,6 +74,7 @@ async fn disaggregated_via(
     let pre = prefill
         .client
         .prefill(PrefillRequest {
+            priority: None,
             request_id: "p".into(),
             prompt_token_ids: prompt.to_vec(),
             hold_ms: 0,
@@ -102,6 +103,7 @@ async fn disaggregated_via(
         }),
         identity: None,
         retention: Default::default(),
+        priority: None,
     };
     let mut stream = decode.client.generate(request).await?.into_inner();
     let mut tokens = Vec::new();

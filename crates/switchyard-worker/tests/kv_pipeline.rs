@@ -50,6 +50,7 @@ async fn prefill(worker: &mut Worker, prompt: &[u32], pipelined: bool) -> v1::Pr
     worker
         .client
         .prefill(PrefillRequest {
+            priority: None,
             request_id: "p".into(),
             prompt_token_ids: prompt.to_vec(),
             hold_ms: 0,
@@ -65,6 +66,7 @@ async fn prefill(worker: &mut Worker, prompt: &[u32], pipelined: bool) -> v1::Pr
 
 fn generate(prompt: &[u32], address: String, pre: &v1::PrefillResponse) -> GenerateRequest {
     GenerateRequest {
+        priority: None,
         request_id: "d".into(),
         prompt_token_ids: prompt.to_vec(),
         sampling: Some(SamplingParams {
@@ -336,6 +338,7 @@ async fn an_unpulled_pipelined_handle_expires_and_stops_the_prefill() {
     let pre = a
         .client
         .prefill(PrefillRequest {
+            priority: None,
             request_id: "p".into(),
             prompt_token_ids: prompt(4096),
             hold_ms: 50,

@@ -38,6 +38,7 @@ impl Worker {
     async fn prefill(&mut self, prompt: &[u32]) -> v1::PrefillResponse {
         self.client
             .prefill(PrefillRequest {
+                priority: None,
                 request_id: "p".into(),
                 prompt_token_ids: prompt.to_vec(),
                 hold_ms: 0,
@@ -58,6 +59,7 @@ fn prompt(len: u32) -> Vec<u32> {
 
 fn request(prompt: &[u32], max_tokens: u32, source: KvSource) -> GenerateRequest {
     GenerateRequest {
+        priority: None,
         request_id: "d".into(),
         prompt_token_ids: prompt.to_vec(),
         sampling: Some(SamplingParams {

@@ -75,6 +75,7 @@ fn prompt(len: u32, salt: u32) -> Vec<u32> {
 
 fn generate(prompt: Vec<u32>, max_tokens: u32, source: Option<KvSource>) -> GenerateRequest {
     GenerateRequest {
+        priority: None,
         request_id: "g".into(),
         prompt_token_ids: prompt,
         sampling: Some(SamplingParams {
@@ -90,6 +91,7 @@ fn generate(prompt: Vec<u32>, max_tokens: u32, source: Option<KvSource>) -> Gene
 
 fn prefill(prompt: Vec<u32>, hold_ms: u32) -> PrefillRequest {
     PrefillRequest {
+        priority: None,
         request_id: "p".into(),
         prompt_token_ids: prompt,
         hold_ms,

@@ -35,6 +35,7 @@ fn params(prompt: Vec<u32>, max_tokens: u32) -> GenerateParams {
         },
         identity: Default::default(),
         retention: Default::default(),
+        priority: None,
     }
 }
 
@@ -221,6 +222,7 @@ async fn a_trtllm_worker_registers_serves_grpc_and_takes_a_prefill_role() {
     let mut stream = worker
         .client
         .generate(GenerateRequest {
+            priority: None,
             request_id: "g".into(),
             prompt_token_ids: seq(1, 9),
             sampling: Some(SamplingParams {
@@ -311,6 +313,7 @@ async fn trtllm_context_phase_hands_its_disaggregated_params_to_the_generation_e
         pipelined: false,
         identity: Default::default(),
         retention: Default::default(),
+        priority: None,
         sampling: None,
     };
 

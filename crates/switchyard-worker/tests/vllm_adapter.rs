@@ -35,6 +35,7 @@ fn params(prompt: Vec<u32>, max_tokens: u32) -> GenerateParams {
         },
         identity: Default::default(),
         retention: Default::default(),
+        priority: None,
     }
 }
 
@@ -295,6 +296,7 @@ async fn errors_map_to_whose_fault_and_dropping_a_stream_aborts() {
             pipelined: false,
             identity: Default::default(),
             retention: Default::default(),
+            priority: None,
             sampling: None,
         })
         .await
@@ -350,6 +352,7 @@ fn prefill_params(prompt: Vec<u32>, hold: Duration) -> PrefillParams {
         pipelined: false,
         identity: Default::default(),
         retention: Default::default(),
+        priority: None,
         sampling: None,
     }
 }
@@ -363,16 +366,28 @@ fn object(json: &str) -> serde_json::Map<String, Value> {
 
 #[tokio::test]
 async fn vllm_prefill_hands_its_kv_transfer_params_to_the_decode_engine() {
-    let prefill_fake = Fake::start(&["--block-size", "4", "--kv-transfer"]).await;
+    let prefill_fake = Fake::start(&[
+        "--block-size",
+        "4",
+        "--kv-transfer",
+        "--scheduling-policy",
+        "priority",
+    ])
+    .await;
     let decode_fake = Fake::start(&["--block-size", "4", "--kv-transfer"]).await;
     let prefill = start(prefill_fake.config(EngineKind::Vllm, 1, false)).await;
     let decode = start(decode_fake.config(EngineKind::Vllm, 1, true)).await;
     let prompt = seq(1, 10);
 
+    // A priority (set by the service only for an engine scheduling by it) reaches the prefill.
     let outcome = prefill
-        .prefill(prefill_params(prompt.clone(), Duration::from_secs(30)))
+        .prefill(PrefillParams {
+            priority: Some(3),
+            ..prefill_params(prompt.clone(), Duration::from_secs(30))
+        })
         .await
         .unwrap();
+    assert_eq!(last_request(&prefill_fake).await["priority"], json!(3));
     let transfer = object(outcome.engine_transfer_params.as_deref().unwrap());
     let prefill_id = prefill_fake.admin("transfers", json!({})).await["engine_id"].clone();
     assert_eq!(transfer["do_remote_prefill"], true);
@@ -439,6 +454,7 @@ async fn sglang_prefill_answers_at_once_and_the_decode_engine_takes_the_room() {
         "prefill",
         "--transfer-timeout",
         "20",
+        "--enable-priority-scheduling",
     ])
     .await;
     let decode_fake = Fake::start(&["--flavor", "sglang", "--disaggregation-mode", "decode"]).await;
@@ -451,9 +467,13 @@ async fn sglang_prefill_answers_at_once_and_the_decode_engine_takes_the_room() {
     // The stand-in's prefill does not finish until a decode engine takes the room: the answer
     // comes before that, or this would wait for ever.
     let outcome = prefill
-        .prefill(prefill_params(prompt.clone(), Duration::from_secs(20)))
+        .prefill(PrefillParams {
+            priority: Some(-1),
+            ..prefill_params(prompt.clone(), Duration::from_secs(20))
+        })
         .await
         .unwrap();
+    assert_eq!(last_request(&prefill_fake).await["priority"], json!(-1));
     let transfer = object(outcome.engine_transfer_params.as_deref().unwrap());
     assert_eq!(transfer["bootstrap_host"], "127.0.0.1");
     assert_eq!(transfer["bootstrap_port"], prefill_fake.bootstrap);
@@ -566,6 +586,7 @@ async fn run(
             sampling,
             identity: Default::default(),
             retention: Default::default(),
+            priority: None,
         })
         .await
         .unwrap();

@@ -61,6 +61,9 @@ pub struct GenerateJob {
     /// The turn of its session it is (`x-session-id`), with the retention hint its worker
     /// receives; the turn ends when the last clone of the job is dropped.
     pub retention: Arc<crate::retention::SessionTurn>,
+    /// The request's scheduling priority (lower is earlier; `None`: the engine's default),
+    /// sent to the worker, which passes it to an engine that schedules by it.
+    pub priority: Option<i32>,
     pub session: Option<String>,
     pub deadline: Instant,
     pub max_retries: u32,

@@ -108,6 +108,7 @@ impl Driver<'_> {
             retention: switchyard_proto::retention_to_proto(&job.retention.hint()),
             // A context phase (TensorRT-LLM) samples the first token the decode continues from.
             sampling: Some(v1::SamplingParams::from(&job.sampling)),
+            priority: job.priority,
         });
         switchyard_telemetry::inject_context(&prefill_span, call.metadata_mut());
         let answer = tokio::time::timeout(

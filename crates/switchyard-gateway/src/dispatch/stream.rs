@@ -146,6 +146,7 @@ impl Driver<'_> {
             kv_source,
             identity: switchyard_proto::identity_to_proto(&job.identity),
             retention: switchyard_proto::retention_to_proto(&job.retention.hint()),
+            priority: job.priority,
         });
         switchyard_telemetry::inject_context(&span, call.metadata_mut());
         let mut relay = Relay {

@@ -66,6 +66,7 @@ impl Choices {
                     sampling,
                     identity: p.identity.clone(),
                     retention: Arc::new(state.retention.begin(p.session.as_deref())),
+                    priority: p.priority,
                     session: p.session.clone().or_else(|| p.user.clone()),
                     deadline: tokio::time::Instant::from_std(
                         p.arrived + state.config.request_timeout(),
@@ -131,7 +132,7 @@ impl Run {
                 let job = run.job.take()?;
                 if run.permit.is_none() {
                     let admitted = tokio::select! {
-                        admitted = run.state.admission.admit(run.flow.clone(), run.client, &run.state.metrics) => admitted,
+                        admitted = run.state.admission.admit(run.flow.clone(), job.priority, run.client, &run.state.metrics) => admitted,
                         () = run.stop.cancelled() => return None,
                     };
                     match admitted {

@@ -122,9 +122,32 @@ pub struct FieldNotes {
     pub session: Option<(SessionSource, String)>,
     /// The reasoning the request asked for, in any API's words, and the field that asked.
     reasoning: Option<(Reasoning, &'static str)>,
+    /// The scheduling `priority` (vLLM's extension: lower is scheduled earlier, 0 the
+    /// default), carried to the workers, which send it to engines that schedule by it.
+    pub priority: Option<i32>,
 }
 
 impl FieldNotes {
+    /// Reads a request's `priority`: an integer in the 32-bit range (vLLM's engine reads any
+    /// integer, and no scheduler needs more than that), else a 400 naming the field.
+    pub fn note_priority(&mut self, field: &str, value: &Json) -> Result<(), ApiError> {
+        let priority = value
+            .as_i64()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| {
+                ApiError::bad_param(
+                    field.to_owned(),
+                    format!(
+                        "`{field}` must be an integer from {} to {} (lower is scheduled earlier; 0 is the default), got {value}",
+                        i32::MIN,
+                        i32::MAX
+                    ),
+                )
+            })?;
+        self.priority = Some(priority);
+        Ok(())
+    }
+
     /// `field` was sent and cannot change the tokens: accepted, recorded and counted.
     pub fn advisory(&mut self, field: impl Into<String>) {
         self.advisory.insert(field.into());

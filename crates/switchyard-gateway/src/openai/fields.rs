@@ -12,13 +12,11 @@ use crate::error::ApiError;
 use crate::http::fields::{FieldNotes, Reasoning, SessionSource, session_key, template_kwargs};
 
 /// Fields that cannot change the tokens a request gets: accepted, recorded, counted.
-const ADVISORY: [&str; 14] = [
+const ADVISORY: [&str; 13] = [
     "metadata",
     "store",
     "service_tier",
     "safety_identifier",
-    // Scheduling priority: the gateway's admission has no priority classes yet.
-    "priority",
     // Predicted output: a speculative-decoding hint; it never changes the tokens sampled.
     "prediction",
     "verbosity",
@@ -115,6 +113,8 @@ pub fn notes_of(
                 }
                 _ => return Err(bad("expected a boolean")),
             },
+            // Scheduling priority: carried to the workers (docs/engines.md, "Request priority").
+            (_, "priority") => notes.note_priority(field, value)?,
             (_, "truncate_prompt_tokens") => {
                 return Err(bad(
                     "the gateway does not truncate prompts: a prompt over the context is a 400",
@@ -159,6 +159,8 @@ mod tests {
             Some((SessionSource::PromptCacheKey, "sess-1".to_owned()))
         );
         assert_eq!(notes.add_generation_prompt, Some(true));
+        // The priority is carried to the workers, not dropped as advisory.
+        assert_eq!(notes.priority, Some(5));
         assert_eq!(notes.unknown_names().collect::<Vec<_>>(), ["brand_new"]);
         assert_eq!(
             notes.ignored(),
@@ -167,7 +169,6 @@ mod tests {
                 "kv_transfer_params",
                 "metadata",
                 "prediction",
-                "priority",
                 "safety_identifier",
                 "service_tier",
                 "store",
@@ -217,5 +218,42 @@ mod tests {
             notes.unknown_names().collect::<Vec<_>>(),
             ["reasoning_effort"]
         );
+    }
+
+    #[test]
+    fn a_priority_is_an_integer_carried_on_both_endpoints_and_anything_else_is_a_400_naming_it() {
+        for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+            for (value, want) in [
+                (json!(-20), -20),
+                (json!(0), 0),
+                (json!(i32::MAX), i32::MAX),
+            ] {
+                let notes = notes_of(endpoint, &rest(json!({"priority": value})), false).unwrap();
+                assert_eq!(notes.priority, Some(want));
+                assert!(notes.ignored().is_empty(), "{:?}", notes.ignored());
+            }
+            // null is "not sent".
+            let notes = notes_of(endpoint, &rest(json!({"priority": null})), false).unwrap();
+            assert_eq!(notes.priority, None);
+            for bad in [
+                json!(1.5),
+                json!("high"),
+                json!(true),
+                json!([1]),
+                json!(i64::from(i32::MAX) + 1),
+                json!(u64::MAX),
+            ] {
+                let Err(ApiError::BadRequest {
+                    param: Some(named),
+                    message,
+                    ..
+                }) = notes_of(endpoint, &rest(json!({"priority": bad})), false)
+                else {
+                    panic!("priority {bad} is refused");
+                };
+                assert_eq!(named, "priority");
+                assert!(message.contains("integer"), "{message}");
+            }
+        }
     }
 }

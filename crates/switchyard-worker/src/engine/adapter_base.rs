@@ -29,6 +29,8 @@ pub(super) struct AdapterBase {
     pub scrapes: Arc<EngineScrapeCounters>,
     pub cancel: CancellationToken,
     pub tasks: TaskTracker,
+    /// The engine schedules by request priority (`EngineConfig::priority_scheduling`).
+    pub priority_scheduling: bool,
 }
 
 /// What only the engine kind knows, for [`AdapterBase::finish`].
@@ -70,6 +72,7 @@ impl AdapterBase {
             scrapes: Arc::new(EngineScrapeCounters::default()),
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            priority_scheduling: config.priority_scheduling,
         })
     }
 
@@ -113,6 +116,7 @@ impl AdapterBase {
             adapters_rx: parts.adapters_rx,
             tasks: self.tasks,
             cancel: self.cancel,
+            priority_scheduling: self.priority_scheduling,
         }
     }
 }

@@ -57,6 +57,11 @@ pub struct EngineConfig {
     pub bootstrap_host: Option<String>,
     /// SGLang prefill: the engine's `--disaggregation-bootstrap-port`.
     pub bootstrap_port: u16,
+    /// vLLM/SGLang: the engine schedules by request priority (vLLM `--scheduling-policy
+    /// priority`, SGLang `--enable-priority-scheduling`), so a request's `priority` is sent to
+    /// it. Off: priorities are counted as unhonoured and not sent (vLLM refuses a non-zero one
+    /// unless it schedules by priority).
+    pub priority_scheduling: bool,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +83,7 @@ impl Default for EngineConfig {
             adapters_interval_ms: 5000,
             startup_timeout_secs: 600,
             vllm_token_ids: TokenIdSource::default(),
+            priority_scheduling: false,
             bootstrap_host: None,
             bootstrap_port: super::pd::SGLANG_DEFAULT_BOOTSTRAP_PORT,
         }
@@ -116,6 +122,12 @@ impl EngineConfig {
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.priority_scheduling && !matches!(self.kind, EngineKind::Vllm | EngineKind::Sglang) {
+            return invalid(format!(
+                "--engine-priority-scheduling is for vLLM and SGLang; --engine {} does not schedule by a request priority the worker can send",
+                self.kind
+            ));
+        }
         if self.kind == EngineKind::Sim {
             return Ok(());
         }
@@ -180,6 +192,31 @@ mod tests {
             url: Some(url.into()),
             advertise: advertise.map(str::to_owned),
             ..EngineConfig::default()
+        }
+    }
+
+    #[test]
+    fn priority_scheduling_is_refused_for_engines_the_worker_cannot_send_a_priority_to() {
+        for kind in [EngineKind::Sim, EngineKind::Trtllm] {
+            let config = EngineConfig {
+                kind,
+                url: Some("http://127.0.0.1:8000".into()),
+                priority_scheduling: true,
+                ..EngineConfig::default()
+            };
+            let err = config.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("--engine-priority-scheduling"),
+                "{kind}: {err}"
+            );
+        }
+        for kind in [EngineKind::Vllm, EngineKind::Sglang] {
+            let config = EngineConfig {
+                kind,
+                priority_scheduling: true,
+                ..vllm("http://127.0.0.1:8000", None)
+            };
+            config.validate().unwrap();
         }
     }
 

@@ -66,6 +66,9 @@ pub struct GenerateParams {
     /// Keep the request's blocks cached after it ends (honoured where
     /// [`Engine::honours_retention`]).
     pub retention: switchyard_core::Retention,
+    /// Scheduling priority (lower is earlier), set only for an engine that
+    /// [`Engine::schedules_by_priority`].
+    pub priority: Option<i32>,
 }
 
 /// Why a generation ended.
@@ -175,6 +178,8 @@ pub struct PrefillParams {
     /// The request's sampling, for an engine whose prefill samples the first token the decode
     /// side continues from (TensorRT-LLM); `None` from older gateways (sampled greedily).
     pub sampling: Option<switchyard_core::Sampling>,
+    /// Scheduling priority, as in [`GenerateParams`].
+    pub priority: Option<i32>,
 }
 
 /// What a finished prefill holds.
@@ -398,6 +403,13 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
     /// Whether it keeps a request's blocks as its retention hint asks (the simulator); an
     /// engine without such a control ignores hints and the worker counts them unhonoured.
     fn honours_retention(&self) -> bool {
+        false
+    }
+
+    /// Whether it schedules waiting requests by their `priority` (vLLM and SGLang started
+    /// with priority scheduling, which the worker's configuration says); an engine that does
+    /// not is never sent one, and the worker counts non-zero priorities as unhonoured.
+    fn schedules_by_priority(&self) -> bool {
         false
     }
 

@@ -135,6 +135,9 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
             if let Some(salt) = &p.identity.salt {
                 body["cache_salt"] = json!(salt);
             }
+            if let Some(priority) = p.priority {
+                body["priority"] = json!(priority);
+            }
             ("/v1/completions", body)
         }
         Dialect::Trtllm => (
@@ -165,6 +168,10 @@ pub fn request_body(dialect: Dialect, model: &str, p: &GenerateParams) -> (&'sta
                 body["top_logprobs_num"] = json!(k);
             }
             sglang_identity(&mut body, &p.identity);
+            // `GenerateReqInput.priority`, read under `--enable-priority-scheduling`.
+            if let Some(priority) = p.priority {
+                body["priority"] = json!(priority);
+            }
             ("/generate", body)
         }
     }
@@ -598,6 +605,7 @@ mod tests {
             },
             identity: Default::default(),
             retention: Default::default(),
+            priority: None,
         };
         let vllm = |g| request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &with(g)).1;
         let sglang = |g| request_body(Dialect::Sglang, "m", &with(g)).1;
@@ -640,6 +648,7 @@ mod tests {
             },
             identity: Default::default(),
             retention: Default::default(),
+            priority: None,
         };
         let (_, body) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &plain);
         assert!(body.get("structured_outputs").is_none());
@@ -657,6 +666,7 @@ mod tests {
             identity: switchyard_core::KvIdentity::new(Some("sql".into()), Some("t-1".into()))
                 .unwrap(),
             retention: Default::default(),
+            priority: None,
         };
         let (_, vllm) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &params);
         assert_eq!(
@@ -680,6 +690,37 @@ mod tests {
     }
 
     #[test]
+    fn a_priority_is_sent_at_the_top_of_each_engines_body_and_only_when_set() {
+        let params = GenerateParams {
+            request_id: "r".into(),
+            prompt: vec![1, 2],
+            sampling: switchyard_core::Sampling {
+                max_tokens: 2,
+                ..Default::default()
+            },
+            identity: Default::default(),
+            retention: Default::default(),
+            priority: Some(-7),
+        };
+        let (_, vllm) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &params);
+        assert_eq!(vllm["priority"], json!(-7));
+        let (_, sglang) = request_body(Dialect::Sglang, "m", &params);
+        assert_eq!(sglang["priority"], json!(-7));
+        assert!(sglang["sampling_params"].get("priority").is_none());
+        let unset = GenerateParams {
+            priority: None,
+            ..params
+        };
+        for dialect in [
+            Dialect::Vllm(TokenIdSource::ReturnTokenIds),
+            Dialect::Sglang,
+        ] {
+            let (_, body) = request_body(dialect, "m", &unset);
+            assert!(body.get("priority").is_none(), "{body}");
+        }
+    }
+
+    #[test]
     fn logprobs_are_asked_in_each_engines_names_and_read_back_with_their_tokens() {
         let params = GenerateParams {
             request_id: "r".into(),
@@ -691,6 +732,7 @@ mod tests {
             },
             identity: Default::default(),
             retention: Default::default(),
+            priority: None,
         };
         let (_, body) = request_body(Dialect::Vllm(TokenIdSource::ReturnTokenIds), "m", &params);
         assert_eq!(body["logprobs"], 3);

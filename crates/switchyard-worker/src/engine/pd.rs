@@ -61,6 +61,7 @@ impl VllmEngine {
             },
             identity: params.identity.clone(),
             retention: params.retention,
+            priority: params.priority,
         };
         let (path, mut body) = openai_http::request_body(self.dialect, &self.model, &generate);
         body["stream"] = json!(false);
@@ -143,6 +144,10 @@ impl VllmEngine {
             "bootstrap_room": room,
         });
         openai_http::sglang_identity(&mut body, &params.identity);
+        // Set only when the engine schedules by priority (the service checks).
+        if let Some(priority) = params.priority {
+            body["priority"] = json!(priority);
+        }
         // Not `post`: this request outlives the call (it finishes in the background task).
         let mut send = Box::pin(
             self.http

@@ -549,6 +549,7 @@ mod tests {
             },
             identity: Default::default(),
             retention: Default::default(),
+            priority: None,
         };
         let body = |guided| {
             let (path, body) =
@@ -593,6 +594,7 @@ mod tests {
             },
             identity: Default::default(),
             retention: Default::default(),
+            priority: None,
         };
         assert!(check_request(&params).is_ok());
         params.sampling.logprobs = Some(1);

@@ -58,6 +58,7 @@ pub(super) fn context_body(model: &str, params: &PrefillParams) -> Value {
         },
         identity: params.identity.clone(),
         retention: params.retention,
+        priority: params.priority,
     };
     let (_, mut body) = openai_http::request_body(Dialect::Trtllm, model, &generate);
     if let Some(fields) = body.as_object_mut() {
@@ -212,6 +213,7 @@ mod tests {
             pipelined: false,
             identity: Default::default(),
             retention: Default::default(),
+            priority: None,
             sampling: None,
         }
     }

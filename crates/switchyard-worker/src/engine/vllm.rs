@@ -84,6 +84,8 @@ pub struct VllmEngine {
     pub(super) adapters_rx: Option<watch::Receiver<Vec<String>>>,
     pub(super) tasks: TaskTracker,
     pub(super) cancel: CancellationToken,
+    /// The engine was started scheduling by priority: requests carry theirs.
+    pub(super) priority_scheduling: bool,
 }
 
 impl VllmEngine {
@@ -590,6 +592,10 @@ impl Engine for VllmEngine {
 
     fn engine_transfer(&self) -> Option<&dyn EngineTransfer> {
         Some(self)
+    }
+
+    fn schedules_by_priority(&self) -> bool {
+        self.priority_scheduling
     }
 
     fn load(&self) -> LoadStats {

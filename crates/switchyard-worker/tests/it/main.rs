@@ -29,6 +29,9 @@ mod kv_transfer;
 #[path = "../metrics.rs"]
 mod metrics;
 
+#[path = "../request_priority.rs"]
+mod request_priority;
+
 #[path = "../retention_hints.rs"]
 mod retention_hints;
 

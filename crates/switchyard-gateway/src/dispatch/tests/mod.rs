@@ -288,6 +288,7 @@ fn job(routes: &Arc<ModelRoutes>, disagg: DisaggSettings) -> GenerateJob {
         disagg,
         span: tracing::Span::none(),
         retention: Default::default(),
+        priority: None,
     }
 }
 

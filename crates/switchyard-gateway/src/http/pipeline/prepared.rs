@@ -138,6 +138,8 @@ pub(crate) struct Prepared {
     pub(crate) session_source: Option<SessionSource>,
     /// The advisory and unknown fields the request carried, shown in the decision log.
     pub(crate) ignored: Vec<String>,
+    /// The request's scheduling priority (lower is earlier), sent to its workers.
+    pub(crate) priority: Option<i32>,
     /// The API key's tenant (none on an open gateway): who may read a stored response.
     pub(crate) tenant: Option<String>,
     /// What besides its tokens names the prompt's KV (the cache salt).

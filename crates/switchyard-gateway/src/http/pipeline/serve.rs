@@ -147,7 +147,7 @@ async fn serve<T: DeserializeOwned, R: Renderer>(
         let admission = tracing::info_span!(target: GATEWAY_SPANS, "admission");
         let permit = state
             .admission
-            .admit(flow.clone(), client, &state.metrics)
+            .admit(flow.clone(), settled.priority, client, &state.metrics)
             .instrument(admission)
             .await?;
         let who = Who {
@@ -202,6 +202,7 @@ struct Settled {
     session_source: Option<SessionSource>,
     template: Template,
     ignored: Vec<String>,
+    priority: Option<i32>,
 }
 
 /// Checks what `parsed` asks (before admission and tokenization; `max_tokens` is settled after
@@ -263,6 +264,7 @@ fn settle(
         session_source,
         template,
         ignored: notes.ignored(),
+        priority: notes.priority,
     })
 }
 
@@ -347,6 +349,7 @@ async fn tokenize_and_prepare(
         session: settled.session,
         session_source: settled.session_source,
         ignored: settled.ignored,
+        priority: settled.priority,
         tenant: who.tenant.map(|ApiTenant(t)| t),
         identity: settled.identity,
         flow: who.flow,

@@ -246,6 +246,8 @@ fn note_other(other: &BTreeMap<String, Json>, notes: &mut FieldNotes) -> Result<
                     notes.session = Some((SessionSource::PromptCacheKey, key));
                 }
             }
+            // vLLM's Responses request takes a scheduling priority as its chat request does.
+            ("priority", _) => notes.note_priority(field, value)?,
             ("background", Json::Bool(false)) => notes.advisory(field.clone()),
             ("background", _) => {
                 return refuse(

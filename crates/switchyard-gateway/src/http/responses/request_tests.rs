@@ -359,3 +359,20 @@ fn sealed_reasoning_is_read_back_and_a_foreign_one_is_left_out() {
         ["input[].encrypted_content:unreadable"]
     );
 }
+
+#[test]
+fn a_priority_is_carried_and_a_non_integer_one_is_a_400_naming_it() {
+    let parsed = parse(json!({"model": "m", "input": "x", "priority": -2})).unwrap();
+    assert_eq!(parsed.notes.priority, Some(-2));
+    assert!(!parsed.notes.ignored().contains(&"priority".to_owned()));
+    let parsed = parse(json!({"model": "m", "input": "x"})).unwrap();
+    assert_eq!(parsed.notes.priority, None);
+    assert_eq!(
+        param(json!({"model": "m", "input": "x", "priority": "low"})),
+        "priority"
+    );
+    assert_eq!(
+        param(json!({"model": "m", "input": "x", "priority": 0.5})),
+        "priority"
+    );
+}
