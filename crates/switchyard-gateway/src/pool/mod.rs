@@ -28,6 +28,7 @@ use crate::recorder::{Record, Recorder};
 use crate::transport::{GrpcTransport, WorkerTransport};
 
 pub mod ingest;
+pub mod members;
 pub mod subscriber;
 pub mod subscriptions;
 
@@ -53,6 +54,8 @@ pub struct ModelRoutes {
     pub block_size: BlockSize,
     pub max_context_tokens: u64,
     pub core: parking_lot::Mutex<RouterCore>,
+    /// The model's workers as routing reads them, rebuilt when one joins, changes or leaves.
+    pub members: members::ModelMembers,
 }
 
 impl ModelRoutes {
@@ -455,6 +458,7 @@ impl WorkerPool {
             block_size: info.block_size,
             max_context_tokens: info.max_context_tokens,
             core: parking_lot::Mutex::new(RouterCore { serving }),
+            members: members::ModelMembers::default(),
         });
         models.insert(info.model.clone(), Arc::clone(&routes));
         Ok(routes)
@@ -466,7 +470,13 @@ impl WorkerPool {
             let old = existing.info();
             if old.incarnation == info.incarnation && old.address == info.address {
                 self.count_adapters(Some(&old), Some(&info));
+                let model = info.model.clone();
                 *existing.info.write().unwrap_or_else(|p| p.into_inner()) = info;
+                // A role, adapter or endpoint change reaches routing on the next request.
+                self.refresh_members(&model);
+                if old.model != model {
+                    self.refresh_members(&old.model);
+                }
                 return;
             }
             // Restarted or moved: follow the new incarnation from scratch.
@@ -508,6 +518,7 @@ impl WorkerPool {
             .unwrap_or_else(|p| p.into_inner())
             .insert(info.id.clone(), Arc::clone(&handle));
         self.count_adapters(None, Some(&info));
+        self.refresh_members(&info.model);
         self.recorder.record(|| Record::WorkerJoined {
             tick: self.now_tick(),
             worker: info.clone(),
@@ -536,6 +547,7 @@ impl WorkerPool {
         let info = handle.info();
         self.count_adapters(Some(&info), None);
         let model = info.model;
+        self.refresh_members(&model);
         if let Some(routes) = self.model(&model) {
             let mut core = routes.lock();
             core.serving.remove_worker(id);
@@ -551,6 +563,13 @@ impl WorkerPool {
             .workers
             .set(self.workers.read().map(|w| w.len()).unwrap_or(0) as i64);
         tracing::info!(worker = %id, "worker left; its blocks are dropped from the index");
+    }
+
+    /// Rebuilds `model`'s member list ([`members`]) from the workers known now.
+    fn refresh_members(&self, model: &str) {
+        if let Some(routes) = self.model(model) {
+            routes.members.rebuild(model, || self.workers());
+        }
     }
 
     /// Stops every subscriber task.

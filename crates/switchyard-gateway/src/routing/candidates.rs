@@ -7,6 +7,7 @@ use switchyard_core::{EngineKind, WorkerId, WorkerInfo};
 use switchyard_router::Candidate;
 use switchyard_router::serve::{self, DecodeFilter, WorkerFacts, may_decode, may_prefill_for};
 
+use crate::pool::members::Member;
 use crate::pool::{ModelRoutes, WorkerHandle, WorkerPool};
 
 /// The workers a request may go to: what the policy sees, and their handles in the same
@@ -38,40 +39,34 @@ impl Candidates {
         eligible: impl Fn(WorkerFacts<'_>) -> bool,
         within: &dyn Fn(&WorkerInfo) -> bool,
     ) -> Self {
-        let eligible = |info: &WorkerInfo, draining: bool| {
-            pool.deliverable(info) && within(info) && eligible(facts(info, draining))
+        // The model's own list ([`crate::pool::members`]): no sweep of every model's workers
+        // and no worker lock per request; draining and answering are read live below.
+        let members = routes.members.snapshot();
+        let eligible = |m: &Member| {
+            pool.deliverable(&m.info)
+                && within(&m.info)
+                && eligible(facts(&m.info, m.handle.is_draining()))
         };
-        let workers = pool.workers();
-        let answering = workers.iter().filter(|w| w.health.is_answering());
-        let answering = Self::select_from(answering, workers.len(), routes, &eligible);
+        let answering = members.iter().filter(|m| m.handle.health.is_answering());
+        let answering = Self::select_from(answering, members.len(), &eligible);
         if !answering.is_empty() {
             return answering;
         }
-        Self::select_from(workers.iter(), workers.len(), routes, &eligible)
+        Self::select_from(members.iter(), members.len(), &eligible)
     }
 
     fn select_from<'a>(
-        workers: impl Iterator<Item = &'a Arc<WorkerHandle>>,
+        members: impl Iterator<Item = &'a Member>,
         most: usize,
-        routes: &ModelRoutes,
-        eligible: &impl Fn(&WorkerInfo, bool) -> bool,
+        eligible: &impl Fn(&Member) -> bool,
     ) -> Self {
         let mut out = Candidates {
             ids: Vec::with_capacity(most),
             handles: Vec::with_capacity(most),
         };
-        for w in workers {
-            // Read each worker's info in place: cloning it (three strings) per worker per
-            // request was the larger part of routing with many workers.
-            let id = {
-                let info = w.info.read().unwrap_or_else(|p| p.into_inner());
-                (info.model == routes.model && eligible(&info, w.is_draining()))
-                    .then(|| Candidate::of(&info))
-            };
-            if let Some(candidate) = id {
-                out.ids.push(candidate);
-                out.handles.push(Arc::clone(w));
-            }
+        for m in members.filter(|m| eligible(m)) {
+            out.ids.push(m.candidate.clone());
+            out.handles.push(Arc::clone(&m.handle));
         }
         out
     }
@@ -127,3 +122,7 @@ pub fn prefill_candidates(
         may_prefill_for(w, engine, exclude, adapter)
     })
 }
+
+#[cfg(test)]
+#[path = "candidates_tests.rs"]
+mod tests;
