@@ -2,8 +2,9 @@
 //! (`tests/python/fake_trtllm.py`): a gateway and two `switchyard worker --engine trtllm`
 //! processes. The workers register, a chat request streams through, the KV events they poll
 //! from `/kv_cache_events` reach the gateway's index (a second request with the same prefix is
-//! routed to the worker holding it), and events lost in the engine's queue are detected,
-//! counted and resynchronised.
+//! routed to the worker holding it), events lost in the engine's queue and an engine restart
+//! are detected, counted and resynchronised; and the same shared-prefix workload hits the cache
+//! as often behind two trtllm workers as behind two vLLM workers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -176,5 +177,121 @@ async fn trtllm_workers_register_serve_and_route_by_their_polled_kv_events() {
     assert_eq!(
         worker_sample(other.2, "switchyard_worker_engine_kv_gaps_total").await,
         0.0
+    );
+
+    // The engine restarts (an empty cache, event ids from 0 again): detected and counted, the
+    // rank cleared, and the index equal to the engine's blocks once it caches again.
+    served_fake.admin("restart", json!({})).await;
+    let fresh = tokens(45, 24);
+    served_fake.admin("store", json!({"tokens": fresh})).await;
+    let restarted = eventually(Duration::from_secs(15), || async {
+        worker_sample(served_worker, "switchyard_worker_engine_restarts_total").await == 1.0
+    })
+    .await;
+    assert!(restarted, "the restart is counted");
+    assert!(
+        mirrored(&api, served_id, served_fake).await,
+        "the index holds exactly the restarted engine's blocks"
+    );
+    assert_eq!(overlap(&api, served_id, &fresh).await, 24 / BLOCK);
+    assert_eq!(
+        overlap(&api, served_id, &after).await,
+        0,
+        "gone with the restart"
+    );
+}
+
+/// One stand-in engine behind a worker: how many blocks it holds now.
+enum Engine {
+    Trtllm(FakeTrtllm),
+    Vllm(support::fake_engine::Fake),
+}
+
+impl Engine {
+    async fn held(&self) -> u64 {
+        match self {
+            Self::Trtllm(fake) => fake.held().await,
+            Self::Vllm(fake) => fake.held().await,
+        }
+    }
+}
+
+/// The prompt-token hit rate of a shared-prefix workload (6 sessions of 4 turns, each turn its
+/// session's previous prompt plus 16 tokens) through a gateway in front of two workers of one
+/// engine kind, the index caught up with both engines before each turn.
+async fn shared_prefix_hit_rate(kind: &str) -> (f64, u64) {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let cluster = format!("hits-{kind}-{}", std::process::id());
+    let mut engines = Vec::new();
+    let mut workers = Vec::new();
+    for id in ["w-a", "w-b"] {
+        let (engine, worker) = if kind == "trtllm" {
+            let fake = FakeTrtllm::start(&[]).await;
+            let worker = fake.worker(id, &endpoint, &cluster).start().await;
+            (Engine::Trtllm(fake), worker)
+        } else {
+            let fake = support::fake_engine::Fake::start(&[]).await;
+            let worker = fake.worker("vllm", id, &endpoint, &cluster).start().await;
+            (Engine::Vllm(fake), worker)
+        };
+        engines.push((id, engine));
+        workers.push(worker);
+    }
+    let gateway = Launch::gateway(&endpoint, &cluster).start().await;
+    let api = format!("http://{}", gateway.address);
+    let both = eventually(Duration::from_secs(15), || async {
+        indexed(&api, "w-a").await.is_some() && indexed(&api, "w-b").await.is_some()
+    })
+    .await;
+    assert!(both, "the gateway sees both {kind} workers");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let http = reqwest::Client::new();
+    let (mut prompt_tokens, mut cached_tokens) = (0u64, 0u64);
+    for turn in 0..4u32 {
+        for session in 0..6u32 {
+            let prompt = tokens(100 + session, 32 + 16 * turn);
+            let body = json!({"model": "fake-model", "prompt": prompt, "max_tokens": 2,
+                              "ignore_eos": true});
+            let done: Value = http
+                .post(format!("{api}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            prompt_tokens += done["usage"]["prompt_tokens"].as_u64().expect("usage");
+            cached_tokens += done["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+            for (id, engine) in &engines {
+                let caught_up = eventually(Duration::from_secs(15), || async {
+                    indexed(&api, id).await == Some(engine.held().await)
+                })
+                .await;
+                assert!(caught_up, "{kind} {id}: the index mirrors the engine");
+            }
+        }
+    }
+    (cached_tokens as f64 / prompt_tokens as f64, cached_tokens)
+}
+
+/// Issue 41: TensorRT-LLM workers route by their polled events as well as vLLM workers by their
+/// pushed ones: the same shared-prefix workload hits the cache as often behind either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trtllm_workers_keep_the_hit_rate_vllm_workers_get_on_shared_prefixes() {
+    let (trtllm, trtllm_cached) = shared_prefix_hit_rate("trtllm").await;
+    let (vllm, vllm_cached) = shared_prefix_hit_rate("vllm").await;
+    println!("prompt-token hit rate: behind trtllm {trtllm:.3}, behind vllm {vllm:.3}");
+    // Turns 2-4 of each session find the previous turn's full blocks: 18 of 24 requests hit.
+    assert!(
+        vllm > 0.4,
+        "the workload hits behind vLLM workers: {vllm:.3}"
+    );
+    assert_eq!(
+        trtllm_cached, vllm_cached,
+        "hit rate behind trtllm {trtllm:.3}, behind vllm {vllm:.3}"
     );
 }
