@@ -188,6 +188,14 @@ impl ChunkPiece {
             ..Self::default()
         }
     }
+
+    /// The chunk that ends a choice.
+    fn finish(finish: &'static str) -> Self {
+        Self {
+            finish: Some(finish),
+            ..Self::default()
+        }
+    }
 }
 
 /// The chunks of a delta: one per piece, the first carrying the log probabilities; with no
@@ -207,6 +215,11 @@ fn chunk_pieces(delta: Delta) -> Vec<ChunkPiece> {
             ..ChunkPiece::of(piece)
         })
         .collect()
+}
+
+/// A delta's chunks ([`chunk_pieces`]), each written by `chunk` (the API's chunk shape).
+fn delta_frames(delta: Delta, chunk: impl Fn(ChunkPiece) -> Frame) -> Vec<Frame> {
+    chunk_pieces(delta).into_iter().map(chunk).collect()
 }
 
 /// A chunk as its data, or the error object when it cannot be serialized.
@@ -272,19 +285,11 @@ impl Renderer for ChatRenderer {
     }
 
     fn delta(&mut self, a: &Answering, index: u32, delta: Delta) -> Vec<Frame> {
-        let pieces = chunk_pieces(delta);
-        pieces
-            .into_iter()
-            .map(|piece| self.chunk(a, index, piece))
-            .collect()
+        delta_frames(delta, |piece| self.chunk(a, index, piece))
     }
 
     fn finished(&mut self, a: &Answering, index: u32, finish: &'static str) -> Vec<Frame> {
-        let piece = ChunkPiece {
-            finish: Some(finish),
-            ..ChunkPiece::default()
-        };
-        vec![self.chunk(a, index, piece)]
+        vec![self.chunk(a, index, ChunkPiece::finish(finish))]
     }
 
     async fn ended(&mut self, a: &Answering, usage: &Usage) -> Vec<Frame> {
@@ -373,19 +378,11 @@ impl Renderer for TextRenderer {
     }
 
     fn delta(&mut self, a: &Answering, index: u32, delta: Delta) -> Vec<Frame> {
-        let pieces = chunk_pieces(delta);
-        pieces
-            .into_iter()
-            .map(|piece| self.chunk(a, index, piece))
-            .collect()
+        delta_frames(delta, |piece| self.chunk(a, index, piece))
     }
 
     fn finished(&mut self, a: &Answering, index: u32, finish: &'static str) -> Vec<Frame> {
-        let piece = ChunkPiece {
-            finish: Some(finish),
-            ..ChunkPiece::default()
-        };
-        vec![self.chunk(a, index, piece)]
+        vec![self.chunk(a, index, ChunkPiece::finish(finish))]
     }
 
     async fn ended(&mut self, a: &Answering, usage: &Usage) -> Vec<Frame> {
