@@ -101,12 +101,91 @@ struct InFlight {
     prefill_done: bool,
 }
 
+/// What a worker's in-flight requests add to its report, kept up to date with every change so
+/// [`LoadView::get`] reads it without walking them (routing reads it per candidate).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Booked {
+    requests: u64,
+    blocks: u64,
+    decoding: u64,
+    prefill_tokens: u64,
+    onboard_bytes: u64,
+}
+
+impl Booked {
+    /// What one request adds.
+    fn of(r: &InFlight) -> Self {
+        let queued = !r.prefill_done;
+        Self {
+            requests: 1,
+            blocks: r.blocks,
+            decoding: u64::from(r.prefill_done),
+            prefill_tokens: if queued { r.prefill_tokens } else { 0 },
+            onboard_bytes: if queued { r.onboard_bytes } else { 0 },
+        }
+    }
+
+    fn add(&mut self, o: Self) {
+        self.requests += o.requests;
+        self.blocks += o.blocks;
+        self.decoding += o.decoding;
+        self.prefill_tokens += o.prefill_tokens;
+        self.onboard_bytes += o.onboard_bytes;
+    }
+
+    fn sub(&mut self, o: Self) {
+        self.requests -= o.requests;
+        self.blocks -= o.blocks;
+        self.decoding -= o.decoding;
+        self.prefill_tokens -= o.prefill_tokens;
+        self.onboard_bytes -= o.onboard_bytes;
+    }
+}
+
 #[derive(Debug, Default)]
 struct WorkerEntry {
     reported: Option<LoadStats>,
     /// Transfer-path queue as last reported (see [`LoadView::report_transfer_queue`]).
     reported_onboard_bytes: u64,
     in_flight: FxHashMap<RequestId, InFlight>,
+    /// The sum of `in_flight`'s contributions.
+    booked: Booked,
+}
+
+impl WorkerEntry {
+    /// Changes `request` (when in flight) with `change`, keeping the sums.
+    fn update(&mut self, request: RequestId, change: impl FnOnce(&mut InFlight)) {
+        if let Some(r) = self.in_flight.get_mut(&request) {
+            self.booked.sub(Booked::of(r));
+            change(r);
+            self.booked.add(Booked::of(r));
+        }
+    }
+
+    fn insert(&mut self, request: RequestId, r: InFlight) {
+        self.booked.add(Booked::of(&r));
+        if let Some(old) = self.in_flight.insert(request, r) {
+            self.booked.sub(Booked::of(&old));
+        }
+    }
+
+    fn remove(&mut self, request: RequestId) {
+        if let Some(old) = self.in_flight.remove(&request) {
+            self.booked.sub(Booked::of(&old));
+        }
+    }
+
+    /// Keeps the requests for which `keep` holds.
+    fn retain(&mut self, keep: impl Fn(&InFlight) -> bool) {
+        let booked = &mut self.booked;
+        self.in_flight.retain(|_, r| {
+            let kept = keep(r);
+            if !kept {
+                booked.sub(Booked::of(r));
+            }
+            kept
+        });
+    }
 }
 
 /// Per-worker load; see the module docs.
@@ -150,7 +229,7 @@ impl LoadView {
         let entry = self.workers.entry(worker.clone()).or_default();
         entry.reported = Some(stats);
         let absorbed_before = now.saturating_sub(self.config.report_lag);
-        entry.in_flight.retain(|_, r| r.routed_at > absorbed_before);
+        entry.retain(|r| r.routed_at > absorbed_before);
     }
 
     /// The router sent `request` to `worker` at `now`: `prefill_tokens` still to compute there
@@ -168,7 +247,7 @@ impl LoadView {
         let entry = self.workers.entry(worker.clone()).or_default();
         if entry.in_flight.len() >= cap {
             let cutoff = now.saturating_sub(ttl);
-            entry.in_flight.retain(|_, r| r.routed_at > cutoff);
+            entry.retain(|r| r.routed_at > cutoff);
             while entry.in_flight.len() >= cap {
                 let oldest = entry
                     .in_flight
@@ -176,12 +255,12 @@ impl LoadView {
                     .min_by_key(|(id, r)| (r.routed_at, **id))
                     .map(|(id, _)| *id);
                 match oldest {
-                    Some(id) => entry.in_flight.remove(&id),
+                    Some(id) => entry.remove(id),
                     None => break,
                 };
             }
         }
-        entry.in_flight.insert(
+        entry.insert(
             request,
             InFlight {
                 routed_at: now,
@@ -196,12 +275,8 @@ impl LoadView {
     /// `request`, in flight on `worker`, loads `bytes` of its cached prefix from non-device
     /// tiers before its prefill: they queue on the worker's transfer path until it is done.
     pub fn set_onboard_bytes(&mut self, worker: &WorkerId, request: RequestId, bytes: u64) {
-        if let Some(r) = self
-            .workers
-            .get_mut(worker)
-            .and_then(|e| e.in_flight.get_mut(&request))
-        {
-            r.onboard_bytes = bytes;
+        if let Some(e) = self.workers.get_mut(worker) {
+            e.update(request, |r| r.onboard_bytes = bytes);
         }
     }
 
@@ -225,24 +300,16 @@ impl LoadView {
         prefill_tokens: u64,
     ) {
         self.pending.set_prefill_tokens(request, prefill_tokens);
-        if let Some(r) = self
-            .workers
-            .get_mut(worker)
-            .and_then(|e| e.in_flight.get_mut(&request))
-        {
-            r.prefill_tokens = prefill_tokens;
+        if let Some(e) = self.workers.get_mut(worker) {
+            e.update(request, |r| r.prefill_tokens = prefill_tokens);
         }
     }
 
     /// `request`'s prefill finished: it now decodes.
     pub fn on_prefill_done(&mut self, worker: &WorkerId, request: RequestId) {
         self.pending.prefill_done(request);
-        if let Some(r) = self
-            .workers
-            .get_mut(worker)
-            .and_then(|e| e.in_flight.get_mut(&request))
-        {
-            r.prefill_done = true;
+        if let Some(e) = self.workers.get_mut(worker) {
+            e.update(request, |r| r.prefill_done = true);
         }
     }
 
@@ -250,7 +317,7 @@ impl LoadView {
     pub fn on_finished(&mut self, worker: &WorkerId, request: RequestId) {
         self.pending.remove(request);
         if let Some(e) = self.workers.get_mut(worker) {
-            e.in_flight.remove(&request);
+            e.remove(request);
         }
     }
 
@@ -287,27 +354,25 @@ impl LoadView {
             return WorkerLoad::default();
         };
         let base = e.reported.unwrap_or_default();
-        let mut load = WorkerLoad {
-            queued_prefill_tokens: base.queued_prefill_tokens,
-            running_requests: base.running_requests,
-            active_decode_sequences: base.active_decode_sequences,
-            active_blocks: base.active_blocks,
+        let b = e.booked;
+        WorkerLoad {
+            queued_prefill_tokens: base.queued_prefill_tokens + b.prefill_tokens,
+            running_requests: base.running_requests + b.requests,
+            active_decode_sequences: base.active_decode_sequences + b.decoding,
+            active_blocks: base.active_blocks + b.blocks,
             capacity_blocks: base.capacity_blocks,
             in_flight_requests: e.in_flight.len() as u64,
-            queued_onboard_bytes: e.reported_onboard_bytes,
+            queued_onboard_bytes: e.reported_onboard_bytes + b.onboard_bytes,
             reported: e.reported.is_some(),
-        };
-        for r in e.in_flight.values() {
-            load.running_requests += 1;
-            load.active_blocks += r.blocks;
-            if r.prefill_done {
-                load.active_decode_sequences += 1;
-            } else {
-                load.queued_prefill_tokens += r.prefill_tokens;
-                load.queued_onboard_bytes += r.onboard_bytes;
-            }
         }
-        load
+    }
+
+    /// The worker's device capacity in blocks as last reported (0 when unknown).
+    pub fn capacity_blocks(&self, worker: &WorkerId) -> u64 {
+        self.workers
+            .get(worker)
+            .and_then(|e| e.reported)
+            .map_or(0, |r| r.capacity_blocks)
     }
 }
 
@@ -389,6 +454,63 @@ mod tests {
         // A later report absorbs request 2 as well.
         view.report(&a, LoadStats::default(), 200_000);
         assert_eq!(view.get(&a).queued_prefill_tokens, 0);
+    }
+
+    /// What [`LoadView::get`] adds to the report, recomputed from the requests themselves.
+    fn recomputed(view: &LoadView, worker: &WorkerId) -> Booked {
+        let mut sum = Booked::default();
+        for r in view
+            .workers
+            .get(worker)
+            .into_iter()
+            .flat_map(|e| e.in_flight.values())
+        {
+            sum.add(Booked::of(r));
+        }
+        sum
+    }
+
+    #[test]
+    fn the_kept_sums_match_the_requests_through_every_change() {
+        let cfg = LoadConfig {
+            max_in_flight_per_worker: 8,
+            in_flight_ttl: 5_000,
+            report_lag: 300,
+        };
+        let mut view = LoadView::new(cfg);
+        let workers = [w("a"), w("b")];
+        // SplitMix64: a fixed, varied sequence of changes.
+        let mut state = 7u64;
+        let mut next = move || {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        for step in 0..4_000u64 {
+            let now = step * 10;
+            let worker = &workers[(next() % 2) as usize];
+            let request = next() % 24;
+            match next() % 7 {
+                0 | 1 => view.on_routed(worker, request, next() % 500, next() % 9, now),
+                2 => view.on_prefill_done(worker, request),
+                3 => view.on_finished(worker, request),
+                4 => view.set_prefill_tokens(worker, request, next() % 300),
+                5 => view.set_onboard_bytes(worker, request, next() % 4_000),
+                _ => view.report(worker, LoadStats::default(), now),
+            }
+            for worker in &workers {
+                assert_eq!(
+                    view.workers
+                        .get(worker)
+                        .map(|e| e.booked)
+                        .unwrap_or_default(),
+                    recomputed(&view, worker),
+                    "step {step}"
+                );
+            }
+        }
     }
 
     #[test]

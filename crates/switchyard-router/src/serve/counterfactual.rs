@@ -73,7 +73,7 @@ impl RescoreBasis {
             session: request.session.clone(),
             capacity_blocks: workers
                 .iter()
-                .map(|w| load.get(&w.worker).capacity_blocks)
+                .map(|w| load.capacity_blocks(&w.worker))
                 .collect(),
             index_overlap,
         }
