@@ -30,9 +30,12 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use prost::Message;
-use switchyard_core::{BlockHash, BlockSize, KvEvent, StorageTier, StoredBlock, block_hashes};
+use switchyard_core::{
+    BlockHash, BlockSize, KvEvent, StorageTier, StoredBlock, WorkerId, block_hashes,
+};
 use switchyard_gateway::pool::ingest::{Cursor, ingest};
 use switchyard_gateway::pool::subscriber;
+use switchyard_gateway::pool::{ModelRoutes, WorkerPool};
 use switchyard_proto::convert::kv_event_to_wire;
 use switchyard_proto::v1::worker_client::WorkerClient;
 use switchyard_proto::v1::worker_server::{Worker, WorkerServer};
@@ -139,6 +142,41 @@ fn starts(workers: usize) -> Vec<v1::KvEventsResponse> {
         .collect()
 }
 
+/// A fresh index that has taken every worker's starting snapshot, with the workers' cursors.
+fn started_index(ids: &[WorkerId]) -> (PrefixIndex, Vec<Cursor>) {
+    let mut index = PrefixIndex::new(IndexConfig::new(
+        BlockSize::new(support::BLOCK_SIZE).unwrap(),
+    ));
+    let mut cursors = vec![Cursor::default(); ids.len()];
+    for (w, start) in starts(ids.len()).into_iter().enumerate() {
+        ingest(&mut index, &ids[w], &mut cursors[w], start);
+    }
+    (index, cursors)
+}
+
+/// A fresh pool whose subscriber step has taken every worker's starting snapshot.
+fn started_pool(
+    workers: usize,
+) -> (
+    Arc<WorkerPool>,
+    Arc<ModelRoutes>,
+    Vec<WorkerId>,
+    Vec<Cursor>,
+) {
+    let (pool, routes, ids) = support::empty_pool(workers);
+    let mut cursors = vec![Cursor::default(); workers];
+    for (w, start) in starts(workers).into_iter().enumerate() {
+        assert!(subscriber::apply(
+            &pool,
+            &routes,
+            &ids[w],
+            &mut cursors[w],
+            start
+        ));
+    }
+    (pool, routes, ids, cursors)
+}
+
 fn report(stage: &str, events: usize, blocks: u64, took: Duration, index_alone: Option<Duration>) {
     let per_s = events as f64 / took.as_secs_f64();
     let us = took.as_secs_f64() * 1e6 / events as f64;
@@ -202,17 +240,7 @@ fn worker_of(message: &v1::KvEventsResponse) -> usize {
 /// Decodes each message from its bytes and applies it through the gateway's subscriber step,
 /// into a fresh pool; returns the time taken.
 fn through_subscriber(workers: usize, wire: &[Vec<u8>], events: usize) -> Duration {
-    let (pool, routes, ids) = support::empty_pool(workers);
-    let mut cursors = vec![Cursor::default(); workers];
-    for (w, start) in starts(workers).into_iter().enumerate() {
-        assert!(subscriber::apply(
-            &pool,
-            &routes,
-            &ids[w],
-            &mut cursors[w],
-            start
-        ));
-    }
+    let (pool, routes, ids, mut cursors) = started_pool(workers);
     let t = Instant::now();
     for bytes in wire {
         let message = v1::KvEventsResponse::decode(bytes.as_slice()).unwrap();
@@ -249,17 +277,7 @@ async fn through_grpc(
     let mut client = WorkerClient::connect(format!("http://{address}"))
         .await
         .unwrap();
-    let (pool, routes, ids) = support::empty_pool(workers);
-    let mut cursors = vec![Cursor::default(); workers];
-    for (w, start) in starts(workers).into_iter().enumerate() {
-        assert!(subscriber::apply(
-            &pool,
-            &routes,
-            &ids[w],
-            &mut cursors[w],
-            start
-        ));
-    }
+    let (pool, routes, ids, mut cursors) = started_pool(workers);
     let t = Instant::now();
     let mut stream = client
         .kv_events(v1::KvEventsRequest::default())
@@ -388,13 +406,7 @@ fn main() {
 
     // 1. The index alone.
     let (_, _, ids) = support::empty_pool(workers);
-    let mut index = PrefixIndex::new(IndexConfig::new(
-        BlockSize::new(support::BLOCK_SIZE).unwrap(),
-    ));
-    let mut cursors = vec![Cursor::default(); workers];
-    for (w, start) in starts(workers).into_iter().enumerate() {
-        ingest(&mut index, &ids[w], &mut cursors[w], start);
-    }
+    let (mut index, _) = started_index(&ids);
     let t = Instant::now();
     for r in &recorded {
         black_box(index.apply(&ids[r.worker], 1, r.seq, &r.event).unwrap());
@@ -403,13 +415,7 @@ fn main() {
     report("index alone", n, blocks, alone, None);
 
     // 2. Decoded from the wire and applied by the subscriber's pure step.
-    let mut index = PrefixIndex::new(IndexConfig::new(
-        BlockSize::new(support::BLOCK_SIZE).unwrap(),
-    ));
-    let mut cursors = vec![Cursor::default(); workers];
-    for (w, start) in starts(workers).into_iter().enumerate() {
-        ingest(&mut index, &ids[w], &mut cursors[w], start);
-    }
+    let (mut index, mut cursors) = started_index(&ids);
     let t = Instant::now();
     for bytes in &single_wire {
         let message = v1::KvEventsResponse::decode(bytes.as_slice()).unwrap();
