@@ -26,13 +26,12 @@ pub enum Ingested {
         blocks: Vec<SnapshotBlock>,
     },
     /// An event, or a batch of them, went through in order: `applied` changed the index,
-    /// `stale` events it already had were skipped (duplicates after a resume), and `stop`, when
+    /// events it already had were skipped (duplicates after a resume), and `stop`, when
     /// set, is why the rest of the message was not applied (the cursor then asks for a
     /// snapshot).
     Events {
         incarnation: u64,
         applied: Vec<(u64, KvEvent)>,
-        stale: usize,
         stop: Option<Resync>,
     },
     /// The worker's digest of its own view, for the caller to compare with the index (`audit::kv`)
@@ -135,7 +134,6 @@ fn events(
     wire: Vec<v1::KvEvent>,
 ) -> Ingested {
     let mut applied = Vec::with_capacity(wire.len());
-    let mut stale = 0;
     let mut stop = None;
     for event in wire {
         let (seq, event) = match kv_event_from_wire(event) {
@@ -154,7 +152,7 @@ fn events(
                 };
                 applied.push((seq, event));
             }
-            Ok(ApplyOutcome::Stale { .. }) => stale += 1,
+            Ok(ApplyOutcome::Stale { .. }) => {}
             Ok(ApplyOutcome::ResyncNeeded { expected, got }) => {
                 stop = Some(Resync::Gap { expected, got });
                 break;
@@ -168,7 +166,6 @@ fn events(
     Ingested::Events {
         incarnation,
         applied,
-        stale,
         stop,
     }
 }

@@ -178,7 +178,6 @@ pub fn apply(
         Ingested::Events {
             incarnation,
             applied,
-            stale: _,
             stop,
         } => {
             if !applied.is_empty() {
