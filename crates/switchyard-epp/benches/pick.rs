@@ -25,11 +25,11 @@ use switchyard_epp::EppConfig;
 use switchyard_epp::envoy::Headers;
 use switchyard_epp::pick::{PickInput, pick};
 use switchyard_gateway::GatewayConfig;
-use switchyard_gateway::admission::Admission;
-use switchyard_gateway::http::AppState;
-use switchyard_gateway::metrics::Metrics;
-use switchyard_gateway::pool::{Delivery, WorkerPool};
-use switchyard_gateway::preprocess::Tokenizers;
+use switchyard_gateway::access::admission::Admission;
+use switchyard_gateway::api::http::AppState;
+use switchyard_gateway::cluster::pool::{Delivery, WorkerPool};
+use switchyard_gateway::observe::metrics::Metrics;
+use switchyard_gateway::serving::preprocess::Tokenizers;
 use switchyard_router::{PolicyConfig, PolicyKind};
 
 const MODEL: &str = "bench-model";
@@ -181,13 +181,18 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
         tokenizers,
         metrics,
         extensions: Default::default(),
-        retention: switchyard_gateway::retention::SessionRetention::new(&Default::default())
-            .unwrap(),
+        retention: switchyard_gateway::serving::retention::SessionRetention::new(
+            &Default::default(),
+        )
+        .unwrap(),
         responses: std::sync::Arc::new(
-            switchyard_gateway::http::responses::ResponsesState::new(&Default::default(), None)
-                .unwrap(),
+            switchyard_gateway::api::http::responses::ResponsesState::new(
+                &Default::default(),
+                None,
+            )
+            .unwrap(),
         ),
-        access: switchyard_gateway::access::ClientAccess {
+        access: switchyard_gateway::access::listener::ClientAccess {
             api_keys: None,
             metrics_token: None,
             tls: None,

@@ -32,8 +32,8 @@ pub mod usage;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use switchyard_gateway::http::AppState;
-use switchyard_gateway::pool::Delivery;
+use switchyard_gateway::api::http::AppState;
+use switchyard_gateway::cluster::pool::Delivery;
 use switchyard_gateway::{Extensions, GatewayConfig, GatewayError};
 use switchyard_registry::Discovery;
 use tokio::net::TcpListener;
@@ -129,14 +129,14 @@ pub async fn serve(
     let limits = state
         .config
         .http
-        .limits(switchyard_gateway::http::server::connection_cap(
+        .limits(switchyard_gateway::api::http::server::connection_cap(
             state.config.http.max_connections,
         ));
     let pool = Arc::clone(&state.pool);
     let metrics = Arc::clone(&state.metrics);
     let tls = state.access.tls.clone();
-    let admin = switchyard_gateway::http::operations_router(state);
-    let http_task = tokio::spawn(switchyard_gateway::http::server::serve(
+    let admin = switchyard_gateway::api::http::operations_router(state);
+    let http_task = tokio::spawn(switchyard_gateway::api::http::server::serve(
         http_listener,
         admin,
         limits,

@@ -1,6 +1,6 @@
 //! Choosing a request's endpoints: read the prompt from the body the proxy forwards (parse,
 //! chat template, tokenize, as the gateway does), admit it, and let the gateway's routing
-//! ([`switchyard_gateway::routing`], over the one serving core) choose the worker. The picker
+//! ([`switchyard_gateway::serving::routing`], over the one serving core) choose the worker. The picker
 //! adds only what the proxy needs: the chosen worker's engine endpoint and, after it, the other
 //! candidates' endpoints best first as fallbacks.
 
@@ -8,16 +8,16 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use switchyard_core::{KvIdentity, TokenId};
-use switchyard_gateway::admission::{Admitted, FlowKey};
-use switchyard_gateway::audit::RequestTags;
-use switchyard_gateway::error::ApiError;
-use switchyard_gateway::http::AppState;
-use switchyard_gateway::http::completions::{salted_identity, served_model};
-use switchyard_gateway::http::fields::template_kwargs;
-use switchyard_gateway::pool::ModelRoutes;
-use switchyard_gateway::preprocess::{self, Sessions};
-use switchyard_gateway::quota::QuotaPass;
-use switchyard_gateway::routing::{self, RoutedRequest};
+use switchyard_gateway::access::admission::{Admitted, FlowKey};
+use switchyard_gateway::access::quota::QuotaPass;
+use switchyard_gateway::api::error::ApiError;
+use switchyard_gateway::api::http::AppState;
+use switchyard_gateway::api::http::completions::{salted_identity, served_model};
+use switchyard_gateway::api::http::fields::template_kwargs;
+use switchyard_gateway::cluster::pool::ModelRoutes;
+use switchyard_gateway::observe::audit::RequestTags;
+use switchyard_gateway::serving::preprocess::{self, Sessions};
+use switchyard_gateway::serving::routing::{self, RoutedRequest};
 use switchyard_router::serve::DecodeFilter;
 use switchyard_router::{RouteError, RouteRequest};
 use switchyard_tokenize::ChatRequest;

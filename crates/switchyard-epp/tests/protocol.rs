@@ -25,8 +25,8 @@ use switchyard_core::{
 use switchyard_epp::proto::mode::processing_mode::BodySendMode;
 use switchyard_epp::{EppConfig, FailureMode};
 use switchyard_gateway::GatewayConfig;
-use switchyard_gateway::http::AppState;
-use switchyard_gateway::pool::Delivery;
+use switchyard_gateway::api::http::AppState;
+use switchyard_gateway::cluster::pool::Delivery;
 use switchyard_registry::{MemoryRegistry, Registration, Registry};
 use switchyard_router::BookedRequest;
 use tokio::sync::Semaphore;

@@ -1,18 +1,18 @@
 //! `http_chat_body`: a request body as the gateway's completion endpoints parse and validate it
-//! before admission (`switchyard_gateway::http::completions::parse_*_request`, and
-//! `switchyard_gateway::http::responses::parse_responses_request`, and
+//! before admission (`switchyard_gateway::api::http::completions::parse_*_request`, and
+//! `switchyard_gateway::api::http::responses::parse_responses_request`, and
 //! `http::anthropic::parse_messages_request` for Anthropic's Messages API).
 //!
 //! The input is the body, tried as each endpoint's body. A refusal must be a client error
 //! (4xx) with an OpenAI error object; an accepted request must hold what the handler relies on.
 
 use axum::response::IntoResponse;
-use switchyard_gateway::error::ApiError;
-use switchyard_gateway::http::anthropic::parse_messages_request;
-use switchyard_gateway::http::completions::{
+use switchyard_gateway::api::error::ApiError;
+use switchyard_gateway::api::http::anthropic::parse_messages_request;
+use switchyard_gateway::api::http::completions::{
     ParsedRequest, PromptSource, parse_chat_request, parse_completion_request,
 };
-use switchyard_gateway::http::responses::parse_responses_request;
+use switchyard_gateway::api::http::responses::parse_responses_request;
 
 /// Runs one input.
 pub fn run(data: &[u8]) {

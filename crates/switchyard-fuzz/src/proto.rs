@@ -19,7 +19,7 @@
 
 use prost::Message;
 use switchyard_core::{BlockSize, LoadStats, Sampling, WorkerId, WorkerInfo};
-use switchyard_gateway::pool::ingest::{Cursor, Ingested, ingest};
+use switchyard_gateway::cluster::pool::ingest::{Cursor, Ingested, ingest};
 use switchyard_proto::convert::{
     kv_event_from_wire, kv_event_to_wire, load_to_wire, role_from_wire, worker_info_to_wire,
 };
@@ -78,7 +78,7 @@ fn kv_event_stream(mut bytes: &[u8]) {
     }
 }
 
-/// The gateway subscriber's own step ([`switchyard_gateway::pool::ingest`]) on one message,
+/// The gateway subscriber's own step ([`switchyard_gateway::cluster::pool::ingest`]) on one message,
 /// then the index's bound and the cursor's rule: a message the stream cannot go on from leaves
 /// the cursor asking for a snapshot, an applied event moves it past the event.
 fn apply(

@@ -33,9 +33,9 @@ use prost::Message;
 use switchyard_core::{
     BlockHash, BlockSize, KvEvent, StorageTier, StoredBlock, WorkerId, block_hashes,
 };
-use switchyard_gateway::pool::ingest::{Cursor, ingest};
-use switchyard_gateway::pool::subscriber;
-use switchyard_gateway::pool::{ModelRoutes, WorkerPool};
+use switchyard_gateway::cluster::pool::ingest::{Cursor, ingest};
+use switchyard_gateway::cluster::pool::subscriber;
+use switchyard_gateway::cluster::pool::{ModelRoutes, WorkerPool};
 use switchyard_proto::convert::kv_event_to_wire;
 use switchyard_proto::v1::worker_client::WorkerClient;
 use switchyard_proto::v1::worker_server::{Worker, WorkerServer};

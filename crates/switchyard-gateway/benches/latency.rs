@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use switchyard_core::KvIdentity;
-use switchyard_gateway::routing;
+use switchyard_gateway::serving::routing;
 use switchyard_router::serve::DecodeFilter;
 use switchyard_tokenize::ModelDir;
 
@@ -113,7 +113,8 @@ fn main() {
                     None,
                 );
                 let hashed = t.elapsed();
-                let tags = std::sync::Arc::new(switchyard_gateway::audit::RequestTags::new("b"));
+                let tags =
+                    std::sync::Arc::new(switchyard_gateway::observe::audit::RequestTags::new("b"));
                 let routed = routing::route(
                     &pool,
                     &routes,

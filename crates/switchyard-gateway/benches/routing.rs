@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use switchyard_core::KvIdentity;
-use switchyard_gateway::routing;
+use switchyard_gateway::serving::routing;
 use switchyard_router::serve::DecodeFilter;
 use switchyard_tokenize::ModelDir;
 
@@ -45,8 +45,9 @@ fn routing_overhead(c: &mut Criterion) {
                             &KvIdentity::PLAIN,
                             None,
                         );
-                        let tags =
-                            std::sync::Arc::new(switchyard_gateway::audit::RequestTags::new("b"));
+                        let tags = std::sync::Arc::new(
+                            switchyard_gateway::observe::audit::RequestTags::new("b"),
+                        );
                         routing::route(
                             &pool,
                             &routes,

@@ -15,13 +15,13 @@ use switchyard_router::serve::{
     DEFAULT_MAX_PREFILL_QUEUE_TOKENS, DEFAULT_MIN_UNCACHED_TOKENS, ServeSettings,
 };
 
-use crate::chat_output::OutputConfig;
-use crate::disagg::{DEFAULT_PREFILL_TIMEOUT, DisaggSettings, Disaggregation, KvTransfer};
+use crate::api::chat_output::OutputConfig;
+use crate::serving::disagg::{DEFAULT_PREFILL_TIMEOUT, DisaggSettings, Disaggregation, KvTransfer};
 
 pub use switchyard_config::ConfigError;
 use switchyard_security::{PeerRole, SecurityArgs, SecurityConfig};
 
-use crate::access::{AccessArgs, AccessConfig};
+use crate::access::listener::{AccessArgs, AccessConfig};
 
 /// Default load-report interval when workers push on change: only the heartbeat that keeps an
 /// idle worker in routing (`unresponsive_after`), so it can be long.
@@ -117,7 +117,7 @@ pub struct GatewayConfig {
     /// chunk) or `after-prefill`.
     pub kv_transfer: KvTransfer,
     /// The decision log and the KV audit (`[audit]`, see `docs/admin-api.md`).
-    pub audit: crate::audit::AuditConfig,
+    pub audit: crate::observe::audit::AuditConfig,
     /// How the gateway proves itself to workers (mTLS or the cluster secret); empty: an open
     /// cluster. See `docs/security.md`.
     pub security: SecurityConfig,
@@ -126,17 +126,17 @@ pub struct GatewayConfig {
     /// Largest KV recording, in bytes: a recording stops there whatever its request asked.
     pub recording_max_bytes: u64,
     /// Where the workers are found (`[discovery]`): etcd, Kubernetes, or both.
-    pub discovery: crate::discovery::DiscoveryConfig,
+    pub discovery: crate::cluster::discovery::DiscoveryConfig,
     /// Sessions shared with the other gateway replicas (`[fleet]`).
-    pub fleet: crate::fleet::FleetConfig,
+    pub fleet: crate::cluster::fleet::FleetConfig,
     /// Fleet-wide per-tenant quotas and the Redis they are counted in (`[quota]`).
-    pub quota: crate::quota::QuotaConfig,
+    pub quota: crate::access::quota::QuotaConfig,
     /// Retention hints on sessions' turns (`[retention]`).
-    pub retention: crate::retention::RetentionSettings,
+    pub retention: crate::serving::retention::RetentionSettings,
     /// The request field policy (`[api]`, see `http::fields`).
-    pub api: crate::http::fields::ApiConfig,
+    pub api: crate::api::http::fields::ApiConfig,
     /// Stored responses and sealed reasoning of `/v1/responses` (`[responses]`).
-    pub responses: crate::http::responses::ResponsesConfig,
+    pub responses: crate::api::http::responses::ResponsesConfig,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -195,8 +195,8 @@ impl HttpConfig {
     }
 
     /// The listener's limits, with the connection cap the process can actually hold.
-    pub fn limits(&self, max_connections: usize) -> crate::http::server::HttpLimits {
-        crate::http::server::HttpLimits {
+    pub fn limits(&self, max_connections: usize) -> crate::api::http::server::HttpLimits {
+        crate::api::http::server::HttpLimits {
             max_connections,
             header_timeout: Duration::from_secs(self.header_timeout_secs),
             body_timeout: Duration::from_secs(self.body_timeout_secs),
@@ -272,7 +272,7 @@ impl Default for GatewayConfig {
             decision_log_size: 256,
             load_interval_ms: None,
             load_push_min_ms: 5,
-            subscribe_concurrency: crate::pool::subscriptions::DEFAULT_CONCURRENCY,
+            subscribe_concurrency: crate::cluster::pool::subscriptions::DEFAULT_CONCURRENCY,
             unresponsive_after_ms: None,
             recording_dir: None,
             disaggregation: Disaggregation::Off,
@@ -281,16 +281,16 @@ impl Default for GatewayConfig {
             prefill_timeout_secs: DEFAULT_PREFILL_TIMEOUT.as_secs(),
             otlp_endpoint: None,
             kv_transfer: KvTransfer::Pipelined,
-            audit: crate::audit::AuditConfig::default(),
+            audit: crate::observe::audit::AuditConfig::default(),
             security: SecurityConfig::default(),
             access: AccessConfig::default(),
             recording_max_bytes: 1 << 30,
-            discovery: crate::discovery::DiscoveryConfig::default(),
-            fleet: crate::fleet::FleetConfig::default(),
-            quota: crate::quota::QuotaConfig::default(),
-            retention: crate::retention::RetentionSettings::default(),
-            api: crate::http::fields::ApiConfig::default(),
-            responses: crate::http::responses::ResponsesConfig::default(),
+            discovery: crate::cluster::discovery::DiscoveryConfig::default(),
+            fleet: crate::cluster::fleet::FleetConfig::default(),
+            quota: crate::access::quota::QuotaConfig::default(),
+            retention: crate::serving::retention::RetentionSettings::default(),
+            api: crate::api::http::fields::ApiConfig::default(),
+            responses: crate::api::http::responses::ResponsesConfig::default(),
         }
     }
 }
@@ -410,7 +410,7 @@ impl GatewayConfig {
     pub fn unresponsive_after(&self) -> Duration {
         match self.unresponsive_after_ms {
             Some(ms) => Duration::from_millis(ms),
-            None => crate::pool::default_unresponsive_after(self.load_interval_ms()),
+            None => crate::cluster::pool::default_unresponsive_after(self.load_interval_ms()),
         }
     }
 
@@ -535,7 +535,7 @@ pub struct GatewayArgs {
     /// Request fields the gateway does not know: accept (counted, logged once; the default)
     /// or refuse (a 400 naming the field).
     #[arg(long, env = "SWITCHYARD_UNKNOWN_FIELDS")]
-    pub unknown_fields: Option<crate::http::fields::UnknownFields>,
+    pub unknown_fields: Option<crate::api::http::fields::UnknownFields>,
     /// Disaggregated serving: off, auto or enforce.
     #[arg(long, env = "SWITCHYARD_DISAGGREGATION")]
     pub disaggregation: Option<Disaggregation>,
@@ -553,15 +553,15 @@ pub struct GatewayArgs {
     #[command(flatten)]
     pub access: AccessArgs,
     #[command(flatten)]
-    pub discovery: crate::discovery::DiscoveryArgs,
+    pub discovery: crate::cluster::discovery::DiscoveryArgs,
     #[command(flatten)]
-    pub fleet: crate::fleet::FleetArgs,
+    pub fleet: crate::cluster::fleet::FleetArgs,
     #[command(flatten)]
-    pub quota: crate::quota::QuotaArgs,
+    pub quota: crate::access::quota::QuotaArgs,
     #[command(flatten)]
-    pub retention: crate::retention::RetentionArgs,
+    pub retention: crate::serving::retention::RetentionArgs,
     #[command(flatten)]
-    pub responses: crate::http::responses::ResponsesArgs,
+    pub responses: crate::api::http::responses::ResponsesArgs,
     /// Largest KV recording in bytes (default 1 GiB).
     #[arg(long, env = "SWITCHYARD_RECORDING_MAX_BYTES")]
     pub recording_max_bytes: Option<u64>,

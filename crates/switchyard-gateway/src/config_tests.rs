@@ -1,7 +1,7 @@
 //! Tests of the gateway configuration (`config.rs`).
 
 use super::*;
-use crate::fleet::FleetArgs;
+use crate::cluster::fleet::FleetArgs;
 
 #[test]
 fn defaults_validate_and_flags_override() {

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use crate::audit;
+use crate::observe::audit;
 
 /// Why the gateway could not start or stopped badly.
 #[derive(Debug, thiserror::Error)]

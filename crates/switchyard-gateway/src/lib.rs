@@ -1,45 +1,22 @@
-//! The Switchyard gateway: the OpenAI API in front of the workers.
+//! The Switchyard gateway: the OpenAI and Anthropic APIs in front of the workers.
 //!
-//! A request goes through [`http`] (parse, validate, admit: [`admission`] shares the slots
-//! fairly), [`preprocess`] (chat template and tokenizer, off the reactor), [`routing`] (the
-//! model's prefix index and load view, fed by [`pool::subscriber`], choose a worker through
-//! `switchyard-router`), [`dispatch`] (gRPC to the worker, retries before the first token,
-//! migration mid-stream), and back through [`http`] as JSON or server-sent events
-//! (detokenized incrementally, [`stop`] strings applied).
-//! [`pool`] holds the workers [`discovery`] reports (etcd, Kubernetes, or both) and each
-//! model's routing state;
-//! [`metrics`] the Prometheus metrics; [`config`] the one configuration struct; [`recorder`]
-//! the on-demand recording of the router's inputs for `switchyard replay events`; [`audit`] the
-//! decision log, predicted-against-realized prefix hits and the check of each worker's KV
-//! events against its own view; [`access`] and [`api_keys`] who may use the listener (API keys,
-//! metrics token, HTTPS); [`gateway_error`] why the gateway could not start or stopped.
+//! Its folders are its roles. A request comes in through [`api`] (the listener, the request
+//! pipeline, one renderer per API), is let in by [`access`] (API keys, quotas, fair
+//! admission), served by [`serving`] (template and tokenizer, routing through the model's
+//! serving core, the serving state machine driven over gRPC to the workers), on the state
+//! [`cluster`] keeps (the workers discovery reports, each model's prefix index and load view
+//! fed by the workers' KV events and load reports, the other gateway replicas), while
+//! [`observe`] records what operators may look at (metrics, the decision log and its audits,
+//! recordings). [`config`] is the one configuration struct, [`gateway_error`] why the gateway
+//! could not start or stopped; this file starts them in order ([`start`], [`run`]).
 
 pub mod access;
-pub mod admission;
-pub mod api_keys;
-pub mod audit;
-pub mod chat_output;
+pub mod api;
+pub mod cluster;
 pub mod config;
-pub mod disagg;
-pub mod discovery;
-pub mod dispatch;
-pub mod error;
-pub mod fleet;
 pub mod gateway_error;
-pub mod health;
-pub mod http;
-pub mod metrics;
-#[cfg(test)]
-mod needs_prefill_tests;
-pub mod openai;
-pub mod pool;
-pub mod preprocess;
-pub mod quota;
-pub mod recorder;
-pub mod retention;
-pub mod routing;
-pub mod stop;
-pub mod transport;
+pub mod observe;
+pub mod serving;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,15 +28,21 @@ use switchyard_registry::{Discovery, WorkerChange, WorkerWatch};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use api::http::Extensions;
 pub use config::{ConfigError, GatewayArgs, GatewayConfig};
 pub use gateway_error::GatewayError;
-pub use http::Extensions;
 
-use crate::admission::Admission;
-use crate::http::AppState;
-use crate::metrics::Metrics;
-use crate::pool::WorkerPool;
-use crate::preprocess::Tokenizers;
+use crate::access::quota;
+use crate::api::http;
+use crate::cluster::{fleet, pool};
+use crate::observe::audit;
+use crate::serving::retention;
+
+use crate::access::admission::Admission;
+use crate::api::http::AppState;
+use crate::cluster::pool::WorkerPool;
+use crate::observe::metrics::Metrics;
+use crate::serving::preprocess::Tokenizers;
 
 /// Runs the gateway until `shutdown` is cancelled. `on_ready` gets the bound address once the
 /// listener is open.

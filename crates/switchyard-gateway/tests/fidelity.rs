@@ -28,12 +28,12 @@ use switchyard_core::{
     BlockSize, EngineKind, KvEvent, LoadStats, Role, StorageTier, StoredBlock, TokenId, WorkerId,
     WorkerInfo, block_hashes,
 };
-use switchyard_gateway::disagg::{DisaggSettings, KvTransfer};
-use switchyard_gateway::dispatch::{self, DispatchEvent, GenerateJob};
-use switchyard_gateway::metrics::Metrics;
-use switchyard_gateway::pool::{ModelRoutes, WorkerHandle, WorkerPool};
-use switchyard_gateway::routing::Stage;
-use switchyard_gateway::transport::{GenerateStream, WorkerTransport};
+use switchyard_gateway::cluster::pool::{ModelRoutes, WorkerHandle, WorkerPool};
+use switchyard_gateway::observe::metrics::Metrics;
+use switchyard_gateway::serving::disagg::{DisaggSettings, KvTransfer};
+use switchyard_gateway::serving::dispatch::{self, DispatchEvent, GenerateJob};
+use switchyard_gateway::serving::routing::Stage;
+use switchyard_gateway::serving::transport::{GenerateStream, WorkerTransport};
 use switchyard_proto::v1::{
     FinishReason, GenerateRequest, GenerateResponse, KvHandle, PrefillRequest, PrefillResponse,
 };
@@ -296,12 +296,14 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 next_id += 1;
                 let job = GenerateJob {
                     request_id: id.clone(),
-                    tags: Arc::new(switchyard_gateway::audit::RequestTags::new(id.clone())),
+                    tags: Arc::new(switchyard_gateway::observe::audit::RequestTags::new(
+                        id.clone(),
+                    )),
                     routes: Arc::clone(&routes),
                     prompt: tokens.clone(),
                     // As the HTTP path gives them: hashed with the prompt's tokens.
                     prompt_hashes: Some(
-                        switchyard_gateway::routing::BlockNaming {
+                        switchyard_gateway::serving::routing::BlockNaming {
                             block_size: routes.block_size,
                             identity: Default::default(),
                         }

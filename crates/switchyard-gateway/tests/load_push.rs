@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use switchyard_core::{WorkerId, WorkerInfo};
-use switchyard_gateway::metrics::Metrics;
-use switchyard_gateway::pool::{ModelRoutes, WorkerPool};
+use switchyard_gateway::cluster::pool::{ModelRoutes, WorkerPool};
+use switchyard_gateway::observe::metrics::Metrics;
 use switchyard_proto::v1::worker_client::WorkerClient;
 use switchyard_proto::v1::{GenerateRequest, SamplingParams};
 use switchyard_router::{PolicyConfig, PolicyKind};

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_core::WorkerInfo;
-use switchyard_gateway::metrics::Metrics;
-use switchyard_gateway::pool::WorkerPool;
+use switchyard_gateway::cluster::pool::WorkerPool;
+use switchyard_gateway::observe::metrics::Metrics;
 use switchyard_router::{PolicyConfig, PolicyKind};
 use switchyard_worker::WorkerConfig;
 use tokio_util::sync::CancellationToken;

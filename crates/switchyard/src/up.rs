@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use switchyard_core::{BlockSize, Role};
-use switchyard_gateway::disagg::Disaggregation;
+use switchyard_gateway::serving::disagg::Disaggregation;
 use switchyard_gateway::{Extensions, GatewayArgs, GatewayConfig};
 use switchyard_planner::{PlannerArgs, PlannerConfig};
 use switchyard_registry::{MemoryRegistry, Registry};

@@ -8,8 +8,8 @@ use switchyard_core::{
     BlockHash, BlockSize, EngineKind, Role, SnapshotBlock, StorageTier, TokenId, WorkerId,
     WorkerInfo, block_hashes,
 };
-use switchyard_gateway::metrics::Metrics;
-use switchyard_gateway::pool::{ModelRoutes, WorkerPool};
+use switchyard_gateway::cluster::pool::{ModelRoutes, WorkerPool};
+use switchyard_gateway::observe::metrics::Metrics;
 use switchyard_router::{PolicyConfig, PolicyKind};
 
 pub const BLOCK_SIZE: u32 = 16;

@@ -1,0 +1,226 @@
+//! Gateway replicas that serve as one: a session's turns are served by the replica that owns
+//! the session, whichever replica the client (or the Service in front) reached.
+//!
+//! Each replica announces itself in the registry under a lease ([`Replicas`]) and lists the
+//! live replicas every `refresh_ms`. [`owner`] picks a session's owner by rendezvous hashing
+//! over that list, so every replica agrees and a replica joining or leaving moves only its
+//! share of the sessions. [`forward`] is the `/v1` middleware that sends a turn whose owner is
+//! another replica there (once: the forwarded request carries [`FORWARDED_HEADER`], with the
+//! cluster secret's credential when the cluster has one, and is served where it lands), and
+//! serves it here when the owner cannot be reached. Serving a session in one place keeps its
+//! incremental tokenization and its worker affinity, both of which live in the replica.
+//! [`config`] is `[fleet]`.
+
+pub mod config;
+pub mod forward;
+pub mod owner;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::RwLock;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use switchyard_registry::{ReplicaInfo, Replicas};
+use switchyard_security::{ClusterSecret, Identity, PeerRole};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use config::{FleetArgs, FleetConfig};
+
+use crate::gateway_error::GatewayError;
+
+/// The header a forwarded turn carries: the cluster credential of the forwarding gateway
+/// (or `open` in a cluster without a secret). A request that has it is never forwarded again.
+pub const FORWARDED_HEADER: &str = "x-switchyard-forwarded";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardLabels {
+    /// `forwarded` (the owner answered), `owner_unreachable` (served here instead).
+    pub outcome: &'static str,
+}
+
+/// The fleet's metrics, part of the gateway's `/metrics`.
+#[derive(Debug)]
+pub struct FleetMetrics {
+    pub forwarded: Family<ForwardLabels, Counter>,
+    /// Sending a turn to its owner until the owner's response headers arrive.
+    pub forward_seconds: Histogram,
+    /// Turns other replicas forwarded here.
+    pub received: Counter,
+    pub replicas: Gauge,
+}
+
+impl Default for FleetMetrics {
+    fn default() -> Self {
+        Self {
+            forwarded: Family::default(),
+            forward_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            received: Counter::default(),
+            replicas: Gauge::default(),
+        }
+    }
+}
+
+impl FleetMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        for outcome in ["forwarded", "owner_unreachable"] {
+            self.forwarded
+                .get_or_create(&ForwardLabels { outcome })
+                .inc_by(0);
+        }
+        registry.register(
+            "fleet_forwarded_requests",
+            "Session turns owned by another gateway replica: forwarded there, or served here because the owner could not be reached",
+            self.forwarded.clone(),
+        );
+        registry.register(
+            "fleet_forward_seconds",
+            "Forwarding a turn to its owner replica until the owner's response headers arrive",
+            self.forward_seconds.clone(),
+        );
+        registry.register(
+            "fleet_received_requests",
+            "Session turns other gateway replicas forwarded to this one",
+            self.received.clone(),
+        );
+        registry.register(
+            "fleet_replicas",
+            "Live gateway replicas this one shares sessions with (itself included)",
+            self.replicas.clone(),
+        );
+    }
+}
+
+/// This replica's view of the fleet.
+#[derive(Debug)]
+pub struct Fleet {
+    me: ReplicaInfo,
+    live: RwLock<Arc<Vec<ReplicaInfo>>>,
+    client: reqwest::Client,
+    /// Proves forwarded turns come from a member, and checks those that arrive.
+    secret: Option<ClusterSecret>,
+    identity: Identity,
+    metrics: Arc<crate::observe::metrics::Metrics>,
+    body_limit: usize,
+}
+
+impl Fleet {
+    /// Announces `me` in `replicas`, lists the live replicas, and keeps both up to date on
+    /// `tasks` until `shutdown`, when the announcement is withdrawn.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn join(
+        config: &FleetConfig,
+        me: ReplicaInfo,
+        replicas: Arc<dyn Replicas>,
+        secret: Option<ClusterSecret>,
+        cluster: &str,
+        metrics: Arc<crate::observe::metrics::Metrics>,
+        body_limit: usize,
+        tasks: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Result<Arc<Self>, GatewayError> {
+        let fleet_error = |e: String| GatewayError::Fleet(e);
+        let announcement = replicas
+            .announce(me.clone(), Duration::from_secs(config.lease_ttl_secs))
+            .await
+            .map_err(|e| fleet_error(format!("cannot announce replica {}: {e}", me.id)))?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()
+            .map_err(|e| fleet_error(format!("cannot build the forwarding client: {e}")))?;
+        let fleet = Arc::new(Self {
+            live: RwLock::new(Arc::new(vec![me.clone()])),
+            me,
+            client,
+            secret,
+            identity: Identity::new(cluster, PeerRole::Gateway),
+            metrics,
+            body_limit,
+        });
+        fleet.refresh(replicas.as_ref()).await;
+        let every = Duration::from_millis(config.refresh_ms);
+        let task_fleet = Arc::clone(&fleet);
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(every) => task_fleet.refresh(replicas.as_ref()).await,
+                }
+            }
+            // Leave first thing on shutdown, so the others stop forwarding here.
+            announcement.leave().await;
+        });
+        tracing::info!(replica = %fleet.me.id, address = %fleet.me.address, "sharing sessions with the gateway replicas");
+        Ok(fleet)
+    }
+
+    /// Replaces the view with the registry's list (this replica always in it: it serves even
+    /// while its entry is being announced again). A registry that cannot be read leaves the
+    /// view as it was.
+    async fn refresh(&self, replicas: &dyn Replicas) {
+        match replicas.list_replicas().await {
+            Ok(mut listed) => {
+                if !listed.iter().any(|r| r.id == self.me.id) {
+                    listed.push(self.me.clone());
+                }
+                self.metrics.fleet.replicas.set(listed.len() as i64);
+                *self.live.write() = Arc::new(listed);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot list the gateway replicas; keeping the last list")
+            }
+        }
+    }
+
+    /// The replica that owns `session`, unless it is this one.
+    pub fn other_owner(&self, session: &str) -> Option<ReplicaInfo> {
+        let live = Arc::clone(&self.live.read());
+        owner::owner(session, &live)
+            .filter(|owner| owner.id != self.me.id)
+            .cloned()
+    }
+
+    /// Drops `replica` from the view until the next refresh lists it again, so turns stop
+    /// waiting on an owner that does not answer.
+    fn set_aside(&self, replica: &ReplicaInfo) {
+        let mut live = self.live.write();
+        let kept: Vec<ReplicaInfo> = live
+            .iter()
+            .filter(|r| r.id != replica.id)
+            .cloned()
+            .collect();
+        *live = Arc::new(kept);
+    }
+
+    /// The value of [`FORWARDED_HEADER`] on a turn this replica forwards.
+    fn credential(&self) -> String {
+        match &self.secret {
+            Some(secret) => secret.credential(&self.identity, SystemTime::now()),
+            None => "open".to_owned(),
+        }
+    }
+
+    /// Whether a forwarded turn comes from a member of the cluster.
+    fn accepts(&self, credential: &str) -> bool {
+        match &self.secret {
+            Some(secret) => matches!(
+                secret.check_credential(&self.identity.cluster, credential, SystemTime::now()),
+                Ok(PeerRole::Gateway)
+            ),
+            None => true,
+        }
+    }
+
+    pub fn me(&self) -> &ReplicaInfo {
+        &self.me
+    }
+}

@@ -1,0 +1,165 @@
+//! The model's member list ([`crate::cluster::pool::members`]) is reused across requests: each change
+//! that removes a worker from routing reaches the very next request's candidates.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use switchyard_core::{BlockSize, EngineKind, Role, WorkerId, WorkerInfo};
+use switchyard_router::serve::DecodeFilter;
+use switchyard_router::{PolicyConfig, PolicyKind};
+
+use super::{Candidates, candidates, prefill_candidates};
+use crate::cluster::pool::{ModelRoutes, WorkerPool};
+use crate::observe::metrics::Metrics;
+
+fn info(id: &str, model: &str, role: Role) -> WorkerInfo {
+    WorkerInfo {
+        adapters: Vec::new(),
+        id: WorkerId::new(id).unwrap(),
+        // Nothing listens on port 1: the pool's subscriber fails and retries, harmlessly.
+        address: "127.0.0.1:1".into(),
+        model: model.into(),
+        role,
+        block_size: BlockSize::new(4).unwrap(),
+        kv_capacity_blocks: 100,
+        max_context_tokens: 10_000,
+        engine: EngineKind::Vllm,
+        incarnation: 1,
+        engine_endpoint: None,
+        kv_tiers: None,
+    }
+}
+
+fn pool(workers: &[WorkerInfo]) -> (Arc<WorkerPool>, Arc<ModelRoutes>) {
+    let pool = Arc::new(
+        WorkerPool::new(
+            PolicyKind::Kv,
+            PolicyConfig::default(),
+            16,
+            100,
+            Arc::new(Metrics::new()),
+        )
+        .unwrap(),
+    );
+    for w in workers {
+        pool.upsert_worker(w.clone());
+    }
+    let routes = pool.model("m").unwrap();
+    (pool, routes)
+}
+
+/// Candidate ids in the order routing gives them to the policy.
+fn ids(c: &Candidates) -> Vec<String> {
+    c.ids().iter().map(|c| c.worker.to_string()).collect()
+}
+
+fn decode(pool: &WorkerPool, routes: &ModelRoutes) -> Vec<String> {
+    ids(&candidates(pool, routes, DecodeFilter::default()))
+}
+
+fn prefill(pool: &WorkerPool, routes: &ModelRoutes) -> Vec<String> {
+    ids(&prefill_candidates(
+        pool,
+        routes,
+        EngineKind::Vllm,
+        &[],
+        None,
+    ))
+}
+
+#[tokio::test]
+async fn only_the_models_workers_are_candidates_in_id_order() {
+    let (pool, routes) = pool(&[
+        info("c", "m", Role::Both),
+        info("a", "m", Role::Both),
+        info("x", "other", Role::Both),
+        info("b", "m", Role::Both),
+    ]);
+    assert_eq!(decode(&pool, &routes), ["a", "b", "c"]);
+    pool.upsert_worker(info("aa", "m", Role::Both));
+    assert_eq!(
+        decode(&pool, &routes),
+        ["a", "aa", "b", "c"],
+        "a worker joins"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_that_starts_draining_is_left_out_of_the_next_request() {
+    let (pool, routes) = pool(&[info("a", "m", Role::Both), info("b", "m", Role::Both)]);
+    assert_eq!(decode(&pool, &routes), ["a", "b"]);
+    let b = pool.worker(&WorkerId::new("b").unwrap()).unwrap();
+    b.draining.store(true, Ordering::Relaxed);
+    assert_eq!(decode(&pool, &routes), ["a"]);
+    b.draining.store(false, Ordering::Relaxed);
+    assert_eq!(
+        decode(&pool, &routes),
+        ["a", "b"],
+        "and back when it resumes"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_that_stops_answering_is_left_out_unless_none_answers() {
+    let (pool, routes) = pool(&[info("a", "m", Role::Both), info("b", "m", Role::Both)]);
+    let a = pool.worker(&WorkerId::new("a").unwrap()).unwrap();
+    let b = pool.worker(&WorkerId::new("b").unwrap()).unwrap();
+    pool.worker_failed(&a, "load stream broke");
+    assert_eq!(decode(&pool, &routes), ["b"]);
+    pool.worker_failed(&b, "load stream broke");
+    assert_eq!(
+        decode(&pool, &routes),
+        ["a", "b"],
+        "none answers: every worker is tried rather than the request refused"
+    );
+    pool.worker_answered(&a);
+    assert_eq!(decode(&pool, &routes), ["a"]);
+}
+
+#[tokio::test]
+async fn a_worker_that_changes_role_moves_pools_on_the_next_request() {
+    let (pool, routes) = pool(&[info("a", "m", Role::Both), info("b", "m", Role::Both)]);
+    assert_eq!(prefill(&pool, &routes), Vec::<String>::new());
+    pool.upsert_worker(info("b", "m", Role::Prefill));
+    assert_eq!(decode(&pool, &routes), ["a"]);
+    assert_eq!(prefill(&pool, &routes), ["b"]);
+    pool.upsert_worker(info("b", "m", Role::Decode));
+    assert_eq!(decode(&pool, &routes), ["a", "b"]);
+    assert_eq!(prefill(&pool, &routes), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_worker_that_changes_adapters_is_found_under_its_new_ones() {
+    let (pool, routes) = pool(&[info("a", "m", Role::Both), info("b", "m", Role::Both)]);
+    let sql = DecodeFilter {
+        adapter: Some("sql"),
+        ..DecodeFilter::default()
+    };
+    assert!(candidates(&pool, &routes, sql).is_empty());
+    let mut b = info("b", "m", Role::Both);
+    b.adapters = vec!["sql".into()];
+    pool.upsert_worker(b);
+    assert_eq!(ids(&candidates(&pool, &routes, sql)), ["b"]);
+    pool.upsert_worker(info("b", "m", Role::Both));
+    assert!(candidates(&pool, &routes, sql).is_empty(), "unloaded");
+}
+
+#[tokio::test]
+async fn a_worker_that_leaves_or_restarts_is_replaced_on_the_next_request() {
+    let (pool, routes) = pool(&[info("a", "m", Role::Both), info("b", "m", Role::Both)]);
+    pool.remove_worker(&WorkerId::new("a").unwrap());
+    assert_eq!(decode(&pool, &routes), ["b"]);
+    let old = pool.worker(&WorkerId::new("b").unwrap()).unwrap();
+    let mut restarted = info("b", "m", Role::Both);
+    restarted.incarnation = 2;
+    pool.upsert_worker(restarted);
+    let chosen = candidates(&pool, &routes, DecodeFilter::default())
+        .take(&WorkerId::new("b").unwrap())
+        .unwrap();
+    assert!(
+        !Arc::ptr_eq(&chosen, &old),
+        "the restarted worker's new handle is the candidate, not the old one"
+    );
+}

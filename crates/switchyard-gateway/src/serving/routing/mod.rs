@@ -1,0 +1,541 @@
+//! Routing glue: the serving core's steps ([`switchyard_router::serve`]) over the gateway's
+//! workers — candidates read from the pool, bookings held by guards that release them when the
+//! request ends, the decision log, the KV recording and the routing metrics. What is decided
+//! and what is booked is the core's; this file only supplies the gateway's inputs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use switchyard_core::{EngineKind, KvIdentity, TokenId, WorkerId, WorkerInfo};
+use switchyard_router::serve::{
+    self, Booking, DecodeFilter, PrefillAsk, PrefillChoice, RescoreBasis, ServeSettings, may_decode,
+};
+use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
+
+mod candidates;
+mod prompt_hashes;
+
+pub use candidates::{Candidates, candidates, needs_prefill, prefill_candidates};
+pub use prompt_hashes::{BlockNaming, PromptHashes, route_request_from};
+
+use crate::cluster::pool::{ModelRoutes, WorkerHandle, WorkerPool};
+use crate::observe::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
+use crate::observe::metrics::PolicyLabels;
+use crate::observe::recorder::{PrefillRecord, Record, Recorder, RouteRecord, ServedAs};
+
+/// A routed request. While it lives, the model's load view counts its [`Booking`] on the
+/// chosen worker; dropping it releases that count.
+#[derive(Debug)]
+pub struct RoutedRequest {
+    pub worker: Arc<WorkerHandle>,
+    pub worker_id: WorkerId,
+    /// Shared with the decision log, which keeps the same explanation: copying its per-worker
+    /// breakdown was most of a route's allocations with many workers.
+    pub decision: Arc<Decision>,
+    /// Leading prompt blocks the chosen worker holds in its device tier.
+    pub cached_blocks: u32,
+    /// What the core booked for this request on the worker.
+    pub booking: Booking,
+    /// The decision as the decision log keeps it, to which the outcome is written.
+    pub audit: Arc<DecisionEntry>,
+    decisions: Arc<DecisionLog>,
+    pub routes: Arc<ModelRoutes>,
+    prefill_done: bool,
+    recorder: Arc<Recorder>,
+    /// Whether the KV recording sees this request's bookkeeping (`prefill_done`, `finished`,
+    /// `prefill_failed`).
+    recorded: bool,
+    /// The route record of a decode decision whose serving mode is decided next (the prefill
+    /// step): written with it by [`RoutedRequest::record_served`] or [`route_prefill`].
+    pending: Option<Box<RouteRecord>>,
+}
+
+impl RoutedRequest {
+    /// Writes the route record this decision still holds, with how the attempt is served (see
+    /// [`RoutedRequest::pending`]), at once and under the model's lock like every router input.
+    /// Nothing happens when the record was written already or the recording is off.
+    pub fn record_served(&mut self, served: ServedAs, prefill: Option<PrefillRecord>) {
+        if let Some(record) = self.pending.take() {
+            let _core = self.routes.lock();
+            write_route(&self.recorder, record, served, prefill);
+        }
+    }
+
+    /// The first token arrived: the request moves from the prefill queue to decoding.
+    pub fn prefill_done(&mut self) {
+        self.record_served(ServedAs::Aggregated, None);
+        if !self.prefill_done {
+            self.prefill_done = true;
+            self.routes.lock().serving.prefill_done(&self.booking);
+            if self.recorded {
+                self.recorder.record(|| self.bookkeeping_record(true));
+            }
+        }
+    }
+
+    /// The uncached prompt tokens the chosen worker would compute itself.
+    pub fn uncached_prompt_tokens(&self) -> u64 {
+        self.booking.uncached_prompt_tokens
+    }
+
+    /// This prefill failed or was given up: its booking goes, and `decode` computes its prompt
+    /// itself again (until another prefill worker is booked for it).
+    pub fn prefill_failed(mut self, decode: &mut RoutedRequest) {
+        let mut core = self.routes.lock();
+        core.serving
+            .prefill_failed(&self.booking, &mut decode.booking);
+        if self.recorded {
+            self.recorder.record(|| Record::PrefillFailed {
+                tick: self.recorder.now_tick(),
+                model: self.routes.model.clone(),
+                key: self.booking.key,
+                decode_key: decode.booking.key,
+            });
+        }
+        drop(core);
+        // Dropping `self` releases and records nothing more: its booking is gone already.
+        self.recorded = false;
+    }
+
+    /// The proxy served the request on `worker`, another candidate of the decision than the
+    /// chosen one (it went down the endpoint picker's fallbacks): the booking moves there
+    /// ([`serve::ServingCore::move_booking`]). The recording keeps the route as decided and
+    /// ends it here.
+    pub fn served_by(
+        &mut self,
+        worker: Arc<WorkerHandle>,
+        request: &RouteRequest,
+        max_tokens: u32,
+    ) {
+        let to = worker.id();
+        if to == self.worker_id {
+            return;
+        }
+        self.record_served(ServedAs::Aggregated, None);
+        let moved = self.routes.lock().serving.move_booking(
+            &self.booking,
+            &self.decision,
+            &to,
+            request,
+            max_tokens,
+        );
+        if self.recorded {
+            self.recorder.record(|| self.bookkeeping_record(false));
+            self.recorded = false;
+        }
+        self.booking = moved;
+        self.worker = worker;
+        self.worker_id = to;
+        self.cached_blocks = self
+            .decision
+            .explanation
+            .workers
+            .iter()
+            .find(|w| w.worker == self.worker_id)
+            .map_or(0, |w| w.overlap.device);
+        if self.prefill_done {
+            self.routes.lock().serving.prefill_done(&self.booking);
+        }
+    }
+
+    /// The recorder's `prefill_done` or `finished` record of this request.
+    fn bookkeeping_record(&self, prefill_done: bool) -> Record {
+        let (tick, model, key, worker) = (
+            self.recorder.now_tick(),
+            self.routes.model.clone(),
+            self.booking.key,
+            Some(self.worker_id.clone()),
+        );
+        if prefill_done {
+            Record::PrefillDone {
+                tick,
+                model,
+                key,
+                worker,
+            }
+        } else {
+            Record::Finished {
+                tick,
+                model,
+                key,
+                worker,
+            }
+        }
+    }
+}
+
+impl Drop for RoutedRequest {
+    fn drop(&mut self) {
+        // A prefill decision's work ends with its route (a failure was written before);
+        // dispatch writes a decode decision's outcome, which it knows better.
+        if self.audit.stage == Stage::Prefill {
+            self.decisions
+                .end(&self.audit, OutcomeStatus::Completed, None);
+        }
+        self.record_served(ServedAs::Aggregated, None);
+        self.routes.lock().serving.finished(&self.booking);
+        if self.recorded {
+            self.recorder.record(|| self.bookkeeping_record(false));
+        }
+    }
+}
+
+/// The route request for `tokens` (hashing happens here, outside any lock).
+pub fn route_request(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    tokens: &[TokenId],
+    identity: &KvIdentity,
+    session: Option<String>,
+) -> RouteRequest {
+    serve::route_request_as(
+        tokens,
+        identity,
+        routes.block_size,
+        session,
+        pool.now_tick(),
+    )
+}
+
+/// What one decode route asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeAsk<'a> {
+    pub request: &'a RouteRequest,
+    /// Tokens the attempt generates (what its booking counts).
+    pub max_tokens: u32,
+    /// Which generating workers the attempt may use.
+    pub filter: DecodeFilter<'a>,
+    pub tags: &'a Arc<RequestTags>,
+    /// The attempt's number, from 1.
+    pub attempt: u32,
+    /// Why the candidates were narrowed when an earlier attempt decided it, for the decision
+    /// log.
+    pub note: Option<&'a str>,
+    /// The serving mode is decided after this route (the prefill step may follow): the KV
+    /// recording's route record then waits for the mode ([`RoutedRequest::record_served`],
+    /// [`route_prefill`]), so a replay serves the request in one step as the serving core's
+    /// [`serve::ServingCore::serve`] does.
+    pub prefill_pool: bool,
+}
+
+impl<'a> DecodeAsk<'a> {
+    /// A first attempt served aggregated, with no note: the common case.
+    pub fn first(
+        request: &'a RouteRequest,
+        max_tokens: u32,
+        filter: DecodeFilter<'a>,
+        tags: &'a Arc<RequestTags>,
+    ) -> Self {
+        Self {
+            request,
+            max_tokens,
+            filter,
+            tags,
+            attempt: 1,
+            note: None,
+            prefill_pool: false,
+        }
+    }
+}
+
+/// Step 1 of the serving core: chooses the generating worker for the ask's request among the
+/// candidates its filter leaves, books it, and records the decision.
+pub fn route(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    ask: DecodeAsk<'_>,
+) -> Result<RoutedRequest, RouteError> {
+    let candidates = candidates(pool, routes, ask.filter);
+    route_candidates(pool, routes, candidates, ask)
+}
+
+/// [`route`] among the workers `within` admits as well: the endpoint picker's subset of
+/// endpoints a proxy may send the request to.
+pub fn route_within(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    ask: DecodeAsk<'_>,
+    within: &dyn Fn(&WorkerInfo) -> bool,
+) -> Result<RoutedRequest, RouteError> {
+    let filter = ask.filter;
+    let candidates = Candidates::select_within(pool, routes, |w| may_decode(w, filter), within);
+    route_candidates(pool, routes, candidates, ask)
+}
+
+fn route_candidates(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    candidates: Candidates,
+    ask: DecodeAsk<'_>,
+) -> Result<RoutedRequest, RouteError> {
+    let DecodeAsk {
+        request,
+        max_tokens,
+        tags,
+        ..
+    } = ask;
+    let started = Instant::now();
+    let only = &candidates.ids;
+    let (decision, booking, basis, pending) = {
+        let mut core = routes.lock();
+        let (decision, booking) = core.serving.route_decode(request, only, max_tokens)?;
+        let basis =
+            RescoreBasis::capture(request, &decision, &core.serving.index, &core.serving.load);
+        let decision = Arc::new(decision);
+        let mut pending = None;
+        if pool.recorder.is_active() {
+            let mut record = route_record(routes, &ask, only, booking.key, &decision);
+            record.tenant.clone_from(&tags.tenant);
+            if ask.prefill_pool {
+                pending = Some(record);
+            } else {
+                write_route(&pool.recorder, record, ServedAs::Aggregated, None);
+            }
+        }
+        (decision, booking, basis, pending)
+    };
+    let audit = pool.decisions.push(
+        DecisionEntry::new(
+            Arc::clone(tags),
+            routes.model.clone(),
+            routes.block_size.get(),
+            ask.attempt,
+            Stage::Decode,
+            Arc::clone(&decision),
+            ask.note.map(str::to_owned),
+        )
+        .with_basis(basis),
+    );
+    let m = &pool.metrics;
+    m.routing_overhead.observe(started.elapsed().as_secs_f64());
+    m.decisions
+        .get_or_create(&PolicyLabels {
+            policy: decision.explanation.policy,
+        })
+        .inc();
+    m.prompt_blocks_requested
+        .inc_by(request.block_hashes.len() as u64);
+    m.prompt_blocks_cached
+        .inc_by(u64::from(cached_blocks(&decision)));
+    let mut routed = routed_request(pool, routes, candidates, decision, booking, audit)?;
+    routed.pending = pending;
+    Ok(routed)
+}
+
+fn cached_blocks(decision: &Decision) -> u32 {
+    decision.chosen().map_or(0, |c| c.overlap.device)
+}
+
+/// Which pool a decision chose from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// A worker that generates (role decode or both).
+    Decode,
+    /// A prefill-pool worker (role prefill) computing the prompt's KV for a decode worker.
+    Prefill,
+}
+
+/// The outcome of a prefill route.
+#[derive(Debug)]
+pub enum PrefillRoute {
+    /// Booked: the prefill runs on this worker, and the decode worker's booking says it
+    /// computes none of the prompt.
+    Routed(RoutedRequest),
+    /// `auto`, and even the best prefill worker is too busy: stay aggregated (the reason).
+    Saturated(String),
+    /// No prefill worker can be chosen.
+    Unavailable(RouteError),
+}
+
+/// Steps 3 and 4 of the serving core: chooses a prefill worker for `request` among those of
+/// the decode worker's engine (`ask`), books it, makes `decode`'s booking disaggregated, and
+/// logs the decision. The first prefill route of an attempt writes the decode route's record
+/// with its outcome (a prefill retried after a failure is not recorded: see
+/// `docs/kv-recording.md`).
+pub fn route_prefill(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    settings: &ServeSettings,
+    request: &RouteRequest,
+    ask: &PrefillAsk,
+    decode: &mut RoutedRequest,
+    tags: &Arc<RequestTags>,
+) -> PrefillRoute {
+    let needs_prefill = ask.needs_prefill;
+    let candidates = prefill_candidates(
+        pool,
+        routes,
+        ask.engine,
+        &ask.exclude,
+        request.adapter.as_deref(),
+    );
+    let (decision, booking, basis) = {
+        let mut core = routes.lock();
+        let pending = decode.pending.take();
+        let record = |served, chosen: Option<&Decision>, key| {
+            if let Some(record) = pending {
+                let prefill = PrefillRecord {
+                    key,
+                    candidates: candidates.ids.iter().map(|c| c.worker.clone()).collect(),
+                    chosen: chosen.map(|d| d.worker.clone()),
+                    cached_blocks: chosen.map_or(0, cached_blocks),
+                };
+                write_route(&pool.recorder, record, served, Some(prefill));
+            }
+        };
+        let decision =
+            match core
+                .serving
+                .choose_prefill(settings, request, &candidates.ids, needs_prefill)
+            {
+                PrefillChoice::Chosen(decision) => decision,
+                PrefillChoice::Saturated { why, decision } => {
+                    record(ServedAs::Aggregated, Some(&decision), None);
+                    return PrefillRoute::Saturated(why);
+                }
+                PrefillChoice::Unavailable(err) => {
+                    let served = if settings.disaggregation == serve::Disaggregation::Enforce {
+                        ServedAs::Refused
+                    } else if needs_prefill {
+                        ServedAs::Rerouted
+                    } else {
+                        ServedAs::Aggregated
+                    };
+                    record(served, None, None);
+                    return PrefillRoute::Unavailable(err);
+                }
+            };
+        let basis =
+            RescoreBasis::capture(request, &decision, &core.serving.index, &core.serving.load);
+        let booking = core
+            .serving
+            .book_prefill(&decision, request, &mut decode.booking);
+        record(ServedAs::Disaggregated, Some(&decision), Some(booking.key));
+        (Arc::new(decision), booking, basis)
+    };
+    let audit = pool.decisions.push(
+        DecisionEntry::new(
+            Arc::clone(tags),
+            routes.model.clone(),
+            routes.block_size.get(),
+            ask.try_number,
+            Stage::Prefill,
+            Arc::clone(&decision),
+            None,
+        )
+        .with_basis(basis),
+    );
+    match routed_request(pool, routes, candidates, decision, booking, audit) {
+        Ok(routed) => PrefillRoute::Routed(routed),
+        Err(err) => PrefillRoute::Unavailable(err),
+    }
+}
+
+/// What a prefill route would decide for `request`, without routing (admin explain).
+pub fn explain_prefill(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    settings: &ServeSettings,
+    request: &RouteRequest,
+    engine: EngineKind,
+    needs_prefill: bool,
+) -> PrefillChoice {
+    let only = prefill_candidates(pool, routes, engine, &[], request.adapter.as_deref()).ids;
+    routes
+        .lock()
+        .serving
+        .explain_prefill(settings, request, &only, needs_prefill)
+}
+
+/// The [`RoutedRequest`] for `decision`, whose booking the core made.
+fn routed_request(
+    pool: &WorkerPool,
+    routes: &Arc<ModelRoutes>,
+    candidates: Candidates,
+    decision: Arc<Decision>,
+    booking: Booking,
+    audit: Arc<DecisionEntry>,
+) -> Result<RoutedRequest, RouteError> {
+    let Some(worker) = candidates.take(&decision.worker) else {
+        // Cannot happen (the policy chooses among the candidates); release what was booked.
+        routes.lock().serving.finished(&booking);
+        pool.decisions.end(
+            &audit,
+            OutcomeStatus::Failed,
+            Some("the chosen worker was not among the candidates".into()),
+        );
+        return Err(RouteError::NoCandidates);
+    };
+    Ok(RoutedRequest {
+        worker_id: decision.worker.clone(),
+        cached_blocks: cached_blocks(&decision),
+        worker,
+        decision,
+        booking,
+        audit,
+        decisions: Arc::clone(&pool.decisions),
+        routes: Arc::clone(routes),
+        prefill_done: false,
+        recorder: Arc::clone(&pool.recorder),
+        recorded: true,
+        pending: None,
+    })
+}
+
+/// The recorder's `route` record of a decode decision; its serving mode is filled in when it
+/// is written ([`write_route`]).
+fn route_record(
+    routes: &ModelRoutes,
+    ask: &DecodeAsk<'_>,
+    candidates: &[Candidate],
+    key: u64,
+    decision: &Decision,
+) -> Box<RouteRecord> {
+    let request = ask.request;
+    Box::new(RouteRecord {
+        tick: request.now,
+        model: routes.model.clone(),
+        key,
+        attempt: ask.attempt,
+        block_size: request.block_size.get(),
+        prompt_tokens: request.prompt_tokens,
+        max_tokens: ask.max_tokens,
+        session: request.session.clone(),
+        tenant: None,
+        block_hashes: request.block_hashes.clone(),
+        candidates: candidates.iter().map(|c| c.worker.clone()).collect(),
+        policy: decision.explanation.policy.to_owned(),
+        chosen: decision.worker.clone(),
+        cached_blocks: cached_blocks(decision),
+        prefill_pool: ask.prefill_pool,
+        served: ServedAs::Aggregated,
+        prefill: None,
+    })
+}
+
+/// Writes a route record with how the attempt was served. Callers hold the model's lock.
+fn write_route(
+    recorder: &Recorder,
+    mut record: Box<RouteRecord>,
+    served: ServedAs,
+    prefill: Option<PrefillRecord>,
+) {
+    record.served = served;
+    record.prefill = prefill;
+    recorder.record(|| Record::Route(record));
+}
+
+/// What the current policy would decide for `tokens`, without sending or recording anything.
+///
+/// Evaluated on a copy of the live policy, so the preview sees its state (turn, session pins,
+/// predicted caches) without changing it.
+pub fn explain(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    request: &RouteRequest,
+    filter: DecodeFilter<'_>,
+) -> Result<Decision, RouteError> {
+    let only = candidates(pool, routes, filter).ids;
+    routes.lock().serving.explain_decode(request, &only)
+}
