@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Import circles between the modules of one crate, from its `use` lines and inline paths.
 
-    python3 tests/python/module_circles.py <crate src dir> [prefix...] [--only prefix...]
+    python3 tests/python/module_circles.py <crate src dir> [--check] [prefix...] [--only prefix...]
 
 Prints each strongly connected component (an import circle) of the module graph with its
 edges, and how many there are. With prefixes, only circles touching a module under one of
@@ -9,13 +9,16 @@ them; with `--only`, the graph is first cut down to the modules under those pref
 `--only http dispatch` for the gateway's request path). A module uses another when it names a
 path into it (`use crate::a::b`, `use super::x`, `crate::a::f()`, `child::f()`); a path to an
 item another module re-exports (`pub use`) leads to where the item is defined. Test code
-(`tests*.rs`, `*_tests.rs`, a trailing `#[cfg(test)] mod`) is left out.
+(`tests*.rs`, `*_tests.rs`, a trailing `#[cfg(test)] mod`) is left out. With `--check`, exits
+1 when it prints a circle (the test command holds the gateway's request path to none).
 """
 import os, re, sys
 from collections import defaultdict
 
 src = sys.argv[1]
 args = sys.argv[2:]
+check = '--check' in args
+args = [a for a in args if a != '--check']
 only = []
 if '--only' in args:
     i = args.index('--only')
@@ -39,7 +42,7 @@ for root, _, files in os.walk(src):
 def strip(text):
     text = re.sub(r'//[^\n]*', '', text)
     # drop #[cfg(test)] mod tests { ... } blocks (to end of file: they sit last by convention)
-    m = re.search(r'#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*mod \w+\s*\{', text)
+    m = re.search(r'#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod \w+\s*\{', text)
     if m:
         text = text[:m.start()]
     return text
@@ -166,3 +169,5 @@ for comp in sccs:
         for t in sorted(edges[m] & cs):
             print(f'    {name(m)} -> {name(t)}')
 print(f'{shown} circle(s)')
+if check and shown:
+    sys.exit(1)

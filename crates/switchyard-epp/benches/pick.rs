@@ -178,6 +178,7 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
         quota: Default::default(),
         config,
         pool,
+        transport: Arc::new(switchyard_gateway::serving::transport::GrpcTransport),
         tokenizers,
         metrics,
         extensions: Default::default(),

@@ -219,7 +219,7 @@ pub async fn start(
         .with_delivery(delivery),
     );
     pool.tasks
-        .spawn(audit::kv::watch_silence(Arc::clone(&pool)));
+        .spawn(pool::kv_checks::watch_silence(Arc::clone(&pool)));
     // Know the registered workers before announcing readiness, so the first request finds them.
     // etcd may have gone away since the connection was made: wait for it, as at start.
     let watch = switchyard_registry::retry::until_available("watch the workers", shutdown, || {
@@ -264,6 +264,7 @@ pub async fn start(
         .with_client_limit(config.max_requests_per_client),
         config,
         pool,
+        transport: Arc::new(serving::transport::GrpcTransport),
         tokenizers,
         metrics,
         extensions,

@@ -248,9 +248,9 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
             100,
             Arc::new(Metrics::new()),
         )
-        .unwrap()
-        .with_transport(Arc::clone(&transport) as Arc<dyn WorkerTransport>),
+        .unwrap(),
     );
+    let calls: Arc<dyn WorkerTransport> = Arc::clone(&transport) as Arc<dyn WorkerTransport>;
     let infos = workers(case.sglang_prefill);
     for w in &infos {
         pool.upsert_worker(w.clone());
@@ -326,7 +326,7 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     priority: None,
                 };
                 let now = pool.now_tick();
-                let events = dispatch::start(&pool, job);
+                let events = dispatch::start(&pool, &calls, job);
                 settle().await;
                 let facts: Vec<WorkerFacts<'_>> = infos
                     .iter()

@@ -10,6 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub use super::labels::WorkerLabels;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub endpoint: &'static str,
@@ -44,11 +46,6 @@ pub struct LongTextLabels {
 pub struct SessionTurnLabels {
     /// `incremental` (reused an earlier turn's tokens) or `full`.
     pub tokenization: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WorkerLabels {
-    pub worker: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -220,7 +217,7 @@ pub struct Metrics {
     /// Decisions, predictions against realized hits, KV event health ([`crate::observe::audit`]).
     pub audit: crate::observe::audit::AuditMetrics,
     /// Turns forwarded between gateway replicas ([`crate::cluster::fleet`]).
-    pub fleet: crate::cluster::fleet::FleetMetrics,
+    pub fleet: crate::observe::fleet_metrics::FleetMetrics,
     /// Quota refusals and store errors ([`crate::access::quota`]).
     pub quota: crate::access::quota::QuotaMetrics,
     /// Fields accepted without effect (`http::fields`).
@@ -303,7 +300,7 @@ impl Metrics {
             worker_active_blocks: Family::default(),
             worker_indexed_blocks: Family::default(),
             audit: crate::observe::audit::AuditMetrics::default(),
-            fleet: crate::cluster::fleet::FleetMetrics::default(),
+            fleet: crate::observe::fleet_metrics::FleetMetrics::default(),
             quota: crate::access::quota::QuotaMetrics::default(),
             fields: FieldMetrics::default(),
             registry: Registry::default(),

@@ -214,7 +214,9 @@ fn job(routes: &Arc<ModelRoutes>, mode: Disaggregation) -> GenerateJob {
 }
 
 async fn failure(pool: &Arc<WorkerPool>, job: GenerateJob) -> ApiError {
-    let mut events = dispatch::start(pool, job);
+    let transport: Arc<dyn crate::serving::transport::WorkerTransport> =
+        Arc::new(crate::serving::transport::GrpcTransport);
+    let mut events = dispatch::start(pool, &transport, job);
     loop {
         match events.recv().await.expect("an outcome") {
             DispatchEvent::Failed(err) => return err,

@@ -143,7 +143,7 @@ impl Run {
                         }
                     }
                 }
-                run.rx = Some(dispatch::start(&run.state.pool, job));
+                run.rx = Some(dispatch::start(&run.state.pool, &run.state.transport, job));
             }
             let rx = run.rx.as_mut()?;
             let event = tokio::select! {

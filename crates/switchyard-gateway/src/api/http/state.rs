@@ -18,6 +18,8 @@ use crate::serving::preprocess::Tokenizers;
 pub struct AppState {
     pub config: GatewayConfig,
     pub pool: Arc<WorkerPool>,
+    /// How dispatch calls the workers (gRPC; tests script it).
+    pub transport: Arc<dyn crate::serving::transport::WorkerTransport>,
     pub tokenizers: Tokenizers,
     pub metrics: Arc<Metrics>,
     pub admission: Admission,

@@ -25,9 +25,9 @@ use tokio_util::task::TaskTracker;
 use crate::observe::audit::{AuditConfig, DecisionLog, KvAudit};
 use crate::observe::metrics::{Metrics, WorkerLabels};
 use crate::observe::recorder::{Record, Recorder};
-use crate::serving::transport::{GrpcTransport, WorkerTransport};
 
 pub mod ingest;
+pub mod kv_checks;
 pub mod members;
 pub mod subscriber;
 pub mod subscriptions;
@@ -138,8 +138,6 @@ pub struct WorkerPool {
     pub(crate) tasks: TaskTracker,
     /// Records the router's inputs while a recording runs (admin API).
     pub recorder: Arc<Recorder>,
-    /// How dispatch calls the workers.
-    pub transport: Arc<dyn WorkerTransport>,
     /// A worker whose load reports stop for this long is unresponsive ([`crate::cluster::health`]).
     pub(crate) unresponsive_after: Duration,
     /// How channels to workers are opened (plain or mTLS, with the gateway's credential).
@@ -179,7 +177,6 @@ impl WorkerPool {
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
             recorder: Arc::new(Recorder::new(epoch)),
-            transport: Arc::new(GrpcTransport),
             unresponsive_after: default_unresponsive_after(load_interval_ms),
             dialer: Dialer::open(Identity::new("default", PeerRole::Gateway)),
             delivery: Delivery::WorkerGrpc,
@@ -313,12 +310,6 @@ impl WorkerPool {
                 })
                 .set(0);
         }
-    }
-
-    /// The same pool calling its workers through `transport` (dispatch's tests script it).
-    pub fn with_transport(mut self, transport: Arc<dyn WorkerTransport>) -> Self {
-        self.transport = transport;
-        self
     }
 
     /// Microseconds since the pool started: the router's clock (tokio's, so tests can pause

@@ -171,7 +171,7 @@ pub fn apply(
             // A snapshot past sequence 0 shows the worker has published events (one that
             // never publishes stays at 0 however much it serves).
             if next_seq > 0 {
-                crate::observe::audit::kv::note_event(pool, id);
+                super::kv_checks::note_event(pool, id);
             }
             true
         }
@@ -182,7 +182,7 @@ pub fn apply(
         } => {
             if !applied.is_empty() {
                 pool.metrics.kv_events_applied.inc_by(applied.len() as u64);
-                crate::observe::audit::kv::note_event(pool, id);
+                super::kv_checks::note_event(pool, id);
             }
             for (seq, event) in applied {
                 pool.recorder.record(|| Record::KvEvent {
@@ -204,8 +204,8 @@ pub fn apply(
         }
         Ingested::Nothing => true,
         Ingested::Digest { at, digest } => {
-            crate::observe::audit::kv::check_digest(pool, routes, id, at, &digest)
-                == crate::observe::audit::kv::DigestVerdict::Keep
+            super::kv_checks::check_digest(pool, routes, id, at, &digest)
+                == super::kv_checks::DigestVerdict::Keep
         }
         Ingested::Resync(why) => {
             resync(pool, routes, id, why);

@@ -46,7 +46,7 @@ pub struct Counterfactual {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub choice: Option<u32>,
     pub model: String,
-    pub stage: crate::serving::routing::Stage,
+    pub stage: crate::observe::audit::decisions::Stage,
     pub attempt: u32,
     pub at_unix_ms: u64,
     /// The live decision: its policy and worker.
@@ -141,7 +141,7 @@ mod tests {
 
     use super::*;
     use crate::observe::audit::RequestTags;
-    use crate::serving::routing::Stage;
+    use crate::observe::audit::decisions::Stage;
 
     fn query(request_id: Option<&str>, policy: &str) -> CounterfactualQuery {
         CounterfactualQuery {

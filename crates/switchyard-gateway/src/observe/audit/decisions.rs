@@ -12,12 +12,21 @@ use switchyard_router::Decision;
 use switchyard_router::serve::RescoreBasis;
 
 use super::disk::DiskLog;
+use super::flag::Flag;
 use super::metrics::DecisionOutcomeLabels;
-use super::realized::Flag;
-use super::{RequestTags, unix_ms};
-use crate::serving::routing::Stage;
+use super::tags::{RequestTags, unix_ms};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+
+/// Which pool a decision chose from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// A worker that generates (role decode or both).
+    Decode,
+    /// A prefill-pool worker (role prefill) computing the prompt's KV for a decode worker.
+    Prefill,
+}
 
 /// How a decision's attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -407,7 +416,14 @@ impl DecisionLog {
             && let Some(disk) = &self.disk
         {
             let older = disk
-                .read_before(oldest, query.clone(), limit - out.len())
+                .read_before(
+                    oldest,
+                    {
+                        let query = query.clone();
+                        move |view| query.matches(view)
+                    },
+                    limit - out.len(),
+                )
                 .await;
             out.extend(older);
         }

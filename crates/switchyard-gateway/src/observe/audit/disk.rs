@@ -10,8 +10,6 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::decisions::DecisionQuery;
-
 /// Finished decisions waiting for the writer; more are dropped (and counted).
 const QUEUE: usize = 8192;
 
@@ -74,19 +72,19 @@ impl DiskLog {
         }
     }
 
-    /// Up to `limit` logged decisions with an id below `before` that match `query`, newest
+    /// Up to `limit` logged decisions with an id below `before` that `keep` accepts, newest
     /// first.
     pub async fn read_before(
         &self,
         before: u64,
-        query: DecisionQuery,
+        keep: impl Fn(&serde_json::Value) -> bool + Send + 'static,
         limit: usize,
     ) -> Vec<serde_json::Value> {
         let files = [rotated(&self.path), self.path.clone()];
         let read = tokio::task::spawn_blocking(move || {
             let mut found = Vec::new();
             for file in files {
-                read_matching(&file, before, &query, &mut found);
+                read_matching(&file, before, &keep, &mut found);
             }
             found.reverse();
             found.truncate(limit);
@@ -111,7 +109,7 @@ fn open_append(path: &Path) -> std::io::Result<File> {
 fn read_matching(
     file: &Path,
     before: u64,
-    query: &DecisionQuery,
+    keep: &dyn Fn(&serde_json::Value) -> bool,
     found: &mut Vec<serde_json::Value>,
 ) {
     let Ok(file) = File::open(file) else { return };
@@ -121,7 +119,7 @@ fn read_matching(
             continue;
         };
         let id = view.get("id").and_then(serde_json::Value::as_u64);
-        if id.is_some_and(|id| id < before) && query.matches(&view) {
+        if id.is_some_and(|id| id < before) && keep(&view) {
             found.push(view);
         }
     }
@@ -193,6 +191,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::audit::decisions::DecisionQuery;
 
     #[tokio::test]
     async fn lines_rotate_under_the_cap_and_read_back_newest_first() {
@@ -215,19 +214,28 @@ mod tests {
         assert_eq!(dropped.get(), 0);
         let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
         assert!(size(&path) + size(&rotated(&path)) <= 1000);
-        let found = log.read_before(39, DecisionQuery::default(), 3).await;
+        let found = log.read_before(39, |_| true, 3).await;
         let ids: Vec<u64> = found.iter().map(|v| v["id"].as_u64().unwrap()).collect();
         assert_eq!(ids, [38, 37, 36]);
         let q = DecisionQuery {
             request_id: Some("r35".into()),
             ..DecisionQuery::default()
         };
-        assert_eq!(log.read_before(u64::MAX, q, 10).await.len(), 1);
+        assert_eq!(
+            log.read_before(u64::MAX, move |v| q.matches(v), 10)
+                .await
+                .len(),
+            1
+        );
         // The oldest lines are gone with the older rotation.
         let q = DecisionQuery {
             request_id: Some("r1".into()),
             ..DecisionQuery::default()
         };
-        assert!(log.read_before(u64::MAX, q, 10).await.is_empty());
+        assert!(
+            log.read_before(u64::MAX, move |v| q.matches(v), 10)
+                .await
+                .is_empty()
+        );
     }
 }

@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::observe::metrics::WorkerLabels;
+use crate::observe::labels::WorkerLabels;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
@@ -21,7 +21,7 @@ pub struct RouteLabels {
 pub struct MispredictionLabels {
     pub model: String,
     pub worker: String,
-    /// [`crate::observe::audit::realized::Cause`] as text.
+    /// [`crate::observe::audit::flag::Cause`] as text.
     pub cause: &'static str,
 }
 
@@ -203,7 +203,7 @@ impl AuditMetrics {
         // Until its first digest check: nothing found diverged.
         self.index_diverged.get_or_create(&labels).set(0);
         self.index_divergence_blocks.get_or_create(&labels).set(0);
-        for cause in crate::observe::audit::realized::Cause::ALL {
+        for cause in crate::observe::audit::flag::Cause::ALL {
             self.mispredictions
                 .get_or_create(&MispredictionLabels {
                     model: model.to_owned(),

@@ -5,63 +5,23 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
 use switchyard_core::BlockHash;
 
+use super::AuditMetrics;
 use super::decisions::DecisionEntry;
+pub use super::flag::{Cause, Flag};
+use super::kv::KvAudit;
 use super::metrics::{MispredictionLabels, RouteLabels};
-use crate::cluster::pool::{ModelRoutes, WorkerHandle, WorkerPool};
-
-/// Why a realized hit was far from the prediction (the most likely reason the gateway can tell).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Cause {
-    /// The worker publishes no KV events (never configured, or cut).
-    KvEventsSilent,
-    /// The index lists blocks the engine no longer holds and nothing is arriving to correct it
-    /// (a lost removal, a cache reset without an event, a diverged index).
-    IndexStale,
-    /// The index learned of the blocks' removal after the decision: evicted while in flight.
-    EvictedInFlight,
-    /// Events are arriving, but the removal had not reached the index when it decided.
-    EventLag,
-    /// The engine reused blocks the index did not list for it: stored events lost or late.
-    IndexMissingBlocks,
-}
-
-impl Cause {
-    pub const ALL: [Cause; 5] = [
-        Self::KvEventsSilent,
-        Self::IndexStale,
-        Self::EvictedInFlight,
-        Self::EventLag,
-        Self::IndexMissingBlocks,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::KvEventsSilent => "kv_events_silent",
-            Self::IndexStale => "index_stale",
-            Self::EvictedInFlight => "evicted_in_flight",
-            Self::EventLag => "event_lag",
-            Self::IndexMissingBlocks => "index_missing_blocks",
-        }
-    }
-}
-
-/// A misprediction, as a decision's outcome shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Flag {
-    pub cause: Cause,
-    pub why: String,
-}
 
 /// What the engine reported for one routed attempt.
-#[derive(Debug)]
 pub struct Realized<'a> {
     pub entry: &'a DecisionEntry,
-    pub worker: &'a WorkerHandle,
-    pub routes: &'a ModelRoutes,
+    /// The decision's worker's KV audit.
+    pub kv: &'a KvAudit,
+    /// What the model's index lists for the decision's worker now: how many of the prompt's
+    /// leading blocks, and whether it awaits the worker's snapshot. Asked only when the
+    /// realized hit fell short of the prediction.
+    pub index_now: &'a dyn Fn() -> (u32, bool),
     /// The prompt's full-block hashes (the attempt's context).
     pub prompt_blocks: &'a [BlockHash],
     pub cached_prompt_tokens: u64,
@@ -70,9 +30,21 @@ pub struct Realized<'a> {
     pub comparable: bool,
 }
 
+impl std::fmt::Debug for Realized<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Realized")
+            .field("entry", &self.entry.tags.request_id)
+            .field("prompt_blocks", &self.prompt_blocks.len())
+            .field("cached_prompt_tokens", &self.cached_prompt_tokens)
+            .field("comparable", &self.comparable)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Records the realized hit on the decision, updates the accuracy metrics, tells the worker's
-/// KV audit that events are owed, and flags a misprediction.
-pub fn realize(pool: &WorkerPool, r: Realized<'_>) {
+/// KV audit that events are owed, and flags a misprediction (`silence_after`: how long a
+/// worker may owe events before it counts as silent).
+pub fn realize(m: &AuditMetrics, silence_after: Duration, r: Realized<'_>) {
     let entry = r.entry;
     let realized = r.cached_prompt_tokens;
     if !r.comparable {
@@ -86,7 +58,6 @@ pub fn realize(pool: &WorkerPool, r: Realized<'_>) {
         model: entry.model.clone(),
         worker: entry.decision.worker.to_string(),
     };
-    let m = &pool.metrics.audit;
     m.prediction_error
         .get_or_create(&labels)
         .observe(error as f64);
@@ -104,9 +75,9 @@ pub fn realize(pool: &WorkerPool, r: Realized<'_>) {
         .set(accurate as f64 / evaluated as f64);
     // New full blocks were computed: the engine should announce them.
     if (r.prompt_blocks.len() as u64) > realized / block_size {
-        r.worker.kv.expect_event();
+        r.kv.expect_event();
     }
-    let flag = flag(pool, &r, predicted, realized, block_size);
+    let flag = flag(silence_after, &r, predicted, realized, block_size);
     if let Some(flag) = &flag {
         m.mispredictions
             .get_or_create(&MispredictionLabels {
@@ -133,7 +104,7 @@ pub fn realize(pool: &WorkerPool, r: Realized<'_>) {
 }
 
 fn flag(
-    pool: &WorkerPool,
+    silence_after: Duration,
     r: &Realized<'_>,
     predicted: u64,
     realized: u64,
@@ -144,7 +115,7 @@ fn flag(
     if !over && !under {
         return None;
     }
-    let kv = &r.worker.kv;
+    let kv = r.kv;
     if let Some(silent) = kv.silent() {
         return Some(Flag {
             cause: Cause::KvEventsSilent,
@@ -168,15 +139,8 @@ fn flag(
             }
         });
     }
-    let id = &r.entry.decision.worker;
-    let (now_blocks, awaiting) = {
-        let core = r.routes.lock();
-        let index = &core.serving.index;
-        let now = index
-            .worker_key(id)
-            .map_or(0, |key| index.overlap(r.prompt_blocks).get(key).device);
-        (u64::from(now), index.awaiting_snapshot(id))
-    };
+    let (now_blocks, awaiting) = (r.index_now)();
+    let now_blocks = u64::from(now_blocks);
     let predicted_blocks = predicted / block_size;
     if now_blocks < predicted_blocks {
         return Some(Flag {
@@ -187,7 +151,7 @@ fn flag(
             ),
         });
     }
-    let silence = pool.audit.kv_silence_after();
+    let silence = silence_after;
     let age = kv.last_event_age();
     if kv.diverged() || awaiting {
         return Some(Flag {

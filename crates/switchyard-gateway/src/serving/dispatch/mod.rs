@@ -39,6 +39,7 @@ use crate::cluster::pool::{ModelRoutes, WorkerPool};
 use crate::observe::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::serving::disagg::DisaggSettings;
 use crate::serving::routing::{self, PrefillRoute, RoutedRequest, needs_prefill};
+use crate::serving::transport::WorkerTransport;
 
 pub use switchyard_router::serve::Finish;
 /// One generation to run.
@@ -94,10 +95,16 @@ pub enum DispatchEvent {
     Failed(ApiError),
 }
 
-/// Starts `job` on the pool's task tracker; events arrive on the returned receiver.
-pub fn start(pool: &Arc<WorkerPool>, job: GenerateJob) -> mpsc::Receiver<DispatchEvent> {
+/// Starts `job` on the pool's task tracker, calling the workers through `transport`; events
+/// arrive on the returned receiver.
+pub fn start(
+    pool: &Arc<WorkerPool>,
+    transport: &Arc<dyn WorkerTransport>,
+    job: GenerateJob,
+) -> mpsc::Receiver<DispatchEvent> {
     let (tx, rx) = mpsc::channel(64);
     let pool = Arc::clone(pool);
+    let transport = Arc::clone(transport);
     // Its warnings (a retry, a migration) are events of the request's span.
     let span = job.span.clone();
     pool.clone().tasks.spawn(
@@ -105,7 +112,7 @@ pub fn start(pool: &Arc<WorkerPool>, job: GenerateJob) -> mpsc::Receiver<Dispatc
             let deadline = job.deadline;
             let timeout = deadline.saturating_duration_since(Instant::now()).as_secs();
             tokio::select! {
-                _ = run(&pool, job, &tx) => {}
+                _ = run(&pool, transport.as_ref(), job, &tx) => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     let _ = tx.send(DispatchEvent::Failed(ApiError::Timeout(timeout.max(1)))).await;
                 }
@@ -171,9 +178,15 @@ impl Drop for OutcomeGuard {
 }
 
 /// Drives the request's [`Serving`] machine until it finishes or fails.
-async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<DispatchEvent>) {
+async fn run(
+    pool: &Arc<WorkerPool>,
+    transport: &dyn WorkerTransport,
+    job: GenerateJob,
+    tx: &mpsc::Sender<DispatchEvent>,
+) {
     let mut driver = Driver {
         pool,
+        transport,
         serving: Serving::new(Plan {
             model: job.routes.model.clone(),
             settings: job.disagg.serve,
@@ -215,6 +228,8 @@ async fn run(pool: &Arc<WorkerPool>, job: GenerateJob, tx: &mpsc::Sender<Dispatc
 /// One request's dispatch: the machine, and what its current attempt holds.
 struct Driver<'a> {
     pool: &'a Arc<WorkerPool>,
+    /// How the workers are called.
+    transport: &'a dyn WorkerTransport,
     job: &'a GenerateJob,
     tx: &'a mpsc::Sender<DispatchEvent>,
     serving: Serving,

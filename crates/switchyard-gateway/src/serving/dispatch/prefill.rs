@@ -12,7 +12,6 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::{Driver, KvSource, decided};
-use crate::observe::audit::realized::{Realized, realize};
 use crate::serving::disagg::KvTransfer;
 use crate::serving::routing::RoutedRequest;
 
@@ -113,7 +112,7 @@ impl Driver<'_> {
         switchyard_telemetry::inject_context(&prefill_span, call.metadata_mut());
         let answer = tokio::time::timeout(
             settings.prefill_timeout,
-            pool.transport.prefill(&prefill.worker, call),
+            self.transport.prefill(&prefill.worker, call),
         )
         .instrument(prefill_span.clone())
         .await;
@@ -172,16 +171,12 @@ impl Driver<'_> {
             .inc();
         // A pipelined answer's counts are not final: only a finished prefill's hit is compared.
         if !response.pipelined {
-            realize(
-                pool,
-                Realized {
-                    entry: &prefill.audit,
-                    worker: &prefill.worker,
-                    routes: &prefill.routes,
-                    prompt_blocks,
-                    cached_prompt_tokens: u64::from(response.cached_prompt_tokens),
-                    comparable: true,
-                },
+            prefill.realize(
+                &pool.metrics.audit,
+                pool.audit.kv_silence_after(),
+                prompt_blocks,
+                response.cached_prompt_tokens,
+                true,
             );
         }
         let source = v1::KvSource {

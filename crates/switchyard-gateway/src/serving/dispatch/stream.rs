@@ -18,7 +18,6 @@ use super::classify::classify;
 use super::{Attempt, DispatchEvent, Driver, Finish, KvSource, OutcomeStatus, UnfinishedAttempt};
 use crate::cluster::health::{Liveness, is_transport_failure};
 use crate::cluster::pool::{WorkerHandle, WorkerPool};
-use crate::observe::audit::realized::{Realized, realize};
 use crate::observe::recorder::ServedAs;
 use crate::serving::routing::RoutedRequest;
 
@@ -41,16 +40,12 @@ struct Relay<'a> {
 
 impl Relay<'_> {
     fn realize(&self, pool: &WorkerPool, cached_prompt_tokens: u32) {
-        realize(
-            pool,
-            Realized {
-                entry: &self.decode.audit,
-                worker: &self.decode.worker,
-                routes: &self.decode.routes,
-                prompt_blocks: self.prompt_blocks,
-                cached_prompt_tokens: u64::from(cached_prompt_tokens),
-                comparable: !self.disaggregated,
-            },
+        self.decode.realize(
+            &pool.metrics.audit,
+            pool.audit.kv_silence_after(),
+            self.prompt_blocks,
+            cached_prompt_tokens,
+            !self.disaggregated,
         );
     }
 }
@@ -212,7 +207,7 @@ impl Driver<'_> {
         };
         tokio::pin!(stopped_answering);
         let opened = tokio::select! {
-            opened = pool.transport.generate(&worker, call) => opened,
+            opened = self.transport.generate(&worker, call) => opened,
             reason = &mut stopped_answering => {
                 pool.metrics.unresponsive_cuts.inc();
                 Err(tonic::Status::unavailable(reason))

@@ -4,9 +4,9 @@
 //! and what is booked is the core's; this file only supplies the gateway's inputs.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use switchyard_core::{EngineKind, KvIdentity, TokenId, WorkerId, WorkerInfo};
+use switchyard_core::{BlockHash, EngineKind, WorkerId, WorkerInfo};
 use switchyard_router::serve::{
     self, Booking, DecodeFilter, PrefillAsk, PrefillChoice, RescoreBasis, ServeSettings, may_decode,
 };
@@ -16,10 +16,12 @@ mod candidates;
 mod prompt_hashes;
 
 pub use candidates::{Candidates, candidates, needs_prefill, prefill_candidates};
-pub use prompt_hashes::{BlockNaming, PromptHashes, route_request_from};
+pub use prompt_hashes::{BlockNaming, PromptHashes, route_request, route_request_from};
 
 use crate::cluster::pool::{ModelRoutes, WorkerHandle, WorkerPool};
-use crate::observe::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
+pub use crate::observe::audit::decisions::Stage;
+use crate::observe::audit::realized::{Realized, realize};
+use crate::observe::audit::{AuditMetrics, DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::observe::metrics::PolicyLabels;
 use crate::observe::recorder::{PrefillRecord, Record, Recorder, RouteRecord, ServedAs};
 
@@ -51,6 +53,39 @@ pub struct RoutedRequest {
 }
 
 impl RoutedRequest {
+    /// Compares the engine's realized prefix hit for this decision with its prediction
+    /// ([`realized`](crate::observe::audit::realized)): `comparable` when the worker computed
+    /// the prompt itself.
+    pub fn realize(
+        &self,
+        audit: &AuditMetrics,
+        silence_after: Duration,
+        prompt_blocks: &[BlockHash],
+        cached_prompt_tokens: u32,
+        comparable: bool,
+    ) {
+        let index_now = || {
+            let core = self.routes.lock();
+            let index = &core.serving.index;
+            let now = index
+                .worker_key(&self.worker_id)
+                .map_or(0, |key| index.overlap(prompt_blocks).get(key).device);
+            (now, index.awaiting_snapshot(&self.worker_id))
+        };
+        realize(
+            audit,
+            silence_after,
+            Realized {
+                entry: &self.audit,
+                kv: &self.worker.kv,
+                index_now: &index_now,
+                prompt_blocks,
+                cached_prompt_tokens: u64::from(cached_prompt_tokens),
+                comparable,
+            },
+        );
+    }
+
     /// Writes the route record this decision still holds, with how the attempt is served (see
     /// [`RoutedRequest::pending`]), at once and under the model's lock like every router input.
     /// Nothing happens when the record was written already or the recording is off.
@@ -180,23 +215,6 @@ impl Drop for RoutedRequest {
     }
 }
 
-/// The route request for `tokens` (hashing happens here, outside any lock).
-pub fn route_request(
-    pool: &WorkerPool,
-    routes: &ModelRoutes,
-    tokens: &[TokenId],
-    identity: &KvIdentity,
-    session: Option<String>,
-) -> RouteRequest {
-    serve::route_request_as(
-        tokens,
-        identity,
-        routes.block_size,
-        session,
-        pool.now_tick(),
-    )
-}
-
 /// What one decode route asks for.
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeAsk<'a> {
@@ -324,16 +342,6 @@ fn route_candidates(
 
 fn cached_blocks(decision: &Decision) -> u32 {
     decision.chosen().map_or(0, |c| c.overlap.device)
-}
-
-/// Which pool a decision chose from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Stage {
-    /// A worker that generates (role decode or both).
-    Decode,
-    /// A prefill-pool worker (role prefill) computing the prompt's KV for a decode worker.
-    Prefill,
 }
 
 /// The outcome of a prefill route.

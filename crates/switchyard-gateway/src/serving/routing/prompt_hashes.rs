@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use switchyard_core::{BlockHash, BlockSize, KvIdentity, TokenId};
 use switchyard_router::RouteRequest;
+use switchyard_router::serve;
 
 use crate::cluster::pool::{ModelRoutes, WorkerPool};
 
@@ -86,8 +87,25 @@ pub fn route_request_from(
             now: pool.now_tick(),
             adapter: identity.adapter.clone(),
         },
-        None => super::route_request(pool, routes, context, identity, session),
+        None => route_request(pool, routes, context, identity, session),
     }
+}
+
+/// The route request for `tokens` (hashing happens here, outside any lock).
+pub fn route_request(
+    pool: &WorkerPool,
+    routes: &ModelRoutes,
+    tokens: &[TokenId],
+    identity: &KvIdentity,
+    session: Option<String>,
+) -> RouteRequest {
+    serve::route_request_as(
+        tokens,
+        identity,
+        routes.block_size,
+        session,
+        pool.now_tick(),
+    )
 }
 
 #[cfg(test)]

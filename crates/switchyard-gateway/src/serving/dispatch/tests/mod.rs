@@ -239,7 +239,25 @@ fn both(id: &str, port: u16) -> WorkerInfo {
     info(id, port, Role::Both, EngineKind::Sim)
 }
 
-fn pool(workers: &[WorkerInfo], transport: Arc<Scripted>) -> (Arc<WorkerPool>, Arc<ModelRoutes>) {
+/// A pool and the scripted transport its dispatches call.
+struct Dispatching {
+    pool: Arc<WorkerPool>,
+    transport: Arc<dyn WorkerTransport>,
+}
+
+impl std::ops::Deref for Dispatching {
+    type Target = Arc<WorkerPool>;
+    fn deref(&self) -> &Arc<WorkerPool> {
+        &self.pool
+    }
+}
+
+/// Dispatch's [`super::start`] over the scripted transport.
+fn start(d: &Dispatching, job: GenerateJob) -> mpsc::Receiver<DispatchEvent> {
+    super::start(&d.pool, &d.transport, job)
+}
+
+fn pool(workers: &[WorkerInfo], transport: Arc<Scripted>) -> (Dispatching, Arc<ModelRoutes>) {
     let pool = Arc::new(
         WorkerPool::new(
             PolicyKind::Kv,
@@ -248,14 +266,13 @@ fn pool(workers: &[WorkerInfo], transport: Arc<Scripted>) -> (Arc<WorkerPool>, A
             100,
             Arc::new(Metrics::new()),
         )
-        .unwrap()
-        .with_transport(transport),
+        .unwrap(),
     );
     for w in workers {
         pool.upsert_worker(w.clone());
     }
     let routes = pool.model("m").unwrap();
-    (pool, routes)
+    (Dispatching { pool, transport }, routes)
 }
 
 const PROMPT: [u32; 16] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16];
