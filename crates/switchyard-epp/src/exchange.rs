@@ -15,8 +15,8 @@
 
 use std::sync::Arc;
 
-use switchyard_gateway::api::error::ApiError;
 use switchyard_gateway::api::http::AppState;
+use switchyard_gateway::error::ApiError;
 
 use crate::config::{BodyMode, EppConfig};
 use crate::envoy::{self, Headers};

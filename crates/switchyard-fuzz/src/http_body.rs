@@ -7,12 +7,12 @@
 //! (4xx) with an OpenAI error object; an accepted request must hold what the handler relies on.
 
 use axum::response::IntoResponse;
-use switchyard_gateway::api::error::ApiError;
 use switchyard_gateway::api::http::anthropic::parse_messages_request;
 use switchyard_gateway::api::http::completions::{
     ParsedRequest, PromptSource, parse_chat_request, parse_completion_request,
 };
 use switchyard_gateway::api::http::responses::parse_responses_request;
+use switchyard_gateway::error::ApiError;
 
 /// Runs one input.
 pub fn run(data: &[u8]) {

@@ -14,6 +14,7 @@ pub mod access;
 pub mod api;
 pub mod cluster;
 pub mod config;
+pub mod error;
 pub mod gateway_error;
 pub mod observe;
 pub mod serving;

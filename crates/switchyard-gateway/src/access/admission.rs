@@ -34,7 +34,7 @@ use std::time::Instant;
 use axum::http::{HeaderMap, header};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 use crate::observe::metrics::Metrics;
 
 /// Seconds a client refused for a full queue is asked to wait.

@@ -5,12 +5,12 @@
 //! fail) and renders the serving path's events as each API's answer (`http::render`: chat,
 //! completions, Responses, Messages), JSON or server-sent events; its admin routes answer
 //! operators. [`openai`] holds the OpenAI request types and field tables, [`chat_output`] the
-//! parsing of a model's text into tool calls and reasoning, [`stop`] stop strings, [`error`]
-//! the one mapping of a failure to an HTTP status and error object. Nothing here routes or
+//! parsing of a model's text into tool calls and reasoning, [`stop`] stop strings, [`forward`]
+//! the `/v1` middleware that sends a session's turn to the replica owning it. Nothing here routes or
 //! calls a worker: that is [`crate::serving`].
 
 pub mod chat_output;
-pub mod error;
+pub mod forward;
 pub mod http;
 pub mod openai;
 pub mod stop;

@@ -219,7 +219,7 @@ pub struct Metrics {
     /// Turns forwarded between gateway replicas ([`crate::cluster::fleet`]).
     pub fleet: crate::observe::fleet_metrics::FleetMetrics,
     /// Quota refusals and store errors ([`crate::access::quota`]).
-    pub quota: crate::access::quota::QuotaMetrics,
+    pub quota: crate::observe::quota_metrics::QuotaMetrics,
     /// Fields accepted without effect (`http::fields`).
     pub fields: FieldMetrics,
 }
@@ -301,7 +301,7 @@ impl Metrics {
             worker_indexed_blocks: Family::default(),
             audit: crate::observe::audit::AuditMetrics::default(),
             fleet: crate::observe::fleet_metrics::FleetMetrics::default(),
-            quota: crate::access::quota::QuotaMetrics::default(),
+            quota: crate::observe::quota_metrics::QuotaMetrics::default(),
             fields: FieldMetrics::default(),
             registry: Registry::default(),
         };

@@ -1,6 +1,6 @@
 //! What the gateway lets operators see; nothing here changes a request's answer.
 //!
-//! [`metrics`] are the Prometheus metrics ([`fleet_metrics`] the replicas'); [`audit`] the decision log (every routing decision
+//! [`metrics`] are the Prometheus metrics ([`fleet_metrics`] the replicas', [`quota_metrics`] the quotas'); [`audit`] the decision log (every routing decision
 //! with what then happened, predicted against realized prefix hits, the counterfactual) and
 //! the check of each worker's KV events against its own view; [`recorder`] the on-demand
 //! recording of the router's inputs for `switchyard replay events`.
@@ -9,4 +9,5 @@ pub mod audit;
 pub mod fleet_metrics;
 pub mod labels;
 pub mod metrics;
+pub mod quota_metrics;
 pub mod recorder;

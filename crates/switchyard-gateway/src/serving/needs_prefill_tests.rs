@@ -13,8 +13,8 @@ use switchyard_router::{PolicyConfig, PolicyKind};
 use tokio::time::Instant;
 use tracing::Span;
 
-use crate::api::error::ApiError;
 use crate::cluster::pool::{ModelRoutes, WorkerPool};
+use crate::error::ApiError;
 use crate::observe::metrics::Metrics;
 use crate::serving::disagg::{self, DisaggSettings, Disaggregation};
 use crate::serving::dispatch::{self, DispatchEvent, GenerateJob};

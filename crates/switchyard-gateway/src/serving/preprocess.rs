@@ -23,7 +23,7 @@ use switchyard_tokenize::{
     SessionStats, SessionTokenizer, TokenizeError,
 };
 
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 use crate::observe::metrics::Metrics;
 use crate::serving::routing::{BlockNaming, PromptHashes};
 
@@ -343,7 +343,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(parsed[0].role, "system");
-        let Err(crate::api::error::ApiError::BadRequest { param, message }) =
+        let Err(crate::error::ApiError::BadRequest { param, message }) =
             super::parse_messages(vec![serde_json::json!({"role": "wizard", "content": "x"})])
         else {
             panic!("wizard is no role");

@@ -27,10 +27,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -38,40 +34,9 @@ pub use config::{Limits, QuotaArgs, QuotaConfig, RedisConfig, StoreDown};
 pub(crate) use redis::connection_of as redis_connection;
 use store::{Lease, MemoryStore, QuotaStore, StoreError, Verdict};
 
-use crate::api::error::ApiError;
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LimitLabels {
-    limit: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StoreErrorLabels {
-    /// `fail_open` or `fail_closed`: what the request got.
-    outcome: &'static str,
-}
-
-/// The quota series of `/metrics`.
-#[derive(Debug, Clone, Default)]
-pub struct QuotaMetrics {
-    refused: Family<LimitLabels, Counter>,
-    store_errors: Family<StoreErrorLabels, Counter>,
-}
-
-impl QuotaMetrics {
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "quota_refused",
-            "Requests refused (429) for a tenant quota, by limit",
-            self.refused.clone(),
-        );
-        registry.register(
-            "quota_store_errors",
-            "Requests the quota store could not answer for in time, by what they got",
-            self.store_errors.clone(),
-        );
-    }
-}
+use crate::error::ApiError;
+pub use crate::observe::quota_metrics::QuotaMetrics;
+use crate::observe::quota_metrics::{LimitLabels, StoreErrorLabels};
 
 /// The quota gate of one replica.
 #[derive(Debug)]

@@ -1,4 +1,5 @@
 use super::*;
+use prometheus_client::registry::Registry;
 
 fn limited(limits: Limits) -> QuotaConfig {
     QuotaConfig {

@@ -17,7 +17,7 @@ use switchyard_tokenize::{
     ModelDir, OutputEvent, OutputFormats, OutputParser, ReasoningFormat, ToolCallFormat,
 };
 
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 
 /// `[output]`: per-model output parsers.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

@@ -33,8 +33,8 @@ use switchyard_router::serve::{DecodeFilter, aggregated_only};
 use switchyard_router::{IndexStats, PolicyKind, WorkerLoad};
 
 use super::state::AppState;
-use crate::api::error::ApiError;
 use crate::api::openai::PromptInput;
+use crate::error::ApiError;
 use crate::observe::audit::DecisionQuery;
 use crate::observe::audit::counterfactual::{
     CounterfactualQuery, Counterfactuals, counterfactuals,

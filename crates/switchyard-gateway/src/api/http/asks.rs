@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use switchyard_core::{MAX_TOP_LOGPROBS, Sampling, TokenId};
 
-use crate::api::error::ApiError;
 use crate::api::openai::SamplingFields;
+use crate::error::ApiError;
 
 /// What a choice's text is read into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

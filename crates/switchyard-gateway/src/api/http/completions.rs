@@ -20,12 +20,12 @@ pub use super::prompts::PromptSource;
 use super::render::{Answering, Delta, Frame, Renderer, Whole};
 use super::state::{ApiTenant, AppState, unix_now};
 use crate::api::chat_output::{Piece, ToolCallOut};
-use crate::api::error::ApiError;
 use crate::api::openai::fields::{Endpoint, notes_of};
 use crate::api::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChatDelta, Completion, CompletionChoice, CompletionRequest, LogprobsOut, PromptInput, Usage,
 };
+use crate::error::ApiError;
 use crate::serving::preprocess;
 
 /// `/v1/chat/completions`.

@@ -22,7 +22,7 @@ use serde_json::{Map, Value as Json};
 
 use switchyard_tokenize::ChatTemplate;
 
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 
 /// What the gateway does with a request field (or an `anthropic-beta` name) it does not know.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]

@@ -7,8 +7,8 @@
 use serde_json::Value as Json;
 use switchyard_core::Guided;
 
-use crate::api::error::ApiError;
 use crate::api::openai::SamplingFields;
+use crate::error::ApiError;
 
 /// The request's constraint, if any.
 pub fn guided_of(s: &SamplingFields) -> Result<Option<Guided>, ApiError> {

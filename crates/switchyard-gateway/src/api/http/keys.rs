@@ -8,7 +8,7 @@ use axum::http::header;
 use axum::response::Response;
 
 use super::state::{ApiTenant, AppState};
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 
 /// What the check needs: the gateway's keys and metrics, and how the routes it guards word a
 /// refusal.

@@ -33,8 +33,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::api::error::ApiError;
 use crate::api::openai::{ModelCard, ModelList};
+use crate::error::ApiError;
 use keys::{KeyCheck, require_api_key};
 use state::unix_now;
 pub use state::{ApiTenant, AppState, Extensions, MetricsSource};
@@ -64,7 +64,7 @@ pub fn router(state: Arc<AppState>, fleet: Option<Arc<crate::cluster::fleet::Fle
     if let Some(fleet) = fleet {
         api = api.layer(axum::middleware::from_fn_with_state(
             fleet,
-            crate::cluster::fleet::forward::forward_session,
+            crate::api::forward::forward_session,
         ));
     }
     let api =

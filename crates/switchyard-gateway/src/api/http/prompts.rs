@@ -10,8 +10,8 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::state::AppState;
-use crate::api::error::ApiError;
 use crate::cluster::pool::ModelRoutes;
+use crate::error::ApiError;
 use crate::serving::preprocess::{self, ModelTokenizer, Sessions};
 use crate::serving::routing::{BlockNaming, PromptHashes};
 

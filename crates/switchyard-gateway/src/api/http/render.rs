@@ -24,8 +24,8 @@ use super::pipeline::prepared::{Prepared, fail, record};
 use super::state::AppState;
 use crate::access::admission::Admitted;
 use crate::api::chat_output::Piece;
-use crate::api::error::ApiError;
 use crate::api::openai::{LogprobsOut, Usage};
+use crate::error::ApiError;
 use crate::observe::metrics::ModelLabels;
 use crate::serving::dispatch::DispatchEvent;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 use crate::observe::metrics::Metrics;
 
 use switchyard_security::listener::HttpsConfig;

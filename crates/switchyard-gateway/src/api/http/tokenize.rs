@@ -11,10 +11,10 @@ use switchyard_tokenize::ChatRequest;
 
 use super::pipeline::{model_routes, read_body};
 use super::state::AppState;
-use crate::api::error::ApiError;
 use crate::api::openai::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
+use crate::error::ApiError;
 use crate::serving::preprocess::{self, Sessions};
 
 /// These vLLM utility endpoints take a handful of fields; any other is refused by name (they

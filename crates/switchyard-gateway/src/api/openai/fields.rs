@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 
 use serde_json::Value as Json;
 
-use crate::api::error::ApiError;
 use crate::api::http::fields::{
     FieldNotes, Reasoning, SessionSource, session_key, template_kwargs,
 };
+use crate::error::ApiError;
 
 /// Fields that cannot change the tokens a request gets: accepted, recorded, counted.
 const ADVISORY: [&str; 13] = [

@@ -4,7 +4,7 @@
 //! Each replica announces itself in the registry under a lease ([`Replicas`]) and lists the
 //! live replicas every `refresh_ms`. [`owner`] picks a session's owner by rendezvous hashing
 //! over that list, so every replica agrees and a replica joining or leaving moves only its
-//! share of the sessions. [`forward`] is the `/v1` middleware that sends a turn whose owner is
+//! share of the sessions. [`crate::api::forward`] is the `/v1` middleware that sends a turn whose owner is
 //! another replica there (once: the forwarded request carries [`FORWARDED_HEADER`], with the
 //! cluster secret's credential when the cluster has one, and is served where it lands), and
 //! serves it here when the owner cannot be reached. Serving a session in one place keeps its
@@ -12,7 +12,6 @@
 //! [`config`] is `[fleet]`.
 
 pub mod config;
-pub mod forward;
 pub mod owner;
 #[cfg(test)]
 mod tests;
@@ -40,12 +39,12 @@ pub const FORWARDED_HEADER: &str = "x-switchyard-forwarded";
 pub struct Fleet {
     me: ReplicaInfo,
     live: RwLock<Arc<Vec<ReplicaInfo>>>,
-    client: reqwest::Client,
+    pub(crate) client: reqwest::Client,
     /// Proves forwarded turns come from a member, and checks those that arrive.
     secret: Option<ClusterSecret>,
     identity: Identity,
-    metrics: Arc<crate::observe::metrics::Metrics>,
-    body_limit: usize,
+    pub(crate) metrics: Arc<crate::observe::metrics::Metrics>,
+    pub(crate) body_limit: usize,
 }
 
 impl Fleet {
@@ -128,7 +127,7 @@ impl Fleet {
 
     /// Drops `replica` from the view until the next refresh lists it again, so turns stop
     /// waiting on an owner that does not answer.
-    fn set_aside(&self, replica: &ReplicaInfo) {
+    pub(crate) fn set_aside(&self, replica: &ReplicaInfo) {
         let mut live = self.live.write();
         let kept: Vec<ReplicaInfo> = live
             .iter()
@@ -139,7 +138,7 @@ impl Fleet {
     }
 
     /// The value of [`FORWARDED_HEADER`] on a turn this replica forwards.
-    fn credential(&self) -> String {
+    pub(crate) fn credential(&self) -> String {
         match &self.secret {
             Some(secret) => secret.credential(&self.identity, SystemTime::now()),
             None => "open".to_owned(),
@@ -147,7 +146,7 @@ impl Fleet {
     }
 
     /// Whether a forwarded turn comes from a member of the cluster.
-    fn accepts(&self, credential: &str) -> bool {
+    pub(crate) fn accepts(&self, credential: &str) -> bool {
         match &self.secret {
             Some(secret) => matches!(
                 secret.check_credential(&self.identity.cluster, credential, SystemTime::now()),

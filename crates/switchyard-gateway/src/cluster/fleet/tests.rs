@@ -15,8 +15,8 @@ use switchyard_security::ClusterSecret;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::forward::forward_session;
 use super::{FORWARDED_HEADER, Fleet, FleetConfig, owner};
+use crate::api::forward::forward_session;
 use crate::observe::metrics::Metrics;
 
 /// A replica's API stand-in: answers who served the turn and whether it came forwarded.

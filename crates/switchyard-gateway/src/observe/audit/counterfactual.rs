@@ -13,7 +13,7 @@ use switchyard_router::serve::rescore;
 use switchyard_router::{Decision, PolicyConfig, PolicyKind, RouteError};
 
 use super::decisions::{DecisionEntry, DecisionLog};
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 
 /// `GET /admin/explain?request_id=…&policy=…`, or the same fields as a `POST` body.
 #[derive(Debug, Clone, Deserialize)]

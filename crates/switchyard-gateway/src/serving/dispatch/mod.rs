@@ -34,8 +34,8 @@ use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use crate::api::error::ApiError;
 use crate::cluster::pool::{ModelRoutes, WorkerPool};
+use crate::error::ApiError;
 use crate::observe::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::serving::disagg::DisaggSettings;
 use crate::serving::routing::{self, PrefillRoute, RoutedRequest, needs_prefill};

@@ -7,7 +7,7 @@
 use serde_json::{Map, Value as Json, json};
 use switchyard_tokenize::{ChatMessage, ContentPart, MessageContent};
 
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 
 pub(super) fn bad(param: impl Into<String>, message: impl std::fmt::Display) -> ApiError {
     let param = param.into();

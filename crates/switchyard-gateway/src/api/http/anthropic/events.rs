@@ -12,8 +12,8 @@ use serde_json::{Value as Json, json};
 
 use super::message::{error_body, matched_stop, stop_reason, tool_input, tool_use_block, usage};
 use crate::api::chat_output::Piece;
-use crate::api::error::ApiError;
 use crate::api::openai::Usage;
+use crate::error::ApiError;
 
 /// One server-sent event: its `event:` name and its data.
 #[derive(Debug, Clone, PartialEq)]

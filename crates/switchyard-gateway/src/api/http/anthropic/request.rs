@@ -13,9 +13,9 @@ use switchyard_tokenize::ChatMessage;
 
 pub use super::blocks::chat_messages;
 use super::blocks::{bad, cache_control, object, only, string};
-use crate::api::error::ApiError;
 use crate::api::http::fields::{Effort, FieldNotes, Reasoning, SessionSource, session_key};
 use crate::api::openai::{SamplingFields, StopSpec, StreamOptions};
+use crate::error::ApiError;
 
 /// `POST /v1/messages` (and, without `max_tokens`, `/v1/messages/count_tokens`).
 #[derive(Debug, Clone, Deserialize)]

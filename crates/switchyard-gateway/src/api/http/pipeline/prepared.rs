@@ -18,7 +18,6 @@ use switchyard_tokenize::ModelDir;
 use crate::access::admission::FlowKey;
 use crate::access::quota::QuotaPass;
 use crate::api::chat_output::ChatOutput;
-use crate::api::error::ApiError;
 pub use crate::api::http::asks::Shape;
 use crate::api::http::asks::{Asks, asks_of, sampling_of};
 use crate::api::http::fields::{FieldNotes, SessionSource};
@@ -27,6 +26,7 @@ use crate::api::http::server::BodyTimeout;
 use crate::api::http::state::AppState;
 use crate::api::openai::SamplingFields;
 use crate::cluster::pool::ModelRoutes;
+use crate::error::ApiError;
 use crate::observe::metrics::RequestLabels;
 use crate::serving::routing::PromptHashes;
 

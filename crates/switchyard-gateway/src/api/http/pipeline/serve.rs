@@ -28,7 +28,6 @@ use super::prepared::{
 use crate::access::admission::FlowKey;
 use crate::access::quota::QuotaPass;
 use crate::api::chat_output::ChatOutput;
-use crate::api::error::ApiError;
 use crate::api::http::asks::{Asks, asks_of, sampling_of};
 use crate::api::http::fields::{FieldNotes, SessionSource, session_header};
 use crate::api::http::prompts::{PromptSource, Template, Tokenized, settle_max_tokens, tokenize};
@@ -36,6 +35,7 @@ use crate::api::http::render::{Renderer, respond};
 use crate::api::http::state::{ApiTenant, AppState};
 use crate::api::openai::SamplingFields;
 use crate::cluster::pool::ModelRoutes;
+use crate::error::ApiError;
 use crate::serving::preprocess::ModelTokenizer;
 use crate::serving::routing::BlockNaming;
 

@@ -6,8 +6,8 @@
 use serde_json::{Map, Value as Json, json};
 
 use super::store::Sealer;
-use crate::api::error::ApiError;
 use crate::api::http::fields::FieldNotes;
+use crate::error::ApiError;
 
 /// Roles an input message may have.
 const ROLES: [&str; 4] = ["user", "assistant", "system", "developer"];

@@ -15,11 +15,11 @@ use switchyard_tokenize::ChatMessage;
 
 use super::items::input_messages;
 use super::store::Sealer;
-use crate::api::error::ApiError;
 use crate::api::http::fields::{FieldNotes, Reasoning, SessionSource, session_key};
 use crate::api::http::pipeline::ParsedRequest;
 use crate::api::http::prompts::PromptSource;
 use crate::api::openai::SamplingFields;
+use crate::error::ApiError;
 use crate::serving::preprocess;
 
 /// `POST /v1/responses`, the fields the gateway reads itself; everything else lands in `other`

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use crate::access::quota::RedisConfig;
-use crate::api::error::ApiError;
+use crate::error::ApiError;
 
 /// `[responses]`: where stored responses live and how reasoning is sealed.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -16,8 +16,8 @@ use axum::http::{HeaderName, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{FORWARDED_HEADER, Fleet, ForwardLabels};
-use crate::api::error::ApiError;
+use crate::cluster::fleet::{FORWARDED_HEADER, Fleet, ForwardLabels};
+use crate::error::ApiError;
 
 /// Serves `request` at its session's owner when that is another replica, else here.
 pub async fn forward_session(
