@@ -87,7 +87,11 @@ fn rendezvous(key: u64, worker: &WorkerId) -> u64 {
 /// Deterministic order: lower score, then fewer running requests, then the higher rendezvous
 /// hash of (request key, worker id), then the worker id.
 pub(crate) fn compare(request: &RouteRequest, a: &WorkerScore, b: &WorkerScore) -> Ordering {
-    let key = request_key(request);
+    compare_keyed(request_key(request), a, b)
+}
+
+/// [`compare`] with the request's key computed once for many comparisons.
+fn compare_keyed(key: u64, a: &WorkerScore, b: &WorkerScore) -> Ordering {
     a.score
         .total_cmp(&b.score)
         .then(a.running_requests.cmp(&b.running_requests))
@@ -97,9 +101,10 @@ pub(crate) fn compare(request: &RouteRequest, a: &WorkerScore, b: &WorkerScore) 
 
 /// Index of the best candidate under [`compare`]; `scores` must not be empty.
 pub(crate) fn best(request: &RouteRequest, scores: &[WorkerScore]) -> usize {
+    let key = request_key(request);
     let mut best = 0;
     for i in 1..scores.len() {
-        if compare(request, &scores[i], &scores[best]) == Ordering::Less {
+        if compare_keyed(key, &scores[i], &scores[best]) == Ordering::Less {
             best = i;
         }
     }
@@ -152,12 +157,13 @@ pub(crate) fn runner_up<'a>(
     scores: &'a [WorkerScore],
     chosen: usize,
 ) -> Option<&'a WorkerScore> {
+    let key = request_key(request);
     scores
         .iter()
         .enumerate()
         .filter(|(i, _)| *i != chosen)
         .map(|(_, s)| s)
-        .min_by(|a, b| compare(request, a, b))
+        .min_by(|a, b| compare_keyed(key, a, b))
 }
 
 #[cfg(test)]

@@ -21,19 +21,26 @@ pub struct Member {
     pub handle: Arc<WorkerHandle>,
     /// The worker's description as of the list's build (the list is rebuilt when it changes).
     pub info: WorkerInfo,
-    /// What the policy sees of it.
-    pub candidate: Candidate,
+}
+
+/// A model's workers, and what the policy sees of each in the same order: when every worker
+/// may take a request (the common case), routing hands the policy `candidates` as it is,
+/// without a copy of any worker's id.
+#[derive(Debug, Default)]
+pub struct MemberList {
+    pub members: Vec<Member>,
+    pub candidates: Vec<Candidate>,
 }
 
 /// The workers of one model, in worker-id order.
 #[derive(Debug, Default)]
 pub struct ModelMembers {
-    list: parking_lot::RwLock<Arc<[Member]>>,
+    list: parking_lot::RwLock<Arc<MemberList>>,
 }
 
 impl ModelMembers {
     /// The current list (a shared snapshot: holding it blocks no one).
-    pub fn snapshot(&self) -> Arc<[Member]> {
+    pub fn snapshot(&self) -> Arc<MemberList> {
         Arc::clone(&self.list.read())
     }
 
@@ -47,13 +54,13 @@ impl ModelMembers {
             .into_iter()
             .filter_map(|handle| {
                 let info = handle.info();
-                (info.model == model).then(|| Member {
-                    candidate: Candidate::of(&info),
-                    info,
-                    handle,
-                })
+                (info.model == model).then_some(Member { info, handle })
             })
             .collect();
-        *list = members.into();
+        let candidates = members.iter().map(|m| Candidate::of(&m.info)).collect();
+        *list = Arc::new(MemberList {
+            members,
+            candidates,
+        });
     }
 }

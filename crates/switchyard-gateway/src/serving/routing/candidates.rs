@@ -7,16 +7,18 @@ use switchyard_core::{EngineKind, WorkerId, WorkerInfo};
 use switchyard_router::Candidate;
 use switchyard_router::serve::{self, DecodeFilter, WorkerFacts, may_decode, may_prefill_for};
 
-use crate::cluster::pool::members::Member;
+use crate::cluster::pool::members::{Member, MemberList};
 use crate::cluster::pool::{ModelRoutes, WorkerHandle, WorkerPool};
 
-/// The workers a request may go to: what the policy sees, and their handles in the same
-/// order. Two lists rather than pairs, so the policy gets its slice without a copy of every
-/// worker id.
+/// The workers a request may go to: what the policy sees, and which of the model's members
+/// they are, in the same order. When every member may take the request, the policy reads the
+/// model's own candidate list (no copy of any worker's id); otherwise the eligible ones are
+/// copied out.
 #[derive(Debug, Default)]
 pub struct Candidates {
-    pub(super) ids: Vec<Candidate>,
-    handles: Vec<Arc<WorkerHandle>>,
+    list: Arc<MemberList>,
+    /// The eligible members' candidates and positions in `list`; `None`: all of them.
+    some: Option<(Vec<Candidate>, Vec<usize>)>,
 }
 
 impl Candidates {
@@ -41,48 +43,53 @@ impl Candidates {
     ) -> Self {
         // The model's own list ([`crate::cluster::pool::members`]): no sweep of every model's workers
         // and no worker lock per request; draining and answering are read live below.
-        let members = routes.members.snapshot();
+        let list = routes.members.snapshot();
         let eligible = |m: &Member| {
             pool.deliverable(&m.info)
                 && within(&m.info)
                 && eligible(facts(&m.info, m.handle.is_draining()))
         };
-        let answering = members.iter().filter(|m| m.handle.health.is_answering());
-        let answering = Self::select_from(answering, members.len(), &eligible);
-        if !answering.is_empty() {
-            return answering;
+        let answering = |m: &Member| m.handle.health.is_answering() && eligible(m);
+        if list.members.iter().all(answering) {
+            return Self { list, some: None };
         }
-        Self::select_from(members.iter(), members.len(), &eligible)
+        let mut some = Self::positions(&list, answering);
+        if some.is_empty() {
+            some = Self::positions(&list, eligible);
+        }
+        let ids = some.iter().map(|&i| list.candidates[i].clone()).collect();
+        Self {
+            list,
+            some: Some((ids, some)),
+        }
     }
 
-    fn select_from<'a>(
-        members: impl Iterator<Item = &'a Member>,
-        most: usize,
-        eligible: &impl Fn(&Member) -> bool,
-    ) -> Self {
-        let mut out = Candidates {
-            ids: Vec::with_capacity(most),
-            handles: Vec::with_capacity(most),
-        };
-        for m in members.filter(|m| eligible(m)) {
-            out.ids.push(m.candidate.clone());
-            out.handles.push(Arc::clone(&m.handle));
-        }
-        out
+    fn positions(list: &MemberList, keep: impl Fn(&Member) -> bool) -> Vec<usize> {
+        (list.members.iter().enumerate())
+            .filter(|(_, m)| keep(m))
+            .map(|(i, _)| i)
+            .collect()
     }
 
     pub fn ids(&self) -> &[Candidate] {
-        &self.ids
+        match &self.some {
+            None => &self.list.candidates,
+            Some((ids, _)) => ids,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.ids().is_empty()
     }
 
     /// The handle of the chosen worker.
-    pub(super) fn take(mut self, worker: &WorkerId) -> Option<Arc<WorkerHandle>> {
-        let at = self.ids.iter().position(|c| c.worker == *worker)?;
-        Some(self.handles.swap_remove(at))
+    pub(super) fn take(self, worker: &WorkerId) -> Option<Arc<WorkerHandle>> {
+        let at = self.ids().iter().position(|c| c.worker == *worker)?;
+        let member = match &self.some {
+            None => at,
+            Some((_, positions)) => positions[at],
+        };
+        Some(Arc::clone(&self.list.members[member].handle))
     }
 }
 

@@ -293,7 +293,7 @@ fn route_candidates(
         ..
     } = ask;
     let started = Instant::now();
-    let only = &candidates.ids;
+    let only = candidates.ids();
     let (decision, booking, basis, pending) = {
         let mut core = routes.lock();
         let (decision, booking) = core.serving.route_decode(request, only, max_tokens)?;
@@ -385,7 +385,7 @@ pub fn route_prefill(
             if let Some(record) = pending {
                 let prefill = PrefillRecord {
                     key,
-                    candidates: candidates.ids.iter().map(|c| c.worker.clone()).collect(),
+                    candidates: candidates.ids().iter().map(|c| c.worker.clone()).collect(),
                     chosen: chosen.map(|d| d.worker.clone()),
                     cached_blocks: chosen.map_or(0, cached_blocks),
                 };
@@ -395,7 +395,7 @@ pub fn route_prefill(
         let decision =
             match core
                 .serving
-                .choose_prefill(settings, request, &candidates.ids, needs_prefill)
+                .choose_prefill(settings, request, candidates.ids(), needs_prefill)
             {
                 PrefillChoice::Chosen(decision) => decision,
                 PrefillChoice::Saturated { why, decision } => {
@@ -449,11 +449,11 @@ pub fn explain_prefill(
     engine: EngineKind,
     needs_prefill: bool,
 ) -> PrefillChoice {
-    let only = prefill_candidates(pool, routes, engine, &[], request.adapter.as_deref()).ids;
+    let only = prefill_candidates(pool, routes, engine, &[], request.adapter.as_deref());
     routes
         .lock()
         .serving
-        .explain_prefill(settings, request, &only, needs_prefill)
+        .explain_prefill(settings, request, only.ids(), needs_prefill)
 }
 
 /// The [`RoutedRequest`] for `decision`, whose booking the core made.
@@ -544,6 +544,6 @@ pub fn explain(
     request: &RouteRequest,
     filter: DecodeFilter<'_>,
 ) -> Result<Decision, RouteError> {
-    let only = candidates(pool, routes, filter).ids;
-    routes.lock().serving.explain_decode(request, &only)
+    let only = candidates(pool, routes, filter);
+    routes.lock().serving.explain_decode(request, only.ids())
 }
