@@ -11,11 +11,11 @@ use switchyard_core::{KvIdentity, TokenId};
 use switchyard_gateway::access::admission::{Admitted, FlowKey};
 use switchyard_gateway::access::quota::QuotaPass;
 use switchyard_gateway::api::http::AppState;
-use switchyard_gateway::api::http::completions::{salted_identity, served_model};
 use switchyard_gateway::api::http::fields::template_kwargs;
 use switchyard_gateway::cluster::pool::ModelRoutes;
 use switchyard_gateway::error::ApiError;
 use switchyard_gateway::observe::audit::RequestTags;
+use switchyard_gateway::serving::model::{salted_identity, served_model};
 use switchyard_gateway::serving::preprocess::{self, Sessions};
 use switchyard_gateway::serving::routing::{self, RoutedRequest};
 use switchyard_router::serve::DecodeFilter;
@@ -191,7 +191,7 @@ fn model_routes(
     model: Option<&str>,
 ) -> Result<(Arc<ModelRoutes>, Option<String>), ApiError> {
     if let Some(model) = model {
-        let served = served_model(state, model)?;
+        let served = served_model(&state.pool, model)?;
         return Ok((served.routes, served.adapter));
     }
     let models = state.pool.models();

@@ -205,7 +205,7 @@ async fn explain_prompt(
     let request: ExplainRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("invalid explain request: {e}")))?;
     let super::pipeline::ServedModel { routes, adapter } =
-        super::pipeline::served_model(state, &request.model)?;
+        super::pipeline::served_model(&state.pool, &request.model)?;
     let model_dir = state.tokenizers.for_model(&routes.model);
     let max = preprocess::prompt_limit(routes.max_context_tokens);
     let tokens = match (request.prompt, request.messages) {

@@ -235,7 +235,7 @@ async fn model(
     State(state): State<Arc<AppState>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    match pipeline::served_model(&state, &id) {
+    match pipeline::served_model(&state.pool, &id) {
         Ok(served) if !state.pool.workers_of(&served.routes.model).is_empty() => {
             let parent = served
                 .adapter

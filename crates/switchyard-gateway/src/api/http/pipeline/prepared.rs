@@ -28,6 +28,7 @@ use crate::api::openai::SamplingFields;
 use crate::cluster::pool::ModelRoutes;
 use crate::error::ApiError;
 use crate::observe::metrics::RequestLabels;
+pub use crate::serving::model::{ServedModel, salted_identity, served_model};
 use crate::serving::routing::PromptHashes;
 
 /// What the shared pipeline knows of an API: its names, what its answers are read into, and how
@@ -164,44 +165,7 @@ impl Prepared {
 }
 
 pub(crate) fn model_routes(state: &AppState, model: &str) -> Result<Arc<ModelRoutes>, ApiError> {
-    served_model(state, model).map(|served| served.routes)
-}
-
-/// What a request's `model` names: a base model the workers serve, or a LoRA adapter some of
-/// them serve, which runs on its base model's routes (tokenizer, context, index) with the
-/// adapter's KV, on the workers that serve it.
-#[derive(Debug)]
-pub struct ServedModel {
-    pub routes: Arc<ModelRoutes>,
-    pub adapter: Option<String>,
-}
-
-/// Resolves `model` (see [`ServedModel`]); an unknown name is a 404, an adapter that workers
-/// of two base models claim a 400 naming both.
-pub fn served_model(state: &AppState, model: &str) -> Result<ServedModel, ApiError> {
-    if let Some(routes) = state.pool.model(model) {
-        return Ok(ServedModel {
-            routes,
-            adapter: None,
-        });
-    }
-    match &state.pool.adapter_models(model)[..] {
-        [base] => match state.pool.model(base) {
-            Some(routes) => Ok(ServedModel {
-                routes,
-                adapter: Some(model.to_owned()),
-            }),
-            None => Err(ApiError::ModelNotFound(model.to_owned())),
-        },
-        [] => Err(ApiError::ModelNotFound(model.to_owned())),
-        several => Err(ApiError::bad_param(
-            "model",
-            format!(
-                "LoRA adapter `{model}` is served on more than one base model ({}); name a base model",
-                several.join(", ")
-            ),
-        )),
-    }
+    served_model(&state.pool, model).map(|served| served.routes)
 }
 
 /// What an endpoint's request comes apart into.
@@ -221,9 +185,4 @@ pub(crate) fn checked(api: &Api, r: ParsedRequest) -> Result<ParsedRequest, ApiE
     let asked = r.sampling.max_completion_tokens.or(r.sampling.max_tokens);
     sampling_of(&r.sampling, asked.unwrap_or(u32::MAX), asks.logprobs)?;
     Ok(r)
-}
-
-/// The KV identity a request's `cache_salt` names, refused by that field's name when invalid.
-pub fn salted_identity(cache_salt: Option<String>) -> Result<KvIdentity, ApiError> {
-    KvIdentity::new(None, cache_salt).map_err(|e| ApiError::bad_param("cache_salt", e.to_string()))
 }

@@ -226,7 +226,7 @@ fn settle(
     let asked = sampling.max_completion_tokens.or(sampling.max_tokens);
     sampling_of(&sampling, asked.unwrap_or(u32::MAX), asks.logprobs)?;
     let mut identity = salted_identity(sampling.cache_salt.clone())?;
-    let ServedModel { routes, adapter } = served_model(state, &model)?;
+    let ServedModel { routes, adapter } = served_model(&state.pool, &model)?;
     identity.adapter = adapter;
     metric_model.clone_from(&model);
     // An adapter runs on its base model's tokenizer and chat template.
