@@ -29,6 +29,7 @@ use crate::transport::{GrpcTransport, WorkerTransport};
 
 pub mod ingest;
 pub mod members;
+pub mod plane;
 pub mod subscriber;
 pub mod subscriptions;
 
@@ -148,6 +149,8 @@ pub struct WorkerPool {
     pub delivery: Delivery,
     /// Bounds the worker streams opening at once; counts the workers followed in full.
     pub subscriptions: subscriptions::Subscriptions,
+    /// KV events are read from this event plane instead of a gRPC stream per worker.
+    pub(crate) event_plane: Option<Arc<plane::PlaneHandle>>,
 }
 
 impl WorkerPool {
@@ -188,6 +191,7 @@ impl WorkerPool {
                 metrics.subscriptions_opening.clone(),
                 metrics.workers_subscribed.clone(),
             ),
+            event_plane: None,
             metrics,
         })
     }
@@ -246,6 +250,13 @@ impl WorkerPool {
             None => refused.remove(id),
         };
         self.metrics.audit.workers_refused.set(refused.len() as i64);
+    }
+
+    /// The same pool, reading KV events from the event plane (`plane`) instead of a gRPC
+    /// stream per worker.
+    pub fn with_event_plane(mut self, plane: Option<Arc<plane::PlaneHandle>>) -> Self {
+        self.event_plane = plane;
+        self
     }
 
     /// The same pool, dialing workers with `dialer`.
