@@ -8,6 +8,9 @@
 //!   after the traffic catches up from the stream without asking any worker for a snapshot.
 //! - A history trimmed by the stream's byte bound, then purged: gateways started afterwards
 //!   take a snapshot over gRPC (counted by the worker) and end equal to the worker all the same.
+//! - `switchyard up --event-plane embedded` starts its own nats-server and runs on it.
+//! - `event_plane_cost` (ignored; run by hand, `docs/scaling.md`): CPU per KV event of the
+//!   workers, gateways and nats-server, direct streams against the plane, at 1 and 3 gateways.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -266,6 +269,52 @@ async fn a_trimmed_history_sends_late_gateways_to_a_grpc_snapshot() {
     assert_eq!(snapshots().await, 3.0, "no further snapshot was needed");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_with_an_embedded_plane_runs_its_workers_and_gateways_on_it() {
+    let up = Launch::up(2).arg("--event-plane", "embedded").start().await;
+    let api = Api::new(&up);
+    assert!(api.lists_workers(2).await);
+    for seed in 0..6 {
+        complete(&api, 300 + seed, 4).await;
+    }
+    let urls = up.ready["worker_metrics"]
+        .as_object()
+        .expect("the banner lists the workers' metrics")
+        .clone();
+    let mut sent = 0.0;
+    for (id, url) in &urls {
+        let worker = Api::at(url.as_str().unwrap().trim_end_matches("/metrics"));
+        let published = worker.metric("switchyard_worker_kv_events_published").await;
+        // Every event went to the plane, none over a gRPC stream (the gateway reads the plane).
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                worker
+                    .metric("switchyard_worker_kv_events_sent{sink=\"plane\"}")
+                    .await
+                    == published
+            })
+            .await,
+            "{id}"
+        );
+        assert_eq!(
+            worker
+                .metric("switchyard_worker_kv_events_sent{sink=\"grpc\"}")
+                .await,
+            0.0,
+            "{id}"
+        );
+        sent += published;
+        let (_, workers) = api.get("/admin/workers").await;
+        let view = workers
+            .as_array()
+            .and_then(|w| w.iter().find(|w| w["id"] == id.as_str()).cloned())
+            .unwrap_or(Value::Null);
+        let truth = worker.metric("switchyard_worker_kv_event_log_blocks").await;
+        assert_eq!(view["indexed_blocks"].as_f64(), Some(truth), "{view}");
+    }
+    assert!(sent > 0.0, "the requests stored blocks");
+}
+
 /// One configuration of [`event_plane_cost`]: KV events over direct gRPC streams or the plane,
 /// to `n_gateways` gateways.
 async fn measure_transport(
@@ -385,10 +434,22 @@ async fn measure_transport(
         / (n_gateways.max(2) - 1) as f64;
     let nats_cpu = above_idle(pids.len() - 1);
     let per_event = |secs: f64| secs / events.max(1.0) * 1e6;
+    // Idle, in % of a core: what following W workers costs with no event flowing.
+    let idle_pct = |range: std::ops::Range<usize>| {
+        range
+            .map(|i| (idle1[i] - idle0[i]) / idle_window.as_secs_f64() * 100.0)
+            .sum::<f64>()
+    };
+    let idle_line = format!(
+        "idle % of a core: workers {:.1}, gateways {:.1}, nats-server {:.1}",
+        idle_pct(0..n_workers),
+        idle_pct(n_workers..n_workers + n_gateways),
+        idle_pct(pids.len() - 1..pids.len())
+    );
     println!(
         "PLANE mode={mode} gateways={n_gateways} workers={n_workers} requests={n_requests} events={events:.0} \
          sent_grpc={sent_grpc:.0} sent_plane={sent_plane:.0} wall={wall:.1}s | CPU µs per event above idle: \
-         workers {:.1}, all gateways {:.1}, ingest-only gateway {}, nats-server {:.1}, total {:.1}",
+         workers {:.1}, all gateways {:.1}, ingest-only gateway {}, nats-server {:.1}, total {:.1} | {idle_line}",
         per_event(workers_cpu),
         per_event(gateways_cpu),
         if n_gateways > 1 {
