@@ -342,7 +342,7 @@ async fn measure_transport(
     };
     let mut worker_args = plane.clone();
     // Small caches: each request stores its blocks and evicts older ones (two events or more).
-    worker_args.extend(["--kv-blocks", "128", "--speedup", "1000"]);
+    worker_args.extend(["--kv-blocks", "128"]);
     let mut workers = Vec::new();
     for i in 0..n_workers {
         workers.push(worker(&endpoint, &cluster, &format!("w{i}"), &worker_args).await);
