@@ -271,7 +271,23 @@ async fn a_trimmed_history_sends_late_gateways_to_a_grpc_snapshot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_with_an_embedded_plane_runs_its_workers_and_gateways_on_it() {
-    let up = Launch::up(2).arg("--event-plane", "embedded").start().await;
+    let mut up = Launch::up(2).arg("--event-plane", "embedded").start().await;
+    // The nats-server `up` started: its child process.
+    let up_pid = up.child.id().unwrap();
+    // Started from one of its threads: the children of every thread.
+    let children: String = std::fs::read_dir(format!("/proc/{up_pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("children")).ok())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let nats_pid = children
+        .split_whitespace()
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| cmd.contains("nats-server"))
+        })
+        .expect("up runs a nats-server")
+        .to_owned();
     let api = Api::new(&up);
     assert!(api.lists_workers(2).await);
     for seed in 0..6 {
@@ -313,6 +329,12 @@ async fn up_with_an_embedded_plane_runs_its_workers_and_gateways_on_it() {
         assert_eq!(view["indexed_blocks"].as_f64(), Some(truth), "{view}");
     }
     assert!(sent > 0.0, "the requests stored blocks");
+    // Stopped, `up` stops its server too.
+    assert!(up.terminate().await.success());
+    assert!(
+        !std::path::Path::new(&format!("/proc/{nats_pid}")).exists(),
+        "the embedded nats-server outlived up"
+    );
 }
 
 /// One configuration of [`event_plane_cost`]: KV events over direct gRPC streams or the plane,
