@@ -13,6 +13,8 @@
 #   test   build, plus what the tests start or drive:
 #            etcd-server        (registry and end-to-end tests start their own etcd)
 #            redis-server       (the fleet-wide quota tests start their own Redis)
+#            nats-server        (the KV event plane tests start their own NATS with JetStream;
+#                                `switchyard up --event-plane embedded` runs it too)
 #            curl               (a client in the gateway end-to-end tests)
 #            python3-venv       (deploy/validate.sh keeps its linters in a venv; Debian's own
 #                                python3 cannot make one without it)
@@ -78,6 +80,8 @@ missing_debian() {
   if [ "$mode" != build ]; then
     command -v etcd >/dev/null 2>&1 || echo etcd-server
     command -v redis-server >/dev/null 2>&1 || echo redis-server
+    # Debian installs it in /usr/sbin, which a non-root PATH may lack.
+    command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || echo nats-server
     command -v curl >/dev/null 2>&1 || echo curl
     python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || echo python3-venv
     command -v npm >/dev/null 2>&1 || echo npm

@@ -215,7 +215,11 @@ refuse "the endpoint picker's failure mode is unknown" "epp/failureMode" -f "$CH
 refuse "etcd users are on without etcd TLS" "etcd.auth needs etcd.tls.enabled" --set etcd.tls.enabled=false
 refuse "a certificate's lifetime is not a duration" "tls/certManager/duration" --set tls.certManager.duration=90d
 refuse "a pool lists a LoRA adapter twice" "loraAdapters" --set 'workers.defaults.loraAdapters={sql-lora,sql-lora}'
-say "refused: 22 bad value sets, each with its reason"
+refuse "the event plane's TLS names no Secret" "eventPlane.tls.enabled needs" \
+  --set eventPlane.enabled=true --set eventPlane.tls.enabled=true
+refuse "the event plane's URL is not a NATS URL" "eventPlane/url" \
+  --set eventPlane.enabled=true --set eventPlane.url=http://nats:4222
+say "refused: 24 bad value sets, each with its reason"
 
 # ---- 5. the image ----
 step="Dockerfile"

@@ -144,7 +144,7 @@ fn collect_chosen(value: &Value, out: &mut std::collections::BTreeSet<String>) {
 }
 
 /// CPU seconds (user + system) a process has used.
-fn cpu_secs(pid: u32) -> f64 {
+pub(crate) fn cpu_secs(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
     let fields: Vec<&str> = stat
@@ -226,14 +226,14 @@ async fn load_reports(gateways: &[SwitchyardProcess]) -> Vec<f64> {
     .await
 }
 
-fn env_or(name: &str, default: usize) -> usize {
+pub(crate) fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
 
-fn pid_of(process: &SwitchyardProcess) -> u32 {
+pub(crate) fn pid_of(process: &SwitchyardProcess) -> u32 {
     process.child.id().unwrap()
 }
 

@@ -3,7 +3,8 @@
 #
 #   deploy/build-deps.sh test   Debian's protobuf-compiler + libprotobuf-dev (protoc and the
 #             well-known .proto files the build compiles), etcd-server (the registry and end-to-end
-#             tests start their own etcd on free loopback ports), curl, and from PyPI the official
+#             tests start their own etcd on free loopback ports), redis-server and nats-server (the
+#             quota and event-plane tests start their own), curl, and from PyPI the official
 #             openai and anthropic SDKs and pyzmq/msgpack (the vLLM/SGLang stand-in engine); it checks each one by
 #             use, not by a command on PATH, and stops with the missing package named
 #   tests/fresh-machine.sh --quick  the same script and every build script in a fresh Debian root

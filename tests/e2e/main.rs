@@ -54,6 +54,9 @@ mod epp_e2e;
 #[path = "../etcd_security_e2e.rs"]
 mod etcd_security_e2e;
 
+#[path = "../event_plane_e2e.rs"]
+mod event_plane_e2e;
+
 #[path = "../fleet_e2e.rs"]
 mod fleet_e2e;
 

@@ -137,6 +137,9 @@ pub struct GatewayConfig {
     pub api: crate::api::http::fields::ApiConfig,
     /// Stored responses and sealed reasoning of `/v1/responses` (`[responses]`).
     pub responses: crate::api::http::responses::ResponsesConfig,
+    /// `[event_plane]`: read KV events from this NATS JetStream stream instead of a gRPC
+    /// stream per worker (`docs/scaling.md`); unset: gRPC streams.
+    pub event_plane: switchyard_event_plane::EventPlaneConfig,
 }
 
 /// Limits of the HTTP listener (`[http]`); see `http::server` and `docs/operations.md`.
@@ -291,6 +294,7 @@ impl Default for GatewayConfig {
             retention: crate::serving::retention::RetentionSettings::default(),
             api: crate::api::http::fields::ApiConfig::default(),
             responses: crate::api::http::responses::ResponsesConfig::default(),
+            event_plane: switchyard_event_plane::EventPlaneConfig::default(),
         }
     }
 }
@@ -302,6 +306,7 @@ impl GatewayConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: &str| Err(ConfigError::Invalid(m.to_owned()));
+        self.event_plane.validate().map_err(ConfigError::Invalid)?;
         if self.max_body_bytes < 1024 {
             return invalid("max_body_bytes must be at least 1024");
         }
@@ -562,6 +567,8 @@ pub struct GatewayArgs {
     pub retention: crate::serving::retention::RetentionArgs,
     #[command(flatten)]
     pub responses: crate::api::http::responses::ResponsesArgs,
+    #[command(flatten)]
+    pub event_plane: switchyard_event_plane::EventPlaneArgs,
     /// Largest KV recording in bytes (default 1 GiB).
     #[arg(long, env = "SWITCHYARD_RECORDING_MAX_BYTES")]
     pub recording_max_bytes: Option<u64>,
@@ -720,6 +727,7 @@ impl GatewayArgs {
         self.fleet.apply(&mut config.fleet);
         self.quota.apply(&mut config.quota);
         self.retention.apply(&mut config.retention);
+        self.event_plane.apply(&mut config.event_plane);
         self.quota
             .check(&config.quota)
             .map_err(ConfigError::Invalid)?;

@@ -217,7 +217,14 @@ pub async fn start(
         .with_subscribe_concurrency(config.subscribe_concurrency)
         .with_audit(config.audit.clone(), decisions)
         .with_dialer(security.dialer)
-        .with_delivery(delivery),
+        .with_delivery(delivery)
+        .with_event_plane(config.event_plane.enabled().then(|| {
+            Arc::new(pool::plane::PlaneHandle::new(
+                config.event_plane.clone(),
+                &config.cluster,
+                &format!("switchyard-gateway {}", config.listen),
+            ))
+        })),
     );
     pool.tasks
         .spawn(pool::kv_checks::watch_silence(Arc::clone(&pool)));

@@ -285,6 +285,20 @@ pub async fn run(
         tracing::info!(worker = %id, mtls = security.server_tls.is_some(), "gRPC calls are authenticated");
     }
     let dialer = security.dialer.clone();
+    // The event plane publisher: each KV event message once to NATS JetStream, beside the gRPC
+    // streams (which stay, for gateways without the plane and for snapshots).
+    let plane_stop = CancellationToken::new();
+    let plane_publisher = config.event_plane.enabled().then(|| {
+        tokio::spawn(crate::service::plane::connect_and_publish(
+            config.event_plane.clone(),
+            config.cluster.clone(),
+            info.model.clone(),
+            info.block_size,
+            Arc::clone(engine.events()),
+            Arc::clone(&metrics),
+            plane_stop.clone(),
+        ))
+    });
     let service = WorkerService::new(
         info.clone(),
         adapters_rx.clone(),
@@ -381,6 +395,12 @@ pub async fn run(
     }
     // Phase 4: stop serving and the engine.
     engine.shutdown();
+    plane_stop.cancel();
+    if let Some(publisher) = plane_publisher
+        && let Err(join) = publisher.await
+    {
+        tracing::error!(error = %join, "event plane publisher task failed");
+    }
     server_stop.cancel();
     metrics_stop.cancel();
     match server.await {

@@ -84,6 +84,10 @@ pub struct WorkerConfig {
     /// Who may call this worker and how it proves itself to other workers (mTLS or the cluster
     /// secret); empty: an open cluster (see docs/security.md).
     pub security: SecurityConfig,
+    /// `[event_plane]`: also publish each KV event message once to this NATS JetStream stream,
+    /// which gateways started with the same plane read instead of a gRPC stream each (see
+    /// `docs/scaling.md`). Unset: gRPC streams only.
+    pub event_plane: switchyard_event_plane::EventPlaneConfig,
 }
 
 impl Default for WorkerConfig {
@@ -115,6 +119,7 @@ impl Default for WorkerConfig {
             engine: EngineConfig::default(),
             otlp_endpoint: None,
             security: SecurityConfig::default(),
+            event_plane: switchyard_event_plane::EventPlaneConfig::default(),
         }
     }
 }
@@ -204,6 +209,7 @@ impl WorkerConfig {
         self.security
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.event_plane.validate().map_err(ConfigError::Invalid)?;
         if self.kv_transfer.staging_bytes == 0 {
             return invalid("kv_transfer.staging_bytes must be at least 1".into());
         }
@@ -378,6 +384,8 @@ pub struct WorkerArgs {
     pub otlp_endpoint: Option<String>,
     #[command(flatten)]
     pub security: SecurityArgs,
+    #[command(flatten)]
+    pub event_plane: switchyard_event_plane::EventPlaneArgs,
 }
 
 fn parse_engine_kind(s: &str) -> Result<EngineKind, String> {
@@ -489,6 +497,7 @@ impl WorkerArgs {
             config.otlp_endpoint = Some(v.clone()).filter(|v| !v.trim().is_empty());
         }
         self.security.apply(&mut config.security);
+        self.event_plane.apply(&mut config.event_plane);
         config.etcd_endpoints.retain(|e| !e.trim().is_empty());
         config.validate()?;
         // Read the secret and certificates now, so a bad file is a configuration error.

@@ -151,6 +151,32 @@ pub struct WorkerMetrics {
     kv_transfer: Histogram,
     retention_hints: Family<HintLabels, Counter>,
     priorities: Family<HintLabels, Counter>,
+    kv_events_sent: Family<SinkLabels, Counter>,
+    plane_publish_failures: Counter,
+}
+
+/// Where KV events went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventSink {
+    /// A gateway's gRPC `KvEvents` stream: once per subscribed gateway.
+    Grpc,
+    /// The event plane: once, whatever the number of gateways.
+    Plane,
+}
+
+impl EventSink {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Grpc => "grpc",
+            Self::Plane => "plane",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SinkLabels {
+    /// `grpc` or `plane`.
+    sink: &'static str,
 }
 
 fn latency_histogram() -> Histogram {
@@ -182,6 +208,8 @@ impl WorkerMetrics {
             kv_transfer: latency_histogram(),
             retention_hints: Family::default(),
             priorities: Family::default(),
+            kv_events_sent: Family::default(),
+            plane_publish_failures: Counter::default(),
         };
         // Series that exist from the start, at 0, so `rate()` and alerts see them before the
         // first occurrence.
@@ -206,6 +234,11 @@ impl WorkerMetrics {
         for outcome in ["passed", "unhonoured"] {
             let _ = m.retention_hints.get_or_create(&HintLabels { outcome });
             let _ = m.priorities.get_or_create(&HintLabels { outcome });
+        }
+        for sink in [EventSink::Grpc, EventSink::Plane] {
+            let _ = m.kv_events_sent.get_or_create(&SinkLabels {
+                sink: sink.as_str(),
+            });
         }
         for stage in ["planned", "issued"] {
             let _ = m.kv_descriptors.get_or_create(&StageLabels { stage });
@@ -292,8 +325,32 @@ impl WorkerMetrics {
             "Requests that carried a non-default scheduling priority: passed to the engine, or unhonoured (it was not started scheduling by priority)",
             m.priorities.clone(),
         );
+        r.register(
+            "kv_events_sent",
+            "KV events sent, by sink: gRPC streams (once per subscribed gateway, replays included) or the event plane (once)",
+            m.kv_events_sent.clone(),
+        );
+        r.register(
+            "event_plane_publish_failures",
+            "Publishes to the event plane that failed (retried; the plane's readers resynchronise if history was lost)",
+            m.plane_publish_failures.clone(),
+        );
         r.register_collector(Box::new(scrape::ScrapeCollector::new(engine, state)));
         Self { registry, ..m }
+    }
+
+    /// Counts `events` KV events sent to `sink`.
+    pub fn kv_events_sent(&self, sink: EventSink, events: u64) {
+        self.kv_events_sent
+            .get_or_create(&SinkLabels {
+                sink: sink.as_str(),
+            })
+            .inc_by(events);
+    }
+
+    /// Counts a failed publish to the event plane.
+    pub fn plane_publish_failed(&self) {
+        self.plane_publish_failures.inc();
     }
 
     /// The OpenMetrics text exposition.

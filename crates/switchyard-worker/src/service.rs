@@ -22,10 +22,11 @@ use tracing::field::Empty;
 use crate::engine::{Engine, EngineError, FinishReason, GenerateParams, PrefillParams};
 use crate::event_log::SubscriptionStart;
 use crate::kv_source::{ChunkStream, generate_from_source};
-use crate::metrics::{RequestKind, RequestRecord, WorkerMetrics};
+use crate::metrics::{EventSink, RequestKind, RequestRecord, WorkerMetrics};
 
 pub mod access;
 mod load_pacer;
+pub mod plane;
 mod streams;
 
 pub use access::Access;
@@ -618,11 +619,13 @@ impl v1::worker_server::Worker for WorkerService {
             max_batch,
             lagged: false,
         };
+        let metrics = Arc::clone(&self.metrics);
         let stream = stream::unfold(state, |mut st| async move {
             let payload = st.next_payload().await?;
             Some((payload, st))
         })
         .map(move |payload| {
+            metrics.kv_events_sent(EventSink::Grpc, plane::events_in(&payload));
             Ok(v1::KvEventsResponse {
                 worker_id: worker_id.clone(),
                 incarnation,

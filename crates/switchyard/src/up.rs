@@ -11,6 +11,10 @@
 //! serves disaggregated (`auto` unless told otherwise), and a planner moves workers between
 //! the pools; its admin API is mounted at the gateway's `/admin/planner` and its metrics are
 //! appended to the gateway's `/metrics`.
+//!
+//! With `--event-plane embedded` it also starts a `nats-server` with JetStream on a free
+//! loopback port (its store in a temporary directory, removed at exit) and runs the workers and
+//! gateways on it as the KV event plane; `--event-plane nats://…` uses an existing server.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -90,7 +94,12 @@ pub struct Resolved {
     pub gateways: Vec<GatewayConfig>,
     pub workers: Vec<WorkerConfig>,
     pub planner: Option<PlannerConfig>,
+    /// `--event-plane embedded`: start a nats-server and put every process on it.
+    pub embedded_plane: bool,
 }
+
+/// `--event-plane embedded`: `up` starts the event plane's server itself.
+const EMBEDDED_PLANE: &str = "embedded";
 
 /// Checks the flags and builds the gateway, worker and planner configurations.
 pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
@@ -100,8 +109,14 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
     if args.gateways == 0 || args.gateways > MAX_GATEWAYS {
         return Err(format!("--gateways must be 1 to {MAX_GATEWAYS}"));
     }
-    let mut gateway = args
-        .gateway
+    // `embedded` is not a URL: it is taken out before the flags are checked, and the URL of
+    // the server `run` starts is put in its place.
+    let mut gateway_args = args.gateway.clone();
+    let embedded_plane = gateway_args.event_plane.event_plane.as_deref() == Some(EMBEDDED_PLANE);
+    if embedded_plane {
+        gateway_args.event_plane.event_plane = None;
+    }
+    let mut gateway = gateway_args
         .resolve_onto(GatewayConfig::default())
         .map_err(|e| e.to_string())?;
     // Like every flag, --etcd and --cluster win over the gateway's config file.
@@ -172,6 +187,7 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
             // One process, many workers: each gets its own free port for /metrics.
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             security: gateway.security.clone(),
+            event_plane: gateway.event_plane.clone(),
             ..WorkerConfig::default()
         };
         config.sim.block_size = block_size;
@@ -186,6 +202,7 @@ pub fn resolve(args: &UpArgs) -> Result<Resolved, String> {
         gateways: replicas(gateway, args.gateways)?,
         workers,
         planner,
+        embedded_plane,
     })
 }
 
@@ -222,10 +239,31 @@ fn replicas(gateway: GatewayConfig, count: usize) -> Result<Vec<GatewayConfig>, 
 
 pub async fn run(resolved: Resolved, shutdown: CancellationToken) -> anyhow::Result<()> {
     let Resolved {
-        gateways,
-        workers,
+        mut gateways,
+        mut workers,
         planner,
+        embedded_plane,
     } = resolved;
+    // Lives as long as `up`: dropped at the end, it stops the server and removes its store.
+    let _plane_server = if embedded_plane {
+        let server = tokio::task::spawn_blocking(|| {
+            switchyard_event_plane::server::NatsServer::start(
+                switchyard_event_plane::server::ServerAuth::Open,
+            )
+        })
+        .await??;
+        let url = server.url();
+        tracing::info!(%url, "embedded event plane (nats-server with JetStream) started");
+        for config in &mut gateways {
+            config.event_plane.url = Some(url.clone());
+        }
+        for config in &mut workers {
+            config.event_plane.url = Some(url.clone());
+        }
+        Some(server)
+    } else {
+        None
+    };
     let Some(gateway) = gateways.first() else {
         return Err(anyhow::anyhow!("no gateway to start"));
     };

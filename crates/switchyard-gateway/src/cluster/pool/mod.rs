@@ -29,6 +29,7 @@ use crate::observe::recorder::{Record, Recorder};
 pub mod ingest;
 pub mod kv_checks;
 pub mod members;
+pub mod plane;
 pub mod subscriber;
 pub mod subscriptions;
 
@@ -146,6 +147,8 @@ pub struct WorkerPool {
     pub delivery: Delivery,
     /// Bounds the worker streams opening at once; counts the workers followed in full.
     pub subscriptions: subscriptions::Subscriptions,
+    /// KV events are read from this event plane instead of a gRPC stream per worker.
+    pub(crate) event_plane: Option<Arc<plane::PlaneHandle>>,
 }
 
 impl WorkerPool {
@@ -185,6 +188,7 @@ impl WorkerPool {
                 metrics.subscriptions_opening.clone(),
                 metrics.workers_subscribed.clone(),
             ),
+            event_plane: None,
             metrics,
         })
     }
@@ -243,6 +247,13 @@ impl WorkerPool {
             None => refused.remove(id),
         };
         self.metrics.audit.workers_refused.set(refused.len() as i64);
+    }
+
+    /// The same pool, reading KV events from the event plane (`plane`) instead of a gRPC
+    /// stream per worker.
+    pub fn with_event_plane(mut self, plane: Option<Arc<plane::PlaneHandle>>) -> Self {
+        self.event_plane = plane;
+        self
     }
 
     /// The same pool, dialing workers with `dialer`.

@@ -35,8 +35,22 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const FIRST_OPEN_PATIENCE: u32 = 5;
 
 /// Starts the two subscriber tasks of `worker`; they stop when the worker's token is cancelled.
+/// With an event plane, the KV events come from it instead ([`super::plane`]).
 pub fn spawn(pool: &Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: Arc<ModelRoutes>) {
-    let events = follow_events(Arc::clone(pool), Arc::clone(&worker), Arc::clone(&routes));
+    let events: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+        match &pool.event_plane {
+            Some(plane) => Box::pin(super::plane::follow_plane(
+                Arc::clone(pool),
+                Arc::clone(&worker),
+                Arc::clone(&routes),
+                Arc::clone(plane),
+            )),
+            None => Box::pin(follow_events(
+                Arc::clone(pool),
+                Arc::clone(&worker),
+                Arc::clone(&routes),
+            )),
+        };
     let load = follow_load(Arc::clone(pool), Arc::clone(&worker), routes);
     let cancel = worker.cancel.clone();
     pool.tasks.spawn({

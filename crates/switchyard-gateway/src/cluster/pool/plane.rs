@@ -1,0 +1,298 @@
+//! Following workers through the KV event plane instead of a gRPC stream each
+//! (`switchyard_event_plane`, `docs/scaling.md`).
+//!
+//! Each worker's subject is read from the oldest message the stream still holds, and every
+//! message goes through the same [`subscriber::apply`] (so the same pure `ingest` and its
+//! cursor) as a gRPC stream's. Reading from the start makes a gateway that starts late catch up
+//! from the stream: the history begins with the snapshot the worker published when it started,
+//! or with its first event, which the index accepts for a worker it has not seen. When the
+//! history no longer reaches back that far, or the ingest rules find a gap, the worker is asked
+//! for a snapshot over gRPC, and the stream goes on from there (what the snapshot already holds
+//! comes back as stale events and is skipped). Load reports stay on gRPC
+//! (`subscriber::follow_load`).
+//!
+//! Two rules keep an old history from undoing what a gateway knows: messages of another
+//! incarnation than the one registered are skipped (a worker restart re-registers it, and the
+//! pool follows the new incarnation from scratch), and a snapshot in the stream that is not
+//! ahead of the cursor is skipped (the events after it up to the cursor are stale anyway).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use switchyard_event_plane::{EventPlane, EventPlaneConfig, PlaneError};
+use switchyard_proto::v1::{self, KvEventsRequest, kv_events_response::Payload};
+use tokio::sync::OnceCell;
+
+use super::ingest::Cursor;
+use super::subscriber::apply;
+use super::subscriptions::Stream;
+use super::{ModelRoutes, WorkerHandle, WorkerPool};
+
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// The gateway's one connection to the event plane, made by the first worker follower that
+/// needs it (and made again by the next one when it failed).
+#[derive(Debug)]
+pub struct PlaneHandle {
+    config: EventPlaneConfig,
+    cluster: String,
+    client_name: String,
+    plane: OnceCell<EventPlane>,
+}
+
+impl PlaneHandle {
+    pub fn new(config: EventPlaneConfig, cluster: &str, client_name: &str) -> Self {
+        Self {
+            config,
+            cluster: cluster.to_owned(),
+            client_name: client_name.to_owned(),
+            plane: OnceCell::new(),
+        }
+    }
+
+    /// The connected plane.
+    pub async fn get(&self) -> Result<&EventPlane, PlaneError> {
+        self.plane
+            .get_or_try_init(|| EventPlane::connect(&self.config, &self.cluster, &self.client_name))
+            .await
+    }
+}
+
+/// Follows `worker`'s KV events on the plane until its token is cancelled.
+pub(super) async fn follow_plane(
+    pool: Arc<WorkerPool>,
+    worker: Arc<WorkerHandle>,
+    routes: Arc<ModelRoutes>,
+    handle: Arc<PlaneHandle>,
+) {
+    let id = worker.id();
+    let incarnation = worker.info().incarnation;
+    let mut cursor = Cursor::default();
+    let mut backoff = BACKOFF_MIN;
+    let mut resync_rx = pool.recorder.resync_requests();
+    loop {
+        let follow = match handle.get().await {
+            Ok(plane) => {
+                let subject = plane.subject(&routes.model, id.as_str());
+                match plane.holds(&subject).await {
+                    // Nothing left of the worker's history: only a snapshot says what it has.
+                    Ok(false) if cursor.next_seq.is_none() => {
+                        snapshot(&pool, &worker, &routes, &mut cursor).await;
+                        plane.follow(&subject).await
+                    }
+                    Ok(_) => plane.follow(&subject).await,
+                    Err(error) => Err(error),
+                }
+            }
+            Err(error) => Err(error),
+        };
+        let mut follow = match follow {
+            Ok(follow) => follow,
+            Err(error) => {
+                tracing::warn!(worker = %id, %error, "cannot follow the worker on the event plane; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        loop {
+            let message = tokio::select! {
+                message = follow.next() => message,
+                Ok(()) = resync_rx.changed() => {
+                    // A recording starts from a fresh snapshot of every worker.
+                    snapshot(&pool, &worker, &routes, &mut cursor).await;
+                    continue;
+                }
+            };
+            let message = match message {
+                None => break,
+                Some(Ok(message)) => message,
+                Some(Err(PlaneError::Decode { subject, source })) => {
+                    // Not one of ours: what it held is unknown, so start again from a snapshot.
+                    pool.metrics.kv_events_invalid.inc();
+                    tracing::warn!(worker = %id, %subject, error = %source, "undecodable message on the event plane; resyncing");
+                    snapshot(&pool, &worker, &routes, &mut cursor).await;
+                    continue;
+                }
+                Some(Err(error)) => {
+                    tracing::debug!(worker = %id, %error, "event plane follow broke; following again");
+                    break;
+                }
+            };
+            backoff = BACKOFF_MIN;
+            if !wanted(incarnation, &cursor, &message) {
+                continue;
+            }
+            if behind_a_digest(&cursor, &message) {
+                // The history kept only the worker's digests: it is past where the index is.
+                snapshot(&pool, &worker, &routes, &mut cursor).await;
+                continue;
+            }
+            if !apply(&pool, &routes, &id, &mut cursor, message) {
+                snapshot(&pool, &worker, &routes, &mut cursor).await;
+            }
+            if cursor.next_seq.is_some() {
+                pool.subscriptions
+                    .delivered(&worker.subscription, Stream::Events);
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Whether a message read from the plane can tell the index anything: it is of the registered
+/// incarnation, and not a snapshot behind where the cursor already stands.
+fn wanted(incarnation: u64, cursor: &Cursor, message: &v1::KvEventsResponse) -> bool {
+    if message.incarnation != incarnation {
+        return false;
+    }
+    match (&message.payload, cursor.next_seq) {
+        (Some(Payload::Snapshot(snapshot)), Some(next)) if cursor.incarnation == incarnation => {
+            snapshot.next_seq > next
+        }
+        _ => true,
+    }
+}
+
+/// Whether `message` is a digest showing the worker past sequence 0 of an incarnation the
+/// cursor has not followed yet: the history no longer holds how the worker got there.
+fn behind_a_digest(cursor: &Cursor, message: &v1::KvEventsResponse) -> bool {
+    match &message.payload {
+        Some(Payload::Digest(digest)) => {
+            cursor.incarnation != message.incarnation && digest.next_seq > 0
+        }
+        _ => false,
+    }
+}
+
+/// Takes a snapshot of `worker` over gRPC (the first message of a `KvEvents` stream opened
+/// without a position) and applies it, retrying with backoff until it applies or the worker's
+/// token is cancelled (the follower then stops with it).
+async fn snapshot(
+    pool: &WorkerPool,
+    worker: &WorkerHandle,
+    routes: &ModelRoutes,
+    cursor: &mut Cursor,
+) {
+    let id = worker.id();
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        match fetch_snapshot(pool, worker).await {
+            Ok(message) => {
+                if apply(pool, routes, &id, cursor, message) && cursor.next_seq.is_some() {
+                    return;
+                }
+            }
+            Err(why) => {
+                tracing::debug!(worker = %id, %why, "cannot take a snapshot over gRPC; retrying");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+async fn fetch_snapshot(
+    pool: &WorkerPool,
+    worker: &WorkerHandle,
+) -> Result<v1::KvEventsResponse, String> {
+    // Bounded like the gRPC streams' opens: a gateway starting in front of a large fleet whose
+    // history is gone does not ask every worker at once.
+    let _permit = pool.subscriptions.open().await;
+    let mut client = worker.client.clone();
+    let request = KvEventsRequest {
+        from_seq: None,
+        incarnation: 0,
+        digest_interval_ms: 0,
+        max_batch_events: 1,
+    };
+    let first = tokio::time::timeout(pool.unresponsive_after, async move {
+        let mut stream = client
+            .kv_events(request)
+            .await
+            .map_err(|s| s.message().to_owned())?
+            .into_inner();
+        match stream.next().await {
+            Some(Ok(message)) => Ok(message),
+            Some(Err(status)) => Err(status.message().to_owned()),
+            None => Err("the stream ended before its snapshot".to_owned()),
+        }
+    })
+    .await
+    .map_err(|_| format!("no snapshot within {:?}", pool.unresponsive_after))??;
+    match first.payload {
+        Some(Payload::Snapshot(_)) => Ok(first),
+        _ => Err("the stream did not start with a snapshot".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(incarnation: u64, payload: Payload) -> v1::KvEventsResponse {
+        v1::KvEventsResponse {
+            worker_id: "w".into(),
+            incarnation,
+            payload: Some(payload),
+        }
+    }
+
+    fn snapshot_at(next_seq: u64) -> Payload {
+        Payload::Snapshot(v1::Snapshot {
+            next_seq,
+            blocks: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn other_incarnations_and_snapshots_behind_the_cursor_are_skipped() {
+        let fresh = Cursor::default();
+        let at_10 = Cursor {
+            incarnation: 7,
+            next_seq: Some(10),
+        };
+        let event = Payload::Event(v1::KvEvent { seq: 3, kind: None });
+        assert!(!wanted(7, &fresh, &message(8, event.clone())));
+        assert!(wanted(7, &fresh, &message(7, event.clone())));
+        // Events always go to ingest: it decides stale, next or gap.
+        assert!(wanted(7, &at_10, &message(7, event)));
+        assert!(wanted(7, &fresh, &message(7, snapshot_at(4))));
+        assert!(!wanted(7, &at_10, &message(7, snapshot_at(4))));
+        assert!(!wanted(7, &at_10, &message(7, snapshot_at(10))));
+        assert!(wanted(7, &at_10, &message(7, snapshot_at(11))));
+        // A cursor waiting for a snapshot takes any.
+        let waiting = Cursor {
+            incarnation: 7,
+            next_seq: None,
+        };
+        assert!(wanted(7, &waiting, &message(7, snapshot_at(1))));
+    }
+
+    #[test]
+    fn a_digest_of_an_incarnation_not_followed_yet_asks_for_a_snapshot() {
+        let digest = |next_seq| {
+            Payload::Digest(v1::KvDigest {
+                next_seq,
+                ..Default::default()
+            })
+        };
+        let fresh = Cursor::default();
+        assert!(behind_a_digest(&fresh, &message(7, digest(5))));
+        // A worker that has published nothing yet: nothing is missing.
+        assert!(!behind_a_digest(&fresh, &message(7, digest(0))));
+        let following = Cursor {
+            incarnation: 7,
+            next_seq: Some(5),
+        };
+        // Followed: the digest check (`audit::kv`) compares it with the index instead.
+        assert!(!behind_a_digest(&following, &message(7, digest(9))));
+        assert!(!behind_a_digest(
+            &fresh,
+            &message(7, Payload::Event(v1::KvEvent { seq: 3, kind: None }))
+        ));
+    }
+}
