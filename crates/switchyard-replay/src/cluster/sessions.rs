@@ -9,7 +9,10 @@
 //! is either *resident* (its working set is counted on the workers holding it, and its turns are
 //! admitted at once) or not; a turn of a session that is not resident becomes resident only if
 //! its working set fits beside the residents' on the worker it would use, and otherwise waits
-//! between turns (where the agent is in a tool call anyway), never in the middle of one.
+//! between turns (where the agent is in a tool call anyway), never in the middle of one. Working
+//! sets grow: a resident whose next turn would take its worker past capacity while an older
+//! resident shares that worker yields there (it stops being resident and its turn asks again),
+//! so the oldest session on a worker always goes on.
 //!
 //! Nothing is tuned per trace: the capacities are the workers' device blocks, the working sets
 //! come from the requests' own blocks, and the longest a turn waits (its aging bound, which
@@ -408,7 +411,7 @@ mod tests {
             s.routed(name, ctx, 50, i % 2);
         }
         assert_eq!((s.used(0), s.used(1)), (100, 50));
-        // a grows past worker 0's 100 blocks, but a resident session is never held.
+        // a grows past worker 0's 100 blocks, but it is the oldest resident there: it goes on.
         assert_eq!(s.offer(9, "a", A, 70, 5), Offer::Admit);
         assert_eq!(s.stats(), SessionStats::default());
     }
@@ -436,6 +439,26 @@ mod tests {
         assert_eq!(s.session_ended("a", 30), vec![1, 2]);
         assert_eq!(s.stats().held_turns, 2);
         assert_eq!(s.stats().longest_hold_us, 20);
+    }
+
+    #[test]
+    fn a_younger_resident_that_outgrows_its_worker_yields_at_its_next_turn() {
+        let mut s = SessionScheduler::new(1, &sim(100));
+        for (id, name, ctx) in [(0, "a", A), (1, "b", B)] {
+            assert_eq!(s.offer(id, name, ctx, 40, 0), Offer::Admit);
+            s.routed(name, ctx, 40, 0);
+            s.turn_ended(name, 1);
+        }
+        // b, the younger, would take the worker to 40 + 70 blocks: it waits, counting nothing.
+        assert!(matches!(s.offer(2, "b", B, 70, 2), Offer::Hold { .. }));
+        assert_eq!((s.used(0), s.stats().demotions), (40, 1));
+        // a, the older, grows past the capacity alone with b out: it goes on.
+        assert_eq!(s.offer(3, "a", A, 90, 3), Offer::Admit);
+        s.routed("a", A, 90, 0);
+        assert_eq!(s.used(0), 90);
+        // a ends: b goes in.
+        assert_eq!(s.session_ended("a", 4), vec![2]);
+        assert!(s.take_ready().is_empty());
     }
 
     #[test]
