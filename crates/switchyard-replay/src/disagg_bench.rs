@@ -118,6 +118,7 @@ pub fn run_setup(
         disagg: setup.disagg.clone(),
         token_gaps: true,
         retention: None,
+        session_scheduling: false,
         ..base.clone()
     };
     let bar = progress_bar(workload.expected_requests(), setup.label.clone());

@@ -22,6 +22,9 @@
 //! - [`sweep`]: every policy across traces, worker counts and arrival rates, and in each cell
 //!   whether `kv` leads, ties or trails the others on hit rate and TTFT p99 (issue 45;
 //!   `switchyard replay sweep`).
+//! - [`knobs`]: the agent-KV mechanisms (host tier, retention, placement, session
+//!   scheduling), the set each engine really supports, and the ablation runs that tell which
+//!   mechanism bought what (`switchyard replay agentx --engine-knobs`).
 //! - [`parallel`]: independent runs (policies, load levels) on several threads, results in
 //!   the order a serial loop gives them.
 //! - [`error`] holds [`ReplayError`].
@@ -31,6 +34,7 @@ pub mod disagg_bench;
 pub mod error;
 pub mod events;
 pub mod events_filter;
+pub mod knobs;
 pub mod live;
 pub mod metrics;
 pub mod parallel;
@@ -95,6 +99,7 @@ pub fn replay_offline(
         .collect();
     summary.ttft_floor_ms = Some(Percentiles::of(&mut floors));
     summary.recomputed_tokens = run.workers.iter().map(|w| w.prefill_tokens).sum();
+    summary.held_turns = run.sessions.held_turns;
     summary.transferred_bytes =
         host_hit_blocks * block_bytes + run.disagg.bytes + run.disagg.peer_bytes;
     Ok(OfflineRun { summary, run })

@@ -104,6 +104,8 @@ pub async fn replay_live(
             seq += 1;
             pending.push(Pending { at, seq, spec });
         }
+        // The endpoint schedules its own sessions: an ended one means nothing here.
+        out.drain_ended().for_each(drop);
         let next_at = pending.peek().map(|p: &Pending| p.at);
         if next_at.is_none() && tasks.is_empty() {
             break;

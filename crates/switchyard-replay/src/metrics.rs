@@ -104,6 +104,14 @@ pub struct Summary {
     /// misses. Left out of the JSON when not measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_floor_ms: Option<Percentiles>,
+    /// Turns session scheduling held at a tool-call boundary (offline). Left out of the JSON
+    /// when 0.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub held_turns: u64,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 fn is_zero(rate: &f64) -> bool {
@@ -158,6 +166,7 @@ impl Summary {
             recomputed_tokens: 0,
             transferred_bytes: 0,
             ttft_floor_ms: None,
+            held_turns: 0,
         }
     }
 }

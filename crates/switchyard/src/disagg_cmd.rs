@@ -134,6 +134,7 @@ fn cluster(args: &DisaggArgs, workers: usize) -> Result<ClusterConfig, ReplayErr
         disagg: None,
         token_gaps: true,
         retention: None,
+        session_scheduling: false,
     })
 }
 

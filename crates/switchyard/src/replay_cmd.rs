@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use switchyard_core::BlockSize;
-use switchyard_engine_sim::{SimConfig, TimingModel};
+use switchyard_engine_sim::SimConfig;
+use switchyard_replay::knobs::{self, EngineKnobs, KnobSettings, Mechanisms};
 use switchyard_replay::live::{LiveConfig, replay_live};
 use switchyard_replay::workload::mooncake::{self, MooncakeWorkload};
 use switchyard_replay::workload::weka::{self, WekaConfig, WekaWorkload};
@@ -20,7 +21,6 @@ use switchyard_replay::{
     ClusterConfig, ProgressGroup, ReplayError, Report, RouteFilter, Summary, Workload, parallel,
     progress_bar, replay_offline, replay_recording_for,
 };
-use switchyard_router::serve::RetentionConfig;
 use switchyard_router::{PolicyConfig, PolicyKind};
 
 use crate::EXIT_CONFIG;
@@ -135,6 +135,12 @@ struct AgentxArgs {
     /// 262144 keeps the 256k–1M-token requests).
     #[arg(long, value_name = "N")]
     min_call_tokens: Option<u64>,
+    /// Run the mechanism ablation limited to what this engine supports (`vllm`, `sglang`,
+    /// `trtllm`, `sim`): round-robin and kv alone, each of the engine's mechanisms added to
+    /// kv alone, all of them, and all but each one (docs/engines.md, "Agent KV mechanisms per
+    /// engine"). Replaces --policies and --variants.
+    #[arg(long, value_name = "ENGINE", value_parser = parse_engine_knobs)]
+    engine_knobs: Option<EngineKnobs>,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -215,6 +221,12 @@ struct CommonArgs {
     retention_budget: f64,
 }
 
+fn parse_engine_knobs(name: &str) -> Result<EngineKnobs, String> {
+    EngineKnobs::parse(name).ok_or_else(|| {
+        format!("unknown engine {name:?}: expected one of vllm, sglang, trtllm, sim")
+    })
+}
+
 /// A cache configuration a policy runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Variant {
@@ -243,52 +255,25 @@ impl Variant {
         matches!(self, Variant::Placement | Variant::Full)
     }
 
-    /// `base` with the host tier and retention of this variant (from `common`'s settings).
-    fn apply(
-        self,
-        base: &ClusterConfig,
-        common: &CommonArgs,
-    ) -> Result<ClusterConfig, ReplayError> {
-        let mut config = base.clone();
-        if self.host() {
-            config.sim.num_host_blocks = common
-                .host_kv_blocks
-                .unwrap_or(config.sim.num_device_blocks.saturating_mul(2));
-            if !(common.host_gbps.is_finite() && common.host_gbps > 0.0) {
-                return Err(ReplayError::InvalidConfig(format!(
-                    "--host-gbps must be a positive number, got {}",
-                    common.host_gbps
-                )));
-            }
-            let block_bytes = u64::from(config.sim.block_size.get())
-                * switchyard_engine_sim::KvLayout::default().bytes_per_token();
-            config.sim.timing.host_to_device_block_us =
-                TimingModel::host_block_us(block_bytes, common.host_gbps);
+    /// The mechanisms of this variant.
+    fn mechanisms(self) -> Mechanisms {
+        Mechanisms {
+            host: self.host(),
+            retention: self.retention(),
+            placement: self.placement(),
+            sessions: false,
         }
-        if self.retention() {
-            if !(common.retention_cap_s.is_finite() && common.retention_cap_s >= 0.001) {
-                return Err(ReplayError::InvalidConfig(format!(
-                    "--retention-cap-s must be at least 0.001, got {}",
-                    common.retention_cap_s
-                )));
-            }
-            let cap_ms = (common.retention_cap_s * 1000.0).round() as u64;
-            let defaults = RetentionConfig::default();
-            config.retention = Some(RetentionConfig {
-                cap_ms,
-                initial_ms: defaults.initial_ms.min(cap_ms),
-                ..defaults
-            });
-            config.sim.retention_budget_fraction = common.retention_budget;
+    }
+}
+
+impl CommonArgs {
+    fn knob_settings(&self) -> KnobSettings {
+        KnobSettings {
+            host_kv_blocks: self.host_kv_blocks,
+            host_gbps: self.host_gbps,
+            retention_cap_s: self.retention_cap_s,
+            retention_budget: self.retention_budget,
         }
-        if self.placement() {
-            config = config.with_placement();
-        }
-        config
-            .sim
-            .validate()
-            .map_err(|e| ReplayError::InvalidConfig(e.to_string()))?;
-        Ok(config)
     }
 }
 
@@ -332,6 +317,8 @@ impl Source {
 
 struct Plan {
     name: &'static str,
+    /// The mechanism ablation for this engine instead of policies × variants.
+    engine_knobs: Option<EngineKnobs>,
     trace: PathBuf,
     level_kind: &'static str,
     source: Source,
@@ -350,11 +337,14 @@ pub(crate) fn ms_to_us(ms: f64) -> Result<u64, ReplayError> {
     }
 }
 
+/// The cluster every run starts from; `host_tier` says whether some run has a host tier
+/// besides what `--variants` asks for (an engine's knobs).
 fn cluster_config(
     common: &CommonArgs,
     block_size: u32,
     kv_blocks: u64,
     max_context: u64,
+    host_tier: bool,
 ) -> Result<ClusterConfig, ReplayError> {
     let block_size = BlockSize::new(common.sim_block_size.unwrap_or(block_size))
         .map_err(|e| ReplayError::InvalidConfig(e.to_string()))?;
@@ -373,7 +363,7 @@ fn cluster_config(
     if common.variants.is_empty() {
         return Err(ReplayError::InvalidConfig("--variants is empty".into()));
     }
-    if common.host_kv_blocks.is_some() && !common.variants.iter().any(|v| v.host()) {
+    if common.host_kv_blocks.is_some() && !host_tier && !common.variants.iter().any(|v| v.host()) {
         return Err(ReplayError::InvalidConfig(
             "--host-kv-blocks needs a host variant in --variants (host, host+retention or full)"
                 .into(),
@@ -392,6 +382,7 @@ fn cluster_config(
         disagg: None,
         token_gaps: false,
         retention: None,
+        session_scheduling: false,
     })
 }
 
@@ -403,7 +394,13 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
                     "--speed must be positive".into(),
                 ));
             }
-            let cluster = cluster_config(&a.common, mooncake::MOONCAKE_BLOCK_SIZE, 4096, 262_144)?;
+            let cluster = cluster_config(
+                &a.common,
+                mooncake::MOONCAKE_BLOCK_SIZE,
+                4096,
+                262_144,
+                false,
+            )?;
             let trace = resolve_trace(
                 a.trace,
                 shared_data::MOONCAKE_TRACE,
@@ -414,6 +411,7 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
             let records = mooncake::load(&trace, a.limit)?;
             Ok(Plan {
                 name: "mooncake",
+                engine_knobs: None,
                 trace,
                 level_kind: "speed",
                 extra: json!({ "limit": a.limit, "requests": records.len() }),
@@ -435,12 +433,26 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
             "the sweep has its own plan; see `replay sweep`".into(),
         )),
         WorkloadCommand::Agentx(a) => {
+            if a.engine_knobs.is_some()
+                && (a.common.variants != [Variant::Base] || a.common.endpoint.is_some())
+            {
+                return Err(ReplayError::InvalidConfig(
+                    "--engine-knobs runs its own variants offline: drop --variants and --endpoint"
+                        .into(),
+                ));
+            }
             if a.concurrency.contains(&0) {
                 return Err(ReplayError::InvalidConfig(
                     "--concurrency levels must be at least 1".into(),
                 ));
             }
-            let cluster = cluster_config(&a.common, 64, 16_384, 1_048_576)?;
+            let cluster = cluster_config(
+                &a.common,
+                64,
+                16_384,
+                1_048_576,
+                a.engine_knobs.is_some_and(|e| e.mechanisms().host),
+            )?;
             let trace = resolve_trace(
                 a.trace,
                 shared_data::AGENTX_TRACE,
@@ -468,6 +480,7 @@ fn plan(args: ReplayArgs) -> Result<Plan, ReplayError> {
             };
             Ok(Plan {
                 name: "agentx",
+                engine_knobs: a.engine_knobs,
                 trace,
                 level_kind: "concurrency",
                 extra: json!({
@@ -525,6 +538,7 @@ fn settings(plan: &Plan, live: bool) -> serde_json::Value {
         s["host_gbps"] = json!(plan.common.host_gbps);
         s["retention_cap_s"] = json!(plan.common.retention_cap_s);
         s["retention_budget"] = json!(plan.common.retention_budget);
+        s["engine_knobs"] = json!(plan.engine_knobs.map(EngineKnobs::as_str));
         s["load_report_interval_us"] = json!(c.load_report_interval_us);
     }
     s
@@ -644,36 +658,60 @@ struct Timing {
     requests: usize,
 }
 
+/// One offline run: its level, policy, mechanisms and the label its summary gets (`None`:
+/// the configuration's own).
+type Job = (f64, PolicyKind, Mechanisms, Option<String>);
+
+fn jobs(plan: &Plan) -> Vec<Job> {
+    let levels = plan.source.levels();
+    match plan.engine_knobs {
+        Some(engine) => {
+            let rows = knobs::ablation(engine);
+            levels
+                .into_iter()
+                .flat_map(|level| {
+                    rows.iter()
+                        .map(move |r| (level, r.policy, r.mechanisms, Some(r.name.clone())))
+                })
+                .collect()
+        }
+        None => levels
+            .into_iter()
+            .flat_map(|level| {
+                plan.common.variants.iter().flat_map(move |&v| {
+                    plan.common
+                        .policies
+                        .iter()
+                        .map(move |&p| (level, p, v.mechanisms(), None))
+                })
+            })
+            .collect(),
+    }
+}
+
 fn run_offline(plan: &Plan, bench: bool) -> Result<(), ReplayError> {
-    let jobs: Vec<(f64, Variant, PolicyKind)> = plan
-        .source
-        .levels()
-        .into_iter()
-        .flat_map(|level| {
-            plan.common
-                .variants
-                .iter()
-                .flat_map(move |&v| plan.common.policies.iter().map(move |&p| (level, v, p)))
-        })
-        .collect();
+    let jobs = jobs(plan);
+    let settings = plan.common.knob_settings();
     let threads = parallel::threads_for(jobs.len(), plan.common.threads.unwrap_or(0));
     let bars = ProgressGroup::new();
     let started = Instant::now();
     // Each run owns its workload and cluster; results come back in job order, so the report
     // is the one a serial loop writes.
     let results = parallel::run_ordered(jobs.len(), threads, |i| {
-        let (level, variant, policy) = jobs[i];
+        let (level, policy, mechanisms, ref label) = jobs[i];
         let mut workload = plan.source.build(level, plan.common.seed)?;
         let config = ClusterConfig {
             policy,
-            ..variant.apply(&plan.cluster, &plan.common)?
+            ..mechanisms.apply(&plan.cluster, &settings)?
         };
+        let label = label.clone().unwrap_or_else(|| config.label());
         let bar = bars.bar(
             workload.expected_requests(),
-            format!("{} @ {}={level}", config.label(), plan.level_kind),
+            format!("{label} @ {}={level}", plan.level_kind),
         );
         let run_started = Instant::now();
-        let run = replay_offline(workload.as_mut(), &config, level, &bar)?;
+        let mut run = replay_offline(workload.as_mut(), &config, level, &bar)?;
+        run.summary.label = label;
         let timing = Timing {
             policy,
             level,
@@ -694,6 +732,24 @@ fn run_offline(plan: &Plan, bench: bool) -> Result<(), ReplayError> {
         timings.push(timing);
     }
     let report = report(plan, "offline", runs, false);
+    if let Some(engine) = plan.engine_knobs {
+        let table = knobs::ablation_table(engine, &report.runs);
+        finish(plan, &report)?;
+        println!();
+        print!("{table}");
+        if let Some(dir) = &plan.common.out {
+            let stem = plan.common.name.as_deref().unwrap_or(plan.name);
+            let path = dir.join(format!("{stem}-ablation.md"));
+            std::fs::write(&path, &table).map_err(|e| {
+                ReplayError::Report(format!("cannot write {}: {e}", path.display()))
+            })?;
+            println!("wrote {}", path.display());
+        }
+        if bench {
+            print_bench(plan, &timings, total, threads);
+        }
+        return Ok(());
+    }
     if bench {
         print_bench(plan, &timings, total, threads);
         if plan.common.out.is_some() {

@@ -257,6 +257,7 @@ fn config(args: &SweepArgs) -> Result<SweepConfig, ReplayError> {
             disagg: None,
             token_gaps: false,
             retention: None,
+            session_scheduling: false,
         },
         tie: args.tie,
     };

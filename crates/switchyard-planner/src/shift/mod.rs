@@ -186,6 +186,7 @@ pub fn run(settings: &ShiftSettings, sizing: Sizing) -> Result<Outcome, ReplayEr
         disagg: Some(disagg),
         token_gaps: false,
         retention: None,
+        session_scheduling: false,
     })?;
     let arrivals = workload::arrivals(settings);
     let phases: Vec<usize> = arrivals.iter().map(|a| a.phase).collect();

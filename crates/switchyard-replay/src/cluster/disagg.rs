@@ -265,6 +265,7 @@ impl Cluster {
         if !fits || self.workers[p].sim.add_request(prefill).is_err() {
             self.release(&prefill_booking);
             self.release(&decode_booking);
+            self.session_ended(spec.id);
             progress.inc(1);
             workload.on_finished(spec.id, false, self.now, out);
             return Ok(());
@@ -432,6 +433,7 @@ impl Cluster {
         if ok {
             self.finished.push(slot);
         }
+        self.session_ended(request);
         progress.inc(1);
         workload.on_finished(request, ok, self.now, out);
     }

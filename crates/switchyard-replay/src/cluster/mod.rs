@@ -26,6 +26,7 @@ mod control;
 mod disagg;
 mod floor;
 mod peer;
+mod sessions;
 mod steps;
 
 use switchyard_core::{
@@ -42,6 +43,7 @@ use crate::metrics::RequestRecord;
 use crate::workload::{Micros, Outbox, RequestSpec, Workload};
 pub use control::{Control, Controller};
 pub use disagg::{DisaggConfig, DisaggMode, DisaggStats, WorkerStats};
+pub use sessions::{Offer, SessionScheduler, SessionStats};
 
 /// Shape of the simulated cluster.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +66,10 @@ pub struct ClusterConfig {
     /// Retention hints from each session's think times, as the gateway sets them (aggregated
     /// requests with a session); `None`: no hints.
     pub retention: Option<RetentionConfig>,
+    /// Sessions scheduled as programs ([`SessionScheduler`]): a turn whose session's working
+    /// set does not fit beside the resident sessions' waits at its tool-call boundary, up to
+    /// its aging bound; off: every turn is routed when it arrives.
+    pub session_scheduling: bool,
 }
 
 impl Default for ClusterConfig {
@@ -80,6 +86,7 @@ impl Default for ClusterConfig {
             disagg: None,
             token_gaps: false,
             retention: None,
+            session_scheduling: false,
         }
     }
 }
@@ -96,6 +103,9 @@ impl ClusterConfig {
         }
         if self.policy_config.kv.peer_link.is_some() {
             label.push_str("+placement");
+        }
+        if self.session_scheduling {
+            label.push_str("+sessions");
         }
         label
     }
@@ -119,6 +129,8 @@ pub struct ClusterRun {
     pub token_gaps: Vec<TokenGap>,
     /// Per record, in `records`' order: its TTFT floor (`floor`), in microseconds.
     pub ttft_floor_us: Vec<Micros>,
+    /// What session scheduling did (all 0 without it).
+    pub sessions: SessionStats,
 }
 
 /// One gap between two consecutive tokens of a request.
@@ -141,6 +153,8 @@ enum Event {
     Tick,
     /// A prefix copied from a peer lands; its request is admitted ([`peer`]).
     PeerLanded(Box<peer::PeerCopy>),
+    /// A held turn's aging bound ([`sessions`]).
+    Release(u64),
 }
 
 #[derive(Debug)]
@@ -214,6 +228,12 @@ pub struct Cluster {
     sessions: HashMap<u64, String>,
     /// Request id → (worker, hold) of a copied prefix, until the request's first token.
     peer_holds: HashMap<u64, (usize, u64)>,
+    /// Session scheduling, when on.
+    scheduler: Option<SessionScheduler>,
+    /// Turns the scheduler holds, by request id, with when they arrived.
+    held: HashMap<u64, (RequestSpec, Micros)>,
+    /// Session of each routed request while it runs (session scheduling).
+    turn_sessions: HashMap<u64, String>,
     ttft_floor: floor::TtftFloor,
     steps: u64,
     kv_events: u64,
@@ -286,7 +306,13 @@ impl Cluster {
                 "at least one worker must decode (role both or decode)".into(),
             ));
         }
+        let scheduler = config
+            .session_scheduling
+            .then(|| SessionScheduler::new(config.workers, &config.sim));
         Ok(Self {
+            scheduler,
+            held: HashMap::default(),
+            turn_sessions: HashMap::default(),
             core,
             bookings: HashMap::default(),
             finished: Vec::new(),
@@ -319,12 +345,51 @@ impl Cluster {
         });
     }
 
-    fn flush(&mut self, out: &mut Outbox) {
-        let sends: Vec<_> = out.drain().collect();
-        for (at, spec) in sends {
-            let at = at.max(self.now);
-            self.schedule(at, Event::Arrival(Box::new(spec)));
+    fn flush(
+        &mut self,
+        out: &mut Outbox,
+        workload: &mut dyn Workload,
+        progress: &ProgressBar,
+    ) -> Result<(), ReplayError> {
+        loop {
+            let sends: Vec<_> = out.drain().collect();
+            for (at, spec) in sends {
+                let at = at.max(self.now);
+                self.schedule(at, Event::Arrival(Box::new(spec)));
+            }
+            let ended: Vec<String> = out.drain_ended().collect();
+            if ended.is_empty() {
+                return Ok(());
+            }
+            let Some(scheduler) = self.scheduler.as_mut() else {
+                continue;
+            };
+            let mut admitted = Vec::new();
+            for session in ended {
+                admitted.extend(scheduler.session_ended(&session, self.now));
+            }
+            for id in admitted {
+                self.release_held(id, workload, out, progress)?;
+            }
         }
+    }
+
+    /// A held turn goes on: routed and served as if it arrived now, its TTFT counted from
+    /// when it did arrive.
+    fn release_held(
+        &mut self,
+        id: u64,
+        workload: &mut dyn Workload,
+        out: &mut Outbox,
+        progress: &ProgressBar,
+    ) -> Result<(), ReplayError> {
+        let Some((spec, arrived)) = self.held.remove(&id) else {
+            return Ok(());
+        };
+        let tokens = spec.prompt.tokens_with_room(spec.max_tokens as usize);
+        let request =
+            serve::route_request(&tokens, self.block_size, spec.session.clone(), self.now);
+        self.serve_turn(spec, tokens, request, arrived, workload, out, progress)
     }
 
     /// Runs `workload` to completion.
@@ -355,7 +420,7 @@ impl Cluster {
     ) -> Result<ClusterRun, ReplayError> {
         let mut out = Outbox::default();
         workload.start(&mut out);
-        self.flush(&mut out);
+        self.flush(&mut out, workload, progress)?;
         if controller.is_some() {
             self.schedule(0, Event::Tick);
         }
@@ -368,6 +433,18 @@ impl Cluster {
                 Event::Import(request, blocks) => self.import(request, &blocks),
                 Event::Emit(request) => self.emit(request, workload, &mut out, progress),
                 Event::PeerLanded(copy) => self.peer_landed(*copy, workload, &mut out, progress),
+                Event::Release(id) => {
+                    let admitted = match self.scheduler.as_mut() {
+                        Some(scheduler) => {
+                            let (held, behind) = scheduler.expire(id, self.now);
+                            held.then_some(id).into_iter().chain(behind).collect()
+                        }
+                        None => Vec::new(),
+                    };
+                    for id in admitted {
+                        self.release_held(id, workload, &mut out, progress)?;
+                    }
+                }
                 Event::Tick => {
                     if let Some(controller) = controller.as_deref_mut() {
                         let next = controller.tick(self.now, &mut Control { cluster: &mut self });
@@ -378,7 +455,7 @@ impl Cluster {
                 }
             }
             self.settle_moves();
-            self.flush(&mut out);
+            self.flush(&mut out, workload, progress)?;
         }
         let mut records = self.records;
         records.sort_by_key(|r| r.id);
@@ -392,6 +469,7 @@ impl Cluster {
             disagg: self.flows.stats,
             token_gaps: self.token_gaps,
             ttft_floor_us,
+            sessions: self.scheduler.map(|s| s.stats()).unwrap_or_default(),
         })
     }
 
@@ -441,6 +519,41 @@ impl Cluster {
             tokens.len() as u64,
             &self.config.sim,
         );
+        if let (Some(scheduler), Some(session), Some(&context)) = (
+            self.scheduler.as_mut(),
+            &spec.session,
+            request.block_hashes.first(),
+        ) {
+            let blocks = tokens.len().div_ceil(self.block_size.as_usize()) as u64;
+            let offer = scheduler.offer(spec.id, session, context, blocks, self.now);
+            let ready = scheduler.take_ready();
+            for id in ready {
+                self.release_held(id, workload, out, progress)?;
+            }
+            if let Offer::Hold { until } = offer {
+                let id = spec.id;
+                self.held.insert(id, (spec, self.now));
+                self.schedule(until, Event::Release(id));
+                return Ok(());
+            }
+        }
+        let arrived = self.now;
+        self.serve_turn(spec, tokens, request, arrived, workload, out, progress)
+    }
+
+    /// Routes and serves `spec` (its prompt `tokens`, hashed in `request`), which arrived at
+    /// `arrived` (earlier than now when it was held).
+    #[allow(clippy::too_many_arguments)]
+    fn serve_turn(
+        &mut self,
+        spec: RequestSpec,
+        tokens: Vec<TokenId>,
+        request: switchyard_router::RouteRequest,
+        arrived: Micros,
+        workload: &mut dyn Workload,
+        out: &mut Outbox,
+        progress: &ProgressBar,
+    ) -> Result<(), ReplayError> {
         self.refresh_loads();
         let settings = self.serve_settings();
         // The serving core's one decision, exactly as the gateway takes it (tested against the
@@ -485,16 +598,22 @@ impl Cluster {
                 let p = self.worker_index(&prefill_decision.worker)?;
                 self.workers[d].booked += 1;
                 self.workers[p].booked += 1;
-                return self.start_disaggregated(
+                self.turn_routed(&spec, &request.block_hashes, tokens.len(), d);
+                let id = spec.id;
+                self.start_disaggregated(
                     spec, tokens, d, p, decode, prefill, workload, out, progress,
-                );
+                )?;
+                if let Some(record) = self.records.last_mut().filter(|r| r.id == id) {
+                    record.arrival = arrived;
+                }
+                return Ok(());
             }
             Served::Refused { .. } => {
                 // `enforce` without a prefill worker: refused, as the gateway refuses it (503).
                 self.records.push(RequestRecord {
                     id: spec.id,
                     worker: 0,
-                    arrival: self.now,
+                    arrival: arrived,
                     first_token: None,
                     finished: None,
                     prompt_tokens,
@@ -509,6 +628,7 @@ impl Cluster {
             }
         };
         self.workers[w].booked += 1;
+        self.turn_routed(&spec, &request.block_hashes, tokens.len(), w);
         let retention = match (&mut self.think_times, &spec.session) {
             (Some(think_times), Some(session)) => {
                 self.sessions.insert(spec.id, session.clone());
@@ -526,7 +646,7 @@ impl Cluster {
         self.records.push(RequestRecord {
             id: spec.id,
             worker: w as u32,
-            arrival: self.now,
+            arrival: arrived,
             first_token: None,
             finished: None,
             prompt_tokens,
@@ -575,12 +695,29 @@ impl Cluster {
         }
     }
 
-    /// A request that carried a retention hint ended: its session's pause starts now.
+    /// Session scheduling learns where a turn of `spec`'s session runs (worker `w`).
+    fn turn_routed(&mut self, spec: &RequestSpec, hashes: &[BlockHash], tokens: usize, w: usize) {
+        if let (Some(scheduler), Some(session), Some(&context)) =
+            (self.scheduler.as_mut(), &spec.session, hashes.first())
+        {
+            let blocks = tokens.div_ceil(self.block_size.as_usize()) as u64;
+            scheduler.routed(session, context, blocks, w);
+            self.turn_sessions.insert(spec.id, session.clone());
+        }
+    }
+
+    /// Request `id` ended (done or failed): a session that carried a retention hint starts
+    /// its pause, and session scheduling sees the session between turns.
     fn session_ended(&mut self, id: u64) {
         if let (Some(think_times), Some(session)) =
             (&mut self.think_times, self.sessions.remove(&id))
         {
             think_times.finished(&session, self.now);
+        }
+        if let (Some(scheduler), Some(session)) =
+            (self.scheduler.as_mut(), self.turn_sessions.remove(&id))
+        {
+            scheduler.turn_ended(&session, self.now);
         }
     }
 }

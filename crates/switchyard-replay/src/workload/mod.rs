@@ -27,10 +27,12 @@ pub struct RequestSpec {
     pub session: Option<String>,
 }
 
-/// Requests a workload asks the driver to send, each at a time not before now.
+/// Requests a workload asks the driver to send, each at a time not before now, and the
+/// sessions it has finished with (no turn of theirs will come again).
 #[derive(Debug, Default)]
 pub struct Outbox {
     sends: Vec<(Micros, RequestSpec)>,
+    ended: Vec<String>,
 }
 
 impl Outbox {
@@ -45,6 +47,16 @@ impl Outbox {
 
     pub fn is_empty(&self) -> bool {
         self.sends.is_empty()
+    }
+
+    /// Session `session` (as in [`RequestSpec::session`]) sends nothing more.
+    pub fn end_session(&mut self, session: String) {
+        self.ended.push(session);
+    }
+
+    /// Takes the sessions ended since the last call, in the order they ended.
+    pub fn drain_ended(&mut self) -> std::vec::Drain<'_, String> {
+        self.ended.drain(..)
     }
 }
 

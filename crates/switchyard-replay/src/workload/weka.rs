@@ -469,6 +469,10 @@ impl WekaWorkload {
         });
         if done {
             self.completed += 1;
+            if let Some(run) = self.lanes[lane].as_ref() {
+                let trace = &self.traces[run.trace];
+                out.end_session(format!("{}#{}", trace.id, run.draw));
+            }
             self.draw(lane, now, out);
         }
     }

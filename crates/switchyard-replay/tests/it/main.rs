@@ -14,11 +14,17 @@ mod disagg;
 #[path = "../golden.rs"]
 mod golden;
 
+#[path = "../knobs.rs"]
+mod knobs;
+
 #[path = "../placement.rs"]
 mod placement;
 
 #[path = "../retention.rs"]
 mod retention;
+
+#[path = "../sessions.rs"]
+mod sessions;
 
 #[path = "../sweep.rs"]
 mod sweep;

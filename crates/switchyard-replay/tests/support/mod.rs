@@ -59,3 +59,26 @@ pub fn weka_sessions(
     )
     .expect("a valid closed-loop configuration")
 }
+
+/// Four short whole sessions of `dev_b_120` (among its first 40; the sweep's golden slice),
+/// replayed closed loop at `concurrency` with think times × `time_scale`.
+pub fn dev_b_short(concurrency: usize, time_scale: f64) -> WekaWorkload {
+    let path = shared("agentx/weka_kv_cache_tester/dev_b_120.jsonl.gz");
+    let mut traces = weka::load(&path, Some(40)).expect("the shared corpus loads");
+    let ids = ["trace_0248", "trace_0251", "trace_0265", "trace_0288"];
+    traces.retain(|t| ids.contains(&t.id.as_str()));
+    assert_eq!(
+        traces.len(),
+        ids.len(),
+        "every named session is in the slice"
+    );
+    WekaWorkload::new(
+        traces,
+        WekaConfig {
+            concurrency,
+            time_scale,
+            ..WekaConfig::default()
+        },
+    )
+    .expect("a valid closed-loop configuration")
+}
