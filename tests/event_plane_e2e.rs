@@ -8,6 +8,8 @@
 //!   after the traffic catches up from the stream without asking any worker for a snapshot.
 //! - A history trimmed by the stream's byte bound, then purged: gateways started afterwards
 //!   take a snapshot over gRPC (counted by the worker) and end equal to the worker all the same.
+//! - An event larger than the server's `max_payload` is left out of the plane (counted); the
+//!   gateway finds the gap and takes a snapshot over gRPC, and ends equal to the worker.
 //! - `switchyard up --event-plane embedded` starts its own nats-server and runs on it.
 //! - `event_plane_cost` (ignored; run by hand, `docs/scaling.md`): CPU per KV event of the
 //!   workers, gateways and nats-server, direct streams against the plane, at 1 and 3 gateways.
@@ -180,6 +182,74 @@ async fn three_gateways_read_each_event_once_from_the_plane_and_a_late_one_catch
             "{id}: only the plane publisher subscribed"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_larger_than_the_plane_takes_is_left_out_and_its_readers_take_a_snapshot() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    // A NATS that takes messages of at most 4 KiB: an 8-block prompt's stored event fits (≈ 0.5
+    // KiB), a 200-block prompt's (≈ 10 KiB of block hashes and token ids) does not.
+    let nats = NatsServer::start_with(ServerAuth::Open, Some(4096)).expect("nats-server");
+    let cluster = format!("plane-big-{}", std::process::id());
+    let url = nats.url();
+    let plane = [
+        "--event-plane",
+        url.as_str(),
+        "--event-plane-storage",
+        "memory",
+        "--event-plane-digest-interval-ms",
+        "300",
+    ];
+    let (_w, worker_api) = worker(&endpoint, &cluster, "w-big", &plane).await;
+    let (_g, gateway_api) = gateway(&endpoint, &cluster, &plane).await;
+    assert!(gateway_api.lists_workers(1).await);
+    let snapshots = || async {
+        worker_api
+            .metric("switchyard_worker_kv_event_subscriptions{start=\"snapshot\"}")
+            .await
+    };
+    for seed in 0..4 {
+        complete(&gateway_api, 300 + seed, 8).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            matches_worker(&gateway_api, "w-big", &worker_api, 0).await
+        })
+        .await,
+        "{}",
+        worker_view(&gateway_api, "w-big").await
+    );
+    assert_eq!(snapshots().await, 1.0, "only the publisher's own so far");
+    let oversized = "switchyard_worker_event_plane_oversized_messages";
+    assert_eq!(worker_api.metric(oversized).await, 0.0);
+
+    // The long prompt's stored event is left out of the plane (the publisher does not retry a
+    // message the server can never take); the events after it show the gateway a gap, and it
+    // takes the worker's snapshot over gRPC.
+    complete(&gateway_api, 400, 200).await;
+    for seed in 0..3 {
+        complete(&gateway_api, 500 + seed, 8).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            worker_api.metric(oversized).await >= 1.0
+                && snapshots().await == 2.0
+                && matches_worker(&gateway_api, "w-big", &worker_api, 0).await
+        })
+        .await,
+        "{} after {} snapshots, {} left out",
+        worker_view(&gateway_api, "w-big").await,
+        snapshots().await,
+        worker_api.metric(oversized).await
+    );
+    // The small events still go through the plane.
+    assert!(
+        worker_api
+            .metric("switchyard_worker_kv_events_sent{sink=\"plane\"}")
+            .await
+            > 0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

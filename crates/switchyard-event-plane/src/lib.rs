@@ -170,6 +170,11 @@ impl EventPlane {
         Ok(())
     }
 
+    /// The largest message the server takes, in bytes (its `max_payload`, 1 MiB by default).
+    pub fn max_payload(&self) -> usize {
+        self.jetstream.client().max_payload()
+    }
+
     /// The subject `worker`'s KV events of `model` go to.
     pub fn subject(&self, model: &str, worker: &str) -> String {
         subject(&self.cluster, model, worker)

@@ -43,6 +43,8 @@ pub enum ServerAuth {
 pub struct NatsServer {
     port: u16,
     auth: ServerAuth,
+    /// The largest message it takes, when not the server's default (1 MiB).
+    max_payload: Option<u32>,
     store: PathBuf,
     child: Option<Child>,
 }
@@ -69,11 +71,18 @@ impl NatsServer {
     /// Starts a server on a free loopback port (retried on another port if the one picked is
     /// taken before the server binds it) and waits until it greets a client.
     pub fn start(auth: ServerAuth) -> Result<Self, ServerError> {
+        Self::start_with(auth, None)
+    }
+
+    /// [`Self::start`] with a `max_payload` of its own (bytes), from a configuration file in
+    /// its store directory: what a deployment's NATS may set lower or higher than the default.
+    pub fn start_with(auth: ServerAuth, max_payload: Option<u32>) -> Result<Self, ServerError> {
         let mut last = None;
         for _ in 0..3 {
             let mut server = Self {
                 port: free_port(),
                 auth: auth.clone(),
+                max_payload,
                 store: std::env::temp_dir().join(format!(
                     "switchyard-nats-{}-{}",
                     std::process::id(),
@@ -120,6 +129,13 @@ impl NatsServer {
             .arg(self.port.to_string())
             .arg("--store_dir")
             .arg(&self.store);
+        if let Some(bytes) = self.max_payload {
+            std::fs::create_dir_all(&self.store).map_err(ServerError::Spawn)?;
+            let config = self.store.join("limits.conf");
+            std::fs::write(&config, format!("max_payload: {bytes}\n"))
+                .map_err(ServerError::Spawn)?;
+            command.arg("--config").arg(config);
+        }
         match &self.auth {
             ServerAuth::Open => {}
             ServerAuth::User { user, password } => {

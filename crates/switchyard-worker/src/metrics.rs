@@ -153,6 +153,7 @@ pub struct WorkerMetrics {
     priorities: Family<HintLabels, Counter>,
     kv_events_sent: Family<SinkLabels, Counter>,
     plane_publish_failures: Counter,
+    plane_oversized: Counter,
 }
 
 /// Where KV events went.
@@ -210,6 +211,7 @@ impl WorkerMetrics {
             priorities: Family::default(),
             kv_events_sent: Family::default(),
             plane_publish_failures: Counter::default(),
+            plane_oversized: Counter::default(),
         };
         // Series that exist from the start, at 0, so `rate()` and alerts see them before the
         // first occurrence.
@@ -335,6 +337,11 @@ impl WorkerMetrics {
             "Publishes to the event plane that failed (retried; the plane's readers resynchronise if history was lost)",
             m.plane_publish_failures.clone(),
         );
+        r.register(
+            "event_plane_oversized_messages",
+            "KV events and snapshots larger than the event plane takes (its max_payload), left out of the plane: its readers find the gap and take the worker's snapshot over gRPC",
+            m.plane_oversized.clone(),
+        );
         r.register_collector(Box::new(scrape::ScrapeCollector::new(engine, state)));
         Self { registry, ..m }
     }
@@ -346,6 +353,11 @@ impl WorkerMetrics {
                 sink: sink.as_str(),
             })
             .inc_by(events);
+    }
+
+    /// Counts `n` messages left out of the event plane for their size.
+    pub fn plane_oversized(&self, n: u64) {
+        self.plane_oversized.inc_by(n);
     }
 
     /// Counts a failed publish to the event plane.

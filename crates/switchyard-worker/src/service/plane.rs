@@ -7,10 +7,17 @@
 //! channel may overflow, and the state then resumes from the log (a replay, or a snapshot when
 //! the log no longer holds the missed events), so what reaches the plane is always a sequence
 //! the gateways' ingest rules accept, at worst with a snapshot in it.
+//!
+//! A message larger than the server takes (`max_payload`, 1 MiB unless its configuration says
+//! otherwise: a snapshot of a large cache, a batch of long prompts' events) is split ([`fit`]):
+//! a batch into smaller batches, in order; what cannot fit alone (one huge event, a snapshot)
+//! is left out and counted. Its readers then find a gap in the sequence and take the worker's
+//! snapshot over gRPC, which has no such bound.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use prost::Message;
 use switchyard_core::BlockSize;
 use switchyard_event_plane::EventPlane;
 use switchyard_proto::v1::{self, kv_events_response::Payload};
@@ -24,6 +31,33 @@ use crate::metrics::{EventSink, WorkerMetrics};
 const MAX_BATCH_EVENTS: usize = 64;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Bytes left for what a message's encoding adds around its payload and envelope fields.
+const ENVELOPE_SLACK: usize = 16;
+
+/// Puts `payload` into `out` as messages whose payload encodes in at most `room` bytes: as it
+/// is when it fits, a batch split in halves (its events stay in order) until each part fits.
+/// An event, a snapshot or a digest that does not fit alone is left out. Returns how many
+/// messages were left out (each event counts as one).
+pub fn fit(payload: Payload, room: usize, out: &mut Vec<Payload>) -> u64 {
+    if payload.encoded_len() <= room {
+        out.push(payload);
+        return 0;
+    }
+    match payload {
+        Payload::Batch(mut batch) if batch.events.len() > 1 => {
+            let second = batch.events.split_off(batch.events.len() / 2);
+            fit(Payload::Batch(batch), room, out)
+                + fit(
+                    Payload::Batch(v1::KvEventBatch { events: second }),
+                    room,
+                    out,
+                )
+        }
+        Payload::Batch(batch) => batch.events.len() as u64,
+        Payload::Event(_) | Payload::Snapshot(_) | Payload::Digest(_) => 1,
+    }
+}
 
 /// How many KV events a message carries (a snapshot or a digest carries none).
 pub fn events_in(payload: &Payload) -> u64 {
@@ -60,37 +94,68 @@ impl Publisher {
                 payload = state.next_payload() => payload,
             };
             let Some(payload) = payload else { return };
-            let events = events_in(&payload);
-            let message = v1::KvEventsResponse {
+            let envelope = v1::KvEventsResponse {
                 worker_id: worker.clone(),
                 incarnation,
-                payload: Some(payload),
+                payload: None,
             };
-            let mut backoff = BACKOFF_MIN;
-            loop {
-                match self.plane.publish(&subject, &message).await {
-                    Ok(()) => {
-                        if failing {
-                            tracing::info!(worker = %worker, %subject, "publishing kv events to the event plane again");
-                            failing = false;
-                        }
-                        self.metrics.kv_events_sent(EventSink::Plane, events);
-                        break;
+            let room = self
+                .plane
+                .max_payload()
+                .saturating_sub(envelope.encoded_len() + ENVELOPE_SLACK);
+            let mut parts = Vec::new();
+            let left = fit(payload, room, &mut parts);
+            if left > 0 {
+                self.metrics.plane_oversized(left);
+                tracing::warn!(worker = %worker, left, max_payload = self.plane.max_payload(), "kv events larger than the event plane takes were left out of it; its readers take a snapshot over gRPC");
+            }
+            for payload in parts {
+                let message = v1::KvEventsResponse {
+                    payload: Some(payload),
+                    ..envelope.clone()
+                };
+                if !self.publish(&subject, &message, &stop, &mut failing).await {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Publishes `message`, retrying with backoff until it is stored; false when `stop` came
+    /// first.
+    async fn publish(
+        &self,
+        subject: &str,
+        message: &v1::KvEventsResponse,
+        stop: &CancellationToken,
+        failing: &mut bool,
+    ) -> bool {
+        let worker = &message.worker_id;
+        let events = message.payload.as_ref().map_or(0, events_in);
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            match self.plane.publish(subject, message).await {
+                Ok(()) => {
+                    if *failing {
+                        tracing::info!(worker = %worker, %subject, "publishing kv events to the event plane again");
+                        *failing = false;
                     }
-                    Err(error) => {
-                        self.metrics.plane_publish_failed();
-                        if failing {
-                            tracing::debug!(worker = %worker, %error, "event plane publish failed; retrying");
-                        } else {
-                            tracing::warn!(worker = %worker, %error, "event plane publish failed; retrying");
-                            failing = true;
-                        }
-                        tokio::select! {
-                            () = stop.cancelled() => return,
-                            () = tokio::time::sleep(backoff) => {}
-                        }
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                    self.metrics.kv_events_sent(EventSink::Plane, events);
+                    return true;
+                }
+                Err(error) => {
+                    self.metrics.plane_publish_failed();
+                    if *failing {
+                        tracing::debug!(worker = %worker, %error, "event plane publish failed; retrying");
+                    } else {
+                        tracing::warn!(worker = %worker, %error, "event plane publish failed; retrying");
+                        *failing = true;
                     }
+                    tokio::select! {
+                        () = stop.cancelled() => return false,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
         }
@@ -168,4 +233,82 @@ pub async fn connect_and_publish(
     }
     .run(stop)
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An event removing `blocks` blocks (its encoding grows with them).
+    fn event(seq: u64, blocks: u64) -> v1::KvEvent {
+        v1::KvEvent {
+            seq,
+            kind: Some(v1::kv_event::Kind::Removed(v1::Removed {
+                blocks: (1..=blocks).map(|h| h << 40).collect(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn batch(events: Vec<v1::KvEvent>) -> Payload {
+        Payload::Batch(v1::KvEventBatch { events })
+    }
+
+    fn seqs(parts: &[Payload]) -> Vec<Vec<u64>> {
+        parts
+            .iter()
+            .map(|p| match p {
+                Payload::Batch(b) => b.events.iter().map(|e| e.seq).collect(),
+                Payload::Event(e) => vec![e.seq],
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn what_fits_goes_whole() {
+        let whole = batch((0..8).map(|s| event(s, 4)).collect());
+        let mut out = Vec::new();
+        assert_eq!(fit(whole.clone(), whole.encoded_len(), &mut out), 0);
+        assert_eq!(out, vec![whole]);
+    }
+
+    #[test]
+    fn a_batch_too_large_is_split_in_order_into_parts_that_fit() {
+        let whole = batch((0..8).map(|s| event(s, 100)).collect());
+        let room = whole.encoded_len() / 3;
+        let mut out = Vec::new();
+        assert_eq!(fit(whole, room, &mut out), 0);
+        assert!(out.len() >= 3, "{}", out.len());
+        assert!(out.iter().all(|p| p.encoded_len() <= room));
+        let order: Vec<u64> = seqs(&out).into_iter().flatten().collect();
+        assert_eq!(order, (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn what_cannot_fit_alone_is_left_out_and_counted() {
+        // The fourth event alone is larger than the room: it is left out, the others go in order,
+        // so the readers see a gap at 3 and take a snapshot over gRPC.
+        let events: Vec<_> = (0..6)
+            .map(|s| event(s, if s == 3 { 5_000 } else { 10 }))
+            .collect();
+        let room = Payload::Event(event(0, 1_000)).encoded_len();
+        let mut out = Vec::new();
+        assert_eq!(fit(batch(events), room, &mut out), 1);
+        let order: Vec<u64> = seqs(&out).into_iter().flatten().collect();
+        assert_eq!(order, vec![0, 1, 2, 4, 5]);
+        // A snapshot larger than the room is left out whole.
+        let snapshot = Payload::Snapshot(v1::Snapshot {
+            next_seq: 9,
+            blocks: (0..10_000)
+                .map(|h| v1::SnapshotBlock {
+                    hash: h << 30,
+                    ..Default::default()
+                })
+                .collect(),
+        });
+        let mut out = Vec::new();
+        assert_eq!(fit(snapshot, room, &mut out), 1);
+        assert!(out.is_empty());
+    }
 }
