@@ -9,7 +9,8 @@
 //! - A history trimmed by the stream's byte bound, then purged: gateways started afterwards
 //!   take a snapshot over gRPC (counted by the worker) and end equal to the worker all the same.
 //! - An event larger than the server's `max_payload` is left out of the plane (counted); the
-//!   gateway finds the gap and takes a snapshot over gRPC, and ends equal to the worker.
+//!   worker's next digest shows the gateway the gap, it takes a snapshot over gRPC and ends
+//!   equal to the worker.
 //! - `switchyard up --event-plane embedded` starts its own nats-server and runs on it.
 //! - `event_plane_cost` (ignored; run by hand, `docs/scaling.md`): CPU per KV event of the
 //!   workers, gateways and nats-server, direct streams against the plane, at 1 and 3 gateways.
@@ -225,12 +226,9 @@ async fn an_event_larger_than_the_plane_takes_is_left_out_and_its_readers_take_a
     assert_eq!(worker_api.metric(oversized).await, 0.0);
 
     // The long prompt's stored event is left out of the plane (the publisher does not retry a
-    // message the server can never take); the events after it show the gateway a gap, and it
-    // takes the worker's snapshot over gRPC.
+    // message the server can never take). No event follows it yet: the worker's next digest,
+    // past the gateway's position, shows the gap, and the gateway takes a snapshot over gRPC.
     complete(&gateway_api, 400, 200).await;
-    for seed in 0..3 {
-        complete(&gateway_api, 500 + seed, 8).await;
-    }
     assert!(
         eventually(Duration::from_secs(30), || async {
             worker_api.metric(oversized).await >= 1.0
@@ -243,7 +241,20 @@ async fn an_event_larger_than_the_plane_takes_is_left_out_and_its_readers_take_a
         snapshots().await,
         worker_api.metric(oversized).await
     );
-    // The small events still go through the plane.
+    // Later events go through the plane, on top of the snapshot.
+    for seed in 0..3 {
+        complete(&gateway_api, 500 + seed, 8).await;
+    }
+    let after = digest_checks(&gateway_api, "w-big").await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            matches_worker(&gateway_api, "w-big", &worker_api, after).await
+        })
+        .await,
+        "{}",
+        worker_view(&gateway_api, "w-big").await
+    );
+    assert_eq!(snapshots().await, 2.0, "no further snapshot was needed");
     assert!(
         worker_api
             .metric("switchyard_worker_kv_events_sent{sink=\"plane\"}")

@@ -126,7 +126,7 @@ pub(super) async fn follow_plane(
                 continue;
             }
             if behind_a_digest(&cursor, &message) {
-                // The history kept only the worker's digests: it is past where the index is.
+                // The worker is past where the index is, and the plane holds no way there.
                 snapshot(&pool, &worker, &routes, &mut cursor).await;
                 continue;
             }
@@ -157,13 +157,17 @@ fn wanted(incarnation: u64, cursor: &Cursor, message: &v1::KvEventsResponse) -> 
     }
 }
 
-/// Whether `message` is a digest showing the worker past sequence 0 of an incarnation the
-/// cursor has not followed yet: the history no longer holds how the worker got there.
+/// Whether `message` is a digest showing the worker past where the cursor stands: past
+/// sequence 0 of an incarnation the cursor has not followed yet (the history no longer holds
+/// how the worker got there), or, in the incarnation it follows, past its next sequence number
+/// (a digest goes out in order after every event before it, so events are missing: one left
+/// out of the plane for its size, with no event after it yet to show the gap).
 fn behind_a_digest(cursor: &Cursor, message: &v1::KvEventsResponse) -> bool {
     match &message.payload {
-        Some(Payload::Digest(digest)) => {
-            cursor.incarnation != message.incarnation && digest.next_seq > 0
+        Some(Payload::Digest(digest)) if cursor.incarnation != message.incarnation => {
+            digest.next_seq > 0
         }
+        Some(Payload::Digest(digest)) => cursor.next_seq.is_some_and(|next| digest.next_seq > next),
         _ => false,
     }
 }
@@ -288,8 +292,13 @@ mod tests {
             incarnation: 7,
             next_seq: Some(5),
         };
-        // Followed: the digest check (`audit::kv`) compares it with the index instead.
-        assert!(!behind_a_digest(&following, &message(7, digest(9))));
+        // Followed and at the digest's point: the digest check (`kv_checks`) compares it with
+        // the index instead.
+        assert!(!behind_a_digest(&following, &message(7, digest(5))));
+        // Followed, but the worker is past the cursor: events went missing.
+        assert!(behind_a_digest(&following, &message(7, digest(9))));
+        // Behind the cursor (not possible in order; a stale digest): nothing to do.
+        assert!(!behind_a_digest(&following, &message(7, digest(3))));
         assert!(!behind_a_digest(
             &fresh,
             &message(7, Payload::Event(v1::KvEvent { seq: 3, kind: None }))
