@@ -81,6 +81,15 @@ async fn matches_worker(gateway: &Api, id: &str, worker: &Api, after: u64) -> bo
         && truth > 0.0
 }
 
+/// Whether the gateway's index comes to match worker `id`'s own view within 30 s (see
+/// [`matches_worker`]).
+async fn comes_to_match(gateway: &Api, id: &str, worker: &Api, after: u64) -> bool {
+    eventually(Duration::from_secs(30), || async {
+        matches_worker(gateway, id, worker, after).await
+    })
+    .await
+}
+
 async fn digest_checks(gateway: &Api, id: &str) -> u64 {
     worker_view(gateway, id).await["kv"]["digest"]["checks"]
         .as_u64()
@@ -134,10 +143,7 @@ async fn three_gateways_read_each_event_once_from_the_plane_and_a_late_one_catch
     for (g, (_, api)) in gateways.iter().enumerate() {
         for (id, (_, worker_api)) in ids.iter().zip(&workers) {
             let after = digest_checks(api, id).await;
-            let equal = eventually(Duration::from_secs(30), || async {
-                matches_worker(api, id, worker_api, after).await
-            })
-            .await;
+            let equal = comes_to_match(api, id, worker_api, after).await;
             assert!(
                 equal,
                 "gateway {g}'s index of {id}: {} (the worker holds {} blocks)",
@@ -214,10 +220,7 @@ async fn an_event_larger_than_the_plane_takes_is_left_out_and_its_readers_take_a
         complete(&gateway_api, 300 + seed, 8).await;
     }
     assert!(
-        eventually(Duration::from_secs(30), || async {
-            matches_worker(&gateway_api, "w-big", &worker_api, 0).await
-        })
-        .await,
+        comes_to_match(&gateway_api, "w-big", &worker_api, 0).await,
         "{}",
         worker_view(&gateway_api, "w-big").await
     );
@@ -247,10 +250,7 @@ async fn an_event_larger_than_the_plane_takes_is_left_out_and_its_readers_take_a
     }
     let after = digest_checks(&gateway_api, "w-big").await;
     assert!(
-        eventually(Duration::from_secs(30), || async {
-            matches_worker(&gateway_api, "w-big", &worker_api, after).await
-        })
-        .await,
+        comes_to_match(&gateway_api, "w-big", &worker_api, after).await,
         "{}",
         worker_view(&gateway_api, "w-big").await
     );
@@ -339,10 +339,7 @@ async fn a_trimmed_history_sends_late_gateways_to_a_grpc_snapshot() {
     for (g, api) in [&first, &late, &latest].into_iter().enumerate() {
         let after = digest_checks(api, "w-t").await;
         assert!(
-            eventually(Duration::from_secs(30), || async {
-                matches_worker(api, "w-t", &worker_api, after).await
-            })
-            .await,
+            comes_to_match(api, "w-t", &worker_api, after).await,
             "gateway {g}: {}",
             worker_view(api, "w-t").await
         );
