@@ -27,7 +27,10 @@ use switchyard_epp::pick::{PickInput, pick};
 use switchyard_gateway::GatewayConfig;
 use switchyard_gateway::access::admission::Admission;
 use switchyard_gateway::api::http::AppState;
+use switchyard_gateway::cluster::pool::follow::FollowContext;
+use switchyard_gateway::cluster::pool::followers::Followers;
 use switchyard_gateway::cluster::pool::{Delivery, WorkerPool};
+use switchyard_gateway::observe::Observers;
 use switchyard_gateway::observe::metrics::Metrics;
 use switchyard_gateway::serving::preprocess::Tokenizers;
 use switchyard_router::{PolicyConfig, PolicyKind};
@@ -111,22 +114,21 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
     let config = GatewayConfig::default();
     let metrics = Arc::new(Metrics::new());
     let pool = Arc::new(
-        WorkerPool::new(
-            PolicyKind::Kv,
-            PolicyConfig::default(),
-            1024,
-            1000,
-            Arc::clone(&metrics),
-        )
-        .unwrap()
-        .with_delivery(Delivery::EngineHttp),
+        WorkerPool::new(PolicyKind::Kv, PolicyConfig::default())
+            .unwrap()
+            .with_delivery(Delivery::EngineHttp),
+    );
+    let observers = Observers::in_memory(1024, metrics, pool.epoch());
+    let followers = Followers::new(
+        Arc::clone(&pool),
+        Arc::new(FollowContext::new(&observers, 1000)),
     );
     let block_size = BlockSize::new(BLOCK_SIZE).unwrap();
     let ids: Vec<WorkerId> = (0..workers)
         .map(|i| WorkerId::new(format!("vllm-{i}")).unwrap())
         .collect();
     for (i, id) in ids.iter().enumerate() {
-        pool.upsert_worker(WorkerInfo {
+        followers.upsert_worker(WorkerInfo {
             id: id.clone(),
             address: "127.0.0.1:9".into(),
             model: MODEL.into(),
@@ -178,9 +180,11 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
         quota: Default::default(),
         config,
         pool,
+        tasks: followers.context().tasks.clone(),
+        followers: Arc::new(followers),
+        observers: Arc::new(observers),
         transport: Arc::new(switchyard_gateway::serving::transport::GrpcTransport),
         tokenizers,
-        metrics,
         extensions: Default::default(),
         retention: switchyard_gateway::serving::retention::SessionRetention::new(
             &Default::default(),

@@ -94,7 +94,7 @@ pub async fn run(
 
 /// Serves the picker over a gateway state already started with
 /// [`Delivery::EngineHttp`] (what [`run`] does after starting it), until `shutdown` is
-/// cancelled; the state's pool is shut down at the end.
+/// cancelled; the state's followers (and the gateway's tasks) are shut down at the end.
 pub async fn serve(
     state: Arc<AppState>,
     epp: EppConfig,
@@ -132,8 +132,8 @@ pub async fn serve(
         .limits(switchyard_gateway::api::http::server::connection_cap(
             state.config.http.max_connections,
         ));
-    let pool = Arc::clone(&state.pool);
-    let metrics = Arc::clone(&state.metrics);
+    let followers = Arc::clone(&state.followers);
+    let metrics = Arc::clone(&state.observers.metrics);
     let tls = state.access.tls.clone();
     let admin = switchyard_gateway::api::http::operations_router(state);
     let http_task = tokio::spawn(switchyard_gateway::api::http::server::serve(
@@ -166,7 +166,7 @@ pub async fn serve(
     tasks.close();
     tasks.wait().await;
     let _ = http_task.await;
-    pool.shutdown().await;
+    followers.shutdown().await;
     served?;
     Ok(())
 }

@@ -120,7 +120,7 @@ pub async fn pick(
     // body, priority included, goes to the engine as the client sent it.
     let admitted = state
         .admission
-        .admit(flow, None, None, &state.metrics)
+        .admit(flow, None, None, &state.observers.metrics)
         .await?;
     let tokens = match asked.prompt {
         None => Vec::new(),
@@ -163,6 +163,7 @@ pub async fn pick(
     });
     let routed = routing::route_within(
         &state.pool,
+        &state.observers,
         &routes,
         routing::DecodeAsk {
             note: note.as_deref(),
@@ -358,10 +359,10 @@ async fn tokenize(
     match prompt {
         PromptText::Tokens(tokens) => Ok(tokens),
         PromptText::Text(text) => {
-            preprocess::encode_text(&state.metrics, tokenizer, text, sessions, max).await
+            preprocess::encode_text(&state.observers.metrics, tokenizer, text, sessions, max).await
         }
         PromptText::Chat(chat) => {
-            preprocess::encode_chat(&state.metrics, tokenizer, chat, sessions, max).await
+            preprocess::encode_chat(&state.observers.metrics, tokenizer, chat, sessions, max).await
         }
     }
 }

@@ -334,7 +334,7 @@ async fn every_body_mode_routes_a_prefix_to_its_holder_with_fallbacks() {
     // The decisions are in the admin API's log, under the proxy's request ids.
     let logged: Vec<String> = picker
         .state
-        .pool
+        .observers
         .decisions
         .entries()
         .iter()
@@ -390,7 +390,7 @@ async fn a_salted_prompt_goes_to_the_holder_of_its_salted_blocks() {
     // nothing of the prompt under another salt.
     let predicted: Vec<u64> = picker
         .state
-        .pool
+        .observers
         .decisions
         .entries()
         .iter()

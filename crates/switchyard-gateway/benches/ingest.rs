@@ -33,9 +33,9 @@ use prost::Message;
 use switchyard_core::{
     BlockHash, BlockSize, KvEvent, StorageTier, StoredBlock, WorkerId, block_hashes,
 };
+use switchyard_gateway::cluster::pool::ModelRoutes;
 use switchyard_gateway::cluster::pool::ingest::{Cursor, ingest};
 use switchyard_gateway::cluster::pool::subscriber;
-use switchyard_gateway::cluster::pool::{ModelRoutes, WorkerPool};
 use switchyard_proto::convert::kv_event_to_wire;
 use switchyard_proto::v1::worker_client::WorkerClient;
 use switchyard_proto::v1::worker_server::{Worker, WorkerServer};
@@ -155,19 +155,13 @@ fn started_index(ids: &[WorkerId]) -> (PrefixIndex, Vec<Cursor>) {
 }
 
 /// A fresh pool whose subscriber step has taken every worker's starting snapshot.
-fn started_pool(
-    workers: usize,
-) -> (
-    Arc<WorkerPool>,
-    Arc<ModelRoutes>,
-    Vec<WorkerId>,
-    Vec<Cursor>,
-) {
+fn started_pool(workers: usize) -> (support::Pool, Arc<ModelRoutes>, Vec<WorkerId>, Vec<Cursor>) {
     let (pool, routes, ids) = support::empty_pool(workers);
     let mut cursors = vec![Cursor::default(); workers];
     for (w, start) in starts(workers).into_iter().enumerate() {
         assert!(subscriber::apply(
             &pool,
+            pool.followers.context(),
             &routes,
             &ids[w],
             &mut cursors[w],
@@ -247,6 +241,7 @@ fn through_subscriber(workers: usize, wire: &[Vec<u8>], events: usize) -> Durati
         let w = worker_of(&message);
         assert!(subscriber::apply(
             &pool,
+            pool.followers.context(),
             &routes,
             &ids[w],
             &mut cursors[w],
@@ -254,7 +249,10 @@ fn through_subscriber(workers: usize, wire: &[Vec<u8>], events: usize) -> Durati
         ));
     }
     let took = t.elapsed();
-    assert_eq!(pool.metrics.kv_events_applied.get(), events as u64);
+    assert_eq!(
+        pool.observers.metrics.kv_events_applied.get(),
+        events as u64
+    );
     took
 }
 
@@ -289,6 +287,7 @@ async fn through_grpc(
         let w = worker_of(&message);
         assert!(subscriber::apply(
             &pool,
+            pool.followers.context(),
             &routes,
             &ids[w],
             &mut cursors[w],
@@ -296,7 +295,10 @@ async fn through_grpc(
         ));
     }
     let took = t.elapsed();
-    assert_eq!(pool.metrics.kv_events_applied.get(), events as u64);
+    assert_eq!(
+        pool.observers.metrics.kv_events_applied.get(),
+        events as u64
+    );
     server.abort();
     took
 }

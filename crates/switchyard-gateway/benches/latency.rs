@@ -117,6 +117,7 @@ fn main() {
                     std::sync::Arc::new(switchyard_gateway::observe::audit::RequestTags::new("b"));
                 let routed = routing::route(
                     &pool,
+                    &pool.observers,
                     &routes,
                     routing::DecodeAsk::first(
                         black_box(&request),

@@ -50,6 +50,7 @@ fn routing_overhead(c: &mut Criterion) {
                         );
                         routing::route(
                             &pool,
+                            &pool.observers,
                             &routes,
                             routing::DecodeAsk::first(&request, 4, DecodeFilter::default(), &tags),
                         )

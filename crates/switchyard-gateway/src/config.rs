@@ -415,7 +415,9 @@ impl GatewayConfig {
     pub fn unresponsive_after(&self) -> Duration {
         match self.unresponsive_after_ms {
             Some(ms) => Duration::from_millis(ms),
-            None => crate::cluster::pool::default_unresponsive_after(self.load_interval_ms()),
+            None => {
+                crate::cluster::pool::follow::default_unresponsive_after(self.load_interval_ms())
+            }
         }
     }
 

@@ -42,7 +42,11 @@ use crate::serving::retention;
 use crate::access::admission::Admission;
 use crate::api::http::AppState;
 use crate::cluster::pool::WorkerPool;
+use crate::cluster::pool::follow::FollowContext;
+use crate::cluster::pool::followers::Followers;
+use crate::observe::Observers;
 use crate::observe::metrics::Metrics;
+use crate::observe::recorder::Recorder;
 use crate::serving::preprocess::Tokenizers;
 
 /// Runs the gateway until `shutdown` is cancelled. `on_ready` gets the bound address once the
@@ -89,8 +93,8 @@ pub async fn run_with(
     let limits = state.config.http.limits(http::server::connection_cap(
         state.config.http.max_connections,
     ));
-    let metrics = Arc::clone(&state.metrics);
-    let pool = Arc::clone(&state.pool);
+    let metrics = Arc::clone(&state.observers.metrics);
+    let followers = Arc::clone(&state.followers);
     let tls = state.access.tls.clone();
     let fleet = join_fleet(&state, local_addr, &shutdown).await?;
     let app = http::router(state, fleet);
@@ -102,7 +106,7 @@ pub async fn run_with(
     );
     on_ready(local_addr);
     http::server::serve(listener, app, limits, tls, metrics, shutdown).await;
-    pool.shutdown().await;
+    followers.shutdown().await;
     Ok(())
 }
 
@@ -148,9 +152,9 @@ async fn join_fleet(
         replicas,
         secret,
         &config.cluster,
-        Arc::clone(&state.metrics),
+        Arc::clone(&state.observers.metrics),
         config.max_body_bytes,
-        &state.pool.tasks,
+        &state.tasks,
         shutdown.clone(),
     )
     .await?;
@@ -160,7 +164,7 @@ async fn join_fleet(
 /// The gateway's state, up and following the registry: tokenizers loaded, the worker pool
 /// (routing for `delivery`) holding the registered workers, admission set up. None when
 /// `shutdown` came first. The endpoint picker (`switchyard epp`) starts the same state and
-/// answers a proxy instead of clients; [`pool::WorkerPool::shutdown`] ends it.
+/// answers a proxy instead of clients; [`pool::followers::Followers::shutdown`] ends it.
 pub async fn start(
     config: GatewayConfig,
     discovery: Arc<dyn Discovery>,
@@ -204,30 +208,36 @@ pub async fn start(
     let decisions = audit::DecisionLog::new(config.decision_log_size, disk)
         .counting_outcomes(metrics.audit.decision_outcomes.clone());
     let pool = Arc::new(
-        WorkerPool::new(
-            config.policy,
-            config.policy_settings.clone(),
-            config.decision_log_size,
-            config.load_interval_ms(),
-            Arc::clone(&metrics),
-        )
-        .map_err(|e| GatewayError::Routing(e.to_string()))?
+        WorkerPool::new(config.policy, config.policy_settings.clone())
+            .map_err(|e| GatewayError::Routing(e.to_string()))?
+            .with_delivery(delivery),
+    );
+    let observers = Arc::new(Observers::new(
+        Arc::clone(&metrics),
+        decisions,
+        Recorder::new(pool.epoch()),
+        config.audit.clone(),
+    ));
+    let context = FollowContext::new(&observers, config.load_interval_ms())
         .with_unresponsive_after(config.unresponsive_after())
         .with_load_push(config.load_push_min_ms)
         .with_subscribe_concurrency(config.subscribe_concurrency)
-        .with_audit(config.audit.clone(), decisions)
-        .with_dialer(security.dialer)
-        .with_delivery(delivery)
-        .with_event_plane(config.event_plane.enabled().then(|| {
-            Arc::new(pool::plane::PlaneHandle::new(
-                config.event_plane.clone(),
-                &config.cluster,
-                &format!("switchyard-gateway {}", config.listen),
-            ))
-        })),
+        .with_dialer(security.dialer);
+    // The followers' token and tracker are the gateway's: its other tasks stop and are
+    // waited for with them.
+    let (cancel, tasks) = (context.cancel.clone(), context.tasks.clone());
+    let followers = Arc::new(
+        Followers::new(Arc::clone(&pool), Arc::new(context)).with_event_plane(
+            config.event_plane.enabled().then(|| {
+                Arc::new(pool::plane::PlaneHandle::new(
+                    config.event_plane.clone(),
+                    &config.cluster,
+                    &format!("switchyard-gateway {}", config.listen),
+                ))
+            }),
+        ),
     );
-    pool.tasks
-        .spawn(pool::kv_checks::watch_silence(Arc::clone(&pool)));
+    followers.watch_kv_silence();
     // Know the registered workers before announcing readiness, so the first request finds them.
     // etcd may have gone away since the connection was made: wait for it, as at start.
     let watch = switchyard_registry::retry::until_available("watch the workers", shutdown, || {
@@ -236,15 +246,18 @@ pub async fn start(
     .await
     .map_err(|e| GatewayError::Registry(e.to_string()))?;
     let Some(mut watch) = watch else {
-        pool.shutdown().await;
+        followers.shutdown().await;
         return Ok(None);
     };
     // Applied here, not in the task, so the workers are in the pool when the ready line goes out.
-    apply_initial(&pool, &mut watch);
-    pool.tasks
-        .spawn(follow_registry(Arc::clone(&pool), discovery, Some(watch)));
-    pool.tasks
-        .spawn(Arc::clone(&quota).renew_leases(pool.cancel.clone()));
+    apply_initial(&followers, &mut watch);
+    tasks.spawn(follow_registry(
+        Arc::clone(&followers),
+        discovery,
+        Some(watch),
+        cancel.clone(),
+    ));
+    tasks.spawn(Arc::clone(&quota).renew_leases(cancel));
     let retention =
         retention::SessionRetention::new(&config.retention).map_err(GatewayError::Routing)?;
     let cluster_secret = match &config.security.cluster_secret_file {
@@ -272,9 +285,11 @@ pub async fn start(
         .with_client_limit(config.max_requests_per_client),
         config,
         pool,
+        followers,
+        observers,
+        tasks,
         transport: Arc::new(serving::transport::GrpcTransport),
         tokenizers,
-        metrics,
         extensions,
         access,
     })))
@@ -283,18 +298,19 @@ pub async fn start(
 /// Mirrors the discovered workers (etcd's registry, Kubernetes' pods) into the pool for as long as the gateway runs, starting from `first`
 /// (a watch already opened) and watching again whenever a watch ends or cannot be opened.
 async fn follow_registry(
-    pool: Arc<WorkerPool>,
+    followers: Arc<Followers>,
     discovery: Arc<dyn Discovery>,
     mut applied: Option<WorkerWatch>,
+    cancel: CancellationToken,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let watch = match applied.take() {
             Some(watch) => Ok(watch),
             None => tokio::select! {
-                _ = pool.cancel.cancelled() => return,
+                _ = cancel.cancelled() => return,
                 watch = discovery.discover() => watch.map(|mut watch| {
-                    apply_initial(&pool, &mut watch);
+                    apply_initial(&followers, &mut watch);
                     watch
                 }),
             },
@@ -302,7 +318,7 @@ async fn follow_registry(
         match watch {
             Ok(watch) => {
                 backoff = Duration::from_millis(100);
-                if follow_changes(&pool, watch).await.is_break() {
+                if follow_changes(&followers, watch, &cancel).await.is_break() {
                     return;
                 }
                 tracing::warn!("worker watch ended; discovering the workers again");
@@ -315,32 +331,36 @@ async fn follow_registry(
 }
 
 /// Applies a watch's initial list to the pool, dropping workers that left meanwhile.
-fn apply_initial(pool: &Arc<WorkerPool>, watch: &mut WorkerWatch) {
+fn apply_initial(followers: &Followers, watch: &mut WorkerWatch) {
     let known: Vec<_> = watch.initial.iter().map(|w| w.id.clone()).collect();
     for info in std::mem::take(&mut watch.initial) {
-        pool.upsert_worker(info);
+        followers.upsert_worker(info);
     }
-    for worker in pool.workers() {
+    for worker in followers.pool().workers() {
         let id = worker.id();
         if !known.contains(&id) {
-            pool.remove_worker(&id);
+            followers.remove_worker(&id);
         }
     }
 }
 
 /// Applies a watch's changes (its initial list already applied) until it ends (`Continue`) or
 /// the gateway stops (`Break`).
-async fn follow_changes(pool: &Arc<WorkerPool>, mut watch: WorkerWatch) -> ControlFlow<()> {
+async fn follow_changes(
+    followers: &Followers,
+    mut watch: WorkerWatch,
+    cancel: &CancellationToken,
+) -> ControlFlow<()> {
     loop {
         let change = tokio::select! {
-            _ = pool.cancel.cancelled() => return ControlFlow::Break(()),
+            _ = cancel.cancelled() => return ControlFlow::Break(()),
             change = watch.next() => change,
         };
         match change {
             Some(WorkerChange::Added(info)) | Some(WorkerChange::Updated(info)) => {
-                pool.upsert_worker(info);
+                followers.upsert_worker(info);
             }
-            Some(WorkerChange::Removed(id)) => pool.remove_worker(&id),
+            Some(WorkerChange::Removed(id)) => followers.remove_worker(&id),
             None => return ControlFlow::Continue(()),
         }
     }

@@ -28,7 +28,10 @@ use switchyard_core::{
     BlockSize, EngineKind, KvEvent, LoadStats, Role, StorageTier, StoredBlock, TokenId, WorkerId,
     WorkerInfo, block_hashes,
 };
+use switchyard_gateway::cluster::pool::follow::FollowContext;
+use switchyard_gateway::cluster::pool::followers::Followers;
 use switchyard_gateway::cluster::pool::{ModelRoutes, WorkerHandle, WorkerPool};
+use switchyard_gateway::observe::Observers;
 use switchyard_gateway::observe::metrics::Metrics;
 use switchyard_gateway::serving::disagg::{DisaggSettings, KvTransfer};
 use switchyard_gateway::serving::dispatch::{self, DispatchEvent, GenerateJob};
@@ -240,20 +243,20 @@ struct Case {
 
 async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let transport = Arc::new(InProcess::default());
-    let pool = Arc::new(
-        WorkerPool::new(
-            case.policy,
-            PolicyConfig::default(),
-            100_000,
-            100,
-            Arc::new(Metrics::new()),
-        )
-        .unwrap(),
+    let pool = Arc::new(WorkerPool::new(case.policy, PolicyConfig::default()).unwrap());
+    let observers = Arc::new(Observers::in_memory(
+        100_000,
+        Arc::new(Metrics::new()),
+        pool.epoch(),
+    ));
+    let followers = Followers::new(
+        Arc::clone(&pool),
+        Arc::new(FollowContext::new(&observers, 100)),
     );
     let calls: Arc<dyn WorkerTransport> = Arc::clone(&transport) as Arc<dyn WorkerTransport>;
     let infos = workers(case.sglang_prefill);
     for w in &infos {
-        pool.upsert_worker(w.clone());
+        followers.upsert_worker(w.clone());
     }
     let routes: Arc<ModelRoutes> = pool.model("m").unwrap();
     let settings = ServeSettings {
@@ -326,7 +329,8 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     priority: None,
                 };
                 let now = pool.now_tick();
-                let events = dispatch::start(&pool, &calls, job);
+                let events =
+                    dispatch::start(&pool, &observers, &calls, &followers.context().tasks, job);
                 settle().await;
                 let facts: Vec<WorkerFacts<'_>> = infos
                     .iter()
@@ -475,7 +479,7 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
         }
         settle().await;
-        let live_log: Vec<(Stage, Decision)> = pool
+        let live_log: Vec<(Stage, Decision)> = observers
             .decisions
             .entries()
             .iter()
@@ -486,7 +490,7 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
         prop_assert_eq!(live_bookings, core.load.bookings(), "bookings diverged");
     }
     drop(live);
-    pool.shutdown().await;
+    followers.shutdown().await;
     Ok(())
 }
 

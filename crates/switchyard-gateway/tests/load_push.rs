@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use switchyard_core::{WorkerId, WorkerInfo};
+use switchyard_gateway::cluster::pool::follow::FollowContext;
+use switchyard_gateway::cluster::pool::followers::Followers;
 use switchyard_gateway::cluster::pool::{ModelRoutes, WorkerPool};
+use switchyard_gateway::observe::Observers;
 use switchyard_gateway::observe::metrics::Metrics;
 use switchyard_proto::v1::worker_client::WorkerClient;
 use switchyard_proto::v1::{GenerateRequest, SamplingParams};
@@ -62,19 +65,17 @@ async fn until_view(
 async fn a_load_change_is_pushed_well_before_the_interval() {
     let stop = CancellationToken::new();
     let info = start_worker(&stop).await;
-    let pool = Arc::new(
-        WorkerPool::new(
-            PolicyKind::Kv,
-            PolicyConfig::default(),
-            8,
-            LOAD_INTERVAL_MS,
-            Arc::new(Metrics::new()),
-        )
-        .unwrap()
-        .with_unresponsive_after(Duration::from_secs(600))
-        .with_load_push(5),
+    let pool = Arc::new(WorkerPool::new(PolicyKind::Kv, PolicyConfig::default()).unwrap());
+    let observers = Observers::in_memory(8, Arc::new(Metrics::new()), pool.epoch());
+    let followers = Followers::new(
+        Arc::clone(&pool),
+        Arc::new(
+            FollowContext::new(&observers, LOAD_INTERVAL_MS)
+                .with_unresponsive_after(Duration::from_secs(600))
+                .with_load_push(5),
+        ),
     );
-    pool.upsert_worker(info.clone());
+    followers.upsert_worker(info.clone());
     let routes = pool.model(&info.model).expect("the worker's model");
     // The stream's first report goes out at once; it shows an idle worker.
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -109,9 +110,9 @@ async fn a_load_change_is_pushed_well_before_the_interval() {
     drop(tokens);
     until_view(&routes, &info.id, "a request ended", |running| running == 0).await;
     // The first report and at least one push for each change are counted.
-    assert!(pool.metrics.load_reports.get() >= 3);
+    assert!(observers.metrics.load_reports.get() >= 3);
 
-    pool.shutdown().await;
+    followers.shutdown().await;
     stop.cancel();
 }
 
@@ -126,28 +127,26 @@ async fn an_idle_worker_sends_only_its_heartbeat_and_stays_in_routing() {
     let info = start_worker(&stop).await;
     let config = switchyard_gateway::config::GatewayConfig::default();
     let interval = Duration::from_millis(u64::from(config.load_interval_ms()));
-    let pool = Arc::new(
-        WorkerPool::new(
-            PolicyKind::Kv,
-            PolicyConfig::default(),
-            8,
-            config.load_interval_ms(),
-            Arc::new(Metrics::new()),
-        )
-        .unwrap()
-        .with_unresponsive_after(config.unresponsive_after())
-        .with_load_push(config.load_push_min_ms),
+    let pool = Arc::new(WorkerPool::new(PolicyKind::Kv, PolicyConfig::default()).unwrap());
+    let observers = Observers::in_memory(8, Arc::new(Metrics::new()), pool.epoch());
+    let followers = Followers::new(
+        Arc::clone(&pool),
+        Arc::new(
+            FollowContext::new(&observers, config.load_interval_ms())
+                .with_unresponsive_after(config.unresponsive_after())
+                .with_load_push(config.load_push_min_ms),
+        ),
     );
-    pool.upsert_worker(info.clone());
+    followers.upsert_worker(info.clone());
     let deadline = tokio::time::Instant::now() + WAIT;
-    while pool.metrics.load_reports.get() == 0 {
+    while observers.metrics.load_reports.get() == 0 {
         assert!(tokio::time::Instant::now() < deadline, "no first report");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let before = pool.metrics.load_reports.get();
+    let before = observers.metrics.load_reports.get();
     let started = tokio::time::Instant::now();
     tokio::time::sleep(config.unresponsive_after() + interval).await;
-    let reports = pool.metrics.load_reports.get() - before;
+    let reports = observers.metrics.load_reports.get() - before;
     let elapsed = started.elapsed();
     // One report per interval elapsed, plus one for a heartbeat already due at the start: a
     // slow machine only lowers the count (late heartbeats), so the bound cannot fail by load.
@@ -161,6 +160,6 @@ async fn an_idle_worker_sends_only_its_heartbeat_and_stays_in_routing() {
         worker.health.is_answering(),
         "an idle worker fell out of routing between heartbeats"
     );
-    pool.shutdown().await;
+    followers.shutdown().await;
     stop.cancel();
 }

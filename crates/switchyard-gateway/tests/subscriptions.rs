@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use switchyard_core::WorkerInfo;
 use switchyard_gateway::cluster::pool::WorkerPool;
+use switchyard_gateway::cluster::pool::follow::FollowContext;
+use switchyard_gateway::cluster::pool::followers::Followers;
+use switchyard_gateway::observe::Observers;
 use switchyard_gateway::observe::metrics::Metrics;
 use switchyard_router::{PolicyConfig, PolicyKind};
 use switchyard_worker::WorkerConfig;
@@ -26,26 +29,25 @@ async fn start_worker(stop: &CancellationToken, id: &str) -> WorkerInfo {
     support::start_worker(config, stop).await
 }
 
-fn pool(concurrency: usize, unresponsive_after: Duration) -> Arc<WorkerPool> {
-    Arc::new(
-        WorkerPool::new(
-            PolicyKind::Kv,
-            PolicyConfig::default(),
-            8,
-            100,
-            Arc::new(Metrics::new()),
-        )
-        .unwrap()
-        .with_unresponsive_after(unresponsive_after)
-        .with_subscribe_concurrency(concurrency),
+/// A pool's followers, opening at most `concurrency` worker streams at once.
+fn followers(concurrency: usize, unresponsive_after: Duration) -> Followers {
+    let pool = Arc::new(WorkerPool::new(PolicyKind::Kv, PolicyConfig::default()).unwrap());
+    let observers = Observers::in_memory(8, Arc::new(Metrics::new()), pool.epoch());
+    Followers::new(
+        pool,
+        Arc::new(
+            FollowContext::new(&observers, 100)
+                .with_unresponsive_after(unresponsive_after)
+                .with_subscribe_concurrency(concurrency),
+        ),
     )
 }
 
 /// Waits until `count` workers are subscribed; panics after [`WAIT`].
-async fn until_subscribed(pool: &WorkerPool, count: usize) {
+async fn until_subscribed(followers: &Followers, count: usize) {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let progress = pool.subscription_progress();
+        let progress = followers.subscription_progress();
         if progress.subscribed >= count {
             return;
         }
@@ -64,12 +66,12 @@ async fn every_worker_is_subscribed_with_at_most_the_bound_of_opens_in_flight() 
     for i in 0..12 {
         infos.push(start_worker(&stop, &format!("w{i}")).await);
     }
-    let pool = pool(3, Duration::from_secs(600));
+    let followers = followers(3, Duration::from_secs(600));
     for info in &infos {
-        pool.upsert_worker(info.clone());
+        followers.upsert_worker(info.clone());
     }
-    until_subscribed(&pool, infos.len()).await;
-    let progress = pool.subscription_progress();
+    until_subscribed(&followers, infos.len()).await;
+    let progress = followers.subscription_progress();
     assert_eq!(progress.workers, 12);
     assert_eq!(progress.concurrency, 3);
     // 24 streams wanted at once: the bound held, and it was in use.
@@ -78,9 +80,9 @@ async fn every_worker_is_subscribed_with_at_most_the_bound_of_opens_in_flight() 
         "opens in flight at once: {progress:?}"
     );
     assert_eq!(progress.opening, 0, "every open is done: {progress:?}");
-    assert_eq!(pool.metrics.workers_subscribed.get(), 12);
+    assert_eq!(followers.context().metrics.workers_subscribed.get(), 12);
     for info in &infos {
-        let routes = pool.model(&info.model).unwrap();
+        let routes = followers.pool().model(&info.model).unwrap();
         assert!(
             routes.lock().serving.index.worker_key(&info.id).is_some(),
             "{} snapshot in the index",
@@ -88,10 +90,10 @@ async fn every_worker_is_subscribed_with_at_most_the_bound_of_opens_in_flight() 
         );
     }
     // A worker that leaves no longer counts.
-    pool.remove_worker(&infos[0].id);
-    let progress = pool.subscription_progress();
+    followers.remove_worker(&infos[0].id);
+    let progress = followers.subscription_progress();
     assert_eq!((progress.workers, progress.subscribed), (11, 11));
-    pool.shutdown().await;
+    followers.shutdown().await;
     stop.cancel();
 }
 
@@ -111,21 +113,29 @@ async fn a_frozen_worker_holds_its_permit_for_a_bounded_time_only() {
     };
     // One permit, the frozen worker first: the live one is followed once the frozen one's
     // window (its `unresponsive_after`) has passed, not never.
-    let pool = pool(1, Duration::from_millis(300));
-    pool.upsert_worker(frozen.clone());
-    pool.upsert_worker(live.clone());
-    until_subscribed(&pool, 1).await;
-    assert!(pool.worker(&live.id).unwrap().subscription.is_subscribed());
+    let followers = followers(1, Duration::from_millis(300));
+    followers.upsert_worker(frozen.clone());
+    followers.upsert_worker(live.clone());
+    until_subscribed(&followers, 1).await;
     assert!(
-        !pool
+        followers
+            .pool()
+            .worker(&live.id)
+            .unwrap()
+            .subscription
+            .is_subscribed()
+    );
+    assert!(
+        !followers
+            .pool()
             .worker(&frozen.id)
             .unwrap()
             .subscription
             .is_subscribed()
     );
-    let progress = pool.subscription_progress();
+    let progress = followers.subscription_progress();
     assert_eq!((progress.workers, progress.subscribed), (2, 1));
     assert!(progress.peak_opening <= 1, "{progress:?}");
-    pool.shutdown().await;
+    followers.shutdown().await;
     stop.cancel();
 }

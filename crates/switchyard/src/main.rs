@@ -393,7 +393,13 @@ async fn run_gateway(config: GatewayConfig) -> anyhow::Result<()> {
     } else {
         None
     };
-    let discovery = switchyard_gateway::cluster::discovery::build(&config, registry).await?;
+    let discovery = switchyard_gateway::cluster::discovery::build(
+        &config.discovery,
+        &config.security,
+        &config.cluster,
+        registry,
+    )
+    .await?;
     switchyard_gateway::run_with(config, discovery, shutdown, extensions, |addr| {
         let ready = serde_json::json!({
             "event": "ready",
@@ -423,7 +429,13 @@ async fn run_epp(gateway: GatewayConfig, epp: switchyard_epp::EppConfig) -> anyh
     } else {
         None
     };
-    let discovery = switchyard_gateway::cluster::discovery::build(&gateway, registry).await?;
+    let discovery = switchyard_gateway::cluster::discovery::build(
+        &gateway.discovery,
+        &gateway.security,
+        &gateway.cluster,
+        registry,
+    )
+    .await?;
     switchyard_epp::run(gateway, epp, discovery, shutdown, |listening| {
         let ready = serde_json::json!({
             "event": "ready",

@@ -8,7 +8,10 @@ use switchyard_core::{
     BlockHash, BlockSize, EngineKind, Role, SnapshotBlock, StorageTier, TokenId, WorkerId,
     WorkerInfo, block_hashes,
 };
+use switchyard_gateway::cluster::pool::follow::FollowContext;
+use switchyard_gateway::cluster::pool::followers::Followers;
 use switchyard_gateway::cluster::pool::{ModelRoutes, WorkerPool};
+use switchyard_gateway::observe::Observers;
 use switchyard_gateway::observe::metrics::Metrics;
 use switchyard_router::{PolicyConfig, PolicyKind};
 
@@ -36,26 +39,36 @@ pub fn prompt_tokens(len: usize, seed: u64) -> Vec<TokenId> {
         .collect()
 }
 
+/// A bench's pool, with its observers and followers; it reads like the pool (it derefs to it).
+pub struct Pool {
+    pub pool: Arc<WorkerPool>,
+    pub observers: Observers,
+    pub followers: Followers,
+}
+
+impl std::ops::Deref for Pool {
+    type Target = Arc<WorkerPool>;
+    fn deref(&self) -> &Arc<WorkerPool> {
+        &self.pool
+    }
+}
+
 /// A pool with `workers` workers of one model and an empty index, without a network: it must
 /// be built inside an entered tokio runtime that is never driven, so the per-worker subscriber
 /// tasks never run and the index holds exactly what the bench puts there. Workers are `sim-0`…
-pub fn empty_pool(workers: usize) -> (Arc<WorkerPool>, Arc<ModelRoutes>, Vec<WorkerId>) {
+pub fn empty_pool(workers: usize) -> (Pool, Arc<ModelRoutes>, Vec<WorkerId>) {
     let block_size = BlockSize::new(BLOCK_SIZE).unwrap();
-    let pool = Arc::new(
-        WorkerPool::new(
-            PolicyKind::Kv,
-            PolicyConfig::default(),
-            1024,
-            1000,
-            Arc::new(Metrics::new()),
-        )
-        .unwrap(),
+    let pool = Arc::new(WorkerPool::new(PolicyKind::Kv, PolicyConfig::default()).unwrap());
+    let observers = Observers::in_memory(1024, Arc::new(Metrics::new()), pool.epoch());
+    let followers = Followers::new(
+        Arc::clone(&pool),
+        Arc::new(FollowContext::new(&observers, 1000)),
     );
     let ids: Vec<WorkerId> = (0..workers)
         .map(|i| WorkerId::new(format!("sim-{i}")).unwrap())
         .collect();
     for id in &ids {
-        pool.upsert_worker(WorkerInfo {
+        followers.upsert_worker(WorkerInfo {
             id: id.clone(),
             // Never dialled: the runtime that would run the subscribers is not driven.
             address: "127.0.0.1:9".to_owned(),
@@ -72,13 +85,18 @@ pub fn empty_pool(workers: usize) -> (Arc<WorkerPool>, Arc<ModelRoutes>, Vec<Wor
         });
     }
     let routes = pool.model(MODEL).unwrap();
+    let pool = Pool {
+        pool,
+        observers,
+        followers,
+    };
     (pool, routes, ids)
 }
 
 /// [`empty_pool`] whose index holds ~`INDEX_BLOCKS` blocks: half the workers hold prefixes of
 /// `prompt` (one of them all of it); every worker holds filler blocks up to `INDEX_BLOCKS` in
 /// total.
-pub fn pool(workers: usize, prompt: &[TokenId]) -> (Arc<WorkerPool>, Arc<ModelRoutes>) {
+pub fn pool(workers: usize, prompt: &[TokenId]) -> (Pool, Arc<ModelRoutes>) {
     let block_size = BlockSize::new(BLOCK_SIZE).unwrap();
     let (pool, routes, ids) = empty_pool(workers);
     let hashes = block_hashes(prompt, block_size);

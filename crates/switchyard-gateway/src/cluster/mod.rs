@@ -2,7 +2,8 @@
 //!
 //! [`discovery`] follows the registered workers (etcd, Kubernetes, or both); [`pool`] holds
 //! them, their gRPC clients, and each model's routing state, fed by each worker's KV events
-//! and load reports ([`pool::subscriber`], applied through the pure [`pool::ingest`]);
+//! and load reports ([`pool::subscriber`], applied through the pure [`pool::ingest`]) by the
+//! follower tasks [`pool::followers`] starts with their own context ([`pool::follow`]);
 //! [`health`] says whether a worker answers whatever its lease says; [`fleet`] is the other
 //! gateway replicas (shared sessions, forwarded turns).
 

@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use switchyard_core::{BlockSize, EngineKind, KvIdentity, Role, WorkerId, WorkerInfo};
 use switchyard_router::serve::{DecodeFilter, ServeSettings};
-use switchyard_router::{PolicyConfig, PolicyKind};
 use tokio::time::Instant;
 use tracing::Span;
 
-use crate::cluster::pool::{ModelRoutes, WorkerPool};
+use crate::cluster::pool::ModelRoutes;
+use crate::cluster::pool::test_pool::TestPool;
 use crate::error::ApiError;
-use crate::observe::metrics::Metrics;
 use crate::serving::disagg::{self, DisaggSettings, Disaggregation};
 use crate::serving::dispatch::{self, DispatchEvent, GenerateJob};
 use crate::serving::routing::{self, needs_prefill};
@@ -38,20 +37,8 @@ fn info(id: &str, role: Role, engine: EngineKind) -> WorkerInfo {
     }
 }
 
-fn pool(workers: &[WorkerInfo]) -> (Arc<WorkerPool>, Arc<ModelRoutes>) {
-    let pool = Arc::new(
-        WorkerPool::new(
-            PolicyKind::Kv,
-            PolicyConfig::default(),
-            64,
-            100,
-            Arc::new(Metrics::new()),
-        )
-        .unwrap(),
-    );
-    for w in workers {
-        pool.upsert_worker(w.clone());
-    }
+fn pool(workers: &[WorkerInfo]) -> (TestPool, Arc<ModelRoutes>) {
+    let pool = TestPool::new(64, workers);
     let routes = pool.model("m").unwrap();
     (pool, routes)
 }
@@ -136,6 +123,7 @@ async fn failing_prefill_workers_end_in_a_reroute_not_an_aggregated_request() {
     }
     // The decode decision and the prefill decision of each try are logged with their ends.
     let log: Vec<(String, crate::observe::audit::OutcomeStatus)> = p
+        .observers
         .decisions
         .entries()
         .iter()
@@ -213,10 +201,16 @@ fn job(routes: &Arc<ModelRoutes>, mode: Disaggregation) -> GenerateJob {
     }
 }
 
-async fn failure(pool: &Arc<WorkerPool>, job: GenerateJob) -> ApiError {
+async fn failure(pool: &TestPool, job: GenerateJob) -> ApiError {
     let transport: Arc<dyn crate::serving::transport::WorkerTransport> =
         Arc::new(crate::serving::transport::GrpcTransport);
-    let mut events = dispatch::start(pool, &transport, job);
+    let mut events = dispatch::start(
+        &pool.pool,
+        &pool.observers,
+        &transport,
+        &pool.followers.context().tasks,
+        job,
+    );
     loop {
         match events.recv().await.expect("an outcome") {
             DispatchEvent::Failed(err) => return err,
@@ -251,6 +245,7 @@ async fn without_a_prefill_or_an_aggregated_worker_the_request_fails_with_a_reas
     // The decision log shows the decode worker was chosen under `auto` and then rerouted; no
     // route ever went to it with disaggregation off.
     let log: Vec<String> = p
+        .observers
         .decisions
         .entries()
         .iter()
@@ -281,6 +276,7 @@ async fn a_rerouted_request_lands_on_an_aggregated_worker_with_the_reason_logged
     // the decision log is what this checks.
     let _ = failure(&p, job(&r, Disaggregation::Auto)).await;
     let log: Vec<(String, Option<String>)> = p
+        .observers
         .decisions
         .entries()
         .iter()

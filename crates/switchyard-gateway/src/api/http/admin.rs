@@ -177,7 +177,11 @@ async fn counterfactual(
 ) -> Result<axum::Json<Counterfactuals>, ApiError> {
     let Query(query) =
         query.map_err(|e| ApiError::bad_request(format!("invalid counterfactual query: {e}")))?;
-    let answer = counterfactuals(&state.pool.decisions, &query, state.pool.policy_settings())?;
+    let answer = counterfactuals(
+        &state.observers.decisions,
+        &query,
+        state.pool.policy_settings(),
+    )?;
     Ok(axum::Json(answer))
 }
 
@@ -192,7 +196,11 @@ async fn explain(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Resp
     if names_decision {
         let query: CounterfactualQuery = serde_json::from_value(value)
             .map_err(|e| ApiError::bad_request(format!("invalid counterfactual request: {e}")))?;
-        let answer = counterfactuals(&state.pool.decisions, &query, state.pool.policy_settings())?;
+        let answer = counterfactuals(
+            &state.observers.decisions,
+            &query,
+            state.pool.policy_settings(),
+        )?;
         return Ok(axum::Json(answer).into_response());
     }
     Ok(explain_prompt(&state, value).await?.into_response())
@@ -210,13 +218,20 @@ async fn explain_prompt(
     let max = preprocess::prompt_limit(routes.max_context_tokens);
     let tokens = match (request.prompt, request.messages) {
         (Some(PromptInput::Text(text)), None) => {
-            preprocess::encode_text(&state.metrics, model_dir, text, Sessions::Bypass, max).await?
+            preprocess::encode_text(
+                &state.observers.metrics,
+                model_dir,
+                text,
+                Sessions::Bypass,
+                max,
+            )
+            .await?
         }
         (Some(PromptInput::Tokens(tokens)), None) => tokens,
         (None, Some(messages)) => {
             let messages = preprocess::parse_messages(messages)?;
             preprocess::encode_chat(
-                &state.metrics,
+                &state.observers.metrics,
                 model_dir,
                 switchyard_tokenize::ChatRequest::new(messages),
                 Sessions::Bypass,
@@ -271,7 +286,7 @@ async fn decisions(
     let Query(query) =
         query.map_err(|e| ApiError::bad_request(format!("invalid decisions query: {e}")))?;
     query.validate().map_err(ApiError::bad_request)?;
-    Ok(axum::Json(state.pool.decisions.query(&query).await))
+    Ok(axum::Json(state.observers.decisions.query(&query).await))
 }
 
 #[derive(Debug, Serialize)]
@@ -320,7 +335,7 @@ async fn index(
 async fn subscriptions(
     State(state): State<Arc<AppState>>,
 ) -> axum::Json<crate::cluster::pool::subscriptions::SubscriptionProgress> {
-    axum::Json(state.pool.subscription_progress())
+    axum::Json(state.followers.subscription_progress())
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -500,22 +515,22 @@ async fn start_recording(
         max_bytes,
         ..Limits::default()
     };
-    Ok(axum::Json(pool.recorder.start(
+    Ok(axum::Json(state.observers.recorder.start(
         path,
         &header,
         limits,
-        &pool.tasks,
+        &state.tasks,
     )?))
 }
 
 async fn stop_recording(
     State(state): State<Arc<AppState>>,
 ) -> Result<axum::Json<RecordingStatus>, ApiError> {
-    Ok(axum::Json(state.pool.recorder.stop().await?))
+    Ok(axum::Json(state.observers.recorder.stop().await?))
 }
 
 async fn recording_status(State(state): State<Arc<AppState>>) -> axum::Json<RecordingStatus> {
-    axum::Json(state.pool.recorder.status())
+    axum::Json(state.observers.recorder.status())
 }
 
 #[cfg(test)]

@@ -113,7 +113,7 @@ impl ChoiceText {
         logprobs: &[TokenLogprob],
     ) -> String {
         let now = Instant::now();
-        let m = &state.metrics;
+        let m = &state.observers.metrics;
         match self.last_token_at {
             None => m
                 .ttft
@@ -180,7 +180,7 @@ impl ChoiceText {
 
     /// Counts the finished choice in the token metrics: each choice is one generation.
     pub(super) fn count(&self, state: &AppState, labels: &ModelLabels) {
-        let m = &state.metrics;
+        let m = &state.observers.metrics;
         m.prompt_tokens
             .get_or_create(labels)
             .inc_by(u64::from(self.prompt_tokens));

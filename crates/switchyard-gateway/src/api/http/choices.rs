@@ -132,7 +132,7 @@ impl Run {
                 let job = run.job.take()?;
                 if run.permit.is_none() {
                     let admitted = tokio::select! {
-                        admitted = run.state.admission.admit(run.flow.clone(), job.priority, run.client, &run.state.metrics) => admitted,
+                        admitted = run.state.admission.admit(run.flow.clone(), job.priority, run.client, &run.state.observers.metrics) => admitted,
                         () = run.stop.cancelled() => return None,
                     };
                     match admitted {
@@ -143,7 +143,13 @@ impl Run {
                         }
                     }
                 }
-                run.rx = Some(dispatch::start(&run.state.pool, &run.state.transport, job));
+                run.rx = Some(dispatch::start(
+                    &run.state.pool,
+                    &run.state.observers,
+                    &run.state.transport,
+                    &run.state.tasks,
+                    job,
+                ));
             }
             let rx = run.rx.as_mut()?;
             let event = tokio::select! {

@@ -49,6 +49,9 @@ pub(super) async fn require_api_key(
             None => ApiError::InvalidApiKey,
         },
     };
-    state.metrics.api_key_refused(refused.metric_label());
+    state
+        .observers
+        .metrics
+        .api_key_refused(refused.metric_label());
     refuse(refused)
 }

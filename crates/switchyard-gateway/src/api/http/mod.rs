@@ -163,15 +163,18 @@ async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::Header
         }
     }
     state
+        .observers
         .metrics
         .observe_sessions(state.tokenizers.session_stats());
     state
+        .observers
         .metrics
         .observe_prefix(state.tokenizers.prefix_stats());
     state
+        .observers
         .metrics
         .observe_cores(switchyard_tokenize::CoreBudget::process());
-    let mut text = state.metrics.encode();
+    let mut text = state.observers.metrics.encode();
     for source in &state.extensions.metrics {
         // One exposition has one `# EOF`, at its very end.
         if let Some(body) = text.strip_suffix("# EOF\n") {

@@ -95,7 +95,7 @@ pub(super) async fn tokenize(
                 chat.template_kwargs = template.kwargs;
                 chat.add_generation_prompt = template.add_generation_prompt;
                 let (tokens, hashes) = preprocess::encode_chat_named(
-                    &state.metrics,
+                    &state.observers.metrics,
                     Arc::clone(tokenizer),
                     chat,
                     track(1),
@@ -115,7 +115,7 @@ pub(super) async fn tokenize(
                 let mut out = Vec::with_capacity(texts.len());
                 for text in texts {
                     let (tokens, hashes) = preprocess::encode_text_named(
-                        &state.metrics,
+                        &state.observers.metrics,
                         Arc::clone(tokenizer),
                         text.clone(),
                         sessions.clone(),

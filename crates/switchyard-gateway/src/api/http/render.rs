@@ -202,7 +202,7 @@ struct InFlight {
 
 impl InFlight {
     fn new(state: &Arc<AppState>) -> Self {
-        state.metrics.in_flight.inc();
+        state.observers.metrics.in_flight.inc();
         Self {
             state: Arc::clone(state),
         }
@@ -211,7 +211,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.state.metrics.in_flight.dec();
+        self.state.observers.metrics.in_flight.dec();
     }
 }
 
@@ -321,6 +321,7 @@ impl Run {
 
     fn observe_duration(&self) {
         self.state
+            .observers
             .metrics
             .request_duration
             .get_or_create(&self.labels)
@@ -378,6 +379,7 @@ async fn whole<R: Renderer>(
     let usage = request_usage(&texts, p.asks.n);
     record(&state, p.api, &p.model, "ok");
     state
+        .observers
         .metrics
         .request_duration
         .get_or_create(&ModelLabels {

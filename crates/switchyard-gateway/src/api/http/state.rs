@@ -5,23 +5,32 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
+use tokio_util::task::TaskTracker;
 
 use crate::access::admission::Admission;
 use crate::access::listener::ClientAccess;
 use crate::cluster::pool::WorkerPool;
+use crate::cluster::pool::followers::Followers;
 use crate::config::GatewayConfig;
-use crate::observe::metrics::Metrics;
+use crate::observe::Observers;
 use crate::serving::preprocess::Tokenizers;
 
 /// Everything a handler needs.
 #[derive(Debug)]
 pub struct AppState {
     pub config: GatewayConfig,
+    /// The workers and each model's routing state.
     pub pool: Arc<WorkerPool>,
+    /// What follows the pool's workers; [`Followers::shutdown`] stops the gateway's tasks.
+    pub followers: Arc<Followers>,
+    /// The metrics, the decision log, the recorder and the audit's settings.
+    pub observers: Arc<Observers>,
+    /// Owns the gateway's tasks (dispatches, recordings, the followers): shut down with the
+    /// followers.
+    pub tasks: TaskTracker,
     /// How dispatch calls the workers (gRPC; tests script it).
     pub transport: Arc<dyn crate::serving::transport::WorkerTransport>,
     pub tokenizers: Tokenizers,
-    pub metrics: Arc<Metrics>,
     pub admission: Admission,
     /// Fleet-wide per-tenant quotas, checked before admission.
     pub quota: Arc<crate::access::quota::Quotas>,

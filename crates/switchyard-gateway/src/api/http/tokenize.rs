@@ -72,8 +72,14 @@ async fn run_tokenize(
                     "`add_generation_prompt` and `chat_template_kwargs` go with `messages`",
                 ));
             }
-            preprocess::encode_text(&state.metrics, tokenizer, prompt, Sessions::Bypass, max)
-                .await?
+            preprocess::encode_text(
+                &state.observers.metrics,
+                tokenizer,
+                prompt,
+                Sessions::Bypass,
+                max,
+            )
+            .await?
         }
         (None, Some(messages)) => {
             let messages = preprocess::parse_messages(messages)?;
@@ -83,7 +89,7 @@ async fn run_tokenize(
                 chat.template_kwargs =
                     super::fields::template_kwargs(kwargs, "chat_template_kwargs")?;
             }
-            preprocess::encode_chat_request(&state.metrics, tokenizer, chat, max).await?
+            preprocess::encode_chat_request(&state.observers.metrics, tokenizer, chat, max).await?
         }
         _ => {
             return Err(ApiError::bad_param(

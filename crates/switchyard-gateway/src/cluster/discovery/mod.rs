@@ -16,7 +16,8 @@ use switchyard_registry::{Discovery, Merged, Registry};
 pub use kubernetes::{KubernetesDiscovery, KubernetesSettings, PodSelector};
 pub use pods::PortRef;
 
-use crate::GatewayConfig;
+use switchyard_security::SecurityConfig;
+
 use crate::gateway_error::GatewayError;
 
 /// Which sources say who the workers are.
@@ -207,21 +208,21 @@ impl DiscoveryArgs {
     }
 }
 
-/// The discovery the configuration asks for: `registry` (etcd, which the caller connected
-/// when [`DiscoverySource::uses_etcd`]), the Kubernetes API, or both merged.
+/// The discovery `config` (the gateway's `[discovery]`) asks for: `registry` (etcd, which the
+/// caller connected when [`DiscoverySource::uses_etcd`]), the Kubernetes API (its workers
+/// dialed with the gateway's `security` in `cluster`), or both merged.
 pub async fn build(
-    config: &GatewayConfig,
+    config: &DiscoveryConfig,
+    security: &SecurityConfig,
+    cluster: &str,
     registry: Option<Arc<dyn Registry>>,
 ) -> Result<Arc<dyn Discovery>, GatewayError> {
-    let source = config.discovery.source;
+    let source = config.source;
     let kubernetes = if source.uses_kubernetes() {
         let settings = config
-            .discovery
             .kubernetes_settings()
             .map_err(GatewayError::Discovery)?;
-        let security = config
-            .security
-            .build(&config.cluster, switchyard_security::PeerRole::Gateway)?;
+        let security = security.build(cluster, switchyard_security::PeerRole::Gateway)?;
         let found = KubernetesDiscovery::new(settings, security.dialer)
             .await
             .map_err(GatewayError::Discovery)?;

@@ -10,6 +10,7 @@ use switchyard_core::WorkerId;
 use switchyard_proto::v1;
 use tokio::time::Instant;
 
+use super::follow::FollowContext;
 use super::{ModelRoutes, WorkerPool};
 use crate::observe::audit::kv::identity_problem;
 use crate::observe::metrics::WorkerLabels;
@@ -17,13 +18,13 @@ use crate::observe::metrics::WorkerLabels;
 /// How often the silence check runs.
 const SILENCE_CHECK: Duration = Duration::from_millis(250);
 
-/// Reports workers whose KV events stopped (or never started) until the pool shuts down.
-pub async fn watch_silence(pool: Arc<WorkerPool>) {
-    let after = pool.audit.kv_silence_after();
+/// Reports workers whose KV events stopped (or never started) until the context is cancelled.
+pub async fn watch_silence(pool: Arc<WorkerPool>, cx: Arc<FollowContext>) {
+    let after = cx.kv_silence_after;
     let mut tick = tokio::time::interval(SILENCE_CHECK);
     loop {
         tokio::select! {
-            () = pool.cancel.cancelled() => return,
+            () = cx.cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
         let now = Instant::now();
@@ -31,7 +32,7 @@ pub async fn watch_silence(pool: Arc<WorkerPool>) {
             if let Some(reason) = worker.kv.check_silence(now, after) {
                 let id = worker.id();
                 tracing::warn!(worker = %id, %reason, "worker publishes no kv events; its cache hits are invisible to the router");
-                pool.metrics
+                cx.metrics
                     .audit
                     .kv_silent
                     .get_or_create(&labels(&id))
@@ -42,17 +43,13 @@ pub async fn watch_silence(pool: Arc<WorkerPool>) {
 }
 
 /// An event of `id` was applied (called by the subscriber).
-pub fn note_event(pool: &WorkerPool, id: &WorkerId) {
+pub fn note_event(pool: &WorkerPool, cx: &FollowContext, id: &WorkerId) {
     let Some(worker) = pool.worker(id) else {
         return;
     };
     if worker.kv.event_applied() {
         tracing::info!(worker = %id, "kv events arrive again");
-        pool.metrics
-            .audit
-            .kv_silent
-            .get_or_create(&labels(id))
-            .set(0);
+        cx.metrics.audit.kv_silent.get_or_create(&labels(id)).set(0);
     }
 }
 
@@ -75,6 +72,7 @@ pub enum DigestVerdict {
 /// `next_seq`: the worker's identity, then its blocks against the index.
 pub fn check_digest(
     pool: &WorkerPool,
+    cx: &FollowContext,
     routes: &ModelRoutes,
     id: &WorkerId,
     next_seq: Option<u64>,
@@ -86,7 +84,7 @@ pub fn check_digest(
     let info = worker.info();
     let problem = identity_problem(&info.model, info.block_size, digest);
     if worker.kv.set_identity(problem.clone()) {
-        let gauge = pool.metrics.audit.kv_mismatch.get_or_create(&labels(id));
+        let gauge = cx.metrics.audit.kv_mismatch.get_or_create(&labels(id));
         match &problem {
             Some(problem) => {
                 tracing::warn!(worker = %id, %problem, "worker's kv digests do not match its registration");
@@ -116,7 +114,7 @@ pub fn check_digest(
     }
     let index_digest = index_digest.unwrap_or_default();
     let matched = index_digest.blocks == digest.blocks && index_digest.sum == digest.sum;
-    let m = &pool.metrics.audit;
+    let m = &cx.metrics.audit;
     let l = labels(id);
     m.digest_checks
         .get_or_create(&crate::observe::audit::metrics::DigestLabels {

@@ -24,6 +24,7 @@ use switchyard_event_plane::{EventPlane, EventPlaneConfig, PlaneError};
 use switchyard_proto::v1::{self, KvEventsRequest, kv_events_response::Payload};
 use tokio::sync::OnceCell;
 
+use super::follow::FollowContext;
 use super::ingest::Cursor;
 use super::subscriber::apply;
 use super::subscriptions::Stream;
@@ -63,6 +64,7 @@ impl PlaneHandle {
 /// Follows `worker`'s KV events on the plane until its token is cancelled.
 pub(super) async fn follow_plane(
     pool: Arc<WorkerPool>,
+    cx: Arc<FollowContext>,
     worker: Arc<WorkerHandle>,
     routes: Arc<ModelRoutes>,
     handle: Arc<PlaneHandle>,
@@ -71,7 +73,7 @@ pub(super) async fn follow_plane(
     let incarnation = worker.info().incarnation;
     let mut cursor = Cursor::default();
     let mut backoff = BACKOFF_MIN;
-    let mut resync_rx = pool.recorder.resync_requests();
+    let mut resync_rx = cx.recorder.resync_requests();
     loop {
         let follow = match handle.get().await {
             Ok(plane) => {
@@ -79,7 +81,7 @@ pub(super) async fn follow_plane(
                 match plane.holds(&subject).await {
                     // Nothing left of the worker's history: only a snapshot says what it has.
                     Ok(false) if cursor.next_seq.is_none() => {
-                        snapshot(&pool, &worker, &routes, &mut cursor).await;
+                        snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
                         plane.follow(&subject).await
                     }
                     Ok(_) => plane.follow(&subject).await,
@@ -102,7 +104,7 @@ pub(super) async fn follow_plane(
                 message = follow.next() => message,
                 Ok(()) = resync_rx.changed() => {
                     // A recording starts from a fresh snapshot of every worker.
-                    snapshot(&pool, &worker, &routes, &mut cursor).await;
+                    snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
                     continue;
                 }
             };
@@ -111,9 +113,9 @@ pub(super) async fn follow_plane(
                 Some(Ok(message)) => message,
                 Some(Err(PlaneError::Decode { subject, source })) => {
                     // Not one of ours: what it held is unknown, so start again from a snapshot.
-                    pool.metrics.kv_events_invalid.inc();
+                    cx.metrics.kv_events_invalid.inc();
                     tracing::warn!(worker = %id, %subject, error = %source, "undecodable message on the event plane; resyncing");
-                    snapshot(&pool, &worker, &routes, &mut cursor).await;
+                    snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
                     continue;
                 }
                 Some(Err(error)) => {
@@ -127,14 +129,14 @@ pub(super) async fn follow_plane(
             }
             if behind_a_digest(&cursor, &message) {
                 // The worker is past where the index is, and the plane holds no way there.
-                snapshot(&pool, &worker, &routes, &mut cursor).await;
+                snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
                 continue;
             }
-            if !apply(&pool, &routes, &id, &mut cursor, message) {
-                snapshot(&pool, &worker, &routes, &mut cursor).await;
+            if !apply(&pool, &cx, &routes, &id, &mut cursor, message) {
+                snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
             }
             if cursor.next_seq.is_some() {
-                pool.subscriptions
+                cx.subscriptions
                     .delivered(&worker.subscription, Stream::Events);
             }
         }
@@ -177,6 +179,7 @@ fn behind_a_digest(cursor: &Cursor, message: &v1::KvEventsResponse) -> bool {
 /// token is cancelled (the follower then stops with it).
 async fn snapshot(
     pool: &WorkerPool,
+    cx: &FollowContext,
     worker: &WorkerHandle,
     routes: &ModelRoutes,
     cursor: &mut Cursor,
@@ -184,9 +187,9 @@ async fn snapshot(
     let id = worker.id();
     let mut backoff = BACKOFF_MIN;
     loop {
-        match fetch_snapshot(pool, worker).await {
+        match fetch_snapshot(cx, worker).await {
             Ok(message) => {
-                if apply(pool, routes, &id, cursor, message) && cursor.next_seq.is_some() {
+                if apply(pool, cx, routes, &id, cursor, message) && cursor.next_seq.is_some() {
                     return;
                 }
             }
@@ -200,12 +203,12 @@ async fn snapshot(
 }
 
 async fn fetch_snapshot(
-    pool: &WorkerPool,
+    cx: &FollowContext,
     worker: &WorkerHandle,
 ) -> Result<v1::KvEventsResponse, String> {
     // Bounded like the gRPC streams' opens: a gateway starting in front of a large fleet whose
     // history is gone does not ask every worker at once.
-    let _permit = pool.subscriptions.open().await;
+    let _permit = cx.subscriptions.open().await;
     let mut client = worker.client.clone();
     let request = KvEventsRequest {
         from_seq: None,
@@ -213,7 +216,7 @@ async fn fetch_snapshot(
         digest_interval_ms: 0,
         max_batch_events: 1,
     };
-    let first = tokio::time::timeout(pool.unresponsive_after, async move {
+    let first = tokio::time::timeout(cx.unresponsive_after, async move {
         let mut stream = client
             .kv_events(request)
             .await
@@ -226,7 +229,7 @@ async fn fetch_snapshot(
         }
     })
     .await
-    .map_err(|_| format!("no snapshot within {:?}", pool.unresponsive_after))??;
+    .map_err(|_| format!("no snapshot within {:?}", cx.unresponsive_after))??;
     match first.payload {
         Some(Payload::Snapshot(_)) => Ok(first),
         _ => Err("the stream did not start with a snapshot".to_owned()),

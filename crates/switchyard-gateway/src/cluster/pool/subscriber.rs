@@ -15,6 +15,7 @@ use futures::StreamExt;
 use switchyard_core::{LoadStats, WorkerId};
 use switchyard_proto::v1::{self, KvEventsRequest, LoadStatsRequest};
 
+use super::follow::FollowContext;
 use super::ingest::{Cursor, Ingested, Resync, ingest};
 use super::subscriptions::Stream;
 use super::{ModelRoutes, WorkerHandle, WorkerPool};
@@ -34,60 +35,31 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// thrown away at the first window).
 const FIRST_OPEN_PATIENCE: u32 = 5;
 
-/// Starts the two subscriber tasks of `worker`; they stop when the worker's token is cancelled.
-/// With an event plane, the KV events come from it instead ([`super::plane`]).
-pub fn spawn(pool: &Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: Arc<ModelRoutes>) {
-    let events: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-        match &pool.event_plane {
-            Some(plane) => Box::pin(super::plane::follow_plane(
-                Arc::clone(pool),
-                Arc::clone(&worker),
-                Arc::clone(&routes),
-                Arc::clone(plane),
-            )),
-            None => Box::pin(follow_events(
-                Arc::clone(pool),
-                Arc::clone(&worker),
-                Arc::clone(&routes),
-            )),
-        };
-    let load = follow_load(Arc::clone(pool), Arc::clone(&worker), routes);
-    let cancel = worker.cancel.clone();
-    pool.tasks.spawn({
-        let cancel = cancel.clone();
-        async move {
-            tokio::select! {
-                _ = cancel.cancelled() => {}
-                _ = events => {}
-            }
-        }
-    });
-    pool.tasks.spawn(async move {
-        tokio::select! {
-            _ = cancel.cancelled() => {}
-            _ = load => {}
-        }
-    });
-}
-
-async fn follow_events(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: Arc<ModelRoutes>) {
+/// Follows `worker`'s KV events on a resumable gRPC stream (started by [`super::followers`];
+/// it stops with the worker's token).
+pub(super) async fn follow_events(
+    pool: Arc<WorkerPool>,
+    cx: Arc<FollowContext>,
+    worker: Arc<WorkerHandle>,
+    routes: Arc<ModelRoutes>,
+) {
     let id = worker.id();
     let mut cursor = Cursor::default();
     let mut backoff = BACKOFF_MIN;
     // A recording starts from a fresh snapshot of every worker.
-    let mut resync_rx = pool.recorder.resync_requests();
+    let mut resync_rx = cx.recorder.resync_requests();
     loop {
         let request = KvEventsRequest {
             from_seq: cursor.next_seq,
             incarnation: cursor.incarnation,
-            digest_interval_ms: pool.audit.digest_interval_ms,
+            digest_interval_ms: cx.digest_interval_ms,
             max_batch_events: MAX_BATCH_EVENTS,
         };
         let mut client = worker.client.clone();
         // Opening the stream, up to its first message (the snapshot), holds one of the
         // gateway's subscription permits, for `unresponsive_after` at most.
-        let mut opening = Some(pool.subscriptions.open().await);
-        let window = tokio::time::sleep(pool.unresponsive_after);
+        let mut opening = Some(cx.subscriptions.open().await);
+        let window = tokio::time::sleep(cx.unresponsive_after);
         tokio::pin!(window);
         let open = client.kv_events(request);
         tokio::pin!(open);
@@ -117,13 +89,13 @@ async fn follow_events(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes:
                         Ok(message) => {
                             backoff = BACKOFF_MIN;
                             opening = None;
-                            if !apply(&pool, &routes, &id, &mut cursor, message) {
+                            if !apply(&pool, &cx, &routes, &id, &mut cursor, message) {
                                 // Ask again from a snapshot.
                                 cursor.next_seq = None;
                                 break;
                             }
                             if cursor.next_seq.is_some() {
-                                pool.subscriptions
+                                cx.subscriptions
                                     .delivered(&worker.subscription, Stream::Events);
                             }
                         }
@@ -144,10 +116,11 @@ async fn follow_events(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes:
 }
 
 /// Applies one message ([`ingest`]) and does what follows from it: metrics, the recorder, the
-/// audit, logs. Returns false when the subscriber must resynchronise (the cursor then asks for
+/// audit, logs (the context's). Returns false when the subscriber must resynchronise (the cursor then asks for
 /// a snapshot). Public for the ingestion bench, which feeds it a recorded stream.
 pub fn apply(
     pool: &WorkerPool,
+    cx: &FollowContext,
     routes: &ModelRoutes,
     id: &WorkerId,
     cursor: &mut Cursor,
@@ -164,7 +137,7 @@ pub fn apply(
     };
     drop(core);
     if let Some(entries) = entries {
-        set_indexed(pool, id, entries);
+        set_indexed(cx, id, entries);
     }
     match ingested {
         Ingested::Snapshot {
@@ -172,9 +145,9 @@ pub fn apply(
             next_seq,
             blocks,
         } => {
-            pool.metrics.resyncs.inc();
+            cx.metrics.resyncs.inc();
             tracing::debug!(worker = %id, blocks = blocks.len(), next_seq, "index resynchronised from snapshot");
-            pool.recorder.record(|| Record::Snapshot {
+            cx.recorder.record(|| Record::Snapshot {
                 tick: pool.now_tick(),
                 model: routes.model.clone(),
                 worker: id.clone(),
@@ -185,7 +158,7 @@ pub fn apply(
             // A snapshot past sequence 0 shows the worker has published events (one that
             // never publishes stays at 0 however much it serves).
             if next_seq > 0 {
-                super::kv_checks::note_event(pool, id);
+                super::kv_checks::note_event(pool, cx, id);
             }
             true
         }
@@ -195,11 +168,11 @@ pub fn apply(
             stop,
         } => {
             if !applied.is_empty() {
-                pool.metrics.kv_events_applied.inc_by(applied.len() as u64);
-                super::kv_checks::note_event(pool, id);
+                cx.metrics.kv_events_applied.inc_by(applied.len() as u64);
+                super::kv_checks::note_event(pool, cx, id);
             }
             for (seq, event) in applied {
-                pool.recorder.record(|| Record::KvEvent {
+                cx.recorder.record(|| Record::KvEvent {
                     tick: pool.now_tick(),
                     model: routes.model.clone(),
                     worker: id.clone(),
@@ -210,7 +183,7 @@ pub fn apply(
             }
             match stop {
                 Some(why) => {
-                    resync(pool, routes, id, why);
+                    resync(pool, cx, routes, id, why);
                     false
                 }
                 None => true,
@@ -218,30 +191,30 @@ pub fn apply(
         }
         Ingested::Nothing => true,
         Ingested::Digest { at, digest } => {
-            super::kv_checks::check_digest(pool, routes, id, at, &digest)
+            super::kv_checks::check_digest(pool, cx, routes, id, at, &digest)
                 == super::kv_checks::DigestVerdict::Keep
         }
         Ingested::Resync(why) => {
-            resync(pool, routes, id, why);
+            resync(pool, cx, routes, id, why);
             false
         }
     }
 }
 
 /// Counts and logs why the stream starts again from a snapshot.
-fn resync(pool: &WorkerPool, routes: &ModelRoutes, id: &WorkerId, why: Resync) {
+fn resync(pool: &WorkerPool, cx: &FollowContext, routes: &ModelRoutes, id: &WorkerId, why: Resync) {
     if why.invalid_event() {
-        pool.metrics.kv_events_invalid.inc();
+        cx.metrics.kv_events_invalid.inc();
     }
     match why {
         Resync::InvalidSnapshot(error) => {
             tracing::warn!(worker = %id, %error, "invalid snapshot; dropping the worker's blocks");
-            pool.recorder.record(|| Record::IndexDropped {
+            cx.recorder.record(|| Record::IndexDropped {
                 tick: pool.now_tick(),
                 model: routes.model.clone(),
                 worker: id.clone(),
             });
-            set_indexed(pool, id, 0);
+            set_indexed(cx, id, 0);
         }
         Resync::SnapshotRefused(error) => {
             tracing::warn!(worker = %id, %error, "snapshot refused");
@@ -258,8 +231,8 @@ fn resync(pool: &WorkerPool, routes: &ModelRoutes, id: &WorkerId, why: Resync) {
     }
 }
 
-fn set_indexed(pool: &WorkerPool, id: &WorkerId, entries: usize) {
-    pool.metrics
+fn set_indexed(cx: &FollowContext, id: &WorkerId, entries: usize) {
+    cx.metrics
         .worker_indexed_blocks
         .get_or_create(&WorkerLabels {
             worker: id.to_string(),
@@ -267,20 +240,27 @@ fn set_indexed(pool: &WorkerPool, id: &WorkerId, entries: usize) {
         .set(entries as i64);
 }
 
-async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: Arc<ModelRoutes>) {
+/// Follows `worker`'s load reports (started by [`super::followers`]; it stops with the
+/// worker's token).
+pub(super) async fn follow_load(
+    pool: Arc<WorkerPool>,
+    cx: Arc<FollowContext>,
+    worker: Arc<WorkerHandle>,
+    routes: Arc<ModelRoutes>,
+) {
     let id = worker.id();
     let labels = WorkerLabels {
         worker: id.to_string(),
     };
     // Looked up once, not per report (each lookup locks the family and hashes the label).
-    let m = &pool.metrics;
+    let m = &cx.metrics;
     let queued_prefill = m
         .worker_queued_prefill_tokens
         .get_or_create(&labels)
         .clone();
     let running = m.worker_running_requests.get_or_create(&labels).clone();
     let active_blocks = m.worker_active_blocks.get_or_create(&labels).clone();
-    let silence = pool.unresponsive_after;
+    let silence = cx.unresponsive_after;
     let mut backoff = BACKOFF_MIN;
     // Until its first report, a worker the load stream cannot reach is left to dispatch to
     // judge (a request that cannot connect marks it): its stream may still be coming up.
@@ -288,8 +268,8 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
     loop {
         let mut client = worker.client.clone();
         let request = LoadStatsRequest {
-            interval_ms: pool.load_interval_ms,
-            push_min_interval_ms: pool.load_push_min_ms,
+            interval_ms: cx.load_interval_ms,
+            push_min_interval_ms: cx.load_push_min_ms,
         };
         // The open, up to the first report, holds a subscription permit for `silence` at most.
         // A worker that answered before and is now frozen (it accepts the connection and never
@@ -297,7 +277,7 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
         // FIRST_OPEN_PATIENCE windows, the later ones without the permit: abandoning a slow
         // first open on a busy machine sent it to the back of the queue, redoing the work it
         // had cost, again and again.
-        let mut opening = Some(pool.subscriptions.open().await);
+        let mut opening = Some(cx.subscriptions.open().await);
         let mut windows = 0;
         let window = tokio::time::sleep(silence);
         tokio::pin!(window);
@@ -338,18 +318,18 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
                     opening = None;
                     // Counted on the first report, whether or not its permit is still held
                     // (a slow open gives it back after one window).
-                    pool.subscriptions
+                    cx.subscriptions
                         .delivered(&worker.subscription, Stream::Load);
                     backoff = BACKOFF_MIN;
                     reported = true;
-                    pool.metrics.load_reports.inc();
-                    pool.worker_answered(&worker);
+                    cx.metrics.load_reports.inc();
+                    worker.mark_answered(&cx.metrics);
                     worker.draining.store(report.draining, Ordering::Relaxed);
                     let stats = LoadStats::from(&report);
                     let tick = pool.now_tick();
                     let mut core = routes.lock();
                     core.serving.load.report(&id, stats, tick);
-                    pool.recorder.record(|| Record::Load {
+                    cx.recorder.record(|| Record::Load {
                         tick,
                         model: routes.model.clone(),
                         worker: id.clone(),
@@ -364,7 +344,7 @@ async fn follow_load(pool: Arc<WorkerPool>, worker: Arc<WorkerHandle>, routes: A
         };
         drop(opening);
         if reported {
-            pool.worker_failed(&worker, why);
+            worker.mark_failed(&cx.metrics, why);
         } else {
             tracing::debug!(worker = %id, %why, "no load report yet");
         }
@@ -384,19 +364,13 @@ mod tests {
     use switchyard_proto::v1::kv_events_response::Payload;
     use switchyard_router::{PolicyConfig, PolicyKind};
 
+    use crate::observe::Observers;
     use crate::observe::metrics::Metrics;
 
-    fn setup() -> (Arc<WorkerPool>, Arc<ModelRoutes>, WorkerId) {
-        let pool = Arc::new(
-            WorkerPool::new(
-                PolicyKind::Kv,
-                PolicyConfig::default(),
-                8,
-                100,
-                Arc::new(Metrics::new()),
-            )
-            .unwrap(),
-        );
+    fn setup() -> (Arc<WorkerPool>, FollowContext, Arc<ModelRoutes>, WorkerId) {
+        let pool = Arc::new(WorkerPool::new(PolicyKind::Kv, PolicyConfig::default()).unwrap());
+        let observers = Observers::in_memory(8, Arc::new(Metrics::new()), pool.epoch());
+        let cx = FollowContext::new(&observers, 100);
         let id = WorkerId::new("w").unwrap();
         let info = WorkerInfo {
             id: id.clone(),
@@ -413,7 +387,7 @@ mod tests {
             kv_tiers: None,
         };
         let routes = pool.routes_for(&info).unwrap();
-        (pool, routes, id)
+        (pool, cx, routes, id)
     }
 
     fn stored(tokens: &[u32]) -> KvEvent {
@@ -460,11 +434,12 @@ mod tests {
 
     #[test]
     fn snapshot_then_events_then_gap_asks_for_a_resync() {
-        let (pool, routes, id) = setup();
+        let (pool, cx, routes, id) = setup();
         let mut cursor = Cursor::default();
         let first = block_hashes(&[1, 2, 3, 4], BlockSize::new(4).unwrap());
         assert!(apply(
             &pool,
+            &cx,
             &routes,
             &id,
             &mut cursor,
@@ -475,6 +450,7 @@ mod tests {
 
         assert!(apply(
             &pool,
+            &cx,
             &routes,
             &id,
             &mut cursor,
@@ -486,6 +462,7 @@ mod tests {
         // A stale duplicate changes nothing and needs nothing.
         assert!(apply(
             &pool,
+            &cx,
             &routes,
             &id,
             &mut cursor,
@@ -496,6 +473,7 @@ mod tests {
         // A gap: the subscriber must resync, and the event is not applied.
         assert!(!apply(
             &pool,
+            &cx,
             &routes,
             &id,
             &mut cursor,
@@ -506,6 +484,7 @@ mod tests {
         // The resync snapshot replaces what was known.
         assert!(apply(
             &pool,
+            &cx,
             &routes,
             &id,
             &mut cursor,
@@ -530,18 +509,33 @@ mod tests {
 
     #[test]
     fn a_batch_applies_in_order_up_to_a_gap_and_is_counted_per_event() {
-        let (pool, routes, id) = setup();
+        let (pool, cx, routes, id) = setup();
         let mut cursor = Cursor::default();
-        assert!(apply(&pool, &routes, &id, &mut cursor, snapshot(1, 0, &[])));
+        assert!(apply(
+            &pool,
+            &cx,
+            &routes,
+            &id,
+            &mut cursor,
+            snapshot(1, 0, &[])
+        ));
         let (a, b, c) = (
             stored(&[1, 1, 1, 1]),
             stored(&[2, 2, 2, 2]),
             stored(&[3, 3, 3, 3]),
         );
         // A duplicate of an applied event first (a resume), then two new ones.
-        assert!(apply(&pool, &routes, &id, &mut cursor, event(1, 0, &a)));
         assert!(apply(
             &pool,
+            &cx,
+            &routes,
+            &id,
+            &mut cursor,
+            event(1, 0, &a)
+        ));
+        assert!(apply(
+            &pool,
+            &cx,
             &routes,
             &id,
             &mut cursor,
@@ -549,12 +543,13 @@ mod tests {
         ));
         assert_eq!(cursor.next_seq, Some(3));
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 3);
-        assert_eq!(pool.metrics.kv_events_applied.get(), 3);
+        assert_eq!(cx.metrics.kv_events_applied.get(), 3);
         // A gap inside a batch: the events before it stay applied, the rest waits for the
         // snapshot the subscriber asks for.
         let (d, e) = (stored(&[4, 4, 4, 4]), stored(&[5, 5, 5, 5]));
         assert!(!apply(
             &pool,
+            &cx,
             &routes,
             &id,
             &mut cursor,
@@ -562,14 +557,21 @@ mod tests {
         ));
         assert_eq!(cursor.next_seq, None);
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 4);
-        assert_eq!(pool.metrics.kv_events_applied.get(), 4);
+        assert_eq!(cx.metrics.kv_events_applied.get(), 4);
     }
 
     #[test]
     fn forged_events_are_refused_and_counted() {
-        let (pool, routes, id) = setup();
+        let (pool, cx, routes, id) = setup();
         let mut cursor = Cursor::default();
-        assert!(apply(&pool, &routes, &id, &mut cursor, snapshot(1, 0, &[])));
+        assert!(apply(
+            &pool,
+            &cx,
+            &routes,
+            &id,
+            &mut cursor,
+            snapshot(1, 0, &[])
+        ));
         let forged = KvEvent::Stored {
             parent: None,
             blocks: vec![StoredBlock {
@@ -580,12 +582,13 @@ mod tests {
         };
         assert!(!apply(
             &pool,
+            &cx,
             &routes,
             &id,
             &mut cursor,
             event(1, 0, &forged)
         ));
-        assert_eq!(pool.metrics.kv_events_invalid.get(), 1);
+        assert_eq!(cx.metrics.kv_events_invalid.get(), 1);
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 0);
         // An event without a payload kind is undecodable: resync, counted.
         let empty = v1::KvEventsResponse {
@@ -593,24 +596,39 @@ mod tests {
             incarnation: 1,
             payload: Some(Payload::Event(v1::KvEvent { seq: 0, kind: None })),
         };
-        assert!(!apply(&pool, &routes, &id, &mut cursor, empty));
-        assert_eq!(pool.metrics.kv_events_invalid.get(), 2);
+        assert!(!apply(&pool, &cx, &routes, &id, &mut cursor, empty));
+        assert_eq!(cx.metrics.kv_events_invalid.get(), 2);
     }
 
     #[test]
     fn a_restarted_worker_is_rebuilt_from_its_new_snapshot() {
-        let (pool, routes, id) = setup();
+        let (pool, cx, routes, id) = setup();
         let mut cursor = Cursor::default();
-        assert!(apply(&pool, &routes, &id, &mut cursor, snapshot(1, 0, &[])));
         assert!(apply(
             &pool,
+            &cx,
+            &routes,
+            &id,
+            &mut cursor,
+            snapshot(1, 0, &[])
+        ));
+        assert!(apply(
+            &pool,
+            &cx,
             &routes,
             &id,
             &mut cursor,
             event(1, 0, &stored(&[1, 1, 1, 1]))
         ));
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 1);
-        assert!(apply(&pool, &routes, &id, &mut cursor, snapshot(2, 0, &[])));
+        assert!(apply(
+            &pool,
+            &cx,
+            &routes,
+            &id,
+            &mut cursor,
+            snapshot(2, 0, &[])
+        ));
         assert_eq!(cursor.incarnation, 2);
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 0);
     }

@@ -31,11 +31,13 @@ use switchyard_router::serve::{
 use switchyard_telemetry::{GATEWAY_SPANS, record_error};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
 use crate::cluster::pool::{ModelRoutes, WorkerPool};
 use crate::error::ApiError;
+use crate::observe::Observers;
 use crate::observe::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::serving::disagg::DisaggSettings;
 use crate::serving::routing::{self, PrefillRoute, RoutedRequest, needs_prefill};
@@ -95,24 +97,28 @@ pub enum DispatchEvent {
     Failed(ApiError),
 }
 
-/// Starts `job` on the pool's task tracker, calling the workers through `transport`; events
-/// arrive on the returned receiver.
+/// Starts `job` on `tasks` (the gateway's task tracker), routing among the pool's workers,
+/// calling them through `transport` and writing its decisions, metrics and records to
+/// `observers`; events arrive on the returned receiver.
 pub fn start(
     pool: &Arc<WorkerPool>,
+    observers: &Arc<Observers>,
     transport: &Arc<dyn WorkerTransport>,
+    tasks: &TaskTracker,
     job: GenerateJob,
 ) -> mpsc::Receiver<DispatchEvent> {
     let (tx, rx) = mpsc::channel(64);
     let pool = Arc::clone(pool);
+    let observers = Arc::clone(observers);
     let transport = Arc::clone(transport);
     // Its warnings (a retry, a migration) are events of the request's span.
     let span = job.span.clone();
-    pool.clone().tasks.spawn(
+    tasks.spawn(
         async move {
             let deadline = job.deadline;
             let timeout = deadline.saturating_duration_since(Instant::now()).as_secs();
             tokio::select! {
-                _ = run(&pool, transport.as_ref(), job, &tx) => {}
+                _ = run(&pool, &observers, transport.as_ref(), job, &tx) => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     let _ = tx.send(DispatchEvent::Failed(ApiError::Timeout(timeout.max(1)))).await;
                 }
@@ -180,12 +186,14 @@ impl Drop for OutcomeGuard {
 /// Drives the request's [`Serving`] machine until it finishes or fails.
 async fn run(
     pool: &Arc<WorkerPool>,
+    observers: &Observers,
     transport: &dyn WorkerTransport,
     job: GenerateJob,
     tx: &mpsc::Sender<DispatchEvent>,
 ) {
     let mut driver = Driver {
         pool,
+        observers,
         transport,
         serving: Serving::new(Plan {
             model: job.routes.model.clone(),
@@ -228,6 +236,8 @@ async fn run(
 /// One request's dispatch: the machine, and what its current attempt holds.
 struct Driver<'a> {
     pool: &'a Arc<WorkerPool>,
+    /// Where its decisions, metrics and records go.
+    observers: &'a Observers,
     /// How the workers are called.
     transport: &'a dyn WorkerTransport,
     job: &'a GenerateJob,
@@ -300,6 +310,7 @@ impl Driver<'_> {
         let routed = route_span.in_scope(|| {
             routing::route(
                 pool,
+                self.observers,
                 &job.routes,
                 routing::DecodeAsk {
                     request: &request,
@@ -323,7 +334,7 @@ impl Driver<'_> {
             }
         };
         self.outcome = Some(OutcomeGuard {
-            decisions: Arc::clone(&pool.decisions),
+            decisions: Arc::clone(&self.observers.decisions),
             entry: Arc::clone(&decode.audit),
             worker: decode.worker_id.clone(),
         });
@@ -368,11 +379,11 @@ impl Driver<'_> {
         let request = &self.job.request_id;
         match after {
             After::Retry(reason) => {
-                self.pool.metrics.retries.inc();
+                self.observers.metrics.retries.inc();
                 tracing::warn!(%request, worker, %reason, "worker failed before the first token; retrying elsewhere");
             }
             After::Migrate(reason) => {
-                self.pool.metrics.migrations.inc();
+                self.observers.metrics.migrations.inc();
                 let generated = self.serving.generated().len();
                 tracing::warn!(%request, worker, generated, %reason, "worker failed mid-stream; migrating");
             }
@@ -393,7 +404,7 @@ impl Driver<'_> {
                 switchyard_router::RouteError::NoCandidates,
             ));
         };
-        let (pool, job) = (self.pool, self.job);
+        let (pool, observers, job) = (self.pool, self.observers, self.job);
         let Attempt {
             request,
             decode,
@@ -403,12 +414,15 @@ impl Driver<'_> {
         let mut route = || {
             routing::route_prefill(
                 pool,
+                observers,
                 &job.routes,
-                &job.disagg.serve,
-                request,
-                ask,
+                routing::PrefillRouteAsk {
+                    settings: &job.disagg.serve,
+                    request,
+                    ask,
+                    tags: &job.tags,
+                },
                 decode,
-                &job.tags,
             )
         };
         let routed = match route_span {

@@ -64,7 +64,7 @@ impl Driver<'_> {
                 prefill.prefill_failed(&mut attempt.decode);
                 if let PrefillFailure::Failed(failure) = &failure {
                     tracing::warn!(request = %self.job.request_id, %failure, "prefill failed; trying another prefill worker");
-                    self.pool.metrics.retries.inc();
+                    self.observers.metrics.retries.inc();
                 }
                 Err(failure)
             }
@@ -83,7 +83,7 @@ impl Driver<'_> {
         prompt_blocks: &[BlockHash],
         try_number: u32,
     ) -> Result<Prefilled, (RoutedRequest, PrefillFailure)> {
-        let (pool, job) = (self.pool, self.job);
+        let job = self.job;
         let settings = &job.disagg;
         let worker = prefill.worker_id.clone();
         let prefill_span = tracing::info_span!(
@@ -139,7 +139,7 @@ impl Driver<'_> {
             PrefillFailure::Refused(message) => format!("refused the prompt: {message}"),
             PrefillFailure::Failed(message) => message.clone(),
         };
-        pool.decisions.end(
+        self.observers.decisions.end(
             &prefill.audit,
             crate::observe::audit::OutcomeStatus::Failed,
             Some(detail),
@@ -155,7 +155,7 @@ impl Driver<'_> {
         prompt_blocks: &[BlockHash],
         span: &tracing::Span,
     ) -> Prefilled {
-        let pool = self.pool;
+        let observers = self.observers;
         span.record(
             "cached_prompt_tokens",
             i64::from(response.cached_prompt_tokens),
@@ -165,15 +165,15 @@ impl Driver<'_> {
         } else {
             "after-prefill"
         };
-        pool.metrics
+        observers
+            .metrics
             .disagg_prefills
             .get_or_create(&crate::observe::metrics::KvTransferLabels { kv_transfer })
             .inc();
         // A pipelined answer's counts are not final: only a finished prefill's hit is compared.
         if !response.pipelined {
             prefill.realize(
-                &pool.metrics.audit,
-                pool.audit.kv_silence_after(),
+                observers,
                 prompt_blocks,
                 response.cached_prompt_tokens,
                 true,

@@ -17,7 +17,9 @@ use tracing::field::Empty;
 use super::classify::classify;
 use super::{Attempt, DispatchEvent, Driver, Finish, KvSource, OutcomeStatus, UnfinishedAttempt};
 use crate::cluster::health::{Liveness, is_transport_failure};
-use crate::cluster::pool::{WorkerHandle, WorkerPool};
+use crate::cluster::pool::WorkerHandle;
+use crate::observe::Observers;
+use crate::observe::metrics::Metrics;
 use crate::observe::recorder::ServedAs;
 use crate::serving::routing::RoutedRequest;
 
@@ -39,10 +41,9 @@ struct Relay<'a> {
 }
 
 impl Relay<'_> {
-    fn realize(&self, pool: &WorkerPool, cached_prompt_tokens: u32) {
+    fn realize(&self, observers: &Observers, cached_prompt_tokens: u32) {
         self.decode.realize(
-            &pool.metrics.audit,
-            pool.audit.kv_silence_after(),
+            observers,
             self.prompt_blocks,
             cached_prompt_tokens,
             !self.disaggregated,
@@ -183,7 +184,7 @@ impl Driver<'_> {
         relay: &mut Relay<'_>,
         call: tonic::Request<GenerateRequest>,
     ) -> AttemptEnd {
-        let pool = self.pool;
+        let metrics = &self.observers.metrics;
         let worker = Arc::clone(&relay.decode.worker);
         let mut liveness = worker.health.subscribe();
         let watch_liveness = liveness.borrow_and_update().is_answering();
@@ -209,25 +210,25 @@ impl Driver<'_> {
         let opened = tokio::select! {
             opened = self.transport.generate(&worker, call) => opened,
             reason = &mut stopped_answering => {
-                pool.metrics.unresponsive_cuts.inc();
+                metrics.unresponsive_cuts.inc();
                 Err(tonic::Status::unavailable(reason))
             }
         };
         let mut stream = match opened {
             Ok(stream) => stream,
-            Err(status) => return failed(pool, &worker, status),
+            Err(status) => return failed(metrics, &worker, status),
         };
         loop {
             let message = tokio::select! {
                 message = stream.next() => message,
                 reason = &mut stopped_answering => {
-                    pool.metrics.unresponsive_cuts.inc();
+                    metrics.unresponsive_cuts.inc();
                     return AttemptEnd::worker_failed(reason);
                 }
             };
             let message = match message {
                 None => return AttemptEnd::worker_failed("worker closed the stream early"),
-                Some(Err(status)) => return failed(pool, &worker, status),
+                Some(Err(status)) => return failed(metrics, &worker, status),
                 Some(Ok(message)) => message,
             };
             if let ControlFlow::Break(end) = self.on_message(relay, message).await {
@@ -243,7 +244,7 @@ impl Driver<'_> {
         relay: &mut Relay<'_>,
         message: v1::GenerateResponse,
     ) -> ControlFlow<AttemptEnd> {
-        let (pool, job, tx) = (self.pool, self.job, self.tx);
+        let (observers, job, tx) = (self.observers, self.job, self.tx);
         if let Some(mut prefill) = relay.running.take() {
             // The decode worker's first token ends the pipelined prefill.
             prefill.prefill_done();
@@ -255,7 +256,7 @@ impl Driver<'_> {
             relay.realize_pending = relay.first_message && relay.cached_seen == 0;
             relay.first_message = false;
             if !relay.realize_pending {
-                relay.realize(pool, relay.cached_seen);
+                relay.realize(observers, relay.cached_seen);
             }
         }
         let gone = ControlFlow::Break(AttemptEnd::ConsumerGone);
@@ -306,7 +307,7 @@ impl Driver<'_> {
         };
         if relay.realize_pending {
             // The engine never reported a cached token: its hit was 0.
-            relay.realize(pool, 0);
+            relay.realize(observers, 0);
         }
         relay.span.record(
             "finish_reason",
@@ -322,10 +323,10 @@ impl Driver<'_> {
 
 /// A failed call to `worker`: a transport failure marks the worker failed; the status decides
 /// the attempt's end.
-fn failed(pool: &WorkerPool, worker: &Arc<WorkerHandle>, status: tonic::Status) -> AttemptEnd {
+fn failed(metrics: &Metrics, worker: &Arc<WorkerHandle>, status: tonic::Status) -> AttemptEnd {
     if is_transport_failure(&status) {
-        pool.worker_failed(
-            worker,
+        worker.mark_failed(
+            metrics,
             format!("a request to it failed: {}", status.message()),
         );
     }

@@ -8,11 +8,10 @@ use std::sync::atomic::Ordering;
 
 use switchyard_core::{BlockSize, EngineKind, Role, WorkerId, WorkerInfo};
 use switchyard_router::serve::DecodeFilter;
-use switchyard_router::{PolicyConfig, PolicyKind};
 
 use super::{Candidates, candidates, prefill_candidates};
+use crate::cluster::pool::test_pool::TestPool;
 use crate::cluster::pool::{ModelRoutes, WorkerPool};
-use crate::observe::metrics::Metrics;
 
 fn info(id: &str, model: &str, role: Role) -> WorkerInfo {
     WorkerInfo {
@@ -32,20 +31,8 @@ fn info(id: &str, model: &str, role: Role) -> WorkerInfo {
     }
 }
 
-fn pool(workers: &[WorkerInfo]) -> (Arc<WorkerPool>, Arc<ModelRoutes>) {
-    let pool = Arc::new(
-        WorkerPool::new(
-            PolicyKind::Kv,
-            PolicyConfig::default(),
-            16,
-            100,
-            Arc::new(Metrics::new()),
-        )
-        .unwrap(),
-    );
-    for w in workers {
-        pool.upsert_worker(w.clone());
-    }
+fn pool(workers: &[WorkerInfo]) -> (TestPool, Arc<ModelRoutes>) {
+    let pool = TestPool::new(16, workers);
     let routes = pool.model("m").unwrap();
     (pool, routes)
 }

@@ -4,7 +4,7 @@
 //! and what is booked is the core's; this file only supplies the gateway's inputs.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use switchyard_core::{BlockHash, EngineKind, WorkerId, WorkerInfo};
 use switchyard_router::serve::{
@@ -19,9 +19,10 @@ pub use candidates::{Candidates, candidates, needs_prefill, prefill_candidates};
 pub use prompt_hashes::{BlockNaming, PromptHashes, route_request, route_request_from};
 
 use crate::cluster::pool::{ModelRoutes, WorkerHandle, WorkerPool};
+use crate::observe::Observers;
 pub use crate::observe::audit::decisions::Stage;
 use crate::observe::audit::realized::{Realized, realize};
-use crate::observe::audit::{AuditMetrics, DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
+use crate::observe::audit::{DecisionEntry, DecisionLog, OutcomeStatus, RequestTags};
 use crate::observe::metrics::PolicyLabels;
 use crate::observe::recorder::{PrefillRecord, Record, Recorder, RouteRecord, ServedAs};
 
@@ -58,8 +59,7 @@ impl RoutedRequest {
     /// the prompt itself.
     pub fn realize(
         &self,
-        audit: &AuditMetrics,
-        silence_after: Duration,
+        observers: &Observers,
         prompt_blocks: &[BlockHash],
         cached_prompt_tokens: u32,
         comparable: bool,
@@ -73,8 +73,8 @@ impl RoutedRequest {
             (now, index.awaiting_snapshot(&self.worker_id))
         };
         realize(
-            audit,
-            silence_after,
+            &observers.metrics.audit,
+            observers.audit.kv_silence_after(),
             Realized {
                 entry: &self.audit,
                 kv: &self.worker.kv,
@@ -257,31 +257,33 @@ impl<'a> DecodeAsk<'a> {
 }
 
 /// Step 1 of the serving core: chooses the generating worker for the ask's request among the
-/// candidates its filter leaves, books it, and records the decision.
+/// candidates its filter leaves, books it, and records the decision (to `observers`).
 pub fn route(
     pool: &WorkerPool,
+    observers: &Observers,
     routes: &Arc<ModelRoutes>,
     ask: DecodeAsk<'_>,
 ) -> Result<RoutedRequest, RouteError> {
     let candidates = candidates(pool, routes, ask.filter);
-    route_candidates(pool, routes, candidates, ask)
+    route_candidates(observers, routes, candidates, ask)
 }
 
 /// [`route`] among the workers `within` admits as well: the endpoint picker's subset of
 /// endpoints a proxy may send the request to.
 pub fn route_within(
     pool: &WorkerPool,
+    observers: &Observers,
     routes: &Arc<ModelRoutes>,
     ask: DecodeAsk<'_>,
     within: &dyn Fn(&WorkerInfo) -> bool,
 ) -> Result<RoutedRequest, RouteError> {
     let filter = ask.filter;
     let candidates = Candidates::select_within(pool, routes, |w| may_decode(w, filter), within);
-    route_candidates(pool, routes, candidates, ask)
+    route_candidates(observers, routes, candidates, ask)
 }
 
 fn route_candidates(
-    pool: &WorkerPool,
+    observers: &Observers,
     routes: &Arc<ModelRoutes>,
     candidates: Candidates,
     ask: DecodeAsk<'_>,
@@ -301,18 +303,18 @@ fn route_candidates(
             RescoreBasis::capture(request, &decision, &core.serving.index, &core.serving.load);
         let decision = Arc::new(decision);
         let mut pending = None;
-        if pool.recorder.is_active() {
+        if observers.recorder.is_active() {
             let mut record = route_record(routes, &ask, only, booking.key, &decision);
             record.tenant.clone_from(&tags.tenant);
             if ask.prefill_pool {
                 pending = Some(record);
             } else {
-                write_route(&pool.recorder, record, ServedAs::Aggregated, None);
+                write_route(&observers.recorder, record, ServedAs::Aggregated, None);
             }
         }
         (decision, booking, basis, pending)
     };
-    let audit = pool.decisions.push(
+    let audit = observers.decisions.push(
         DecisionEntry::new(
             Arc::clone(tags),
             routes.model.clone(),
@@ -324,7 +326,7 @@ fn route_candidates(
         )
         .with_basis(basis),
     );
-    let m = &pool.metrics;
+    let m = &observers.metrics;
     m.routing_overhead.observe(started.elapsed().as_secs_f64());
     m.decisions
         .get_or_create(&PolicyLabels {
@@ -335,7 +337,7 @@ fn route_candidates(
         .inc_by(request.block_hashes.len() as u64);
     m.prompt_blocks_cached
         .inc_by(u64::from(cached_blocks(&decision)));
-    let mut routed = routed_request(pool, routes, candidates, decision, booking, audit)?;
+    let mut routed = routed_request(observers, routes, candidates, decision, booking, audit)?;
     routed.pending = pending;
     Ok(routed)
 }
@@ -356,20 +358,34 @@ pub enum PrefillRoute {
     Unavailable(RouteError),
 }
 
-/// Steps 3 and 4 of the serving core: chooses a prefill worker for `request` among those of
-/// the decode worker's engine (`ask`), books it, makes `decode`'s booking disaggregated, and
-/// logs the decision. The first prefill route of an attempt writes the decode route's record
-/// with its outcome (a prefill retried after a failure is not recorded: see
-/// `docs/kv-recording.md`).
+/// What a prefill route is asked: the attempt's request, the serving core's ask for a prefill
+/// worker (among those of the decode worker's engine), under the model's serving settings, for
+/// the request its decisions are logged under.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefillRouteAsk<'a> {
+    pub settings: &'a ServeSettings,
+    pub request: &'a RouteRequest,
+    pub ask: &'a PrefillAsk,
+    pub tags: &'a Arc<RequestTags>,
+}
+
+/// Steps 3 and 4 of the serving core: chooses a prefill worker for the ask's request, books
+/// it, makes `decode`'s booking disaggregated, and logs the decision (to `observers`). The
+/// first prefill route of an attempt writes the decode route's record with its outcome (a
+/// prefill retried after a failure is not recorded: see `docs/kv-recording.md`).
 pub fn route_prefill(
     pool: &WorkerPool,
+    observers: &Observers,
     routes: &Arc<ModelRoutes>,
-    settings: &ServeSettings,
-    request: &RouteRequest,
-    ask: &PrefillAsk,
+    prefill: PrefillRouteAsk<'_>,
     decode: &mut RoutedRequest,
-    tags: &Arc<RequestTags>,
 ) -> PrefillRoute {
+    let PrefillRouteAsk {
+        settings,
+        request,
+        ask,
+        tags,
+    } = prefill;
     let needs_prefill = ask.needs_prefill;
     let candidates = prefill_candidates(
         pool,
@@ -389,7 +405,7 @@ pub fn route_prefill(
                     chosen: chosen.map(|d| d.worker.clone()),
                     cached_blocks: chosen.map_or(0, cached_blocks),
                 };
-                write_route(&pool.recorder, record, served, Some(prefill));
+                write_route(&observers.recorder, record, served, Some(prefill));
             }
         };
         let decision =
@@ -422,7 +438,7 @@ pub fn route_prefill(
         record(ServedAs::Disaggregated, Some(&decision), Some(booking.key));
         (Arc::new(decision), booking, basis)
     };
-    let audit = pool.decisions.push(
+    let audit = observers.decisions.push(
         DecisionEntry::new(
             Arc::clone(tags),
             routes.model.clone(),
@@ -434,7 +450,7 @@ pub fn route_prefill(
         )
         .with_basis(basis),
     );
-    match routed_request(pool, routes, candidates, decision, booking, audit) {
+    match routed_request(observers, routes, candidates, decision, booking, audit) {
         Ok(routed) => PrefillRoute::Routed(routed),
         Err(err) => PrefillRoute::Unavailable(err),
     }
@@ -458,7 +474,7 @@ pub fn explain_prefill(
 
 /// The [`RoutedRequest`] for `decision`, whose booking the core made.
 fn routed_request(
-    pool: &WorkerPool,
+    observers: &Observers,
     routes: &Arc<ModelRoutes>,
     candidates: Candidates,
     decision: Arc<Decision>,
@@ -468,7 +484,7 @@ fn routed_request(
     let Some(worker) = candidates.take(&decision.worker) else {
         // Cannot happen (the policy chooses among the candidates); release what was booked.
         routes.lock().serving.finished(&booking);
-        pool.decisions.end(
+        observers.decisions.end(
             &audit,
             OutcomeStatus::Failed,
             Some("the chosen worker was not among the candidates".into()),
@@ -482,10 +498,10 @@ fn routed_request(
         decision,
         booking,
         audit,
-        decisions: Arc::clone(&pool.decisions),
+        decisions: Arc::clone(&observers.decisions),
         routes: Arc::clone(routes),
         prefill_done: false,
-        recorder: Arc::clone(&pool.recorder),
+        recorder: Arc::clone(&observers.recorder),
         recorded: true,
         pending: None,
     })

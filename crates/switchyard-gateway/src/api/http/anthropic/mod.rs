@@ -330,7 +330,8 @@ async fn count(
     chat.tools = tools;
     chat.template_kwargs = notes.settle_template(tokenizer.dir.chat_template());
     let max = preprocess::prompt_limit(routes.max_context_tokens);
-    let tokens = preprocess::encode_chat_request(&state.metrics, tokenizer, chat, max).await?;
+    let tokens =
+        preprocess::encode_chat_request(&state.observers.metrics, tokenizer, chat, max).await?;
     Ok(tokens.len())
 }
 

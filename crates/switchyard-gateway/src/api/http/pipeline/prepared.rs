@@ -83,6 +83,7 @@ pub(crate) fn session_of(headers: &HeaderMap) -> Option<String> {
 /// Counts one request of `api` by how it ended.
 pub(crate) fn record(state: &AppState, api: &Api, model: &str, status: &'static str) {
     state
+        .observers
         .metrics
         .requests
         .get_or_create(&RequestLabels {

@@ -147,7 +147,12 @@ async fn serve<T: DeserializeOwned, R: Renderer>(
         let admission = tracing::info_span!(target: GATEWAY_SPANS, "admission");
         let permit = state
             .admission
-            .admit(flow.clone(), settled.priority, client, &state.metrics)
+            .admit(
+                flow.clone(),
+                settled.priority,
+                client,
+                &state.observers.metrics,
+            )
             .instrument(admission)
             .await?;
         let who = Who {
@@ -407,10 +412,10 @@ fn plan_prompts(
 /// Counts the fields a request carried without effect (`switchyard_ignored_fields_total`).
 fn count_ignored(state: &AppState, api: &Api, notes: &FieldNotes) {
     for field in notes.advisory_names() {
-        state.metrics.fields.advisory(api.endpoint, field);
+        state.observers.metrics.fields.advisory(api.endpoint, field);
     }
     for field in notes.unknown_names() {
-        state.metrics.fields.unknown(api.endpoint, field);
+        state.observers.metrics.fields.unknown(api.endpoint, field);
     }
 }
 

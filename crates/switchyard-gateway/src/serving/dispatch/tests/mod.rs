@@ -24,6 +24,9 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::cluster::pool::WorkerHandle;
+use crate::cluster::pool::follow::FollowContext;
+use crate::cluster::pool::followers::Followers;
+use crate::observe::Observers;
 use crate::observe::metrics::Metrics;
 use crate::serving::disagg::DisaggSettings;
 use crate::serving::transport::{GenerateStream, WorkerTransport};
@@ -239,10 +242,18 @@ fn both(id: &str, port: u16) -> WorkerInfo {
     info(id, port, Role::Both, EngineKind::Sim)
 }
 
-/// A pool and the scripted transport its dispatches call.
+/// A pool, its followers and observers, and the scripted transport its dispatches call.
 struct Dispatching {
     pool: Arc<WorkerPool>,
+    followers: Followers,
+    observers: Arc<Observers>,
     transport: Arc<dyn WorkerTransport>,
+}
+
+impl Dispatching {
+    async fn shutdown(&self) {
+        self.followers.shutdown().await;
+    }
 }
 
 impl std::ops::Deref for Dispatching {
@@ -254,25 +265,39 @@ impl std::ops::Deref for Dispatching {
 
 /// Dispatch's [`super::start`] over the scripted transport.
 fn start(d: &Dispatching, job: GenerateJob) -> mpsc::Receiver<DispatchEvent> {
-    super::start(&d.pool, &d.transport, job)
+    super::start(
+        &d.pool,
+        &d.observers,
+        &d.transport,
+        &d.followers.context().tasks,
+        job,
+    )
 }
 
 fn pool(workers: &[WorkerInfo], transport: Arc<Scripted>) -> (Dispatching, Arc<ModelRoutes>) {
-    let pool = Arc::new(
-        WorkerPool::new(
-            PolicyKind::Kv,
-            PolicyConfig::default(),
-            64,
-            100,
-            Arc::new(Metrics::new()),
-        )
-        .unwrap(),
+    let pool = Arc::new(WorkerPool::new(PolicyKind::Kv, PolicyConfig::default()).unwrap());
+    let observers = Arc::new(Observers::in_memory(
+        64,
+        Arc::new(Metrics::new()),
+        pool.epoch(),
+    ));
+    let followers = Followers::new(
+        Arc::clone(&pool),
+        Arc::new(FollowContext::new(&observers, 100)),
     );
     for w in workers {
-        pool.upsert_worker(w.clone());
+        followers.upsert_worker(w.clone());
     }
     let routes = pool.model("m").unwrap();
-    (Dispatching { pool, transport }, routes)
+    (
+        Dispatching {
+            pool,
+            followers,
+            observers,
+            transport,
+        },
+        routes,
+    )
 }
 
 const PROMPT: [u32; 16] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16];
@@ -389,7 +414,7 @@ async fn a_failure_before_the_first_token_is_retried_on_another_worker() {
     assert_eq!(calls.len(), 2);
     assert_ne!(calls[0].worker, calls[1].worker, "the retry goes elsewhere");
     assert_eq!(calls[1].prompt, PROMPT, "a retry starts from the prompt");
-    assert_eq!(pool.metrics.retries.get(), 1);
+    assert_eq!(pool.observers.metrics.retries.get(), 1);
     bookings_released(&routes).await;
     pool.shutdown().await;
 }
@@ -424,7 +449,7 @@ async fn a_failure_after_tokens_migrates_with_prompt_plus_generated() {
     context.extend([7, 8]);
     assert_eq!(calls[1].prompt, context);
     assert_eq!(calls[1].max_tokens, 2);
-    assert_eq!(pool.metrics.migrations.get(), 1);
+    assert_eq!(pool.observers.metrics.migrations.get(), 1);
     bookings_released(&routes).await;
     pool.shutdown().await;
 }
@@ -654,7 +679,7 @@ async fn a_decode_worker_that_needs_a_prefill_worker_and_gets_none_is_rerouted()
         "the SGLang decode worker is never sent a bare prompt"
     );
     assert_eq!(generates[0].worker, "vllm-both");
-    let log = pool.decisions.entries();
+    let log = pool.observers.decisions.entries();
     let note = log
         .iter()
         .find_map(|d| d.note.clone())
@@ -693,7 +718,7 @@ async fn a_stream_whose_worker_stops_answering_moves_on_and_the_worker_gets_no_m
     let hung = pool
         .worker(&WorkerId::new(first.as_str()).unwrap())
         .unwrap();
-    pool.worker_failed(&hung, "no load report for 2s");
+    hung.mark_failed(&pool.observers.metrics, "no load report for 2s");
     while let Some(event) = rx.recv().await {
         events.push(event);
     }
@@ -704,7 +729,7 @@ async fn a_stream_whose_worker_stops_answering_moves_on_and_the_worker_gets_no_m
         calls[1].worker, first,
         "the stream moved to the other worker"
     );
-    assert_eq!(pool.metrics.unresponsive_cuts.get(), 1);
+    assert_eq!(pool.observers.metrics.unresponsive_cuts.get(), 1);
     assert_eq!(
         script.aborted.load(Ordering::SeqCst),
         1,
@@ -715,7 +740,7 @@ async fn a_stream_whose_worker_stops_answering_moves_on_and_the_worker_gets_no_m
     assert_eq!(finished(&events), Some(Finish::Length));
     assert_ne!(script.generate_calls()[2].worker, first);
     // ...and takes it back once it answers.
-    pool.worker_answered(&hung);
+    hung.mark_answered(&pool.observers.metrics);
     assert!(hung.health.is_answering());
     pool.shutdown().await;
 }
