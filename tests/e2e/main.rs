@@ -114,6 +114,9 @@ mod retention_e2e;
 #[path = "../security_e2e.rs"]
 mod security_e2e;
 
+#[path = "../sglang_retention_e2e.rs"]
+mod sglang_retention_e2e;
+
 #[path = "../tracing_e2e.rs"]
 mod tracing_e2e;
 

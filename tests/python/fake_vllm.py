@@ -32,10 +32,21 @@ It answers like the real engines on the wire:
     `--abort-on-priority-when-disabled`; by default it ignores one: either way a worker must not
     send a priority to an engine that does not schedule by it).
     The requests log (`/admin/requests`) shows what arrived.
+  * SGLang's priority eviction (`--radix-eviction-policy priority`), as its radix cache does it
+    (`mem_cache/radix_cache.py`, `evict_policy.py`): a request's `priority` (none: 0) is taken
+    into each block on its path as max(block's, request's) when its KV is cached, a new block
+    starts at the request's, so a block's priority never goes down while it is held; eviction
+    takes the leaf (a block no held block continues) with the smallest (priority, last use)
+    first. SGLang keeps a request's priority for the cache whether or not it schedules by it,
+    so a stand-in with this policy accepts `priority` without `--enable-priority-scheduling`.
 
 Test control (POST, JSON body, answers JSON):
   /admin/state             blocks held per rank, each as the full token prefix ending with it
-  /admin/store             {"tokens": [...], "rank": r}: cache a sequence as a request would
+  /admin/store             {"tokens": [...], "rank": r, "priority": p}: cache a sequence as a
+                           request (of priority p, default 0) would
+  /admin/priorities        blocks held per rank with their eviction priority, each as
+                           {"prefix": [...], "priority": p}, in the order SGLang's
+                           PriorityStrategy ranks them (smallest (priority, last use) first)
   /admin/drop_next         {"count": n, "forget": bool}: publish the next n batches to the replay
                            buffer only (a gap replay can repair), or nowhere with forget
   /admin/restart           new incarnation: empty cache, new hash seed, sequences from 0
@@ -84,6 +95,7 @@ class Rank:
         self.seq = 0
         self.buffer = collections.deque(maxlen=buffer_steps)
         self.blocks = collections.OrderedDict()  # engine digest -> (prefix tokens, parent digest)
+        self.priority = {}  # engine digest -> eviction priority (--radix-eviction-policy priority)
         self.drop = 0
         self.forget = False
         self.seed = os.urandom(32)
@@ -100,9 +112,9 @@ class Rank:
             return digest
         return int.from_bytes(digest[-8:], "big")
 
-    def cache(self, tokens, lora=None):
-        """Caches the full blocks of `tokens` (under LoRA adapter `lora`, if any); returns how
-        many prompt tokens were hits."""
+    def cache(self, tokens, lora=None, priority=0):
+        """Caches the full blocks of `tokens` (under LoRA adapter `lora`, if any) for a request
+        of eviction `priority`; returns how many prompt tokens were hits."""
         bs = self.engine.args.block_size
         parent, hits, events, pinned = None, 0, [], set()
         new_hashes, new_tokens, new_parent = [], [], None
@@ -112,6 +124,8 @@ class Rank:
             pinned.add(d)
             if d in self.blocks:
                 self.blocks.move_to_end(d)
+                # SGLang's _insert_helper: max(node.priority, priority) along the path.
+                self.priority[d] = max(self.priority.get(d, 0), priority)
                 hits += bs
                 if new_hashes:  # a hole in the middle: flush what was new so far
                     events.append(self.stored(new_hashes, new_parent, new_tokens, lora))
@@ -126,6 +140,7 @@ class Rank:
                         new_hashes, new_tokens, new_parent = [], [], parent
                     events.append(self.removed(evicted))
                 self.blocks[d] = (tokens[:(i + 1) * bs], parent)
+                self.priority[d] = priority
                 new_hashes.append(d)
                 new_tokens.extend(block)
             parent = d
@@ -136,15 +151,31 @@ class Rank:
         return hits
 
     def make_room(self, pinned):
-        """Evicts least recently used blocks, never those of the sequence being cached."""
+        """Evicts least recently used blocks (by priority first under the priority policy),
+        never those of the sequence being cached."""
         evicted = []
         while len(self.blocks) >= self.engine.args.num_blocks:
-            victim = next((d for d in self.blocks if d not in pinned), None)
+            if self.engine.args.radix_eviction_policy == "priority":
+                victim = self.priority_victim(pinned)
+            else:
+                victim = next((d for d in self.blocks if d not in pinned), None)
             if victim is None:
                 break
             del self.blocks[victim]
+            self.priority.pop(victim, None)
             evicted.append(victim)
         return evicted
+
+    def eviction_order(self, pinned=()):
+        """Held blocks ranked as SGLang's PriorityStrategy ranks nodes: (priority, last use)."""
+        lru = {d: i for i, d in enumerate(self.blocks)}
+        return sorted((d for d in self.blocks if d not in pinned),
+                      key=lambda d: (self.priority.get(d, 0), lru[d]))
+
+    def priority_victim(self, pinned):
+        """SGLang evicts leaves only: the first block in eviction order no held block continues."""
+        parents = {parent for _, parent in self.blocks.values()}
+        return next((d for d in self.eviction_order(pinned) if d not in parents), None)
 
     def event(self, tag, fields):
         """One event in the configured encoding; `fields` in vLLM's declaration order."""
@@ -177,6 +208,7 @@ class Rank:
 
     def clear(self):
         self.blocks.clear()
+        self.priority.clear()
         self.publish([self.event("AllBlocksCleared", [])])
 
     def publish(self, events):
@@ -199,6 +231,7 @@ class Rank:
         self.seq = 0
         self.buffer.clear()
         self.blocks.clear()
+        self.priority.clear()
         self.seed = os.urandom(32)
 
     def malformed(self):
@@ -208,6 +241,10 @@ class Rank:
 
     def state(self):
         return [list(prefix) for prefix, _ in self.blocks.values()]
+
+    def priorities(self):
+        return [{"prefix": list(self.blocks[d][0]), "priority": self.priority.get(d, 0)}
+                for d in self.eviction_order()]
 
 
 def logprobs_of(tok, k):
@@ -384,8 +421,10 @@ def make_handler(engine):
                 if what == "state":
                     return self.reply(200, {"ranks": [r.state() for r in engine.ranks]})
                 if what == "store":
-                    hits = engine.ranks[body.get("rank", 0)].cache(body["tokens"])
+                    hits = engine.ranks[body.get("rank", 0)].cache(body["tokens"], None, body.get("priority", 0))
                     return self.reply(200, {"cached_tokens": hits})
+                if what == "priorities":
+                    return self.reply(200, {"ranks": [r.priorities() for r in engine.ranks]})
                 if what == "drop_next":
                     for r in engine.ranks:
                         r.drop, r.forget = body.get("count", 1), body.get("forget", False)
@@ -470,7 +509,10 @@ def make_handler(engine):
             # the adapter in `lora_path`.
             priority = body.get("priority")
             if priority is not None:
-                scheduling = args.enable_priority_scheduling if sglang else args.scheduling_policy == "priority"
+                # SGLang keeps a priority for its radix cache under the priority eviction policy
+                # (a server without --abort-on-priority-when-disabled takes it either way).
+                scheduling = (args.enable_priority_scheduling or args.radix_eviction_policy == "priority"
+                              if sglang else args.scheduling_policy == "priority")
                 if isinstance(priority, bool) or not isinstance(priority, int):
                     return self.reply(400, {"error": {"message": "priority must be an integer",
                                                       "type": "BadRequestError", "code": 400}})
@@ -498,8 +540,10 @@ def make_handler(engine):
             failure = None
             if kvp.get("do_remote_prefill") or (room is not None and args.disaggregation_mode == "decode"):
                 failure = engine.pd.receive(rank, prompt, body, sglang)
+            # SGLang's cache_unfinished_req / cache_finished_req: `req.priority or 0`.
+            eviction = (priority or 0) if sglang else 0
             with engine.lock:
-                cached = rank.cache(prompt, lora)
+                cached = rank.cache(prompt, lora, eviction)
                 engine.stats["prompt"] += len(prompt)
                 engine.stats["cached"] += cached
                 engine.stats["running"] += 1
@@ -573,7 +617,7 @@ def make_handler(engine):
                         answer["kv_transfer_params"] = engine.pd.vllm_hold(prompt)
                     self.reply(200, answer)
                 with engine.lock:
-                    rank.cache(prompt + out, lora)
+                    rank.cache(prompt + out, lora, eviction)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client went away: the request is aborted
             finally:
@@ -633,6 +677,9 @@ def main():
                    help="vLLM: 'priority' accepts a non-zero request priority")
     p.add_argument("--enable-priority-scheduling", action="store_true",
                    help="SGLang: accept a request priority on /generate")
+    p.add_argument("--radix-eviction-policy", choices=["lru", "priority"], default="lru",
+                   help="SGLang: 'priority' evicts by the requests' priorities (max along each "
+                        "path, smallest first), as SGLang's PriorityStrategy")
     args = p.parse_args()
     engine = Engine(args)
     server = ThreadingHTTPServer(("127.0.0.1", args.http_port), make_handler(engine))

@@ -379,6 +379,10 @@ pub struct WorkerArgs {
     /// priority`, SGLang `--enable-priority-scheduling`): send each request's `priority`.
     #[arg(long, env = "SWITCHYARD_ENGINE_PRIORITY_SCHEDULING")]
     pub engine_priority_scheduling: bool,
+    /// SGLang: the engine evicts by request priority (`--radix-eviction-policy priority`):
+    /// send retention hints as eviction priorities (docs/engines.md, "Retention hints").
+    #[arg(long, env = "SWITCHYARD_ENGINE_RETENTION_PRIORITY")]
+    pub engine_retention_priority: bool,
     /// Export traces to this OpenTelemetry collector (OTLP/gRPC), e.g. http://otel-collector:4317.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
@@ -482,6 +486,9 @@ impl WorkerArgs {
         set!(engine_bootstrap_port => engine.bootstrap_port);
         if self.engine_priority_scheduling {
             engine.priority_scheduling = true;
+        }
+        if self.engine_retention_priority {
+            engine.retention_priority = true;
         }
         if self.engine_block_size.is_some() {
             engine.block_size = self.engine_block_size;

@@ -31,6 +31,8 @@ pub(super) struct AdapterBase {
     pub tasks: TaskTracker,
     /// The engine schedules by request priority (`EngineConfig::priority_scheduling`).
     pub priority_scheduling: bool,
+    /// The engine evicts by request priority (`EngineConfig::retention_priority`).
+    pub retention_priority: bool,
 }
 
 /// What only the engine kind knows, for [`AdapterBase::finish`].
@@ -73,6 +75,7 @@ impl AdapterBase {
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
             priority_scheduling: config.priority_scheduling,
+            retention_priority: config.retention_priority,
         })
     }
 
@@ -117,6 +120,7 @@ impl AdapterBase {
             tasks: self.tasks,
             cancel: self.cancel,
             priority_scheduling: self.priority_scheduling,
+            retention_priority: self.retention_priority,
         }
     }
 }

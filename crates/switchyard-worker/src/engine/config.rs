@@ -62,6 +62,10 @@ pub struct EngineConfig {
     /// it. Off: priorities are counted as unhonoured and not sent (vLLM refuses a non-zero one
     /// unless it schedules by priority).
     pub priority_scheduling: bool,
+    /// SGLang: the engine evicts by request priority (`--radix-eviction-policy priority`), so
+    /// every request carries its keep-until time as `priority` and a retention hint extends
+    /// it (see `sglang_retention`). Off: hints are counted as unhonoured.
+    pub retention_priority: bool,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +88,7 @@ impl Default for EngineConfig {
             startup_timeout_secs: 600,
             vllm_token_ids: TokenIdSource::default(),
             priority_scheduling: false,
+            retention_priority: false,
             bootstrap_host: None,
             bootstrap_port: super::pd::SGLANG_DEFAULT_BOOTSTRAP_PORT,
         }
@@ -127,6 +132,17 @@ impl EngineConfig {
                 "--engine-priority-scheduling is for vLLM and SGLang; --engine {} does not schedule by a request priority the worker can send",
                 self.kind
             ));
+        }
+        if self.retention_priority && self.kind != EngineKind::Sglang {
+            return invalid(format!(
+                "--engine-retention-priority is for SGLang (--radix-eviction-policy priority); --engine {} has no eviction priority the worker can send",
+                self.kind
+            ));
+        }
+        if self.retention_priority && self.priority_scheduling {
+            return invalid(
+                "--engine-retention-priority and --engine-priority-scheduling cannot both be set: SGLang reads one `priority` for both eviction and scheduling".into(),
+            );
         }
         if self.kind == EngineKind::Sim {
             return Ok(());
@@ -218,6 +234,31 @@ mod tests {
             };
             config.validate().unwrap();
         }
+    }
+
+    #[test]
+    fn retention_priority_is_for_sglang_alone_and_never_with_priority_scheduling() {
+        for kind in [EngineKind::Sim, EngineKind::Vllm, EngineKind::Trtllm] {
+            let config = EngineConfig {
+                kind,
+                retention_priority: true,
+                ..vllm("http://127.0.0.1:8000", None)
+            };
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.contains("--engine-retention-priority"), "{kind}: {err}");
+        }
+        let sglang = EngineConfig {
+            kind: EngineKind::Sglang,
+            retention_priority: true,
+            ..vllm("http://127.0.0.1:30000", None)
+        };
+        sglang.validate().unwrap();
+        let both = EngineConfig {
+            priority_scheduling: true,
+            ..sglang
+        };
+        let err = both.validate().unwrap_err().to_string();
+        assert!(err.contains("--engine-priority-scheduling"), "{err}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! [`vllm::VllmEngine`] (HTTP generation in [`openai_http`] with log probabilities read by
 //! [`engine_logprobs`], ZMQ KV events in [`zmq_events`],
 //! decoded by [`kv_decode`] and rehashed by [`kv_relay`], load from [`engine_metrics`], and
-//! disaggregated prefill/decode through the engines' own KV transfer in [`pd`]); TensorRT-LLM's
+//! disaggregated prefill/decode through the engines' own KV transfer in [`pd`], retention hints
+//! as SGLang radix-eviction priorities in [`sglang_retention`]); TensorRT-LLM's
 //! `trtllm-serve` by the same adapter started by [`trtllm`], its pulled KV events read by
 //! [`trtllm_events`] and its disaggregation through `disaggregated_params` in [`trtllm_pd`]. An engine publishes its KV cache changes into its [`EventLog`].
 
@@ -20,6 +21,7 @@ pub mod openai_http;
 pub mod pd;
 #[cfg(test)]
 mod proptests;
+pub mod sglang_retention;
 pub mod sim;
 pub mod stats;
 pub mod trtllm;
@@ -400,8 +402,9 @@ pub trait Engine: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
-    /// Whether it keeps a request's blocks as its retention hint asks (the simulator); an
-    /// engine without such a control ignores hints and the worker counts them unhonoured.
+    /// Whether it keeps a request's blocks as its retention hint asks (the simulator; SGLang
+    /// with `--engine-retention-priority`, through its radix-eviction priority); an engine
+    /// without such a control ignores hints and the worker counts them unhonoured.
     fn honours_retention(&self) -> bool {
         false
     }

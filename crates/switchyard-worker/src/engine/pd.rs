@@ -148,6 +148,7 @@ impl VllmEngine {
         if let Some(priority) = params.priority {
             body["priority"] = json!(priority);
         }
+        self.set_eviction_priority(&mut body, &params.retention);
         // Not `post`: this request outlives the call (it finishes in the background task).
         let mut send = Box::pin(
             self.http
@@ -268,6 +269,7 @@ impl VllmEngine {
                 if let Some(fields) = body.as_object_mut() {
                     fields.extend(transfer);
                 }
+                self.set_eviction_priority(&mut body, &params.retention);
             }
         }
         self.stream_request(path, body, &params).await

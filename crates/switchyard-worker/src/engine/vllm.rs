@@ -86,6 +86,9 @@ pub struct VllmEngine {
     pub(super) cancel: CancellationToken,
     /// The engine was started scheduling by priority: requests carry theirs.
     pub(super) priority_scheduling: bool,
+    /// SGLang evicts by request priority: every request carries its keep-until time
+    /// ([`super::sglang_retention`]).
+    pub(super) retention_priority: bool,
 }
 
 impl VllmEngine {
@@ -233,6 +236,18 @@ impl VllmEngine {
 }
 
 impl VllmEngine {
+    /// With `--engine-retention-priority` (SGLang only, checked at start): the request's
+    /// keep-until time as its eviction priority, a retention hint extending it.
+    pub(super) fn set_eviction_priority(
+        &self,
+        body: &mut Value,
+        retention: &switchyard_core::Retention,
+    ) {
+        if self.retention_priority && self.dialect == Dialect::Sglang {
+            super::sglang_retention::set_eviction_priority(body, retention);
+        }
+    }
+
     /// Posts `body` to the engine. The request id goes as `X-Request-Id` (and in the body), as
     /// vLLM's disaggregation proxy does, so both halves of a disaggregated request carry the
     /// same id. An unreachable engine, or one that refuses the request, is the engine's error.
@@ -575,7 +590,8 @@ impl Engine for VllmEngine {
         if self.dialect == Dialect::Trtllm {
             super::trtllm::check_request(&params)?;
         }
-        let (path, body) = openai_http::request_body(self.dialect, &self.model, &params);
+        let (path, mut body) = openai_http::request_body(self.dialect, &self.model, &params);
+        self.set_eviction_priority(&mut body, &params.retention);
         self.stream_request(path, body, &params).await
     }
 
@@ -592,6 +608,10 @@ impl Engine for VllmEngine {
 
     fn engine_transfer(&self) -> Option<&dyn EngineTransfer> {
         Some(self)
+    }
+
+    fn honours_retention(&self) -> bool {
+        self.retention_priority
     }
 
     fn schedules_by_priority(&self) -> bool {
