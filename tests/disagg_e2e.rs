@@ -191,6 +191,7 @@ async fn long_prompts_flow_through_both_pools_and_survive_a_killed_prefill_worke
         adapters: Vec::new(),
         engine_endpoint: None,
         kv_tiers: None,
+        kv_peer: None,
     };
     use switchyard_registry::Registry as _;
     let _hung_registration = registry

@@ -243,6 +243,7 @@ async fn with_a_cluster_secret_only_members_in_their_roles_get_in() {
         adapters: Vec::new(),
         engine_endpoint: None,
         kv_tiers: None,
+        kv_peer: None,
     };
     let unsigned =
         switchyard_registry::EtcdRegistry::connect(std::slice::from_ref(&endpoint), &name)

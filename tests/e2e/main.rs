@@ -90,6 +90,9 @@ mod listener_tls_e2e;
 #[path = "../lora_e2e.rs"]
 mod lora_e2e;
 
+#[path = "../placement_e2e.rs"]
+mod placement_e2e;
+
 #[path = "../planner_e2e.rs"]
 mod planner_e2e;
 

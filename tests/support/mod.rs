@@ -163,6 +163,7 @@ pub async fn register_ghost(
         adapters: Vec::new(),
         engine_endpoint: None,
         kv_tiers: None,
+        kv_peer: None,
     };
     registry.register(ghost, ttl).await.expect("register ghost")
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{BlockSize, CoreError, KvTierCosts};
+use crate::{BlockSize, CoreError, KvTierCosts, TierLink};
 
 /// A worker's stable name. It appears in etcd keys, metrics labels and logs, so it is limited to
 /// `[A-Za-z0-9._-]`, 1 to 128 characters. Shared, not copied, when cloned: a routing decision
@@ -176,6 +176,14 @@ pub struct WorkerInfo {
     /// [`KvTierCosts::typical`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_tiers: Option<KvTierCosts>,
+    /// The link this worker pulls KV from a peer of its engine kind over while it serves
+    /// aggregated (its engine can both hand its KV to another engine and take another's: vLLM
+    /// with a KV connector in `kv_both`, TensorRT-LLM with its cache transceiver, the
+    /// simulator): with it the router may place a request whose prefix a busy peer holds here,
+    /// the prefix pulled from that peer instead of recomputed (sub-agent placement). None: the
+    /// worker exchanges KV only as one side of a prefill/decode pair.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_peer: Option<TierLink>,
 }
 
 impl WorkerInfo {
@@ -203,6 +211,11 @@ impl WorkerInfo {
         validate_adapters(&self.model, &self.adapters).map_err(CoreError::InvalidWorkerInfo)?;
         if let Some(costs) = &self.kv_tiers {
             costs.validate()?;
+        }
+        if self.kv_peer.is_some_and(|l| l.bytes_per_s == 0) {
+            return Err(CoreError::InvalidWorkerInfo(
+                "the kv peer link's bandwidth must be positive".into(),
+            ));
         }
         Ok(())
     }
@@ -283,6 +296,7 @@ mod tests {
             adapters: Vec::new(),
             engine_endpoint: None,
             kv_tiers: None,
+            kv_peer: None,
         };
         let json = serde_json::to_string(&info).unwrap();
         assert!(!json.contains("adapters"), "absent when none: {json}");
@@ -333,6 +347,7 @@ mod tests {
             adapters: Vec::new(),
             engine_endpoint: None,
             kv_tiers: None,
+            kv_peer: None,
         };
         // Entries without one read as before (older gateways refuse unknown fields).
         assert!(

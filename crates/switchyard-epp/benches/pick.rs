@@ -141,6 +141,7 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
             adapters: Vec::new(),
             engine_endpoint: Some(format!("10.0.0.{}:8000", i + 1)),
             kv_tiers: None,
+            kv_peer: None,
         });
     }
     let routes = pool.model(MODEL).unwrap();

@@ -121,6 +121,7 @@ fn info(id: &str, endpoint: Option<&str>) -> WorkerInfo {
         incarnation: 1,
         engine_endpoint: endpoint.map(str::to_owned),
         kv_tiers: None,
+        kv_peer: None,
     }
 }
 

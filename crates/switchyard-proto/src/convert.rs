@@ -275,6 +275,10 @@ pub fn worker_info_to_wire(info: &WorkerInfo, draining: bool) -> v1::WorkerInfo 
         engine_endpoint: info.engine_endpoint.clone().unwrap_or_default(),
         kv_tiers: info.kv_tiers.as_ref().map(tier_costs_to_wire),
         adapters: info.adapters.clone(),
+        kv_peer: info.kv_peer.map(|l| v1::TierLink {
+            bytes_per_s: l.bytes_per_s,
+            latency_us: l.latency_us,
+        }),
     }
 }
 
@@ -301,6 +305,10 @@ impl TryFrom<v1::WorkerInfo> for WorkerInfo {
             adapters: w.adapters,
             engine_endpoint: Some(w.engine_endpoint).filter(|e| !e.is_empty()),
             kv_tiers: w.kv_tiers.map(tier_costs_from_wire).transpose()?,
+            kv_peer: w.kv_peer.map(|l| TierLink {
+                bytes_per_s: l.bytes_per_s,
+                latency_us: l.latency_us,
+            }),
         };
         info.validate()?;
         Ok(info)
@@ -518,6 +526,7 @@ mod tests {
             incarnation: 3,
             engine_endpoint: None,
             kv_tiers: None,
+            kv_peer: None,
         }
     }
 
@@ -561,6 +570,32 @@ mod tests {
             WorkerInfo::try_from(zero_rate).is_err(),
             "validated on the way in"
         );
+    }
+
+    #[test]
+    fn an_announced_peer_link_round_trips_and_an_older_worker_announces_none() {
+        let mut info = sample_info();
+        info.kv_peer = Some(TierLink {
+            bytes_per_s: 10_000_000_000,
+            latency_us: 100,
+        });
+        let wire = worker_info_to_wire(&info, false);
+        assert_eq!(WorkerInfo::try_from(wire.clone()).unwrap(), info);
+        // A worker that predates the field sends none: no link, never priced a copy.
+        let older = v1::WorkerInfo {
+            kv_peer: None,
+            ..wire.clone()
+        };
+        assert_eq!(WorkerInfo::try_from(older).unwrap().kv_peer, None);
+        let zero = v1::WorkerInfo {
+            kv_peer: Some(v1::TierLink {
+                bytes_per_s: 0,
+                latency_us: 1,
+            }),
+            ..wire
+        };
+        let err = WorkerInfo::try_from(zero).unwrap_err().to_string();
+        assert!(err.contains("peer link"), "{err}");
     }
 
     #[test]

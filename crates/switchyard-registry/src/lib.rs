@@ -329,6 +329,7 @@ mod tests {
             incarnation: 0,
             engine_endpoint: None,
             kv_tiers: None,
+            kv_peer: None,
         }
     }
 

@@ -125,6 +125,7 @@ mod tests {
             incarnation: 7,
             engine_endpoint: None,
             kv_tiers: None,
+            kv_peer: None,
         }
     }
 

@@ -35,6 +35,7 @@ fn worker(id: &str, model: &str, block_size: u32) -> WorkerInfo {
         incarnation: 1,
         engine_endpoint: None,
         kv_tiers: None,
+        kv_peer: None,
     }
 }
 

@@ -234,6 +234,7 @@ pub async fn run(
         incarnation,
         adapters: adapters_rx.borrow().clone(),
         engine_endpoint: config.engine.http_endpoint(),
+        kv_peer: config.kv_tiers.peer_link(),
         kv_tiers: Some(config.kv_tiers.announce(
             spec.kind,
             config.kv_bytes_per_token * u64::from(spec.block_size.get()),

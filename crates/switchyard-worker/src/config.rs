@@ -203,6 +203,7 @@ impl WorkerConfig {
             ));
         }
         self.kv_tiers.validate()?;
+        self.kv_tiers.check_peer_engine(self.engine.kind)?;
         if self.kv_pull_timeout_ms == 0 {
             return invalid("kv_pull_timeout_ms must be at least 1".into());
         }
@@ -692,6 +693,32 @@ mod tests {
         .resolve()
         .unwrap_err();
         assert!(err.to_string().contains("bootstrap_port"), "{err}");
+    }
+
+    #[test]
+    fn a_peer_link_is_taken_for_vllm_and_refused_for_sglang() {
+        let peer = crate::kv_tiers::KvTierArgs {
+            kv_peer_gbytes_per_s: Some(10.0),
+            ..Default::default()
+        };
+        let vllm = WorkerArgs {
+            engine: Some(EngineKind::Vllm),
+            engine_url: Some("http://127.0.0.1:8000".into()),
+            kv_tiers: peer.clone(),
+            ..Default::default()
+        };
+        let config = vllm.clone().resolve().unwrap();
+        assert_eq!(
+            config.kv_tiers.peer_link().map(|l| l.bytes_per_s),
+            Some(10_000_000_000)
+        );
+        let err = WorkerArgs {
+            engine: Some(EngineKind::Sglang),
+            ..vllm
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.to_string().contains("peer_gbytes_per_s"), "{err}");
     }
 
     #[test]

@@ -26,7 +26,18 @@ pub struct KvTierConfig {
     /// A store off the node (LMCache remote, Mooncake, SGLang's `EXTERNAL` pool) to device.
     pub remote_gbytes_per_s: Option<f64>,
     pub remote_latency_us: Option<u64>,
+    /// Another worker's device to this one's, when this worker's engine can pull a peer's KV
+    /// while serving aggregated (vLLM with a KV connector in `kv_both`, TensorRT-LLM with its
+    /// cache transceiver, the simulator): announced as the worker's peer link
+    /// (`WorkerInfo::kv_peer`), so the gateway may place a request whose prefix a busy peer
+    /// holds here, its KV pulled instead of recomputed. Unset: no peer link is announced.
+    pub peer_gbytes_per_s: Option<f64>,
+    /// Fixed cost of one pull from a peer, microseconds (default 100).
+    pub peer_latency_us: Option<u64>,
 }
+
+/// Default [`KvTierConfig::peer_latency_us`]: a connector's handshake and first byte.
+pub const DEFAULT_PEER_LATENCY_US: u64 = 100;
 
 impl KvTierConfig {
     /// Refuses rates that are zero, negative or not numbers, naming the key.
@@ -40,6 +51,7 @@ impl KvTierConfig {
             ("host_gbytes_per_s", self.host_gbytes_per_s),
             ("disk_gbytes_per_s", self.disk_gbytes_per_s),
             ("remote_gbytes_per_s", self.remote_gbytes_per_s),
+            ("peer_gbytes_per_s", self.peer_gbytes_per_s),
         ] {
             if let Some(v) = value
                 && !(v.is_finite() && v > 0.0 && bytes_per_s(v) > 0)
@@ -49,7 +61,30 @@ impl KvTierConfig {
                 )));
             }
         }
+        if self.peer_latency_us.is_some() && self.peer_gbytes_per_s.is_none() {
+            return Err(ConfigError::Invalid(
+                "kv_tiers.peer_latency_us is set without kv_tiers.peer_gbytes_per_s: give the peer link's rate too".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// Refuses a peer link on an engine that cannot pull a peer's KV while serving aggregated.
+    pub fn check_peer_engine(&self, engine: EngineKind) -> Result<(), ConfigError> {
+        if self.peer_gbytes_per_s.is_some() && engine == EngineKind::Sglang {
+            return Err(ConfigError::Invalid(
+                "kv_tiers.peer_gbytes_per_s is set for an sglang engine: an SGLang server exchanges KV only in --disaggregation-mode prefill or decode, where it does not serve aggregated, so it cannot take a peer's prefix; leave it unset".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The peer link this worker announces (`WorkerInfo::kv_peer`), when configured.
+    pub fn peer_link(&self) -> Option<TierLink> {
+        self.peer_gbytes_per_s.map(|g| TierLink {
+            bytes_per_s: bytes_per_s(g),
+            latency_us: self.peer_latency_us.unwrap_or(DEFAULT_PEER_LATENCY_US),
+        })
     }
 
     /// The figures this worker announces: its KV block's bytes, the configured figures, and
@@ -131,6 +166,14 @@ pub struct KvTierArgs {
     /// Latency of one remote-tier load, microseconds (default 1000).
     #[arg(long, env = "SWITCHYARD_KV_REMOTE_LATENCY_US")]
     pub kv_remote_latency_us: Option<u64>,
+    /// Peer-to-this-worker KV bandwidth, GB/s, for an engine that pulls a peer's KV while
+    /// serving aggregated (vLLM with a `kv_both` connector, TensorRT-LLM, the simulator):
+    /// announces the worker for sub-agent placement. Unset: none announced.
+    #[arg(long, env = "SWITCHYARD_KV_PEER_GBYTES_PER_S")]
+    pub kv_peer_gbytes_per_s: Option<f64>,
+    /// Latency of one pull from a peer, microseconds (default 100).
+    #[arg(long, env = "SWITCHYARD_KV_PEER_LATENCY_US")]
+    pub kv_peer_latency_us: Option<u64>,
 }
 
 impl KvTierArgs {
@@ -145,6 +188,8 @@ impl KvTierArgs {
             disk_latency_us: pick(self.kv_disk_latency_us, config.disk_latency_us),
             remote_gbytes_per_s: pickf(self.kv_remote_gbytes_per_s, config.remote_gbytes_per_s),
             remote_latency_us: pick(self.kv_remote_latency_us, config.remote_latency_us),
+            peer_gbytes_per_s: pickf(self.kv_peer_gbytes_per_s, config.peer_gbytes_per_s),
+            peer_latency_us: pick(self.kv_peer_latency_us, config.peer_latency_us),
         };
     }
 }
@@ -224,6 +269,48 @@ mod tests {
             }
             .resolve()
             .is_err()
+        );
+    }
+
+    #[test]
+    fn a_peer_link_is_announced_only_when_configured_and_never_for_sglang() {
+        assert_eq!(KvTierConfig::default().peer_link(), None);
+        let peer = KvTierConfig {
+            peer_gbytes_per_s: Some(12.5),
+            ..KvTierConfig::default()
+        };
+        assert_eq!(
+            peer.peer_link(),
+            Some(TierLink {
+                bytes_per_s: 12_500_000_000,
+                latency_us: DEFAULT_PEER_LATENCY_US
+            })
+        );
+        assert!(peer.validate().is_ok());
+        for engine in [EngineKind::Vllm, EngineKind::Trtllm, EngineKind::Sim] {
+            assert!(peer.check_peer_engine(engine).is_ok());
+        }
+        let err = peer.check_peer_engine(EngineKind::Sglang).unwrap_err();
+        assert!(err.to_string().contains("disaggregation-mode"), "{err}");
+        assert!(
+            KvTierConfig::default()
+                .check_peer_engine(EngineKind::Sglang)
+                .is_ok()
+        );
+        let latency_only = KvTierConfig {
+            peer_latency_us: Some(5),
+            ..KvTierConfig::default()
+        };
+        assert!(latency_only.validate().is_err());
+        let zero = KvTierConfig {
+            peer_gbytes_per_s: Some(0.0),
+            ..KvTierConfig::default()
+        };
+        assert!(
+            zero.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("peer_gbytes_per_s")
         );
     }
 

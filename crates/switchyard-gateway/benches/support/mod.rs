@@ -82,6 +82,7 @@ pub fn empty_pool(workers: usize) -> (Pool, Arc<ModelRoutes>, Vec<WorkerId>) {
             adapters: Vec::new(),
             engine_endpoint: None,
             kv_tiers: None,
+            kv_peer: None,
         });
     }
     let routes = pool.model(MODEL).unwrap();

@@ -49,6 +49,13 @@ pub struct SessionTurnLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlacementLabels {
+    /// `pulled`: the decode worker generates from the KV its prefix's holder prefilled;
+    /// `recomputed`: the holder could not hand it over and the decode worker computes it.
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KvTransferLabels {
     /// `pipelined` or `after-prefill`: how the prefill worker answered.
     pub kv_transfer: &'static str,
@@ -173,6 +180,8 @@ pub struct Metrics {
     pub retries: Counter,
     pub migrations: Counter,
     pub disagg_prefills: Family<KvTransferLabels, Counter>,
+    /// Sub-agent placements (a prefix pulled from the peer holding it), by outcome.
+    pub placements: Family<PlacementLabels, Counter>,
     pub in_flight: Gauge,
     pub queued: Gauge,
     pub workers: Gauge,
@@ -268,6 +277,7 @@ impl Metrics {
             retries: Counter::default(),
             migrations: Counter::default(),
             disagg_prefills: Family::default(),
+            placements: Family::default(),
             in_flight: Gauge::default(),
             queued: Gauge::default(),
             workers: Gauge::default(),
@@ -419,6 +429,11 @@ impl Metrics {
             "disagg_prefills",
             "Prefills run on the prefill pool for disaggregated requests, by KV transfer mode",
             m.disagg_prefills.clone(),
+        );
+        registry.register(
+            "placements",
+            "Sub-agent placements: requests sent to a worker that pulls the prompt's prefix from the peer holding it, by outcome (pulled, or recomputed when the pair could not exchange the KV)",
+            m.placements.clone(),
         );
         registry.register(
             "dispatch_migrations",

@@ -96,12 +96,25 @@ impl DisaggSettings {
 /// How a request is served and why, as the admin explain shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeExplanation {
-    /// `aggregated`, `disaggregated`, or `rerouted` (the decode worker serves only with a
-    /// prefill worker and none is available).
+    /// `aggregated`, `disaggregated`, `placement` (the prefix pulled from the peer holding
+    /// it), or `rerouted` (the decode worker serves only with a prefill worker and none is
+    /// available).
     pub mode: &'static str,
     pub why: String,
     /// The prefill worker decision, when the prefill pool was consulted.
     pub prefill: Option<Decision>,
+}
+
+/// What the admin explain shows when the decision prices copying the prompt's prefix to
+/// `decode_worker` from `peer` (sub-agent placement): the peer prefills, the decode worker pulls.
+pub fn explain_placement(decode_worker: &WorkerId, peer: &WorkerId) -> ModeExplanation {
+    ModeExplanation {
+        mode: "placement",
+        why: format!(
+            "placement: {peer} holds the prompt's prefix and prefills it from its cache; {decode_worker} pulls the KV instead of recomputing it"
+        ),
+        prefill: None,
+    }
 }
 
 /// What the admin explain shows for `request` when `decode_worker` would compute `uncached` of

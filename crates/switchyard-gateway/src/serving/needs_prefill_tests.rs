@@ -34,6 +34,7 @@ fn info(id: &str, role: Role, engine: EngineKind) -> WorkerInfo {
         incarnation: 1,
         engine_endpoint: None,
         kv_tiers: None,
+        kv_peer: None,
     }
 }
 

@@ -12,8 +12,8 @@
 
 use switchyard_core::{BlockHash, TierLink, TokenId};
 use switchyard_engine_sim::{KvLayout, SimRequest};
-use switchyard_router::Decision;
 use switchyard_router::serve::Booking;
+use switchyard_router::{Candidate, Decision};
 
 use super::{Cluster, ClusterConfig, Event};
 use crate::workload::{Micros, Outbox, Workload};
@@ -55,7 +55,11 @@ pub(super) struct PeerCopy {
 /// What the decision copies: the chosen worker's own cached blocks and the peer's blocks past
 /// them, or `None` when it copies nothing.
 pub(super) fn copy_range(decision: &Decision) -> Option<(u32, u32)> {
-    decision.peer_source()?;
+    // The cluster's workers announce no peer link: the configured one joins every pair.
+    let candidates: Vec<Candidate> = (decision.explanation.workers.iter())
+        .map(|w| Candidate::from(w.worker.clone()))
+        .collect();
+    decision.peer_source(&candidates)?;
     let chosen = decision.chosen()?;
     Some((chosen.overlap.any_tier, chosen.onboarding.peer_blocks))
 }

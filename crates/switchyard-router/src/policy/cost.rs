@@ -59,9 +59,10 @@ pub struct KvConfig {
     /// `load::pending`).
     pub prefill_step_tokens: u64,
     /// The link between workers a prefix can be copied over (sub-agent placement, see
-    /// `placement`): with one, a worker may be priced with copying the device prefix a peer
-    /// holds instead of recomputing it. Not read from configuration: only the replay lab's
-    /// cluster carries such copies out today, so a live gateway cannot be told to price them.
+    /// `placement`) for workers that announce none: with one, such a worker may be priced with
+    /// copying the device prefix another such worker holds instead of recomputing it. Not read
+    /// from configuration: the replay lab's cluster sets it for its simulated workers; live
+    /// workers announce their own link (`WorkerInfo::kv_peer`), which the gateway prices.
     #[serde(skip)]
     pub peer_link: Option<TierLink>,
 }
@@ -252,18 +253,17 @@ pub(crate) fn breakdown(
         .iter()
         .map(|c| with_pending(overlap_of(&c.worker), pending_of(&c.worker)))
         .collect();
-    let peer_device = overlaps.iter().map(|o| o.device).max().unwrap_or(0);
+    let peers = placement::PeerView::new(candidates, &overlaps, cfg.peer_link);
     candidates
         .iter()
-        .zip(overlaps)
-        .map(|(c, overlap)| {
+        .zip(&overlaps)
+        .enumerate()
+        .map(|(i, (c, &overlap))| {
             let l = load.get(&c.worker);
             let (costs, announced) = costs_of(c, bs);
             let mut onboarding =
                 Onboarding::price(overlap, costs, announced, l.queued_onboard_bytes, bs);
-            let peer = cfg.peer_link.map_or_else(Default::default, |link| {
-                placement::peer_copy(overlap.any_tier, peer_device, &link, &costs, bs)
-            });
+            let peer = peers.copy_for(i, &costs, bs);
             onboarding.peer_blocks = peer.blocks;
             onboarding.peer_seconds = peer.seconds;
             onboarding.peer_recompute_seconds = peer.recompute_seconds;

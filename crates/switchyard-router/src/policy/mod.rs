@@ -36,6 +36,7 @@ pub use cost::{ASSUMED_KV_BYTES_PER_TOKEN, KvConfig, Onboarding};
 pub use dynamo::{DynamoConfig, DynamoKvPolicy};
 pub use explain::{Explanation, WorkerScore};
 pub use kv::KvPolicy;
+pub use placement::PeerLink;
 pub use session::{SessionConfig, SessionPolicy};
 pub use sglang::{SglangCaPolicy, SglangConfig};
 pub use simple::{LeastLoadedPolicy, RandomPolicy, RoundRobinPolicy};
@@ -64,6 +65,10 @@ pub struct Candidate {
     pub worker: WorkerId,
     /// The tier costs the worker announced; none: typical figures are assumed.
     pub kv_tiers: Option<KvTierCosts>,
+    /// The link it pulls a peer's KV over while serving aggregated, and its engine kind (only
+    /// a peer of the same kind can hand it KV), when it announced one
+    /// ([`WorkerInfo::kv_peer`]): sub-agent placement may price a copy to it.
+    pub kv_peer: Option<PeerLink>,
 }
 
 impl Candidate {
@@ -72,6 +77,10 @@ impl Candidate {
         Self {
             worker: info.id.clone(),
             kv_tiers: info.kv_tiers,
+            kv_peer: info.kv_peer.map(|link| PeerLink {
+                engine: info.engine,
+                link,
+            }),
         }
     }
 }
@@ -81,6 +90,7 @@ impl From<WorkerId> for Candidate {
         Self {
             worker,
             kv_tiers: None,
+            kv_peer: None,
         }
     }
 }

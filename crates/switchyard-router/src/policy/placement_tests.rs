@@ -4,7 +4,7 @@
 
 use super::tests::{candidates, prompt, request, setup, w};
 use super::*;
-use switchyard_core::{KvEvent, StorageTier, StoredBlock, TierLink, block_hashes};
+use switchyard_core::{EngineKind, KvEvent, StorageTier, StoredBlock, TierLink, block_hashes};
 
 const PREFIX_BLOCKS: usize = 48;
 
@@ -69,7 +69,10 @@ fn a_sub_agent_goes_to_its_parents_worker_when_it_is_not_saturated() {
     let chosen = d.chosen().unwrap();
     assert_eq!(chosen.overlap.device, PREFIX_BLOCKS as u32);
     assert_eq!(chosen.onboarding.peer_blocks, 0);
-    assert_eq!(d.peer_source(), None);
+    assert_eq!(
+        d.peer_source(&candidates(&["idle-a", "parent", "idle-b"])),
+        None
+    );
     // The idle workers were priced with a copy, cheaper than recompute but dearer than a hit.
     let idle = &d.explanation.workers[0];
     assert_eq!(idle.onboarding.peer_blocks, PREFIX_BLOCKS as u32);
@@ -92,7 +95,7 @@ fn a_saturated_parent_worker_sends_the_sub_agent_elsewhere_with_a_copy() {
         .choose(&req, &cands, &index, &load)
         .unwrap();
     assert_eq!(d.worker, w("idle"), "{}", d.explanation.why);
-    assert_eq!(d.peer_source(), Some(&w("parent")));
+    assert_eq!(d.peer_source(&cands), Some(&w("parent")));
     let chosen = d.chosen().unwrap();
     assert_eq!(chosen.onboarding.peer_blocks, PREFIX_BLOCKS as u32);
     // It computes only its own 8 blocks; the prefix is copied: 48 blocks × 2 MiB at 50 GB/s.
@@ -113,7 +116,7 @@ fn a_saturated_parent_worker_sends_the_sub_agent_elsewhere_with_a_copy() {
     assert_eq!(d.worker, w("idle"));
     assert_eq!(d.chosen().unwrap().onboarding.peer_blocks, 0);
     assert_eq!(d.chosen().unwrap().uncached_prompt_tokens, sub.len() as u64);
-    assert_eq!(d.peer_source(), None);
+    assert_eq!(d.peer_source(&cands), None);
 }
 
 #[test]
@@ -137,7 +140,7 @@ fn a_copy_slower_than_recompute_is_not_priced() {
         .unwrap();
     assert_eq!(d.worker, w("idle"));
     assert_eq!(d.chosen().unwrap().onboarding.peer_blocks, 0);
-    assert_eq!(d.peer_source(), None);
+    assert_eq!(d.peer_source(&candidates(&["parent", "idle"])), None);
 }
 
 #[test]
@@ -161,7 +164,7 @@ fn a_fan_out_spreads_over_workers_instead_of_taking_the_parents_over() {
             booking.blocks,
             0,
         );
-        placed.push((d.worker.clone(), d.peer_source().cloned()));
+        placed.push((d.worker.clone(), d.peer_source(&cands).cloned()));
     }
     assert_eq!(
         placed[0],
@@ -180,4 +183,76 @@ fn a_fan_out_spreads_over_workers_instead_of_taking_the_parents_over() {
             "copied, not recomputed"
         );
     }
+}
+
+/// `names` as candidates that announced `nic()` as their peer link for `engine` (`None`:
+/// announced none).
+fn announcing(names: &[(&str, Option<EngineKind>)]) -> Vec<Candidate> {
+    names
+        .iter()
+        .map(|&(n, engine)| Candidate {
+            kv_peer: engine.map(|engine| PeerLink {
+                engine,
+                link: nic(),
+            }),
+            ..Candidate::from(w(n))
+        })
+        .collect()
+}
+
+#[test]
+fn live_workers_are_priced_a_copy_only_from_a_peer_that_can_hand_them_its_kv() {
+    use switchyard_core::EngineKind::{Sglang, Vllm};
+    let (mut index, mut load) = setup();
+    let parent = prompt(1, PREFIX_BLOCKS);
+    holds(&mut index, "parent", 0, &parent, PREFIX_BLOCKS);
+    load.on_routed(&w("parent"), 1, 96_000, 10, 0);
+    let req = request(&sub_agent(&parent, 7), Some("s"), 0);
+    // No configured link: what the workers announce is all the gateway prices.
+    let mut policy = placing(None);
+
+    let pair = announcing(&[("parent", Some(Vllm)), ("idle", Some(Vllm))]);
+    let d = policy.choose(&req, &pair, &index, &load).unwrap();
+    assert_eq!(d.worker, w("idle"), "{}", d.explanation.why);
+    assert_eq!(d.peer_source(&pair), Some(&w("parent")));
+    assert_eq!(
+        d.chosen().unwrap().onboarding.peer_blocks,
+        PREFIX_BLOCKS as u32
+    );
+    assert_eq!(
+        d.chosen().unwrap().uncached_prompt_tokens,
+        8 * u64::from(tests::BS)
+    );
+
+    // Two engine kinds, or a side that announced no link: no copy is priced, the idle worker
+    // recomputes the prefix (it still wins on the parent's queue) and names no source.
+    for cands in [
+        announcing(&[("parent", Some(Sglang)), ("idle", Some(Vllm))]),
+        announcing(&[("parent", None), ("idle", Some(Vllm))]),
+        announcing(&[("parent", Some(Vllm)), ("idle", None)]),
+        announcing(&[("parent", None), ("idle", None)]),
+    ] {
+        let d = policy.choose(&req, &cands, &index, &load).unwrap();
+        assert_eq!(d.worker, w("idle"), "{}", d.explanation.why);
+        let chosen = d.chosen().unwrap();
+        assert_eq!(chosen.onboarding.peer_blocks, 0, "{cands:?}");
+        assert_eq!(d.peer_source(&cands), None);
+        assert_eq!(
+            chosen.uncached_prompt_tokens,
+            (PREFIX_BLOCKS as u64 + 8) * u64::from(tests::BS)
+        );
+    }
+
+    // A third worker that can give the KV is the source even when an incompatible one holds
+    // the same prefix first.
+    holds(&mut index, "other", 0, &parent, PREFIX_BLOCKS);
+    load.on_routed(&w("other"), 2, 96_000, 10, 0);
+    let mixed = announcing(&[
+        ("other", Some(Sglang)),
+        ("parent", Some(Vllm)),
+        ("idle", Some(Vllm)),
+    ]);
+    let d = policy.choose(&req, &mixed, &index, &load).unwrap();
+    assert_eq!(d.worker, w("idle"));
+    assert_eq!(d.peer_source(&mixed), Some(&w("parent")));
 }

@@ -50,6 +50,7 @@ fn announced(name: &str, c: KvTierCosts) -> Candidate {
     Candidate {
         worker: w(name),
         kv_tiers: Some(c),
+        kv_peer: None,
     }
 }
 

@@ -157,6 +157,7 @@ pub fn rescore(
         .map(|w| Candidate {
             worker: w.worker.clone(),
             kv_tiers: w.onboarding.announced.then_some(w.onboarding.costs),
+            kv_peer: None,
         })
         .collect();
     let mut policy = kind.build(config)?;

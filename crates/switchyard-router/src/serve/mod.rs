@@ -359,6 +359,27 @@ impl ServingCore {
         booking
     }
 
+    /// Sub-agent placement's step 4: books the prompt's prefill on `source`, the peer holding
+    /// its prefix ([`Decision::peer_source`]), with what `source` computes of it by the decode
+    /// decision's breakdown (it hits its cache), and makes `decode` a
+    /// [`BookingKind::DisaggregatedDecode`] as [`ServingCore::book_prefill`] does. Returns the
+    /// source's booking and the decision it was made from (`decision` with `source` chosen).
+    pub fn book_peer_prefill(
+        &mut self,
+        decision: &Decision,
+        source: &WorkerId,
+        request: &RouteRequest,
+        decode: &mut Booking,
+    ) -> (Decision, Booking) {
+        let mut prefill = Decision {
+            worker: source.clone(),
+            explanation: decision.explanation.clone(),
+        };
+        prefill.explanation.chosen = source.clone();
+        let booking = self.book_prefill(&prefill, request, decode);
+        (prefill, booking)
+    }
+
     /// A booked prefill failed (or was given up): its booking goes, and `decode` computes its
     /// prompt itself again until another prefill worker is booked.
     pub fn prefill_failed(&mut self, prefill: &Booking, decode: &mut Booking) {

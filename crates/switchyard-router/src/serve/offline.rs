@@ -144,6 +144,9 @@ impl Offline<'_> {
                     uncached_prompt_tokens: booking.uncached_prompt_tokens,
                     engine: facts.engine,
                     needs_prefill: needs_prefill(facts.role, facts.engine),
+                    // The replay lab's cluster carries a priced copy out itself (its
+                    // `peer` module), as DMA into the chosen worker: no prefill on the holder.
+                    peer: None,
                 };
                 self.decode = Some((decision, booking));
                 Ok(routed)

@@ -373,3 +373,53 @@ fn a_prefix_in_flight_counts_once_a_step_of_work_lies_between_it_and_the_request
     core.load.on_finished(&w("a"), 1);
     assert_eq!(decide(&core).worker, w("b"));
 }
+
+#[test]
+fn a_placed_request_books_its_prefill_on_the_prefix_holder_and_no_prefill_on_the_decode_worker() {
+    use crate::policy::PeerLink;
+    use switchyard_core::{EngineKind, TierLink};
+    let mut core = core(PolicyKind::Kv);
+    let parent = prompt(40);
+    store(&mut core, "holder", &parent, 40);
+    // The holder is saturated: ten seconds of prefill queued there.
+    core.load.on_routed(&w("holder"), 999, 160_000, 10, 0);
+    let mut sub = parent.clone();
+    sub.extend(prompt(2).iter().map(|t| t + 50_000));
+    let request = route_request(&sub, bs(), None, 1);
+    let link = PeerLink {
+        engine: EngineKind::Vllm,
+        link: TierLink {
+            bytes_per_s: 10_000_000_000,
+            latency_us: 100,
+        },
+    };
+    let cands: Vec<Candidate> = candidates(&["holder", "free"])
+        .into_iter()
+        .map(|c| Candidate {
+            kv_peer: Some(link),
+            ..c
+        })
+        .collect();
+    let (decision, mut decode) = core.route_decode(&request, &cands, 8).unwrap();
+    assert_eq!(decision.worker, w("free"), "{}", decision.explanation.why);
+    assert_eq!(decision.peer_source(&cands), Some(&w("holder")));
+    // Booked as aggregated first: the free worker would compute only the sub-agent's own
+    // blocks, the prefix being copied.
+    assert_eq!(decode.uncached_prompt_tokens, 2 * u64::from(BS));
+
+    let (prefill, source) = core.book_peer_prefill(&decision, &w("holder"), &request, &mut decode);
+    assert_eq!(prefill.worker, w("holder"));
+    assert_eq!(prefill.explanation.chosen, w("holder"));
+    assert_eq!(source.kind, BookingKind::Prefill);
+    assert_eq!(source.worker, w("holder"));
+    // The holder computes what it lacks (the sub-agent's own blocks), not the prefix.
+    assert_eq!(source.prefill_tokens, 2 * u64::from(BS));
+    assert_eq!(decode.kind, BookingKind::DisaggregatedDecode);
+    assert_eq!(booked(&core, "free")[0].prefill_tokens, 0);
+    let mut on_holder: Vec<u64> = booked(&core, "holder")
+        .iter()
+        .map(|b| b.prefill_tokens)
+        .collect();
+    on_holder.sort_unstable();
+    assert_eq!(on_holder, vec![2 * u64::from(BS), 160_000]);
+}

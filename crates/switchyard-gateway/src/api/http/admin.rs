@@ -262,14 +262,19 @@ async fn explain_prompt(
     let uncached = decision
         .chosen()
         .map_or(tokens.len() as u64, |c| c.uncached_prompt_tokens);
-    let disaggregation = crate::serving::disagg::explain(
-        &state.pool,
-        &routes,
-        &settings,
-        &decision.worker,
-        &route_request,
-        uncached,
-    );
+    // As dispatch serves it: a priced copy from a peer makes it a placement, whatever the mode.
+    let candidates = routing::candidates(&state.pool, &routes, filter);
+    let disaggregation = match decision.peer_source(candidates.ids()) {
+        Some(peer) => crate::serving::disagg::explain_placement(&decision.worker, peer),
+        None => crate::serving::disagg::explain(
+            &state.pool,
+            &routes,
+            &settings,
+            &decision.worker,
+            &route_request,
+            uncached,
+        ),
+    };
     Ok(axum::Json(ExplainResponse {
         model: request.model,
         prompt_tokens: tokens.len(),

@@ -376,6 +376,7 @@ mod tests {
             incarnation: 1,
             engine_endpoint: None,
             kv_tiers: None,
+            kv_peer: None,
         }
     }
 

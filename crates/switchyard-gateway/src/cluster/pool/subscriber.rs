@@ -385,6 +385,7 @@ mod tests {
             adapters: Vec::new(),
             engine_endpoint: None,
             kv_tiers: None,
+            kv_peer: None,
         };
         let routes = pool.routes_for(&info).unwrap();
         (pool, cx, routes, id)

@@ -83,7 +83,8 @@ pub struct Outcome {
     pub status: OutcomeStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
-    /// `aggregated` or `disaggregated` (decode decisions, once dispatched).
+    /// `aggregated`, `disaggregated`, or `placement` (the prompt's prefix pulled from the peer
+    /// holding it) (decode decisions, once dispatched).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mode: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]

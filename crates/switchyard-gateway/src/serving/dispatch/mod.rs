@@ -265,6 +265,9 @@ struct Attempt {
     prefill: Option<RoutedRequest>,
     /// Where the decode worker's prompt KV comes from.
     source: KvSource,
+    /// The KV source is the peer holding the prompt's prefix (sub-agent placement), not a
+    /// prefill-pool worker.
+    placement: bool,
 }
 
 impl Driver<'_> {
@@ -352,6 +355,7 @@ impl Driver<'_> {
             uncached_prompt_tokens: decode.uncached_prompt_tokens(),
             engine: info.engine,
             needs_prefill: needs_prefill(&info),
+            peer: decode.peer.clone(),
         };
         self.attempt = Some(Attempt {
             number: ask.attempt,
@@ -362,6 +366,7 @@ impl Driver<'_> {
             decode,
             prefill: None,
             source: KvSource::default(),
+            placement: false,
         });
         self.serving.routed(Ok(routed))
     }
@@ -397,7 +402,8 @@ impl Driver<'_> {
     }
 
     /// [`Step::ChoosePrefill`]: a prefill worker for the attempt's decode worker, booked (the
-    /// decode worker's booking then counts no prefill).
+    /// decode worker's booking then counts no prefill): the peer the ask names (sub-agent
+    /// placement), or the prefill pool's choice.
     fn choose_prefill(&mut self, ask: &PrefillAsk) -> Step {
         let Some(attempt) = self.attempt.as_mut() else {
             return self.serving.prefill_picked(PrefillPick::Unavailable(
@@ -411,8 +417,21 @@ impl Driver<'_> {
             route_span,
             ..
         } = attempt;
-        let mut route = || {
-            routing::route_prefill(
+        // Sub-agent placement books the peer holding the prefix; otherwise the prefill pool.
+        attempt.placement = ask.peer.is_some();
+        let mut route = || match &ask.peer {
+            Some(source) => routing::placement::route_peer(
+                pool,
+                observers,
+                &job.routes,
+                routing::placement::PeerRouteAsk {
+                    request,
+                    source,
+                    tags: &job.tags,
+                },
+                decode,
+            ),
+            None => routing::route_prefill(
                 pool,
                 observers,
                 &job.routes,
@@ -423,7 +442,7 @@ impl Driver<'_> {
                     tags: &job.tags,
                 },
                 decode,
-            )
+            ),
         };
         let routed = match route_span {
             Some(span) => span.in_scope(route),

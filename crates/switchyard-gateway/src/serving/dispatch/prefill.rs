@@ -31,12 +31,12 @@ impl Driver<'_> {
                 .serving
                 .prefilled(Err(PrefillFailure::Failed("no attempt was routed".into())));
         };
-        decided(
-            &mut attempt.route_span,
-            "disaggregated",
-            why,
-            Some(worker.as_str()),
-        );
+        let mode = if attempt.placement {
+            "placement"
+        } else {
+            "disaggregated"
+        };
+        decided(&mut attempt.route_span, mode, why, Some(worker.as_str()));
         let Some(prefill) = attempt.prefill.take() else {
             self.attempt = Some(attempt);
             return self.serving.prefilled(Err(PrefillFailure::Failed(format!(
@@ -49,6 +49,7 @@ impl Driver<'_> {
                 &attempt.context,
                 &attempt.request.block_hashes,
                 try_number,
+                attempt.placement,
             )
             .await;
         let result = match ran {
@@ -82,6 +83,7 @@ impl Driver<'_> {
         prompt: &[switchyard_core::TokenId],
         prompt_blocks: &[BlockHash],
         try_number: u32,
+        placement: bool,
     ) -> Result<Prefilled, (RoutedRequest, PrefillFailure)> {
         let job = self.job;
         let settings = &job.disagg;
@@ -118,7 +120,21 @@ impl Driver<'_> {
         .await;
         let failure = match answer {
             Ok(Ok(response)) => {
-                return Ok(self.accepted(prefill, response, prompt_blocks, &prefill_span));
+                let prefilled = self.accepted(prefill, response, prompt_blocks, &prefill_span);
+                if !placement {
+                    self.observers
+                        .metrics
+                        .disagg_prefills
+                        .get_or_create(&crate::observe::metrics::KvTransferLabels {
+                            kv_transfer: if prefilled.source.pipelined {
+                                "pipelined"
+                            } else {
+                                "after-prefill"
+                            },
+                        })
+                        .inc();
+                }
+                return Ok(prefilled);
             }
             Ok(Err(status)) if ErrorCode::of(&status) == ErrorCode::InvalidRequest => {
                 record_error(&prefill_span, status.message());
@@ -160,16 +176,6 @@ impl Driver<'_> {
             "cached_prompt_tokens",
             i64::from(response.cached_prompt_tokens),
         );
-        let kv_transfer = if response.pipelined {
-            "pipelined"
-        } else {
-            "after-prefill"
-        };
-        observers
-            .metrics
-            .disagg_prefills
-            .get_or_create(&crate::observe::metrics::KvTransferLabels { kv_transfer })
-            .inc();
         // A pipelined answer's counts are not final: only a finished prefill's hit is compared.
         if !response.pipelined {
             prefill.realize(

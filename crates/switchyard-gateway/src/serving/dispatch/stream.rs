@@ -61,6 +61,17 @@ impl Driver<'_> {
         };
         let request = &self.job.request_id;
         let worker = attempt.decode.worker_id.clone();
+        if attempt.placement {
+            let outcome = match mode {
+                Mode::Disaggregated { .. } => "pulled",
+                Mode::Aggregated { .. } => "recomputed",
+            };
+            self.observers
+                .metrics
+                .placements
+                .get_or_create(&crate::observe::metrics::PlacementLabels { outcome })
+                .inc();
+        }
         match &mode {
             Mode::Aggregated { why, .. } => {
                 attempt.decode.record_served(ServedAs::Aggregated, None);
@@ -102,13 +113,14 @@ impl Driver<'_> {
                     prefill_worker,
                     running,
                 },
+            placement,
             ..
         } = attempt;
         let disaggregated = kv_source.is_some();
-        let mode = if disaggregated {
-            "disaggregated"
-        } else {
-            "aggregated"
+        let mode = match (disaggregated, placement) {
+            (true, true) => "placement",
+            (true, false) => "disaggregated",
+            (false, _) => "aggregated",
         };
         decode.audit.update(|o| {
             o.mode = Some(mode);

@@ -28,6 +28,7 @@ fn info(id: &str, model: &str, role: Role) -> WorkerInfo {
         incarnation: 1,
         engine_endpoint: None,
         kv_tiers: None,
+        kv_peer: None,
     }
 }
 

@@ -13,6 +13,7 @@ use switchyard_router::serve::{
 use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
 
 mod candidates;
+pub mod placement;
 mod prompt_hashes;
 
 pub use candidates::{Candidates, candidates, needs_prefill, prefill_candidates};
@@ -51,6 +52,9 @@ pub struct RoutedRequest {
     /// The route record of a decode decision whose serving mode is decided next (the prefill
     /// step): written with it by [`RoutedRequest::record_served`] or [`route_prefill`].
     pending: Option<Box<RouteRecord>>,
+    /// Sub-agent placement: the candidate the decision priced copying the prompt's prefix
+    /// from ([`Decision::peer_source`] over the candidates it was decided among).
+    pub peer: Option<WorkerId>,
 }
 
 impl RoutedRequest {
@@ -299,6 +303,7 @@ fn route_candidates(
     let (decision, booking, basis, pending) = {
         let mut core = routes.lock();
         let (decision, booking) = core.serving.route_decode(request, only, max_tokens)?;
+        let peer = decision.peer_source(only).cloned();
         let basis =
             RescoreBasis::capture(request, &decision, &core.serving.index, &core.serving.load);
         let decision = Arc::new(decision);
@@ -312,8 +317,9 @@ fn route_candidates(
                 write_route(&observers.recorder, record, ServedAs::Aggregated, None);
             }
         }
-        (decision, booking, basis, pending)
+        (decision, booking, basis, (pending, peer))
     };
+    let (pending, peer) = pending;
     let audit = observers.decisions.push(
         DecisionEntry::new(
             Arc::clone(tags),
@@ -339,6 +345,7 @@ fn route_candidates(
         .inc_by(u64::from(cached_blocks(&decision)));
     let mut routed = routed_request(observers, routes, candidates, decision, booking, audit)?;
     routed.pending = pending;
+    routed.peer = peer;
     Ok(routed)
 }
 
@@ -491,7 +498,21 @@ fn routed_request(
         );
         return Err(RouteError::NoCandidates);
     };
-    Ok(RoutedRequest {
+    Ok(routed_on(
+        observers, routes, worker, decision, booking, audit,
+    ))
+}
+
+/// The [`RoutedRequest`] on `worker` for `decision`, whose booking the core made.
+fn routed_on(
+    observers: &Observers,
+    routes: &Arc<ModelRoutes>,
+    worker: Arc<WorkerHandle>,
+    decision: Arc<Decision>,
+    booking: Booking,
+    audit: Arc<DecisionEntry>,
+) -> RoutedRequest {
+    RoutedRequest {
         worker_id: decision.worker.clone(),
         cached_blocks: cached_blocks(&decision),
         worker,
@@ -504,7 +525,8 @@ fn routed_request(
         recorder: Arc::clone(&observers.recorder),
         recorded: true,
         pending: None,
-    })
+        peer: None,
+    }
 }
 
 /// The recorder's `route` record of a decode decision; its serving mode is filled in when it

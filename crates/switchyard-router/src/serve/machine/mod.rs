@@ -177,6 +177,10 @@ pub struct Routed {
     pub engine: EngineKind,
     /// The worker serves only with a prefill worker ([`super::needs_prefill`]).
     pub needs_prefill: bool,
+    /// Sub-agent placement: the worker the decision priced copying the prompt's prefix from
+    /// ([`Decision::peer_source`](crate::Decision::peer_source)), which then prefills the
+    /// prompt (hitting its cache) while this worker pulls the KV, instead of recomputing it.
+    pub peer: Option<WorkerId>,
 }
 
 /// Why routing found no worker.
@@ -198,6 +202,9 @@ pub struct PrefillAsk {
     pub exclude: Vec<WorkerId>,
     /// The prefill try of this attempt, from 1.
     pub try_number: u32,
+    /// Sub-agent placement: book this worker (the peer holding the prefix, see
+    /// [`Routed::peer`]) as the KV source, instead of choosing from the prefill pool.
+    pub peer: Option<WorkerId>,
 }
 
 /// What the prefill pool gave.
@@ -274,6 +281,9 @@ struct PrefillState {
     try_number: u32,
     chosen: Option<WorkerId>,
     last_failure: Option<String>,
+    /// The KV source is the peer holding the prefix (placement), not a prefill-pool worker:
+    /// when it fails the decode worker recomputes the prompt, no other worker is tried.
+    placement: bool,
 }
 
 /// One request's serving sequence. Built with [`Serving::new`], started with
@@ -432,6 +442,12 @@ impl Serving {
                 false,
             );
         }
+        if let Some(peer) = routed.peer.clone()
+            && !routed.needs_prefill
+            && !self.excluded_prefill.contains(&peer)
+        {
+            return self.place(routed, peer);
+        }
         let uncached = routed.uncached_prompt_tokens;
         match serving_mode(&self.plan.settings, uncached, routed.needs_prefill) {
             ModeChoice::Aggregated(why) => self.generate_aggregated(routed.worker, why, false),
@@ -441,16 +457,39 @@ impl Serving {
                     needs_prefill: routed.needs_prefill,
                     exclude: self.excluded_prefill.clone(),
                     try_number: 1,
+                    peer: None,
                 };
                 self.phase = Phase::Prefill(PrefillState {
                     decode: routed,
                     try_number: 1,
                     chosen: None,
                     last_failure: None,
+                    placement: false,
                 });
                 Step::ChoosePrefill(ask)
             }
         }
+    }
+
+    /// Sub-agent placement: the decode worker pulls the prompt's KV from `peer`, which holds
+    /// its prefix, through the disaggregated path (whatever the disaggregation mode: the peer
+    /// is no prefill-pool worker).
+    fn place(&mut self, routed: Routed, peer: WorkerId) -> Step {
+        let ask = PrefillAsk {
+            engine: routed.engine,
+            needs_prefill: false,
+            exclude: self.excluded_prefill.clone(),
+            try_number: 1,
+            peer: Some(peer),
+        };
+        self.phase = Phase::Prefill(PrefillState {
+            decode: routed,
+            try_number: 1,
+            chosen: None,
+            last_failure: None,
+            placement: true,
+        });
+        Step::ChoosePrefill(ask)
     }
 
     fn generate_aggregated(&mut self, worker: WorkerId, why: String, tried_prefill: bool) -> Step {
@@ -472,10 +511,17 @@ impl Serving {
         match pick {
             PrefillPick::Chosen(worker) => {
                 state.chosen = Some(worker.clone());
-                let why = format!(
-                    "{} uncached prompt tokens on the decode worker",
-                    state.decode.uncached_prompt_tokens
-                );
+                let why = if state.placement {
+                    format!(
+                        "placement: {worker} holds the prompt's prefix and prefills it from its cache; {} pulls the KV instead of recomputing it",
+                        state.decode.worker
+                    )
+                } else {
+                    format!(
+                        "{} uncached prompt tokens on the decode worker",
+                        state.decode.uncached_prompt_tokens
+                    )
+                };
                 Step::Prefill {
                     worker,
                     try_number: state.try_number,
@@ -484,6 +530,13 @@ impl Serving {
             }
             PrefillPick::Saturated(why) => {
                 let worker = state.decode.worker.clone();
+                self.generate_aggregated(worker, why, true)
+            }
+            PrefillPick::Unavailable(err) if state.placement => {
+                let worker = state.decode.worker.clone();
+                let why = format!(
+                    "placement: the prefix's holder cannot be booked ({err}); recomputing it here"
+                );
                 self.generate_aggregated(worker, why, true)
             }
             PrefillPick::Unavailable(err) => {
@@ -526,6 +579,22 @@ impl Serving {
         let Some(prefill) = state.chosen.take() else {
             return self.out_of_order("a prefill result before a prefill worker was chosen");
         };
+        if state.placement
+            && let Err(failure) = &result
+        {
+            let why = match failure {
+                PrefillFailure::Refused(message) => format!("refused the prompt: {message}"),
+                PrefillFailure::Failed(failure) => {
+                    self.excluded_prefill.push(prefill.clone());
+                    failure.clone()
+                }
+            };
+            let why = format!(
+                "placement: the prefix's holder {prefill} could not hand its KV over ({why}); recomputing it here"
+            );
+            let worker = state.decode.worker.clone();
+            return self.generate_aggregated(worker, why, true);
+        }
         match result {
             Ok(()) => {
                 let worker = state.decode.worker.clone();
@@ -558,6 +627,7 @@ impl Serving {
                         needs_prefill: state.decode.needs_prefill,
                         exclude: self.excluded_prefill.clone(),
                         try_number: state.try_number,
+                        peer: None,
                     });
                 }
                 let state = state.clone();

@@ -27,6 +27,7 @@ fn routed(id: &str, uncached: u64, engine: EngineKind, needs_prefill: bool) -> R
         uncached_prompt_tokens: uncached,
         engine,
         needs_prefill,
+        peer: None,
     }
 }
 
@@ -395,5 +396,122 @@ fn outcomes_out_of_order_fail_instead_of_guessing() {
     assert!(matches!(
         s.prefilled(Ok(())),
         Step::Fail(ServeError::Internal(_))
+    ));
+}
+
+/// A vLLM worker routed with a copy of its prefix priced from `peer` (sub-agent placement).
+fn placed(id: &str, peer: &str) -> Routed {
+    Routed {
+        peer: Some(w(peer)),
+        ..routed(id, 64, EngineKind::Vllm, false)
+    }
+}
+
+#[test]
+fn a_placed_request_prefills_on_the_prefix_holder_and_pulls_its_kv_whatever_the_mode() {
+    for mode in [
+        Disaggregation::Off,
+        Disaggregation::Auto,
+        Disaggregation::Enforce,
+    ] {
+        let mut s = Serving::new(plan(mode, 1, 1));
+        s.start();
+        // 64 uncached tokens, below auto's threshold: the peer is asked for all the same.
+        let ask = match s.routed(Ok(placed("free", "holder"))) {
+            Step::ChoosePrefill(ask) => ask,
+            other => panic!("{mode:?}: expected the holder to be booked, got {other:?}"),
+        };
+        assert_eq!(ask.peer, Some(w("holder")));
+        assert_eq!(ask.engine, EngineKind::Vllm);
+        let why = match s.prefill_picked(PrefillPick::Chosen(w("holder"))) {
+            Step::Prefill { worker, why, .. } => {
+                assert_eq!(worker, w("holder"));
+                why
+            }
+            other => panic!("expected the holder's prefill, got {other:?}"),
+        };
+        assert!(why.starts_with("placement:"), "{why}");
+        assert_eq!(
+            s.prefilled(Ok(())),
+            Step::Generate {
+                worker: w("free"),
+                mode: Mode::Disaggregated {
+                    prefill: w("holder")
+                }
+            }
+        );
+    }
+}
+
+#[test]
+fn a_placement_whose_holder_fails_recomputes_on_the_chosen_worker() {
+    // The holder's prefill fails: no prefill-pool worker is tried, the chosen worker computes.
+    let mut s = Serving::new(plan(Disaggregation::Enforce, 2, 1));
+    s.start();
+    s.routed(Ok(placed("free", "holder")));
+    s.prefill_picked(PrefillPick::Chosen(w("holder")));
+    match s.prefilled(Err(PrefillFailure::Failed("holder: unavailable".into()))) {
+        Step::Generate {
+            worker,
+            mode: Mode::Aggregated { why, tried_prefill },
+        } => {
+            assert_eq!(worker, w("free"));
+            assert!(tried_prefill);
+            assert!(why.contains("recomputing it here"), "{why}");
+        }
+        other => panic!("expected a local recompute, got {other:?}"),
+    }
+    // The pull then fails on the decode side, blamed on the source: the retry does not place
+    // from that holder again.
+    let ask = route_ask(s.ended(AttemptEnd::WorkerFailed {
+        reason: "pull failed".into(),
+        blame: Blame::KvSource,
+    }));
+    assert_eq!(ask.kind, AttemptKind::Retry);
+    let mut s = Serving::new(plan(Disaggregation::Off, 1, 1));
+    s.start();
+    s.routed(Ok(placed("free", "holder")));
+    s.prefill_picked(PrefillPick::Chosen(w("holder")));
+    s.prefilled(Ok(()));
+    route_ask(s.ended(AttemptEnd::WorkerFailed {
+        reason: "pull failed".into(),
+        blame: Blame::KvSource,
+    }));
+    assert!(
+        matches!(
+            s.routed(Ok(placed("free", "holder"))),
+            Step::Generate {
+                mode: Mode::Aggregated { .. },
+                ..
+            }
+        ),
+        "disaggregation off and the holder excluded: recomputed in place"
+    );
+    // A holder that cannot be booked any more (it left) is recomputed around too.
+    let mut s = Serving::new(plan(Disaggregation::Auto, 1, 1));
+    s.start();
+    s.routed(Ok(placed("free", "holder")));
+    assert!(matches!(
+        s.prefill_picked(PrefillPick::Unavailable(RouteError::NoCandidates)),
+        Step::Generate {
+            mode: Mode::Aggregated { .. },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_migration_or_logprobs_never_place() {
+    let mut s = Serving::new(Plan {
+        logprobs: true,
+        ..plan(Disaggregation::Auto, 1, 1)
+    });
+    s.start();
+    assert!(matches!(
+        s.routed(Ok(placed("free", "holder"))),
+        Step::Generate {
+            mode: Mode::Aggregated { .. },
+            ..
+        }
     ));
 }

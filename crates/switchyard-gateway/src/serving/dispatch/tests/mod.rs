@@ -235,6 +235,7 @@ fn info(id: &str, port: u16, role: Role, engine: EngineKind) -> WorkerInfo {
         incarnation: 1,
         engine_endpoint: None,
         kv_tiers: None,
+        kv_peer: None,
     }
 }
 
