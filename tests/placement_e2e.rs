@@ -202,6 +202,11 @@ async fn a_sub_agent_pulls_its_parents_prefix_from_the_saturated_holder() {
     let prefill = decisions(api, "prefill").await;
     assert_eq!(prefill.len(), 1, "{prefill:?}");
     assert_eq!(prefill[0]["explanation"]["chosen"], "holder");
+    // The holder's prefill hit its cache for the whole prefix.
+    assert_eq!(
+        prefill[0]["outcome"]["realized_cached_tokens"], PREFIX_TOKENS,
+        "{prefill:?}"
+    );
     assert!(
         prefill[0]["note"]
             .as_str()
