@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{BlockHash, BlockSize, CoreError, TokenId, WorkerId, hash::chain_hash};
+use crate::{BlockHash, BlockSize, CoreError, TokenId, WorkerId, hash::ChainHasher};
 
 /// Per-incarnation event sequence number.
 pub type EventSeq = u64;
@@ -100,6 +100,9 @@ impl KvEvent {
     pub fn validate(&self, block_size: BlockSize) -> Result<(), CoreError> {
         if let KvEvent::Stored { parent, blocks, .. } = self {
             let mut prev = *parent;
+            // One buffer for the event's blocks, not one per block (a gateway verifies every
+            // block it ingests).
+            let mut hasher = ChainHasher::new(block_size);
             for block in blocks {
                 if block.tokens.len() != block_size.as_usize() {
                     return Err(CoreError::PartialBlock {
@@ -107,7 +110,7 @@ impl KvEvent {
                         block_size: block_size.get(),
                     });
                 }
-                let expected = chain_hash(prev, &block.tokens);
+                let expected = hasher.hash(prev, &block.tokens);
                 if expected != block.hash {
                     return Err(CoreError::HashMismatch {
                         hash: block.hash.to_string(),

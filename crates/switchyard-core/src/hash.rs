@@ -46,6 +46,26 @@ pub fn chain_hash(parent: Option<BlockHash>, tokens: &[TokenId]) -> BlockHash {
     hash_into(&mut buf, parent.unwrap_or(BlockHash::ROOT), tokens)
 }
 
+/// [`chain_hash`] of block after block with one buffer: what verifying a chain of blocks uses,
+/// where a buffer per block cost an allocation per block.
+#[derive(Debug, Default)]
+pub(crate) struct ChainHasher {
+    buf: Vec<u8>,
+}
+
+impl ChainHasher {
+    pub(crate) fn new(block_size: BlockSize) -> Self {
+        Self {
+            buf: Vec::with_capacity(8 + block_size.as_usize() * 4),
+        }
+    }
+
+    /// Exactly [`chain_hash`]`(parent, tokens)`.
+    pub(crate) fn hash(&mut self, parent: Option<BlockHash>, tokens: &[TokenId]) -> BlockHash {
+        hash_into(&mut self.buf, parent.unwrap_or(BlockHash::ROOT), tokens)
+    }
+}
+
 fn hash_into(buf: &mut Vec<u8>, parent: BlockHash, tokens: &[TokenId]) -> BlockHash {
     // Sized once and overwritten in place: clearing and growing it again would zero it for
     // every block (a tenth of a long prompt's hashing).

@@ -4,11 +4,14 @@
 //! [`convert`] maps its messages to and from `switchyard-core` types, refusing messages that
 //! would break a core invariant (an invalid worker id, a zero block size, a missing oneof);
 //! [`fault`] is the status mark that says a failure is the KV source's, not the answering
-//! worker's.
+//! worker's. `v1::StoredBlock` alone is written by hand (`stored_block.rs`): its token ids are
+//! what a gateway decodes most, and prost's generated decoder grows their vector three times
+//! per block.
 
 pub mod convert;
 pub mod error_code;
 pub mod fault;
+mod stored_block;
 
 /// Generated protocol types, package `switchyard.v1`.
 #[allow(
@@ -19,6 +22,7 @@ pub mod fault;
 )]
 pub mod v1 {
     tonic::include_proto!("switchyard.v1");
+    pub use crate::stored_block::StoredBlock;
 }
 
 pub use convert::{
