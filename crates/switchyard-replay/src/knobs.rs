@@ -6,8 +6,10 @@
 //! ([`Mechanism::Placement`]) and sessions scheduled as programs ([`Mechanism::Sessions`]).
 //! Real engines have only some of them ([`EngineKnobs`], `docs/engines.md`, "Agent KV
 //! mechanisms per engine"): vLLM has a CPU offloading tier and a disaggregated KV pull
-//! (`kv_transfer_params`) but nothing that keeps a prefix for a session; SGLang has HiCache, its
-//! bootstrap pull and, under `--radix-eviction-policy priority`, eviction by priority;
+//! (`kv_transfer_params`) but nothing that keeps a prefix for a session; SGLang has HiCache and,
+//! under `--radix-eviction-policy priority`, eviction by priority, but no placement (an
+//! aggregated SGLang server can neither hand over nor take KV, and its prefill/decode servers do
+//! not serve aggregated, so its bootstrap pull cannot place a sub-agent);
 //! TensorRT-LLM a secondary (host) pool and `disaggregated_params` but no retention control.
 //! Session scheduling is admission on our side and needs nothing of an engine.
 //!
@@ -208,8 +210,9 @@ impl EngineKnobs {
         match self {
             // CPU offloading (native connector, LMCache); kv_transfer_params; no retention.
             EngineKnobs::Vllm => all.with(Mechanism::Retention, false),
-            // HiCache; bootstrap; retention as radix-eviction priority.
-            EngineKnobs::Sglang => all,
+            // HiCache; retention as radix-eviction priority; no placement between aggregated
+            // servers.
+            EngineKnobs::Sglang => all.with(Mechanism::Placement, false),
             // Secondary pool; disaggregated_params; no retention control.
             EngineKnobs::Trtllm => all.with(Mechanism::Retention, false),
             EngineKnobs::Sim => all,

@@ -65,7 +65,8 @@ fn each_engine_s_knobs_are_the_ones_docs_engines_md_lists() {
     );
     assert_eq!(
         set(EngineKnobs::Sglang),
-        ["host", "retention", "placement", "sessions"]
+        ["host", "retention", "sessions"],
+        "SGLang: HiCache, expiring radix-eviction priority, no placement between aggregated servers"
     );
     assert_eq!(set(EngineKnobs::Trtllm), ["host", "placement", "sessions"]);
     assert_eq!(
