@@ -367,7 +367,28 @@ mod tests {
     use crate::observe::Observers;
     use crate::observe::metrics::Metrics;
 
-    fn setup() -> (Arc<WorkerPool>, FollowContext, Arc<ModelRoutes>, WorkerId) {
+    /// A pool with one sim worker `w` of the model `m`, and what `apply` takes beside it.
+    struct Fixture {
+        pool: Arc<WorkerPool>,
+        cx: FollowContext,
+        routes: Arc<ModelRoutes>,
+        id: WorkerId,
+    }
+
+    impl Fixture {
+        fn apply(&self, cursor: &mut Cursor, message: v1::KvEventsResponse) -> bool {
+            apply(
+                &self.pool,
+                &self.cx,
+                &self.routes,
+                &self.id,
+                cursor,
+                message,
+            )
+        }
+    }
+
+    fn setup() -> Fixture {
         let pool = Arc::new(WorkerPool::new(PolicyKind::Kv, PolicyConfig::default()).unwrap());
         let observers = Observers::in_memory(8, Arc::new(Metrics::new()), pool.epoch());
         let cx = FollowContext::new(&observers, 100);
@@ -388,7 +409,12 @@ mod tests {
             kv_peer: None,
         };
         let routes = pool.routes_for(&info).unwrap();
-        (pool, cx, routes, id)
+        Fixture {
+            pool,
+            cx,
+            routes,
+            id,
+        }
     }
 
     fn stored(tokens: &[u32]) -> KvEvent {
@@ -435,62 +461,28 @@ mod tests {
 
     #[test]
     fn snapshot_then_events_then_gap_asks_for_a_resync() {
-        let (pool, cx, routes, id) = setup();
+        let f = setup();
+        let (routes, id) = (&f.routes, f.id.clone());
         let mut cursor = Cursor::default();
         let first = block_hashes(&[1, 2, 3, 4], BlockSize::new(4).unwrap());
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            snapshot(1, 5, &first)
-        ));
+        assert!(f.apply(&mut cursor, snapshot(1, 5, &first)));
         assert_eq!(cursor.next_seq, Some(5));
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 1);
 
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            event(1, 5, &stored(&[9, 9, 9, 9, 8, 8, 8, 8]))
-        ));
+        assert!(f.apply(&mut cursor, event(1, 5, &stored(&[9, 9, 9, 9, 8, 8, 8, 8]))));
         assert_eq!(cursor.next_seq, Some(6));
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 3);
 
         // A stale duplicate changes nothing and needs nothing.
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            event(1, 4, &stored(&[7, 7, 7, 7]))
-        ));
+        assert!(f.apply(&mut cursor, event(1, 4, &stored(&[7, 7, 7, 7]))));
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 3);
 
         // A gap: the subscriber must resync, and the event is not applied.
-        assert!(!apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            event(1, 7, &stored(&[6, 6, 6, 6]))
-        ));
+        assert!(!f.apply(&mut cursor, event(1, 7, &stored(&[6, 6, 6, 6]))));
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 3);
 
         // The resync snapshot replaces what was known.
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            snapshot(1, 9, &first)
-        ));
+        assert!(f.apply(&mut cursor, snapshot(1, 9, &first)));
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 1);
         assert_eq!(cursor.next_seq, Some(9));
     }
@@ -510,52 +502,25 @@ mod tests {
 
     #[test]
     fn a_batch_applies_in_order_up_to_a_gap_and_is_counted_per_event() {
-        let (pool, cx, routes, id) = setup();
+        let f = setup();
+        let (cx, routes, id) = (&f.cx, &f.routes, f.id.clone());
         let mut cursor = Cursor::default();
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            snapshot(1, 0, &[])
-        ));
+        assert!(f.apply(&mut cursor, snapshot(1, 0, &[])));
         let (a, b, c) = (
             stored(&[1, 1, 1, 1]),
             stored(&[2, 2, 2, 2]),
             stored(&[3, 3, 3, 3]),
         );
         // A duplicate of an applied event first (a resume), then two new ones.
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            event(1, 0, &a)
-        ));
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            batch(1, &[(0, &a), (1, &b), (2, &c)])
-        ));
+        assert!(f.apply(&mut cursor, event(1, 0, &a)));
+        assert!(f.apply(&mut cursor, batch(1, &[(0, &a), (1, &b), (2, &c)])));
         assert_eq!(cursor.next_seq, Some(3));
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 3);
         assert_eq!(cx.metrics.kv_events_applied.get(), 3);
         // A gap inside a batch: the events before it stay applied, the rest waits for the
         // snapshot the subscriber asks for.
         let (d, e) = (stored(&[4, 4, 4, 4]), stored(&[5, 5, 5, 5]));
-        assert!(!apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            batch(1, &[(3, &d), (5, &e)])
-        ));
+        assert!(!f.apply(&mut cursor, batch(1, &[(3, &d), (5, &e)])));
         assert_eq!(cursor.next_seq, None);
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 4);
         assert_eq!(cx.metrics.kv_events_applied.get(), 4);
@@ -563,16 +528,10 @@ mod tests {
 
     #[test]
     fn forged_events_are_refused_and_counted() {
-        let (pool, cx, routes, id) = setup();
+        let f = setup();
+        let (cx, routes, id) = (&f.cx, &f.routes, f.id.clone());
         let mut cursor = Cursor::default();
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            snapshot(1, 0, &[])
-        ));
+        assert!(f.apply(&mut cursor, snapshot(1, 0, &[])));
         let forged = KvEvent::Stored {
             parent: None,
             blocks: vec![StoredBlock {
@@ -581,14 +540,7 @@ mod tests {
             }],
             tier: StorageTier::Device,
         };
-        assert!(!apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            event(1, 0, &forged)
-        ));
+        assert!(!f.apply(&mut cursor, event(1, 0, &forged)));
         assert_eq!(cx.metrics.kv_events_invalid.get(), 1);
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 0);
         // An event without a payload kind is undecodable: resync, counted.
@@ -597,39 +549,19 @@ mod tests {
             incarnation: 1,
             payload: Some(Payload::Event(v1::KvEvent { seq: 0, kind: None })),
         };
-        assert!(!apply(&pool, &cx, &routes, &id, &mut cursor, empty));
+        assert!(!f.apply(&mut cursor, empty));
         assert_eq!(cx.metrics.kv_events_invalid.get(), 2);
     }
 
     #[test]
     fn a_restarted_worker_is_rebuilt_from_its_new_snapshot() {
-        let (pool, cx, routes, id) = setup();
+        let f = setup();
+        let (routes, id) = (&f.routes, f.id.clone());
         let mut cursor = Cursor::default();
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            snapshot(1, 0, &[])
-        ));
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            event(1, 0, &stored(&[1, 1, 1, 1]))
-        ));
+        assert!(f.apply(&mut cursor, snapshot(1, 0, &[])));
+        assert!(f.apply(&mut cursor, event(1, 0, &stored(&[1, 1, 1, 1]))));
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 1);
-        assert!(apply(
-            &pool,
-            &cx,
-            &routes,
-            &id,
-            &mut cursor,
-            snapshot(2, 0, &[])
-        ));
+        assert!(f.apply(&mut cursor, snapshot(2, 0, &[])));
         assert_eq!(cursor.incarnation, 2);
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 0);
     }
