@@ -18,16 +18,13 @@ use switchyard_proto::v1::{
     FinishReason, GenerateRequest, GenerateResponse, KvHandle, PrefillRequest, PrefillResponse,
 };
 use switchyard_router::serve::{Disaggregation, ServeSettings};
-use switchyard_router::{PolicyConfig, PolicyKind};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::*;
 use crate::cluster::pool::WorkerHandle;
-use crate::cluster::pool::follow::FollowContext;
 use crate::cluster::pool::followers::Followers;
 use crate::observe::Observers;
-use crate::observe::metrics::Metrics;
 use crate::serving::disagg::DisaggSettings;
 use crate::serving::transport::{GenerateStream, WorkerTransport};
 
@@ -276,19 +273,11 @@ fn start(d: &Dispatching, job: GenerateJob) -> mpsc::Receiver<DispatchEvent> {
 }
 
 fn pool(workers: &[WorkerInfo], transport: Arc<Scripted>) -> (Dispatching, Arc<ModelRoutes>) {
-    let pool = Arc::new(WorkerPool::new(PolicyKind::Kv, PolicyConfig::default()).unwrap());
-    let observers = Arc::new(Observers::in_memory(
-        64,
-        Arc::new(Metrics::new()),
-        pool.epoch(),
-    ));
-    let followers = Followers::new(
-        Arc::clone(&pool),
-        Arc::new(FollowContext::new(&observers, 100)),
-    );
-    for w in workers {
-        followers.upsert_worker(w.clone());
-    }
+    let crate::cluster::pool::test_pool::TestPool {
+        pool,
+        followers,
+        observers,
+    } = crate::cluster::pool::test_pool::TestPool::new(64, workers);
     let routes = pool.model("m").unwrap();
     (
         Dispatching {
