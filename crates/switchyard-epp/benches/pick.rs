@@ -182,9 +182,11 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
         config,
         pool,
         tasks: followers.context().tasks.clone(),
+        transport: Arc::new(switchyard_gateway::serving::transport::GrpcTransport::new(
+            Arc::clone(&followers.context().connections),
+        )),
         followers: Arc::new(followers),
         observers: Arc::new(observers),
-        transport: Arc::new(switchyard_gateway::serving::transport::GrpcTransport),
         tokenizers,
         extensions: Default::default(),
         retention: switchyard_gateway::serving::retention::SessionRetention::new(

@@ -285,10 +285,12 @@ pub async fn start(
         .with_client_limit(config.max_requests_per_client),
         config,
         pool,
+        transport: Arc::new(serving::transport::GrpcTransport::new(Arc::clone(
+            &followers.context().connections,
+        ))),
         followers,
         observers,
         tasks,
-        transport: Arc::new(serving::transport::GrpcTransport),
         tokenizers,
         extensions,
         access,

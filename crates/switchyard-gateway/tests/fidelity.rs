@@ -30,7 +30,7 @@ use switchyard_core::{
 };
 use switchyard_gateway::cluster::pool::follow::FollowContext;
 use switchyard_gateway::cluster::pool::followers::Followers;
-use switchyard_gateway::cluster::pool::{ModelRoutes, WorkerHandle, WorkerPool};
+use switchyard_gateway::cluster::pool::{ModelRoutes, WorkerPool};
 use switchyard_gateway::observe::Observers;
 use switchyard_gateway::observe::metrics::Metrics;
 use switchyard_gateway::serving::disagg::{DisaggSettings, KvTransfer};
@@ -101,7 +101,7 @@ struct InProcess {
 impl WorkerTransport for InProcess {
     fn generate(
         &self,
-        _worker: &WorkerHandle,
+        _worker: &WorkerId,
         request: tonic::Request<GenerateRequest>,
     ) -> BoxFuture<'static, Result<GenerateStream, tonic::Status>> {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -116,7 +116,7 @@ impl WorkerTransport for InProcess {
 
     fn prefill(
         &self,
-        _worker: &WorkerHandle,
+        _worker: &WorkerId,
         _request: tonic::Request<PrefillRequest>,
     ) -> BoxFuture<'static, Result<PrefillResponse, tonic::Status>> {
         Box::pin(async {

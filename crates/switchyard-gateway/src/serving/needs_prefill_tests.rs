@@ -204,7 +204,9 @@ fn job(routes: &Arc<ModelRoutes>, mode: Disaggregation) -> GenerateJob {
 
 async fn failure(pool: &TestPool, job: GenerateJob) -> ApiError {
     let transport: Arc<dyn crate::serving::transport::WorkerTransport> =
-        Arc::new(crate::serving::transport::GrpcTransport);
+        Arc::new(crate::serving::transport::GrpcTransport::new(Arc::clone(
+            &pool.followers.context().connections,
+        )));
     let mut events = dispatch::start(
         &pool.pool,
         &pool.observers,

@@ -382,7 +382,12 @@ async fn control(
         .pool
         .worker(&id)
         .ok_or_else(|| ApiError::NotFound(format!("no worker {id}")))?;
-    let mut client = worker.client.clone();
+    let mut client = state
+        .followers
+        .context()
+        .connections
+        .client(&id)
+        .ok_or_else(|| ApiError::NotFound(format!("no worker {id}")))?;
     let response = client
         .control(ControlRequest {
             command: Some(command),

@@ -1,6 +1,6 @@
 //! What the pool's follower tasks are given besides the pool itself: the observers they write
-//! to (metrics, the recorder), the intervals they keep, the dialer of the workers' channels, the
-//! bound on stream opens, and the token and tracker that own them. The KV-event and load
+//! to (metrics, the recorder), the intervals they keep, the workers' connections, the bound on
+//! stream opens, and the token and tracker that own them. The KV-event and load
 //! followers ([`super::subscriber`], [`super::plane`]) and the KV checks
 //! ([`super::kv_checks`]) take (`&WorkerPool`, `&FollowContext`); [`super::followers`] starts
 //! and stops them.
@@ -12,6 +12,7 @@ use switchyard_security::{Dialer, Identity, PeerRole};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::connections::WorkerConnections;
 use super::subscriptions::{self, Subscriptions};
 use crate::observe::Observers;
 use crate::observe::metrics::Metrics;
@@ -41,8 +42,9 @@ pub struct FollowContext {
     pub load_push_min_ms: u32,
     /// A worker whose load reports stop for this long is unresponsive ([`crate::cluster::health`]).
     pub unresponsive_after: Duration,
-    /// How channels to workers are opened (plain or mTLS, with the gateway's credential).
-    pub dialer: Dialer,
+    /// The workers' gRPC clients by id, dialed plain or with mTLS and the gateway's credential;
+    /// the request path's transport calls through the same clients.
+    pub connections: Arc<WorkerConnections>,
     /// Bounds the worker streams opening at once; counts the workers followed in full.
     pub subscriptions: Subscriptions,
     /// Cancels every follower (each worker's own token is a child of it); the gateway's other
@@ -64,7 +66,10 @@ impl FollowContext {
             load_interval_ms,
             load_push_min_ms: 0,
             unresponsive_after: default_unresponsive_after(load_interval_ms),
-            dialer: Dialer::open(Identity::new("default", PeerRole::Gateway)),
+            connections: Arc::new(WorkerConnections::new(Dialer::open(Identity::new(
+                "default",
+                PeerRole::Gateway,
+            )))),
             subscriptions: Subscriptions::new(
                 subscriptions::DEFAULT_CONCURRENCY,
                 metrics.subscriptions_opening.clone(),
@@ -76,9 +81,9 @@ impl FollowContext {
         }
     }
 
-    /// The same context, dialing workers with `dialer`.
+    /// The same context, dialing workers with `dialer` (before any worker is connected).
     pub fn with_dialer(mut self, dialer: Dialer) -> Self {
-        self.dialer = dialer;
+        self.connections = Arc::new(WorkerConnections::new(dialer));
         self
     }
 

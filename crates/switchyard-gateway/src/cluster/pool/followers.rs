@@ -1,7 +1,9 @@
 //! Starting and stopping the follower tasks of the pool's workers as the registry reports them:
-//! a worker that joins is added to the [`WorkerPool`] and gets its KV-event follower (a gRPC
+//! a worker that joins is connected ([`super::connections`]), added to the [`WorkerPool`] and
+//! gets its KV-event follower (a gRPC
 //! stream, [`super::subscriber`], or the event plane, [`super::plane`]) and its load follower;
-//! one that leaves is taken out, its tasks cancelled and its blocks and load dropped at once.
+//! one that leaves is taken out, its tasks cancelled, its connection dropped and its blocks and
+//! load dropped at once.
 //! What changes is counted in the metrics and written to the recorder of the
 //! [`FollowContext`].
 
@@ -9,10 +11,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use switchyard_core::{WorkerId, WorkerInfo};
-use switchyard_proto::v1::worker_client::WorkerClient;
 
 use super::follow::FollowContext;
 use super::plane::{self, PlaneHandle};
@@ -101,21 +101,11 @@ impl Followers {
             }
         };
         self.set_refused(&info.id, None);
-        let channel = match cx.dialer.endpoint(&info.address) {
-            Ok(endpoint) => cx.dialer.lazy(
-                endpoint
-                    .connect_timeout(Duration::from_secs(2))
-                    .tcp_nodelay(true)
-                    .http2_keep_alive_interval(Duration::from_secs(5))
-                    .keep_alive_timeout(Duration::from_secs(5)),
-            ),
-            Err(err) => {
-                tracing::warn!(worker = %info.id, address = %info.address, error = %err, "invalid worker address; ignoring the worker");
-                return;
-            }
-        };
+        if let Err(err) = cx.connections.connect(&info) {
+            tracing::warn!(worker = %info.id, address = %info.address, error = %err, "invalid worker address; ignoring the worker");
+            return;
+        }
         let handle = Arc::new(WorkerHandle {
-            client: WorkerClient::new(channel),
             draining: AtomicBool::new(false),
             health: Health::new(),
             cancel: cx.cancel.child_token(),
@@ -144,6 +134,7 @@ impl Followers {
             return;
         };
         handle.cancel.cancel();
+        cx.connections.disconnect(id);
         cx.subscriptions.left(&handle.subscription);
         let model = handle.info().model;
         if let Some(routes) = pool.model(&model) {

@@ -5,7 +5,8 @@
 //! refused for routing. It holds no observer and runs no task. [`followers`] keeps it up to
 //! date: the registry watch adds, updates and removes workers through it, and each worker gets
 //! two follower tasks ([`subscriber`], or [`plane`] for its KV events) that take the pool and
-//! their own context ([`follow`]: metrics, recorder, intervals, dialer, the task tracker): its
+//! their own context ([`follow`]: metrics, recorder, intervals, the workers' connections
+//! ([`connections`]), the task tracker): its
 //! KV events feed the model's prefix index, its load reports the model's load view. Their
 //! stream opens are bounded ([`subscriptions`]), so a gateway that starts in front of a large
 //! fleet does not open every stream at once. A worker that leaves is dropped from both at once.
@@ -20,6 +21,7 @@ use switchyard_router::serve::ServingCore;
 use switchyard_router::{IndexConfig, LoadConfig, PolicyConfig, PolicyKind, RouteError, Tick};
 use tokio::time::Instant;
 
+pub mod connections;
 pub mod follow;
 pub mod followers;
 pub mod ingest;
@@ -359,24 +361,11 @@ impl WorkerPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchyard_core::{BlockSize, EngineKind, Role};
 
     fn info(id: &str, model: &str, adapters: &[&str]) -> WorkerInfo {
         WorkerInfo {
             adapters: adapters.iter().map(|a| (*a).to_owned()).collect(),
-            id: WorkerId::new(id).unwrap(),
-            // Nothing listens on port 1: the pool's subscriber fails and retries, harmlessly.
-            address: "127.0.0.1:1".into(),
-            model: model.into(),
-            role: Role::Both,
-            block_size: BlockSize::new(4).unwrap(),
-            kv_capacity_blocks: 100,
-            max_context_tokens: 10_000,
-            engine: EngineKind::Vllm,
-            incarnation: 1,
-            engine_endpoint: None,
-            kv_tiers: None,
-            kv_peer: None,
+            ..test_pool::worker_info(id, model)
         }
     }
 

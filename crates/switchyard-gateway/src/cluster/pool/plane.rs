@@ -209,7 +209,10 @@ async fn fetch_snapshot(
     // Bounded like the gRPC streams' opens: a gateway starting in front of a large fleet whose
     // history is gone does not ask every worker at once.
     let _permit = cx.subscriptions.open().await;
-    let mut client = worker.client.clone();
+    let mut client = cx
+        .connections
+        .client_or_status(&worker.id())
+        .map_err(|s| s.message().to_owned())?;
     let request = KvEventsRequest {
         from_seq: None,
         incarnation: 0,

@@ -55,7 +55,9 @@ pub(super) async fn follow_events(
             digest_interval_ms: cx.digest_interval_ms,
             max_batch_events: MAX_BATCH_EVENTS,
         };
-        let mut client = worker.client.clone();
+        let Some(mut client) = cx.connections.client(&id) else {
+            return; // The worker left.
+        };
         // Opening the stream, up to its first message (the snapshot), holds one of the
         // gateway's subscription permits, for `unresponsive_after` at most.
         let mut opening = Some(cx.subscriptions.open().await);
@@ -266,7 +268,9 @@ pub(super) async fn follow_load(
     // judge (a request that cannot connect marks it): its stream may still be coming up.
     let mut reported = false;
     loop {
-        let mut client = worker.client.clone();
+        let Some(mut client) = cx.connections.client(&id) else {
+            return; // The worker left.
+        };
         let request = LoadStatsRequest {
             interval_ms: cx.load_interval_ms,
             push_min_interval_ms: cx.load_push_min_ms,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use switchyard_core::{WorkerId, WorkerInfo};
+use switchyard_core::{BlockSize, EngineKind, Role, WorkerId, WorkerInfo};
 use switchyard_router::{PolicyConfig, PolicyKind};
 
 use super::follow::FollowContext;
@@ -67,5 +67,25 @@ impl TestPool {
 
     pub async fn shutdown(&self) {
         self.followers.shutdown().await;
+    }
+}
+
+/// A vLLM worker `id` serving `model` (block size 4, 100 blocks) at an address nothing listens
+/// on (port 1): its followers fail and retry, harmlessly.
+pub(crate) fn worker_info(id: &str, model: &str) -> WorkerInfo {
+    WorkerInfo {
+        adapters: Vec::new(),
+        id: WorkerId::new(id).expect("a valid worker id"),
+        address: "127.0.0.1:1".into(),
+        model: model.into(),
+        role: Role::Both,
+        block_size: BlockSize::new(4).expect("a valid block size"),
+        kv_capacity_blocks: 100,
+        max_context_tokens: 10_000,
+        engine: EngineKind::Vllm,
+        incarnation: 1,
+        engine_endpoint: None,
+        kv_tiers: None,
+        kv_peer: None,
     }
 }

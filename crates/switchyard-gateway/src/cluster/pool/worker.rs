@@ -1,12 +1,11 @@
-//! A worker as the gateway sees it: its registration, its gRPC client, and what the gateway
-//! learned of it (draining, answering, its KV audit, how far its subscription came).
+//! A worker as the gateway sees it: its registration and what the gateway learned of it
+//! (draining, answering, its KV audit, how far its subscription came). Its gRPC client is
+//! kept apart, by worker id ([`super::connections`]).
 
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use switchyard_core::{WorkerId, WorkerInfo};
-use switchyard_proto::v1::worker_client::WorkerClient;
-use switchyard_security::AuthChannel;
 use tokio_util::sync::CancellationToken;
 
 use super::subscriptions;
@@ -18,7 +17,6 @@ use crate::observe::metrics::{Metrics, WorkerLabels};
 #[derive(Debug)]
 pub struct WorkerHandle {
     pub info: RwLock<WorkerInfo>,
-    pub client: WorkerClient<AuthChannel>,
     /// Set from the worker's load reports; a draining worker gets no new requests.
     pub draining: AtomicBool,
     /// Whether it answers, whatever its lease says ([`crate::cluster::health`]).

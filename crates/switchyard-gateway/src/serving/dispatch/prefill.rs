@@ -114,7 +114,7 @@ impl Driver<'_> {
         switchyard_telemetry::inject_context(&prefill_span, call.metadata_mut());
         let answer = tokio::time::timeout(
             settings.prefill_timeout,
-            self.transport.prefill(&prefill.worker, call),
+            self.transport.prefill(&prefill.worker.id(), call),
         )
         .instrument(prefill_span.clone())
         .await;

@@ -220,7 +220,7 @@ impl Driver<'_> {
         };
         tokio::pin!(stopped_answering);
         let opened = tokio::select! {
-            opened = self.transport.generate(&worker, call) => opened,
+            opened = self.transport.generate(&worker.id(), call) => opened,
             reason = &mut stopped_answering => {
                 metrics.unresponsive_cuts.inc();
                 Err(tonic::Status::unavailable(reason))

@@ -22,7 +22,6 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::*;
-use crate::cluster::pool::WorkerHandle;
 use crate::cluster::pool::followers::Followers;
 use crate::observe::Observers;
 use crate::serving::disagg::DisaggSettings;
@@ -130,13 +129,13 @@ fn message(tokens: Vec<u32>, finish: FinishReason) -> GenerateResponse {
 impl WorkerTransport for Scripted {
     fn generate(
         &self,
-        worker: &WorkerHandle,
+        worker: &WorkerId,
         request: tonic::Request<GenerateRequest>,
     ) -> BoxFuture<'static, Result<GenerateStream, tonic::Status>> {
         let request = request.into_inner();
         let logprobs = request.sampling.as_ref().and_then(|s| s.logprobs);
         self.generate_calls.lock().push(Call {
-            worker: worker.id().to_string(),
+            worker: worker.to_string(),
             max_tokens: request.sampling.map_or(0, |s| s.max_tokens),
             prompt: request.prompt_token_ids,
             kv_source: request.kv_source.map(|s| s.address),
@@ -188,12 +187,12 @@ impl WorkerTransport for Scripted {
 
     fn prefill(
         &self,
-        worker: &WorkerHandle,
+        worker: &WorkerId,
         request: tonic::Request<PrefillRequest>,
     ) -> BoxFuture<'static, Result<PrefillResponse, tonic::Status>> {
         let request = request.into_inner();
         self.prefill_calls.lock().push(Call {
-            worker: worker.id().to_string(),
+            worker: worker.to_string(),
             prompt: request.prompt_token_ids,
             max_tokens: 0,
             kv_source: None,
