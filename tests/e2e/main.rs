@@ -78,6 +78,9 @@ mod gateway_resilience_e2e;
 #[path = "../gateway_routing_e2e.rs"]
 mod gateway_routing_e2e;
 
+#[path = "../host_tier_e2e.rs"]
+mod host_tier_e2e;
+
 #[path = "../kube_discovery_e2e.rs"]
 mod kube_discovery_e2e;
 

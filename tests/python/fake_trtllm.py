@@ -22,9 +22,17 @@ KV event serializer `tensorrt_llm/_utils.py` `KVCacheEventSerializer`):
     folded to an unsigned 64-bit integer): the consumer has to rehash token ids. After a request
     the sequence's blocks are cached, the last partial one too (TensorRT-LLM reuses partial
     blocks), each `stored` event chaining from the longest cached prefix.
+  * The secondary (host) pool, with `--host-blocks N` (TensorRT-LLM's
+    `kv_cache_config.host_cache_size`), as its block manager keeps it
+    (`cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp`): a block evicted from the primary pool
+    is offloaded to the secondary one, announced as `updated` with `cache_level`
+    `{"type": "event_diff", "old_value": 0, "new_value": 1}` (a `removed` for what the
+    secondary pool drops to make room), and a hit on it onboards it back (`updated` 1 -> 0).
+    `created` announces both pools' sizes.
 
 Test control (POST, JSON body, answers JSON):
-  /admin/state       the full blocks held, each as the token prefix ending with it
+  /admin/state       the full blocks held, each as the token prefix ending with it (`blocks`:
+                     the primary pool, `host`: the secondary one)
   /admin/store       {"tokens": [...]}: cache a sequence as a request would
   /admin/drop_next   {"count": n}: the next n events never reach the queue (lost, as when the
                      queue wraps before it is read)
@@ -88,8 +96,11 @@ class Engine:
         self.drop = 0
         # engine hash -> (tokens of the block, parent hash, prefix ending with it); LRU order.
         self.blocks = collections.OrderedDict()
+        # The secondary pool, same shape, LRU order (--host-blocks).
+        self.host = collections.OrderedDict()
         self.transceiver.restart()
-        self.emit({"type": "created", "num_blocks_per_cache_level": [self.args.num_blocks, 0]})
+        self.emit({"type": "created",
+                   "num_blocks_per_cache_level": [self.args.num_blocks, self.args.host_blocks]})
 
     def emit(self, data):
         event = {"event_id": self.next_id, "data": data, "window_size": self.args.window_size}
@@ -118,6 +129,16 @@ class Engine:
                 self.blocks.move_to_end(h)
                 if len(block) == bs:
                     hits += bs
+            elif h in self.host:
+                # Onboarded from the secondary pool: a hit, moved back to the primary one.
+                if new:
+                    self.emit({"type": "stored", "parent_hash": new_parent, "blocks": new})
+                    new = []
+                self.make_room(pinned)
+                self.blocks[h] = self.host.pop(h)
+                self.emit(self.level_change(h, 1, 0))
+                if len(block) == bs:
+                    hits += bs
             else:
                 if not new:
                     new_parent = parent
@@ -140,10 +161,28 @@ class Engine:
             victim = next((h for h in self.blocks if h not in pinned), None)
             if victim is None:
                 break
-            del self.blocks[victim]
-            evicted.append(victim)
+            entry = self.blocks.pop(victim)
+            if self.args.host_blocks > 0:
+                self.offload(victim, entry)
+            else:
+                evicted.append(victim)
         if evicted:
             self.emit({"type": "removed", "block_hashes": evicted})
+
+    def offload(self, h, entry):
+        """Moves an evicted primary block to the secondary pool (dropping that pool's least
+        recently used block when it is full), as the block manager's offloadBlock does."""
+        if len(self.host) >= self.args.host_blocks:
+            dropped, _ = self.host.popitem(last=False)
+            self.emit({"type": "removed", "block_hashes": [dropped]})
+        self.host[h] = entry
+        self.emit(self.level_change(h, 0, 1))
+
+    @staticmethod
+    def level_change(h, old, new):
+        return {"type": "updated", "block_hash": h,
+                "cache_level": {"type": "event_diff", "new_value": new, "old_value": old},
+                "priority": None}
 
     def iteration_stat(self):
         bs = self.args.block_size
@@ -163,9 +202,10 @@ class Engine:
         })
         del self.stats[:-1000]
 
-    def state(self):
+    def state(self, pool=None):
         bs = self.args.block_size
-        return [prefix for block, _, prefix in self.blocks.values() if len(block) == bs]
+        pool = self.blocks if pool is None else pool
+        return [prefix for block, _, prefix in pool.values() if len(block) == bs]
 
 
 def make_handler(engine):
@@ -224,7 +264,8 @@ def make_handler(engine):
         def admin(self, what, body):
             with engine.lock:
                 if what == "state":
-                    return self.reply(200, {"blocks": engine.state()})
+                    return self.reply(200, {"blocks": engine.state(),
+                                            "host": engine.state(engine.host)})
                 if what == "store":
                     return self.reply(200, {"cached_tokens": engine.cache(body["tokens"])})
                 if what == "drop_next":
@@ -401,6 +442,8 @@ def main():
     p.add_argument("--model", default="fake-model")
     p.add_argument("--block-size", type=int, default=4, help="kv_cache_config.tokens_per_block")
     p.add_argument("--num-blocks", type=int, default=128)
+    p.add_argument("--host-blocks", type=int, default=0,
+                   help="secondary (host) pool blocks (kv_cache_config.host_cache_size); 0: none")
     p.add_argument("--event-buffer-max-size", type=int, default=1024,
                    help="kv_cache_config.event_buffer_max_size")
     p.add_argument("--window-size", type=int, default=4096)
