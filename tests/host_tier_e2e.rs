@@ -408,6 +408,20 @@ async fn host_tier_routes_on_the_announced_cost(flavour: Flavour) {
     let decision = last_decision(&api).await;
     assert_loaded_from_host(&decision["explanation"], what);
     assert!(fast.served(&fast_prompt).await, "{what}: fast serves it");
+    // The host blocks are predicted as cached, since the engine loads them back rather than
+    // recompute them. Only TensorRT-LLM's stand-in holds the blocks it announced (vLLM's and
+    // SGLang's are announced by their own publisher code, apart from the engine that serves),
+    // so only there is the realized hit the prediction, with no misprediction flagged.
+    assert_eq!(
+        decision["predicted_cached_tokens"], PREFIX_TOKENS,
+        "{what}: {decision}"
+    );
+    if flavour == Flavour::Trtllm {
+        let outcome = &decision["outcome"];
+        assert_eq!(outcome["realized_cached_tokens"], PREFIX_TOKENS, "{what}: {decision}");
+        assert_eq!(outcome["prediction_error_tokens"], 0, "{what}: {decision}");
+        assert!(outcome.get("flag").is_none(), "{what}: {decision}");
+    }
 
     // Case 2: loading from host costs more than recomputing; the holder is passed over.
     let explained = explain(&api.base, &slow_prompt).await;

@@ -125,7 +125,9 @@ pub struct DecisionEntry {
     pub decision: Arc<Decision>,
     /// Why the candidates were narrowed, when an earlier attempt of the request says so.
     pub note: Option<String>,
-    /// Prompt tokens of the chosen worker's leading device-tier blocks, per the index.
+    /// Prompt tokens of the chosen worker's leading blocks in any tier, per the index: an engine
+    /// loads what it holds in host memory, on disk or in a remote store back rather than
+    /// recompute it, and reports those tokens as cached like its device hits.
     pub predicted_cached_tokens: u64,
     /// What re-scoring the decision under another policy needs besides its explanation
     /// ([`switchyard_router::serve::counterfactual`]); kept only in the ring.
@@ -143,7 +145,7 @@ impl DecisionEntry {
         decision: Arc<Decision>,
         note: Option<String>,
     ) -> Self {
-        let predicted_blocks = decision.chosen().map_or(0, |c| c.overlap.device);
+        let predicted_blocks = decision.chosen().map_or(0, |c| c.overlap.any_tier);
         Self {
             id: 0,
             tags,
@@ -493,6 +495,29 @@ mod tests {
             decision(worker, 2),
             None,
         )
+    }
+
+    #[test]
+    fn the_prediction_counts_blocks_the_engine_loads_back_from_other_tiers() {
+        // Two blocks on the device, then three in host memory and one on disk: the engine
+        // loads all six back and reports them cached, so all six are predicted.
+        let mut decision = (*decision("w0", 2)).clone();
+        decision.explanation.workers[0].overlap = TierOverlap {
+            device: 2,
+            device_or_host: 5,
+            device_host_or_disk: 6,
+            any_tier: 6,
+        };
+        let entry = DecisionEntry::new(
+            Arc::new(RequestTags::default()),
+            "m".into(),
+            16,
+            1,
+            Stage::Decode,
+            Arc::new(decision),
+            None,
+        );
+        assert_eq!(entry.predicted_cached_tokens, 6 * 16);
     }
 
     #[tokio::test]

@@ -73,7 +73,7 @@ impl RoutedRequest {
             let index = &core.serving.index;
             let now = index
                 .worker_key(&self.worker_id)
-                .map_or(0, |key| index.overlap(prompt_blocks).get(key).device);
+                .map_or(0, |key| index.overlap(prompt_blocks).get(key).any_tier);
             (now, index.awaiting_snapshot(&self.worker_id))
         };
         realize(
