@@ -173,15 +173,6 @@ fn started_pool(workers: usize) -> (support::Pool, Arc<ModelRoutes>, Vec<WorkerI
     (pool, routes, ids, cursors)
 }
 
-/// CPU time this thread has run, from the scheduler's account (nanoseconds, the first field of
-/// `/proc/thread-self/schedstat`); zero where there is none.
-fn thread_cpu() -> Duration {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .map_or(Duration::ZERO, Duration::from_nanos)
-}
-
 /// What a stage took: this thread's CPU time and the wall clock's.
 #[derive(Debug, Clone, Copy)]
 struct Took {
@@ -197,14 +188,14 @@ struct Clock {
 impl Clock {
     fn start() -> Self {
         Self {
-            cpu: thread_cpu(),
+            cpu: support::thread_cpu(),
             wall: Instant::now(),
         }
     }
 
     fn took(&self) -> Took {
         Took {
-            cpu: thread_cpu().saturating_sub(self.cpu),
+            cpu: support::thread_cpu().saturating_sub(self.cpu),
             wall: self.wall.elapsed(),
         }
     }

@@ -5,9 +5,12 @@
 //! and Qwen3 when its tokenizer is in `${SWITCHYARD_TEST_MODELS:-~/.cache/switchyard/test-models}`).
 //! Criterion reports means; the targets are about p99, so each call is timed on its own.
 //!
-//! `cargo bench -p switchyard-gateway --bench latency` (all rows), or
+//! `cargo bench -p switchyard-gateway --bench latency` (all rows),
 //! `cargo bench -p switchyard-gateway --bench latency -- 64 131072` (the routing rows of that
-//! many workers and prompt tokens only, for a profile).
+//! many workers and prompt tokens only, for a profile), or
+//! `cargo bench -p switchyard-gateway --bench latency -- threads 1000 1024`: decisions for one
+//! model from 1 and 2 threads at once (decisions per second of wall clock and per second of the
+//! threads' CPU time, which a machine shared with other work inflates less).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -16,7 +19,8 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use switchyard_core::KvIdentity;
+use switchyard_core::{KvIdentity, TokenId};
+use switchyard_gateway::cluster::pool::ModelRoutes;
 use switchyard_gateway::serving::routing;
 use switchyard_router::serve::DecodeFilter;
 use switchyard_tokenize::ModelDir;
@@ -30,14 +34,66 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-/// Times this thread has been scheduled in (`/proc/thread-self/schedstat`, third field): a
-/// change across a timed call means the call was preempted, which on a shared machine says more
-/// about the neighbours than about the code.
-fn slices() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
-        .unwrap_or(0)
+/// One routing call as the request path makes it: hashing the prompt, then routing on the
+/// hashes; the routed request is released (the request's end) outside the timing. Returns the
+/// time to hash and the time of both.
+fn route_once(
+    pool: &support::Pool,
+    routes: &std::sync::Arc<ModelRoutes>,
+    prompt: &[TokenId],
+) -> (Duration, Duration) {
+    let t = Instant::now();
+    let request = routing::route_request(pool, routes, black_box(prompt), &KvIdentity::PLAIN, None);
+    let hashed = t.elapsed();
+    let tags = std::sync::Arc::new(switchyard_gateway::observe::audit::RequestTags::new("b"));
+    let routed = routing::route(
+        pool,
+        &pool.observers,
+        routes,
+        routing::DecodeAsk::first(black_box(&request), 4, DecodeFilter::default(), &tags),
+    )
+    .unwrap();
+    let elapsed = t.elapsed();
+    drop(black_box(routed));
+    (hashed, elapsed)
+}
+
+/// Decisions for one model from `threads` threads at once, `per_thread` each: decisions per
+/// second of wall clock and per second of the threads' own CPU time.
+fn threaded(workers: usize, tokens: usize, rt: &tokio::runtime::Runtime) {
+    let prompt = support::prompt_tokens(tokens, 7);
+    let (pool, routes) = support::pool(workers, &prompt);
+    let per_thread = if workers >= 10_000 { 4_000 } else { 20_000 };
+    let mut single = None;
+    for threads in [1usize, 2] {
+        let wall = Instant::now();
+        let cpu: Duration = std::thread::scope(|s| {
+            let running: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let _guard = rt.enter();
+                        let start = support::thread_cpu();
+                        for _ in 0..per_thread {
+                            black_box(route_once(&pool, &routes, &prompt));
+                        }
+                        support::thread_cpu() - start
+                    })
+                })
+                .collect();
+            running.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        let wall = wall.elapsed().as_secs_f64();
+        let decisions = (threads * per_thread) as f64;
+        let per_s = decisions / wall;
+        let speedup = *single.get_or_insert(per_s);
+        println!(
+            "| {workers} | {tokens} | {threads} | {:.0} | {:.2}x | {:.0} | {:.1} |",
+            per_s,
+            per_s / speedup,
+            decisions / cpu.as_secs_f64(),
+            us(cpu) / decisions,
+        );
+    }
 }
 
 fn qwen3_dir() -> Option<PathBuf> {
@@ -51,15 +107,14 @@ fn qwen3_dir() -> Option<PathBuf> {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let threads_mode = args.iter().any(|a| a == "threads");
     // `-- WORKERS TOKENS`: only that routing row, and no tokenization.
-    let numbers: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let numbers: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let only = match numbers[..] {
         [] => None,
         [workers, tokens] => Some((workers, tokens)),
-        _ => panic!("usage: cargo bench --bench latency [-- WORKERS TOKENS]"),
+        _ => panic!("usage: cargo bench --bench latency [-- [threads] WORKERS TOKENS]"),
     };
     // The pool's subscriber tasks are spawned on this runtime, which is never driven: the index
     // holds exactly the synthetic blocks.
@@ -69,6 +124,17 @@ fn main() {
         .unwrap();
     let _guard = rt.enter();
 
+    if threads_mode {
+        println!("## routing throughput, one model, decisions from several threads at once");
+        println!(
+            "| workers | prompt tokens | threads | decisions/s (wall) | vs 1 thread | decisions per CPU-second | CPU µs per decision |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for (workers, tokens) in only.map_or(vec![(1000, 1024), (10_000, 1024)], |row| vec![row]) {
+            threaded(workers, tokens, &rt);
+        }
+        return;
+    }
     println!(
         "## routing overhead (`routing::route`, KV policy, {} blocks in the index, half the workers hold prefixes of the prompt)",
         support::INDEX_BLOCKS
@@ -81,15 +147,20 @@ fn main() {
         "| workers | prompt tokens | hash + route p50 µs | hash + route p99 µs | hash p50 µs | route p50 µs | route p99 µs | preempted calls | route p99 µs, calls not preempted |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    // 1,000: the fleet test's size (issue 17), where the per-worker part of routing shows.
-    for workers in [4usize, 16, 64, 1000] {
+    // 1,000: the fleet test's size (issue 17), where the per-worker part of routing shows;
+    // 10,000: issue 43's fleet, with the short prompt only.
+    for workers in [4usize, 16, 64, 1000, 10_000] {
         for tokens in [1024usize, 8192, 32768, 131_072] {
-            if only.is_some_and(|row| row != (workers, tokens)) {
+            let row = (workers, tokens);
+            if only.is_some_and(|only| only != row)
+                || (only.is_none() && workers > 1000 && tokens > 1024)
+            {
                 continue;
             }
             let prompt = support::prompt_tokens(tokens, 7);
             let (pool, routes) = support::pool(workers, &prompt);
             let iters = match (tokens, workers) {
+                (1024, 10_000) => 5_000,
                 (1024, _) => 20_000,
                 (8192, _) => 5_000,
                 (32768, _) => 2_000,
@@ -103,34 +174,9 @@ fn main() {
             let mut routing = Vec::with_capacity(iters);
             let mut clean = Vec::with_capacity(iters);
             for i in 0..iters + iters / 10 {
-                let before = slices();
-                let t = Instant::now();
-                let request = routing::route_request(
-                    &pool,
-                    &routes,
-                    black_box(&prompt),
-                    &KvIdentity::PLAIN,
-                    None,
-                );
-                let hashed = t.elapsed();
-                let tags =
-                    std::sync::Arc::new(switchyard_gateway::observe::audit::RequestTags::new("b"));
-                let routed = routing::route(
-                    &pool,
-                    &pool.observers,
-                    &routes,
-                    routing::DecodeAsk::first(
-                        black_box(&request),
-                        4,
-                        DecodeFilter::default(),
-                        &tags,
-                    ),
-                )
-                .unwrap();
-                let elapsed = t.elapsed();
-                let preempted = slices() != before;
-                // Releasing the load count is the request's end, not part of its routing.
-                drop(black_box(routed));
+                let before = support::slices();
+                let (hashed, elapsed) = route_once(&pool, &routes, &prompt);
+                let preempted = support::slices() != before;
                 if i >= iters / 10 {
                     both.push(elapsed);
                     hashing.push(hashed);

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use switchyard_core::{
     BlockHash, BlockSize, EngineKind, Role, SnapshotBlock, StorageTier, TokenId, WorkerId,
@@ -203,4 +204,24 @@ pub fn text_of(tokens: usize, seed: u64) -> String {
         }
     }
     out
+}
+
+/// CPU time this thread has run, from the scheduler's account (nanoseconds, the first field of
+/// `/proc/thread-self/schedstat`); zero where there is none. On a machine shared with other
+/// work it says what the code cost where the wall clock also counts the neighbours.
+pub fn thread_cpu() -> Duration {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_nanos)
+}
+
+/// Times this thread has been scheduled in (`/proc/thread-self/schedstat`, third field): a
+/// change across a timed call means the call was preempted, which on a shared machine says more
+/// about the neighbours than about the code.
+pub fn slices() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(0)
 }

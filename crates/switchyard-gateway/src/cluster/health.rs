@@ -10,6 +10,7 @@
 //! routing tries them all rather than refuse), its streams in flight move to another worker at
 //! once, and it is back in routing with its next load report.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use switchyard_core::WorkerId;
@@ -32,6 +33,10 @@ impl Liveness {
 #[derive(Debug)]
 pub struct Health {
     state: watch::Sender<Liveness>,
+    /// Whether `state` is [`Liveness::Answering`], written with it: routing reads it for every
+    /// candidate of every request, and a flag is read without the watch's lock (whose counter
+    /// the cores deciding at once would pass between them).
+    answering: AtomicBool,
 }
 
 impl Default for Health {
@@ -45,11 +50,12 @@ impl Health {
     pub fn new() -> Self {
         Self {
             state: watch::Sender::new(Liveness::Answering),
+            answering: AtomicBool::new(true),
         }
     }
 
     pub fn is_answering(&self) -> bool {
-        self.state.borrow().is_answering()
+        self.answering.load(Ordering::Acquire)
     }
 
     pub fn liveness(&self) -> Liveness {
@@ -63,6 +69,7 @@ impl Health {
                 return false;
             }
             *state = Liveness::Answering;
+            self.answering.store(true, Ordering::Release);
             true
         });
         if changed {
@@ -83,6 +90,7 @@ impl Health {
                 reason: reason.take().unwrap_or_default(),
                 since: Instant::now(),
             };
+            self.answering.store(false, Ordering::Release);
             true
         });
         if changed && let Liveness::Unresponsive { reason, .. } = &*self.state.borrow() {

@@ -30,7 +30,7 @@ use super::{Candidate, RouteRequest};
 use crate::error::RouteError;
 use crate::hasher::FxHashMap;
 use crate::index::TierOverlap;
-use crate::load::LoadView;
+use crate::load::{LoadView, WorkerLoad};
 
 /// KV bytes per token assumed for a worker that announces no tier costs: an 8B-class model in
 /// fp16 (32 layers × 8 KV heads × 128 dims × K and V × 2 bytes), the simulator's default.
@@ -240,59 +240,148 @@ pub(crate) fn breakdown(
     overlap_of: impl Fn(&WorkerId) -> TierOverlap,
     pending: Pending,
 ) -> Vec<WorkerScore> {
-    let bs = request.block_size.get();
-    let pending = match pending {
-        Pending::Ignored => Vec::new(),
-        Pending::Counted => {
-            load.pending_leading(&request.block_hashes, bs, cfg.prefill_step_tokens)
-        }
-    };
-    let pending: FxHashMap<&WorkerId, u32> = pending.iter().map(|(w, n)| (w, *n)).collect();
-    let pending_of = |w: &WorkerId| pending.get(w).copied().unwrap_or(0);
-    let overlaps: Vec<TierOverlap> = candidates
-        .iter()
-        .map(|c| with_pending(overlap_of(&c.worker), pending_of(&c.worker)))
-        .collect();
-    let peers = placement::PeerView::new(candidates, &overlaps, cfg.peer_link);
-    candidates
-        .iter()
-        .zip(&overlaps)
-        .enumerate()
-        .map(|(i, (c, &overlap))| {
-            let l = load.get(&c.worker);
-            let (costs, announced) = costs_of(c, bs);
-            let mut onboarding =
-                Onboarding::price(overlap, costs, announced, l.queued_onboard_bytes, bs);
-            let peer = peers.copy_for(i, &costs, bs);
-            onboarding.peer_blocks = peer.blocks;
-            onboarding.peer_seconds = peer.seconds;
-            onboarding.peer_recompute_seconds = peer.recompute_seconds;
-            let cached = u64::from(overlap.any_tier + peer.blocks) * u64::from(bs);
-            let uncached = request.prompt_tokens.saturating_sub(cached);
-            let prefill_seconds = costs.recompute_seconds(uncached + l.queued_prefill_tokens)
-                + onboarding.seconds
-                + peer.seconds;
-            let prefill_term = cfg.prefill_weight * prefill_seconds;
-            let decode_term =
-                cfg.decode_weight * costs.recompute_seconds(l.active_blocks * u64::from(bs));
-            WorkerScore {
-                pending_blocks: pending_of(&c.worker),
-                worker: c.worker.clone(),
-                overlap,
-                uncached_prompt_tokens: uncached,
-                queued_prefill_tokens: l.queued_prefill_tokens,
-                running_requests: l.running_requests,
-                active_decode_sequences: l.active_decode_sequences,
-                active_blocks: l.active_blocks,
-                kv_utilisation: l.kv_utilisation(),
-                onboarding,
-                prefill_term,
-                decode_term,
-                score: prefill_term + decode_term,
-                probability: None,
+    let scorer = Scorer::new(request, candidates, load, cfg, overlap_of, pending);
+    scorer.all()
+}
+
+/// The cost model over one request's candidates: what [`breakdown`] fills, one candidate at a
+/// time, so that a policy can rank many candidates by their cost alone and build the full
+/// breakdown only for those it explains (`shortlist`).
+pub(crate) struct Scorer<'a> {
+    request: &'a RouteRequest,
+    candidates: &'a [Candidate],
+    load: &'a LoadView,
+    cfg: &'a KvConfig,
+    /// Per candidate, with the pending blocks counted.
+    overlaps: Vec<TierOverlap>,
+    pending: Vec<u32>,
+}
+
+impl<'a> Scorer<'a> {
+    pub(crate) fn new(
+        request: &'a RouteRequest,
+        candidates: &'a [Candidate],
+        load: &'a LoadView,
+        cfg: &'a KvConfig,
+        overlap_of: impl Fn(&WorkerId) -> TierOverlap,
+        pending: Pending,
+    ) -> Self {
+        let bs = request.block_size.get();
+        let pending = match pending {
+            Pending::Ignored => Vec::new(),
+            Pending::Counted => {
+                load.pending_leading(&request.block_hashes, bs, cfg.prefill_step_tokens)
             }
-        })
-        .collect()
+        };
+        let pending_map: FxHashMap<&WorkerId, u32> = pending.iter().map(|(w, n)| (w, *n)).collect();
+        let pending_of = |w: &WorkerId| {
+            if pending_map.is_empty() {
+                0
+            } else {
+                pending_map.get(w).copied().unwrap_or(0)
+            }
+        };
+        let pending: Vec<u32> = candidates.iter().map(|c| pending_of(&c.worker)).collect();
+        let overlaps = candidates
+            .iter()
+            .zip(&pending)
+            .map(|(c, &p)| with_pending(overlap_of(&c.worker), p))
+            .collect();
+        Self {
+            request,
+            candidates,
+            load,
+            cfg,
+            overlaps,
+            pending,
+        }
+    }
+
+    /// Whether some candidate may be priced a copy from a peer ([`placement`]): then a
+    /// candidate's cost depends on the others' overlap.
+    pub(crate) fn prices_peer_copies(&self) -> bool {
+        self.cfg.peer_link.is_some() || self.candidates.iter().any(|c| c.kv_peer.is_some())
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.candidates.len()
+    }
+
+    pub(crate) fn candidate(&self, i: usize) -> &Candidate {
+        &self.candidates[i]
+    }
+
+    /// Candidate `i`'s cost and running requests: what the choice rule compares first.
+    pub(crate) fn cost(&self, i: usize) -> (f64, u64) {
+        let (figures, load) = self.figures(i);
+        (
+            figures.prefill_term + figures.decode_term,
+            load.running_requests,
+        )
+    }
+
+    /// Every candidate's breakdown, in their order.
+    pub(crate) fn all(&self) -> Vec<WorkerScore> {
+        (0..self.candidates.len()).map(|i| self.score(i)).collect()
+    }
+
+    /// Candidate `i`'s full breakdown.
+    pub(crate) fn score(&self, i: usize) -> WorkerScore {
+        let (f, l) = self.figures(i);
+        WorkerScore {
+            pending_blocks: self.pending[i],
+            worker: self.candidates[i].worker.clone(),
+            overlap: self.overlaps[i],
+            uncached_prompt_tokens: f.uncached,
+            queued_prefill_tokens: l.queued_prefill_tokens,
+            running_requests: l.running_requests,
+            active_decode_sequences: l.active_decode_sequences,
+            active_blocks: l.active_blocks,
+            kv_utilisation: l.kv_utilisation(),
+            onboarding: f.onboarding,
+            prefill_term: f.prefill_term,
+            decode_term: f.decode_term,
+            score: f.prefill_term + f.decode_term,
+            probability: None,
+        }
+    }
+
+    fn figures(&self, i: usize) -> (Figures, WorkerLoad) {
+        let (request, cfg) = (self.request, self.cfg);
+        let c = &self.candidates[i];
+        let overlap = self.overlaps[i];
+        let bs = request.block_size.get();
+        let l = self.load.get(&c.worker);
+        let (costs, announced) = costs_of(c, bs);
+        let mut onboarding =
+            Onboarding::price(overlap, costs, announced, l.queued_onboard_bytes, bs);
+        let peers = placement::PeerView::new(self.candidates, &self.overlaps, cfg.peer_link);
+        let peer = peers.copy_for(i, &costs, bs);
+        onboarding.peer_blocks = peer.blocks;
+        onboarding.peer_seconds = peer.seconds;
+        onboarding.peer_recompute_seconds = peer.recompute_seconds;
+        let cached = u64::from(overlap.any_tier + peer.blocks) * u64::from(bs);
+        let uncached = request.prompt_tokens.saturating_sub(cached);
+        let prefill_seconds = costs.recompute_seconds(uncached + l.queued_prefill_tokens)
+            + onboarding.seconds
+            + peer.seconds;
+        let figures = Figures {
+            uncached,
+            onboarding,
+            prefill_term: cfg.prefill_weight * prefill_seconds,
+            decode_term: cfg.decode_weight
+                * costs.recompute_seconds(l.active_blocks * u64::from(bs)),
+        };
+        (figures, l)
+    }
+}
+
+/// What the cost model adds to a candidate's load.
+struct Figures {
+    uncached: u64,
+    onboarding: Onboarding,
+    prefill_term: f64,
+    decode_term: f64,
 }
 
 /// `overlap` with `pending` leading blocks counted as device blocks.

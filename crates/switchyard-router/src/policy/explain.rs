@@ -24,7 +24,8 @@ pub struct Explanation {
     pub prompt_blocks: usize,
     /// Whether the winner was sampled (random, kv with a temperature) rather than the best.
     pub sampled: bool,
-    /// Every candidate, in the order the caller gave them.
+    /// The candidates explained, in the order the caller gave them: every one, or, when the
+    /// `kv` policy decided among many and was not asked for all, the best few (`shortlist`).
     pub workers: Vec<WorkerScore>,
 }
 
@@ -68,7 +69,7 @@ fn no_blocks(blocks: &u32) -> bool {
 
 /// A stable per-request key for rendezvous tie-breaking: the session id if any, else the
 /// prompt's first block, so the same cold prompt keeps landing on the same worker.
-fn request_key(request: &RouteRequest) -> u64 {
+pub(crate) fn request_key(request: &RouteRequest) -> u64 {
     let mut h = FxHasher::default();
     match (&request.session, request.block_hashes.first()) {
         (Some(s), _) => s.hash(&mut h),
@@ -92,11 +93,20 @@ pub(crate) fn compare(request: &RouteRequest, a: &WorkerScore, b: &WorkerScore) 
 
 /// [`compare`] with the request's key computed once for many comparisons.
 fn compare_keyed(key: u64, a: &WorkerScore, b: &WorkerScore) -> Ordering {
-    a.score
-        .total_cmp(&b.score)
-        .then(a.running_requests.cmp(&b.running_requests))
-        .then_with(|| rendezvous(key, &b.worker).cmp(&rendezvous(key, &a.worker)))
-        .then_with(|| a.worker.cmp(&b.worker))
+    order(
+        key,
+        (a.score, a.running_requests, &a.worker),
+        (b.score, b.running_requests, &b.worker),
+    )
+}
+
+/// [`compare`] on what it reads of a breakdown — (score, running requests, worker) — with
+/// the request's key: the shortlist ranks candidates by it before building any breakdown.
+pub(crate) fn order(key: u64, a: (f64, u64, &WorkerId), b: (f64, u64, &WorkerId)) -> Ordering {
+    a.0.total_cmp(&b.0)
+        .then(a.1.cmp(&b.1))
+        .then_with(|| rendezvous(key, b.2).cmp(&rendezvous(key, a.2)))
+        .then_with(|| a.2.cmp(b.2))
 }
 
 /// Index of the best candidate under [`compare`]; `scores` must not be empty.

@@ -29,6 +29,7 @@ use switchyard_core::WorkerId;
 use super::cost;
 pub use super::cost::KvConfig;
 use super::explain::{self, Explanation, WorkerScore, thousands};
+use super::shortlist;
 use super::{Candidate, Decision, Policy, RouteRequest};
 use crate::error::RouteError;
 use crate::index::{PrefixIndex, TierOverlap};
@@ -40,6 +41,8 @@ use switchyard_core::rng::SplitMix64;
 pub struct KvPolicy {
     config: KvConfig,
     rng: SplitMix64,
+    /// Explain every candidate, however many (see `shortlist`).
+    explain_all: bool,
 }
 
 impl KvPolicy {
@@ -48,6 +51,7 @@ impl KvPolicy {
         Ok(Self {
             config,
             rng: SplitMix64::new(seed),
+            explain_all: false,
         })
     }
 
@@ -55,7 +59,8 @@ impl KvPolicy {
         &self.config
     }
 
-    /// Scores with the given overlap source (the prefix index, or a prediction) and decides.
+    /// Scores with the given overlap source (the prefix index, or a prediction) and decides,
+    /// explaining every candidate.
     pub fn decide(
         &mut self,
         policy: &'static str,
@@ -67,14 +72,8 @@ impl KvPolicy {
         if candidates.is_empty() {
             return Err(RouteError::NoCandidates);
         }
-        let mut scores = cost::breakdown(
-            request,
-            candidates,
-            load,
-            &self.config,
-            overlap_of,
-            cost::Pending::Counted,
-        );
+        let scorer = self.scorer(request, candidates, load, overlap_of);
+        let mut scores = scorer.all();
         let sampled = self.config.temperature > 0.0 && scores.len() > 1;
         let chosen = if sampled {
             explain::sample(&mut scores, self.config.temperature, &mut self.rng)
@@ -83,6 +82,54 @@ impl KvPolicy {
         };
         let why = kv_why(request, &scores, chosen, sampled);
         Ok(finish(policy, request, scores, chosen, sampled, why))
+    }
+
+    /// [`KvPolicy::decide`] over the index's overlap without sampling (`None` when the policy
+    /// samples): the best candidate, explained in full when `explain_all` or when there are
+    /// few candidates, else with the best few only (`shortlist`).
+    fn decide_best(
+        &self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        index: &PrefixIndex,
+        load: &LoadView,
+        explain_all: bool,
+    ) -> Option<Result<Decision, RouteError>> {
+        if self.config.temperature > 0.0 && candidates.len() > 1 {
+            return None;
+        }
+        if let Err(err) = check_inputs(request, candidates, index) {
+            return Some(Err(err));
+        }
+        let scorer = self.scorer(request, candidates, load, index_overlap(request, index));
+        let scores = if explain_all
+            || candidates.len() <= shortlist::EXPLAIN_ALL_UP_TO
+            || scorer.prices_peer_copies()
+        {
+            scorer.all()
+        } else {
+            shortlist::best_scores(request, &scorer)
+        };
+        let chosen = explain::best(request, &scores);
+        let why = kv_why(request, &scores, chosen, false);
+        Some(Ok(finish("kv", request, scores, chosen, false, why)))
+    }
+
+    fn scorer<'a>(
+        &'a self,
+        request: &'a RouteRequest,
+        candidates: &'a [Candidate],
+        load: &'a LoadView,
+        overlap_of: impl Fn(&WorkerId) -> TierOverlap,
+    ) -> cost::Scorer<'a> {
+        cost::Scorer::new(
+            request,
+            candidates,
+            load,
+            &self.config,
+            overlap_of,
+            cost::Pending::Counted,
+        )
     }
 }
 
@@ -234,6 +281,10 @@ impl Policy for KvPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
+        if let Some(decided) = self.decide_best(request, candidates, index, load, self.explain_all)
+        {
+            return decided;
+        }
         check_inputs(request, candidates, index)?;
         self.decide(
             "kv",
@@ -241,6 +292,27 @@ impl Policy for KvPolicy {
             candidates,
             load,
             index_overlap(request, index),
+        )
+    }
+
+    fn explain_all(&mut self, all: bool) {
+        self.explain_all = all;
+    }
+
+    fn choose_shared(
+        &self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+        index: &PrefixIndex,
+        load: &LoadView,
+        explain_all: bool,
+    ) -> Option<Result<Decision, RouteError>> {
+        self.decide_best(
+            request,
+            candidates,
+            index,
+            load,
+            explain_all || self.explain_all,
         )
     }
 }

@@ -22,6 +22,7 @@ pub mod kv;
 mod placement;
 pub mod session;
 pub mod sglang;
+mod shortlist;
 mod simple;
 
 use serde::{Deserialize, Serialize};
@@ -142,6 +143,25 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
         load: &LoadView,
     ) -> Result<Decision, RouteError>;
 
+    /// Whether the next decisions explain every candidate (the admin API's explain, a sampled
+    /// decision), or only the few a policy deciding among many candidates needs (see
+    /// `shortlist`). The choice is the same either way.
+    fn explain_all(&mut self, _all: bool) {}
+
+    /// The decision [`Policy::choose`] would make, for a policy that can make it without
+    /// changing itself (no turn taken, no pin or prediction moved, no generator drawn): then
+    /// decisions for one model need not take turns. `None`: call `choose`.
+    fn choose_shared(
+        &self,
+        _request: &RouteRequest,
+        _candidates: &[Candidate],
+        _index: &PrefixIndex,
+        _load: &LoadView,
+        _explain_all: bool,
+    ) -> Option<Result<Decision, RouteError>> {
+        None
+    }
+
     /// A worker left; policies that remember workers forget it.
     fn worker_removed(&mut self, _worker: &WorkerId) {}
 
@@ -251,6 +271,8 @@ impl std::fmt::Display for PolicyKind {
 
 #[cfg(test)]
 mod placement_tests;
+#[cfg(test)]
+mod shortlist_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

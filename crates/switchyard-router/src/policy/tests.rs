@@ -30,7 +30,13 @@ pub(super) fn request(tokens: &[u32], session: Option<&str>, now: Tick) -> Route
     }
 }
 
-fn store(index: &mut PrefixIndex, worker: &str, seq: u64, tokens: &[u32], blocks: usize) {
+pub(super) fn store(
+    index: &mut PrefixIndex,
+    worker: &str,
+    seq: u64,
+    tokens: &[u32],
+    blocks: usize,
+) {
     let hashes = block_hashes(tokens, bs());
     let ev = KvEvent::Stored {
         parent: None,

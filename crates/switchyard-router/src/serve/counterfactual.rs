@@ -16,7 +16,8 @@
 //! index now: by the time anyone asks, the request itself has stored its prompt on the worker
 //! it went to, and an index read now would favour the live choice. Policies with state start
 //! fresh (round-robin at its first turn, random from its seed, session with no pins, approx-kv
-//! with no predictions): their state at the decision's time is not kept.
+//! with no predictions): their state at the decision's time is not kept. A decision among
+//! many candidates explains only its best few (`policy::shortlist`): it is re-scored over those.
 
 use switchyard_core::rng::mix64;
 use switchyard_core::{BlockHash, BlockSize, LoadStats, SnapshotBlock, StorageTier};

@@ -42,6 +42,8 @@ mod offline;
 pub mod retention;
 mod settings;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde::Serialize;
 use switchyard_core::{BlockSize, KvIdentity, TokenId, WorkerId};
 
@@ -208,7 +210,14 @@ pub struct ServingCore {
     prefill_policy: Box<dyn Policy>,
     block_size: BlockSize,
     next_key: RequestId,
+    /// Decode decisions so far, counted to explain one in [`EXPLAIN_ALL_EVERY`] in full.
+    decided: AtomicU64,
 }
+
+/// One decode decision in this many explains every candidate, however many there are: the
+/// decision log's sample of full explanations. The others explain the best few when there are
+/// many candidates (`policy::shortlist`); the choice is the same either way.
+pub const EXPLAIN_ALL_EVERY: u64 = 256;
 
 impl ServingCore {
     pub fn new(
@@ -226,6 +235,7 @@ impl ServingCore {
             prefill_policy: PolicyKind::Kv.build(&PolicyConfig::default())?,
             block_size,
             next_key: 1,
+            decided: AtomicU64::new(0),
         })
     }
 
@@ -265,18 +275,67 @@ impl ServingCore {
         candidates: &[Candidate],
         max_tokens: u32,
     ) -> Result<(Decision, Booking), RouteError> {
-        if candidates.is_empty() {
-            return Err(RouteError::NoCandidates);
-        }
-        let decision = self
-            .policy
-            .choose(request, candidates, &self.index, &self.load)?;
-        let booking = Booking::aggregated(self.next_key(), &decision, request, max_tokens);
-        self.book(&booking, request);
+        let decision = match self.decide_decode(request, candidates) {
+            Some(decided) => decided?,
+            None => {
+                let explain_all = self.explains_all();
+                self.policy.explain_all(explain_all);
+                let decided = self
+                    .policy
+                    .choose(request, candidates, &self.index, &self.load);
+                self.policy.explain_all(false);
+                decided?
+            }
+        };
+        let booking = self.book_decode(&decision, request, max_tokens);
         Ok((decision, booking))
     }
 
+    /// Step 1's choice when the live policy can make it without changing itself (the `kv`
+    /// policy without a temperature): under a shared borrow, so callers deciding for one model
+    /// from several threads need not take turns (they book with [`ServingCore::book_decode`]).
+    /// `None`: the policy must change to decide; call [`ServingCore::route_decode`].
+    pub fn decide_decode(
+        &self,
+        request: &RouteRequest,
+        candidates: &[Candidate],
+    ) -> Option<Result<Decision, RouteError>> {
+        if candidates.is_empty() {
+            return Some(Err(RouteError::NoCandidates));
+        }
+        let explain_all = self
+            .decided
+            .load(Ordering::Relaxed)
+            .is_multiple_of(EXPLAIN_ALL_EVERY);
+        let decided =
+            self.policy
+                .choose_shared(request, candidates, &self.index, &self.load, explain_all)?;
+        self.decided.fetch_add(1, Ordering::Relaxed);
+        Some(decided)
+    }
+
+    /// Books the request on `decision`'s worker as [`BookingKind::Aggregated`] with
+    /// `max_tokens` to generate: step 1's second half.
+    pub fn book_decode(
+        &mut self,
+        decision: &Decision,
+        request: &RouteRequest,
+        max_tokens: u32,
+    ) -> Booking {
+        let booking = Booking::aggregated(self.next_key(), decision, request, max_tokens);
+        self.book(&booking, request);
+        booking
+    }
+
+    /// Whether the next decode decision explains every candidate ([`EXPLAIN_ALL_EVERY`]).
+    fn explains_all(&self) -> bool {
+        self.decided
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(EXPLAIN_ALL_EVERY)
+    }
+
     /// What step 1 would decide, on a copy of the live policy: nothing changes (admin explain).
+    /// Every candidate is explained.
     pub fn explain_decode(
         &self,
         request: &RouteRequest,
@@ -286,6 +345,7 @@ impl ServingCore {
             return Err(RouteError::NoCandidates);
         }
         let mut preview = self.policy.clone_box();
+        preview.explain_all(true);
         preview.choose(request, candidates, &self.index, &self.load)
     }
 
@@ -324,6 +384,7 @@ impl ServingCore {
             return PrefillChoice::Unavailable(RouteError::NoCandidates);
         }
         let mut preview = self.prefill_policy.clone_box();
+        preview.explain_all(true);
         match preview.choose(request, candidates, &self.index, &self.load) {
             Ok(decision) => saturation(settings, decision, needs_prefill),
             Err(err) => PrefillChoice::Unavailable(err),

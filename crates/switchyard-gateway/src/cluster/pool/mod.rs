@@ -50,16 +50,26 @@ pub struct ModelRoutes {
     pub model: String,
     pub block_size: BlockSize,
     pub max_context_tokens: u64,
-    pub core: parking_lot::Mutex<RouterCore>,
+    /// Read-mostly: decisions of a policy that decides without changing itself take it
+    /// shared ([`ModelRoutes::read`]), so one model's decisions run on every core at once;
+    /// bookings, events and load reports take it exclusively.
+    pub core: parking_lot::RwLock<RouterCore>,
     /// The model's workers as routing reads them, rebuilt when one joins, changes or leaves.
     pub members: members::ModelMembers,
 }
 
 impl ModelRoutes {
-    /// The model's routing state; held for the microseconds a decision takes, never across an
-    /// await. (`parking_lot`: a panic elsewhere does not poison routing.)
-    pub fn lock(&self) -> parking_lot::MutexGuard<'_, RouterCore> {
-        self.core.lock()
+    /// The model's routing state, exclusively; held for the microseconds a booking or an
+    /// event takes, never across an await. (`parking_lot`: a panic elsewhere does not poison
+    /// routing.)
+    pub fn lock(&self) -> parking_lot::RwLockWriteGuard<'_, RouterCore> {
+        self.core.write()
+    }
+
+    /// The model's routing state, shared with other readers: for decisions and queries that
+    /// change nothing.
+    pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, RouterCore> {
+        self.core.read()
     }
 }
 
@@ -300,7 +310,7 @@ impl WorkerPool {
             model: info.model.clone(),
             block_size: info.block_size,
             max_context_tokens: info.max_context_tokens,
-            core: parking_lot::Mutex::new(RouterCore { serving }),
+            core: parking_lot::RwLock::new(RouterCore { serving }),
             members: members::ModelMembers::default(),
         });
         models.insert(info.model.clone(), Arc::clone(&routes));

@@ -69,7 +69,7 @@ impl RoutedRequest {
         comparable: bool,
     ) {
         let index_now = || {
-            let core = self.routes.lock();
+            let core = self.routes.read();
             let index = &core.serving.index;
             let now = index
                 .worker_key(&self.worker_id)
@@ -300,12 +300,35 @@ fn route_candidates(
     } = ask;
     let started = Instant::now();
     let only = candidates.ids();
+    // Decided under the shared lock when the policy can (other decisions for the model run
+    // meanwhile), then booked under the exclusive one.
+    let decided = {
+        let core = routes.read();
+        let serving = &core.serving;
+        serving.decide_decode(request, only).map(|decided| {
+            decided.map(|d| {
+                let basis = RescoreBasis::capture(request, &d, &serving.index, &serving.load);
+                (d, basis)
+            })
+        })
+    };
     let (decision, booking, basis, pending) = {
         let mut core = routes.lock();
-        let (decision, booking) = core.serving.route_decode(request, only, max_tokens)?;
+        let (decision, booking, basis) = match decided {
+            Some(decided) => {
+                let (decision, basis) = decided?;
+                let booking = core.serving.book_decode(&decision, request, max_tokens);
+                (decision, booking, basis)
+            }
+            None => {
+                let (decision, booking) = core.serving.route_decode(request, only, max_tokens)?;
+                let serving = &core.serving;
+                let basis =
+                    RescoreBasis::capture(request, &decision, &serving.index, &serving.load);
+                (decision, booking, basis)
+            }
+        };
         let peer = decision.peer_source(only).cloned();
-        let basis =
-            RescoreBasis::capture(request, &decision, &core.serving.index, &core.serving.load);
         let decision = Arc::new(decision);
         let mut pending = None;
         if observers.recorder.is_active() {
@@ -474,7 +497,7 @@ pub fn explain_prefill(
 ) -> PrefillChoice {
     let only = prefill_candidates(pool, routes, engine, &[], request.adapter.as_deref());
     routes
-        .lock()
+        .read()
         .serving
         .explain_prefill(settings, request, only.ids(), needs_prefill)
 }
@@ -583,5 +606,5 @@ pub fn explain(
     filter: DecodeFilter<'_>,
 ) -> Result<Decision, RouteError> {
     let only = candidates(pool, routes, filter);
-    routes.lock().serving.explain_decode(request, only.ids())
+    routes.read().serving.explain_decode(request, only.ids())
 }
