@@ -418,7 +418,10 @@ async fn host_tier_routes_on_the_announced_cost(flavour: Flavour) {
     );
     if flavour == Flavour::Trtllm {
         let outcome = &decision["outcome"];
-        assert_eq!(outcome["realized_cached_tokens"], PREFIX_TOKENS, "{what}: {decision}");
+        assert_eq!(
+            outcome["realized_cached_tokens"], PREFIX_TOKENS,
+            "{what}: {decision}"
+        );
         assert_eq!(outcome["prediction_error_tokens"], 0, "{what}: {decision}");
         assert!(outcome.get("flag").is_none(), "{what}: {decision}");
     }

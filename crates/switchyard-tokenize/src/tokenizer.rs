@@ -1,6 +1,8 @@
 //! One tokenizer type over two backends: a Hugging Face `tokenizer.json` and the built-in
 //! OpenAI BPE. A `tokenizer.json` of the common byte-level BPE shape also gets the exact fast
-//! encoder of [`crate::fast`]; decoding and everything else stay with Hugging Face.
+//! encoder of [`crate::fast`], and one whose decoder is `ByteLevel` decodes from a table of
+//! every id's bytes built at load (`fast::ByteLevelDecoder`); everything else stays with
+//! Hugging Face.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -9,7 +11,7 @@ use switchyard_core::TokenId;
 
 use crate::builtin::{BuiltinBpe, BuiltinVocab};
 use crate::error::TokenizeError;
-use crate::fast::FastBpe;
+use crate::fast::{ByteLevelDecoder, FastBpe};
 use crate::session::seam::{SeamPolicy, SeamRules};
 
 /// A loaded tokenizer. Cheap to share behind an `Arc`; every method takes `&self`.
@@ -46,6 +48,8 @@ enum Backend {
         special_ids: HashSet<TokenId>,
         /// The fast encoder when the pipeline is one it reproduces exactly.
         fast: Option<Box<FastBpe>>,
+        /// The table-driven decoder when the decoder is `ByteLevel`.
+        fast_decode: Option<Box<ByteLevelDecoder>>,
     },
     Builtin(BuiltinBpe),
 }
@@ -78,13 +82,14 @@ impl Tokenizer {
     }
 
     /// Loads a Hugging Face `tokenizer.json`, with the fast encoder when its pipeline is the
-    /// common byte-level BPE shape (see [`uses_fast_path`](Self::uses_fast_path)).
+    /// common byte-level BPE shape (see [`uses_fast_path`](Self::uses_fast_path)) and the
+    /// table-driven decoder when its decoder is `ByteLevel`.
     pub fn from_hf_file(path: &Path) -> Result<Self, TokenizeError> {
         Self::load_hf(path, true)
     }
 
-    /// Loads a Hugging Face `tokenizer.json` that always encodes through the `tokenizers`
-    /// crate: the reference the fast path is checked and measured against.
+    /// Loads a Hugging Face `tokenizer.json` that always encodes and decodes through the
+    /// `tokenizers` crate: the reference the fast paths are checked and measured against.
     pub fn from_hf_file_without_fast_path(path: &Path) -> Result<Self, TokenizeError> {
         Self::load_hf(path, false)
     }
@@ -95,6 +100,18 @@ impl Tokenizer {
             Backend::HuggingFace { fast, .. } => fast.is_some(),
             Backend::Builtin(bpe) => bpe.uses_fast_path(),
         }
+    }
+
+    /// Whether `decode` runs the table-driven decoder (a `ByteLevel` decoder, loaded with the
+    /// fast paths).
+    pub(crate) fn decodes_from_table(&self) -> bool {
+        matches!(
+            &self.backend,
+            Backend::HuggingFace {
+                fast_decode: Some(_),
+                ..
+            }
+        )
     }
 
     fn load_hf(path: &Path, try_fast: bool) -> Result<Self, TokenizeError> {
@@ -125,6 +142,11 @@ impl Tokenizer {
         } else {
             None
         };
+        let fast_decode = if try_fast {
+            ByteLevelDecoder::new(&inner).map(Box::new)
+        } else {
+            None
+        };
         let seam_rules = crate::session::hf_rules::seam_rules(&inner);
         let max_token_bytes =
             crate::session::hf_rules::max_token_bytes(&inner, seam_rules.policy());
@@ -136,6 +158,7 @@ impl Tokenizer {
                 inner: Box::new(inner),
                 special_ids,
                 fast,
+                fast_decode,
             },
         })
     }
@@ -306,6 +329,10 @@ impl Tokenizer {
         skip_special_tokens: bool,
     ) -> Result<String, TokenizeError> {
         match &self.backend {
+            Backend::HuggingFace {
+                fast_decode: Some(fast),
+                ..
+            } => Ok(fast.decode(ids, skip_special_tokens)),
             Backend::HuggingFace { inner: tok, .. } => tok
                 .decode(ids, skip_special_tokens)
                 .map_err(|source| TokenizeError::Decode { source }),

@@ -369,7 +369,7 @@ fn llama3_shape_matches_hugging_face() {
 
 /// A small tokenizer of the recognised shape: the 256 byte tokens, a few merges, two added
 /// tokens.
-fn small_json() -> Value {
+pub(crate) fn small_json() -> Value {
     let mut vocab = serde_json::Map::new();
     let mut extra = 0u32;
     for b in 0..=255u8 {

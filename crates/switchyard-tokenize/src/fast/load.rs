@@ -276,7 +276,7 @@ fn added_tokens(
 }
 
 /// GPT-2's byte-to-character table: the character that stands for each byte in the vocab.
-fn byte_chars() -> [char; 256] {
+pub(super) fn byte_chars() -> [char; 256] {
     let mut chars = ['\0'; 256];
     let mut extra = 0u32;
     for b in 0..=255u8 {

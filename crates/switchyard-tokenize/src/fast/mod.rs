@@ -17,6 +17,7 @@
 
 mod bpe;
 mod chars;
+mod decode;
 mod load;
 mod o200k;
 mod open;
@@ -24,6 +25,7 @@ mod pretokenize;
 mod tiktoken;
 mod whole;
 
+pub(crate) use decode::ByteLevelDecoder;
 pub(crate) use load::NotRecognised;
 pub(crate) use o200k::O200K_REGEX;
 pub(crate) use pretokenize::Pattern;
@@ -171,6 +173,8 @@ enum Segment {
     Text(usize, usize),
 }
 
+#[cfg(test)]
+mod decode_tests;
 #[cfg(test)]
 pub(crate) mod exact_tests;
 #[cfg(test)]
