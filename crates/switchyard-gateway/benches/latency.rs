@@ -60,9 +60,9 @@ fn route_once(
 
 /// Decisions for one model from `threads` threads at once, `per_thread` each: decisions per
 /// second of wall clock and per second of the threads' own CPU time.
-fn threaded(workers: usize, tokens: usize, rt: &tokio::runtime::Runtime) {
+fn threaded(workers: usize, tokens: usize, holders: usize, rt: &tokio::runtime::Runtime) {
     let prompt = support::prompt_tokens(tokens, 7);
-    let (pool, routes) = support::pool(workers, &prompt);
+    let (pool, routes) = support::pool_with_holders(workers, &prompt, holders);
     let per_thread = if workers >= 10_000 { 4_000 } else { 20_000 };
     let mut single = None;
     for threads in [1usize, 2] {
@@ -87,7 +87,7 @@ fn threaded(workers: usize, tokens: usize, rt: &tokio::runtime::Runtime) {
         let per_s = decisions / wall;
         let speedup = *single.get_or_insert(per_s);
         println!(
-            "| {workers} | {tokens} | {threads} | {:.0} | {:.2}x | {:.0} | {:.1} |",
+            "| {workers} | {holders} | {tokens} | {threads} | {:.0} | {:.2}x | {:.0} | {:.1} |",
             per_s,
             per_s / speedup,
             decisions / cpu.as_secs_f64(),
@@ -106,6 +106,70 @@ fn qwen3_dir() -> Option<PathBuf> {
     dir.join("tokenizer.json").exists().then_some(dir)
 }
 
+/// One routing row: `holders` of `workers` hold prefixes of a `tokens`-token prompt. `profile`:
+/// a single row run for a profile, with ten times the calls.
+fn routing_row((workers, tokens, holders): (usize, usize, usize), profile: bool) {
+    let prompt = support::prompt_tokens(tokens, 7);
+    let (pool, routes) = support::pool_with_holders(workers, &prompt, holders);
+    let iters = match (tokens, workers) {
+        (1024, 10_000) => 5_000,
+        (1024, _) => 20_000,
+        (8192, _) => 5_000,
+        (32768, _) => 2_000,
+        (_, 1000) => 500,
+        _ => 2_000,
+    };
+    let iters = if profile { iters * 10 } else { iters };
+    let mut both = Vec::with_capacity(iters);
+    let mut hashing = Vec::with_capacity(iters);
+    let mut routing = Vec::with_capacity(iters);
+    let mut clean = Vec::with_capacity(iters);
+    let cpu_start = support::thread_cpu();
+    for i in 0..iters + iters / 10 {
+        let before = support::slices();
+        let (hashed, elapsed) = route_once(&pool, &routes, &prompt);
+        let preempted = support::slices() != before;
+        if i >= iters / 10 {
+            both.push(elapsed);
+            hashing.push(hashed);
+            routing.push(elapsed - hashed);
+            if !preempted {
+                clean.push(elapsed - hashed);
+            }
+        }
+    }
+    let cpu_per_call = us(support::thread_cpu() - cpu_start) / (iters + iters / 10) as f64;
+    for samples in [&mut both, &mut hashing, &mut routing, &mut clean] {
+        samples.sort_unstable();
+    }
+    println!(
+        "| {workers} | {holders} | {tokens} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}% | {:.1} | {:.1} |",
+        us(percentile(&both, 0.5)),
+        us(percentile(&both, 0.99)),
+        us(percentile(&hashing, 0.5)),
+        us(percentile(&routing, 0.5)),
+        us(percentile(&routing, 0.99)),
+        100.0 * (routing.len() - clean.len()) as f64 / routing.len() as f64,
+        us(percentile(&clean, 0.99)),
+        cpu_per_call,
+    );
+}
+
+/// The throughput rows (`-- threads`): the given row, or 1,000 and 10,000 workers.
+fn throughput_rows(only: Option<(usize, usize, Option<usize>)>, rt: &tokio::runtime::Runtime) {
+    println!("## routing throughput, one model, decisions from several threads at once");
+    println!(
+        "| workers | prefix holders | prompt tokens | threads | decisions/s (wall) | vs 1 thread | decisions per CPU-second | CPU µs per decision |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let rows = only.map_or(vec![(1000, 1024, None), (10_000, 1024, None)], |row| {
+        vec![row]
+    });
+    for (workers, tokens, holders) in rows {
+        threaded(workers, tokens, holders.unwrap_or(workers / 2), rt);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let threads_mode = args.iter().any(|a| a == "threads");
@@ -113,8 +177,9 @@ fn main() {
     let numbers: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let only = match numbers[..] {
         [] => None,
-        [workers, tokens] => Some((workers, tokens)),
-        _ => panic!("usage: cargo bench --bench latency [-- [threads] WORKERS TOKENS]"),
+        [workers, tokens] => Some((workers, tokens, None)),
+        [workers, tokens, holders] => Some((workers, tokens, Some(holders))),
+        _ => panic!("usage: cargo bench --bench latency [-- [threads] WORKERS TOKENS [HOLDERS]]"),
     };
     // The pool's subscriber tasks are spawned on this runtime, which is never driven: the index
     // holds exactly the synthetic blocks.
@@ -125,14 +190,7 @@ fn main() {
     let _guard = rt.enter();
 
     if threads_mode {
-        println!("## routing throughput, one model, decisions from several threads at once");
-        println!(
-            "| workers | prompt tokens | threads | decisions/s (wall) | vs 1 thread | decisions per CPU-second | CPU µs per decision |"
-        );
-        println!("|---|---|---|---|---|---|---|");
-        for (workers, tokens) in only.map_or(vec![(1000, 1024), (10_000, 1024)], |row| vec![row]) {
-            threaded(workers, tokens, &rt);
-        }
+        throughput_rows(only, &rt);
         return;
     }
     println!(
@@ -144,64 +202,34 @@ fn main() {
          can run with tokenization, and routing on those hashes (`routing::route`)."
     );
     println!(
-        "| workers | prompt tokens | hash + route p50 µs | hash + route p99 µs | hash p50 µs | route p50 µs | route p99 µs | preempted calls | route p99 µs, calls not preempted |"
+        "| workers | prefix holders | prompt tokens | hash + route p50 µs | hash + route p99 µs | hash p50 µs | route p50 µs | route p99 µs | preempted calls | route p99 µs, calls not preempted | CPU µs per call |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     // 1,000: the fleet test's size (issue 17), where the per-worker part of routing shows;
-    // 10,000: issue 43's fleet, with the short prompt only.
+    // 10,000: issue 43's fleet, with the short prompt only. Half the fleet holds the prompt's
+    // prefix (a shared system prompt), and at 1,000 and 10,000 also two workers only (an agent
+    // session's own prefix).
     for workers in [4usize, 16, 64, 1000, 10_000] {
         for tokens in [1024usize, 8192, 32768, 131_072] {
-            let row = (workers, tokens);
-            if only.is_some_and(|only| only != row)
-                || (only.is_none() && workers > 1000 && tokens > 1024)
-            {
-                continue;
-            }
-            let prompt = support::prompt_tokens(tokens, 7);
-            let (pool, routes) = support::pool(workers, &prompt);
-            let iters = match (tokens, workers) {
-                (1024, 10_000) => 5_000,
-                (1024, _) => 20_000,
-                (8192, _) => 5_000,
-                (32768, _) => 2_000,
-                (_, 1000) => 500,
-                _ => 2_000,
+            let few = if workers >= 1000 && tokens == 1024 {
+                vec![workers / 2, 2]
+            } else {
+                vec![workers / 2]
             };
-            // A single row is for a profile: ten times the calls.
-            let iters = if only.is_some() { iters * 10 } else { iters };
-            let mut both = Vec::with_capacity(iters);
-            let mut hashing = Vec::with_capacity(iters);
-            let mut routing = Vec::with_capacity(iters);
-            let mut clean = Vec::with_capacity(iters);
-            for i in 0..iters + iters / 10 {
-                let before = support::slices();
-                let (hashed, elapsed) = route_once(&pool, &routes, &prompt);
-                let preempted = support::slices() != before;
-                if i >= iters / 10 {
-                    both.push(elapsed);
-                    hashing.push(hashed);
-                    routing.push(elapsed - hashed);
-                    if !preempted {
-                        clean.push(elapsed - hashed);
+            for holders in few {
+                let row = (workers, tokens, holders);
+                let wanted = match only {
+                    Some((w, t, h)) => {
+                        (w, t) == (workers, tokens) && h.unwrap_or(workers / 2) == holders
                     }
+                    None => workers <= 1000 || tokens == 1024,
+                };
+                if wanted {
+                    routing_row(row, only.is_some());
                 }
             }
-            for samples in [&mut both, &mut hashing, &mut routing, &mut clean] {
-                samples.sort_unstable();
-            }
-            println!(
-                "| {workers} | {tokens} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}% | {:.1} |",
-                us(percentile(&both, 0.5)),
-                us(percentile(&both, 0.99)),
-                us(percentile(&hashing, 0.5)),
-                us(percentile(&routing, 0.5)),
-                us(percentile(&routing, 0.99)),
-                100.0 * (routing.len() - clean.len()) as f64 / routing.len() as f64,
-                us(percentile(&clean, 0.99)),
-            );
         }
     }
-
     if only.is_some() {
         return;
     }

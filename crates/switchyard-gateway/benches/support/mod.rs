@@ -99,10 +99,20 @@ pub fn empty_pool(workers: usize) -> (Pool, Arc<ModelRoutes>, Vec<WorkerId>) {
 /// `prompt` (one of them all of it); every worker holds filler blocks up to `INDEX_BLOCKS` in
 /// total.
 pub fn pool(workers: usize, prompt: &[TokenId]) -> (Pool, Arc<ModelRoutes>) {
+    pool_with_holders(workers, prompt, workers / 2)
+}
+
+/// [`pool`] with `holders` workers holding prefixes of `prompt` (at least one): half the fleet
+/// is a shared system prompt, one to three an agent session's own.
+pub fn pool_with_holders(
+    workers: usize,
+    prompt: &[TokenId],
+    holders: usize,
+) -> (Pool, Arc<ModelRoutes>) {
     let block_size = BlockSize::new(BLOCK_SIZE).unwrap();
     let (pool, routes, ids) = empty_pool(workers);
     let hashes = block_hashes(prompt, block_size);
-    let holders = (workers / 2).max(1);
+    let holders = holders.clamp(1, workers);
     let per_worker = INDEX_BLOCKS / workers;
     let mut rng = Rng(0x5eed ^ workers as u64);
     {

@@ -39,6 +39,8 @@ use serde::Serialize;
 use switchyard_core::BlockHash;
 
 use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use super::runs::{DEVICE, DISK, HOST, HeadRef, REMOTE, RunStore, set_bit, set_slot};
 use super::{PrefixIndex, WorkerKey};
@@ -117,8 +119,10 @@ fn levels(bit: u8, n: u32) -> TierOverlap {
 /// The query's buffers, kept per thread between queries (a query allocates only its answer).
 #[derive(Debug, Default)]
 struct Scratch {
-    /// (position, set) still followed.
-    open: Vec<(u32, u32)>,
+    /// (position, set) still followed, nearest position first: each position is taken off
+    /// once, however many sets stop at different positions (a shared prefix held to many
+    /// lengths).
+    open: BinaryHeap<Reverse<(u32, u32)>>,
     /// (set, leading blocks) settled.
     done: Vec<(u32, u32)>,
     /// The runs to match next, each at its prompt position.
@@ -210,18 +214,19 @@ impl PrefixIndex {
             if m == len {
                 done.push((r.set, m));
             } else {
-                open.push((m, r.set));
+                open.push(Reverse((m, r.set)));
             }
         }
-        while let Some(pos) = open.iter().map(|&(p, _)| p).min() {
+        while let Some(&Reverse((pos, _))) = open.peek() {
             // The nearest position still open: one lookup for every set stopped there.
             here.clear();
-            open.retain(|&(p, set)| {
-                if p == pos {
-                    here.push(set);
+            while let Some(&Reverse((p, set))) = open.peek() {
+                if p != pos {
+                    break;
                 }
-                p != pos
-            });
+                open.pop();
+                here.push(set);
+            }
             let Some(refs) = store.heads.get(&blocks[pos as usize]) else {
                 // No run starts here: every set stopped here is settled.
                 done.extend(here.iter().map(|&set| (set, pos)));
@@ -315,7 +320,7 @@ fn follow(
     store: &RunStore,
     batch: &[(u32, u32)],
     prompt: &[BlockHash],
-    open: &mut Vec<(u32, u32)>,
+    open: &mut BinaryHeap<Reverse<(u32, u32)>>,
     done: &mut Vec<(u32, u32)>,
 ) {
     // The runs of a batch start at one position; a run's count is the guess for the next.
@@ -329,7 +334,7 @@ fn follow(
         if end as usize == prompt.len() {
             done.push((run.set, end));
         } else {
-            open.push((end, run.set));
+            open.push(Reverse((end, run.set)));
         }
     }
 }

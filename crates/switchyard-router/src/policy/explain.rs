@@ -79,7 +79,7 @@ pub(crate) fn request_key(request: &RouteRequest) -> u64 {
     h.finish()
 }
 
-fn rendezvous(key: u64, worker: &WorkerId) -> u64 {
+pub(crate) fn rendezvous(key: u64, worker: &WorkerId) -> u64 {
     let mut h = FxHasher::default();
     worker.hash(&mut h);
     mix64(key ^ h.finish())

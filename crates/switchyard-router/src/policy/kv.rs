@@ -28,6 +28,7 @@ use switchyard_core::WorkerId;
 
 use super::cost;
 pub use super::cost::KvConfig;
+use super::dense::SlotOverlap;
 use super::explain::{self, Explanation, WorkerScore, thousands};
 use super::shortlist;
 use super::{Candidate, Decision, Policy, RouteRequest};
@@ -252,17 +253,14 @@ pub(crate) fn check_inputs(
     Ok(())
 }
 
-/// Overlap of every worker for the request, from the index.
+/// Overlap of every worker for the request, from the index, read by the index's worker slot
+/// (`dense`).
 pub(crate) fn index_overlap<'a>(
     request: &RouteRequest,
     index: &'a PrefixIndex,
 ) -> impl Fn(&WorkerId) -> TierOverlap + 'a {
-    let scores = index.overlap(&request.block_hashes);
-    move |w: &WorkerId| {
-        index
-            .worker_key(w)
-            .map_or_else(TierOverlap::default, |k| scores.get(k))
-    }
+    let dense = SlotOverlap::new(index, &index.overlap(&request.block_hashes));
+    move |w: &WorkerId| dense.of(w)
 }
 
 impl Policy for KvPolicy {

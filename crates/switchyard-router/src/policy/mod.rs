@@ -16,6 +16,7 @@
 
 pub mod approx;
 mod cost;
+mod dense;
 pub mod dynamo;
 mod explain;
 pub mod kv;
