@@ -104,7 +104,7 @@ impl Tokenizer {
 
     /// Whether `decode` runs the table-driven decoder (a `ByteLevel` decoder, loaded with the
     /// fast paths).
-    pub(crate) fn decodes_from_table(&self) -> bool {
+    pub fn decodes_from_table(&self) -> bool {
         matches!(
             &self.backend,
             Backend::HuggingFace {
