@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use switchyard_core::{BlockSize, EngineKind, Role, WorkerId, WorkerInfo};
+use switchyard_core::{EngineKind, Role, WorkerId, WorkerInfo};
 use switchyard_router::serve::DecodeFilter;
 
 use super::{Candidates, candidates, prefill_candidates};
@@ -15,20 +15,8 @@ use crate::cluster::pool::{ModelRoutes, WorkerPool};
 
 fn info(id: &str, model: &str, role: Role) -> WorkerInfo {
     WorkerInfo {
-        adapters: Vec::new(),
-        id: WorkerId::new(id).unwrap(),
-        // Nothing listens on port 1: the pool's subscriber fails and retries, harmlessly.
-        address: "127.0.0.1:1".into(),
-        model: model.into(),
         role,
-        block_size: BlockSize::new(4).unwrap(),
-        kv_capacity_blocks: 100,
-        max_context_tokens: 10_000,
-        engine: EngineKind::Vllm,
-        incarnation: 1,
-        engine_endpoint: None,
-        kv_tiers: None,
-        kv_peer: None,
+        ..crate::cluster::pool::test_pool::worker_info(id, model)
     }
 }
 
