@@ -10,8 +10,9 @@
 //! KV events feed the model's prefix index, its load reports the model's load view. Their
 //! stream opens are bounded ([`subscriptions`]), so a gateway that starts in front of a large
 //! fleet does not open every stream at once. A worker that leaves is dropped from both at once.
-//! Routing ([`crate::serving::routing`]) locks a model's [`RouterCore`] for the few
-//! microseconds a decision takes; nothing awaits under that lock.
+//! Routing ([`crate::serving::routing`]) holds a model's [`RouterCore`] for the microseconds
+//! a decision takes — shared while a policy that does not change itself decides, exclusively to
+//! book — and nothing awaits under that lock.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
