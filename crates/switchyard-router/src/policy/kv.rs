@@ -279,8 +279,7 @@ impl Policy for KvPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
-        if let Some(decided) = self.decide_best(request, candidates, index, load, self.explain_all)
-        {
+        if let Some(decided) = self.choose_shared(request, candidates, index, load, false) {
             return decided;
         }
         check_inputs(request, candidates, index)?;
