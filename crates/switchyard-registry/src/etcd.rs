@@ -2,6 +2,8 @@
 //!
 //! - This file: connecting, listing, registering (one transaction that checks the admission
 //!   rules against the exact revision it listed), roles and the plan.
+//! - `members`: a model's member entries, which let a registration check the block-size rule
+//!   against one live worker of its model instead of listing them all.
 //! - `lease`: the keep-alive task of a [`Registration`], which rides out etcd outages and
 //!   re-registers under a new lease when the old one expired meanwhile.
 //! - `watch`: the task feeding a [`WorkerWatch`], which resumes after a broken stream by
@@ -12,6 +14,7 @@
 //! warning, so one bad write cannot take the cluster's membership down.
 
 mod lease;
+mod members;
 mod replicas;
 pub mod users;
 mod watch;
@@ -356,6 +359,7 @@ impl EtcdRegistry {
         let conn = &self.conn;
         let key = conn.keys.worker(&info.id);
         let value = encode_worker(conn, &info)?;
+        let member = members::Entry::of(conn, &info)?;
         let ttl_secs = ttl_seconds(ttl);
         let mut client = conn.client.clone();
         let lease_id = conn
@@ -364,6 +368,16 @@ impl EtcdRegistry {
             .id();
         let outcome = async {
             for _ in 0..REGISTER_ATTEMPTS {
+                if stale.is_none() {
+                    match self
+                        .register_beside_witness(&info, &value, &member, lease_id)
+                        .await?
+                    {
+                        Witnessed::Registered => return Ok(()),
+                        Witnessed::Gone => continue,
+                        Witnessed::None => {}
+                    }
+                }
                 let (live, revision) = conn.list_workers().await?;
                 let replaces = match (live.get(&info.id), stale) {
                     (Some(current), Some(stale)) if current == stale => true,
@@ -381,11 +395,14 @@ impl EtcdRegistry {
                         id_as_seen,
                         admitted_as_seen(conn, &info, &live, revision, replaces),
                     ])
-                    .and_then([TxnOp::put(
-                        key.clone(),
-                        value.clone(),
-                        Some(PutOptions::new().with_lease(lease_id)),
-                    )]);
+                    .and_then([
+                        TxnOp::put(
+                            key.clone(),
+                            value.clone(),
+                            Some(PutOptions::new().with_lease(lease_id)),
+                        ),
+                        member.put(lease_id),
+                    ]);
                 let mut client = conn.client.clone();
                 if conn
                     .call("register a worker", client.txn(txn))
@@ -418,6 +435,62 @@ impl EtcdRegistry {
             lease_id,
             ttl_secs,
         ))))
+    }
+}
+
+/// How a registration beside a witness of its model went.
+enum Witnessed {
+    Registered,
+    /// The witness left between the read and the put: try again.
+    Gone,
+    /// No readable witness: check against every worker.
+    None,
+}
+
+impl EtcdRegistry {
+    /// Registers `info` (encoded as `value`) under `lease` on the word of one live worker of its
+    /// model (`members`): its block size must match, and the put happens only while the
+    /// witness is still registered and the id is free.
+    async fn register_beside_witness(
+        &self,
+        info: &WorkerInfo,
+        value: &[u8],
+        member: &members::Entry,
+        lease: i64,
+    ) -> Result<Witnessed, RegistryError> {
+        let conn = &self.conn;
+        let Some(witness) = members::witness(conn, &info.model, &info.id).await? else {
+            return Ok(Witnessed::None);
+        };
+        witness.admits(info)?;
+        let key = conn.keys.worker(&info.id);
+        let txn = Txn::new()
+            .when([
+                Compare::version(key.clone(), CompareOp::Equal, 0),
+                witness.still_there(conn, &info.model),
+            ])
+            .and_then([
+                TxnOp::put(
+                    key.clone(),
+                    value.to_vec(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                member.put(lease),
+            ])
+            .or_else([TxnOp::get(key, None)]);
+        let mut client = conn.client.clone();
+        let response = conn.call("register a worker", client.txn(txn)).await?;
+        if response.succeeded() {
+            return Ok(Witnessed::Registered);
+        }
+        let taken = response
+            .op_responses()
+            .iter()
+            .any(|op| matches!(op, etcd_client::TxnOpResponse::Get(get) if !get.kvs().is_empty()));
+        if taken {
+            return Err(RegistryError::AlreadyRegistered(info.id.clone()));
+        }
+        Ok(Witnessed::Gone)
     }
 }
 

@@ -5,6 +5,7 @@
 //! | key | value | written by |
 //! |---|---|---|
 //! | `workers/<id>` | JSON of [`WorkerInfo`](switchyard_core::WorkerInfo), attached to the worker's lease | the worker |
+//! | `models/<model>/<id>` | JSON of the worker's id and block size, attached to the same lease: the model's members, so a registration reads one live member of its model instead of every worker (`<model>` escaped: bytes outside `[A-Za-z0-9._-]` as `%XX`) | the worker |
 //! | `roles/<id>` | the desired role as plain text: `prefill`, `decode` or `both` | the planner |
 //! | `plan` | the planner's latest decision, opaque JSON | the planner |
 //! | `gateways/<id>` | JSON of [`ReplicaInfo`](crate::replicas::ReplicaInfo), attached to the replica's lease | the gateway replica |
@@ -59,6 +60,17 @@ impl Keys {
         format!("{}workers/{id}", self.root)
     }
 
+    /// `/switchyard/v1/<cluster>/models/<model>/`, the model's members (`model` escaped, so no
+    /// model's prefix is another's).
+    pub fn model_members_prefix(&self, model: &str) -> String {
+        format!("{}models/{}/", self.root, escape(model))
+    }
+
+    /// `/switchyard/v1/<cluster>/models/<model>/<id>`
+    pub fn model_member(&self, model: &str, id: &WorkerId) -> String {
+        format!("{}{id}", self.model_members_prefix(model))
+    }
+
     /// `/switchyard/v1/<cluster>/roles/<id>`
     pub fn role(&self, id: &WorkerId) -> String {
         format!("{}roles/{id}", self.root)
@@ -94,6 +106,21 @@ impl Keys {
     }
 }
 
+/// `text` with every byte outside `[A-Za-z0-9._-]` written `%XX`: one-to-one (`%` itself is
+/// escaped) and free of `/`.
+fn escape(text: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +139,22 @@ mod tests {
                 .is_err()
         );
         assert!(keys.worker_id_of(b"/elsewhere/w1").is_err());
+        assert_eq!(
+            keys.model_member("Qwen/Qwen3-0.6B", &id),
+            "/switchyard/v1/prod-1/models/Qwen%2FQwen3-0.6B/w1"
+        );
+    }
+
+    #[test]
+    fn no_model_prefix_holds_another_model() {
+        let keys = Keys::new("c").unwrap();
+        let models = ["a", "a/b", "a%2Fb", "a b", "ü", "a.b_c-9"];
+        for x in models {
+            for y in models {
+                let (px, py) = (keys.model_members_prefix(x), keys.model_members_prefix(y));
+                assert_eq!(x == y, py.starts_with(&px), "{x:?} {y:?}");
+            }
+        }
     }
 
     #[test]

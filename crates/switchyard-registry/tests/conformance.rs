@@ -488,7 +488,7 @@ conformance!(
 /// What only a real etcd can show.
 mod etcd_only {
     use super::*;
-    use etcd_client::Client;
+    use etcd_client::{Client, GetOptions};
     use switchyard_registry::keys::Keys;
 
     async fn raw_client(env: &Env) -> Client {
@@ -547,6 +547,182 @@ mod etcd_only {
             WorkerChange::Added(worker("next", "m", 16))
         );
         assert_eq!(listed_ids(&*env.registry).await, ["next"]);
+    }
+
+    /// Bytes etcd has sent to its gRPC clients, from its `/metrics` page.
+    async fn grpc_bytes_sent(env: &Env) -> f64 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let endpoint = env.etcd.as_ref().unwrap().endpoint();
+        let address = endpoint.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")
+            .await
+            .unwrap();
+        let mut page = String::new();
+        stream.read_to_string(&mut page).await.unwrap();
+        page.lines()
+            .filter_map(|l| l.strip_prefix("etcd_network_client_grpc_sent_bytes_total "))
+            .map(|v| v.trim().parse::<f64>().unwrap())
+            .sum()
+    }
+
+    /// A registration checks the block-size rule against one live member of its model
+    /// (`models/<model>/`), so it reads a couple of entries, not every worker: a fleet of W
+    /// starting read W² entries before (10⁸ at 10,000 workers).
+    #[tokio::test]
+    async fn a_registration_reads_one_member_of_its_model_not_every_worker() {
+        const LONG: Duration = Duration::from_secs(60);
+        let env = etcd_env().await;
+        let keys = Keys::new(CLUSTER).unwrap();
+        let mut raw = raw_client(&env).await;
+        let mut fleet = Vec::new();
+        for i in 0..120 {
+            let info = worker(&format!("w{i:03}"), "m", 16);
+            fleet.push(env.registry.register(info, LONG).await.unwrap());
+        }
+        let listed = raw
+            .get(keys.workers_prefix(), Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let fleet_bytes: usize = listed.kvs().iter().map(|kv| kv.value().len()).sum();
+        let before = grpc_bytes_sent(&env).await;
+        let new = env
+            .registry
+            .register(worker("new", "m", 16), LONG)
+            .await
+            .unwrap();
+        let read = grpc_bytes_sent(&env).await - before;
+        assert!(
+            read * 4.0 < fleet_bytes as f64,
+            "a registration beside 120 workers ({fleet_bytes} bytes of entries) received {read} bytes"
+        );
+        // The rule still holds, on the witness's word.
+        let err = env
+            .registry
+            .register(worker("odd", "m", 32), LONG)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, RegistryError::BlockSizeMismatch { existing, .. }
+                if existing.get() == 16),
+            "{err:?}"
+        );
+        // Each member entry lives and goes with its worker.
+        let member = keys.model_member("m", &id("new"));
+        assert_eq!(raw.get(member.as_str(), None).await.unwrap().kvs().len(), 1);
+        new.deregister().await.unwrap();
+        assert!(
+            raw.get(member.as_str(), None)
+                .await
+                .unwrap()
+                .kvs()
+                .is_empty()
+        );
+        for registration in fleet {
+            registration.deregister().await.unwrap();
+        }
+        let members = raw
+            .get(
+                keys.model_members_prefix("m"),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        assert!(members.kvs().is_empty());
+        // With the model's last worker gone, another block size may start it again.
+        let _again = env
+            .registry
+            .register(worker("again", "m", 32), LONG)
+            .await
+            .unwrap();
+    }
+
+    /// A member entry that is not one (garbage, or naming another worker than its key) is no
+    /// witness: the registration checks against every worker, as before member entries.
+    #[tokio::test]
+    async fn an_unreadable_member_entry_falls_back_to_every_worker() {
+        let env = etcd_env().await;
+        let keys = Keys::new(CLUSTER).unwrap();
+        let mut raw = raw_client(&env).await;
+        let _a = env
+            .registry
+            .register(worker("a", "m", 16), TTL)
+            .await
+            .unwrap();
+        // Sorted before `a`'s entry, so it is what a registration reads first.
+        let prefix = keys.model_members_prefix("m");
+        raw.put(format!("{prefix}0junk"), "not json", None)
+            .await
+            .unwrap();
+        let err = env
+            .registry
+            .register(worker("b", "m", 32), TTL)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, RegistryError::BlockSizeMismatch { existing_worker, .. }
+                if existing_worker.as_str() == "a"),
+            "{err:?}"
+        );
+        raw.put(
+            format!("{prefix}0junk"),
+            r#"{"worker":"zzz","block_size":32}"#,
+            None,
+        )
+        .await
+        .unwrap();
+        let err = env
+            .registry
+            .register(worker("b", "m", 32), TTL)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, RegistryError::BlockSizeMismatch { .. }),
+            "{err:?}"
+        );
+        let _b = env
+            .registry
+            .register(worker("b", "m", 16), TTL)
+            .await
+            .unwrap();
+        assert_eq!(listed_ids(&*env.registry).await, ["a", "b"]);
+    }
+
+    /// An update that moves a worker to another model moves its member entry with it.
+    #[tokio::test]
+    async fn an_update_to_another_model_moves_the_member_entry() {
+        let env = etcd_env().await;
+        let keys = Keys::new(CLUSTER).unwrap();
+        let mut raw = raw_client(&env).await;
+        let a = env
+            .registry
+            .register(worker("a", "m", 16), TTL)
+            .await
+            .unwrap();
+        a.update(worker("a", "n", 32)).await.unwrap();
+        let count = |key: String| {
+            let mut raw = raw.clone();
+            async move { raw.get(key, None).await.unwrap().kvs().len() }
+        };
+        assert_eq!(count(keys.model_member("m", &id("a"))).await, 0);
+        assert_eq!(count(keys.model_member("n", &id("a"))).await, 1);
+        // `m` has no member now: another block size may start it; `n` keeps its 32.
+        let _b = env
+            .registry
+            .register(worker("b", "m", 64), TTL)
+            .await
+            .unwrap();
+        let err = env
+            .registry
+            .register(worker("c", "n", 16), TTL)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, RegistryError::BlockSizeMismatch { .. }),
+            "{err:?}"
+        );
+        let _ = raw.get(keys.root(), None).await.unwrap();
     }
 
     #[tokio::test]

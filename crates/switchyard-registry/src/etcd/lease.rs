@@ -15,7 +15,7 @@ use switchyard_core::WorkerInfo;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{Conn, encode_worker};
+use super::{Conn, encode_worker, members};
 use crate::{LeaseHandle, LeaseState, OwnedTask, RegistryError, check_admission};
 
 /// First retry delay after a failure; doubles up to [`MAX_BACKOFF`].
@@ -95,22 +95,33 @@ impl LeaseHandle for EtcdLease {
     async fn update(&self, info: WorkerInfo) -> Result<(), RegistryError> {
         let shared = &self.shared;
         let lease_id = shared.lease_id.lock().await;
-        let (live, _) = shared.conn.list_workers().await?;
-        check_admission(&info, live.values(), true)?;
-        let value = encode_worker(&shared.conn, &info)?;
+        let conn = &shared.conn;
+        match members::witness(conn, &info.model, &info.id).await? {
+            Some(witness) => witness.admits(&info)?,
+            None => check_admission(&info, conn.list_workers().await?.0.values(), true)?,
+        }
+        let value = encode_worker(conn, &info)?;
+        let member = members::Entry::of(conn, &info)?;
+        let previous = std::mem::replace(&mut *shared.info(), info.clone());
         // Even if the put below fails, a re-registration will publish the new info.
-        *shared.info() = info.clone();
+        let mut ops = vec![
+            TxnOp::put(
+                shared.key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(*lease_id)),
+            ),
+            member.put(*lease_id),
+        ];
+        if previous.model != info.model {
+            ops.push(members::delete(conn, &previous));
+        }
         let txn = Txn::new()
             .when([Compare::lease(
                 shared.key.clone(),
                 CompareOp::Equal,
                 *lease_id,
             )])
-            .and_then([TxnOp::put(
-                shared.key.clone(),
-                value,
-                Some(PutOptions::new().with_lease(*lease_id)),
-            )]);
+            .and_then(ops);
         let mut client = shared.conn.client.clone();
         let response = shared.conn.call("update a worker", client.txn(txn)).await?;
         if response.succeeded() {
@@ -251,6 +262,7 @@ async fn reregister(shared: &LeaseShared) -> Result<(), RegistryError> {
     let conn = &shared.conn;
     let info = shared.info().clone();
     let value = encode_worker(conn, &info)?;
+    let member = members::Entry::of(conn, &info)?;
     let mut client = conn.client.clone();
     let new_lease = conn
         .call("grant a lease", client.lease_grant(shared.ttl_secs, None))
@@ -258,11 +270,14 @@ async fn reregister(shared: &LeaseShared) -> Result<(), RegistryError> {
         .id();
     let txn = Txn::new()
         .when([Compare::version(shared.key.clone(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(
-            shared.key.clone(),
-            value,
-            Some(PutOptions::new().with_lease(new_lease)),
-        )]);
+        .and_then([
+            TxnOp::put(
+                shared.key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(new_lease)),
+            ),
+            member.put(new_lease),
+        ]);
     let registered = conn.call("re-register a worker", client.txn(txn)).await;
     if !matches!(registered, Ok(ref response) if response.succeeded()) {
         // Best effort: an unused lease also expires on its own.
