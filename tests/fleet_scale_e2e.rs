@@ -123,6 +123,18 @@ async fn many_workers_in_one_process_serve_through_gateways() {
         applied > 0.0,
         "KV events of the in-process workers reach the gateways"
     );
+    // Each live message carries when its events entered the worker's log, and every gateway
+    // (the one that served a request or not) measures how late it applied them.
+    for gateway in &gateways {
+        let api = Api::new(gateway);
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                api.metric("switchyard_kv_event_lag_seconds_count").await > 0.0
+            })
+            .await,
+            "event lag measured"
+        );
+    }
 }
 
 /// Every `chosen` worker named anywhere in `value` (the decision log's entries).
@@ -434,16 +446,20 @@ async fn fleet_scale() {
         let stats = &index[0]["stats"];
         let p50 = histogram_quantile(&bases[g], "switchyard_routing_overhead_seconds", 0.5).await;
         let p99 = histogram_quantile(&bases[g], "switchyard_routing_overhead_seconds", 0.99).await;
+        let lag50 = histogram_quantile(&bases[g], "switchyard_kv_event_lag_seconds", 0.5).await;
+        let lag99 = histogram_quantile(&bases[g], "switchyard_kv_event_lag_seconds", 0.99).await;
         report(
             &format!("gateway {g} load"),
             format!(
-                "({role}) {events:.0} KV events ({:.0}/s) and {extra_reports:.0} load reports above the idle rate, {:.0} % of a core ({:.0} µs CPU per event above idle, {:.0} µs per message), routing p50 ≤ {:.0} µs p99 ≤ {:.0} µs, index {} blocks {} entries {:.1} MiB heap, RSS {:.0} MiB",
+                "({role}) {events:.0} KV events ({:.0}/s) and {extra_reports:.0} load reports above the idle rate, {:.0} % of a core ({:.0} µs CPU per event above idle, {:.0} µs per message), routing p50 ≤ {:.0} µs p99 ≤ {:.0} µs, event lag p50 ≤ {:.1} ms p99 ≤ {:.1} ms, index {} blocks {} entries {:.1} MiB heap, RSS {:.0} MiB",
                 events / wall,
                 cpu / wall * 100.0,
                 above_idle / events.max(1.0) * 1e6,
                 above_idle / (events + extra_reports).max(1.0) * 1e6,
                 p50 * 1e6,
                 p99 * 1e6,
+                lag50 * 1e3,
+                lag99 * 1e3,
                 stats["blocks"],
                 stats["entries"],
                 stats["heap_bytes"].as_f64().unwrap_or(0.0) / 1048576.0,

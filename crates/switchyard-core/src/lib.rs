@@ -33,6 +33,7 @@ pub mod rng;
 pub mod sampling;
 pub mod sse;
 pub mod tier_cost;
+pub mod time;
 pub mod tokens;
 pub mod worker;
 

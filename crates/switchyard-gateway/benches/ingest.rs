@@ -126,6 +126,7 @@ fn starts(workers: usize) -> Vec<v1::KvEventsResponse> {
     let hashes = block_hashes(&shared, bs);
     (0..workers)
         .map(|w| v1::KvEventsResponse {
+            logged_at_unix_us: 0,
             worker_id: format!("sim-{w}"),
             incarnation: 1,
             payload: Some(Payload::Snapshot(v1::Snapshot {
@@ -220,7 +221,10 @@ fn report(stage: &str, events: usize, blocks: u64, took: Took, index_alone: Opti
 /// worker's events in order, at most `batch` per message, the workers' batches taken in turn
 /// (each worker has a stream of its own, which batches what it has ready).
 fn messages(recorded: &[Recorded], batch: usize) -> Vec<v1::KvEventsResponse> {
+    // Stamped as live events are, so the lag's clock read is in the figure.
+    let stamp = switchyard_core::time::unix_micros();
     let message = |worker: usize, payload| v1::KvEventsResponse {
+        logged_at_unix_us: stamp,
         worker_id: format!("sim-{worker}"),
         incarnation: 1,
         payload: Some(payload),

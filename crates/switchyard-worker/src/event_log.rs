@@ -24,6 +24,9 @@ pub struct SequencedEvent {
     pub event: KvEvent,
     /// The digest of the log's view once this event is applied.
     pub digest: BlockSetDigest,
+    /// When the event entered the log, in microseconds since the Unix epoch (the stream
+    /// carries it so its consumer can tell how late the event reached it).
+    pub logged_at_us: u64,
 }
 
 /// How a subscription starts.
@@ -150,6 +153,7 @@ impl EventLog {
 
     /// Publishes events in order and returns the sequence number of the last one.
     pub fn publish(&self, events: impl IntoIterator<Item = KvEvent>) -> Option<EventSeq> {
+        let logged_at_us = switchyard_core::time::unix_micros();
         let mut state = self.lock();
         let mut last = None;
         for event in events {
@@ -159,6 +163,7 @@ impl EventLog {
                 seq: state.next_seq,
                 event,
                 digest: state.digest,
+                logged_at_us,
             });
             state.next_seq += 1;
             if state.buffer.len() == self.capacity {

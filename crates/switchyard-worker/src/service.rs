@@ -618,18 +618,20 @@ impl v1::worker_server::Worker for WorkerService {
             },
             max_batch,
             lagged: false,
+            logged_at_us: 0,
         };
         let metrics = Arc::clone(&self.metrics);
         let stream = stream::unfold(state, |mut st| async move {
             let payload = st.next_payload().await?;
-            Some((payload, st))
+            Some(((payload, st.logged_at_us), st))
         })
-        .map(move |payload| {
+        .map(move |(payload, logged_at_unix_us)| {
             metrics.kv_events_sent(EventSink::Grpc, plane::events_in(&payload));
             Ok(v1::KvEventsResponse {
                 worker_id: worker_id.clone(),
                 incarnation,
                 payload: Some(payload),
+                logged_at_unix_us,
             })
         });
         Ok(Response::new(Box::pin(stream)))

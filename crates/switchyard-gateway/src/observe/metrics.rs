@@ -173,6 +173,9 @@ pub struct Metrics {
     pub tool_calls_malformed: Counter,
     pub decisions: Family<PolicyLabels, Counter>,
     pub kv_events_applied: Counter,
+    /// From a live event entering its worker's log to this gateway applying it (per message:
+    /// the oldest event of a batch), by the two machines' clocks.
+    pub kv_event_lag: Histogram,
     pub kv_events_invalid: Counter,
     /// Load reports received from every worker (pushed on change or on the interval).
     pub load_reports: Counter,
@@ -271,6 +274,7 @@ impl Metrics {
             tool_calls_malformed: Counter::default(),
             decisions: Family::default(),
             kv_events_applied: Counter::default(),
+            kv_event_lag: latency_histogram(),
             kv_events_invalid: Counter::default(),
             load_reports: Counter::default(),
             resyncs: Counter::default(),
@@ -404,6 +408,11 @@ impl Metrics {
             "kv_events_applied",
             "KV events applied to the prefix index",
             m.kv_events_applied.clone(),
+        );
+        registry.register(
+            "kv_event_lag_seconds",
+            "From a live KV event entering its worker's log to its application to the prefix index (the oldest event of each message; the worker's clock against the gateway's)",
+            m.kv_event_lag.clone(),
         );
         registry.register(
             "kv_events_invalid",
@@ -730,6 +739,7 @@ mod tests {
             "switchyard_request_completion_tokens_sum{model=\"m\"} 3",
             "switchyard_prompt_tokens_total{model=\"m\"} 10",
             "switchyard_kv_events_applied_total",
+            "switchyard_kv_event_lag_seconds_bucket",
             "switchyard_load_reports_total",
             "switchyard_admission_wait_seconds_bucket",
             "switchyard_cached_prompt_tokens_total",

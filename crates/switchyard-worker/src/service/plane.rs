@@ -98,6 +98,7 @@ impl Publisher {
                 worker_id: worker.clone(),
                 incarnation,
                 payload: None,
+                logged_at_unix_us: state.logged_at_us,
             };
             let room = self
                 .plane
@@ -181,6 +182,7 @@ impl Publisher {
             },
             max_batch: MAX_BATCH_EVENTS,
             lagged: false,
+            logged_at_us: 0,
         }
     }
 }

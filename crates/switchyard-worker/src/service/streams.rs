@@ -259,6 +259,9 @@ pub(super) struct EventStreamState {
     pub(super) max_batch: usize,
     /// The live receiver fell behind while a batch was gathered: resume from the log next.
     pub(super) lagged: bool,
+    /// When the oldest event of the last payload entered the log (Unix microseconds); 0 when
+    /// that payload was not live events (a replay, a snapshot, a digest).
+    pub(super) logged_at_us: u64,
 }
 
 /// A batch stops growing once its events take this many bytes (far below a gRPC message's
@@ -283,6 +286,7 @@ pub(super) fn digest_timer(interval_ms: u32) -> Option<tokio::time::Interval> {
 impl EventStreamState {
     pub(super) async fn next_payload(&mut self) -> Option<v1::kv_events_response::Payload> {
         loop {
+            self.logged_at_us = 0;
             if let Some(payload) = self.pending.pop_front() {
                 self.note_sent(&payload);
                 return Some(payload);
@@ -330,6 +334,7 @@ impl EventStreamState {
     /// more), as one message.
     fn gather(&mut self, first: Arc<SequencedEvent>) -> v1::kv_events_response::Payload {
         self.at = (first.seq + 1, first.digest);
+        self.logged_at_us = first.logged_at_us;
         if self.max_batch <= 1 {
             return v1::kv_events_response::Payload::Event(kv_event_to_wire(
                 first.seq,
@@ -436,6 +441,7 @@ mod tests {
             },
             max_batch,
             lagged: false,
+            logged_at_us: 0,
         }
     }
 
@@ -472,6 +478,34 @@ mod tests {
         let mut resumed = stream(&log, Some(3), 4);
         assert_eq!(next_seqs(&mut resumed).await, vec![3, 4, 5, 6]);
         assert_eq!(next_seqs(&mut resumed).await, vec![7, 8, 9, 10]);
+    }
+
+    #[tokio::test]
+    async fn live_messages_carry_when_their_oldest_event_entered_the_log() {
+        let log = Arc::new(EventLog::new(WorkerId::new("w").unwrap(), 1, 64));
+        let mut batched = stream(&log, None, 4);
+        assert_eq!(next_seqs(&mut batched).await, Vec::<u64>::new(), "snapshot");
+        assert_eq!(batched.logged_at_us, 0, "a snapshot is not live");
+        let before = switchyard_core::time::unix_micros();
+        log.publish((0..2).map(stored));
+        let between = switchyard_core::time::unix_micros();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        log.publish((2..4).map(stored));
+        let after = switchyard_core::time::unix_micros();
+        assert_eq!(next_seqs(&mut batched).await, vec![0, 1, 2, 3]);
+        // The batch's stamp is its oldest event's: logged by the first publish.
+        assert!(
+            (before..=between).contains(&batched.logged_at_us),
+            "{before} ≤ {} ≤ {between}",
+            batched.logged_at_us
+        );
+        assert!(log.publish([stored(9)]).is_some());
+        assert_eq!(next_seqs(&mut batched).await, vec![4]);
+        assert!(batched.logged_at_us >= after);
+        // A resume replays from the buffer: not live, no stamp.
+        let mut resumed = stream(&log, Some(1), 4);
+        assert_eq!(next_seqs(&mut resumed).await, vec![1, 2, 3, 4]);
+        assert_eq!(resumed.logged_at_us, 0);
     }
 
     #[tokio::test]

@@ -245,6 +245,7 @@ mod tests {
 
     fn message(incarnation: u64, payload: Payload) -> v1::KvEventsResponse {
         v1::KvEventsResponse {
+            logged_at_unix_us: 0,
             worker_id: "w".into(),
             incarnation,
             payload: Some(payload),

@@ -128,6 +128,7 @@ pub fn apply(
     cursor: &mut Cursor,
     message: v1::KvEventsResponse,
 ) -> bool {
+    let logged_at = message.logged_at_unix_us;
     let mut core = routes.lock();
     let ingested = ingest(&mut core.serving.index, id, cursor, message);
     let entries = match &ingested {
@@ -171,6 +172,12 @@ pub fn apply(
         } => {
             if !applied.is_empty() {
                 cx.metrics.kv_events_applied.inc_by(applied.len() as u64);
+                if logged_at > 0 {
+                    let now = switchyard_core::time::unix_micros();
+                    cx.metrics
+                        .kv_event_lag
+                        .observe(switchyard_core::time::seconds_since(logged_at, now));
+                }
                 super::kv_checks::note_event(pool, cx, id);
             }
             for (seq, event) in applied {
@@ -439,6 +446,7 @@ mod tests {
 
     fn event(incarnation: u64, seq: u64, e: &KvEvent) -> v1::KvEventsResponse {
         v1::KvEventsResponse {
+            logged_at_unix_us: 0,
             worker_id: "w".into(),
             incarnation,
             payload: Some(Payload::Event(kv_event_to_wire(seq, e))),
@@ -447,6 +455,7 @@ mod tests {
 
     fn snapshot(incarnation: u64, next_seq: u64, hashes: &[BlockHash]) -> v1::KvEventsResponse {
         v1::KvEventsResponse {
+            logged_at_unix_us: 0,
             worker_id: "w".into(),
             incarnation,
             payload: Some(Payload::Snapshot(v1::Snapshot {
@@ -493,6 +502,7 @@ mod tests {
 
     fn batch(incarnation: u64, events: &[(u64, &KvEvent)]) -> v1::KvEventsResponse {
         v1::KvEventsResponse {
+            logged_at_unix_us: 0,
             worker_id: "w".into(),
             incarnation,
             payload: Some(Payload::Batch(v1::KvEventBatch {
@@ -502,6 +512,46 @@ mod tests {
                     .collect(),
             })),
         }
+    }
+
+    /// The event-lag histogram's (sum, count), as scraped.
+    fn lag(cx: &FollowContext) -> (f64, u64) {
+        let samples = switchyard_core::promtext::parse(&cx.metrics.encode());
+        let value = |name: &str| {
+            samples
+                .iter()
+                .find(|s| s.name == name)
+                .map_or(0.0, |s| s.value)
+        };
+        (
+            value("switchyard_kv_event_lag_seconds_sum"),
+            value("switchyard_kv_event_lag_seconds_count") as u64,
+        )
+    }
+
+    #[test]
+    fn a_live_message_s_lag_is_measured_from_its_worker_s_stamp() {
+        let f = setup();
+        let mut cursor = Cursor::default();
+        assert!(f.apply(&mut cursor, snapshot(1, 0, &[])));
+        // A snapshot carries no stamp and is not a lag.
+        assert_eq!(lag(&f.cx).1, 0);
+        let logged = switchyard_core::time::unix_micros() - 3_000_000;
+        let mut message = event(1, 0, &stored(&[1, 2, 3, 4]));
+        message.logged_at_unix_us = logged;
+        assert!(f.apply(&mut cursor, message));
+        let (sum, count) = lag(&f.cx);
+        assert_eq!(count, 1);
+        assert!(sum >= 3.0, "lag {sum} s for an event logged 3 s before");
+        // Unstamped (an older worker) and stamped in the future (a clock ahead): no lag
+        // recorded, and no negative one.
+        assert!(f.apply(&mut cursor, event(1, 1, &stored(&[5, 6, 7, 8]))));
+        let mut ahead = event(1, 2, &stored(&[9, 9, 9, 9]));
+        ahead.logged_at_unix_us = switchyard_core::time::unix_micros() + 60_000_000;
+        assert!(f.apply(&mut cursor, ahead));
+        let (later_sum, count) = lag(&f.cx);
+        assert_eq!(count, 2);
+        assert!(later_sum >= sum && later_sum < sum + 1.0);
     }
 
     #[test]
@@ -549,6 +599,7 @@ mod tests {
         assert_eq!(routes.lock().serving.index.worker_entries(&id), 0);
         // An event without a payload kind is undecodable: resync, counted.
         let empty = v1::KvEventsResponse {
+            logged_at_unix_us: 0,
             worker_id: "w".into(),
             incarnation: 1,
             payload: Some(Payload::Event(v1::KvEvent { seq: 0, kind: None })),
