@@ -46,6 +46,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a registration retries the compare-and-put when other workers keep registering.
 const REGISTER_ATTEMPTS: usize = 10;
+/// Entries read per request when listing a prefix. One answer must stay under gRPC's 4 MiB
+/// message limit: 10,000 worker entries were 4.9 MB in one, and no gateway could start.
+const LIST_PAGE: i64 = 1_000;
 
 /// A [`Registry`] stored in etcd under `/switchyard/v1/<cluster>/` (see [`crate::keys`]).
 #[derive(Clone)]
@@ -225,21 +228,52 @@ impl Conn {
             .map_err(|source| RegistryError::from_lease_call(action, lease, source))
     }
 
+    /// Every entry under `prefix` as of one revision, and that revision: read [`LIST_PAGE`]
+    /// entries at a time, each page after the first at the first one's revision, so the pages
+    /// are one consistent list however many there are.
+    async fn list_prefix(
+        &self,
+        action: &'static str,
+        prefix: String,
+    ) -> Result<(Vec<KeyValue>, i64), RegistryError> {
+        let end = prefix_end(prefix.as_bytes());
+        let mut from = prefix.into_bytes();
+        let mut revision = 0;
+        let mut entries = Vec::new();
+        loop {
+            let mut options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LIST_PAGE);
+            if revision > 0 {
+                options = options.with_revision(revision);
+            }
+            let mut client = self.client.clone();
+            let mut response = self
+                .call(action, client.get(from.clone(), Some(options)))
+                .await?;
+            if revision == 0 {
+                revision = response.header().map_or(0, |h| h.revision());
+            }
+            let more = response.more();
+            let page = response.take_kvs();
+            let Some(last) = page.last() else { break };
+            from = last.key().to_vec();
+            from.push(0);
+            entries.extend(page);
+            if !more {
+                break;
+            }
+        }
+        Ok((entries, revision))
+    }
+
     /// The valid workers and the revision they were read at.
     async fn list_workers(&self) -> Result<(BTreeMap<WorkerId, WorkerInfo>, i64), RegistryError> {
-        let mut client = self.client.clone();
-        let response = self
-            .call(
-                "list workers",
-                client.get(
-                    self.keys.workers_prefix(),
-                    Some(GetOptions::new().with_prefix()),
-                ),
-            )
+        let (entries, revision) = self
+            .list_prefix("list workers", self.keys.workers_prefix())
             .await?;
-        let revision = response.header().map_or(0, |h| h.revision());
         let mut workers = BTreeMap::new();
-        for kv in response.kvs() {
+        for kv in &entries {
             match parse_worker(self, kv) {
                 Ok(info) => {
                     workers.insert(info.id.clone(), info);
@@ -310,6 +344,19 @@ fn encode_worker(conn: &Conn, info: &WorkerInfo) -> Result<Vec<u8>, RegistryErro
         key: conn.keys.worker(&info.id),
         source,
     })
+}
+
+/// The end of the range of keys starting with `prefix` (etcd's rule: the prefix with its last
+/// byte below 0xff incremented, the 0xff bytes after it dropped; `\0` for everything).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
 }
 
 /// etcd leases count whole seconds; round up so the lease is never shorter than asked.
@@ -604,5 +651,13 @@ mod tests {
     fn ttls_round_up_to_whole_seconds() {
         assert_eq!(ttl_seconds(Duration::from_secs(2)), 2);
         assert_eq!(ttl_seconds(Duration::from_millis(2001)), 3);
+    }
+
+    #[test]
+    fn a_prefix_ends_where_etcd_says() {
+        assert_eq!(prefix_end(b"/a/workers/"), b"/a/workers0");
+        assert_eq!(prefix_end(b"a\xff\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), b"\0");
+        assert_eq!(prefix_end(b""), b"\0");
     }
 }

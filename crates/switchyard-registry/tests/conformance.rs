@@ -488,7 +488,7 @@ conformance!(
 /// What only a real etcd can show.
 mod etcd_only {
     use super::*;
-    use etcd_client::{Client, GetOptions};
+    use etcd_client::{Client, GetOptions, Txn, TxnOp};
     use switchyard_registry::keys::Keys;
 
     async fn raw_client(env: &Env) -> Client {
@@ -565,6 +565,36 @@ mod etcd_only {
             .filter_map(|l| l.strip_prefix("etcd_network_client_grpc_sent_bytes_total "))
             .map(|v| v.trim().parse::<f64>().unwrap())
             .sum()
+    }
+
+    /// A list longer than one answer may carry (gRPC's 4 MiB; 10,000 worker entries were 4.9 MB)
+    /// is read a page at a time, all of it, in key order.
+    #[tokio::test]
+    async fn a_list_longer_than_a_page_is_read_whole() {
+        let env = etcd_env().await;
+        let keys = Keys::new(CLUSTER).unwrap();
+        let mut raw = raw_client(&env).await;
+        let n = 2_345;
+        for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
+            let puts: Vec<TxnOp> = chunk
+                .iter()
+                .map(|i| {
+                    let info = worker(&format!("w{i:05}"), "m", 16);
+                    TxnOp::put(
+                        keys.worker(&info.id),
+                        serde_json::to_vec(&info).unwrap(),
+                        None,
+                    )
+                })
+                .collect();
+            raw.txn(Txn::new().and_then(puts)).await.unwrap();
+        }
+        let listed = listed_ids(&*env.registry).await;
+        assert_eq!(listed.len(), n);
+        let want: Vec<String> = (0..n).map(|i| format!("w{i:05}")).collect();
+        assert_eq!(listed, want);
+        let watch = env.registry.watch_workers().await.unwrap();
+        assert_eq!(watch.initial.len(), n);
     }
 
     /// A registration checks the block-size rule against one live member of its model

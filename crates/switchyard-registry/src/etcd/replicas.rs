@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{GetOptions, PutOptions};
+use etcd_client::PutOptions;
 use tokio_util::sync::CancellationToken;
 
 use super::{Conn, EtcdRegistry, ttl_seconds};
@@ -38,18 +38,11 @@ impl Replicas for EtcdRegistry {
 
     async fn list_replicas(&self) -> Result<Vec<ReplicaInfo>, RegistryError> {
         let conn = &self.conn;
-        let mut client = conn.client.clone();
-        let response = conn
-            .call(
-                "list gateway replicas",
-                client.get(
-                    conn.keys.gateways_prefix(),
-                    Some(GetOptions::new().with_prefix()),
-                ),
-            )
+        let (entries, _) = conn
+            .list_prefix("list gateway replicas", conn.keys.gateways_prefix())
             .await?;
-        let mut replicas = Vec::with_capacity(response.kvs().len());
-        for kv in response.kvs() {
+        let mut replicas = Vec::with_capacity(entries.len());
+        for kv in &entries {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             let parsed = crate::proof::decode::<ReplicaInfo>(
                 kv.value(),
