@@ -12,7 +12,8 @@
 //!
 //! What the scheduler is given, live: one scheduler per model; its workers and their device
 //! blocks are the model's decode-serving workers as they announce themselves
-//! (`kv_capacity_blocks`), read again at every call so that workers joining and leaving count;
+//! (`kv_capacity_blocks`), read again at every arrival, turn end and timer so that workers
+//! joining and leaving count;
 //! a turn's context is its prompt's first block and its size the prompt's blocks; the aging
 //! bound's recompute rate is the slowest announced prefill rate among the model's workers
 //! (`kv_tiers.prefill_tokens_per_s`, the typical figure for a worker that announces none). A
