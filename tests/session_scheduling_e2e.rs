@@ -147,7 +147,7 @@ async fn a_client_that_goes_away_while_held_leaves_the_schedule_as_it_was() {
     let (_worker, _gateway, api) = cluster(&etcd, "sessions-gone", 1, 600).await;
     served(&api, turn(&api, "a", &tokens(1, FORTY_BLOCKS), 2)).await;
     let gone = turn(&api, "b", &tokens(2, FORTY_BLOCKS), 2)
-        .timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(3))
         .send()
         .await;
     assert!(gone.is_err_and(|e| e.is_timeout()), "b's turn was held");
