@@ -117,6 +117,9 @@ mod responses_e2e;
 #[path = "../retention_e2e.rs"]
 mod retention_e2e;
 
+#[path = "../session_scheduling_e2e.rs"]
+mod session_scheduling_e2e;
+
 #[path = "../security_e2e.rs"]
 mod security_e2e;
 

@@ -176,7 +176,13 @@ fn state(idle: &tokio::runtime::Runtime, workers: usize, prompt: &[TokenId]) -> 
         &config.session_cache.to_session_config(),
     )
     .unwrap();
+    let sessions = Arc::new(switchyard_gateway::serving::sessions::SessionSchedule::new(
+        &Default::default(),
+        Arc::clone(&pool),
+        observers.metrics.sessions.clone(),
+    ));
     Arc::new(AppState {
+        sessions,
         admission: Admission::new(1 << 20, 0, 0),
         quota: Default::default(),
         config,

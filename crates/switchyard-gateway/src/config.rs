@@ -133,6 +133,8 @@ pub struct GatewayConfig {
     pub quota: crate::access::quota::QuotaConfig,
     /// Retention hints on sessions' turns (`[retention]`).
     pub retention: crate::serving::retention::RetentionSettings,
+    /// Sessions' turns scheduled by their working sets (`[sessions]`).
+    pub sessions: crate::serving::sessions::SessionSettings,
     /// The request field policy (`[api]`, see `http::fields`).
     pub api: crate::api::http::fields::ApiConfig,
     /// Stored responses and sealed reasoning of `/v1/responses` (`[responses]`).
@@ -292,6 +294,7 @@ impl Default for GatewayConfig {
             fleet: crate::cluster::fleet::FleetConfig::default(),
             quota: crate::access::quota::QuotaConfig::default(),
             retention: crate::serving::retention::RetentionSettings::default(),
+            sessions: crate::serving::sessions::SessionSettings::default(),
             api: crate::api::http::fields::ApiConfig::default(),
             responses: crate::api::http::responses::ResponsesConfig::default(),
             event_plane: switchyard_event_plane::EventPlaneConfig::default(),
@@ -362,6 +365,7 @@ impl GatewayConfig {
         self.quota.validate().map_err(ConfigError::Invalid)?;
         self.responses.validate().map_err(ConfigError::Invalid)?;
         self.retention.estimator().map_err(ConfigError::Invalid)?;
+        self.sessions.validate().map_err(ConfigError::Invalid)?;
         // The admin API drains workers and switches the policy: open only on loopback.
         if self.admin_token.is_none() && !self.listen.ip().is_loopback() {
             return invalid(
@@ -568,6 +572,8 @@ pub struct GatewayArgs {
     #[command(flatten)]
     pub retention: crate::serving::retention::RetentionArgs,
     #[command(flatten)]
+    pub sessions: crate::serving::sessions::SessionArgs,
+    #[command(flatten)]
     pub responses: crate::api::http::responses::ResponsesArgs,
     #[command(flatten)]
     pub event_plane: switchyard_event_plane::EventPlaneArgs,
@@ -729,6 +735,7 @@ impl GatewayArgs {
         self.fleet.apply(&mut config.fleet);
         self.quota.apply(&mut config.quota);
         self.retention.apply(&mut config.retention);
+        self.sessions.apply(&mut config.sessions);
         self.event_plane.apply(&mut config.event_plane);
         self.quota
             .check(&config.quota)

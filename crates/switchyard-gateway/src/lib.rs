@@ -273,9 +273,15 @@ pub async fn start(
         http::responses::ResponsesState::new(&config.responses, cluster_secret.as_deref())
             .map_err(GatewayError::Routing)?,
     );
+    let sessions = Arc::new(serving::sessions::SessionSchedule::new(
+        &config.sessions,
+        Arc::clone(&pool),
+        observers.metrics.sessions.clone(),
+    ));
     Ok(Some(Arc::new(AppState {
         quota,
         retention,
+        sessions,
         responses,
         admission: Admission::new(
             config.max_concurrent_requests,

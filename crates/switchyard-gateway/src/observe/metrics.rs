@@ -232,6 +232,8 @@ pub struct Metrics {
     pub fleet: crate::observe::fleet_metrics::FleetMetrics,
     /// Quota refusals and store errors ([`crate::access::quota`]).
     pub quota: crate::observe::quota_metrics::QuotaMetrics,
+    /// Session scheduling ([`crate::serving::sessions`]).
+    pub sessions: crate::observe::session_metrics::SessionMetrics,
     /// Fields accepted without effect (`http::fields`).
     pub fields: FieldMetrics,
 }
@@ -316,6 +318,7 @@ impl Metrics {
             audit: crate::observe::audit::AuditMetrics::default(),
             fleet: crate::observe::fleet_metrics::FleetMetrics::default(),
             quota: crate::observe::quota_metrics::QuotaMetrics::default(),
+            sessions: crate::observe::session_metrics::SessionMetrics::default(),
             fields: FieldMetrics::default(),
             registry: Registry::default(),
         };
@@ -589,6 +592,7 @@ impl Metrics {
         m.audit.register(&mut registry);
         m.fleet.register(&mut registry);
         m.quota.register(&mut registry);
+        m.sessions.register(&mut registry);
         m.fields.register(&mut registry);
         Self { registry, ..m }
     }

@@ -6,7 +6,8 @@
 //! worker; [`dispatch`] drives the router crate's serving state machine
 //! (`switchyard_router::serve::machine`) over [`transport`] (gRPC to the workers): retries
 //! before the first token, migration mid-stream, and, with a prefill pool, [`disagg`]'s
-//! prefill stage; [`retention`] turns agent hints into retention requests. It reads the
+//! prefill stage; [`retention`] turns agent hints into retention requests; [`sessions`] holds a
+//! session's turn between turns when its working set does not fit (session scheduling). It reads the
 //! cluster's state ([`crate::cluster`]) and reports to [`crate::observe`]; it knows no API, and every front that routes (the four
 //! APIs, the admin explain, the endpoint picker) goes through it.
 
@@ -16,6 +17,7 @@ pub mod model;
 pub mod preprocess;
 pub mod retention;
 pub mod routing;
+pub mod sessions;
 pub mod transport;
 
 #[cfg(test)]

@@ -26,7 +26,6 @@ mod control;
 mod disagg;
 mod floor;
 mod peer;
-mod sessions;
 mod steps;
 
 use switchyard_core::{
@@ -43,7 +42,10 @@ use crate::metrics::RequestRecord;
 use crate::workload::{Micros, Outbox, RequestSpec, Workload};
 pub use control::{Control, Controller};
 pub use disagg::{DisaggConfig, DisaggMode, DisaggStats, WorkerStats};
-pub use sessions::{Offer, SessionScheduler, SessionStats};
+pub use switchyard_router::serve::{Offer, SessionStats};
+
+/// Session scheduling over the cluster's workers, by index.
+pub type SessionScheduler = serve::SessionScheduler<usize>;
 
 /// Shape of the simulated cluster.
 #[derive(Debug, Clone, PartialEq)]
@@ -153,7 +155,7 @@ enum Event {
     Tick,
     /// A prefix copied from a peer lands; its request is admitted ([`peer`]).
     PeerLanded(Box<peer::PeerCopy>),
-    /// A held turn's aging bound ([`sessions`]).
+    /// A held turn's aging bound ([`SessionScheduler`]).
     Release(u64),
 }
 
@@ -308,7 +310,7 @@ impl Cluster {
         }
         let scheduler = config
             .session_scheduling
-            .then(|| SessionScheduler::new(config.workers, &config.sim));
+            .then(|| session_scheduler(config.workers, &config.sim));
         Ok(Self {
             scheduler,
             held: HashMap::default(),
@@ -720,4 +722,19 @@ impl Cluster {
             scheduler.turn_ended(&session, self.now);
         }
     }
+}
+
+/// Session scheduling over `workers` workers of `sim`'s device blocks each, a turn's aging bound
+/// the time one of them takes to recompute the blocks it would push out (in `sim`'s chunks).
+fn session_scheduler(workers: usize, sim: &SimConfig) -> SessionScheduler {
+    let blocks = sim.num_device_blocks;
+    let sim = sim.clone();
+    let mut scheduler = SessionScheduler::new(move |blocks| {
+        let tokens = blocks.saturating_mul(u64::from(sim.block_size.get()));
+        sim.timing
+            .chunked_prefill_time(tokens, 0, sim.max_batched_tokens as u64)
+            .as_micros() as Micros
+    });
+    scheduler.set_workers((0..workers).map(|w| (w, blocks)), 0);
+    scheduler
 }

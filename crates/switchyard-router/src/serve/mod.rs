@@ -28,6 +28,10 @@
 //! [`retention`] turns a session's observed think times into the retention hint its requests
 //! carry ([`ThinkTimes`]), for the live gateway and the replay lab alike.
 //!
+//! [`sessions`] schedules agent sessions as programs: a turn whose session's working set does
+//! not fit beside the resident sessions' waits at its tool-call boundary, up to its aging
+//! bound ([`SessionScheduler`]), for the live gateway and the replay lab alike.
+//!
 //! [`counterfactual`] re-scores a decision already made under another policy, over the load
 //! and index overlap recorded with it (the admin API's counterfactual explain).
 //!
@@ -40,6 +44,7 @@ pub mod counterfactual;
 pub mod machine;
 mod offline;
 pub mod retention;
+pub mod sessions;
 mod settings;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +66,7 @@ pub use machine::{
 };
 pub use offline::{ServeOutcome, Served};
 pub use retention::{RetentionConfig, ThinkTimes};
+pub use sessions::{Offer, SessionScheduler, SessionStats};
 pub use settings::{
     DEFAULT_MAX_PREFILL_QUEUE_TOKENS, DEFAULT_MIN_UNCACHED_TOKENS, Disaggregation, ServeSettings,
 };

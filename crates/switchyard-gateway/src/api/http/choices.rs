@@ -18,7 +18,9 @@ use super::pipeline::prepared::Prepared;
 use super::state::AppState;
 use crate::access::admission::{Admitted, FlowKey};
 use crate::observe::audit::RequestTags;
+use crate::observe::audit::tags::SessionHold;
 use crate::serving::dispatch::{self, DispatchEvent, GenerateJob};
+use crate::serving::sessions::{ScheduledTurn, TurnAsk};
 
 /// The merged events of a request's choices.
 pub(super) struct Choices {
@@ -27,8 +29,14 @@ pub(super) struct Choices {
 }
 
 impl Choices {
-    /// Starts every choice of `p`; the first runs on `permit`.
-    pub(super) fn start(state: &Arc<AppState>, p: &Prepared, permit: Admitted) -> Self {
+    /// Starts every choice of `p`; the first runs on `permit`. `hold`: how long session
+    /// scheduling held the request (its decisions show it).
+    pub(super) fn start(
+        state: &Arc<AppState>,
+        p: &Prepared,
+        permit: Admitted,
+        hold: Option<SessionHold>,
+    ) -> Self {
         let total = p.choices();
         let mut permit = Some(permit);
         let mut events = SelectAll::new();
@@ -59,6 +67,7 @@ impl Choices {
                         tenant: Some(p.flow.tenant.clone()),
                         session_source: p.session_source.map(|s| s.name()),
                         ignored_fields: p.ignored.clone(),
+                        session_hold: hold,
                     }),
                     routes: Arc::clone(&p.routes),
                     prompt: prompt.tokens.clone(),
@@ -106,6 +115,31 @@ impl Choices {
             stop.cancel();
         }
     }
+}
+
+/// The request's turn of its session as session scheduling lets it go (at once unless
+/// scheduling is on and the session's working set does not fit): the turn's context is its
+/// first prompt's first block, its size that prompt's blocks. A request without a session, or
+/// whose prompt is shorter than a block, is not scheduled.
+pub(super) async fn scheduled_turn(state: &Arc<AppState>, p: &Prepared) -> ScheduledTurn {
+    let (Some(session), Some(prompt)) = (p.session.as_deref(), p.prompts.first()) else {
+        return ScheduledTurn::default();
+    };
+    let Some(context) = prompt.hashes.first() else {
+        return ScheduledTurn::default();
+    };
+    let block_size = p.routes.block_size;
+    let blocks = (prompt.tokens.len() as u64).div_ceil(u64::from(block_size.get()));
+    state
+        .sessions
+        .turn(TurnAsk {
+            model: &p.routes.model,
+            block_size,
+            session,
+            context,
+            blocks,
+        })
+        .await
 }
 
 /// One choice: admission (unless it holds a permit), then its dispatch's events.

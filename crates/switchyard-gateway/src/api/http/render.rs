@@ -19,15 +19,17 @@ use futures::Stream;
 use switchyard_tokenize::Tokenizer;
 
 use super::assemble::{ChoiceText, Gathered, request_usage};
-use super::choices::Choices;
+use super::choices::{Choices, scheduled_turn};
 use super::pipeline::prepared::{Prepared, fail, record};
 use super::state::AppState;
 use crate::access::admission::Admitted;
 use crate::api::chat_output::Piece;
 use crate::api::openai::{LogprobsOut, Usage};
 use crate::error::ApiError;
+use crate::observe::audit::tags::SessionHold;
 use crate::observe::metrics::ModelLabels;
 use crate::serving::dispatch::DispatchEvent;
+use crate::serving::sessions::ScheduledTurn;
 
 /// One server-sent event of a streamed answer: an `event:` name when the API names its events,
 /// and the data.
@@ -172,7 +174,17 @@ pub(crate) async fn respond<R: Renderer>(
     renderer: R,
 ) -> Response {
     let in_flight = InFlight::new(&state);
-    let mut run = Run::start(state, p, permit);
+    // Session scheduling may hold the turn here, between turns, before it is routed; never
+    // past the request's deadline (dropping the wait withdraws the turn).
+    let deadline = tokio::time::Instant::from_std(p.arrived + state.config.request_timeout());
+    let turn = match tokio::time::timeout_at(deadline, scheduled_turn(&state, &p)).await {
+        Ok(turn) => turn,
+        Err(_) => {
+            let err = ApiError::Timeout(state.config.request_timeout_secs.max(1));
+            return fail(&state, p.api, &p.model, err);
+        }
+    };
+    let mut run = Run::start(state, p, permit, turn);
     // The first event decides the status code.
     let first = match run.choices.next().await {
         Some(first @ (_, DispatchEvent::Started { .. })) => first,
@@ -224,6 +236,8 @@ struct Run {
     labels: ModelLabels,
     choices: Choices,
     texts: Vec<ChoiceText>,
+    /// The session's turn as session scheduling counts it: ends when the run is dropped.
+    turn: ScheduledTurn,
 }
 
 /// What one dispatch event came to for its choice.
@@ -238,8 +252,12 @@ enum Applied {
 }
 
 impl Run {
-    fn start(state: Arc<AppState>, p: Prepared, permit: Admitted) -> Self {
-        let choices = Choices::start(&state, &p, permit);
+    fn start(state: Arc<AppState>, p: Prepared, permit: Admitted, turn: ScheduledTurn) -> Self {
+        let hold = turn.held().map(|(held, release)| SessionHold {
+            held_ms: u64::try_from(held.as_millis()).unwrap_or(u64::MAX),
+            released: release.as_str(),
+        });
+        let choices = Choices::start(&state, &p, permit, hold);
         let texts = p
             .prompts
             .iter()
@@ -255,6 +273,7 @@ impl Run {
             p,
             choices,
             texts,
+            turn,
         }
     }
 
@@ -276,8 +295,10 @@ impl Run {
         let (pieces, logprobs) = match event {
             DispatchEvent::Started {
                 cached_prompt_tokens,
+                worker,
                 ..
             } => {
+                self.turn.routed(&worker);
                 text.cached_tokens = text.cached_tokens.max(cached_prompt_tokens);
                 return Applied::Started(Usage::new(text.prompt_tokens, 0, text.cached_tokens));
             }

@@ -39,6 +39,8 @@ pub struct AppState {
     pub access: ClientAccess,
     /// Sessions' think times, for the retention hints of their turns.
     pub retention: Arc<crate::serving::retention::SessionRetention>,
+    /// Session scheduling: holds a session's turn while its working set does not fit.
+    pub sessions: Arc<crate::serving::sessions::SessionSchedule>,
     /// Stored responses and the reasoning sealer (`/v1/responses`).
     pub responses: Arc<super::responses::store::ResponsesState>,
 }

@@ -230,6 +230,11 @@ impl DecisionEntry {
                         .then(|| serde_json::Value::from(tags.ignored_fields.clone())),
                 ),
                 ("note", self.note.clone().map(serde_json::Value::from)),
+                (
+                    "session_hold",
+                    tags.session_hold
+                        .and_then(|hold| serde_json::to_value(hold).ok()),
+                ),
             ];
             for (key, value) in optional {
                 if let Some(value) = value {

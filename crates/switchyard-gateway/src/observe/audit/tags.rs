@@ -16,6 +16,17 @@ pub struct RequestTags {
     pub session_source: Option<&'static str>,
     /// Fields the request carried without effect (advisory, or unknown and accepted).
     pub ignored_fields: Vec<String>,
+    /// How long session scheduling held the request between turns, when it did.
+    pub session_hold: Option<SessionHold>,
+}
+
+/// A request session scheduling held before routing it (`serving::sessions`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SessionHold {
+    /// How long it waited, in milliseconds.
+    pub held_ms: u64,
+    /// What let it go: `room` (a session left, a worker joined) or `aged` (its aging bound).
+    pub released: &'static str,
 }
 
 impl RequestTags {

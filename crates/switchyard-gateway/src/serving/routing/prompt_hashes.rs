@@ -48,6 +48,11 @@ impl PromptHashes {
         self.hashes.is_empty()
     }
 
+    /// The prompt's first block (none for a prompt shorter than a block).
+    pub fn first(&self) -> Option<BlockHash> {
+        self.hashes.first().copied()
+    }
+
     /// The hashes of `context` (this prompt followed by the tokens an attempt adds), when they
     /// were computed for `context`'s prefix under `block_size` and `identity`; `None` when
     /// they were not, and the caller hashes `context` itself.

@@ -23,14 +23,23 @@
 //! next turn asks again), so the waiting sessions take turns instead of queueing behind sessions
 //! that never end. A session leaves when the workload says it ended, and the turns waiting
 //! behind it are admitted in arrival order as far as they fit.
+//!
+//! The scheduler is the caller's clock's and the caller's workers': times are microseconds of
+//! whatever clock the caller keeps (the replay's simulated one, the gateway's since its start),
+//! workers are whatever the caller names them by (`W`: the replay's indices, the gateway's
+//! [`WorkerId`](switchyard_core::WorkerId)s) with the device blocks each holds, and the time to
+//! recompute a number of blocks is the caller's function (the simulator's timing model in the
+//! replay, the workers' announced prefill rate live). The replay lab and the live gateway both
+//! drive this one scheduler.
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap as HashMap;
 use switchyard_core::BlockHash;
-use switchyard_engine_sim::SimConfig;
 
-use crate::workload::Micros;
+use crate::hasher::FxHashMap as HashMap;
+
+/// Microseconds of the caller's clock.
+pub type Micros = u64;
 
 /// What to do with a turn now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,16 +65,28 @@ pub struct SessionStats {
     pub held_us: Micros,
 }
 
-#[derive(Debug, Default)]
-struct Session {
+#[derive(Debug)]
+struct Session<W> {
     /// Context (first block of its prompts) → (blocks, worker holding it, if routed yet).
-    contexts: BTreeMap<BlockHash, (u64, Option<usize>)>,
+    contexts: BTreeMap<BlockHash, (u64, Option<W>)>,
     resident: bool,
     /// When it last became resident (order of admission; the oldest resident keeps going).
     admitted: u64,
     in_flight: usize,
     /// When its last turn ended (for choosing whom to demote).
     idle_since: Micros,
+}
+
+impl<W> Default for Session<W> {
+    fn default() -> Self {
+        Self {
+            contexts: BTreeMap::new(),
+            resident: false,
+            admitted: 0,
+            in_flight: 0,
+            idle_since: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -77,36 +98,104 @@ struct Held {
     since: Micros,
 }
 
+/// The time one worker takes to recompute a number of blocks, in microseconds.
+pub type RecomputeTime = Box<dyn Fn(u64) -> Micros + Send + Sync>;
+
 /// The admission state; see the module docs.
-#[derive(Debug)]
-pub struct SessionScheduler {
+pub struct SessionScheduler<W> {
+    /// The workers, in order, with their device blocks.
+    workers: Vec<W>,
     capacity: Vec<u64>,
     /// Device blocks counted for resident sessions, per worker.
     used: Vec<u64>,
-    sessions: HashMap<String, Session>,
+    sessions: HashMap<String, Session<W>>,
     /// Held turns in arrival order.
     held: Vec<Held>,
-    sim: SimConfig,
+    recompute: RecomputeTime,
     stats: SessionStats,
     /// Admissions so far (orders residents).
     admissions: u64,
-    /// Held turns admitted by the last [`SessionScheduler::offer`] (room a demotion freed).
+    /// Held turns admitted as a side effect of the last call (room a demotion freed, room a
+    /// worker brought): see [`SessionScheduler::take_ready`].
     ready: Vec<u64>,
 }
 
-impl SessionScheduler {
-    /// `workers` workers of `sim`'s device blocks each.
-    pub fn new(workers: usize, sim: &SimConfig) -> Self {
+impl<W: std::fmt::Debug> std::fmt::Debug for SessionScheduler<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionScheduler")
+            .field("workers", &self.workers)
+            .field("capacity", &self.capacity)
+            .field("used", &self.used)
+            .field("sessions", &self.sessions.len())
+            .field("held", &self.held.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<W: Ord + Clone> SessionScheduler<W> {
+    /// No workers yet ([`SessionScheduler::set_workers`]); `recompute` is the time one worker
+    /// takes to recompute a number of blocks (what a turn's aging bound is made of).
+    pub fn new(recompute: impl Fn(u64) -> Micros + Send + Sync + 'static) -> Self {
         Self {
-            capacity: vec![sim.num_device_blocks; workers],
-            used: vec![0; workers],
+            workers: Vec::new(),
+            capacity: Vec::new(),
+            used: Vec::new(),
             sessions: HashMap::default(),
             held: Vec::new(),
-            sim: sim.clone(),
+            recompute: Box::new(recompute),
             stats: SessionStats::default(),
             admissions: 0,
             ready: Vec::new(),
         }
+    }
+
+    /// The workers are now `workers` (each with its device blocks) at `now`. A context on a
+    /// worker that left is no longer placed (its session's next turn goes where there is room),
+    /// and held turns that fit in the room a change made are admitted (see
+    /// [`SessionScheduler::take_ready`]). Returns whether anything changed.
+    pub fn set_workers(
+        &mut self,
+        workers: impl IntoIterator<Item = (W, u64)>,
+        now: Micros,
+    ) -> bool {
+        let mut workers: Vec<(W, u64)> = workers.into_iter().collect();
+        workers.sort_by(|a, b| a.0.cmp(&b.0));
+        workers.dedup_by(|a, b| a.0 == b.0);
+        let same = workers.len() == self.workers.len()
+            && workers
+                .iter()
+                .zip(self.workers.iter().zip(&self.capacity))
+                .all(|((w, c), (ow, oc))| w == ow && c == oc);
+        if same {
+            return false;
+        }
+        let (ids, capacity): (Vec<W>, Vec<u64>) = workers.into_iter().unzip();
+        self.workers = ids;
+        self.capacity = capacity;
+        self.used = vec![0; self.workers.len()];
+        let workers = &self.workers;
+        for s in self.sessions.values_mut() {
+            for (_, w) in s.contexts.values_mut() {
+                if w.as_ref()
+                    .is_some_and(|w| workers.binary_search(w).is_err())
+                {
+                    *w = None;
+                }
+            }
+        }
+        let residents: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.resident)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in residents {
+            self.count(&name, true);
+        }
+        let ready = self.admit_fitting(now);
+        self.ready.extend(ready);
+        true
     }
 
     pub fn stats(&self) -> SessionStats {
@@ -114,8 +203,8 @@ impl SessionScheduler {
     }
 
     /// Blocks counted on worker `w` for resident sessions.
-    pub fn used(&self, w: usize) -> u64 {
-        self.used.get(w).copied().unwrap_or(0)
+    pub fn used(&self, w: &W) -> u64 {
+        self.slot(w).map_or(0, |i| self.used[i])
     }
 
     /// Turns waiting now.
@@ -123,14 +212,23 @@ impl SessionScheduler {
         self.held.len()
     }
 
+    /// Sessions resident now.
+    pub fn resident(&self) -> usize {
+        self.sessions.values().filter(|s| s.resident).count()
+    }
+
+    fn slot(&self, w: &W) -> Option<usize> {
+        self.workers.binary_search(w).ok()
+    }
+
     /// The blocks `session` would need on each worker with context `context` at `blocks`, and
-    /// the worker that context is on (or would go to).
-    fn need(&self, session: &str, context: BlockHash, blocks: u64) -> (Vec<u64>, usize) {
+    /// the worker that context is on (or would go to; none without workers).
+    fn need(&self, session: &str, context: BlockHash, blocks: u64) -> (Vec<u64>, Option<usize>) {
         let mut need = vec![0; self.capacity.len()];
         let mut target = None;
         if let Some(s) = self.sessions.get(session) {
-            for (&c, &(b, w)) in &s.contexts {
-                let Some(w) = w.filter(|&w| w < need.len()) else {
+            for (&c, (b, w)) in &s.contexts {
+                let Some(w) = w.as_ref().and_then(|w| self.slot(w)) else {
                     continue;
                 };
                 if c == context {
@@ -141,13 +239,11 @@ impl SessionScheduler {
             }
         }
         // A context no worker holds yet goes where the most room is left.
-        let target = target.unwrap_or_else(|| {
+        let target = target.or_else(|| {
             let free = |w: usize| self.capacity[w].saturating_sub(self.used[w] + need[w]);
-            (0..need.len())
-                .max_by_key(|&w| (free(w), std::cmp::Reverse(w)))
-                .unwrap_or(0)
+            (0..need.len()).max_by_key(|&w| (free(w), std::cmp::Reverse(w)))
         });
-        if let Some(n) = need.get_mut(target) {
+        if let Some(n) = target.and_then(|t| need.get_mut(t)) {
             *n += blocks;
         }
         (need, target)
@@ -170,24 +266,19 @@ impl SessionScheduler {
     /// The aging bound of a turn that would push `overflow` blocks out: the time one worker
     /// takes to recompute them.
     fn bound(&self, overflow: u64) -> Micros {
-        let tokens = overflow.saturating_mul(u64::from(self.sim.block_size.get()));
-        self.sim
-            .timing
-            .chunked_prefill_time(tokens, 0, self.sim.max_batched_tokens as u64)
-            .as_micros()
-            .max(1) as Micros
+        (self.recompute)(overflow).max(1)
     }
 
     fn count(&mut self, session: &str, sign: bool) {
         let Some(s) = self.sessions.get(session) else {
             return;
         };
-        for &(b, w) in s.contexts.values() {
-            if let Some(w) = w.filter(|&w| w < self.used.len()) {
+        for (b, w) in s.contexts.values() {
+            if let Some(w) = w.as_ref().and_then(|w| self.workers.binary_search(w).ok()) {
                 self.used[w] = if sign {
                     self.used[w] + b
                 } else {
-                    self.used[w].saturating_sub(b)
+                    self.used[w].saturating_sub(*b)
                 };
             }
         }
@@ -240,8 +331,6 @@ impl SessionScheduler {
         }
     }
 
-    /// `session` becomes resident with its turn on `context` (`blocks` long) counted on
-    /// `target` until the turn is routed.
     /// Whether resident `session`'s turn on `context` at `blocks` takes a worker past its
     /// capacity while an older resident shares that worker.
     fn outgrown(&self, session: &str, context: BlockHash, blocks: u64) -> bool {
@@ -253,10 +342,11 @@ impl SessionScheduler {
             if n == 0 {
                 return false;
             }
+            let on_w = |cw: &Option<W>| cw.as_ref() == Some(&self.workers[w]);
             let own: u64 = s
                 .contexts
                 .values()
-                .filter(|&&(_, cw)| cw == Some(w))
+                .filter(|(_, cw)| on_w(cw))
                 .map(|&(b, _)| b)
                 .sum();
             let over = self.used[w].saturating_sub(own) + n > self.capacity[w];
@@ -264,34 +354,43 @@ impl SessionScheduler {
                 name != session
                     && o.resident
                     && o.admitted < s.admitted
-                    && o.contexts.values().any(|&(_, cw)| cw == Some(w))
+                    && o.contexts.values().any(|(_, cw)| on_w(cw))
             })
         })
     }
 
-    /// Held turns that a demotion in the last [`SessionScheduler::offer`] let in, in arrival
-    /// order.
+    /// Held turns that the last call let in besides its own answer (room a demotion in
+    /// [`SessionScheduler::offer`] freed, room [`SessionScheduler::set_workers`] brought), in
+    /// arrival order.
     pub fn take_ready(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.ready)
     }
 
-    fn make_resident(&mut self, session: &str, context: BlockHash, blocks: u64, target: usize) {
+    /// `session` becomes resident with its turn on `context` (`blocks` long) counted on
+    /// `target` until the turn is routed.
+    fn make_resident(
+        &mut self,
+        session: &str,
+        context: BlockHash,
+        blocks: u64,
+        target: Option<usize>,
+    ) {
         self.admissions += 1;
         let admitted = self.admissions;
+        let target = target.and_then(|t| self.workers.get(t).cloned());
         let s = self.sessions.entry(session.to_owned()).or_default();
         if s.resident {
             return;
         }
         s.admitted = admitted;
-        let placed = s.contexts.get(&context).and_then(|&(_, w)| w);
-        s.contexts
-            .insert(context, (blocks, Some(placed.unwrap_or(target))));
+        let placed = s.contexts.get(&context).and_then(|(_, w)| w.clone());
+        s.contexts.insert(context, (blocks, placed.or(target)));
         s.resident = true;
         self.count(session, true);
     }
 
     /// Turn of `session` on `context` (`blocks` long) was routed to `worker` and starts.
-    pub fn routed(&mut self, session: &str, context: BlockHash, blocks: u64, worker: usize) {
+    pub fn routed(&mut self, session: &str, context: BlockHash, blocks: u64, worker: W) {
         let resident = self.sessions.get(session).is_some_and(|s| s.resident);
         if resident {
             self.count(session, false);
@@ -317,6 +416,18 @@ impl SessionScheduler {
     pub fn session_ended(&mut self, session: &str, now: Micros) -> Vec<u64> {
         self.count(session, false);
         self.sessions.remove(session);
+        self.admit_fitting(now)
+    }
+
+    /// Held turn `id` is no longer wanted (its client went away): it leaves the queue without
+    /// counting as admitted, and the held turns behind it that fit now are admitted (returned
+    /// in arrival order). Nothing else of its session changes.
+    pub fn withdraw(&mut self, id: u64, now: Micros) -> Vec<u64> {
+        let Some(at) = self.held.iter().position(|h| h.id == id) else {
+            return Vec::new();
+        };
+        let held = self.held.remove(at);
+        self.note_wait(held.since, now);
         self.admit_fitting(now)
     }
 
@@ -359,6 +470,11 @@ impl SessionScheduler {
         self.stats.aged_turns += 1;
         self.note_wait(held.since, now);
         let (need, target) = self.need(&held.session, held.context, held.blocks);
+        let needed = |w: &W| {
+            self.workers
+                .binary_search(w)
+                .is_ok_and(|w| need.get(w).is_some_and(|&n| n > 0))
+        };
         let mut idle: Vec<(Micros, String)> = self
             .sessions
             .iter()
@@ -366,7 +482,7 @@ impl SessionScheduler {
             .filter(|(_, s)| {
                 s.contexts
                     .values()
-                    .any(|&(_, w)| w.is_some_and(|w| need.get(w).is_some_and(|&n| n > 0)))
+                    .any(|(_, w)| w.as_ref().is_some_and(needed))
             })
             .map(|(name, s)| (s.idle_since, name.clone()))
             .collect();
@@ -389,14 +505,15 @@ impl SessionScheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchyard_core::BlockSize;
 
-    fn sim(blocks: u64) -> SimConfig {
-        SimConfig {
-            block_size: BlockSize::new(64).unwrap(),
-            num_device_blocks: blocks,
-            ..SimConfig::default()
-        }
+    /// Microseconds to recompute a block in these tests.
+    const US_PER_BLOCK: u64 = 640;
+
+    /// `workers` workers of `blocks` device blocks each.
+    fn scheduler(workers: usize, blocks: u64) -> SessionScheduler<usize> {
+        let mut s = SessionScheduler::new(|b| b * US_PER_BLOCK);
+        assert!(s.set_workers((0..workers).map(|w| (w, blocks)), 0));
+        s
     }
 
     const A: BlockHash = BlockHash(1);
@@ -405,12 +522,12 @@ mod tests {
 
     #[test]
     fn with_room_for_every_working_set_nothing_is_held() {
-        let mut s = SessionScheduler::new(2, &sim(100));
+        let mut s = scheduler(2, 100);
         for (i, (name, ctx)) in [("a", A), ("b", B), ("c", C)].into_iter().enumerate() {
             assert_eq!(s.offer(i as u64, name, ctx, 50, 0), Offer::Admit);
             s.routed(name, ctx, 50, i % 2);
         }
-        assert_eq!((s.used(0), s.used(1)), (100, 50));
+        assert_eq!((s.used(&0), s.used(&1)), (100, 50));
         // a grows past worker 0's 100 blocks, but it is the oldest resident there: it goes on.
         assert_eq!(s.offer(9, "a", A, 70, 5), Offer::Admit);
         assert_eq!(s.stats(), SessionStats::default());
@@ -418,32 +535,29 @@ mod tests {
 
     #[test]
     fn a_turn_that_does_not_fit_waits_and_reserves_nothing() {
-        let mut s = SessionScheduler::new(1, &sim(100));
+        let mut s = scheduler(1, 100);
         assert_eq!(s.offer(0, "a", A, 80, 0), Offer::Admit);
         s.routed("a", A, 80, 0);
         let Offer::Hold { until } = s.offer(1, "b", B, 40, 10) else {
             panic!("b does not fit beside a");
         };
         // The bound is the recompute time of the 20 blocks b would push out of a's set.
-        let sim = sim(100);
-        let twenty = sim
-            .timing
-            .chunked_prefill_time(20 * 64, 0, sim.max_batched_tokens as u64)
-            .as_micros() as Micros;
-        assert_eq!(until, 10 + twenty);
-        assert_eq!(s.used(0), 80, "the held turn counts nothing");
+        assert_eq!(until, 10 + 20 * US_PER_BLOCK);
+        assert_eq!(s.used(&0), 80, "the held turn counts nothing");
         // A later session queues behind b, even one that would fit.
         assert!(matches!(s.offer(2, "c", C, 10, 11), Offer::Hold { .. }));
+        assert_eq!(s.waiting(), 2);
         // a ends: b and then c go in, in arrival order.
         s.turn_ended("a", 20);
         assert_eq!(s.session_ended("a", 30), vec![1, 2]);
         assert_eq!(s.stats().held_turns, 2);
         assert_eq!(s.stats().longest_hold_us, 20);
+        assert_eq!((s.waiting(), s.resident()), (0, 2));
     }
 
     #[test]
     fn a_younger_resident_that_outgrows_its_worker_yields_at_its_next_turn() {
-        let mut s = SessionScheduler::new(1, &sim(100));
+        let mut s = scheduler(1, 100);
         for (id, name, ctx) in [(0, "a", A), (1, "b", B)] {
             assert_eq!(s.offer(id, name, ctx, 40, 0), Offer::Admit);
             s.routed(name, ctx, 40, 0);
@@ -451,11 +565,11 @@ mod tests {
         }
         // b, the younger, would take the worker to 40 + 70 blocks: it waits, counting nothing.
         assert!(matches!(s.offer(2, "b", B, 70, 2), Offer::Hold { .. }));
-        assert_eq!((s.used(0), s.stats().demotions), (40, 1));
+        assert_eq!((s.used(&0), s.stats().demotions), (40, 1));
         // a, the older, grows past the capacity alone with b out: it goes on.
         assert_eq!(s.offer(3, "a", A, 90, 3), Offer::Admit);
         s.routed("a", A, 90, 0);
-        assert_eq!(s.used(0), 90);
+        assert_eq!(s.used(&0), 90);
         // a ends: b goes in.
         assert_eq!(s.session_ended("a", 4), vec![2]);
         assert!(s.take_ready().is_empty());
@@ -463,7 +577,7 @@ mod tests {
 
     #[test]
     fn an_aged_turn_goes_in_and_idle_residents_make_room() {
-        let mut s = SessionScheduler::new(1, &sim(100));
+        let mut s = scheduler(1, 100);
         for (name, ctx, at) in [("a", A, 0), ("b", B, 1)] {
             assert_eq!(s.offer(0, name, ctx, 50, at), Offer::Admit);
             s.routed(name, ctx, 50, 0);
@@ -474,7 +588,7 @@ mod tests {
         };
         // b is still in a turn: only a, idle, can give up its residency.
         assert_eq!(s.expire(7, until), (true, vec![]));
-        assert_eq!(s.used(0), 50 + 30);
+        assert_eq!(s.used(&0), 50 + 30);
         assert_eq!(s.stats().demotions, 1);
         assert_eq!(s.stats().aged_turns, 1);
         // a's next turn now asks again, and waits behind nobody but the room.
@@ -484,5 +598,53 @@ mod tests {
         ));
         // Expiring a turn already admitted changes nothing.
         assert_eq!(s.expire(7, until + 2), (false, vec![]));
+    }
+
+    #[test]
+    fn a_withdrawn_turn_leaves_the_queue_and_lets_the_turns_behind_it_in() {
+        let mut s = scheduler(1, 100);
+        assert_eq!(s.offer(0, "a", A, 80, 0), Offer::Admit);
+        s.routed("a", A, 80, 0);
+        assert!(matches!(s.offer(1, "b", B, 40, 1), Offer::Hold { .. }));
+        // c would fit beside a but waits behind b.
+        assert!(matches!(s.offer(2, "c", C, 10, 2), Offer::Hold { .. }));
+        // b's client goes away: c goes in, b's session counts nothing, a keeps its place.
+        assert_eq!(s.withdraw(1, 3), vec![2]);
+        assert_eq!((s.waiting(), s.used(&0), s.resident()), (0, 90, 2));
+        // Withdrawing it again, or expiring it, changes nothing.
+        assert!(s.withdraw(1, 4).is_empty());
+        assert_eq!(s.expire(1, 5), (false, vec![]));
+        assert_eq!(s.stats().aged_turns, 0);
+    }
+
+    #[test]
+    fn workers_joining_let_held_turns_in_and_a_leaving_worker_unplaces_its_contexts() {
+        let mut s = scheduler(1, 100);
+        assert_eq!(s.offer(0, "a", A, 80, 0), Offer::Admit);
+        s.routed("a", A, 80, 0);
+        assert!(matches!(s.offer(1, "b", B, 40, 1), Offer::Hold { .. }));
+        // The same workers again change nothing.
+        assert!(!s.set_workers([(0, 100)], 2));
+        assert!(s.take_ready().is_empty());
+        // A second worker joins: b fits there.
+        assert!(s.set_workers([(0, 100), (1, 100)], 3));
+        assert_eq!(s.take_ready(), vec![1]);
+        assert_eq!((s.used(&0), s.used(&1)), (80, 40));
+        s.routed("b", B, 40, 1);
+        // Worker 0 leaves: a's context is no longer counted anywhere, b's stays.
+        assert!(s.set_workers([(1, 100)], 4));
+        assert_eq!((s.used(&0), s.used(&1)), (0, 40));
+        // a's next turn goes where the room is, beside b.
+        assert_eq!(s.offer(2, "a", A, 60, 5), Offer::Admit);
+        s.routed("a", A, 60, 1);
+        assert_eq!(s.used(&1), 100);
+    }
+
+    #[test]
+    fn without_workers_every_turn_goes_in() {
+        let mut s = SessionScheduler::<usize>::new(|b| b);
+        assert_eq!(s.offer(0, "a", A, 1_000, 0), Offer::Admit);
+        assert_eq!(s.offer(1, "b", B, 1_000, 0), Offer::Admit);
+        assert_eq!(s.waiting(), 0);
     }
 }
