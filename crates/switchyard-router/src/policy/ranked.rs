@@ -51,6 +51,16 @@ struct Pick {
     pending: u32,
 }
 
+/// Which workers of a bucket can enter the best kept, all of whom tie on cost and running
+/// requests: every one, those whose rendezvous hash is at least the worst kept's (the
+/// bucket ties with it; an equal hash goes on to the id), or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    All,
+    From(u64),
+    Closed,
+}
+
 /// The best so far, best first, at most [`EXPLAINED`].
 struct Top<'a> {
     picks: Vec<Pick>,
@@ -80,6 +90,18 @@ impl Top<'_> {
     /// The cost of the worst kept, once full.
     fn cut(&self) -> Option<f64> {
         self.full().then(|| self.picks[EXPLAINED - 1].cost)
+    }
+
+    /// Which workers of a bucket costing `cost` with `running` requests can still enter.
+    fn gate(&self, cost: f64, running: u64) -> Gate {
+        let Some(last) = self.picks.get(EXPLAINED - 1) else {
+            return Gate::All;
+        };
+        match cost.total_cmp(&last.cost).then(running.cmp(&last.running)) {
+            Ordering::Less => Gate::All,
+            Ordering::Equal => Gate::From(last.rendezvous),
+            Ordering::Greater => Gate::Closed,
+        }
     }
 
     fn offer(&mut self, new: Pick) {
@@ -156,18 +178,32 @@ pub(crate) fn best_scores(
             let none = TierOverlap::default();
             let c = &candidates[first as usize];
             let cost = cost::figures_of(request, cfg, c, none, l, PeerCopy::default()).cost();
+            let running = l.running_requests;
+            let mut gate = top.gate(cost, running);
             for &pos in members {
+                let rendezvous = match gate {
+                    Gate::Closed => break,
+                    Gate::All => mix64(key ^ ranking.id_hash(pos)),
+                    Gate::From(floor) => {
+                        let r = mix64(key ^ ranking.id_hash(pos));
+                        if r < floor {
+                            continue;
+                        }
+                        r
+                    }
+                };
                 if holding[pos as usize / 64] & (1 << (pos % 64)) != 0 {
                     continue;
                 }
                 top.offer(Pick {
                     cost,
-                    running: l.running_requests,
-                    rendezvous: mix64(key ^ ranking.id_hash(pos)),
+                    running,
+                    rendezvous,
                     pos,
                     overlap: none,
                     pending: 0,
                 });
+                gate = top.gate(cost, running);
             }
         }
     }

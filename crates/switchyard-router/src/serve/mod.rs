@@ -270,8 +270,9 @@ impl ServingCore {
         self.roster = roster;
     }
 
-    /// Whether `candidates` is the roster itself ([`ServingCore::set_roster`]).
-    fn is_roster(&self, candidates: &[Candidate]) -> bool {
+    /// Whether `candidates` is the roster itself ([`ServingCore::set_roster`]): a decode
+    /// decision among them reads the load view's ranking.
+    pub fn is_roster(&self, candidates: &[Candidate]) -> bool {
         !candidates.is_empty() && std::ptr::eq(candidates, &*self.roster)
     }
 
