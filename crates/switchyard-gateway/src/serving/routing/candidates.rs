@@ -82,13 +82,12 @@ impl Candidates {
         self.ids().is_empty()
     }
 
-    /// The handle of the chosen worker.
+    /// The handle of the chosen worker, when it is a candidate.
     pub(super) fn take(self, worker: &WorkerId) -> Option<Arc<WorkerHandle>> {
-        let at = self.ids().iter().position(|c| c.worker == *worker)?;
-        let member = match &self.some {
-            None => at,
-            Some((_, positions)) => positions[at],
-        };
+        let member = self.list.position(worker)?;
+        if let Some((_, positions)) = &self.some {
+            positions.binary_search(&member).ok()?;
+        }
         Some(Arc::clone(&self.list.members[member].handle))
     }
 }
@@ -111,9 +110,25 @@ pub fn needs_prefill(info: &WorkerInfo) -> bool {
     serve::needs_prefill(info.role, info.engine)
 }
 
-/// Workers of the model that can take a generation now under `filter`.
+/// Workers of the model that can take a generation now under `filter`. A generation with no
+/// exclusion nor adapter goes to every member as long as the list found them all open at the
+/// pool's routing epoch (`members`), without reading any member.
 pub fn candidates(pool: &WorkerPool, routes: &ModelRoutes, filter: DecodeFilter<'_>) -> Candidates {
-    Candidates::select(pool, routes, |w| may_decode(w, filter))
+    let plain = filter.exclude.is_empty() && filter.adapter.is_none();
+    if !plain {
+        return Candidates::select(pool, routes, |w| may_decode(w, filter));
+    }
+    // Read before looking: a change while looking moves the epoch past the one remembered.
+    let epoch = pool.routing_epoch();
+    let list = routes.members.snapshot();
+    if list.open_at(filter.aggregated_only, epoch) {
+        return Candidates { list, some: None };
+    }
+    let chosen = Candidates::select(pool, routes, |w| may_decode(w, filter));
+    if chosen.some.is_none() && Arc::ptr_eq(&chosen.list, &list) {
+        list.set_open_at(filter.aggregated_only, epoch);
+    }
+    chosen
 }
 
 /// Prefill-pool workers of the model that can prefill now for a decode worker in front of
