@@ -11,7 +11,8 @@
 //! moves, a request that may go to every member takes the list as it is without reading any
 //! member, so choosing the candidates does not grow with the fleet.
 //!
-//! The list's candidates are also the model's roster in its serving core
+//! The list's *roster* — the members that can generate for a plain request: those serving
+//! decode that this pool can deliver to — is also the model's roster in its serving core
 //! ([`switchyard_router::serve::ServingCore::set_roster`]), set with every rebuild: a decision
 //! among all of them reads the load view's ranking instead of scoring each.
 
@@ -41,6 +42,10 @@ pub struct Member {
 pub struct MemberList {
     pub members: Vec<Member>,
     pub candidates: Arc<[Candidate]>,
+    /// The candidates of the members that can generate for a plain request (module docs), and
+    /// their positions; the same allocation as `candidates` when that is every member.
+    pub roster: Arc<[Candidate]>,
+    pub roster_positions: Vec<usize>,
     /// Each member's position.
     positions: HashMap<WorkerId, usize>,
     /// One more than the routing epoch at which every member was found open and eligible for
@@ -83,11 +88,13 @@ impl ModelMembers {
     /// of `model`. `workers` is called under the list's write lock, so rebuilds that race
     /// store their lists in the order they read the pool: the last one stored saw every
     /// change made before it was asked for. `rebuilt` is given the new candidates under the
-    /// same lock, so the serving core's roster follows the lists in the same order.
+    /// same lock, so the serving core's roster follows the lists in the same order. The roster
+    /// is the members for which `in_roster` holds.
     pub(super) fn rebuild(
         &self,
         model: &str,
         workers: impl FnOnce() -> Vec<Arc<WorkerHandle>>,
+        in_roster: impl Fn(&WorkerInfo) -> bool,
         rebuilt: impl FnOnce(Arc<[Candidate]>),
     ) {
         let mut list = self.list.write();
@@ -102,10 +109,24 @@ impl ModelMembers {
         let positions = (members.iter().enumerate())
             .map(|(i, m)| (m.info.id.clone(), i))
             .collect();
-        rebuilt(Arc::clone(&candidates));
+        let roster_positions: Vec<usize> = (members.iter().enumerate())
+            .filter(|(_, m)| in_roster(&m.info))
+            .map(|(i, _)| i)
+            .collect();
+        let roster = if roster_positions.len() == members.len() {
+            Arc::clone(&candidates)
+        } else {
+            roster_positions
+                .iter()
+                .map(|&i| candidates[i].clone())
+                .collect()
+        };
+        rebuilt(Arc::clone(&roster));
         *list = Arc::new(MemberList {
             members,
             candidates,
+            roster,
+            roster_positions,
             positions,
             open: Default::default(),
         });

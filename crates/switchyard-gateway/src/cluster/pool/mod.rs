@@ -380,9 +380,12 @@ impl WorkerPool {
     /// Rebuilds `model`'s member list ([`members`]) from the workers known now.
     fn refresh_members(&self, model: &str) {
         if let Some(routes) = self.model(model) {
+            // The roster: the members a plain generation may go to when all are open.
+            let in_roster = |info: &WorkerInfo| self.deliverable(info) && info.role.serves_decode();
             routes.members.rebuild(
                 model,
                 || self.workers(),
+                in_roster,
                 |roster| {
                     routes.lock().serving.set_roster(roster);
                 },

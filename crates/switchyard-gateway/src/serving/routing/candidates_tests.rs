@@ -168,6 +168,23 @@ async fn a_request_open_to_every_member_decides_over_the_cores_roster() {
     );
     w05.set_draining(false);
     assert!(rostered(&pool));
+    // A prefill pool beside the generating workers: they are not in the roster.
+    pool.upsert_worker(info("p0", "m", Role::Prefill));
+    assert!(rostered(&pool), "prefill workers stay out of the roster");
+    assert_eq!(prefill(&pool, &routes), ["p0"]);
+    let c = candidates(&pool, &routes, DecodeFilter::default());
+    assert!(c.take(&WorkerId::new("p0").unwrap()).is_none());
+    let excluded = [WorkerId::new("w07").unwrap()];
+    let narrowed = DecodeFilter {
+        exclude: &excluded,
+        ..DecodeFilter::default()
+    };
+    let c = candidates(&pool, &routes, narrowed);
+    assert!(
+        !routes.read().serving.is_roster(c.ids()),
+        "an exclusion copies"
+    );
+    assert!(c.take(&excluded[0]).is_none());
     // Loads that differ and tie, then the same decision over the roster and over a copy.
     {
         let mut core = routes.lock();
