@@ -31,6 +31,12 @@
 //! [`counterfactual`] re-scores a decision already made under another policy, over the load
 //! and index overlap recorded with it (the admin API's counterfactual explain).
 //!
+//! A caller that keeps the model's candidates as one list (the gateway's member list) hands it
+//! to [`ServingCore::set_roster`]: the load view then keeps those workers ordered by load, and a
+//! decode decision among exactly that list reads the order instead of scoring every candidate
+//! (`policy::ranked`), with the same result. Callers that build their candidates per request
+//! (the replay lab, the planner's bench) decide as before.
+//!
 //! What a booking counts is decided in one place ([`Booking`]'s constructors): a generating
 //! worker holds `prompt + max_tokens` tokens of KV, a prefill worker `prompt` tokens; a
 //! worker's queued prefill is what it computes of the prompt.
