@@ -421,10 +421,7 @@ async fn run_case(case: Case, ops: Vec<Op>) -> Result<(), TestCaseError> {
             } => {
                 let w = worker % infos.len();
                 draining[w] = on;
-                pool.worker(&infos[w].id)
-                    .unwrap()
-                    .draining
-                    .store(on, std::sync::atomic::Ordering::Relaxed);
+                pool.worker(&infos[w].id).unwrap().set_draining(on);
             }
             Op::Token { nth } => {
                 if live.is_empty() {

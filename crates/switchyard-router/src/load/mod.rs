@@ -17,14 +17,20 @@
 //! replay drives the view with simulated time. Requests never finished (a lost response) are
 //! forgotten after [`LoadConfig::in_flight_ttl`], and at most
 //! [`LoadConfig::max_in_flight_per_worker`] are kept per worker (oldest dropped first).
+//!
+//! The view also keeps a roster of the model's candidates ordered by their load
+//! ([`ranking`]), updated with every change above, so a decision can read the least loaded
+//! workers instead of scoring every one.
 
 pub mod pending;
+pub mod ranking;
 
 use serde::Serialize;
 use switchyard_core::{BlockHash, LoadStats, WorkerId};
 
 use crate::hasher::FxHashMap;
 use pending::{Incoming, PendingPrefixes};
+use ranking::{RankWeights, Ranking, RosterWorker};
 
 /// Microseconds on the caller's monotonic clock.
 pub type Tick = u64;
@@ -195,6 +201,8 @@ pub struct LoadView {
     workers: FxHashMap<WorkerId, WorkerEntry>,
     /// The prompt blocks of requests in flight, by worker ([`pending`]).
     pending: PendingPrefixes,
+    /// The roster's workers by load ([`ranking`]).
+    ranking: Ranking,
 }
 
 impl LoadView {
@@ -203,6 +211,32 @@ impl LoadView {
             config,
             workers: FxHashMap::default(),
             pending: PendingPrefixes::default(),
+            ranking: Ranking::default(),
+        }
+    }
+
+    /// Ranks `roster` (the model's candidates, in the caller's order) by load under `weights`
+    /// from now on ([`ranking`]), replacing the previous roster.
+    pub fn set_roster(
+        &mut self,
+        weights: RankWeights,
+        roster: impl IntoIterator<Item = RosterWorker>,
+    ) {
+        let mut ranking = std::mem::take(&mut self.ranking);
+        ranking.set_roster(weights, roster, |w| self.get(w));
+        self.ranking = ranking;
+    }
+
+    /// The roster by load ([`ranking`]).
+    pub fn ranking(&self) -> &Ranking {
+        &self.ranking
+    }
+
+    /// Moves `worker` in the ranking after a change of its load.
+    fn rerank(&mut self, worker: &WorkerId) {
+        if !self.ranking.is_empty() {
+            let load = self.get(worker);
+            self.ranking.refresh(worker, load);
         }
     }
 
@@ -230,6 +264,7 @@ impl LoadView {
         entry.reported = Some(stats);
         let absorbed_before = now.saturating_sub(self.config.report_lag);
         entry.retain(|r| r.routed_at > absorbed_before);
+        self.rerank(worker);
     }
 
     /// The router sent `request` to `worker` at `now`: `prefill_tokens` still to compute there
@@ -270,6 +305,7 @@ impl LoadView {
                 prefill_done: false,
             },
         );
+        self.rerank(worker);
     }
 
     /// `request`, in flight on `worker`, loads `bytes` of its cached prefix from non-device
@@ -278,6 +314,7 @@ impl LoadView {
         if let Some(e) = self.workers.get_mut(worker) {
             e.update(request, |r| r.onboard_bytes = bytes);
         }
+        self.rerank(worker);
     }
 
     /// `worker`'s transfer path has `bytes` queued besides what the router routed since
@@ -288,6 +325,7 @@ impl LoadView {
             .entry(worker.clone())
             .or_default()
             .reported_onboard_bytes = bytes;
+        self.rerank(worker);
     }
 
     /// `request`, still in flight on `worker`, now has `prefill_tokens` to compute there (its
@@ -303,6 +341,7 @@ impl LoadView {
         if let Some(e) = self.workers.get_mut(worker) {
             e.update(request, |r| r.prefill_tokens = prefill_tokens);
         }
+        self.rerank(worker);
     }
 
     /// `request`'s prefill finished: it now decodes.
@@ -311,6 +350,7 @@ impl LoadView {
         if let Some(e) = self.workers.get_mut(worker) {
             e.update(request, |r| r.prefill_done = true);
         }
+        self.rerank(worker);
     }
 
     /// `request` finished (or failed, or was cancelled): release it.
@@ -319,6 +359,7 @@ impl LoadView {
         if let Some(e) = self.workers.get_mut(worker) {
             e.remove(request);
         }
+        self.rerank(worker);
     }
 
     /// Every request the router still counts on a worker, sorted by worker and request: what
@@ -346,6 +387,7 @@ impl LoadView {
     pub fn remove_worker(&mut self, worker: &WorkerId) {
         self.workers.remove(worker);
         self.pending.remove_worker(worker);
+        self.rerank(worker);
     }
 
     /// The worker's predicted load (zero for a worker never seen).
@@ -479,6 +521,19 @@ mod tests {
         };
         let mut view = LoadView::new(cfg);
         let workers = [w("a"), w("b")];
+        let weights = RankWeights {
+            prefill_weight: 1.0,
+            decode_weight: 0.1,
+            block_size: 16,
+        };
+        view.set_roster(
+            weights,
+            workers.iter().map(|id| RosterWorker {
+                id: id.clone(),
+                prefill_tokens_per_s: 1,
+                prices_peer_copies: false,
+            }),
+        );
         // SplitMix64: a fixed, varied sequence of changes.
         let mut state = 7u64;
         let mut next = move || {
@@ -507,6 +562,12 @@ mod tests {
                         .map(|e| e.booked)
                         .unwrap_or_default(),
                     recomputed(&view, worker),
+                    "step {step}"
+                );
+                let ranked = view.ranking().position(worker).unwrap();
+                assert_eq!(
+                    *view.ranking().load(ranked),
+                    view.get(worker),
                     "step {step}"
                 );
             }

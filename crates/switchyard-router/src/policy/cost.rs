@@ -328,64 +328,93 @@ impl<'a> Scorer<'a> {
     /// Candidate `i`'s full breakdown.
     pub(crate) fn score(&self, i: usize) -> WorkerScore {
         let (f, l) = self.figures(i);
-        WorkerScore {
-            pending_blocks: self.pending[i],
-            worker: self.candidates[i].worker.clone(),
-            overlap: self.overlaps[i],
-            uncached_prompt_tokens: f.uncached,
-            queued_prefill_tokens: l.queued_prefill_tokens,
-            running_requests: l.running_requests,
-            active_decode_sequences: l.active_decode_sequences,
-            active_blocks: l.active_blocks,
-            kv_utilisation: l.kv_utilisation(),
-            onboarding: f.onboarding,
-            prefill_term: f.prefill_term,
-            decode_term: f.decode_term,
-            score: f.prefill_term + f.decode_term,
-            probability: None,
-        }
+        breakdown_of(&self.candidates[i], self.overlaps[i], self.pending[i], l, f)
     }
 
     fn figures(&self, i: usize) -> (Figures, WorkerLoad) {
-        let (request, cfg) = (self.request, self.cfg);
         let c = &self.candidates[i];
-        let overlap = self.overlaps[i];
-        let bs = request.block_size.get();
         let l = self.load.get(&c.worker);
-        let (costs, announced) = costs_of(c, bs);
-        let mut onboarding =
-            Onboarding::price(overlap, costs, announced, l.queued_onboard_bytes, bs);
-        let peers = placement::PeerView::new(self.candidates, &self.overlaps, cfg.peer_link);
-        let peer = peers.copy_for(i, &costs, bs);
-        onboarding.peer_blocks = peer.blocks;
-        onboarding.peer_seconds = peer.seconds;
-        onboarding.peer_recompute_seconds = peer.recompute_seconds;
-        let cached = u64::from(overlap.any_tier + peer.blocks) * u64::from(bs);
-        let uncached = request.prompt_tokens.saturating_sub(cached);
-        let prefill_seconds = costs.recompute_seconds(uncached + l.queued_prefill_tokens)
-            + onboarding.seconds
-            + peer.seconds;
-        let figures = Figures {
-            uncached,
-            onboarding,
-            prefill_term: cfg.prefill_weight * prefill_seconds,
-            decode_term: cfg.decode_weight
-                * costs.recompute_seconds(l.active_blocks * u64::from(bs)),
-        };
+        let (costs, _) = costs_of(c, self.request.block_size.get());
+        let peers = placement::PeerView::new(self.candidates, &self.overlaps, self.cfg.peer_link);
+        let peer = peers.copy_for(i, &costs, self.request.block_size.get());
+        let figures = figures_of(self.request, self.cfg, c, self.overlaps[i], &l, peer);
         (figures, l)
     }
 }
 
 /// What the cost model adds to a candidate's load.
-struct Figures {
+pub(crate) struct Figures {
     uncached: u64,
     onboarding: Onboarding,
     prefill_term: f64,
     decode_term: f64,
 }
 
+impl Figures {
+    /// The kv cost: what the choice rule compares first.
+    pub(crate) fn cost(&self) -> f64 {
+        self.prefill_term + self.decode_term
+    }
+}
+
+/// The cost model for one candidate with `overlap` (pending blocks counted), load `l` and
+/// `peer` copy: every path that prices a candidate ([`Scorer`], the ranked decision) prices it
+/// here, so their figures agree to the bit.
+pub(crate) fn figures_of(
+    request: &RouteRequest,
+    cfg: &KvConfig,
+    c: &Candidate,
+    overlap: TierOverlap,
+    l: &WorkerLoad,
+    peer: placement::PeerCopy,
+) -> Figures {
+    let bs = request.block_size.get();
+    let (costs, announced) = costs_of(c, bs);
+    let mut onboarding = Onboarding::price(overlap, costs, announced, l.queued_onboard_bytes, bs);
+    onboarding.peer_blocks = peer.blocks;
+    onboarding.peer_seconds = peer.seconds;
+    onboarding.peer_recompute_seconds = peer.recompute_seconds;
+    let cached = u64::from(overlap.any_tier + peer.blocks) * u64::from(bs);
+    let uncached = request.prompt_tokens.saturating_sub(cached);
+    let prefill_seconds = costs.recompute_seconds(uncached + l.queued_prefill_tokens)
+        + onboarding.seconds
+        + peer.seconds;
+    Figures {
+        uncached,
+        onboarding,
+        prefill_term: cfg.prefill_weight * prefill_seconds,
+        decode_term: cfg.decode_weight * costs.recompute_seconds(l.active_blocks * u64::from(bs)),
+    }
+}
+
+/// The breakdown of candidate `c` from its figures.
+pub(crate) fn breakdown_of(
+    c: &Candidate,
+    overlap: TierOverlap,
+    pending_blocks: u32,
+    l: WorkerLoad,
+    f: Figures,
+) -> WorkerScore {
+    WorkerScore {
+        pending_blocks,
+        worker: c.worker.clone(),
+        overlap,
+        uncached_prompt_tokens: f.uncached,
+        queued_prefill_tokens: l.queued_prefill_tokens,
+        running_requests: l.running_requests,
+        active_decode_sequences: l.active_decode_sequences,
+        active_blocks: l.active_blocks,
+        kv_utilisation: l.kv_utilisation(),
+        onboarding: f.onboarding,
+        prefill_term: f.prefill_term,
+        decode_term: f.decode_term,
+        score: f.prefill_term + f.decode_term,
+        probability: None,
+    }
+}
+
 /// `overlap` with `pending` leading blocks counted as device blocks.
-fn with_pending(overlap: TierOverlap, pending: u32) -> TierOverlap {
+pub(crate) fn with_pending(overlap: TierOverlap, pending: u32) -> TierOverlap {
     TierOverlap {
         device: overlap.device.max(pending),
         device_or_host: overlap.device_or_host.max(pending),

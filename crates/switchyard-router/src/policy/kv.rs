@@ -23,6 +23,12 @@
 //! worker id. With `temperature > 0` the winner is sampled with probability
 //! `∝ exp(-(cost - min) / (max - min) / temperature)` from a generator seeded by the policy
 //! seed, so a run is reproducible.
+//!
+//! Among many candidates a decision without a temperature explains the best few only
+//! (`shortlist`), and when the candidates are the model's whole roster it does not score each:
+//! it prices the prompt's holders and reads the others from the load view's ranking by load
+//! (`ranked`), so its work grows with the holders and the loads near the best, not with the
+//! fleet. Either way the choice and the explanation are the full breakdown's.
 
 use switchyard_core::WorkerId;
 
@@ -31,7 +37,7 @@ pub use super::cost::KvConfig;
 use super::dense::SlotOverlap;
 use super::explain::{self, Explanation, WorkerScore, thousands};
 use super::shortlist;
-use super::{Candidate, Decision, Policy, RouteRequest};
+use super::{Candidate, Decision, Policy, RouteRequest, SharedAsk, ranked};
 use crate::error::RouteError;
 use crate::index::{PrefixIndex, TierOverlap};
 use crate::load::LoadView;
@@ -86,15 +92,16 @@ impl KvPolicy {
     }
 
     /// [`KvPolicy::decide`] over the index's overlap without sampling (`None` when the policy
-    /// samples): the best candidate, explained in full when `explain_all` or when there are
-    /// few candidates, else with the best few only (`shortlist`).
+    /// samples): the best candidate, explained in full when `ask.explain_all` or when there
+    /// are few candidates, else with the best few only: read from the load view's ranking when
+    /// the candidates are its roster (`ranked`), else scored one by one (`shortlist`).
     fn decide_best(
         &self,
         request: &RouteRequest,
         candidates: &[Candidate],
         index: &PrefixIndex,
         load: &LoadView,
-        explain_all: bool,
+        ask: SharedAsk,
     ) -> Option<Result<Decision, RouteError>> {
         if self.config.temperature > 0.0 && candidates.len() > 1 {
             return None;
@@ -102,14 +109,20 @@ impl KvPolicy {
         if let Err(err) = check_inputs(request, candidates, index) {
             return Some(Err(err));
         }
-        let scorer = self.scorer(request, candidates, load, index_overlap(request, index));
-        let scores = if explain_all
-            || candidates.len() <= shortlist::EXPLAIN_ALL_UP_TO
-            || scorer.prices_peer_copies()
-        {
-            scorer.all()
-        } else {
-            shortlist::best_scores(request, &scorer)
+        let few = ask.explain_all || candidates.len() <= shortlist::EXPLAIN_ALL_UP_TO;
+        let ranked = (!few && ask.rostered)
+            .then(|| ranked::best_scores(request, candidates, index, load, &self.config))
+            .flatten();
+        let scores = match ranked {
+            Some(scores) => scores,
+            None => {
+                let scorer = self.scorer(request, candidates, load, index_overlap(request, index));
+                if few || scorer.prices_peer_copies() {
+                    scorer.all()
+                } else {
+                    shortlist::best_scores(request, &scorer)
+                }
+            }
         };
         let chosen = explain::best(request, &scores);
         let why = kv_why(request, &scores, chosen, false);
@@ -279,7 +292,9 @@ impl Policy for KvPolicy {
         index: &PrefixIndex,
         load: &LoadView,
     ) -> Result<Decision, RouteError> {
-        if let Some(decided) = self.choose_shared(request, candidates, index, load, false) {
+        if let Some(decided) =
+            self.choose_shared(request, candidates, index, load, SharedAsk::default())
+        {
             return decided;
         }
         check_inputs(request, candidates, index)?;
@@ -302,14 +317,12 @@ impl Policy for KvPolicy {
         candidates: &[Candidate],
         index: &PrefixIndex,
         load: &LoadView,
-        explain_all: bool,
+        ask: SharedAsk,
     ) -> Option<Result<Decision, RouteError>> {
-        self.decide_best(
-            request,
-            candidates,
-            index,
-            load,
-            explain_all || self.explain_all,
-        )
+        let ask = SharedAsk {
+            explain_all: ask.explain_all || self.explain_all,
+            ..ask
+        };
+        self.decide_best(request, candidates, index, load, ask)
     }
 }

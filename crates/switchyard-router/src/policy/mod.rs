@@ -21,6 +21,7 @@ pub mod dynamo;
 mod explain;
 pub mod kv;
 mod placement;
+mod ranked;
 pub mod session;
 pub mod sglang;
 mod shortlist;
@@ -158,7 +159,7 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
         _candidates: &[Candidate],
         _index: &PrefixIndex,
         _load: &LoadView,
-        _explain_all: bool,
+        _ask: SharedAsk,
     ) -> Option<Result<Decision, RouteError>> {
         None
     }
@@ -169,6 +170,28 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     /// A copy with the same state, so a decision can be previewed (the admin API's explain)
     /// without moving the live policy's turn, pins or predictions.
     fn clone_box(&self) -> Box<dyn Policy>;
+}
+
+/// How a shared decision ([`Policy::choose_shared`]) is asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SharedAsk {
+    /// Explain every candidate (the admin API's explain, a sampled decision).
+    pub explain_all: bool,
+    /// The candidates are the load view's roster itself ([`LoadView::set_roster`]), in its
+    /// order: a policy may read the view's ranking of them ([`crate::load::ranking`]) instead
+    /// of scoring every one.
+    pub rostered: bool,
+}
+
+/// The roster entry of a candidate for the load view's ranking ([`LoadView::set_roster`]):
+/// its prefill rate (announced, or the typical one for `block_size`) and whether a peer copy
+/// may be priced to it.
+pub fn roster_worker(candidate: &Candidate, block_size: u32) -> crate::load::ranking::RosterWorker {
+    crate::load::ranking::RosterWorker {
+        id: candidate.worker.clone(),
+        prefill_tokens_per_s: cost::costs_of(candidate, block_size).0.prefill_tokens_per_s,
+        prices_peer_copies: candidate.kv_peer.is_some(),
+    }
 }
 
 /// Settings of every policy, so one configuration section can switch between them.
@@ -272,6 +295,8 @@ impl std::fmt::Display for PolicyKind {
 
 #[cfg(test)]
 mod placement_tests;
+#[cfg(test)]
+mod ranked_tests;
 #[cfg(test)]
 mod shortlist_tests;
 #[cfg(test)]

@@ -8,7 +8,8 @@
 //! [`EXPLAINED`] best only: the chosen worker is the one the full breakdown would choose,
 //! holders of the prompt's prefix and idle workers alike, and the explanation names the
 //! winner, the runner-up and the next best. A full explanation is still built when asked for
-//! (the admin API's explain) and for a sample of the decisions (`serve`).
+//! (the admin API's explain) and for a sample of the decisions (`serve`). When the candidates
+//! are the load view's roster, `ranked` finds the same best without scoring every candidate.
 
 use std::cmp::Ordering;
 

@@ -35,6 +35,12 @@
 //! [`counterfactual`] re-scores a decision already made under another policy, over the load
 //! and index overlap recorded with it (the admin API's counterfactual explain).
 //!
+//! A caller that keeps the model's candidates as one list (the gateway's member list) hands it
+//! to [`ServingCore::set_roster`]: the load view then keeps those workers ordered by load, and a
+//! decode decision among exactly that list reads the order instead of scoring every candidate
+//! (`policy::ranked`), with the same result. Callers that build their candidates per request
+//! (the replay lab, the planner's bench) decide as before.
+//!
 //! What a booking counts is decided in one place ([`Booking`]'s constructors): a generating
 //! worker holds `prompt + max_tokens` tokens of KV, a prefill worker `prompt` tokens; a
 //! worker's queued prefill is what it computes of the prompt.
@@ -47,6 +53,7 @@ pub mod retention;
 pub mod sessions;
 mod settings;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
@@ -54,8 +61,11 @@ use switchyard_core::{BlockSize, KvIdentity, TokenId, WorkerId};
 
 use crate::error::RouteError;
 use crate::index::{IndexConfig, PrefixIndex};
+use crate::load::ranking::RankWeights;
 use crate::load::{LoadConfig, LoadView, RequestId, Tick};
-use crate::policy::{Candidate, Decision, Policy, PolicyConfig, PolicyKind, RouteRequest};
+use crate::policy::{
+    Candidate, Decision, Policy, PolicyConfig, PolicyKind, RouteRequest, SharedAsk, roster_worker,
+};
 
 pub use candidates::{DecodeFilter, WorkerFacts, may_decode, may_prefill_for, needs_prefill};
 pub use counterfactual::{RescoreBasis, rescore};
@@ -218,6 +228,11 @@ pub struct ServingCore {
     next_key: RequestId,
     /// Decode decisions so far, counted to explain one in [`EXPLAIN_ALL_EVERY`] in full.
     decided: AtomicU64,
+    /// The model's candidates as the caller keeps them ([`ServingCore::set_roster`]): a
+    /// decision among exactly this list reads the load view's ranking of it.
+    roster: Arc<[Candidate]>,
+    /// What the load view ranks the roster by: the `kv` settings' weights.
+    rank_weights: (f64, f64),
 }
 
 /// One decode decision in this many explains every candidate, however many there are: the
@@ -242,7 +257,35 @@ impl ServingCore {
             block_size,
             next_key: 1,
             decided: AtomicU64::new(0),
+            roster: Arc::from(Vec::new()),
+            rank_weights: (
+                policy_config.kv.prefill_weight,
+                policy_config.kv.decode_weight,
+            ),
         })
+    }
+
+    /// The model's candidates when every one may take a request, as the caller keeps them (the
+    /// gateway's member list): a decode decision among this very list — the same allocation,
+    /// not a copy — reads the load view's ranking of it ([`crate::load::ranking`]) instead of
+    /// scoring every candidate. Call it again whenever the list is replaced.
+    pub fn set_roster(&mut self, roster: Arc<[Candidate]>) {
+        let (prefill_weight, decode_weight) = self.rank_weights;
+        let block_size = self.block_size.get();
+        let weights = RankWeights {
+            prefill_weight,
+            decode_weight,
+            block_size,
+        };
+        self.load
+            .set_roster(weights, roster.iter().map(|c| roster_worker(c, block_size)));
+        self.roster = roster;
+    }
+
+    /// Whether `candidates` is the roster itself ([`ServingCore::set_roster`]): a decode
+    /// decision among them reads the load view's ranking.
+    pub fn is_roster(&self, candidates: &[Candidate]) -> bool {
+        !candidates.is_empty() && std::ptr::eq(candidates, &*self.roster)
     }
 
     pub fn block_size(&self) -> BlockSize {
@@ -313,9 +356,13 @@ impl ServingCore {
             .decided
             .load(Ordering::Relaxed)
             .is_multiple_of(EXPLAIN_ALL_EVERY);
+        let ask = SharedAsk {
+            explain_all,
+            rostered: self.is_roster(candidates),
+        };
         let decided =
             self.policy
-                .choose_shared(request, candidates, &self.index, &self.load, explain_all)?;
+                .choose_shared(request, candidates, &self.index, &self.load, ask)?;
         self.decided.fetch_add(1, Ordering::Relaxed);
         Some(decided)
     }

@@ -395,9 +395,7 @@ async fn control(
         .await
         .map_err(|s| ApiError::Upstream(format!("worker {id}: {}", s.message())))?
         .into_inner();
-    worker
-        .draining
-        .store(response.draining, std::sync::atomic::Ordering::Relaxed);
+    worker.set_draining(response.draining);
     let role = switchyard_proto::convert::role_from_wire(response.role)
         .map(|r| r.as_str())
         .unwrap_or("unknown");

@@ -107,6 +107,7 @@ impl Followers {
         }
         let handle = Arc::new(WorkerHandle {
             draining: AtomicBool::new(false),
+            routing_epoch: pool.routing_epoch_counter(),
             health: Health::new(),
             cancel: cx.cancel.child_token(),
             info: RwLock::new(info.clone()),

@@ -15,6 +15,7 @@
 //! book — and nothing awaits under that lock.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use switchyard_core::{BlockSize, WorkerId, WorkerInfo};
@@ -101,6 +102,10 @@ pub struct WorkerPool {
     /// their model's).
     refused: RwLock<BTreeMap<WorkerId, String>>,
     epoch: Instant,
+    /// Changes to whether a worker takes requests (draining, answering) so far: a member list
+    /// that found every member open at one count need not look again until it moves
+    /// ([`members::MemberList::open_at`]).
+    routing_epoch: Arc<AtomicU64>,
     /// Where routed requests go (which workers are candidates).
     pub delivery: Delivery,
 }
@@ -117,8 +122,19 @@ impl WorkerPool {
             policy_kind: RwLock::new(policy_kind),
             refused: RwLock::new(BTreeMap::new()),
             epoch: Instant::now(),
+            routing_epoch: Arc::new(AtomicU64::new(0)),
             delivery: Delivery::WorkerGrpc,
         })
+    }
+
+    /// Changes to whether a worker takes requests (draining, answering) so far.
+    pub fn routing_epoch(&self) -> u64 {
+        self.routing_epoch.load(Ordering::Acquire)
+    }
+
+    /// The counter [`Self::routing_epoch`] reads, for a new worker's handle.
+    pub(crate) fn routing_epoch_counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.routing_epoch)
     }
 
     /// The router clock's zero ([`Self::now_tick`]); the recorder's ticks count from it too.
@@ -364,7 +380,16 @@ impl WorkerPool {
     /// Rebuilds `model`'s member list ([`members`]) from the workers known now.
     fn refresh_members(&self, model: &str) {
         if let Some(routes) = self.model(model) {
-            routes.members.rebuild(model, || self.workers());
+            // The roster: the members a plain generation may go to when all are open.
+            let in_roster = |info: &WorkerInfo| self.deliverable(info) && info.role.serves_decode();
+            routes.members.rebuild(
+                model,
+                || self.workers(),
+                in_roster,
+                |roster| {
+                    routes.lock().serving.set_roster(roster);
+                },
+            );
         }
     }
 }

@@ -8,7 +8,6 @@
 //! stream ([`crate::observe::audit::kv`]); a mismatch asks for a snapshot too.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -335,7 +334,7 @@ pub(super) async fn follow_load(
                     reported = true;
                     cx.metrics.load_reports.inc();
                     worker.mark_answered(&cx.metrics);
-                    worker.draining.store(report.draining, Ordering::Relaxed);
+                    worker.set_draining(report.draining);
                     let stats = LoadStats::from(&report);
                     let tick = pool.now_tick();
                     let mut core = routes.lock();

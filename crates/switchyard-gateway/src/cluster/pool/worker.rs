@@ -2,8 +2,8 @@
 //! (draining, answering, its KV audit, how far its subscription came). Its gRPC client is
 //! kept apart, by worker id ([`super::connections`]).
 
-use std::sync::RwLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use switchyard_core::{WorkerId, WorkerInfo};
 use tokio_util::sync::CancellationToken;
@@ -17,8 +17,12 @@ use crate::observe::metrics::{Metrics, WorkerLabels};
 #[derive(Debug)]
 pub struct WorkerHandle {
     pub info: RwLock<WorkerInfo>,
-    /// Set from the worker's load reports; a draining worker gets no new requests.
-    pub draining: AtomicBool,
+    /// Set from the worker's load reports ([`WorkerHandle::set_draining`]); a draining worker
+    /// gets no new requests.
+    pub(super) draining: AtomicBool,
+    /// The pool's count of changes to whether a worker takes requests (draining, answering),
+    /// bumped by this worker's ([`super::WorkerPool::routing_epoch`]).
+    pub(super) routing_epoch: Arc<AtomicU64>,
     /// Whether it answers, whatever its lease says ([`crate::cluster::health`]).
     pub health: Health,
     /// Cancels this worker's subscriber tasks.
@@ -46,11 +50,24 @@ impl WorkerHandle {
         self.draining.load(Ordering::Relaxed)
     }
 
+    /// The worker drains (takes no new requests) or no longer does.
+    pub fn set_draining(&self, draining: bool) {
+        if self.draining.swap(draining, Ordering::Relaxed) != draining {
+            self.routable_changed();
+        }
+    }
+
+    /// Whether it takes requests changed: member lists that found every member open look again.
+    fn routable_changed(&self) {
+        self.routing_epoch.fetch_add(1, Ordering::Release);
+    }
+
     /// The worker stopped answering (a transport failure, its load stream broke or went
     /// silent): out of routing until it answers again; counted in `metrics`.
     pub fn mark_failed(&self, metrics: &Metrics, reason: impl Into<String>) {
         let id = self.id();
         if self.health.failed(&id, reason) {
+            self.routable_changed();
             metrics.unresponsive_transitions.inc();
             metrics
                 .worker_unresponsive
@@ -69,6 +86,7 @@ impl WorkerHandle {
         }
         let id = self.id();
         if self.health.answered(&id) {
+            self.routable_changed();
             metrics
                 .worker_unresponsive
                 .get_or_create(&WorkerLabels {

@@ -366,11 +366,17 @@ impl DecisionLog {
     pub fn push(&self, mut entry: DecisionEntry) -> Arc<DecisionEntry> {
         entry.id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(entry);
-        let mut ring = self.ring.lock();
-        if ring.len() == self.capacity {
-            ring.pop_front();
-        }
-        ring.push_back(Arc::clone(&entry));
+        let evicted = {
+            let mut ring = self.ring.lock();
+            let evicted = (ring.len() == self.capacity)
+                .then(|| ring.pop_front())
+                .flatten();
+            ring.push_back(Arc::clone(&entry));
+            evicted
+        };
+        // Freed outside the ring's lock: an explanation is several allocations, and every
+        // decision of every model pushes here.
+        drop(evicted);
         entry
     }
 

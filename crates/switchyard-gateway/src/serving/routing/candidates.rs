@@ -14,11 +14,20 @@ use crate::cluster::pool::{ModelRoutes, WorkerHandle, WorkerPool};
 /// they are, in the same order. When every member may take the request, the policy reads the
 /// model's own candidate list (no copy of any worker's id); otherwise the eligible ones are
 /// copied out.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Candidates {
     list: Arc<MemberList>,
-    /// The eligible members' candidates and positions in `list`; `None`: all of them.
-    some: Option<(Vec<Candidate>, Vec<usize>)>,
+    chosen: Chosen,
+}
+
+/// Which of a member list's members are the candidates.
+#[derive(Debug)]
+enum Chosen {
+    All,
+    /// The list's roster (`members`): the serving core ranks them.
+    Roster,
+    /// These candidates, at these positions in the list (ascending).
+    Some(Vec<Candidate>, Vec<usize>),
 }
 
 impl Candidates {
@@ -51,16 +60,25 @@ impl Candidates {
         };
         let answering = |m: &Member| m.handle.health.is_answering() && eligible(m);
         if list.members.iter().all(answering) {
-            return Self { list, some: None };
+            return Self {
+                list,
+                chosen: Chosen::All,
+            };
         }
         let mut some = Self::positions(&list, answering);
         if some.is_empty() {
             some = Self::positions(&list, eligible);
         }
+        if some == list.roster_positions {
+            return Self {
+                list,
+                chosen: Chosen::Roster,
+            };
+        }
         let ids = some.iter().map(|&i| list.candidates[i].clone()).collect();
         Self {
             list,
-            some: Some((ids, some)),
+            chosen: Chosen::Some(ids, some),
         }
     }
 
@@ -72,9 +90,10 @@ impl Candidates {
     }
 
     pub fn ids(&self) -> &[Candidate] {
-        match &self.some {
-            None => &self.list.candidates,
-            Some((ids, _)) => ids,
+        match &self.chosen {
+            Chosen::All => &self.list.candidates,
+            Chosen::Roster => &self.list.roster,
+            Chosen::Some(ids, _) => ids,
         }
     }
 
@@ -82,13 +101,18 @@ impl Candidates {
         self.ids().is_empty()
     }
 
-    /// The handle of the chosen worker.
+    /// The handle of the chosen worker, when it is a candidate.
     pub(super) fn take(self, worker: &WorkerId) -> Option<Arc<WorkerHandle>> {
-        let at = self.ids().iter().position(|c| c.worker == *worker)?;
-        let member = match &self.some {
-            None => at,
-            Some((_, positions)) => positions[at],
-        };
+        let member = self.list.position(worker)?;
+        match &self.chosen {
+            Chosen::All => {}
+            Chosen::Roster => {
+                self.list.roster_positions.binary_search(&member).ok()?;
+            }
+            Chosen::Some(_, positions) => {
+                positions.binary_search(&member).ok()?;
+            }
+        }
         Some(Arc::clone(&self.list.members[member].handle))
     }
 }
@@ -111,9 +135,30 @@ pub fn needs_prefill(info: &WorkerInfo) -> bool {
     serve::needs_prefill(info.role, info.engine)
 }
 
-/// Workers of the model that can take a generation now under `filter`.
+/// Workers of the model that can take a generation now under `filter`. A generation with no
+/// exclusion nor adapter goes to every member as long as the list found them all open at the
+/// pool's routing epoch (`members`), without reading any member.
 pub fn candidates(pool: &WorkerPool, routes: &ModelRoutes, filter: DecodeFilter<'_>) -> Candidates {
-    Candidates::select(pool, routes, |w| may_decode(w, filter))
+    let plain = filter.exclude.is_empty() && filter.adapter.is_none();
+    if !plain {
+        return Candidates::select(pool, routes, |w| may_decode(w, filter));
+    }
+    // Read before looking: a change while looking moves the epoch past the one remembered.
+    let epoch = pool.routing_epoch();
+    let list = routes.members.snapshot();
+    if list.open_at(filter.aggregated_only, epoch) {
+        return Candidates {
+            list,
+            chosen: Chosen::Roster,
+        };
+    }
+    let chosen = Candidates::select(pool, routes, |w| may_decode(w, filter));
+    // `All`: every member can generate, so the roster is every member, the same list.
+    let rostered = matches!(chosen.chosen, Chosen::All | Chosen::Roster);
+    if rostered && Arc::ptr_eq(&chosen.list, &list) {
+        list.set_open_at(filter.aggregated_only, epoch);
+    }
+    chosen
 }
 
 /// Prefill-pool workers of the model that can prefill now for a decode worker in front of

@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use switchyard_core::{EngineKind, Role, WorkerId, WorkerInfo};
 use switchyard_router::serve::DecodeFilter;
@@ -67,9 +66,9 @@ async fn a_worker_that_starts_draining_is_left_out_of_the_next_request() {
     let (pool, routes) = pool(&[info("a", "m", Role::Both), info("b", "m", Role::Both)]);
     assert_eq!(decode(&pool, &routes), ["a", "b"]);
     let b = pool.worker(&WorkerId::new("b").unwrap()).unwrap();
-    b.draining.store(true, Ordering::Relaxed);
+    b.set_draining(true);
     assert_eq!(decode(&pool, &routes), ["a"]);
-    b.draining.store(false, Ordering::Relaxed);
+    b.set_draining(false);
     assert_eq!(
         decode(&pool, &routes),
         ["a", "b"],
@@ -138,4 +137,93 @@ async fn a_worker_that_leaves_or_restarts_is_replaced_on_the_next_request() {
         !Arc::ptr_eq(&chosen, &old),
         "the restarted worker's new handle is the candidate, not the old one"
     );
+}
+
+/// A request that may go to every member decides over the serving core's roster (the member
+/// list's own candidates), through joins, leaves and drains; a narrowed list is a copy, and
+/// the decision over the roster is the one over that copy.
+#[tokio::test]
+async fn a_request_open_to_every_member_decides_over_the_cores_roster() {
+    let workers: Vec<WorkerInfo> = (0..80)
+        .map(|i| info(&format!("w{i:02}"), "m", Role::Both))
+        .collect();
+    let (pool, routes) = pool(&workers);
+    let rostered = |pool: &WorkerPool| {
+        let c = candidates(pool, &routes, DecodeFilter::default());
+        routes.read().serving.is_roster(c.ids())
+    };
+    assert!(rostered(&pool));
+    pool.upsert_worker(info("w99", "m", Role::Both));
+    assert!(
+        rostered(&pool),
+        "a worker joins: the new list is the roster"
+    );
+    pool.remove_worker(&WorkerId::new("w00").unwrap());
+    assert!(rostered(&pool), "a worker leaves");
+    let w05 = pool.worker(&WorkerId::new("w05").unwrap()).unwrap();
+    w05.set_draining(true);
+    assert!(
+        !rostered(&pool),
+        "a drained worker narrows the list to a copy"
+    );
+    w05.set_draining(false);
+    assert!(rostered(&pool));
+    // A prefill pool beside the generating workers: they are not in the roster.
+    pool.upsert_worker(info("p0", "m", Role::Prefill));
+    assert!(rostered(&pool), "prefill workers stay out of the roster");
+    assert_eq!(prefill(&pool, &routes), ["p0"]);
+    let c = candidates(&pool, &routes, DecodeFilter::default());
+    assert!(c.take(&WorkerId::new("p0").unwrap()).is_none());
+    let excluded = [WorkerId::new("w07").unwrap()];
+    let narrowed = DecodeFilter {
+        exclude: &excluded,
+        ..DecodeFilter::default()
+    };
+    let c = candidates(&pool, &routes, narrowed);
+    assert!(
+        !routes.read().serving.is_roster(c.ids()),
+        "an exclusion copies"
+    );
+    assert!(c.take(&excluded[0]).is_none());
+    // Loads that differ and tie, then the same decision over the roster and over a copy.
+    {
+        let mut core = routes.lock();
+        for i in (1..80).step_by(3) {
+            let stats = switchyard_core::LoadStats {
+                queued_prefill_tokens: (i % 4) as u64 * 512,
+                running_requests: (i % 2) as u64,
+                ..Default::default()
+            };
+            core.serving
+                .load
+                .report(&WorkerId::new(format!("w{i:02}")).unwrap(), stats, 0);
+        }
+    }
+    let c = candidates(&pool, &routes, DecodeFilter::default());
+    let copy = c.ids().to_vec();
+    let request = switchyard_router::serve::route_request(
+        &(0..64).collect::<Vec<u32>>(),
+        routes.block_size,
+        Some("s".into()),
+        1,
+    );
+    let core = routes.read();
+    // The core explains one decision in 256 in full, the first among them: past it, both
+    // decisions below explain the best few.
+    core.serving
+        .decide_decode(&request, &copy)
+        .unwrap()
+        .unwrap();
+    let ranked = core
+        .serving
+        .decide_decode(&request, c.ids())
+        .unwrap()
+        .unwrap();
+    let scored = core
+        .serving
+        .decide_decode(&request, &copy)
+        .unwrap()
+        .unwrap();
+    assert_eq!(ranked, scored);
+    assert_eq!(ranked.explanation.workers.len(), 8);
 }

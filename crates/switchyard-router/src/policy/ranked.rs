@@ -1,0 +1,260 @@
+//! Deciding among many candidates without scoring each: the `kv` decision over the load
+//! view's ranking of the model's roster (`load::ranking`).
+//!
+//! A worker that holds none of the prompt (no block in any tier, none pending) costs
+//! `(prefill_weight × prompt + key) / rate`, where `key` depends on its load alone; the ranking
+//! keeps the roster per prefill rate in buckets of equal load ordered by `key`. So the
+//! [`EXPLAINED`] best under the choice rule are found among:
+//!
+//! - the *holders* (the index's overlap and the pending prefixes), each priced in full;
+//! - per rate group, the buckets of the other workers in `key` order, each bucket priced once
+//!   (its workers cost the same to the bit: [`cost::figures_of`] reads nothing else of them),
+//!   its workers compared by the rendezvous hash when they tie, until the lowest cost the next
+//!   bucket can have is above the worst of the best kept.
+//!
+//! The result is the shortlist's (`shortlist`) exactly: the same total order over the same
+//! costs, and a worker is left unread only when its cost is certainly above the
+//! [`EXPLAINED`]-th best. The bound divides `prefill_weight × prompt + key` by the rate and
+//! lowers it by a millionth of a millionth, far more than the rounding of the few operations
+//! between it and the cost the scorer computes (a few units in the last place).
+//!
+//! A decision's work is then the holders, the buckets read, and the workers of the buckets
+//! read: with loads that differ, a few buckets of one worker each; when many idle workers tie
+//! (one bucket of equal load), every one of them is hashed (a multiply-and-shift over a list of
+//! positions, with no id read), as the rendezvous rule must see them all to pick among them.
+
+use std::cmp::Ordering;
+
+use switchyard_core::rng::mix64;
+
+use super::cost::{self, KvConfig};
+use super::explain::{self, WorkerScore};
+use super::placement::PeerCopy;
+use super::shortlist::EXPLAINED;
+use super::{Candidate, RouteRequest};
+use crate::hasher::FxHashMap;
+use crate::index::{PrefixIndex, TierOverlap};
+use crate::load::LoadView;
+use crate::load::ranking::Ranking;
+
+/// How far below the exact bucket bound the cut-off is placed (see the module docs).
+const BOUND_MARGIN: f64 = 1e-12;
+
+/// A candidate kept among the best so far.
+#[derive(Debug, Clone, Copy)]
+struct Pick {
+    cost: f64,
+    running: u64,
+    rendezvous: u64,
+    pos: u32,
+    overlap: TierOverlap,
+    pending: u32,
+}
+
+/// Which workers of a bucket can enter the best kept, all of whom tie on cost and running
+/// requests: every one, those whose rendezvous hash is at least the worst kept's (the
+/// bucket ties with it; an equal hash goes on to the id), or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    All,
+    From(u64),
+    Closed,
+}
+
+/// The best so far, best first, at most [`EXPLAINED`].
+struct Top<'a> {
+    picks: Vec<Pick>,
+    candidates: &'a [Candidate],
+}
+
+impl Top<'_> {
+    /// Whether `a` goes before `b` under the choice rule (`explain::order`).
+    fn beats(&self, a: &Pick, b: &Pick) -> bool {
+        let by_id = || {
+            self.candidates[a.pos as usize]
+                .worker
+                .cmp(&self.candidates[b.pos as usize].worker)
+        };
+        a.cost
+            .total_cmp(&b.cost)
+            .then(a.running.cmp(&b.running))
+            .then(b.rendezvous.cmp(&a.rendezvous))
+            .then_with(by_id)
+            == Ordering::Less
+    }
+
+    fn full(&self) -> bool {
+        self.picks.len() == EXPLAINED
+    }
+
+    /// The cost of the worst kept, once full.
+    fn cut(&self) -> Option<f64> {
+        self.full().then(|| self.picks[EXPLAINED - 1].cost)
+    }
+
+    /// Which workers of a bucket costing `cost` with `running` requests can still enter.
+    fn gate(&self, cost: f64, running: u64) -> Gate {
+        let Some(last) = self.picks.get(EXPLAINED - 1) else {
+            return Gate::All;
+        };
+        match cost.total_cmp(&last.cost).then(running.cmp(&last.running)) {
+            Ordering::Less => Gate::All,
+            Ordering::Equal => Gate::From(last.rendezvous),
+            Ordering::Greater => Gate::Closed,
+        }
+    }
+
+    fn offer(&mut self, new: Pick) {
+        if self.full() && !self.beats(&new, &self.picks[EXPLAINED - 1]) {
+            return;
+        }
+        let at = (self.picks.iter())
+            .position(|p| self.beats(&new, p))
+            .unwrap_or(self.picks.len());
+        self.picks.insert(at, new);
+        self.picks.truncate(EXPLAINED);
+    }
+}
+
+/// The breakdowns of the [`EXPLAINED`] best candidates under the choice rule, in the
+/// candidates' order, read from the load view's ranking: `candidates` must be the ranking's
+/// roster itself, in its order (`SharedAsk::rostered`). `None` when the ranking cannot decide
+/// this request (another weighting or block size, peer copies priced): the caller scores every
+/// candidate.
+pub(crate) fn best_scores(
+    request: &RouteRequest,
+    candidates: &[Candidate],
+    index: &PrefixIndex,
+    load: &LoadView,
+    cfg: &KvConfig,
+) -> Option<Vec<WorkerScore>> {
+    let ranking = load.ranking();
+    let bs = request.block_size.get();
+    let weights = ranking.weights()?;
+    let usable = weights.prefill_weight == cfg.prefill_weight
+        && weights.decode_weight == cfg.decode_weight
+        && weights.block_size == bs
+        && ranking.len() == candidates.len()
+        && cfg.peer_link.is_none()
+        && !ranking.prices_peer_copies();
+    if !usable {
+        return None;
+    }
+    let key = explain::request_key(request);
+    let mut top = Top {
+        picks: Vec::with_capacity(EXPLAINED + 1),
+        candidates,
+    };
+    let holders = holders(request, index, load, ranking, cfg);
+    let mut holding = vec![0u64; candidates.len().div_ceil(64)];
+    for &(pos, overlap, pending) in &holders {
+        holding[pos as usize / 64] |= 1 << (pos % 64);
+        let l = ranking.load(pos);
+        let c = &candidates[pos as usize];
+        let figures = cost::figures_of(request, cfg, c, overlap, l, PeerCopy::default());
+        top.offer(Pick {
+            cost: figures.cost(),
+            running: l.running_requests,
+            rendezvous: mix64(key ^ ranking.id_hash(pos)),
+            pos,
+            overlap,
+            pending,
+        });
+    }
+    let prompt = cfg.prefill_weight * request.prompt_tokens as f64;
+    for group in ranking.groups() {
+        let rate = group.prefill_tokens_per_s as f64;
+        for (bucket, members) in group.buckets() {
+            if let Some(cut) = top.cut() {
+                let least = (prompt + bucket.weighted_tokens()) / rate * (1.0 - BOUND_MARGIN);
+                if least > cut {
+                    break;
+                }
+            }
+            let Some(&first) = members.first() else {
+                continue;
+            };
+            let l = ranking.load(first);
+            let none = TierOverlap::default();
+            let c = &candidates[first as usize];
+            let cost = cost::figures_of(request, cfg, c, none, l, PeerCopy::default()).cost();
+            let running = l.running_requests;
+            let mut gate = top.gate(cost, running);
+            for &pos in members {
+                let rendezvous = match gate {
+                    Gate::Closed => break,
+                    Gate::All => mix64(key ^ ranking.id_hash(pos)),
+                    Gate::From(floor) => {
+                        let r = mix64(key ^ ranking.id_hash(pos));
+                        if r < floor {
+                            continue;
+                        }
+                        r
+                    }
+                };
+                if holding[pos as usize / 64] & (1 << (pos % 64)) != 0 {
+                    continue;
+                }
+                top.offer(Pick {
+                    cost,
+                    running,
+                    rendezvous,
+                    pos,
+                    overlap: none,
+                    pending: 0,
+                });
+                gate = top.gate(cost, running);
+            }
+        }
+    }
+    let mut picks = top.picks;
+    picks.sort_unstable_by_key(|p| p.pos);
+    Some(
+        picks
+            .into_iter()
+            .map(|p| {
+                let c = &candidates[p.pos as usize];
+                let l = *ranking.load(p.pos);
+                let figures = cost::figures_of(request, cfg, c, p.overlap, &l, PeerCopy::default());
+                cost::breakdown_of(c, p.overlap, p.pending, l, figures)
+            })
+            .collect(),
+    )
+}
+
+/// The roster's workers holding some of the prompt, by position: their index overlap with the
+/// pending blocks counted (`cost::with_pending`), and the pending blocks.
+fn holders(
+    request: &RouteRequest,
+    index: &PrefixIndex,
+    load: &LoadView,
+    ranking: &Ranking,
+    cfg: &KvConfig,
+) -> Vec<(u32, TierOverlap, u32)> {
+    let pending = load.pending_leading(
+        &request.block_hashes,
+        request.block_size.get(),
+        cfg.prefill_step_tokens,
+    );
+    let mut pending_at: FxHashMap<u32, u32> = pending
+        .iter()
+        .filter_map(|(w, n)| Some((ranking.position(w)?, *n)))
+        .collect();
+    let scores = index.overlap(&request.block_hashes);
+    let mut out = Vec::with_capacity(scores.len() + pending_at.len());
+    for (k, overlap) in scores.iter() {
+        let Some(pos) = index.worker_id(k).and_then(|w| ranking.position(w)) else {
+            continue;
+        };
+        let pending = pending_at.remove(&pos).unwrap_or(0);
+        out.push((pos, cost::with_pending(overlap, pending), pending));
+    }
+    for (pos, pending) in pending_at {
+        out.push((
+            pos,
+            cost::with_pending(TierOverlap::default(), pending),
+            pending,
+        ));
+    }
+    out
+}
