@@ -338,17 +338,31 @@ async fn follow_registry(
     }
 }
 
-/// Applies a watch's initial list to the pool, dropping workers that left meanwhile.
+/// Applies a watch's initial list to the pool, dropping workers that left meanwhile, with one
+/// member-list rebuild per model ([`WorkerPool::batch_membership`]).
 fn apply_initial(followers: &Followers, watch: &mut WorkerWatch) {
-    let known: Vec<_> = watch.initial.iter().map(|w| w.id.clone()).collect();
-    for info in std::mem::take(&mut watch.initial) {
-        followers.upsert_worker(info);
-    }
-    for worker in followers.pool().workers() {
-        let id = worker.id();
-        if !known.contains(&id) {
-            followers.remove_worker(&id);
+    let known: std::collections::HashSet<_> = watch.initial.iter().map(|w| w.id.clone()).collect();
+    followers.pool().batch_membership(|| {
+        for info in std::mem::take(&mut watch.initial) {
+            followers.upsert_worker(info);
         }
+        for worker in followers.pool().workers() {
+            let id = worker.id();
+            if !known.contains(&id) {
+                followers.remove_worker(&id);
+            }
+        }
+    });
+}
+
+/// Most watch changes applied under one member-list rebuild.
+const MEMBERSHIP_BATCH: usize = 4_096;
+
+/// Applies one change of the worker watch.
+fn apply_change(followers: &Followers, change: WorkerChange) {
+    match change {
+        WorkerChange::Added(info) | WorkerChange::Updated(info) => followers.upsert_worker(info),
+        WorkerChange::Removed(id) => followers.remove_worker(&id),
     }
 }
 
@@ -364,12 +378,17 @@ async fn follow_changes(
             _ = cancel.cancelled() => return ControlFlow::Break(()),
             change = watch.next() => change,
         };
-        match change {
-            Some(WorkerChange::Added(info)) | Some(WorkerChange::Updated(info)) => {
-                followers.upsert_worker(info);
+        let Some(change) = change else {
+            return ControlFlow::Continue(());
+        };
+        // The change and those already waiting behind it (a fleet starting, a zone leaving),
+        // under one member-list rebuild per model.
+        followers.pool().batch_membership(|| {
+            apply_change(followers, change);
+            for _ in 1..MEMBERSHIP_BATCH {
+                let Some(next) = watch.try_next() else { break };
+                apply_change(followers, next);
             }
-            Some(WorkerChange::Removed(id)) => followers.remove_worker(&id),
-            None => return ControlFlow::Continue(()),
-        }
+        });
     }
 }
