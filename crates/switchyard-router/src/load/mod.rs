@@ -387,7 +387,7 @@ impl LoadView {
     pub fn remove_worker(&mut self, worker: &WorkerId) {
         self.workers.remove(worker);
         self.pending.remove_worker(worker);
-        self.rerank(worker);
+        self.ranking.retire(worker);
     }
 
     /// The worker's predicted load (zero for a worker never seen).

@@ -188,6 +188,15 @@ impl Ranking {
         }
     }
 
+    /// `worker` left: it is no longer ranked (its position stays, in no bucket), so a decision
+    /// over the ranking never reads it until the next roster, however late that comes (the
+    /// gateway batches member-list rebuilds while a burst of workers joins or leaves).
+    pub fn retire(&mut self, worker: &WorkerId) {
+        if let Some(pos) = self.position.remove(worker) {
+            self.leave(pos);
+        }
+    }
+
     fn key_of(&self, l: &WorkerLoad) -> BucketKey {
         let w = self.weights.unwrap_or(RankWeights {
             prefill_weight: 0.0,
@@ -309,5 +318,22 @@ mod tests {
         }
         assert_eq!(seen, vec![1; ids.len()]);
         assert_eq!(ranking.load(1).queued_prefill_tokens, 5);
+
+        // A worker that left is in no bucket, stays out when its load moves, and retiring it
+        // again touches no one else.
+        ranking.retire(&ids[3]);
+        ranking.refresh(&ids[3], loaded(7, 7, 7));
+        ranking.retire(&ids[3]);
+        ranking.refresh(&ids[2], loaded(0, 0, 0));
+        let mut seen = vec![0; ids.len()];
+        for group in ranking.groups() {
+            for (_, members) in group.buckets() {
+                for &pos in members {
+                    seen[pos as usize] += 1;
+                }
+            }
+        }
+        assert_eq!(seen, vec![1, 1, 1, 0, 1, 1]);
+        assert_eq!(ranking.position(&ids[3]), None);
     }
 }

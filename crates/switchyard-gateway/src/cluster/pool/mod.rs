@@ -384,8 +384,10 @@ impl WorkerPool {
     /// meanwhile (here or on another thread) is rebuilt once, when `f` is done. A rebuild reads
     /// every worker, so a watch's initial list or a burst of joins rebuilt per worker cost
     /// O(W²): 20–46 s before a gateway in front of 10,000 workers was ready. Inside, a member
-    /// list lags the pool (a worker just joined is not a candidate yet: it has no snapshot or
-    /// load either). Calls inside `f` nest in it.
+    /// list lags the pool: a worker just joined is not a candidate yet (it has no snapshot or
+    /// load either), and one that left still is, though the load ranking no longer reads it
+    /// (`Ranking::retire`), so only a full scan (a retry, an explained decision) can choose it
+    /// and then finds it gone (`unavailable`, retried elsewhere). Calls inside `f` nest in it.
     pub fn batch_membership<T>(&self, f: impl FnOnce() -> T) -> T {
         let outer = {
             let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
