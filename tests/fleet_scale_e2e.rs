@@ -6,7 +6,9 @@
 //! - `fleet_scale` (ignored; run by hand, see `docs/scaling.md`): 1,000 workers in 4 processes
 //!   and 2 gateways; prints event ingestion CPU per gateway, index memory, routing p99, etcd
 //!   (registry) load and the time a new gateway takes to become ready. Sizes from
-//!   `FLEET_WORKERS`, `FLEET_GATEWAYS`, `FLEET_PROCESSES`, `FLEET_REQUESTS`.
+//!   `FLEET_WORKERS`, `FLEET_GATEWAYS`, `FLEET_PROCESSES`, `FLEET_REQUESTS`; with
+//!   `FLEET_EVENT_PLANE=1` the KV events go over the event plane (a nats-server started here)
+//!   instead of a gRPC stream per worker and gateway, and the new gateway replays its history.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -256,6 +258,20 @@ async fn fleet_scale() {
     let n_gateways = env_or("FLEET_GATEWAYS", 2);
     let n_processes = env_or("FLEET_PROCESSES", 8);
     let n_requests = env_or("FLEET_REQUESTS", 4000);
+    let nats = (env_or("FLEET_EVENT_PLANE", 0) == 1).then(|| {
+        switchyard_event_plane::server::NatsServer::start(
+            switchyard_event_plane::server::ServerAuth::Open,
+        )
+        .expect("nats-server")
+    });
+    let plane_url = nats.as_ref().map(|n| n.url());
+    // Workers and gateways alike, when the event plane is on.
+    let on_plane = |launch: Launch| match &plane_url {
+        Some(url) => launch
+            .arg("--event-plane", url)
+            .arg("--event-plane-storage", "memory"),
+        None => launch,
+    };
     let etcd = EtcdServer::start().expect("etcd");
     let endpoint = etcd.endpoint();
     let etcd_pid = etcd.pid().unwrap();
@@ -268,7 +284,11 @@ async fn fleet_scale() {
     let per = n_workers / n_processes;
     let mut fleets = Vec::new();
     for p in 0..n_processes {
-        fleets.push(workers(&endpoint, &cluster, p * per, per).start().await);
+        fleets.push(
+            on_plane(workers(&endpoint, &cluster, p * per, per))
+                .start()
+                .await,
+        );
     }
     report(
         "workers",
@@ -292,7 +312,7 @@ async fn fleet_scale() {
     let mut gateways = Vec::new();
     for g in 0..n_gateways {
         let spawned = Instant::now();
-        let gateway = Launch::gateway(&endpoint, &cluster).start().await;
+        let gateway = on_plane(Launch::gateway(&endpoint, &cluster)).start().await;
         let ready = spawned.elapsed();
         let api = Api::new(&gateway);
         assert!(
@@ -473,7 +493,7 @@ async fn fleet_scale() {
     let (_, reference) = Api::new(&gateways[0]).get("/admin/index").await;
     let target = entries(&reference);
     let spawned = Instant::now();
-    let late = Launch::gateway(&endpoint, &cluster).start().await;
+    let late = on_plane(Launch::gateway(&endpoint, &cluster)).start().await;
     let ready = spawned.elapsed();
     let api = Api::new(&late);
     assert!(
@@ -486,8 +506,13 @@ async fn fleet_scale() {
     report(
         "new gateway",
         format!(
-            "ready line {:.2} s, index caught up ({target} entries from {n_workers} snapshots) {:.2} s",
+            "ready line {:.2} s, index caught up ({target} entries from {}) {:.2} s",
             ready.as_secs_f64(),
+            if plane_url.is_some() {
+                "the event plane's history".to_owned()
+            } else {
+                format!("{n_workers} snapshots")
+            },
             spawned.elapsed().as_secs_f64()
         ),
     );
