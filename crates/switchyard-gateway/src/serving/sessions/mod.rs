@@ -33,12 +33,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use switchyard_core::{BlockHash, BlockSize, KvTierCosts, WorkerId};
+use switchyard_core::{BlockHash, BlockSize, KvTierCosts, WorkerId, WorkerInfo};
 use switchyard_router::serve::{Offer, SessionScheduler, sessions::Micros};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use crate::cluster::pool::WorkerPool;
+use crate::cluster::pool::members::MemberList;
 use crate::observe::session_metrics::SessionMetrics;
 
 pub use settings::{SessionArgs, SessionSettings};
@@ -106,6 +107,9 @@ struct ModelSchedule {
     waiters: HashMap<u64, oneshot::Sender<()>>,
     /// Sessions with turns, held or running, and when each was last seen.
     presence: HashMap<String, Presence>,
+    /// The model's member list the workers were last read from: until the pool rebuilds it
+    /// (a worker joins, leaves or changes), there is nothing new to read.
+    synced: Option<Arc<MemberList>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -137,6 +141,7 @@ impl ModelSchedule {
             rate,
             waiters: HashMap::new(),
             presence: HashMap::new(),
+            synced: None,
         }
     }
 
@@ -150,21 +155,29 @@ impl ModelSchedule {
         }
     }
 
-    /// The model's workers as they are now; room they bring lets held turns go.
+    /// The model's workers as they are now (read again only when the pool rebuilt the model's
+    /// member list, not at every arrival); room they bring lets held turns go.
     fn sync_workers(&mut self, pool: &WorkerPool, model: &str, now: Micros) {
-        let workers: Vec<_> = pool
-            .workers_of(model)
-            .iter()
-            .map(|w| w.info())
-            .filter(|info| info.role.serves_decode())
-            .collect();
-        if let Some(slowest) = workers.iter().map(|i| announced_rate(i.kv_tiers)).min() {
-            self.rate.store(slowest, Ordering::Relaxed);
+        let list = pool.model(model).map(|routes| routes.members.snapshot());
+        let unchanged = match (&list, &self.synced) {
+            (Some(list), Some(synced)) => Arc::ptr_eq(list, synced),
+            _ => false,
+        };
+        if !unchanged {
+            let workers: Vec<&WorkerInfo> = list
+                .iter()
+                .flat_map(|list| list.members.iter().map(|m| &m.info))
+                .filter(|info| info.role.serves_decode())
+                .collect();
+            if let Some(slowest) = workers.iter().map(|i| announced_rate(i.kv_tiers)).min() {
+                self.rate.store(slowest, Ordering::Relaxed);
+            }
+            self.scheduler.set_workers(
+                workers.iter().map(|i| (i.id.clone(), i.kv_capacity_blocks)),
+                now,
+            );
+            self.synced = list;
         }
-        self.scheduler.set_workers(
-            workers.into_iter().map(|i| (i.id, i.kv_capacity_blocks)),
-            now,
-        );
         let ready = self.scheduler.take_ready();
         self.wake(ready);
     }
