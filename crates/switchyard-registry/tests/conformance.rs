@@ -567,6 +567,16 @@ mod etcd_only {
             .sum()
     }
 
+    /// Registers `info`, which must be refused for its block size; the refusal.
+    async fn refused_for_block_size(env: &Env, info: WorkerInfo, ttl: Duration) -> RegistryError {
+        let err = env.registry.register(info, ttl).await.unwrap_err();
+        assert!(
+            matches!(&err, RegistryError::BlockSizeMismatch { .. }),
+            "{err:?}"
+        );
+        err
+    }
+
     /// A list longer than one answer may carry (gRPC's 4 MiB; 10,000 worker entries were 4.9 MB)
     /// is read a page at a time, all of it, in key order.
     #[tokio::test]
@@ -628,11 +638,7 @@ mod etcd_only {
             "a registration beside 120 workers ({fleet_bytes} bytes of entries) received {read} bytes"
         );
         // The rule still holds, on the witness's word.
-        let err = env
-            .registry
-            .register(worker("odd", "m", 32), LONG)
-            .await
-            .unwrap_err();
+        let err = refused_for_block_size(&env, worker("odd", "m", 32), LONG).await;
         assert!(
             matches!(&err, RegistryError::BlockSizeMismatch { existing, .. }
                 if existing.get() == 16),
@@ -685,11 +691,7 @@ mod etcd_only {
         raw.put(format!("{prefix}0junk"), "not json", None)
             .await
             .unwrap();
-        let err = env
-            .registry
-            .register(worker("b", "m", 32), TTL)
-            .await
-            .unwrap_err();
+        let err = refused_for_block_size(&env, worker("b", "m", 32), TTL).await;
         assert!(
             matches!(&err, RegistryError::BlockSizeMismatch { existing_worker, .. }
                 if existing_worker.as_str() == "a"),
@@ -702,15 +704,7 @@ mod etcd_only {
         )
         .await
         .unwrap();
-        let err = env
-            .registry
-            .register(worker("b", "m", 32), TTL)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&err, RegistryError::BlockSizeMismatch { .. }),
-            "{err:?}"
-        );
+        refused_for_block_size(&env, worker("b", "m", 32), TTL).await;
         let _b = env
             .registry
             .register(worker("b", "m", 16), TTL)
@@ -743,15 +737,7 @@ mod etcd_only {
             .register(worker("b", "m", 64), TTL)
             .await
             .unwrap();
-        let err = env
-            .registry
-            .register(worker("c", "n", 16), TTL)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&err, RegistryError::BlockSizeMismatch { .. }),
-            "{err:?}"
-        );
+        refused_for_block_size(&env, worker("c", "n", 16), TTL).await;
     }
 
     #[tokio::test]
