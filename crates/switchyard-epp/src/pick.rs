@@ -198,7 +198,7 @@ fn model_routes(
     let models = state.pool.models();
     let mut served = models
         .into_iter()
-        .filter(|(name, _)| !state.pool.workers_of(name).is_empty());
+        .filter(|(_, routes)| !routes.members.snapshot().members.is_empty());
     match (served.next(), served.next()) {
         (Some((_, routes)), None) => Ok((routes, None)),
         (None, _) => Err(ApiError::Unavailable(

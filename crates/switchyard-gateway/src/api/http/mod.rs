@@ -198,13 +198,13 @@ async fn models(State(state): State<Arc<AppState>>) -> axum::Json<ModelList> {
     let mut data = Vec::new();
     let mut adapters = std::collections::BTreeMap::new();
     for (name, routes) in state.pool.models() {
-        let workers = state.pool.workers_of(&name);
-        if workers.is_empty() {
+        let list = routes.members.snapshot();
+        if list.members.is_empty() {
             continue;
         }
-        for w in &workers {
-            for adapter in w.info().adapters {
-                adapters.insert((adapter, name.clone()), Arc::clone(&routes));
+        for member in &list.members {
+            for adapter in &member.info.adapters {
+                adapters.insert((adapter.clone(), name.clone()), Arc::clone(&routes));
             }
         }
         data.push(card(name, &routes, None));
@@ -239,7 +239,7 @@ async fn model(
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
     match pipeline::served_model(&state.pool, &id) {
-        Ok(served) if !state.pool.workers_of(&served.routes.model).is_empty() => {
+        Ok(served) if state.pool.serves(&served.routes.model) => {
             let parent = served
                 .adapter
                 .is_some()

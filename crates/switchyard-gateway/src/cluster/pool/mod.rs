@@ -252,12 +252,16 @@ impl WorkerPool {
             .cloned()
     }
 
-    /// Workers of `model`.
-    pub fn workers_of(&self, model: &str) -> Vec<Arc<WorkerHandle>> {
-        self.workers()
-            .into_iter()
-            .filter(|w| w.info().model == model)
-            .collect()
+    /// The workers of `model` as routing reads them (its member list: each with its
+    /// description, shared, not copied); `None` when no worker ever served it.
+    pub fn members_of(&self, model: &str) -> Option<Arc<members::MemberList>> {
+        self.model(model).map(|routes| routes.members.snapshot())
+    }
+
+    /// Whether a worker serves `model` now.
+    pub fn serves(&self, model: &str) -> bool {
+        self.members_of(model)
+            .is_some_and(|list| !list.members.is_empty())
     }
 
     /// The base models of the workers that serve the LoRA adapter `adapter`, without repeats

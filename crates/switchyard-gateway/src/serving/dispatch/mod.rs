@@ -503,7 +503,6 @@ struct KvSource {
 /// Whether a worker of `model` that serves only with a prefill worker is registered (what a 503
 /// for want of an aggregated worker should then explain).
 fn any_needs_prefill(pool: &WorkerPool, model: &str) -> bool {
-    pool.workers_of(model)
-        .iter()
-        .any(|w| needs_prefill(&w.info()))
+    pool.members_of(model)
+        .is_some_and(|list| list.members.iter().any(|m| needs_prefill(&m.info)))
 }
