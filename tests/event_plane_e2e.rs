@@ -12,6 +12,8 @@
 //!   its workers.
 //! - A history trimmed by the stream's byte bound, then purged: gateways started afterwards
 //!   take a snapshot over gRPC (counted by the worker) and end equal to the worker all the same.
+//! - A quiet worker (no digests) whose history was purged: a gateway started afterwards takes
+//!   its snapshot over gRPC once its consumer has read the history.
 //! - An event larger than the server's `max_payload` is left out of the plane (counted); the
 //!   worker's next digest shows the gateway the gap, it takes a snapshot over gRPC and ends
 //!   equal to the worker.
@@ -106,6 +108,12 @@ async fn comes_to_match(gateway: &Api, id: &str, worker: &Api, after: u64) -> bo
         matches_worker(gateway, id, worker, after).await
     })
     .await
+}
+
+/// Whether the gateway indexes as many blocks of worker `id` as the worker holds (some).
+async fn indexed_as(gateway: &Api, id: &str, worker: &Api) -> bool {
+    let truth = worker.metric("switchyard_worker_kv_event_log_blocks").await;
+    truth > 0.0 && worker_view(gateway, id).await["indexed_blocks"].as_f64() == Some(truth)
 }
 
 async fn digest_checks(gateway: &Api, id: &str) -> u64 {
@@ -499,6 +507,71 @@ async fn a_trimmed_history_sends_late_gateways_to_a_grpc_snapshot() {
         );
     }
     assert_eq!(snapshots().await, 3.0, "no further snapshot was needed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_finding_nothing_of_a_quiet_worker_in_the_history_takes_a_snapshot() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let nats = NatsServer::start(ServerAuth::Open).expect("nats-server");
+    let cluster = format!("plane-quiet-{}", std::process::id());
+    let url = nats.url();
+    // No digests: nothing the worker publishes while it is quiet shows a gateway it is behind.
+    let plane = [
+        "--event-plane",
+        url.as_str(),
+        "--event-plane-storage",
+        "memory",
+        "--event-plane-digest-interval-ms",
+        "0",
+    ];
+    let (_w, worker_api) = worker(&endpoint, &cluster, "w-q", &plane).await;
+    let (_g0, first) = gateway(&endpoint, &cluster, &plane).await;
+    assert!(first.lists_workers(1).await);
+    for seed in 0..4 {
+        complete(&first, 700 + seed, 8).await;
+    }
+    let snapshots = || async {
+        worker_api
+            .metric("switchyard_worker_kv_event_subscriptions{start=\"snapshot\"}")
+            .await
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || indexed_as(
+            &first,
+            "w-q",
+            &worker_api
+        ))
+        .await
+    );
+    assert_eq!(snapshots().await, 1.0, "only the publisher's own so far");
+    let config = EventPlaneConfig {
+        url: Some(url.clone()),
+        ..EventPlaneConfig::default()
+    };
+    let observer = EventPlane::connect(&config, &cluster, "test")
+        .await
+        .unwrap();
+    assert!(
+        observer
+            .purge(&observer.subject("sim-8b", "w-q"))
+            .await
+            .unwrap()
+            > 0
+    );
+    // The history holds nothing of the worker, and the worker publishes nothing: once its
+    // consumer has read the history, the new gateway asks the worker for a snapshot.
+    let (_g1, late) = gateway(&endpoint, &cluster, &plane).await;
+    assert!(late.lists_workers(1).await);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            snapshots().await == 2.0 && indexed_as(&late, "w-q", &worker_api).await
+        })
+        .await,
+        "{} after {} snapshots",
+        worker_view(&late, "w-q").await,
+        snapshots().await
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,6 +30,8 @@ const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How often a feed drops stale unclaimed messages and tells followers of their losses.
 const TIDY_EVERY: Duration = Duration::from_secs(1);
+/// Messages a feed reads before it lets other tasks (its followers) run.
+const YIELD_EVERY: u32 = 64;
 
 /// The gateway's one connection to the event plane (made by the first feed that needs it, and
 /// made again by the next one when it failed) and its consumers, one per model.
@@ -150,6 +152,7 @@ async fn read(
     if pending == 0 {
         dispatch.lock().caught_up();
     }
+    let mut read_since_yield = 0;
     let mut tidy = tokio::time::interval(TIDY_EVERY);
     tidy.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -165,6 +168,13 @@ async fn read(
             Some(Err(error)) => return Some(error),
             None => return None,
         };
+        read_since_yield += 1;
+        if read_since_yield == YIELD_EVERY {
+            // A history read back-to-back comes in batches the client already holds: let the
+            // followers drain their queues before they fill up (a full one costs a snapshot).
+            read_since_yield = 0;
+            tokio::task::yield_now().await;
+        }
         *last_read = Some(delivered.stream_sequence);
         let mut dispatch = dispatch.lock();
         dispatch.deliver(
