@@ -8,7 +8,8 @@
 //!   (registry) load and the time a new gateway takes to become ready. Sizes from
 //!   `FLEET_WORKERS`, `FLEET_GATEWAYS`, `FLEET_PROCESSES`, `FLEET_REQUESTS`; with
 //!   `FLEET_EVENT_PLANE=1` the KV events go over the event plane (a nats-server started here)
-//!   instead of a gRPC stream per worker and gateway, and the new gateway replays its history.
+//!   instead of a gRPC stream per worker and gateway, the new gateway replays its history, and
+//!   the nats-server's CPU, memory and consumer count are printed too.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
