@@ -6,8 +6,14 @@
 //!   of what it sent, by sink), every gateway's index matches each worker's own view (the
 //!   digests the workers publish to the plane, checked by every gateway), and a gateway started
 //!   after the traffic catches up from the stream without asking any worker for a snapshot.
+//! - Three gateways, four workers of two models: the server holds one consumer per gateway and
+//!   model (not one per worker), a worker that registers after the gateways' consumers started
+//!   is followed through them, a gateway started last catches up, and every index agrees with
+//!   its workers.
 //! - A history trimmed by the stream's byte bound, then purged: gateways started afterwards
 //!   take a snapshot over gRPC (counted by the worker) and end equal to the worker all the same.
+//! - A quiet worker (no digests) whose history was purged: a gateway started afterwards takes
+//!   its snapshot over gRPC once its consumer has read the history.
 //! - An event larger than the server's `max_payload` is left out of the plane (counted); the
 //!   worker's next digest shows the gateway the gap, it takes a snapshot over gRPC and ends
 //!   equal to the worker.
@@ -35,7 +41,11 @@ fn prompt(seed: u32, blocks: u32) -> Vec<u32> {
 }
 
 async fn complete(api: &Api, seed: u32, blocks: u32) {
-    let body = json!({"model": "sim-8b", "prompt": prompt(seed, blocks), "max_tokens": 2, "ignore_eos": true});
+    complete_model(api, "sim-8b", seed, blocks).await;
+}
+
+async fn complete_model(api: &Api, model: &str, seed: u32, blocks: u32) {
+    let body = json!({"model": model, "prompt": prompt(seed, blocks), "max_tokens": 2, "ignore_eos": true});
     let (status, answer) = api.post("/v1/completions", &body).await;
     assert_eq!(status, 200, "{answer}");
 }
@@ -52,6 +62,10 @@ async fn worker(etcd: &str, cluster: &str, id: &str, plane: &[&str]) -> (Switchy
     let metrics = process.ready["metrics"].as_str().expect("metrics url");
     let api = Api::at(metrics.trim_end_matches("/metrics"));
     (process, api)
+}
+
+fn as_strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
 
 async fn gateway(etcd: &str, cluster: &str, plane: &[&str]) -> (SwitchyardProcess, Api) {
@@ -71,6 +85,13 @@ async fn worker_view(api: &Api, id: &str) -> Value {
 /// Whether the gateway's index holds what worker `id` says it holds: a digest check after
 /// `after` checks matched, and the indexed blocks are the worker's own count.
 async fn matches_worker(gateway: &Api, id: &str, worker: &Api, after: u64) -> bool {
+    let truth = worker.metric("switchyard_worker_kv_event_log_blocks").await;
+    follows_worker(gateway, id, worker, after).await && truth > 0.0
+}
+
+/// [`matches_worker`], the worker's holding no block allowed: the gateway reads the digests
+/// the worker publishes, and they and its index agree with the worker.
+async fn follows_worker(gateway: &Api, id: &str, worker: &Api, after: u64) -> bool {
     let view = worker_view(gateway, id).await;
     let digest = &view["kv"]["digest"];
     let truth = worker.metric("switchyard_worker_kv_event_log_blocks").await;
@@ -78,7 +99,6 @@ async fn matches_worker(gateway: &Api, id: &str, worker: &Api, after: u64) -> bo
         && digest["diverged"] == false
         && digest["worker_blocks"] == digest["index_blocks"]
         && view["indexed_blocks"].as_f64() == Some(truth)
-        && truth > 0.0
 }
 
 /// Whether the gateway's index comes to match worker `id`'s own view within 30 s (see
@@ -88,6 +108,12 @@ async fn comes_to_match(gateway: &Api, id: &str, worker: &Api, after: u64) -> bo
         matches_worker(gateway, id, worker, after).await
     })
     .await
+}
+
+/// Whether the gateway indexes as many blocks of worker `id` as the worker holds (some).
+async fn indexed_as(gateway: &Api, id: &str, worker: &Api) -> bool {
+    let truth = worker.metric("switchyard_worker_kv_event_log_blocks").await;
+    truth > 0.0 && worker_view(gateway, id).await["indexed_blocks"].as_f64() == Some(truth)
 }
 
 async fn digest_checks(gateway: &Api, id: &str) -> u64 {
@@ -189,6 +215,142 @@ async fn three_gateways_read_each_event_once_from_the_plane_and_a_late_one_catch
             "{id}: only the plane publisher subscribed"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_gateway_reads_a_model_with_one_consumer_and_follows_workers_that_join_later() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let nats = NatsServer::start(ServerAuth::Open).expect("nats-server");
+    let cluster = format!("plane-one-{}", std::process::id());
+    let url = nats.url();
+    let plane = [
+        "--event-plane",
+        url.as_str(),
+        "--event-plane-storage",
+        "memory",
+    ];
+    let worker_plane = [
+        "--event-plane",
+        url.as_str(),
+        "--event-plane-storage",
+        "memory",
+        "--event-plane-digest-interval-ms",
+        "300",
+    ];
+    let observer = EventPlane::connect(
+        &EventPlaneConfig {
+            url: Some(url.clone()),
+            ..EventPlaneConfig::default()
+        },
+        &cluster,
+        "test",
+    )
+    .await
+    .unwrap();
+    // Two models, the second's name and the late worker's id escaped into one subject token.
+    let second = "sim.v2";
+    let with_model = |model: &str| {
+        let mut args: Vec<String> = worker_plane.iter().map(|a| (*a).to_owned()).collect();
+        args.extend(["--model".to_owned(), model.to_owned()]);
+        args
+    };
+    let first_args = with_model("sim-8b");
+    let second_args = with_model(second);
+    let mut workers = Vec::new();
+    for (id, args) in [
+        ("w-a", &first_args),
+        ("w-b", &first_args),
+        ("w-c", &second_args),
+    ] {
+        let (process, api) = worker(&endpoint, &cluster, id, &as_strs(args)).await;
+        workers.push((id, process, api));
+    }
+    // The processes are kept (dropped, they stop); their APIs are used.
+    let mut processes = Vec::new();
+    let mut gateways = Vec::new();
+    for _ in 0..2 {
+        let (process, api) = gateway(&endpoint, &cluster, &plane).await;
+        processes.push(process);
+        gateways.push(api);
+    }
+    for api in &gateways {
+        assert!(api.lists_workers(3).await);
+    }
+    for seed in 0..8 {
+        complete(&gateways[seed as usize % 2], seed, 6).await;
+    }
+    for seed in 0..4 {
+        complete_model(&gateways[seed as usize % 2], second, 50 + seed, 6).await;
+    }
+    // A worker that registers after the gateways' consumers started: they follow it all the
+    // same, through the consumer they already have.
+    let (process, api) = worker(&endpoint, &cluster, "w.late", &as_strs(&first_args)).await;
+    workers.push(("w.late", process, api));
+    for api in &gateways {
+        assert!(api.lists_workers(4).await);
+    }
+    for seed in 100..112 {
+        complete(&gateways[seed as usize % 2], seed, 6).await;
+    }
+    // A gateway that starts after all of it catches up from the stream's history.
+    let (process, api) = gateway(&endpoint, &cluster, &plane).await;
+    processes.push(process);
+    gateways.push(api);
+    assert!(gateways[2].lists_workers(4).await);
+
+    // One consumer per gateway and model (one per worker would be 3 × 4).
+    let consumers = || async { observer.consumer_count().await.unwrap() };
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            consumers().await == 3 * 2
+        })
+        .await,
+        "{} consumers for 3 gateways, 2 models and 4 workers",
+        consumers().await
+    );
+    for (g, api) in gateways.iter().enumerate() {
+        for (id, _, worker_api) in &workers {
+            let after = digest_checks(api, id).await;
+            let followed = eventually(Duration::from_secs(30), || async {
+                follows_worker(api, id, worker_api, after).await
+            })
+            .await;
+            assert!(
+                followed,
+                "gateway {g}'s index of {id}: {} (the worker holds {} blocks)",
+                worker_view(api, id).await,
+                worker_api
+                    .metric("switchyard_worker_kv_event_log_blocks")
+                    .await
+            );
+        }
+        assert_eq!(
+            api.metric("switchyard_index_digest_checks{result=\"mismatch\"}")
+                .await,
+            0.0,
+            "gateway {g}"
+        );
+    }
+    // The workers that were there from the start were read from the plane alone: no gateway
+    // asked any of them for a snapshot.
+    for (id, _, worker_api) in &workers[..3] {
+        assert!(
+            worker_api
+                .metric("switchyard_worker_kv_event_log_blocks")
+                .await
+                > 0.0,
+            "{id} stored blocks"
+        );
+        assert_eq!(
+            worker_api
+                .metric("switchyard_worker_kv_event_subscriptions{start=\"snapshot\"}")
+                .await,
+            1.0,
+            "{id}: only the plane publisher's own"
+        );
+    }
+    assert_eq!(consumers().await, 3 * 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,6 +507,71 @@ async fn a_trimmed_history_sends_late_gateways_to_a_grpc_snapshot() {
         );
     }
     assert_eq!(snapshots().await, 3.0, "no further snapshot was needed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_finding_nothing_of_a_quiet_worker_in_the_history_takes_a_snapshot() {
+    let etcd = EtcdServer::start().expect("etcd");
+    let endpoint = etcd.endpoint();
+    let nats = NatsServer::start(ServerAuth::Open).expect("nats-server");
+    let cluster = format!("plane-quiet-{}", std::process::id());
+    let url = nats.url();
+    // No digests: nothing the worker publishes while it is quiet shows a gateway it is behind.
+    let plane = [
+        "--event-plane",
+        url.as_str(),
+        "--event-plane-storage",
+        "memory",
+        "--event-plane-digest-interval-ms",
+        "0",
+    ];
+    let (_w, worker_api) = worker(&endpoint, &cluster, "w-q", &plane).await;
+    let (_g0, first) = gateway(&endpoint, &cluster, &plane).await;
+    assert!(first.lists_workers(1).await);
+    for seed in 0..4 {
+        complete(&first, 700 + seed, 8).await;
+    }
+    let snapshots = || async {
+        worker_api
+            .metric("switchyard_worker_kv_event_subscriptions{start=\"snapshot\"}")
+            .await
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || indexed_as(
+            &first,
+            "w-q",
+            &worker_api
+        ))
+        .await
+    );
+    assert_eq!(snapshots().await, 1.0, "only the publisher's own so far");
+    let config = EventPlaneConfig {
+        url: Some(url.clone()),
+        ..EventPlaneConfig::default()
+    };
+    let observer = EventPlane::connect(&config, &cluster, "test")
+        .await
+        .unwrap();
+    assert!(
+        observer
+            .purge(&observer.subject("sim-8b", "w-q"))
+            .await
+            .unwrap()
+            > 0
+    );
+    // The history holds nothing of the worker, and the worker publishes nothing: once its
+    // consumer has read the history, the new gateway asks the worker for a snapshot.
+    let (_g1, late) = gateway(&endpoint, &cluster, &plane).await;
+    assert!(late.lists_workers(1).await);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            snapshots().await == 2.0 && indexed_as(&late, "w-q", &worker_api).await
+        })
+        .await,
+        "{} after {} snapshots",
+        worker_view(&late, "w-q").await,
+        snapshots().await
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,8 @@
 //!   (registry) load and the time a new gateway takes to become ready. Sizes from
 //!   `FLEET_WORKERS`, `FLEET_GATEWAYS`, `FLEET_PROCESSES`, `FLEET_REQUESTS`; with
 //!   `FLEET_EVENT_PLANE=1` the KV events go over the event plane (a nats-server started here)
-//!   instead of a gRPC stream per worker and gateway, and the new gateway replays its history.
+//!   instead of a gRPC stream per worker and gateway, the new gateway replays its history, and
+//!   the nats-server's CPU, memory and consumer count are printed too.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a failure report
 
@@ -356,7 +357,19 @@ async fn fleet_scale() {
         )
         .await,
     );
+    let nats_pid = nats.as_ref().and_then(|n| n.pid());
+    let nats_idle0 = nats_pid.map(cpu_secs);
     tokio::time::sleep(idle).await;
+    if let (Some(pid), Some(cpu0)) = (nats_pid, nats_idle0) {
+        report(
+            "nats-server idle",
+            format!(
+                "{:.1} % of a core, RSS {:.0} MiB",
+                (cpu_secs(pid) - cpu0) / idle.as_secs_f64() * 100.0,
+                rss_mib(pid)
+            ),
+        );
+    }
     let mut idle_cpu = Vec::new();
     let mut idle_reports = Vec::new();
     let reports1 = load_reports(&gateways).await;
@@ -408,6 +421,7 @@ async fn fleet_scale() {
     .await;
     let reports0 = load_reports(&gateways).await;
     let cpu0: Vec<f64> = gateways.iter().map(|g| cpu_secs(pid_of(g))).collect();
+    let nats_load0 = nats_pid.map(cpu_secs);
     let load_started = Instant::now();
     // An overloaded machine answers some requests with an error (a worker taken out of routing
     // for late load reports): counted and reported, as a measurement should.
@@ -447,6 +461,27 @@ async fn fleet_scale() {
             serving.len()
         ),
     );
+    if let (Some(pid), Some(cpu0), Some(url)) = (nats_pid, nats_load0, &plane_url) {
+        let observer = switchyard_event_plane::EventPlane::connect(
+            &switchyard_event_plane::EventPlaneConfig {
+                url: Some(url.clone()),
+                ..Default::default()
+            },
+            &cluster,
+            "fleet_scale",
+        )
+        .await
+        .unwrap();
+        report(
+            "nats-server load",
+            format!(
+                "{:.0} % of a core over the load, RSS {:.0} MiB, {} consumers for {n_gateways} gateways",
+                (cpu_secs(pid) - cpu0) / wall * 100.0,
+                rss_mib(pid),
+                observer.consumer_count().await.unwrap()
+            ),
+        );
+    }
     let reports1 = load_reports(&gateways).await;
     for (g, gateway) in gateways.iter().enumerate() {
         let api = Api::new(gateway);

@@ -5,12 +5,14 @@
 //! each event once per gateway. With it, a worker publishes each `KvEventsResponse` message (the
 //! very message the gRPC stream carries: a snapshot, an event or a batch, with its incarnation
 //! and sequence numbers) once to a NATS JetStream stream, on a subject of its own
-//! ([`subject`]); gateways follow each worker's subject from the oldest message the stream
-//! still holds, and apply the messages with the same pure `ingest` the gRPC path uses. The
-//! stream keeps a bounded history ([`EventPlaneConfig::max_age_secs`], `max_bytes`), so a
-//! gateway that starts late catches up from it; when the history no longer reaches back to
-//! what the gateway needs (a gap, a trimmed start), the ingest rules ask for a snapshot, which
-//! the gateway takes from the worker over gRPC.
+//! ([`subject`]); each gateway follows every worker's subject of a model with one consumer
+//! ([`model_filter`], [`EventPlane::follow_model`]) from the oldest message the stream still
+//! holds, hands each message to its worker's follower by the subject's last token, and applies
+//! it with the same pure `ingest` the gRPC path uses. The stream keeps a bounded history
+//! ([`EventPlaneConfig::max_age_secs`], `max_bytes`), so a gateway that starts late catches up
+//! from it; when the history no longer reaches back to what the gateway needs (a gap, a
+//! trimmed start), the ingest rules ask for a snapshot, which the gateway takes from the
+//! worker over gRPC.
 //!
 //! [`config`] holds the settings and flags; [`server`] runs a `nats-server` (for `switchyard up
 //! --event-plane embedded` and the tests); this file connects, names subjects, publishes and
@@ -55,18 +57,63 @@ pub enum PlaneError {
         #[source]
         source: BoxError,
     },
-    #[error("a message on {subject} is not a kv events message: {source}")]
-    Decode {
-        subject: String,
-        #[source]
-        source: prost::DecodeError,
-    },
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Messages one worker's subject yields, oldest first.
-pub type Follow = Pin<Box<dyn Stream<Item = Result<v1::KvEventsResponse, PlaneError>> + Send>>;
+/// Where [`EventPlane::follow_model`] starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// From the oldest message the stream still holds.
+    Oldest,
+    /// Right after this stream sequence number (a reader resuming where it was), or from the
+    /// oldest message when the stream no longer holds what follows it ([`ModelFollow::resumed`]).
+    After(u64),
+}
+
+/// One message read from a model's subjects.
+#[derive(Debug)]
+pub struct Delivered {
+    /// The last token of its subject: [`subject_token`] of the worker that published it.
+    pub worker_token: String,
+    /// Its sequence number in the cluster's stream (every model's messages together).
+    pub stream_sequence: u64,
+    /// Messages of the model the stream held beyond this one when it was delivered.
+    pub pending: u64,
+    /// The size of its payload.
+    pub bytes: usize,
+    /// The message, or why its payload is not a KV events message.
+    pub message: Result<v1::KvEventsResponse, prost::DecodeError>,
+}
+
+/// The messages of one model's subjects, in stream order; an error ends what they can tell
+/// (the reader follows again, [`Start::After`] the last one it read).
+pub type ModelMessages = Pin<Box<dyn Stream<Item = Result<Delivered, PlaneError>> + Send>>;
+
+/// A consumer following one model ([`EventPlane::follow_model`]).
+pub struct ModelFollow {
+    pub messages: ModelMessages,
+    /// Messages of the model the stream held ahead of the consumer when it was made (0: it is
+    /// caught up already).
+    pub pending: u64,
+    /// The stream's last sequence number when the consumer was made: a message past it was
+    /// published after.
+    pub last_at_start: u64,
+    /// Whether it starts where it was asked to. False when [`Start::After`] could not be
+    /// honoured (the stream was trimmed past that point, or made anew by a server that lost its
+    /// store): it starts from the oldest message, and what lay in between is lost to the reader.
+    pub resumed: bool,
+}
+
+impl std::fmt::Debug for ModelFollow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelFollow")
+            .field("pending", &self.pending)
+            .field("last_at_start", &self.last_at_start)
+            .field("resumed", &self.resumed)
+            .finish_non_exhaustive()
+    }
+}
 
 /// A connection to the event plane and the cluster's stream on it.
 #[derive(Debug, Clone)]
@@ -195,67 +242,104 @@ impl EventPlane {
         Ok(())
     }
 
-    /// Follows `subject` from the oldest message the stream still holds, in order (an ordered
-    /// consumer: ephemeral, no acknowledgements, recreated by the client where it left off
-    /// when it misses a message or the connection drops).
-    pub async fn follow(&self, subject: &str) -> Result<Follow, PlaneError> {
+    /// Follows every worker's subject of `model` with one consumer (an ordered consumer on
+    /// `switchyard.<cluster>.kv.<model>.>`: ephemeral, no acknowledgements, recreated by the
+    /// client where it left off when it misses a message or the connection drops), in stream
+    /// order, from `start`. However many workers serve the model, the server keeps one consumer
+    /// for this reader: one per worker was 10,000 per gateway at 10,000 workers, more than
+    /// JetStream's API answered in time (`docs/scaling.md`).
+    pub async fn follow_model(&self, model: &str, start: Start) -> Result<ModelFollow, PlaneError> {
+        let filter = model_filter(&self.cluster, model);
         let follow_error = |e: BoxError| PlaneError::Follow {
-            subject: subject.to_owned(),
+            subject: filter.clone(),
             source: e,
         };
-        let stream = self
+        let mut stream = self
             .jetstream
             .get_stream(&self.stream)
             .await
             .map_err(|e| follow_error(Box::new(e)))?;
+        let held = stream
+            .info()
+            .await
+            .map_err(|e| follow_error(Box::new(e)))?
+            .state
+            .clone();
+        let (deliver_policy, resumed) = match start {
+            Start::Oldest => (consumer::DeliverPolicy::All, true),
+            // The stream still holds what follows `seq` (nothing was trimmed in between, and the
+            // stream was not made anew by a server that lost its store).
+            Start::After(seq) if held.last_sequence >= seq && held.first_sequence <= seq + 1 => (
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: seq + 1,
+                },
+                true,
+            ),
+            Start::After(_) => (consumer::DeliverPolicy::All, false),
+        };
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: subject.to_owned(),
-                deliver_policy: consumer::DeliverPolicy::All,
+                filter_subject: filter.clone(),
+                deliver_policy,
                 ..Default::default()
             })
             .await
             .map_err(|e| follow_error(Box::new(e)))?;
+        let pending = consumer.cached_info().num_pending;
         let messages = consumer
             .messages()
             .await
             .map_err(|e| follow_error(Box::new(e)))?;
-        let subject = subject.to_owned();
-        Ok(Box::pin(messages.map(move |item| match item {
-            Ok(message) => {
-                v1::KvEventsResponse::decode(message.message.payload.as_ref()).map_err(|source| {
-                    PlaneError::Decode {
-                        subject: subject.clone(),
-                        source,
-                    }
-                })
-            }
-            Err(e) => Err(PlaneError::Follow {
+        let subject = filter.clone();
+        let messages = messages.map(move |item| {
+            let message = item.map_err(|e| PlaneError::Follow {
                 subject: subject.clone(),
                 source: Box::new(e),
-            }),
-        })))
+            })?;
+            let info = message.info().map_err(|e| PlaneError::Follow {
+                subject: subject.clone(),
+                source: e,
+            })?;
+            let (stream_sequence, pending) = (info.stream_sequence, info.pending);
+            let payload = message.message.payload.as_ref();
+            let worker_token = message
+                .message
+                .subject
+                .as_str()
+                .rsplit('.')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            Ok(Delivered {
+                worker_token,
+                stream_sequence,
+                pending,
+                bytes: payload.len(),
+                message: v1::KvEventsResponse::decode(payload),
+            })
+        });
+        Ok(ModelFollow {
+            messages: Box::pin(messages),
+            pending,
+            last_at_start: held.last_sequence,
+            resumed,
+        })
     }
 
-    /// Whether the stream holds any message of `subject` (a history trimmed to nothing holds
-    /// none, and then only a snapshot tells what the worker has).
-    pub async fn holds(&self, subject: &str) -> Result<bool, PlaneError> {
+    /// How many consumers the cluster's stream has, every reader's together (each gateway
+    /// holds one per model it follows).
+    pub async fn consumer_count(&self) -> Result<usize, PlaneError> {
         let stream_error = |e: BoxError| PlaneError::Stream {
             stream: self.stream.clone(),
             source: e,
         };
-        let stream = self
+        let mut stream = self
             .jetstream
             .get_stream(&self.stream)
             .await
             .map_err(|e| stream_error(Box::new(e)))?;
-        match stream.get_last_raw_message_by_subject(subject).await {
-            Ok(_) => Ok(true),
-            Err(e) if matches!(e.kind(), stream::LastRawMessageErrorKind::NoMessageFound) => {
-                Ok(false)
-            }
-            Err(e) => Err(stream_error(Box::new(e))),
-        }
+        let info = stream.info().await.map_err(|e| stream_error(Box::new(e)))?;
+        Ok(info.state.consumer_count)
     }
 
     /// Messages the stream holds now, and the oldest and newest stream sequence numbers.
@@ -318,6 +402,17 @@ pub fn subject(cluster: &str, model: &str, worker: &str) -> String {
     )
 }
 
+/// The filter of every worker's subject of `model`: `switchyard.<cluster>.kv.<model>.>`.
+pub fn model_filter(cluster: &str, model: &str) -> String {
+    format!("{}.{}.>", subject_prefix(cluster), token(model))
+}
+
+/// `name` as one NATS subject token: a worker id as the last token of its subject
+/// ([`Delivered::worker_token`]).
+pub fn subject_token(name: &str) -> String {
+    token(name)
+}
+
 /// `name` as one NATS subject token (and a valid stream-name part): letters, digits, `-` and
 /// `_` stay, every other byte becomes `%XX`, so distinct names stay distinct and none holds the
 /// `.`, `*`, `>`, `/` or whitespace NATS gives a meaning to. An empty name is `%`.
@@ -357,5 +452,113 @@ mod tests {
             );
         }
         assert_eq!(stream_name("prod.eu"), "SWITCHYARD_KV_prod%2Eeu");
+    }
+
+    async fn next(follow: &mut ModelFollow) -> Delivered {
+        // A hang guard only: the messages are in the stream before they are asked for.
+        tokio::time::timeout(Duration::from_secs(20), follow.messages.next())
+            .await
+            .expect("a message within the guard")
+            .expect("the consumer goes on")
+            .expect("no error")
+    }
+
+    fn event(worker: &str, seq: u64) -> v1::KvEventsResponse {
+        v1::KvEventsResponse {
+            logged_at_unix_us: 0,
+            worker_id: worker.into(),
+            incarnation: 1,
+            payload: Some(v1::kv_events_response::Payload::Event(v1::KvEvent {
+                seq,
+                kind: None,
+            })),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_consumer_reads_every_worker_of_a_model_and_resumes_after_a_sequence() {
+        let server = server::NatsServer::start(server::ServerAuth::Open).expect("nats-server");
+        let config = EventPlaneConfig {
+            url: Some(server.url()),
+            storage: Storage::Memory,
+            ..EventPlaneConfig::default()
+        };
+        let plane = EventPlane::connect(&config, "c", "test").await.unwrap();
+        let published = [
+            ("m.1", "w.a", 0),
+            ("other", "w-c", 0),
+            ("m.1", "w-b", 0),
+            ("m.1", "w.a", 1),
+        ];
+        for (model, worker, seq) in published {
+            plane
+                .publish(&plane.subject(model, worker), &event(worker, seq))
+                .await
+                .unwrap();
+        }
+        let mut follow = plane.follow_model("m.1", Start::Oldest).await.unwrap();
+        assert_eq!((follow.pending, follow.resumed), (3, true), "{follow:?}");
+        let mut read = Vec::new();
+        for _ in 0..3 {
+            read.push(next(&mut follow).await);
+        }
+        let seen: Vec<(String, u64, String)> = read
+            .iter()
+            .map(|d| {
+                let m = d.message.as_ref().unwrap();
+                (d.worker_token.clone(), event_seq(m), m.worker_id.clone())
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (subject_token("w.a"), 0, "w.a".to_owned()),
+                ("w-b".to_owned(), 0, "w-b".to_owned()),
+                (subject_token("w.a"), 1, "w.a".to_owned()),
+            ]
+        );
+        assert_eq!(
+            read.iter().map(|d| d.pending).collect::<Vec<_>>(),
+            [2, 1, 0]
+        );
+        assert_eq!(
+            plane.consumer_count().await.unwrap(),
+            1,
+            "one consumer for the model"
+        );
+        // A worker that starts publishing after the consumer was made is read as well.
+        plane
+            .publish(&plane.subject("m.1", "w-new"), &event("w-new", 0))
+            .await
+            .unwrap();
+        let late = next(&mut follow).await;
+        assert_eq!(late.worker_token, "w-new");
+        assert!(late.stream_sequence > follow.last_at_start);
+
+        // Resuming after the first message reads on from the second.
+        let mut resumed = plane
+            .follow_model("m.1", Start::After(read[0].stream_sequence))
+            .await
+            .unwrap();
+        assert!(resumed.resumed);
+        assert_eq!(
+            next(&mut resumed).await.stream_sequence,
+            read[1].stream_sequence
+        );
+        // A history purged past that point cannot be resumed from: it starts from the oldest.
+        plane.purge(">").await.unwrap();
+        let restarted = plane
+            .follow_model("m.1", Start::After(read[0].stream_sequence))
+            .await
+            .unwrap();
+        assert!(!restarted.resumed);
+        assert_eq!(restarted.pending, 0);
+    }
+
+    fn event_seq(message: &v1::KvEventsResponse) -> u64 {
+        match &message.payload {
+            Some(v1::kv_events_response::Payload::Event(e)) => e.seq,
+            _ => u64::MAX,
+        }
     }
 }

@@ -229,7 +229,7 @@ pub async fn start(
     let followers = Arc::new(
         Followers::new(Arc::clone(&pool), Arc::new(context)).with_event_plane(
             config.event_plane.enabled().then(|| {
-                Arc::new(pool::plane::PlaneHandle::new(
+                Arc::new(pool::plane_feed::PlaneHandle::new(
                     config.event_plane.clone(),
                     &config.cluster,
                     &format!("switchyard-gateway {}", config.listen),

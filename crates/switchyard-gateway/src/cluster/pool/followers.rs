@@ -1,7 +1,8 @@
 //! Starting and stopping the follower tasks of the pool's workers as the registry reports them:
 //! a worker that joins is connected ([`super::connections`]), added to the [`WorkerPool`] and
 //! gets its KV-event follower (a gRPC
-//! stream, [`super::subscriber`], or the event plane, [`super::plane`]) and its load follower;
+//! stream, [`super::subscriber`], or the event plane, [`super::plane`], fed by its model's one
+//! consumer, [`super::plane_feed`]) and its load follower;
 //! one that leaves is taken out, its tasks cancelled, its connection dropped and its blocks and
 //! load dropped at once.
 //! What changes is counted in the metrics and written to the recorder of the
@@ -15,7 +16,8 @@ use std::sync::{Arc, RwLock};
 use switchyard_core::{WorkerId, WorkerInfo};
 
 use super::follow::FollowContext;
-use super::plane::{self, PlaneHandle};
+use super::plane;
+use super::plane_feed::PlaneHandle;
 use super::subscriptions::{SubscriptionProgress, WorkerSubscription};
 use super::{ModelRoutes, WorkerHandle, WorkerPool, kv_checks, subscriber};
 use crate::cluster::health::Health;
@@ -158,13 +160,19 @@ impl Followers {
     fn spawn(&self, worker: Arc<WorkerHandle>, routes: Arc<ModelRoutes>) {
         let (pool, cx) = (&self.pool, &self.context);
         let events: Pin<Box<dyn Future<Output = ()> + Send>> = match &self.event_plane {
-            Some(handle) => Box::pin(plane::follow_plane(
-                Arc::clone(pool),
-                Arc::clone(cx),
-                Arc::clone(&worker),
-                Arc::clone(&routes),
-                Arc::clone(handle),
-            )),
+            Some(handle) => {
+                // Joined now, in the registry's order: the model's consumer hands over what
+                // it kept of the worker's subject and every message after.
+                let info = worker.info();
+                let feed = handle.subscribe(cx, &routes.model, &info.id, info.incarnation);
+                Box::pin(plane::follow_plane(
+                    Arc::clone(pool),
+                    Arc::clone(cx),
+                    Arc::clone(&worker),
+                    Arc::clone(&routes),
+                    feed,
+                ))
+            }
             None => Box::pin(subscriber::follow_events(
                 Arc::clone(pool),
                 Arc::clone(cx),

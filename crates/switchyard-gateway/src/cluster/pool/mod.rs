@@ -4,7 +4,8 @@
 //! member list ([`members`]), the adapters they serve, the routing policy and the workers
 //! refused for routing. It holds no observer and runs no task. [`followers`] keeps it up to
 //! date: the registry watch adds, updates and removes workers through it, and each worker gets
-//! two follower tasks ([`subscriber`], or [`plane`] for its KV events) that take the pool and
+//! two follower tasks ([`subscriber`], or [`plane`] for its KV events, fed by the one consumer
+//! per model of [`plane_feed`]) that take the pool and
 //! their own context ([`follow`]: metrics, recorder, intervals, the workers' connections
 //! ([`connections`]), the task tracker): its
 //! KV events feed the model's prefix index, its load reports the model's load view. Their
@@ -30,6 +31,8 @@ pub mod ingest;
 pub mod kv_checks;
 pub mod members;
 pub mod plane;
+pub mod plane_dispatch;
+pub mod plane_feed;
 pub mod subscriber;
 pub mod subscriptions;
 pub mod worker;

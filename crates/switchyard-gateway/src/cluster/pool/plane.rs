@@ -1,15 +1,24 @@
-//! Following workers through the KV event plane instead of a gRPC stream each
+//! Following a worker's KV events through the event plane instead of a gRPC stream
 //! (`switchyard_event_plane`, `docs/scaling.md`).
 //!
-//! Each worker's subject is read from the oldest message the stream still holds, and every
-//! message goes through the same [`subscriber::apply`] (so the same pure `ingest` and its
-//! cursor) as a gRPC stream's. Reading from the start makes a gateway that starts late catch up
-//! from the stream: the history begins with the snapshot the worker published when it started,
-//! or with its first event, which the index accepts for a worker it has not seen. When the
-//! history no longer reaches back that far, or the ingest rules find a gap, the worker is asked
-//! for a snapshot over gRPC, and the stream goes on from there (what the snapshot already holds
-//! comes back as stale events and is skipped). Load reports stay on gRPC
-//! (`subscriber::follow_load`).
+//! The gateway reads each model with one consumer ([`super::plane_feed`]), which hands every
+//! message to its worker's follower here by the subject it came on ([`super::plane_dispatch`]).
+//! A follower applies each message through the same [`subscriber::apply`] (so the same pure
+//! `ingest` and its cursor) as a gRPC stream's. The consumer reads from the oldest message the
+//! stream still holds, so a gateway that starts late catches up from the stream: the history
+//! begins with the snapshot the worker published when it started, or with its first event,
+//! which the index accepts for a worker it has not seen. When the history no longer reaches
+//! back that far, or the ingest rules find a gap, the worker is asked for a snapshot over gRPC,
+//! and the stream goes on from there (what the snapshot already holds comes back as stale
+//! events and is skipped). Load reports stay on gRPC (`subscriber::follow_load`).
+//!
+//! A follower also takes a snapshot when the feed says messages of its worker were lost (its
+//! queue was full while it took a snapshot, a consumer could not resume, messages that came
+//! before the worker registered overflowed what the feed keeps for it), when a message does
+//! not decode, and when the consumer has read the whole history and none of it placed the
+//! cursor: after [`FIRST_MESSAGE_GRACE`] without a first message (a worker that registered
+//! before its first publish reached the stream needs none), the stream holds nothing of the
+//! worker and only a snapshot says what it has.
 //!
 //! Two rules keep an old history from undoing what a gateway knows: messages of another
 //! incarnation than the one registered are skipped (a worker restart re-registers it, and the
@@ -20,128 +29,96 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use switchyard_event_plane::{EventPlane, EventPlaneConfig, PlaneError};
 use switchyard_proto::v1::{self, KvEventsRequest, kv_events_response::Payload};
-use tokio::sync::OnceCell;
 
 use super::follow::FollowContext;
 use super::ingest::Cursor;
+use super::plane_dispatch::{FeedItem, FeedSubscription};
 use super::subscriber::apply;
 use super::subscriptions::Stream;
 use super::{ModelRoutes, WorkerHandle, WorkerPool};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How long a follower whose worker the history holds nothing of waits for the worker's first
+/// message before it takes a snapshot over gRPC.
+pub const FIRST_MESSAGE_GRACE: Duration = Duration::from_secs(2);
 
-/// The gateway's one connection to the event plane, made by the first worker follower that
-/// needs it (and made again by the next one when it failed).
-#[derive(Debug)]
-pub struct PlaneHandle {
-    config: EventPlaneConfig,
-    cluster: String,
-    client_name: String,
-    plane: OnceCell<EventPlane>,
-}
-
-impl PlaneHandle {
-    pub fn new(config: EventPlaneConfig, cluster: &str, client_name: &str) -> Self {
-        Self {
-            config,
-            cluster: cluster.to_owned(),
-            client_name: client_name.to_owned(),
-            plane: OnceCell::new(),
-        }
-    }
-
-    /// The connected plane.
-    pub async fn get(&self) -> Result<&EventPlane, PlaneError> {
-        self.plane
-            .get_or_try_init(|| EventPlane::connect(&self.config, &self.cluster, &self.client_name))
-            .await
-    }
-}
-
-/// Follows `worker`'s KV events on the plane until its token is cancelled.
+/// Follows `worker`'s KV events, which its model's consumer hands over through `feed`, until
+/// the worker's token is cancelled (dropping `feed` then takes it out of the consumer's
+/// dispatch).
 pub(super) async fn follow_plane(
     pool: Arc<WorkerPool>,
     cx: Arc<FollowContext>,
     worker: Arc<WorkerHandle>,
     routes: Arc<ModelRoutes>,
-    handle: Arc<PlaneHandle>,
+    mut feed: FeedSubscription,
 ) {
     let id = worker.id();
     let incarnation = worker.info().incarnation;
     let mut cursor = Cursor::default();
-    let mut backoff = BACKOFF_MIN;
     let mut resync_rx = cx.recorder.resync_requests();
+    // Armed when the consumer has read the history without placing the cursor.
+    let grace = tokio::time::sleep(FIRST_MESSAGE_GRACE);
+    tokio::pin!(grace);
+    let mut waiting = false;
     loop {
-        let follow = match handle.get().await {
-            Ok(plane) => {
-                let subject = plane.subject(&routes.model, id.as_str());
-                match plane.holds(&subject).await {
-                    // Nothing left of the worker's history: only a snapshot says what it has.
-                    Ok(false) if cursor.next_seq.is_none() => {
-                        snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
-                        plane.follow(&subject).await
-                    }
-                    Ok(_) => plane.follow(&subject).await,
-                    Err(error) => Err(error),
-                }
-            }
-            Err(error) => Err(error),
-        };
-        let mut follow = match follow {
-            Ok(follow) => follow,
-            Err(error) => {
-                tracing::warn!(worker = %id, %error, "cannot follow the worker on the event plane; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-                continue;
-            }
-        };
-        loop {
-            let message = tokio::select! {
-                message = follow.next() => message,
-                Ok(()) = resync_rx.changed() => {
-                    // A recording starts from a fresh snapshot of every worker.
-                    snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
-                    continue;
-                }
-            };
-            let message = match message {
-                None => break,
-                Some(Ok(message)) => message,
-                Some(Err(PlaneError::Decode { subject, source })) => {
-                    // Not one of ours: what it held is unknown, so start again from a snapshot.
-                    cx.metrics.kv_events_invalid.inc();
-                    tracing::warn!(worker = %id, %subject, error = %source, "undecodable message on the event plane; resyncing");
-                    snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
-                    continue;
-                }
-                Some(Err(error)) => {
-                    tracing::debug!(worker = %id, %error, "event plane follow broke; following again");
-                    break;
-                }
-            };
-            backoff = BACKOFF_MIN;
-            if !wanted(incarnation, &cursor, &message) {
-                continue;
-            }
-            if behind_a_digest(&cursor, &message) {
-                // The worker is past where the index is, and the plane holds no way there.
+        let item = tokio::select! {
+            item = feed.recv() => item,
+            Ok(()) = resync_rx.changed() => {
+                // A recording starts from a fresh snapshot of every worker.
                 snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
                 continue;
             }
-            if !apply(&pool, &cx, &routes, &id, &mut cursor, message) {
+            () = &mut grace, if waiting => {
+                waiting = false;
+                if cursor.next_seq.is_none() {
+                    snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
+                }
+                continue;
+            }
+        };
+        let message = match item {
+            // The feed is gone: the gateway stops.
+            None => return,
+            Some(FeedItem::Message(message)) => message,
+            Some(FeedItem::CaughtUp) => {
+                if cursor.next_seq.is_none() {
+                    grace
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + FIRST_MESSAGE_GRACE);
+                    waiting = true;
+                }
+                continue;
+            }
+            Some(FeedItem::Lost) => {
+                tracing::info!(worker = %id, "kv events lost on the event plane; resyncing");
                 snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
+                continue;
             }
-            if cursor.next_seq.is_some() {
-                cx.subscriptions
-                    .delivered(&worker.subscription, Stream::Events);
+            Some(FeedItem::Undecodable(error)) => {
+                // Not one of ours: what it held is unknown, so start again from a snapshot.
+                cx.metrics.kv_events_invalid.inc();
+                tracing::warn!(worker = %id, %error, "undecodable message on the event plane; resyncing");
+                snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
+                continue;
             }
+        };
+        if !wanted(incarnation, &cursor, &message) {
+            continue;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
+        if behind_a_digest(&cursor, &message) {
+            // The worker is past where the index is, and the plane holds no way there.
+            snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
+            continue;
+        }
+        if !apply(&pool, &cx, &routes, &id, &mut cursor, message) {
+            snapshot(&pool, &cx, &worker, &routes, &mut cursor).await;
+        }
+        if cursor.next_seq.is_some() {
+            cx.subscriptions
+                .delivered(&worker.subscription, Stream::Events);
+        }
     }
 }
 
@@ -190,6 +167,8 @@ async fn snapshot(
         match fetch_snapshot(cx, worker).await {
             Ok(message) => {
                 if apply(pool, cx, routes, &id, cursor, message) && cursor.next_seq.is_some() {
+                    cx.subscriptions
+                        .delivered(&worker.subscription, Stream::Events);
                     return;
                 }
             }
