@@ -2,22 +2,12 @@
 //! per-worker breakdown the explanation shows, in seconds of the worker's time:
 //!
 //! ```text
-//! prefill_term = prefill_weight × ((uncached + queued + duplicate prefill tokens) / prefill rate
-//!                                  + onboarding)
+//! prefill_term = prefill_weight × ((uncached + queued prefill tokens) / prefill rate + onboarding)
 //! decode_term  = decode_weight  × active blocks × block size / prefill rate
 //! ```
 //!
 //! `uncached` is what the worker recomputes: the prompt past its longest cached prefix in any
-//! tier. `duplicate` is the part of it another candidate holds on its device (pending blocks
-//! counted): its uncached tokens beyond the prompt past that longest device prefix. `uncached + queued` is the time the
-//! request waits for its first token there; `duplicate` is what sending it there costs the
-//! fleet besides: prefill the fleet would not have to do at all, which every request queued
-//! behind it on that worker waits for and which writes a second copy of a prefix into a cache
-//! that holds it elsewhere. Counting it once more is what makes a worker that holds the
-//! prefix lose to an idle one only when its queue is longer than twice the tokens it saves
-//! (issue 45: on Mooncake, where most workers are busy with one long prompt, the time-only
-//! cost sent 206 of 559 continuations away from a worker holding their prefix at 8 workers
-//! and half the recorded rate, and lost 2 points of hit rate to SGLang's cache-aware rule). `onboarding` is the time to bring that prefix's non-device blocks to the device:
+//! tier. `onboarding` is the time to bring that prefix's non-device blocks to the device:
 //! per tier, the tier's latency plus the blocks' bytes over its bandwidth, plus the bytes
 //! already queued on the worker's transfer path drained at its host link (every tier's blocks
 //! cross the host-to-device link last). Bytes per block, bandwidths, latencies and the prefill
@@ -265,8 +255,6 @@ pub(crate) struct Scorer<'a> {
     /// Per candidate, with the pending blocks counted.
     overlaps: Vec<TierOverlap>,
     pending: Vec<u32>,
-    /// The fewest prompt tokens any candidate recomputes ([`fewest_uncached`]).
-    fewest_uncached: u64,
 }
 
 impl<'a> Scorer<'a> {
@@ -298,8 +286,7 @@ impl<'a> Scorer<'a> {
             .iter()
             .zip(&pending)
             .map(|(c, &p)| with_pending(overlap_of(&c.worker), p))
-            .collect::<Vec<_>>();
-        let fewest_uncached = fewest_uncached(request, &overlaps);
+            .collect();
         Self {
             request,
             candidates,
@@ -307,7 +294,6 @@ impl<'a> Scorer<'a> {
             cfg,
             overlaps,
             pending,
-            fewest_uncached,
         }
     }
 
@@ -351,15 +337,7 @@ impl<'a> Scorer<'a> {
         let (costs, _) = costs_of(c, self.request.block_size.get());
         let peers = placement::PeerView::new(self.candidates, &self.overlaps, self.cfg.peer_link);
         let peer = peers.copy_for(i, &costs, self.request.block_size.get());
-        let figures = figures_of(
-            self.request,
-            self.cfg,
-            c,
-            self.overlaps[i],
-            &l,
-            peer,
-            self.fewest_uncached,
-        );
+        let figures = figures_of(self.request, self.cfg, c, self.overlaps[i], &l, peer);
         (figures, l)
     }
 }
@@ -367,7 +345,6 @@ impl<'a> Scorer<'a> {
 /// What the cost model adds to a candidate's load.
 pub(crate) struct Figures {
     uncached: u64,
-    duplicate: u64,
     onboarding: Onboarding,
     prefill_term: f64,
     decode_term: f64,
@@ -380,26 +357,9 @@ impl Figures {
     }
 }
 
-/// The fewest prompt tokens any of the candidates with `overlaps` (pending blocks counted)
-/// would compute or load: the prompt past the longest prefix one of them holds on its device;
-/// the whole prompt when none holds any. A prefix held only off the device is left out: its
-/// holder pays a transfer for it, which may be slower than recomputing (`Onboarding`), so a
-/// copy of it elsewhere is not work the fleet could have skipped.
-pub(crate) fn fewest_uncached<'a>(
-    request: &RouteRequest,
-    overlaps: impl IntoIterator<Item = &'a TierOverlap>,
-) -> u64 {
-    let held = overlaps.into_iter().map(|o| o.device).max().unwrap_or(0);
-    let block = u64::from(request.block_size.get());
-    request
-        .prompt_tokens
-        .saturating_sub(u64::from(held) * block)
-}
-
 /// The cost model for one candidate with `overlap` (pending blocks counted), load `l` and
-/// `peer` copy, when the candidate recomputing least recomputes `fewest_uncached` tokens:
-/// every path that prices a candidate ([`Scorer`], the ranked decision) prices it here, so
-/// their figures agree to the bit.
+/// `peer` copy: every path that prices a candidate ([`Scorer`], the ranked decision) prices it
+/// here, so their figures agree to the bit.
 pub(crate) fn figures_of(
     request: &RouteRequest,
     cfg: &KvConfig,
@@ -407,7 +367,6 @@ pub(crate) fn figures_of(
     overlap: TierOverlap,
     l: &WorkerLoad,
     peer: placement::PeerCopy,
-    fewest_uncached: u64,
 ) -> Figures {
     let bs = request.block_size.get();
     let (costs, announced) = costs_of(c, bs);
@@ -417,13 +376,11 @@ pub(crate) fn figures_of(
     onboarding.peer_recompute_seconds = peer.recompute_seconds;
     let cached = u64::from(overlap.any_tier + peer.blocks) * u64::from(bs);
     let uncached = request.prompt_tokens.saturating_sub(cached);
-    let duplicate = uncached.saturating_sub(fewest_uncached);
-    let prefill_seconds = costs.recompute_seconds(uncached + l.queued_prefill_tokens + duplicate)
+    let prefill_seconds = costs.recompute_seconds(uncached + l.queued_prefill_tokens)
         + onboarding.seconds
         + peer.seconds;
     Figures {
         uncached,
-        duplicate,
         onboarding,
         prefill_term: cfg.prefill_weight * prefill_seconds,
         decode_term: cfg.decode_weight * costs.recompute_seconds(l.active_blocks * u64::from(bs)),
@@ -443,7 +400,6 @@ pub(crate) fn breakdown_of(
         worker: c.worker.clone(),
         overlap,
         uncached_prompt_tokens: f.uncached,
-        duplicate_prompt_tokens: f.duplicate,
         queued_prefill_tokens: l.queued_prefill_tokens,
         running_requests: l.running_requests,
         active_decode_sequences: l.active_decode_sequences,
@@ -464,70 +420,5 @@ pub(crate) fn with_pending(overlap: TierOverlap, pending: u32) -> TierOverlap {
         device_or_host: overlap.device_or_host.max(pending),
         device_host_or_disk: overlap.device_host_or_disk.max(pending),
         any_tier: overlap.any_tier.max(pending),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use switchyard_core::LoadStats;
-
-    use super::super::tests::{candidates, kv, prompt, request, setup, store, w};
-
-    /// A holder saving 512 tokens with 768 queued: waiting there (1,280 tokens) is slower than
-    /// recomputing on an idle worker (1,024), but the idle worker would recompute the 512 the
-    /// holder holds, which the fleet pays too (1,536): the holder keeps the request. With a
-    /// queue longer than twice what it saves (1,100 + 512 > 1,536) the idle worker wins.
-    #[test]
-    fn recomputing_a_prefix_another_worker_holds_is_priced_twice() {
-        let (mut index, mut load) = setup();
-        let p = prompt(1, 64); // 1,024 tokens
-        store(&mut index, "holder", 0, &p, 32); // saves 512 tokens
-        let queued = |tokens| LoadStats {
-            queued_prefill_tokens: tokens,
-            ..Default::default()
-        };
-        load.report(&w("holder"), queued(768), 0);
-        load.report(&w("idle"), LoadStats::default(), 0);
-        let c = candidates(&["holder", "idle"]);
-        let d = kv()
-            .choose(&request(&p, None, 1), &c, &index, &load)
-            .unwrap();
-        assert_eq!(d.worker, w("holder"), "{}", d.explanation.why);
-        let [holder, idle] = &d.explanation.workers[..] else {
-            panic!("two candidates explained");
-        };
-        assert_eq!(holder.duplicate_prompt_tokens, 0);
-        assert_eq!(idle.duplicate_prompt_tokens, 512);
-        assert_eq!(idle.uncached_prompt_tokens, 1024);
-        let json = serde_json::to_value(&d.explanation).unwrap();
-        assert_eq!(json["workers"][1]["duplicate_prompt_tokens"], 512);
-        assert!(json["workers"][0].get("duplicate_prompt_tokens").is_none());
-
-        load.report(&w("holder"), queued(1100), 1);
-        let d = kv()
-            .choose(&request(&p, None, 2), &c, &index, &load)
-            .unwrap();
-        assert_eq!(d.worker, w("idle"), "{}", d.explanation.why);
-    }
-
-    /// Nobody holds the prompt: nothing is a duplicate, the costs are the time-only ones.
-    #[test]
-    fn a_cold_prompt_duplicates_nothing() {
-        let (index, mut load) = setup();
-        let p = prompt(2, 8);
-        load.report(&w("a"), LoadStats::default(), 0);
-        load.report(&w("b"), LoadStats::default(), 0);
-        let d = kv()
-            .choose(
-                &request(&p, None, 1),
-                &candidates(&["a", "b"]),
-                &index,
-                &load,
-            )
-            .unwrap();
-        for s in &d.explanation.workers {
-            assert_eq!(s.duplicate_prompt_tokens, 0);
-            assert_eq!(s.uncached_prompt_tokens, 128);
-        }
     }
 }

@@ -45,10 +45,6 @@ pub struct WorkerScore {
     /// Prompt tokens the worker would have to compute: the prompt past its longest cached
     /// prefix in any tier.
     pub uncached_prompt_tokens: u64,
-    /// Of those, the tokens another candidate holds: prefill the fleet would not otherwise do,
-    /// priced once more by the `kv` cost (`cost`). Left out of the JSON when none.
-    #[serde(skip_serializing_if = "no_tokens")]
-    pub duplicate_prompt_tokens: u64,
     /// Prefill tokens already queued there (reported plus routed since).
     pub queued_prefill_tokens: u64,
     pub running_requests: u64,
@@ -57,8 +53,7 @@ pub struct WorkerScore {
     pub kv_utilisation: f64,
     /// Bringing the cached prefix's non-device blocks to the device, against recomputing them.
     pub onboarding: Onboarding,
-    /// `prefill_weight × ((uncached + queued + duplicate) / prefill rate + onboarding seconds)`,
-    /// seconds.
+    /// `prefill_weight × ((uncached + queued) / prefill rate + onboarding seconds)`, seconds.
     pub prefill_term: f64,
     /// `decode_weight × active_blocks × block_size / prefill rate`, seconds.
     pub decode_term: f64,
@@ -70,10 +65,6 @@ pub struct WorkerScore {
 
 fn no_blocks(blocks: &u32) -> bool {
     *blocks == 0
-}
-
-fn no_tokens(tokens: &u64) -> bool {
-    *tokens == 0
 }
 
 /// A stable per-request key for rendezvous tie-breaking: the session id if any, else the

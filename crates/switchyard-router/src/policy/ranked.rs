@@ -2,8 +2,7 @@
 //! view's ranking of the model's roster (`load::ranking`).
 //!
 //! A worker that holds none of the prompt (no block in any tier, none pending) costs
-//! `(prefill_weight × (prompt + duplicate) + key) / rate`, where `duplicate` is the longest
-//! prefix a holder holds (`cost`) and `key` depends on its load alone; the ranking
+//! `(prefill_weight × prompt + key) / rate`, where `key` depends on its load alone; the ranking
 //! keeps the roster per prefill rate in buckets of equal load ordered by `key`. So the
 //! [`EXPLAINED`] best under the choice rule are found among:
 //!
@@ -147,21 +146,12 @@ pub(crate) fn best_scores(
         candidates,
     };
     let holders = holders(request, index, load, ranking, cfg);
-    let fewest_uncached = cost::fewest_uncached(request, holders.iter().map(|(_, o, _)| o));
     let mut holding = vec![0u64; candidates.len().div_ceil(64)];
     for &(pos, overlap, pending) in &holders {
         holding[pos as usize / 64] |= 1 << (pos % 64);
         let l = ranking.load(pos);
         let c = &candidates[pos as usize];
-        let figures = cost::figures_of(
-            request,
-            cfg,
-            c,
-            overlap,
-            l,
-            PeerCopy::default(),
-            fewest_uncached,
-        );
+        let figures = cost::figures_of(request, cfg, c, overlap, l, PeerCopy::default());
         top.offer(Pick {
             cost: figures.cost(),
             running: l.running_requests,
@@ -171,9 +161,7 @@ pub(crate) fn best_scores(
             pending,
         });
     }
-    // A non-holder recomputes the whole prompt, the part some holder holds twice over.
-    let duplicate = request.prompt_tokens.saturating_sub(fewest_uncached);
-    let prompt = cfg.prefill_weight * (request.prompt_tokens + duplicate) as f64;
+    let prompt = cfg.prefill_weight * request.prompt_tokens as f64;
     for group in ranking.groups() {
         let rate = group.prefill_tokens_per_s as f64;
         for (bucket, members) in group.buckets() {
@@ -189,16 +177,7 @@ pub(crate) fn best_scores(
             let l = ranking.load(first);
             let none = TierOverlap::default();
             let c = &candidates[first as usize];
-            let cost = cost::figures_of(
-                request,
-                cfg,
-                c,
-                none,
-                l,
-                PeerCopy::default(),
-                fewest_uncached,
-            )
-            .cost();
+            let cost = cost::figures_of(request, cfg, c, none, l, PeerCopy::default()).cost();
             let running = l.running_requests;
             let mut gate = top.gate(cost, running);
             for &pos in members {
@@ -236,15 +215,7 @@ pub(crate) fn best_scores(
             .map(|p| {
                 let c = &candidates[p.pos as usize];
                 let l = *ranking.load(p.pos);
-                let figures = cost::figures_of(
-                    request,
-                    cfg,
-                    c,
-                    p.overlap,
-                    &l,
-                    PeerCopy::default(),
-                    fewest_uncached,
-                );
+                let figures = cost::figures_of(request, cfg, c, p.overlap, &l, PeerCopy::default());
                 cost::breakdown_of(c, p.overlap, p.pending, l, figures)
             })
             .collect(),

@@ -468,7 +468,6 @@ mod tests {
                     worker: id,
                     overlap: TierOverlap::uniform(device),
                     uncached_prompt_tokens: 0,
-                    duplicate_prompt_tokens: 0,
                     queued_prefill_tokens: 0,
                     running_requests: 0,
                     active_decode_sequences: 0,
