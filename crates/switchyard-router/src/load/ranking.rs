@@ -55,6 +55,8 @@ pub struct BucketKey {
     pub queued_prefill_tokens: u64,
     pub active_blocks: u64,
     pub running_requests: u64,
+    /// The device capacity the cost's memory term reads (`cost::figures_of`).
+    pub capacity_blocks: u64,
 }
 
 impl BucketKey {
@@ -212,6 +214,7 @@ impl Ranking {
             queued_prefill_tokens: l.queued_prefill_tokens,
             active_blocks: l.active_blocks,
             running_requests: l.running_requests,
+            capacity_blocks: l.capacity_blocks,
         }
     }
 

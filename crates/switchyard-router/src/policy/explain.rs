@@ -53,7 +53,13 @@ pub struct WorkerScore {
     pub kv_utilisation: f64,
     /// Bringing the cached prefix's non-device blocks to the device, against recomputing them.
     pub onboarding: Onboarding,
-    /// `prefill_weight × ((uncached + queued) / prefill rate + onboarding seconds)`, seconds.
+    /// Blocks the request's uncached prompt needs beyond the worker's device capacity, on top
+    /// of its active blocks (`cost`, the memory term): priced as their recomputation. Left out
+    /// of the JSON when none.
+    #[serde(skip_serializing_if = "no_overflow")]
+    pub overflow_blocks: u64,
+    /// `prefill_weight × ((uncached + queued + overflow tokens) / prefill rate + onboarding
+    /// seconds)`, seconds.
     pub prefill_term: f64,
     /// `decode_weight × active_blocks × block_size / prefill rate`, seconds.
     pub decode_term: f64,
@@ -64,6 +70,10 @@ pub struct WorkerScore {
 }
 
 fn no_blocks(blocks: &u32) -> bool {
+    *blocks == 0
+}
+
+fn no_overflow(blocks: &u64) -> bool {
     *blocks == 0
 }
 

@@ -88,7 +88,8 @@ fn fleet(seed: u64, workers: usize) -> Fleet {
             queued_prefill_tokens: pick(&mut rng, &[0, 512, 1024, 4096]),
             active_blocks: pick(&mut rng, &[0, 10, 100]),
             running_requests: pick(&mut rng, &[0, 1, 2]),
-            capacity_blocks: 10_000,
+            // Small capacities too, so that the memory term prices some workers.
+            capacity_blocks: pick(&mut rng, &[0, 40, 120, 10_000]),
             ..LoadStats::default()
         };
         load.report(&c.worker, stats, 0);

@@ -128,6 +128,54 @@ fn kv_prefers_an_idle_worker_when_the_queue_outweighs_the_prefix() {
     assert_eq!(d.worker, w("busy"));
 }
 
+/// The memory term: a worker holding part of the prompt whose device memory is full is priced
+/// the blocks the request would take past its capacity, as recomputation; the same worker with
+/// room wins on its prefix.
+#[test]
+fn kv_prices_the_memory_a_full_worker_lacks() {
+    let (mut index, mut load) = setup();
+    let p = prompt(1, 64); // 1,024 tokens
+    store(&mut index, "full", 0, &p, 16); // 768 tokens (48 blocks) left to compute
+    let at = |active_blocks, capacity_blocks| LoadStats {
+        active_blocks,
+        capacity_blocks,
+        ..Default::default()
+    };
+    // Equal active blocks (equal decode terms); "full" has no free block: 48 over.
+    load.report(&w("full"), at(1_000, 1_000), 0);
+    load.report(&w("roomy"), at(1_000, 2_000), 0);
+    let c = candidates(&["full", "roomy"]);
+    let d = kv()
+        .choose(&request(&p, None, 1), &c, &index, &load)
+        .unwrap();
+    assert_eq!(d.worker, w("roomy"), "{}", d.explanation.why);
+    let full = &d.explanation.workers[0];
+    assert_eq!(full.overflow_blocks, 48);
+    assert_eq!(d.explanation.workers[1].overflow_blocks, 0);
+    // (768 + 768 overflow tokens) against roomy's 1,024: the same prefill rate divides both.
+    let ratio = full.prefill_term / d.explanation.workers[1].prefill_term;
+    assert!((ratio - 1_536.0 / 1_024.0).abs() < 1e-9, "{ratio}");
+    // With 16 blocks free it is 32 over: 768 + 512 = 1,280, still behind 1,024.
+    load.report(&w("full"), at(984, 1_000), 1);
+    load.report(&w("roomy"), at(984, 2_000), 1);
+    let d = kv()
+        .choose(&request(&p, None, 2), &c, &index, &load)
+        .unwrap();
+    assert_eq!(d.explanation.workers[0].overflow_blocks, 32);
+    assert_eq!(d.worker, w("roomy"));
+    // With room for the whole prompt its prefix wins; a worker reporting no capacity is
+    // priced no overflow.
+    load.report(&w("full"), at(900, 1_000), 2);
+    load.report(&w("roomy"), at(900, 0), 2);
+    let d = kv()
+        .choose(&request(&p, None, 3), &c, &index, &load)
+        .unwrap();
+    assert_eq!(d.worker, w("full"));
+    assert!(d.explanation.workers.iter().all(|s| s.overflow_blocks == 0));
+    let json = serde_json::to_value(&d.explanation).unwrap();
+    assert!(json["workers"][0].get("overflow_blocks").is_none());
+}
+
 #[test]
 fn in_flight_bookkeeping_spreads_a_burst() {
     // Eight copies of the same cold prompt arrive before any load report or KV event. The

@@ -480,6 +480,7 @@ mod tests {
                         0,
                         16,
                     ),
+                    overflow_blocks: 0,
                     prefill_term: 0.0,
                     decode_term: 0.0,
                     score: 0.0,
