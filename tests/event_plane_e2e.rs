@@ -50,6 +50,13 @@ async fn complete_model(api: &Api, model: &str, seed: u32, blocks: u32) {
     assert_eq!(status, 200, "{answer}");
 }
 
+/// The flags that put a process on the plane at `url` with a memory-stored stream, then `extra`.
+fn plane_args<'a>(url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--event-plane", url, "--event-plane-storage", "memory"];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// A simulated worker `id` on the plane, with its metrics served.
 async fn worker(etcd: &str, cluster: &str, id: &str, plane: &[&str]) -> (SwitchyardProcess, Api) {
     let process = Launch::worker(etcd, cluster)
@@ -129,20 +136,8 @@ async fn three_gateways_read_each_event_once_from_the_plane_and_a_late_one_catch
     let nats = NatsServer::start(ServerAuth::Open).expect("nats-server");
     let cluster = format!("plane-{}", std::process::id());
     let url = nats.url();
-    let plane = [
-        "--event-plane",
-        url.as_str(),
-        "--event-plane-storage",
-        "memory",
-    ];
-    let worker_plane = [
-        "--event-plane",
-        url.as_str(),
-        "--event-plane-storage",
-        "memory",
-        "--event-plane-digest-interval-ms",
-        "300",
-    ];
+    let plane = plane_args(&url, &[]);
+    let worker_plane = plane_args(&url, &["--event-plane-digest-interval-ms", "300"]);
     let ids = ["w-a", "w-b"];
     let mut workers = Vec::new();
     for id in ids {
@@ -224,20 +219,8 @@ async fn each_gateway_reads_a_model_with_one_consumer_and_follows_workers_that_j
     let nats = NatsServer::start(ServerAuth::Open).expect("nats-server");
     let cluster = format!("plane-one-{}", std::process::id());
     let url = nats.url();
-    let plane = [
-        "--event-plane",
-        url.as_str(),
-        "--event-plane-storage",
-        "memory",
-    ];
-    let worker_plane = [
-        "--event-plane",
-        url.as_str(),
-        "--event-plane-storage",
-        "memory",
-        "--event-plane-digest-interval-ms",
-        "300",
-    ];
+    let plane = plane_args(&url, &[]);
+    let worker_plane = plane_args(&url, &["--event-plane-digest-interval-ms", "300"]);
     let observer = EventPlane::connect(
         &EventPlaneConfig {
             url: Some(url.clone()),
@@ -362,14 +345,7 @@ async fn an_event_larger_than_the_plane_takes_is_left_out_and_its_readers_take_a
     let nats = NatsServer::start_with(ServerAuth::Open, Some(4096)).expect("nats-server");
     let cluster = format!("plane-big-{}", std::process::id());
     let url = nats.url();
-    let plane = [
-        "--event-plane",
-        url.as_str(),
-        "--event-plane-storage",
-        "memory",
-        "--event-plane-digest-interval-ms",
-        "300",
-    ];
+    let plane = plane_args(&url, &["--event-plane-digest-interval-ms", "300"]);
     let (_w, worker_api) = worker(&endpoint, &cluster, "w-big", &plane).await;
     let (_g, gateway_api) = gateway(&endpoint, &cluster, &plane).await;
     assert!(gateway_api.lists_workers(1).await);
@@ -433,16 +409,15 @@ async fn a_trimmed_history_sends_late_gateways_to_a_grpc_snapshot() {
     let cluster = format!("plane-trim-{}", std::process::id());
     let url = nats.url();
     // 4 KiB of history: a few messages, the oldest dropped first.
-    let plane = [
-        "--event-plane",
-        url.as_str(),
-        "--event-plane-storage",
-        "memory",
-        "--event-plane-max-bytes",
-        "4096",
-        "--event-plane-digest-interval-ms",
-        "300",
-    ];
+    let plane = plane_args(
+        &url,
+        &[
+            "--event-plane-max-bytes",
+            "4096",
+            "--event-plane-digest-interval-ms",
+            "300",
+        ],
+    );
     let (_w, worker_api) = worker(&endpoint, &cluster, "w-t", &plane).await;
     let (_g0, first) = gateway(&endpoint, &cluster, &plane).await;
     assert!(first.lists_workers(1).await);
@@ -517,14 +492,7 @@ async fn a_gateway_finding_nothing_of_a_quiet_worker_in_the_history_takes_a_snap
     let cluster = format!("plane-quiet-{}", std::process::id());
     let url = nats.url();
     // No digests: nothing the worker publishes while it is quiet shows a gateway it is behind.
-    let plane = [
-        "--event-plane",
-        url.as_str(),
-        "--event-plane-storage",
-        "memory",
-        "--event-plane-digest-interval-ms",
-        "0",
-    ];
+    let plane = plane_args(&url, &["--event-plane-digest-interval-ms", "0"]);
     let (_w, worker_api) = worker(&endpoint, &cluster, "w-q", &plane).await;
     let (_g0, first) = gateway(&endpoint, &cluster, &plane).await;
     assert!(first.lists_workers(1).await);

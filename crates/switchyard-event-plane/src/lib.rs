@@ -384,11 +384,11 @@ impl EventPlane {
 
 /// The JetStream stream of `cluster`'s KV events.
 pub fn stream_name(cluster: &str) -> String {
-    format!("SWITCHYARD_KV_{}", token(cluster))
+    format!("SWITCHYARD_KV_{}", subject_token(cluster))
 }
 
 fn subject_prefix(cluster: &str) -> String {
-    format!("switchyard.{}.kv", token(cluster))
+    format!("switchyard.{}.kv", subject_token(cluster))
 }
 
 /// The subject of one worker's KV events: `switchyard.<cluster>.kv.<model>.<worker>`, each name
@@ -397,26 +397,21 @@ pub fn subject(cluster: &str, model: &str, worker: &str) -> String {
     format!(
         "{}.{}.{}",
         subject_prefix(cluster),
-        token(model),
-        token(worker)
+        subject_token(model),
+        subject_token(worker)
     )
 }
 
 /// The filter of every worker's subject of `model`: `switchyard.<cluster>.kv.<model>.>`.
 pub fn model_filter(cluster: &str, model: &str) -> String {
-    format!("{}.{}.>", subject_prefix(cluster), token(model))
-}
-
-/// `name` as one NATS subject token: a worker id as the last token of its subject
-/// ([`Delivered::worker_token`]).
-pub fn subject_token(name: &str) -> String {
-    token(name)
+    format!("{}.{}.>", subject_prefix(cluster), subject_token(model))
 }
 
 /// `name` as one NATS subject token (and a valid stream-name part): letters, digits, `-` and
 /// `_` stay, every other byte becomes `%XX`, so distinct names stay distinct and none holds the
-/// `.`, `*`, `>`, `/` or whitespace NATS gives a meaning to. An empty name is `%`.
-fn token(name: &str) -> String {
+/// `.`, `*`, `>`, `/` or whitespace NATS gives a meaning to. An empty name is `%`. A worker id
+/// so escaped is the last token of its subject ([`Delivered::worker_token`]).
+pub fn subject_token(name: &str) -> String {
     if name.is_empty() {
         return "%".into();
     }
@@ -442,10 +437,10 @@ mod tests {
             "switchyard.dev.kv.meta-llama%2FLlama-3%2E1-8B.w%2E1"
         );
         assert_ne!(subject("c", "a.b", "c"), subject("c", "a", "b.c"));
-        assert_ne!(token("a b"), token("a_b"));
-        assert_eq!(token(""), "%");
+        assert_ne!(subject_token("a b"), subject_token("a_b"));
+        assert_eq!(subject_token(""), "%");
         for name in ["x*y", "x>y", "x y", "x\ty", "é"] {
-            let t = token(name);
+            let t = subject_token(name);
             assert!(
                 !t.contains(['.', '*', '>', ' ', '\t', '/']) && t.is_ascii(),
                 "{t}"
