@@ -57,7 +57,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
-use switchyard_core::{BlockSize, KvIdentity, TokenId, WorkerId};
+use switchyard_core::{BlockHash, BlockSize, KvIdentity, TokenId, WorkerId};
 
 use crate::error::RouteError;
 use crate::index::{IndexConfig, PrefixIndex};
@@ -225,7 +225,8 @@ pub struct ServingCore {
     /// the decode pool and must not be moved by prefill choices.
     prefill_policy: Box<dyn Policy>,
     block_size: BlockSize,
-    next_key: RequestId,
+    /// The next booking's key: taken under a shared borrow too ([`ServingCore::booking_for`]).
+    next_key: AtomicU64,
     /// Decode decisions so far, counted to explain one in [`EXPLAIN_ALL_EVERY`] in full.
     decided: AtomicU64,
     /// The model's candidates as the caller keeps them ([`ServingCore::set_roster`]): a
@@ -255,7 +256,7 @@ impl ServingCore {
             policy_kind,
             prefill_policy: PolicyKind::Kv.build(&PolicyConfig::default())?,
             block_size,
-            next_key: 1,
+            next_key: AtomicU64::new(1),
             decided: AtomicU64::new(0),
             roster: Arc::from(Vec::new()),
             rank_weights: (
@@ -310,10 +311,8 @@ impl ServingCore {
         self.prefill_policy.worker_removed(worker);
     }
 
-    fn next_key(&mut self) -> RequestId {
-        let key = self.next_key;
-        self.next_key += 1;
-        key
+    fn next_key(&self) -> RequestId {
+        self.next_key.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Step 1: the live policy chooses the generating worker among `candidates`, and the
@@ -375,9 +374,52 @@ impl ServingCore {
         request: &RouteRequest,
         max_tokens: u32,
     ) -> Booking {
-        let booking = Booking::aggregated(self.next_key(), decision, request, max_tokens);
+        let booking = self.booking_for(decision, request, max_tokens);
         self.book(&booking, request);
         booking
+    }
+
+    /// What [`ServingCore::book_decode`] would book for `decision`, with its key taken, under a
+    /// shared borrow: a caller deciding from several threads counts it later with
+    /// [`ServingCore::count_booking`] (until then the load view does not see it).
+    pub fn booking_for(
+        &self,
+        decision: &Decision,
+        request: &RouteRequest,
+        max_tokens: u32,
+    ) -> Booking {
+        Booking::aggregated(self.next_key(), decision, request, max_tokens)
+    }
+
+    /// Counts a booking made by [`ServingCore::booking_for`] on its worker: `blocks` (the
+    /// request's prompt blocks), `prompt_tokens` long, routed at `now`, as
+    /// [`ServingCore::book_decode`] counts its own.
+    pub fn count_booking(
+        &mut self,
+        booking: &Booking,
+        blocks: &[BlockHash],
+        prompt_tokens: u64,
+        now: Tick,
+    ) {
+        self.load.add_pending(
+            crate::load::pending::Incoming {
+                request: booking.key,
+                worker: &booking.worker,
+                blocks,
+                prompt_tokens,
+                prefill_tokens: booking.prefill_tokens,
+            },
+            now,
+        );
+        self.load.on_routed(
+            &booking.worker,
+            booking.key,
+            booking.prefill_tokens,
+            booking.blocks,
+            now,
+        );
+        self.load
+            .set_onboard_bytes(&booking.worker, booking.key, booking.onboard_bytes);
     }
 
     /// Whether the next decode decision explains every candidate ([`EXPLAIN_ALL_EVERY`]).
@@ -541,26 +583,12 @@ impl ServingCore {
     /// Counts `booking` on its worker, whose cache the request's prompt blocks are on their way
     /// to ([`LoadView::add_pending`]).
     fn book(&mut self, booking: &Booking, request: &RouteRequest) {
-        let now = request.now;
-        self.load.add_pending(
-            crate::load::pending::Incoming {
-                request: booking.key,
-                worker: &booking.worker,
-                blocks: &request.block_hashes,
-                prompt_tokens: request.prompt_tokens,
-                prefill_tokens: booking.prefill_tokens,
-            },
-            now,
+        self.count_booking(
+            booking,
+            &request.block_hashes,
+            request.prompt_tokens,
+            request.now,
         );
-        self.load.on_routed(
-            &booking.worker,
-            booking.key,
-            booking.prefill_tokens,
-            booking.blocks,
-            now,
-        );
-        self.load
-            .set_onboard_bytes(&booking.worker, booking.key, booking.onboard_bytes);
     }
 }
 

@@ -28,6 +28,7 @@ pub mod connections;
 pub mod follow;
 pub mod followers;
 pub mod ingest;
+pub mod journal;
 pub mod kv_checks;
 pub mod members;
 pub mod plane;
@@ -57,24 +58,73 @@ pub struct ModelRoutes {
     pub max_context_tokens: u64,
     /// Read-mostly: decisions of a policy that decides without changing itself take it
     /// shared ([`ModelRoutes::read`]), so one model's decisions run on every core at once;
-    /// bookings, events and load reports take it exclusively.
-    pub core: parking_lot::RwLock<RouterCore>,
+    /// events and load reports take it exclusively, and bookings when it is free
+    /// ([`ModelRoutes::change`]). Reach it only through those methods, which apply the
+    /// [`journal`] first.
+    core: parking_lot::RwLock<RouterCore>,
+    /// Bookings that found the state busy, applied before anyone next reads or changes it.
+    journal: journal::Journal,
     /// The model's workers as routing reads them, rebuilt when one joins, changes or leaves.
     pub members: members::ModelMembers,
 }
 
 impl ModelRoutes {
-    /// The model's routing state, exclusively; held for the microseconds a booking or an
-    /// event takes, never across an await. (`parking_lot`: a panic elsewhere does not poison
-    /// routing.)
+    /// The routing state of `model` over `serving`.
+    pub fn new(
+        model: String,
+        block_size: BlockSize,
+        max_context_tokens: u64,
+        serving: ServingCore,
+    ) -> Self {
+        Self {
+            model,
+            block_size,
+            max_context_tokens,
+            core: parking_lot::RwLock::new(RouterCore { serving }),
+            journal: journal::Journal::default(),
+            members: members::ModelMembers::default(),
+        }
+    }
+
+    /// The model's routing state, exclusively, with every queued booking applied; held for the
+    /// microseconds a booking or an event takes, never across an await. (`parking_lot`: a
+    /// panic elsewhere does not poison routing.)
     pub fn lock(&self) -> parking_lot::RwLockWriteGuard<'_, RouterCore> {
-        self.core.write()
+        let mut core = self.core.write();
+        self.journal.apply(&mut core.serving);
+        core
     }
 
     /// The model's routing state, shared with other readers: for decisions and queries that
-    /// change nothing.
+    /// change nothing. Queued bookings are applied first when nobody holds the state (never
+    /// waiting for it to be free); a reader that finds it held may miss only the bookings of
+    /// decisions made meanwhile ([`journal`]).
     pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, RouterCore> {
+        if self.journal.is_queued()
+            && let Some(mut core) = self.core.try_write()
+        {
+            self.journal.apply(&mut core.serving);
+            return parking_lot::RwLockWriteGuard::downgrade(core);
+        }
         self.core.read()
+    }
+
+    /// Changes the routing state: with `now` at once when nobody holds it (after the queued
+    /// changes), otherwise queues `later` for whoever takes it next ([`journal`]) — or, past
+    /// [`journal::JOURNAL_LIMIT`] queued changes, waits for it.
+    pub fn change(
+        &self,
+        now: impl FnOnce(&mut ServingCore),
+        later: impl FnOnce() -> journal::Deferred,
+    ) {
+        if let Some(mut core) = self.core.try_write() {
+            self.journal.apply(&mut core.serving);
+            now(&mut core.serving);
+            return;
+        }
+        if self.journal.push(later()) >= journal::JOURNAL_LIMIT {
+            drop(self.lock());
+        }
     }
 }
 
@@ -333,13 +383,12 @@ impl WorkerPool {
             &self.policy_settings,
         )
         .map_err(|e| e.to_string())?;
-        let routes = Arc::new(ModelRoutes {
-            model: info.model.clone(),
-            block_size: info.block_size,
-            max_context_tokens: info.max_context_tokens,
-            core: parking_lot::RwLock::new(RouterCore { serving }),
-            members: members::ModelMembers::default(),
-        });
+        let routes = Arc::new(ModelRoutes::new(
+            info.model.clone(),
+            info.block_size,
+            info.max_context_tokens,
+            serving,
+        ));
         models.insert(info.model.clone(), Arc::clone(&routes));
         Ok(routes)
     }

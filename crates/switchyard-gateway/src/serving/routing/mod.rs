@@ -19,6 +19,7 @@ mod prompt_hashes;
 pub use candidates::{Candidates, candidates, needs_prefill, prefill_candidates};
 pub use prompt_hashes::{BlockNaming, PromptHashes, route_request, route_request_from};
 
+use crate::cluster::pool::journal::Deferred;
 use crate::cluster::pool::{ModelRoutes, WorkerHandle, WorkerPool};
 use crate::observe::Observers;
 pub use crate::observe::audit::decisions::Stage;
@@ -105,7 +106,7 @@ impl RoutedRequest {
         self.record_served(ServedAs::Aggregated, None);
         if !self.prefill_done {
             self.prefill_done = true;
-            self.routes.lock().serving.prefill_done(&self.booking);
+            self.release(Deferred::PrefillDone);
             if self.recorded {
                 self.recorder.record(|| self.bookkeeping_record(true));
             }
@@ -177,6 +178,21 @@ impl RoutedRequest {
         }
     }
 
+    /// Ends the booking's prefill ([`Deferred::PrefillDone`]) or the booking
+    /// ([`Deferred::Finished`]) in the load view: now or when the model's state is next free
+    /// ([`ModelRoutes::change`]); at once under the exclusive lock when the KV recording sees
+    /// this request, so its records follow the order the router applied them in.
+    fn release(&self, change: fn(Booking) -> Deferred) {
+        if self.recorded && self.recorder.is_active() {
+            change(self.booking.clone()).apply(&mut self.routes.lock().serving);
+        } else {
+            self.routes.change(
+                |serving| change(self.booking.clone()).apply(serving),
+                || change(self.booking.clone()),
+            );
+        }
+    }
+
     /// The recorder's `prefill_done` or `finished` record of this request.
     fn bookkeeping_record(&self, prefill_done: bool) -> Record {
         let (tick, model, key, worker) = (
@@ -212,7 +228,7 @@ impl Drop for RoutedRequest {
                 .end(&self.audit, OutcomeStatus::Completed, None);
         }
         self.record_served(ServedAs::Aggregated, None);
-        self.routes.lock().serving.finished(&self.booking);
+        self.release(Deferred::Finished);
         if self.recorded {
             self.recorder.record(|| self.bookkeeping_record(false));
         }
@@ -301,48 +317,40 @@ fn route_candidates(
     let started = Instant::now();
     let only = candidates.ids();
     // Decided under the shared lock when the policy can (other decisions for the model run
-    // meanwhile), then booked under the exclusive one.
+    // meanwhile), then booked when the state is free (`ModelRoutes::change`). A policy that
+    // changes itself to decide, and a recorded decision (whose record must follow every router
+    // input in order), decide and book under the exclusive lock.
     let decided = {
         let core = routes.read();
         let serving = &core.serving;
         serving.decide_decode(request, only).map(|decided| {
             decided.map(|d| {
                 let basis = RescoreBasis::capture(request, &d, &serving.index, &serving.load);
-                (d, basis)
+                let booking = serving.booking_for(&d, request, max_tokens);
+                (d, basis, booking)
             })
         })
     };
-    let (decision, booking, basis, pending) = {
-        let mut core = routes.lock();
-        let (decision, booking, basis) = match decided {
-            Some(decided) => {
-                let (decision, basis) = decided?;
-                let booking = core.serving.book_decode(&decision, request, max_tokens);
-                (decision, booking, basis)
-            }
-            None => {
-                let (decision, booking) = core.serving.route_decode(request, only, max_tokens)?;
-                let serving = &core.serving;
-                let basis =
-                    RescoreBasis::capture(request, &decision, &serving.index, &serving.load);
-                (decision, booking, basis)
-            }
-        };
-        let peer = decision.peer_source(only).cloned();
-        let decision = Arc::new(decision);
-        let mut pending = None;
-        if observers.recorder.is_active() {
-            let mut record = route_record(routes, &ask, only, booking.key, &decision);
-            record.tenant.clone_from(&tags.tenant);
-            if ask.prefill_pool {
-                pending = Some(record);
-            } else {
-                write_route(&observers.recorder, record, ServedAs::Aggregated, None);
+    let Booked {
+        decision,
+        booking,
+        basis,
+        pending,
+        peer,
+    } = match decided {
+        Some(decided) if !observers.recorder.is_active() => {
+            let (decision, basis, booking) = decided?;
+            count_booking(routes, &booking, request);
+            Booked {
+                peer: decision.peer_source(only).cloned(),
+                decision: Arc::new(decision),
+                booking,
+                basis,
+                pending: None,
             }
         }
-        (decision, booking, basis, (pending, peer))
+        decided => book_locked(observers, routes, &ask, only, decided)?,
     };
-    let (pending, peer) = pending;
     let audit = observers.decisions.push(
         DecisionEntry::new(
             Arc::clone(tags),
@@ -370,6 +378,94 @@ fn route_candidates(
     routed.pending = pending;
     routed.peer = peer;
     Ok(routed)
+}
+
+/// What a decision settled under the shared lock carries to its booking: the decision, its
+/// basis for the counterfactual, and the booking made for it.
+type Settled = (Decision, RescoreBasis, Booking);
+
+/// A decode decision and what was booked for it.
+struct Booked {
+    decision: Arc<Decision>,
+    booking: Booking,
+    basis: RescoreBasis,
+    /// The route record kept for the serving mode ([`RoutedRequest::pending`]).
+    pending: Option<Box<RouteRecord>>,
+    /// [`RoutedRequest::peer`].
+    peer: Option<WorkerId>,
+}
+
+/// The booking step under the model's exclusive lock: a decision settled under the shared lock
+/// is counted, or (`None`) the policy, which changes itself to decide, decides and books here;
+/// the route record is written (or kept for the serving mode) when the recording runs.
+fn book_locked(
+    observers: &Observers,
+    routes: &Arc<ModelRoutes>,
+    ask: &DecodeAsk<'_>,
+    only: &[Candidate],
+    decided: Option<Result<Settled, RouteError>>,
+) -> Result<Booked, RouteError> {
+    let (request, max_tokens, tags) = (ask.request, ask.max_tokens, ask.tags);
+    let mut core = routes.lock();
+    let (decision, booking, basis) = match decided {
+        Some(decided) => {
+            let (decision, basis, booking) = decided?;
+            let serving = &mut core.serving;
+            serving.count_booking(
+                &booking,
+                &request.block_hashes,
+                request.prompt_tokens,
+                request.now,
+            );
+            (decision, booking, basis)
+        }
+        None => {
+            let (decision, booking) = core.serving.route_decode(request, only, max_tokens)?;
+            let serving = &core.serving;
+            let basis = RescoreBasis::capture(request, &decision, &serving.index, &serving.load);
+            (decision, booking, basis)
+        }
+    };
+    let peer = decision.peer_source(only).cloned();
+    let decision = Arc::new(decision);
+    let mut pending = None;
+    if observers.recorder.is_active() {
+        let mut record = route_record(routes, ask, only, booking.key, &decision);
+        record.tenant.clone_from(&tags.tenant);
+        if ask.prefill_pool {
+            pending = Some(record);
+        } else {
+            write_route(&observers.recorder, record, ServedAs::Aggregated, None);
+        }
+    }
+    Ok(Booked {
+        decision,
+        booking,
+        basis,
+        pending,
+        peer,
+    })
+}
+
+/// Counts a decode booking made under the shared lock on its worker, now or when the model's
+/// state is next free ([`ModelRoutes::change`]).
+fn count_booking(routes: &ModelRoutes, booking: &Booking, request: &RouteRequest) {
+    routes.change(
+        |serving| {
+            serving.count_booking(
+                booking,
+                &request.block_hashes,
+                request.prompt_tokens,
+                request.now,
+            );
+        },
+        || Deferred::Book {
+            booking: booking.clone(),
+            blocks: request.block_hashes.clone(),
+            prompt_tokens: request.prompt_tokens,
+            now: request.now,
+        },
+    );
 }
 
 fn cached_blocks(decision: &Decision) -> u32 {
@@ -608,3 +704,7 @@ pub fn explain(
     let only = candidates(pool, routes, filter);
     routes.read().serving.explain_decode(request, only.ids())
 }
+
+#[cfg(test)]
+#[path = "concurrent_tests.rs"]
+mod concurrent_tests;
