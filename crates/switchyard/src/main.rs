@@ -21,6 +21,11 @@ use switchyard_registry::{EtcdRegistry, Registry};
 use switchyard_worker::{WorkerArgs, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 
+/// Every role allocates on its hot path (the gateway's JSON, templates, token vectors and gRPC
+/// frames per request); mimalloc's per-thread heaps take less CPU for that than the system's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit code for configuration errors (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
 
