@@ -27,6 +27,7 @@ mod disagg;
 mod floor;
 mod peer;
 mod steps;
+mod tiers;
 
 use switchyard_core::{
     BlockHash, BlockSize, EngineKind, KvEvent, Retention, Role, TokenId, WorkerId,
@@ -282,6 +283,10 @@ impl Cluster {
             });
         }
         let block_size = config.sim.block_size;
+        let mut policy_config = config.policy_config.clone();
+        if policy_config.kv.host_link.is_none() {
+            policy_config.kv.host_link = tiers::host_link(&config.sim);
+        }
         let core = ServingCore::new(
             block_size,
             IndexConfig {
@@ -296,7 +301,7 @@ impl Cluster {
                 ..LoadConfig::default()
             },
             config.policy,
-            &config.policy_config,
+            &policy_config,
         )
         .map_err(|e| ReplayError::Cluster(e.to_string()))?;
         if let Some(retention) = &config.retention {

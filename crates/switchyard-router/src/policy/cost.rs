@@ -6,9 +6,9 @@
 //! decode_term  = decode_weight  × active blocks × block size / prefill rate
 //! ```
 //!
-//! `overflow` is the memory term: the blocks the request's uncached prompt needs on top of the
-//! worker's active blocks (reported plus booked) past the device capacity it reports, in
-//! tokens. An engine out of KV memory preempts running sequences and computes them again later
+//! `overflow` is the memory term: the blocks the request's uncached prompt, and the cached
+//! blocks it loads from other tiers or copies from a peer, need on top of the worker's active
+//! blocks (reported plus booked) past the device capacity it reports, in tokens. An engine out of KV memory preempts running sequences and computes them again later
 //! (vLLM's and SGLang's recompute preemption, the simulator's), or holds the request until
 //! enough of them finish; either way that many tokens of work are added to what the worker
 //! owes, so they are priced as recomputation, in the same units as the queue. A worker that
@@ -75,6 +75,12 @@ pub struct KvConfig {
     /// workers announce their own link (`WorkerInfo::kv_peer`), which the gateway prices.
     #[serde(skip)]
     pub peer_link: Option<TierLink>,
+    /// The host-to-device link of workers that announce no tier costs, in place of
+    /// [`KvTierCosts::typical`]'s. Not read from configuration: the replay lab's cluster sets it
+    /// to its simulators' own link, so that a host hit is priced at the time the simulated
+    /// engine takes to load it (live workers announce their own, `WorkerInfo::kv_tiers`).
+    #[serde(skip)]
+    pub host_link: Option<TierLink>,
 }
 
 impl Default for KvConfig {
@@ -87,6 +93,7 @@ impl Default for KvConfig {
             temperature: 0.0,
             prefill_step_tokens: DEFAULT_PREFILL_STEP_TOKENS,
             peer_link: None,
+            host_link: None,
         }
     }
 }
@@ -112,6 +119,11 @@ impl KvConfig {
         if self.peer_link.is_some_and(|l| l.bytes_per_s == 0) {
             return Err(RouteError::InvalidConfig(
                 "the peer link's bandwidth must be positive".into(),
+            ));
+        }
+        if self.host_link.is_some_and(|l| l.bytes_per_s == 0) {
+            return Err(RouteError::InvalidConfig(
+                "the host link's bandwidth must be positive".into(),
             ));
         }
         if self.prefill_step_tokens == 0 {
@@ -219,14 +231,21 @@ impl Onboarding {
     }
 }
 
-/// The tier costs a candidate is scored with, and whether it announced them.
-pub(crate) fn costs_of(candidate: &Candidate, block_size: u32) -> (KvTierCosts, bool) {
+/// The tier costs a candidate is scored with, and whether it announced them; a worker that
+/// announced none is assumed [`KvTierCosts::typical`], with `host_link` (the configured
+/// [`KvConfig::host_link`]) when there is one.
+pub(crate) fn costs_of(
+    candidate: &Candidate,
+    block_size: u32,
+    host_link: Option<TierLink>,
+) -> (KvTierCosts, bool) {
     match candidate.kv_tiers {
         Some(c) => (c, true),
-        None => (
-            KvTierCosts::typical(ASSUMED_KV_BYTES_PER_TOKEN * u64::from(block_size)),
-            false,
-        ),
+        None => {
+            let typical = KvTierCosts::typical(ASSUMED_KV_BYTES_PER_TOKEN * u64::from(block_size));
+            let host = host_link.unwrap_or(typical.host);
+            (KvTierCosts { host, ..typical }, false)
+        }
     }
 }
 
@@ -344,7 +363,7 @@ impl<'a> Scorer<'a> {
     fn figures(&self, i: usize) -> (Figures, WorkerLoad) {
         let c = &self.candidates[i];
         let l = self.load.get(&c.worker);
-        let (costs, _) = costs_of(c, self.request.block_size.get());
+        let (costs, _) = costs_of(c, self.request.block_size.get(), self.cfg.host_link);
         let peers = placement::PeerView::new(self.candidates, &self.overlaps, self.cfg.peer_link);
         let peer = peers.copy_for(i, &costs, self.request.block_size.get());
         let figures = figures_of(self.request, self.cfg, c, self.overlaps[i], &l, peer);
@@ -380,14 +399,17 @@ pub(crate) fn figures_of(
     peer: placement::PeerCopy,
 ) -> Figures {
     let bs = request.block_size.get();
-    let (costs, announced) = costs_of(c, bs);
+    let (costs, announced) = costs_of(c, bs, cfg.host_link);
     let mut onboarding = Onboarding::price(overlap, costs, announced, l.queued_onboard_bytes, bs);
     onboarding.peer_blocks = peer.blocks;
     onboarding.peer_seconds = peer.seconds;
     onboarding.peer_recompute_seconds = peer.recompute_seconds;
     let cached = u64::from(overlap.any_tier + peer.blocks) * u64::from(bs);
     let uncached = request.prompt_tokens.saturating_sub(cached);
-    let new_blocks = uncached.div_ceil(u64::from(bs));
+    // A block loaded from another tier or copied from a peer takes a device block as surely
+    // as a computed one: the engine allocates it before the copy lands.
+    let new_blocks =
+        uncached.div_ceil(u64::from(bs)) + u64::from(onboarding.blocks()) + u64::from(peer.blocks);
     let overflow_blocks = if l.capacity_blocks > 0 {
         (l.active_blocks + new_blocks).saturating_sub(l.capacity_blocks)
     } else {

@@ -189,7 +189,9 @@ pub struct SharedAsk {
 pub fn roster_worker(candidate: &Candidate, block_size: u32) -> crate::load::ranking::RosterWorker {
     crate::load::ranking::RosterWorker {
         id: candidate.worker.clone(),
-        prefill_tokens_per_s: cost::costs_of(candidate, block_size).0.prefill_tokens_per_s,
+        prefill_tokens_per_s: cost::costs_of(candidate, block_size, None)
+            .0
+            .prefill_tokens_per_s,
         prices_peer_copies: candidate.kv_peer.is_some(),
     }
 }

@@ -261,3 +261,83 @@ fn least_loaded_compares_queues_in_each_workers_seconds() {
     // 5,000 tokens at 100,000/s (0.05 s) wait less than 1,000 at 10,000/s (0.1 s).
     assert_eq!(d.worker, w("fast"));
 }
+
+/// The memory term counts the device blocks a tier hit takes when it is loaded: a worker
+/// holding the whole prompt on host with its device memory full is priced those blocks as
+/// recomputation, as a worker computing the prompt is priced its own.
+#[test]
+fn a_tier_hit_needs_device_blocks_the_memory_term_counts() {
+    let c = costs(10_000_000_000);
+    let p = prompt(7, 64);
+    let run = |active_blocks: u64| {
+        let (mut index, mut load) = setup();
+        store_in(&mut index, "tiered", 0, &p, (0, 64), StorageTier::Host);
+        let stats = switchyard_core::LoadStats {
+            active_blocks,
+            capacity_blocks: 1_000,
+            ..Default::default()
+        };
+        load.report(&w("tiered"), stats, 0);
+        load.report(&w("cold"), stats, 0);
+        let cands = [announced("tiered", c), announced("cold", c)];
+        kv().choose(&request(&p, None, 0), &cands, &index, &load)
+            .unwrap()
+    };
+    let roomy = run(0);
+    assert_eq!(roomy.worker, w("tiered"));
+    assert_eq!(roomy.chosen().unwrap().overflow_blocks, 0);
+    // Both full: the 64 host blocks overflow as the cold worker's 64 computed ones do.
+    let full = run(1_000);
+    let tiered = &full.explanation.workers[0];
+    assert_eq!(tiered.overflow_blocks, 64, "{}", full.explanation.why);
+    assert_eq!(full.explanation.workers[1].overflow_blocks, 64);
+    // 1,024 overflow tokens at 10,000 tokens/s, plus 64 MiB at 10 GB/s.
+    let load_s = (64u64 << 20) as f64 / 1e10;
+    assert!((tiered.prefill_term - (0.1024 + load_s)).abs() < 1e-9);
+    // Recomputing instead costs the cold worker its 1,024 tokens on top of the same overflow.
+    assert_eq!(full.worker, w("tiered"));
+    assert!((full.explanation.workers[1].prefill_term - 0.2048).abs() < 1e-9);
+}
+
+/// A worker that announces no tier costs is priced the configured host link (the replay
+/// lab's simulators' own) instead of the typical one.
+#[test]
+fn the_configured_host_link_prices_workers_that_announce_none() {
+    let (mut index, load) = setup();
+    let p = prompt(8, 4);
+    store_in(&mut index, "old", 0, &p, (0, 4), StorageTier::Host);
+    let link = TierLink {
+        bytes_per_s: 50_000_000_000,
+        latency_us: 0,
+    };
+    let policy = PolicyConfig {
+        kv: KvConfig {
+            host_link: Some(link),
+            ..KvConfig::default()
+        },
+        ..PolicyConfig::default()
+    };
+    let d = PolicyKind::Kv
+        .build(&policy)
+        .unwrap()
+        .choose(&request(&p, None, 0), &candidates(&["old"]), &index, &load)
+        .unwrap();
+    let o = d.chosen().unwrap().onboarding;
+    assert!(!o.announced);
+    assert_eq!(o.costs.host, link);
+    let bytes = 4 * ASSUMED_KV_BYTES_PER_TOKEN * u64::from(BS);
+    assert!((o.seconds - bytes as f64 / 5e10).abs() < 1e-12);
+    let bad = KvConfig {
+        host_link: Some(TierLink {
+            bytes_per_s: 0,
+            latency_us: 0,
+        }),
+        ..KvConfig::default()
+    };
+    assert!(
+        bad.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("host link")
+    );
+}
