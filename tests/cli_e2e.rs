@@ -13,6 +13,22 @@ use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 
+/// The binary allocates with mimalloc (its global allocator, chosen for the gateway's CPU per
+/// request, `docs/BENCHMARKS.md`): asked to, mimalloc announces its start on stderr, which the
+/// system allocator never does.
+#[tokio::test]
+async fn the_binary_allocates_with_mimalloc() {
+    let out = Command::new(BIN)
+        .arg("--version")
+        .env("MIMALLOC_VERBOSE", "1")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("mimalloc: process init"), "{stderr}");
+}
+
 #[tokio::test]
 async fn version_names_the_git_revision() {
     let out = Command::new(BIN).arg("--version").output().await.unwrap();

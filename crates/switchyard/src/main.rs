@@ -526,32 +526,4 @@ mod tests {
         ]);
         assert_eq!(config.cluster, "from-file", "no --cluster keeps the file's");
     }
-
-    /// The request path's pattern runs on the binary's allocator: buffers made on one thread
-    /// (a tokenizer task on the blocking pool), grown, and freed on another (the reactor).
-    #[test]
-    fn allocations_cross_threads_and_grow_on_the_global_allocator() {
-        let made = std::thread::spawn(|| {
-            (0..64)
-                .map(|i| vec![i as u8; 1 << (i % 20)])
-                .collect::<Vec<_>>()
-        })
-        .join()
-        .unwrap();
-        let grown = std::thread::spawn(move || {
-            made.into_iter()
-                .enumerate()
-                .map(|(i, mut buf)| {
-                    buf.extend_from_slice(&[i as u8; 4096]);
-                    buf
-                })
-                .collect::<Vec<_>>()
-        })
-        .join()
-        .unwrap();
-        for (i, buf) in grown.iter().enumerate() {
-            assert_eq!(buf.len(), (1 << (i % 20)) + 4096);
-            assert!(buf.iter().all(|&b| b == i as u8));
-        }
-    }
 }
