@@ -90,9 +90,17 @@ impl KvAudit {
         s.silent.take().is_some()
     }
 
-    /// A generation on the worker computed new full prompt blocks: a KV event should follow.
-    pub fn expect_event(&self) {
+    /// A generation on the worker, sent there `dispatched_ago`, computed new full prompt
+    /// blocks: a KV event should follow — unless one was applied since it was sent (the engine
+    /// announces blocks as it stores them, and the announcement can reach the gateway, over the
+    /// event plane above all, before the response that shows them).
+    pub fn expect_event(&self, dispatched_ago: Duration) {
         let mut s = self.state.lock();
+        let now = Instant::now();
+        let dispatched = now.checked_sub(dispatched_ago).unwrap_or(now);
+        if s.last_event.is_some_and(|t| t >= dispatched) {
+            return;
+        }
         s.unanswered += 1;
         s.unanswered_since.get_or_insert_with(Instant::now);
     }
@@ -230,7 +238,7 @@ mod tests {
         let kv = KvAudit::default();
         let after = Duration::from_secs(5);
         assert_eq!(kv.check_silence(Instant::now(), after), None);
-        kv.expect_event();
+        kv.expect_event(Duration::ZERO);
         tokio::time::advance(Duration::from_secs(4)).await;
         assert_eq!(kv.check_silence(Instant::now(), after), None);
         tokio::time::advance(Duration::from_secs(2)).await;
@@ -240,7 +248,29 @@ mod tests {
         assert_eq!(kv.check_silence(Instant::now(), after), None);
         assert!(kv.event_applied());
         assert_eq!(kv.silent(), None);
-        kv.expect_event();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        kv.expect_event(Duration::ZERO);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        let reason = kv.check_silence(Instant::now(), after).unwrap();
+        assert!(reason.contains("its events stopped"), "{reason}");
+    }
+
+    /// An event applied after the generation was sent answers it even when it arrives before
+    /// the response that shows the new blocks; one applied before the generation was sent
+    /// does not.
+    #[tokio::test(start_paused = true)]
+    async fn an_event_that_beats_its_response_answers_it() {
+        let kv = KvAudit::default();
+        let after = Duration::from_secs(5);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(!kv.event_applied());
+        tokio::time::advance(Duration::from_millis(300)).await;
+        // Sent 500 ms ago: the event 300 ms ago came after it.
+        kv.expect_event(Duration::from_millis(500));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(kv.check_silence(Instant::now(), after), None);
+        // Sent 100 ms ago: the last event, 6.3 s ago, came before it.
+        kv.expect_event(Duration::from_millis(100));
         tokio::time::advance(Duration::from_secs(6)).await;
         let reason = kv.check_silence(Instant::now(), after).unwrap();
         assert!(reason.contains("its events stopped"), "{reason}");
