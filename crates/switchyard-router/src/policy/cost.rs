@@ -8,7 +8,8 @@
 //!
 //! `overflow` is the memory term: the blocks the request's uncached prompt, and the cached
 //! blocks it loads from other tiers or copies from a peer, need on top of the worker's active
-//! blocks (reported plus booked) past the device capacity it reports, in tokens. An engine out of KV memory preempts running sequences and computes them again later
+//! blocks (reported plus booked) past the device capacity it reports, in tokens. An engine out
+//! of KV memory preempts running sequences and computes them again later
 //! (vLLM's and SGLang's recompute preemption, the simulator's), or holds the request until
 //! enough of them finish; either way that many tokens of work are added to what the worker
 //! owes, so they are priced as recomputation, in the same units as the queue. A worker that

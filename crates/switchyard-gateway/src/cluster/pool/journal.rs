@@ -43,7 +43,7 @@ pub enum Deferred {
 
 impl Deferred {
     /// Makes the change on `serving` (held exclusively).
-    pub fn apply(self, serving: &mut ServingCore) {
+    fn apply(self, serving: &mut ServingCore) {
         match self {
             Deferred::Book {
                 booking,

@@ -75,8 +75,8 @@ pub fn realize(m: &AuditMetrics, silence_after: Duration, r: Realized<'_>) {
         .set(accurate as f64 / evaluated as f64);
     // New full blocks were computed: the engine should announce them.
     if (r.prompt_blocks.len() as u64) > realized / block_size {
-        let now_ms = switchyard_core::time::unix_micros() / 1000;
-        let sent_ago = Duration::from_millis(now_ms.saturating_sub(entry.at_unix_ms));
+        let sent_ago =
+            Duration::from_millis(super::tags::unix_ms().saturating_sub(entry.at_unix_ms));
         r.kv.expect_event(sent_ago);
     }
     let flag = flag(silence_after, &r, predicted, realized, block_size);

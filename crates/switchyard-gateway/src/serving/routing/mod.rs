@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use switchyard_core::{BlockHash, EngineKind, WorkerId, WorkerInfo};
 use switchyard_router::serve::{
-    self, Booking, DecodeFilter, PrefillAsk, PrefillChoice, RescoreBasis, ServeSettings, may_decode,
+    self, Booking, DecodeFilter, PrefillAsk, PrefillChoice, RescoreBasis, ServeSettings,
+    ServingCore, may_decode,
 };
 use switchyard_router::{Candidate, Decision, RouteError, RouteRequest};
 
@@ -106,7 +107,7 @@ impl RoutedRequest {
         self.record_served(ServedAs::Aggregated, None);
         if !self.prefill_done {
             self.prefill_done = true;
-            self.release(Deferred::PrefillDone);
+            self.release(ServingCore::prefill_done, Deferred::PrefillDone);
             if self.recorded {
                 self.recorder.record(|| self.bookkeeping_record(true));
             }
@@ -182,13 +183,13 @@ impl RoutedRequest {
     /// ([`Deferred::Finished`]) in the load view: now or when the model's state is next free
     /// ([`ModelRoutes::change`]); at once under the exclusive lock when the KV recording sees
     /// this request, so its records follow the order the router applied them in.
-    fn release(&self, change: fn(Booking) -> Deferred) {
+    fn release(&self, now: fn(&mut ServingCore, &Booking), later: fn(Booking) -> Deferred) {
         if self.recorded && self.recorder.is_active() {
-            change(self.booking.clone()).apply(&mut self.routes.lock().serving);
+            now(&mut self.routes.lock().serving, &self.booking);
         } else {
             self.routes.change(
-                |serving| change(self.booking.clone()).apply(serving),
-                || change(self.booking.clone()),
+                |serving| now(serving, &self.booking),
+                || later(self.booking.clone()),
             );
         }
     }
@@ -228,7 +229,7 @@ impl Drop for RoutedRequest {
                 .end(&self.audit, OutcomeStatus::Completed, None);
         }
         self.record_served(ServedAs::Aggregated, None);
-        self.release(Deferred::Finished);
+        self.release(ServingCore::finished, Deferred::Finished);
         if self.recorded {
             self.recorder.record(|| self.bookkeeping_record(false));
         }
