@@ -62,6 +62,7 @@ pub(crate) use runs::tier_bit;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use switchyard_core::{
@@ -130,6 +131,9 @@ struct WorkerState {
     sync: Sync,
     /// Number of `(block, this worker)` pairs in the index.
     live: usize,
+    /// What a reader attached to the slot ([`PrefixIndex::tag_slot`]); 0 when none. A new
+    /// state starts without one, so a slot given to another worker never keeps the last one's.
+    tag: AtomicU64,
 }
 
 /// Counters and sizes, for the admin API and metrics.
@@ -289,6 +293,26 @@ impl PrefixIndex {
     /// The worker's key, if the index knows it.
     pub fn worker_key(&self, worker: &WorkerId) -> Option<WorkerKey> {
         self.by_id.get(worker).map(|&s| WorkerKey(s))
+    }
+
+    /// The value last attached to the worker's slot with [`PrefixIndex::tag_slot`] since the
+    /// slot was given to this worker; 0 when none (or no such slot).
+    ///
+    /// A reader keeps a look-up of its own there (the routing decision: the worker's place in
+    /// the load view's ranking, with the ranking's epoch, so it can tell a stale one), written
+    /// under a shared borrow: relaxed, as the value checks itself.
+    pub fn slot_tag(&self, key: WorkerKey) -> u64 {
+        self.workers
+            .get(key.0 as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |w| w.tag.load(Ordering::Relaxed))
+    }
+
+    /// Attaches `tag` to the worker's slot (see [`PrefixIndex::slot_tag`]).
+    pub fn tag_slot(&self, key: WorkerKey, tag: u64) {
+        if let Some(w) = self.workers.get(key.0 as usize).and_then(Option::as_ref) {
+            w.tag.store(tag, Ordering::Relaxed);
+        }
     }
 
     pub fn worker_id(&self, key: WorkerKey) -> Option<&WorkerId> {
@@ -460,6 +484,7 @@ impl PrefixIndex {
             incarnation,
             sync: Sync::Expecting(0),
             live: 0,
+            tag: AtomicU64::new(0),
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {

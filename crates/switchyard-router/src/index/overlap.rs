@@ -119,9 +119,15 @@ fn levels(bit: u8, n: u32) -> TierOverlap {
 /// The query's buffers, kept per thread between queries (a query allocates only its answer).
 #[derive(Debug, Default)]
 struct Scratch {
-    /// (position, set) still followed, nearest position first: each position is taken off
-    /// once, however many sets stop at different positions (a shared prefix held to many
-    /// lengths).
+    /// (position, set) where the first block's family stops, by position (counting-sorted:
+    /// thousands of workers holding one system prompt to different lengths cost no heap).
+    staged: Vec<(u32, u32)>,
+    /// Sets per position, for the counting sort of `staged`, and its output.
+    counts: Vec<u32>,
+    sorted: Vec<(u32, u32)>,
+    /// (position, set) still followed after a later run carried them on, nearest position
+    /// first. With `staged`, each position is taken off once, however many sets stop at
+    /// different positions (a shared prefix held to many lengths).
     open: BinaryHeap<Reverse<(u32, u32)>>,
     /// (set, leading blocks) settled.
     done: Vec<(u32, u32)>,
@@ -151,9 +157,17 @@ impl PrefixIndex {
     /// different prompts spliced together) may be answered as if the worker held the prompt the
     /// later hashes belong to.
     pub fn overlap(&self, blocks: &[BlockHash]) -> OverlapScores {
+        let mut scores = self.overlap_unordered(blocks);
+        scores.sort_unstable_by_key(|(k, _)| *k);
+        OverlapScores { scores }
+    }
+
+    /// [`PrefixIndex::overlap`]'s workers with a non-zero overlap, in no particular order (for
+    /// a caller that reads each once: no sort).
+    pub fn overlap_unordered(&self, blocks: &[BlockHash]) -> Vec<(WorkerKey, TierOverlap)> {
         let store = &self.runs;
         let Some(first) = blocks.first().and_then(|b| store.heads.get(b)) else {
-            return OverlapScores::default();
+            return Vec::new();
         };
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
@@ -166,15 +180,19 @@ impl PrefixIndex {
         blocks: &[BlockHash],
         first: &[HeadRef],
         scratch: &mut Scratch,
-    ) -> OverlapScores {
+    ) -> Vec<(WorkerKey, TierOverlap)> {
         let store = &self.runs;
         let Scratch {
+            staged,
+            counts,
+            sorted,
             open,
             done,
             batch,
             here,
             carried,
         } = scratch;
+        staged.clear();
         open.clear();
         done.clear();
         batch.clear();
@@ -214,12 +232,27 @@ impl PrefixIndex {
             if m == len {
                 done.push((r.set, m));
             } else {
-                open.push(Reverse((m, r.set)));
+                staged.push((m, r.set));
             }
         }
-        while let Some(&Reverse((pos, _))) = open.peek() {
+        let staged = by_position(staged, len, counts, sorted);
+        let mut next = 0;
+        loop {
             // The nearest position still open: one lookup for every set stopped there.
+            let pos = match (staged.get(next), open.peek()) {
+                (None, None) => break,
+                (Some(&(a, _)), None) => a,
+                (None, Some(&Reverse((b, _)))) => b,
+                (Some(&(a, _)), Some(&Reverse((b, _)))) => a.min(b),
+            };
             here.clear();
+            while let Some(&(p, set)) = staged.get(next) {
+                if p != pos {
+                    break;
+                }
+                next += 1;
+                here.push(set);
+            }
             while let Some(&Reverse((p, set))) = open.peek() {
                 if p != pos {
                     break;
@@ -278,8 +311,7 @@ impl PrefixIndex {
                 )
             }));
         }
-        scores.sort_unstable_by_key(|(k, _)| *k);
-        OverlapScores { scores }
+        scores
     }
 
     /// The walk (see the module docs): every position up to the longest reach is looked up, and
@@ -312,6 +344,37 @@ impl PrefixIndex {
             }
         }
     }
+}
+
+/// `staged` (position, set) pairs ordered by position: counted into `sorted` when there are
+/// many of them for the positions they can take (a counting sort, linear), sorted in place
+/// otherwise. Positions are below `len`.
+fn by_position<'a>(
+    staged: &'a mut [(u32, u32)],
+    len: u32,
+    counts: &mut Vec<u32>,
+    sorted: &'a mut Vec<(u32, u32)>,
+) -> &'a [(u32, u32)] {
+    if staged.len() < 64 || staged.len() * 4 < len as usize {
+        staged.sort_unstable();
+        return staged;
+    }
+    counts.clear();
+    counts.resize(len as usize + 1, 0);
+    for &(pos, _) in staged.iter() {
+        counts[pos as usize + 1] += 1;
+    }
+    for i in 1..counts.len() {
+        counts[i] += counts[i - 1];
+    }
+    sorted.clear();
+    sorted.resize(staged.len(), (0, 0));
+    for &(pos, set) in staged.iter() {
+        let at = &mut counts[pos as usize];
+        sorted[*at as usize] = (pos, set);
+        *at += 1;
+    }
+    sorted
 }
 
 /// Matches each run of `batch` (starting at its prompt position) and either settles its set or

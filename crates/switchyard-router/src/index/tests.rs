@@ -921,3 +921,52 @@ fn stats_count_each_block_once_however_many_workers_and_tiers_hold_it() {
     assert_eq!(draft.finish().blocks, 8);
     assert_eq!(idx.stats().blocks, 11);
 }
+
+/// Many workers holding one prompt's prefix to different lengths, some carried on by a run
+/// starting where their prefix stops, some with a gap there: every count exact, whether the
+/// stops are counted into order (many workers) or sorted (a few), and the unordered answer is
+/// the ordered one.
+#[test]
+fn many_holders_stopping_at_many_places_are_each_counted() {
+    for workers in [300usize, 20] {
+        let mut idx = index();
+        let h = hashes(1, 12);
+        let mut expected = Vec::new();
+        for i in 0..workers {
+            let name = format!("w{i}");
+            let first = 1 + (i * 7) % 11;
+            let prefix = stored(1, 0, first, StorageTier::Device);
+            let reach = match i % 3 {
+                // Its continuation stored first (under a block it did not hold yet): a run of
+                // its own, starting where the prefix stops, that carries the worker on.
+                0 => {
+                    let to = (first + 1 + i % 5).min(12);
+                    let rest = stored(1, first, to, StorageTier::Device);
+                    idx.apply(&w(&name), 1, 0, &rest).unwrap();
+                    idx.apply(&w(&name), 1, 1, &prefix).unwrap();
+                    to
+                }
+                // A gap of one block: the run after it does not count.
+                1 if first + 2 < 12 => {
+                    idx.apply(&w(&name), 1, 0, &prefix).unwrap();
+                    let rest = stored(1, first + 1, 12, StorageTier::Device);
+                    idx.apply(&w(&name), 1, 1, &rest).unwrap();
+                    first
+                }
+                _ => {
+                    idx.apply(&w(&name), 1, 0, &prefix).unwrap();
+                    first
+                }
+            };
+            expected.push((name, reach as u32));
+        }
+        let scores = idx.overlap(&h);
+        assert_eq!(scores.len(), workers);
+        for (name, reach) in &expected {
+            assert_eq!(device(&idx, name, &h), *reach, "{name} of {workers}");
+        }
+        let mut unordered = idx.overlap_unordered(&h);
+        unordered.sort_unstable_by_key(|(k, _)| *k);
+        assert_eq!(unordered, scores.iter().collect::<Vec<_>>());
+    }
+}

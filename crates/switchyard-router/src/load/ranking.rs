@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 
 use switchyard_core::WorkerId;
 
@@ -93,6 +94,9 @@ struct Place {
 #[derive(Debug, Default)]
 pub struct Ranking {
     weights: Option<RankWeights>,
+    /// This roster's number, unique in the process (0 before a roster is set): a look-up of a
+    /// position kept elsewhere names the roster it was made for ([`Ranking::epoch`]).
+    epoch: u32,
     position: FxHashMap<WorkerId, u32>,
     /// Per position: the worker's id hash ([`Ranking::id_hash`]), its load, its place.
     hashes: Vec<u64>,
@@ -112,6 +116,7 @@ impl Ranking {
     ) {
         *self = Self {
             weights: Some(weights),
+            epoch: next_epoch(),
             ..Self::default()
         };
         let mut group_of: FxHashMap<u64, u32> = FxHashMap::default();
@@ -134,6 +139,13 @@ impl Ranking {
             self.position.insert(w.id, pos);
             self.enter(pos);
         }
+    }
+
+    /// The roster's number: a new one at each [`Ranking::set_roster`], never 0 once set and
+    /// never the same for two rosters in the process (until 2³² have been set), so a position
+    /// remembered with it is known stale when the roster changed.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
     }
 
     /// The weights the ranking orders by; `None` before a roster is set.
@@ -246,6 +258,17 @@ impl Ranking {
 
 /// The hash of a worker's id the rendezvous tie-break mixes with a request's key (the policy's
 /// `rendezvous` computes it the same way).
+/// A roster number not given before (skipping 0, which means none).
+fn next_epoch() -> u32 {
+    static EPOCH: AtomicU32 = AtomicU32::new(0);
+    loop {
+        let e = EPOCH.fetch_add(1, AtomicOrdering::Relaxed).wrapping_add(1);
+        if e != 0 {
+            return e;
+        }
+    }
+}
+
 pub fn id_hash(worker: &WorkerId) -> u64 {
     let mut h = FxHasher::default();
     worker.hash(&mut h);

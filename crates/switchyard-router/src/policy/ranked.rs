@@ -25,6 +25,7 @@
 
 use std::cmp::Ordering;
 
+use switchyard_core::KvTierCosts;
 use switchyard_core::rng::mix64;
 
 use super::cost::{self, KvConfig};
@@ -33,9 +34,9 @@ use super::placement::PeerCopy;
 use super::shortlist::EXPLAINED;
 use super::{Candidate, RouteRequest};
 use crate::hasher::FxHashMap;
-use crate::index::{PrefixIndex, TierOverlap};
-use crate::load::LoadView;
+use crate::index::{PrefixIndex, TierOverlap, WorkerKey};
 use crate::load::ranking::Ranking;
+use crate::load::{LoadView, WorkerLoad};
 
 /// How far below the exact bucket bound the cut-off is placed (see the module docs).
 const BOUND_MARGIN: f64 = 1e-12;
@@ -147,13 +148,27 @@ pub(crate) fn best_scores(
     };
     let holders = holders(request, index, load, ranking, cfg);
     let mut holding = vec![0u64; candidates.len().div_ceil(64)];
+    // Holders come grouped by where they stop in the prompt, and most of a group have the same
+    // load and tier rates: those priced alike are priced once (the same inputs, to the bit).
+    let mut last: Option<(TierOverlap, &WorkerLoad, Option<KvTierCosts>, f64)> = None;
     for &(pos, overlap, pending) in &holders {
         holding[pos as usize / 64] |= 1 << (pos % 64);
         let l = ranking.load(pos);
         let c = &candidates[pos as usize];
-        let figures = cost::figures_of(request, cfg, c, overlap, l, PeerCopy::default());
+        let cost = match last {
+            Some((o, lo, tiers, cost)) if o == overlap && *lo == *l && tiers == c.kv_tiers => cost,
+            _ => {
+                let figures = cost::figures_of(request, cfg, c, overlap, l, PeerCopy::default());
+                let cost = figures.cost();
+                last = Some((overlap, l, c.kv_tiers, cost));
+                cost
+            }
+        };
+        if top.cut().is_some_and(|cut| cost > cut) {
+            continue;
+        }
         top.offer(Pick {
-            cost: figures.cost(),
+            cost,
             running: l.running_requests,
             rendezvous: mix64(key ^ ranking.id_hash(pos)),
             pos,
@@ -240,13 +255,17 @@ fn holders(
         .iter()
         .filter_map(|(w, n)| Some((ranking.position(w)?, *n)))
         .collect();
-    let scores = index.overlap(&request.block_hashes);
+    let scores = index.overlap_unordered(&request.block_hashes);
     let mut out = Vec::with_capacity(scores.len() + pending_at.len());
-    for (k, overlap) in scores.iter() {
-        let Some(pos) = index.worker_id(k).and_then(|w| ranking.position(w)) else {
+    for (k, overlap) in scores {
+        let Some(pos) = position_of(index, ranking, k) else {
             continue;
         };
-        let pending = pending_at.remove(&pos).unwrap_or(0);
+        let pending = if pending_at.is_empty() {
+            0
+        } else {
+            pending_at.remove(&pos).unwrap_or(0)
+        };
         out.push((pos, cost::with_pending(overlap, pending), pending));
     }
     for (pos, pending) in pending_at {
@@ -258,3 +277,26 @@ fn holders(
     }
     out
 }
+
+/// The roster position of the index's worker `key`, if in the roster: kept on the index's slot
+/// with the ranking's epoch ([`PrefixIndex::slot_tag`]) after the first look-up by id, so a
+/// decision among thousands of holders reads an array instead of hashing each one's id.
+fn position_of(index: &PrefixIndex, ranking: &Ranking, key: WorkerKey) -> Option<u32> {
+    let epoch = ranking.epoch();
+    let tag = index.slot_tag(key);
+    if epoch != 0 && (tag >> 32) as u32 == epoch {
+        let pos = tag as u32;
+        return (pos != NOT_RANKED).then_some(pos);
+    }
+    let pos = index.worker_id(key).and_then(|w| ranking.position(w));
+    if epoch != 0 {
+        index.tag_slot(
+            key,
+            (u64::from(epoch) << 32) | u64::from(pos.unwrap_or(NOT_RANKED)),
+        );
+    }
+    pos
+}
+
+/// A slot tag's position for a worker the index knows and the roster does not.
+const NOT_RANKED: u32 = u32::MAX;

@@ -184,3 +184,59 @@ fn another_weighting_or_peer_pricing_is_not_read_from_the_ranking() {
     };
     assert!(best(&peer).is_none());
 }
+
+/// Sets `f`'s weights and ranks its candidates, in their order, by them.
+fn rank(f: &mut Fleet, prefill_weight: f64, decode_weight: f64) {
+    f.cfg.prefill_weight = prefill_weight;
+    f.cfg.decode_weight = decode_weight;
+    f.load.set_roster(
+        RankWeights {
+            prefill_weight,
+            decode_weight,
+            block_size: bs().get(),
+        },
+        f.candidates.iter().map(|c| roster_worker(c, bs().get())),
+    );
+}
+
+/// A decision keeps each holder's roster position on its index slot; it is never read for
+/// another roster, nor for another worker given the slot.
+#[test]
+fn a_kept_position_follows_roster_and_slot_changes() {
+    let mut f = fleet(11, 120);
+    rank(&mut f, 1.0, 0.1);
+    let hashes = f.request.block_hashes.clone();
+    let hold = |f: &mut Fleet, i: usize, blocks: usize| {
+        let chain: Vec<_> = SnapshotBlock::chain(&hashes[..blocks], StorageTier::Device).collect();
+        let worker = f.candidates[i].worker.clone();
+        f.index.apply_snapshot(&worker, 1, 0, &chain).unwrap();
+    };
+    hold(&mut f, 3, hashes.len());
+    hold(&mut f, 50, hashes.len() / 2);
+    let check = |f: &Fleet| {
+        let ranked = ranked::best_scores(&f.request, &f.candidates, &f.index, &f.load, &f.cfg)
+            .expect("ranked");
+        assert_eq!(ranked, shortlisted(f));
+        ranked
+    };
+    let first = check(&f);
+    assert!(first.iter().any(|s| s.worker == f.candidates[3].worker));
+    // The slot of w3 goes to w90: w90 holds the prompt, w3 nothing.
+    let w3 = f.candidates[3].worker.clone();
+    let slot = f.index.worker_key(&w3).unwrap();
+    assert!(f.index.remove_worker(&w3));
+    hold(&mut f, 90, hashes.len());
+    assert_eq!(f.index.worker_key(&f.candidates[90].worker), Some(slot));
+    let reused = check(&f);
+    let full = |s: &[WorkerScore], i: usize| {
+        s.iter()
+            .find(|s| s.worker == f.candidates[i].worker)
+            .map(|s| s.overlap.any_tier)
+    };
+    assert_eq!(full(&reused, 90), Some(hashes.len() as u32));
+    assert_eq!(full(&reused, 3).unwrap_or(0), 0);
+    // Another roster, the same workers in another order: positions read afresh.
+    f.candidates.reverse();
+    rank(&mut f, 1.0, 0.1);
+    check(&f);
+}
