@@ -14,6 +14,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".switchyard.v1.StoredBlock",
             "crate::stored_block::StoredBlock",
         )
+        // Hand-written (src/generate_request.rs): the same wire form, the prompt encoded in one pass.
+        .extern_path(
+            ".switchyard.v1.GenerateRequest",
+            "crate::generate_request::GenerateRequest",
+        )
         .compile_protos(&[worker], &[root])?;
     Ok(())
 }

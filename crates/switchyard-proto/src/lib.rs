@@ -4,13 +4,15 @@
 //! [`convert`] maps its messages to and from `switchyard-core` types, refusing messages that
 //! would break a core invariant (an invalid worker id, a zero block size, a missing oneof);
 //! [`fault`] is the status mark that says a failure is the KV source's, not the answering
-//! worker's. `v1::StoredBlock` alone is written by hand (`stored_block.rs`): its token ids are
-//! what a gateway decodes most, and prost's generated decoder grows their vector three times
-//! per block.
+//! worker's. `v1::StoredBlock` and `v1::GenerateRequest` are written by hand (`stored_block.rs`,
+//! `generate_request.rs`): the token ids a gateway decodes most and those it encodes with every
+//! request, which prost's generated code decodes growing their vector and encodes a byte at a
+//! time.
 
 pub mod convert;
 pub mod error_code;
 pub mod fault;
+mod generate_request;
 mod stored_block;
 
 /// Generated protocol types, package `switchyard.v1`.
@@ -22,6 +24,7 @@ mod stored_block;
 )]
 pub mod v1 {
     tonic::include_proto!("switchyard.v1");
+    pub use crate::generate_request::GenerateRequest;
     pub use crate::stored_block::StoredBlock;
 }
 

@@ -12,6 +12,8 @@ use prost::DecodeError;
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{DecodeContext, WireType, decode_varint, skip_field, uint32, uint64};
 
+use crate::generate_request::{encode_packed_u32, encoded_len_packed_u32};
+
 /// One newly cached full block: its chained hash and its tokens.
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
 pub struct StoredBlock {
@@ -24,7 +26,7 @@ impl prost::Message for StoredBlock {
         if self.hash != 0 {
             uint64::encode(1, &self.hash, buf);
         }
-        uint32::encode_packed(2, &self.token_ids, buf);
+        encode_packed_u32(2, &self.token_ids, buf);
     }
 
     fn merge_field(
@@ -47,7 +49,7 @@ impl prost::Message for StoredBlock {
         } else {
             0
         };
-        hash + uint32::encoded_len_packed(2, &self.token_ids)
+        hash + encoded_len_packed_u32(2, &self.token_ids)
     }
 
     fn clear(&mut self) {
@@ -60,7 +62,7 @@ impl prost::Message for StoredBlock {
 /// current chunk (what tonic and a byte slice give) is counted, reserved for and decoded in
 /// place; anything else (unpacked values, a field split across chunks, a malformed length) goes
 /// to prost's own decoder, which also gives the errors.
-fn merge_token_ids(
+pub(crate) fn merge_token_ids(
     wire_type: WireType,
     values: &mut Vec<u32>,
     buf: &mut impl Buf,
