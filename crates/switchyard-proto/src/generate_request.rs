@@ -78,34 +78,14 @@ impl prost::Message for GenerateRequest {
                 .map_err(|e| named(e, "request_id")),
             2 => merge_token_ids(wire_type, &mut self.prompt_token_ids, buf, ctx)
                 .map_err(|e| named(e, "prompt_token_ids")),
-            3 => message::merge(
-                wire_type,
-                self.sampling.get_or_insert_with(Default::default),
-                buf,
-                ctx,
-            )
-            .map_err(|e| named(e, "sampling")),
-            4 => message::merge(
-                wire_type,
-                self.kv_source.get_or_insert_with(Default::default),
-                buf,
-                ctx,
-            )
-            .map_err(|e| named(e, "kv_source")),
-            5 => message::merge(
-                wire_type,
-                self.identity.get_or_insert_with(Default::default),
-                buf,
-                ctx,
-            )
-            .map_err(|e| named(e, "identity")),
-            6 => message::merge(
-                wire_type,
-                self.retention.get_or_insert_with(Default::default),
-                buf,
-                ctx,
-            )
-            .map_err(|e| named(e, "retention")),
+            3 => merge_message(wire_type, &mut self.sampling, buf, ctx)
+                .map_err(|e| named(e, "sampling")),
+            4 => merge_message(wire_type, &mut self.kv_source, buf, ctx)
+                .map_err(|e| named(e, "kv_source")),
+            5 => merge_message(wire_type, &mut self.identity, buf, ctx)
+                .map_err(|e| named(e, "identity")),
+            6 => merge_message(wire_type, &mut self.retention, buf, ctx)
+                .map_err(|e| named(e, "retention")),
             7 => int32::merge(
                 wire_type,
                 self.priority.get_or_insert_with(Default::default),
@@ -149,6 +129,16 @@ impl prost::Message for GenerateRequest {
     fn clear(&mut self) {
         *self = Self::default();
     }
+}
+
+/// An optional message field, merged as prost merges it (created empty on its first part).
+fn merge_message<M: prost::Message + Default>(
+    wire_type: WireType,
+    slot: &mut Option<M>,
+    buf: &mut impl Buf,
+    ctx: DecodeContext,
+) -> Result<(), DecodeError> {
+    message::merge(wire_type, slot.get_or_insert_with(M::default), buf, ctx)
 }
 
 /// Bytes of `v` as a varint: 1 to 5.
