@@ -5,19 +5,16 @@
 //! writes a packed field's varints a byte at a time into the gRPC buffer (a capacity check per
 //! byte), and measuring the field's length walks the values once more that way; on ~3k-token
 //! prompts that was ≈ 8 % of a gateway's CPU (`docs/BENCHMARKS.md`, "Server CPU per request").
-//! Here the values are measured with a few bit operations each and written through a stack
-//! buffer. The wire form is the proto's exactly (the same fields, as prost encodes them; a test
+//! Here they are written as `token_ids.rs` writes them (measured with bit operations, through a
+//! stack buffer). The wire form is the proto's exactly (the same fields, as prost encodes them; a test
 //! compares the bytes with the derived message's), and the worker decodes the token ids with
 //! one exact allocation, as `StoredBlock`'s (`stored_block.rs`).
 
 use prost::DecodeError;
 use prost::bytes::{Buf, BufMut};
-use prost::encoding::{
-    DecodeContext, WireType, encode_key, encode_varint, encoded_len_varint, int32, key_len,
-    message, skip_field, string,
-};
+use prost::encoding::{DecodeContext, WireType, int32, message, skip_field, string};
 
-use crate::stored_block::merge_token_ids;
+use crate::token_ids::{encode_packed_u32, encoded_len_packed_u32, merge_token_ids};
 use crate::v1::{KvIdentity, KvSource, RetentionHint, SamplingParams};
 
 /// A generation request to a worker (see `proto/switchyard/v1/worker.proto`).
@@ -141,51 +138,6 @@ fn merge_message<M: prost::Message + Default>(
     message::merge(wire_type, slot.get_or_insert_with(M::default), buf, ctx)
 }
 
-/// Bytes of `v` as a varint: 1 to 5.
-fn varint_len(v: u32) -> usize {
-    (32 - (v | 1).leading_zeros() as usize).div_ceil(7)
-}
-
-/// The packed varints' bytes, without key or length.
-fn packed_body_len(values: &[u32]) -> usize {
-    values.iter().map(|&v| varint_len(v)).sum()
-}
-
-/// What prost's `uint32::encoded_len_packed` gives (0 for no values).
-pub(crate) fn encoded_len_packed_u32(tag: u32, values: &[u32]) -> usize {
-    if values.is_empty() {
-        return 0;
-    }
-    let body = packed_body_len(values);
-    key_len(tag) + encoded_len_varint(body as u64) + body
-}
-
-/// What prost's `uint32::encode_packed` writes (nothing for no values), through a stack buffer.
-pub(crate) fn encode_packed_u32(tag: u32, values: &[u32], buf: &mut impl BufMut) {
-    if values.is_empty() {
-        return;
-    }
-    encode_key(tag, WireType::LengthDelimited, buf);
-    encode_varint(packed_body_len(values) as u64, buf);
-    let mut chunk = [0u8; 512];
-    let mut n = 0;
-    for &value in values {
-        if n + 5 > chunk.len() {
-            buf.put_slice(&chunk[..n]);
-            n = 0;
-        }
-        let mut v = value;
-        while v >= 0x80 {
-            chunk[n] = (v as u8) | 0x80;
-            v >>= 7;
-            n += 1;
-        }
-        chunk[n] = v as u8;
-        n += 1;
-    }
-    buf.put_slice(&chunk[..n]);
-}
-
 #[cfg(test)]
 mod tests {
     use prost::Message;
@@ -269,16 +221,6 @@ mod tests {
             assert_eq!(GenerateRequest::decode(bytes.as_slice()).unwrap(), ours);
             assert_eq!(Derived::decode(bytes.as_slice()).unwrap(), derived);
         }
-    }
-
-    #[test]
-    fn varint_lengths_are_prosts() {
-        for shift in 0..32 {
-            for v in [1u32 << shift, (1u32 << shift) - 1, (1u32 << shift) + 1] {
-                assert_eq!(varint_len(v), encoded_len_varint(u64::from(v)), "{v}");
-            }
-        }
-        assert_eq!(varint_len(u32::MAX), 5);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod error_code;
 pub mod fault;
 mod generate_request;
 mod stored_block;
+mod token_ids;
 
 /// Generated protocol types, package `switchyard.v1`.
 #[allow(

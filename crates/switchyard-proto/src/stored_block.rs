@@ -3,16 +3,17 @@
 //!
 //! prost's generated decoder pushes a packed field's values one at a time into an empty vector,
 //! which grows 0 → 4 → 8 → 16 for a 16-token block: three allocations per block, 48 for each
-//! 16-block `Stored` event a gateway ingests (`benches/ingest.rs`). Here the packed values are
-//! counted first (one varint ends at each byte below 0x80) and the vector reserved once. The
+//! 16-block `Stored` event a gateway ingests (`benches/ingest.rs`). Here (`token_ids.rs`) the
+//! packed values are counted first (one varint ends at each byte below 0x80) and the vector
+//! reserved once. The
 //! wire form is the proto's exactly: the same fields, encoded as prost encodes them, and an
 //! unpacked or split field decoded by prost's own code.
 
 use prost::DecodeError;
 use prost::bytes::{Buf, BufMut};
-use prost::encoding::{DecodeContext, WireType, decode_varint, skip_field, uint32, uint64};
+use prost::encoding::{DecodeContext, WireType, skip_field, uint64};
 
-use crate::generate_request::{encode_packed_u32, encoded_len_packed_u32};
+use crate::token_ids::{encode_packed_u32, encoded_len_packed_u32, merge_token_ids};
 
 /// One newly cached full block: its chained hash and its tokens.
 #[derive(Clone, PartialEq, Eq, Hash, Default, Debug)]
@@ -56,57 +57,6 @@ impl prost::Message for StoredBlock {
         self.hash = 0;
         self.token_ids.clear();
     }
-}
-
-/// Appends a `token_ids` field's values to `values`: a packed field lying whole in the buffer's
-/// current chunk (what tonic and a byte slice give) is counted, reserved for and decoded in
-/// place; anything else (unpacked values, a field split across chunks, a malformed length) goes
-/// to prost's own decoder, which also gives the errors.
-pub(crate) fn merge_token_ids(
-    wire_type: WireType,
-    values: &mut Vec<u32>,
-    buf: &mut impl Buf,
-    ctx: DecodeContext,
-) -> Result<(), DecodeError> {
-    if wire_type == WireType::LengthDelimited {
-        let chunk = buf.chunk();
-        let mut rest = chunk;
-        if let Ok(len) = decode_varint(&mut rest) {
-            let header = chunk.len() - rest.len();
-            if let Some(packed) = usize::try_from(len).ok().and_then(|l| rest.get(..l)) {
-                let consumed = header + packed.len();
-                values.reserve(packed.iter().filter(|&&b| b < 0x80).count());
-                decode_packed(packed, values)?;
-                buf.advance(consumed);
-                return Ok(());
-            }
-        }
-    }
-    uint32::merge_repeated(wire_type, values, buf, ctx)
-}
-
-/// Decodes packed varints: those of up to four bytes (token ids below 2^28) inline, longer or
-/// cut ones by prost, as prost reads a uint32 (a varint of up to 64 bits, truncated).
-fn decode_packed(mut packed: &[u8], values: &mut Vec<u32>) -> Result<(), DecodeError> {
-    while !packed.is_empty() {
-        let mut value = 0u32;
-        let mut len = None;
-        for (k, &b) in packed.iter().take(4).enumerate() {
-            value |= u32::from(b & 0x7f) << (7 * k);
-            if b < 0x80 {
-                len = Some(k + 1);
-                break;
-            }
-        }
-        match len {
-            Some(len) => {
-                values.push(value);
-                packed = &packed[len..];
-            }
-            None => values.push(decode_varint(&mut packed)? as u32),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
