@@ -6,6 +6,8 @@
 //! parts joined with newlines, tool-call arguments given as a JSON string parsed into an
 //! object), so the prompt matches what a Python engine would build from the same request.
 
+use std::borrow::Cow;
+
 use minijinja::value::{Serde, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
@@ -256,32 +258,22 @@ impl ChatTemplate {
             .messages
             .iter()
             .enumerate()
-            .map(|(index, message)| normalize_message(index, message))
+            .map(|(index, message)| TemplateMessage::new(index, message))
             .collect::<Result<Vec<_>, _>>()?;
-        let tools = request.tools.as_ref().filter(|tools| !tools.is_empty());
+        let tools = request.tools.as_deref().filter(|tools| !tools.is_empty());
         let name = if tools.is_some() && self.has_tool_use {
             TOOL_USE_NAME
         } else {
             DEFAULT_NAME
         };
-        let mut context = request.template_kwargs.clone();
-        context.insert("messages".into(), Json::Array(messages));
-        context.insert(
-            "tools".into(),
-            tools.map_or(Json::Null, |t| Json::Array(t.clone())),
-        );
-        context.insert(
-            "add_generation_prompt".into(),
-            Json::Bool(request.add_generation_prompt),
-        );
-        context.insert(
-            "bos_token".into(),
-            self.bos_token.clone().map_or(Json::Null, Json::String),
-        );
-        context.insert(
-            "eos_token".into(),
-            self.eos_token.clone().map_or(Json::Null, Json::String),
-        );
+        let context = TemplateContext {
+            kwargs: &request.template_kwargs,
+            messages: &messages,
+            tools,
+            add_generation_prompt: request.add_generation_prompt,
+            bos_token: self.bos_token.as_deref(),
+            eos_token: self.eos_token.as_deref(),
+        };
         let render = |source: Error| match source.kind() {
             ErrorKind::OutOfFuel => TokenizeError::TemplateBudget {
                 fuel,
@@ -347,53 +339,143 @@ fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
 }
 
-/// The message as the template sees it: content flattened to a string, absent fields left
-/// out (so `is defined` works as in Python), tool-call arguments parsed from JSON text.
-fn normalize_message(index: usize, message: &ChatMessage) -> Result<Json, TokenizeError> {
-    let content = match &message.content {
-        None => String::new(),
-        Some(MessageContent::Text(text)) => text.clone(),
-        Some(MessageContent::Parts(parts)) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for part in parts {
-                if part.kind != "text" {
-                    return Err(TokenizeError::UnsupportedContentPart {
-                        index,
-                        kind: part.kind.clone(),
-                    });
-                }
-                let text = part
-                    .text
-                    .as_deref()
-                    .ok_or(TokenizeError::MissingPartText { index })?;
-                texts.push(text);
-            }
-            texts.join("\n")
+/// The variables a template is rendered with: the request's `chat_template_kwargs`, then
+/// `messages`, `tools`, `add_generation_prompt`, `bos_token` and `eos_token` (a kwarg of one
+/// of those names keeps its place and takes our value). Serialized straight into the
+/// template's values from the request's own text: the messages' text is copied once, into
+/// the template's strings, not first into JSON values.
+struct TemplateContext<'a> {
+    kwargs: &'a Map<String, Json>,
+    messages: &'a [TemplateMessage<'a>],
+    tools: Option<&'a [Json]>,
+    add_generation_prompt: bool,
+    bos_token: Option<&'a str>,
+    eos_token: Option<&'a str>,
+}
+
+const CONTEXT_KEYS: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+impl TemplateContext<'_> {
+    fn entry<S: serde::ser::SerializeMap>(&self, key: &str, map: &mut S) -> Result<(), S::Error> {
+        match key {
+            "messages" => map.serialize_entry(key, self.messages),
+            "tools" => map.serialize_entry(key, &self.tools),
+            "add_generation_prompt" => map.serialize_entry(key, &self.add_generation_prompt),
+            "bos_token" => map.serialize_entry(key, &self.bos_token),
+            _ => map.serialize_entry(key, &self.eos_token),
         }
-    };
-    let mut out = Map::new();
-    out.insert("role".into(), Json::String(message.role.clone()));
-    out.insert("content".into(), Json::String(content));
-    if let Some(name) = &message.name {
-        out.insert("name".into(), Json::String(name.clone()));
     }
-    if let Some(calls) = &message.tool_calls {
-        out.insert(
-            "tool_calls".into(),
-            Json::Array(calls.iter().map(parse_arguments).collect()),
-        );
+}
+
+impl Serialize for TemplateContext<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let ours_taken = CONTEXT_KEYS
+            .iter()
+            .filter(|key| self.kwargs.contains_key(**key))
+            .count();
+        let mut map =
+            serializer.serialize_map(Some(self.kwargs.len() + CONTEXT_KEYS.len() - ours_taken))?;
+        for (key, value) in self.kwargs {
+            if CONTEXT_KEYS.contains(&key.as_str()) {
+                self.entry(key, &mut map)?;
+            } else {
+                map.serialize_entry(key, value)?;
+            }
+        }
+        for key in CONTEXT_KEYS {
+            if !self.kwargs.contains_key(key) {
+                self.entry(key, &mut map)?;
+            }
+        }
+        map.end()
     }
-    if let Some(id) = &message.tool_call_id {
-        out.insert("tool_call_id".into(), Json::String(id.clone()));
+}
+
+/// The message as the template sees it: content flattened to a string, absent fields left
+/// out (so `is defined` works as in Python), tool-call arguments parsed from JSON text. Its
+/// keys in this order: `role`, `content`, `name`, `tool_calls`, `tool_call_id`,
+/// `reasoning_content`.
+struct TemplateMessage<'a> {
+    role: &'a str,
+    content: Cow<'a, str>,
+    name: Option<&'a str>,
+    tool_calls: Option<Vec<Json>>,
+    tool_call_id: Option<&'a str>,
+    reasoning_content: Option<&'a str>,
+}
+
+impl<'a> TemplateMessage<'a> {
+    fn new(index: usize, message: &'a ChatMessage) -> Result<Self, TokenizeError> {
+        let content = match &message.content {
+            None => Cow::Borrowed(""),
+            Some(MessageContent::Text(text)) => Cow::Borrowed(text.as_str()),
+            Some(MessageContent::Parts(parts)) => {
+                let mut texts = Vec::with_capacity(parts.len());
+                for part in parts {
+                    if part.kind != "text" {
+                        return Err(TokenizeError::UnsupportedContentPart {
+                            index,
+                            kind: part.kind.clone(),
+                        });
+                    }
+                    let text = part
+                        .text
+                        .as_deref()
+                        .ok_or(TokenizeError::MissingPartText { index })?;
+                    texts.push(text);
+                }
+                Cow::Owned(texts.join("\n"))
+            }
+        };
+        Ok(Self {
+            role: &message.role,
+            content,
+            name: message.name.as_deref(),
+            tool_calls: message
+                .tool_calls
+                .as_ref()
+                .map(|calls| calls.iter().map(parse_arguments).collect()),
+            tool_call_id: message.tool_call_id.as_deref(),
+            reasoning_content: message
+                .reasoning_content
+                .as_deref()
+                .or(message.reasoning.as_deref()),
+        })
     }
-    if let Some(reasoning) = message
-        .reasoning_content
-        .as_ref()
-        .or(message.reasoning.as_ref())
-    {
-        out.insert("reasoning_content".into(), Json::String(reasoning.clone()));
+}
+
+impl Serialize for TemplateMessage<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let len = 2
+            + usize::from(self.name.is_some())
+            + usize::from(self.tool_calls.is_some())
+            + usize::from(self.tool_call_id.is_some())
+            + usize::from(self.reasoning_content.is_some());
+        let mut map = serializer.serialize_map(Some(len))?;
+        map.serialize_entry("role", self.role)?;
+        map.serialize_entry("content", &*self.content)?;
+        if let Some(name) = self.name {
+            map.serialize_entry("name", name)?;
+        }
+        if let Some(calls) = &self.tool_calls {
+            map.serialize_entry("tool_calls", calls)?;
+        }
+        if let Some(id) = self.tool_call_id {
+            map.serialize_entry("tool_call_id", id)?;
+        }
+        if let Some(reasoning) = self.reasoning_content {
+            map.serialize_entry("reasoning_content", reasoning)?;
+        }
+        map.end()
     }
-    Ok(Json::Object(out))
 }
 
 /// OpenAI sends `function.arguments` as JSON text; templates (and vLLM before rendering)

@@ -184,6 +184,49 @@ fn python_string_methods_and_loop_controls() {
     assert_eq!(template.render(&request).unwrap(), "A,B|n|b ;A,C|y|c;");
 }
 
+/// What a template reads: each message's keys in `transformers`' order (absent ones not
+/// defined), text parts joined, tool-call arguments parsed, `reasoning` under its
+/// `reasoning_content` name; kwargs beside the request's own variables, which win over a kwarg
+/// of the same name.
+#[test]
+fn the_template_sees_messages_and_variables_as_transformers_gives_them() {
+    let template = ChatTemplate::new(
+        "{% for m in messages %}{% for k, v in m.items() %}{{ k }}={{ v | tojson }};{% endfor %}\
+         {{ m.tool_call_id is defined }}|{% endfor %}\
+         {{ add_generation_prompt }} {{ enable_thinking }} {{ bos_token }} {{ eos_token }} {{ tools | length }}",
+        Some("<s>".into()),
+        None,
+    )
+    .unwrap();
+    let assistant: ChatMessage = serde_json::from_value(serde_json::json!({
+        "role": "assistant",
+        "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}],
+        "name": "bot",
+        "tool_calls": [{"id": "c1", "type": "function",
+                        "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": [2]}"}}],
+        "reasoning": "think",
+    }))
+    .unwrap();
+    let tool: ChatMessage = serde_json::from_value(serde_json::json!({
+        "role": "tool", "content": "42", "tool_call_id": "c1",
+    }))
+    .unwrap();
+    let mut request = ChatRequest::new(vec![assistant, tool]);
+    request.tools = Some(vec![serde_json::json!({"type": "function"})]);
+    request.template_kwargs = serde_json::from_value(serde_json::json!({
+        "add_generation_prompt": false, "enable_thinking": false,
+    }))
+    .unwrap();
+    assert_eq!(
+        template.render(&request).unwrap(),
+        "role=\"assistant\";content=\"x\\ny\";name=\"bot\";\
+         tool_calls=[{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": [2]}}}];\
+         reasoning_content=\"think\";False|\
+         role=\"tool\";content=\"42\";tool_call_id=\"c1\";True|\
+         True False <s> None 1"
+    );
+}
+
 #[test]
 fn optional_config_files_supply_eos_ids_and_context_length() {
     let dir = model_dir_with(&[
