@@ -1,8 +1,8 @@
 //! Preprocessing glue: which tokenizer serves which model, and running it off the reactor.
 //!
 //! Rendering a chat template and tokenizing a long prompt are CPU work; they run on tokio's
-//! blocking pool so a 100k-token prompt cannot stall every other request on the reactor. Tiny
-//! inputs (a few hundred bytes) are encoded inline: the hop would cost more than the work.
+//! blocking pool so a 100k-token prompt cannot stall every other request on the reactor. Inputs
+//! up to 16 KiB are encoded inline: the hop would cost more than the work.
 //!
 //! Agent sessions resend their whole growing history every turn, so requests are tokenized
 //! through each model's [`SessionTokenizer`]: by session id (`x-session-id`) or, without one, by
@@ -137,10 +137,15 @@ fn tokenize_error(err: TokenizeError) -> ApiError {
     }
 }
 
-/// Inputs up to this many bytes are tokenized on the reactor: a trip to the blocking pool (a
-/// thread wake-up and two context switches) costs more than encoding them, as in
-/// `switchyard_tokenize::Preprocessor`.
-const INLINE_MAX_BYTES: usize = 512;
+/// Inputs up to this many bytes are rendered and tokenized on the reactor. A trip to the
+/// blocking pool (a thread woken, two context switches, the reactor's worker parked and woken
+/// again) cost ≈ 60 µs of CPU per request on a 2-core VM, more than the work it moved for a
+/// ~3k-token prompt whose opening the session cache holds (≈ 40–75 µs inline; CPU per request
+/// 0.32 → 0.25 ms, `docs/BENCHMARKS.md`, "Server CPU per request"). 16 KiB bounds what a reactor
+/// thread is kept from its other tasks: ≈ 0.4 ms for text no cache has seen (≈ 40 MB/s), while
+/// the other worker threads steal its queued tasks. Longer prompts, and every request offering
+/// tools (agent prompts run to hundreds of kilobytes), go to the pool.
+const INLINE_MAX_BYTES: usize = 16 * 1024;
 
 async fn off_reactor<T: Send + 'static>(
     metrics: &Metrics,
@@ -332,6 +337,25 @@ mod tests {
     use switchyard_tokenize::SessionConfig;
 
     use super::Tokenizers;
+
+    /// Work on inputs up to `INLINE_MAX_BYTES` runs on the calling task's thread; longer goes
+    /// to the blocking pool (another thread).
+    #[tokio::test(flavor = "current_thread")]
+    async fn short_inputs_stay_on_the_reactor_and_long_ones_leave_it() {
+        let metrics = crate::observe::metrics::Metrics::new();
+        let here = std::thread::current().id();
+        for (size, inline) in [
+            (0, true),
+            (super::INLINE_MAX_BYTES, true),
+            (super::INLINE_MAX_BYTES + 1, false),
+            (usize::MAX, false),
+        ] {
+            let ran_on = super::off_reactor(&metrics, size, || Ok(std::thread::current().id()))
+                .await
+                .unwrap();
+            assert_eq!(ran_on == here, inline, "{size} bytes");
+        }
+    }
 
     /// The roles the docs list are taken (`developer` as `system`); any other is a 400 naming
     /// the message.
