@@ -157,14 +157,15 @@ impl PrefixIndex {
     /// different prompts spliced together) may be answered as if the worker held the prompt the
     /// later hashes belong to.
     pub fn overlap(&self, blocks: &[BlockHash]) -> OverlapScores {
-        let mut scores = self.overlap_unordered(blocks);
+        let mut scores = self.overlap_deepest_first(blocks);
         scores.sort_unstable_by_key(|(k, _)| *k);
         OverlapScores { scores }
     }
 
-    /// [`PrefixIndex::overlap`]'s workers with a non-zero overlap, in no particular order (for
-    /// a caller that reads each once: no sort).
-    pub fn overlap_unordered(&self, blocks: &[BlockHash]) -> Vec<(WorkerKey, TierOverlap)> {
+    /// [`PrefixIndex::overlap`]'s workers with a non-zero overlap, by `any_tier`, largest first
+    /// (the order the query settles them in: no sort), for a caller that reads each once and
+    /// the deepest first (a decision that can stop once the rest are too shallow to compete).
+    pub fn overlap_deepest_first(&self, blocks: &[BlockHash]) -> Vec<(WorkerKey, TierOverlap)> {
         let store = &self.runs;
         let Some(first) = blocks.first().and_then(|b| store.heads.get(b)) else {
             return Vec::new();
@@ -245,26 +246,13 @@ impl PrefixIndex {
                 (None, Some(&Reverse((b, _)))) => b,
                 (Some(&(a, _)), Some(&Reverse((b, _)))) => a.min(b),
             };
-            here.clear();
-            while let Some(&(p, set)) = staged.get(next) {
-                if p != pos {
-                    break;
-                }
-                next += 1;
-                here.push(set);
-            }
-            while let Some(&Reverse((p, set))) = open.peek() {
-                if p != pos {
-                    break;
-                }
-                open.pop();
-                here.push(set);
-            }
             let Some(refs) = store.heads.get(&blocks[pos as usize]) else {
                 // No run starts here: every set stopped here is settled.
-                done.extend(here.iter().map(|&set| (set, pos)));
+                stopped_at(pos, staged, &mut next, open, |set| done.push((set, pos)));
                 continue;
             };
+            here.clear();
+            stopped_at(pos, staged, &mut next, open, |set| here.push(set));
             // A few sets are searched in turn; many sorted first and bisected.
             let few = here.len() <= 32;
             if !few {
@@ -292,10 +280,13 @@ impl PrefixIndex {
                     .map(|(&set, _)| (set, pos)),
             );
         }
-        let mut scores: Vec<(WorkerKey, TierOverlap)> = done
-            .iter()
-            .map(|&(set, n)| (WorkerKey(set_slot(set)), levels(set_bit(set), n)))
-            .collect();
+        // Sets are settled at each position in turn, nearest first, except those holding the
+        // whole prompt, settled whenever their match reaches its end: those first, then the
+        // others from the last settled.
+        let score = |&(set, n): &(u32, u32)| (WorkerKey(set_slot(set)), levels(set_bit(set), n));
+        let mut scores: Vec<(WorkerKey, TierOverlap)> = Vec::with_capacity(done.len());
+        scores.extend(done.iter().filter(|&&(_, n)| n == len).map(score));
+        scores.extend(done.iter().rev().filter(|&&(_, n)| n != len).map(score));
         if !walked.is_empty() {
             self.walk(blocks, &mut walked);
             scores.extend(walked.iter().map(|w| {
@@ -310,6 +301,7 @@ impl PrefixIndex {
                     },
                 )
             }));
+            scores.sort_by_key(|(_, o)| Reverse(o.any_tier));
         }
         scores
     }
@@ -346,6 +338,30 @@ impl PrefixIndex {
     }
 }
 
+/// Takes off every set stopped at `pos`: the next of `staged` (from `next` on) and of `open`.
+fn stopped_at(
+    pos: u32,
+    staged: &[(u32, u32)],
+    next: &mut usize,
+    open: &mut BinaryHeap<Reverse<(u32, u32)>>,
+    mut take: impl FnMut(u32),
+) {
+    while let Some(&(p, set)) = staged.get(*next) {
+        if p != pos {
+            break;
+        }
+        *next += 1;
+        take(set);
+    }
+    while let Some(&Reverse((p, set))) = open.peek() {
+        if p != pos {
+            break;
+        }
+        open.pop();
+        take(set);
+    }
+}
+
 /// `staged` (position, set) pairs ordered by position: counted into `sorted` when there are
 /// many of them for the positions they can take (a counting sort, linear), sorted in place
 /// otherwise. Positions are below `len`.
@@ -359,23 +375,38 @@ fn by_position<'a>(
         staged.sort_unstable();
         return staged;
     }
+    // Pairs next to each other are counted in different tallies: many sets stopping at one
+    // position (a family's members, listed as they joined) would otherwise each wait for the
+    // previous one's count to be stored.
+    let stride = len as usize;
     counts.clear();
-    counts.resize(len as usize + 1, 0);
-    for &(pos, _) in staged.iter() {
-        counts[pos as usize + 1] += 1;
+    counts.resize(TALLIES * stride, 0);
+    for (i, &(pos, _)) in staged.iter().enumerate() {
+        counts[i % TALLIES * stride + pos as usize] += 1;
     }
-    for i in 1..counts.len() {
-        counts[i] += counts[i - 1];
+    // Each tally's count at a position becomes where its pairs go: after every pair of the
+    // positions before, and of the tallies before at this position.
+    let mut start = 0;
+    for pos in 0..stride {
+        for tally in 0..TALLIES {
+            let count = &mut counts[tally * stride + pos];
+            let n = *count;
+            *count = start;
+            start += n;
+        }
     }
     sorted.clear();
     sorted.resize(staged.len(), (0, 0));
-    for &(pos, set) in staged.iter() {
-        let at = &mut counts[pos as usize];
+    for (i, &(pos, set)) in staged.iter().enumerate() {
+        let at = &mut counts[i % TALLIES * stride + pos as usize];
         sorted[*at as usize] = (pos, set);
         *at += 1;
     }
     sorted
 }
+
+/// Tallies [`by_position`] counts in turn.
+const TALLIES: usize = 4;
 
 /// Matches each run of `batch` (starting at its prompt position) and either settles its set or
 /// leaves it open at the position where the match stopped.

@@ -32,7 +32,11 @@
 //! blocks (it keeps an upper bound of its members' `shared`), a run cut down to `shared` blocks
 //! or fewer (`shrinking`: a leader then hands the family to the member sharing most, whose
 //! figures for the others follow from those for the old leader, see `relead`). Each run's
-//! `RunMeta` mirrors its `shared`, so most changes decide without the map. A family keeping
+//! `RunMeta` mirrors its `shared`, so most changes decide without the map. A member that grows
+//! to hold all the leader's blocks and more takes the lead (as does, at each hand-over, the
+//! member reaching furthest past a new leader): workers holding one prompt's prefix to many
+//! lengths are then all settled from the longest one's match, none read past a short leader
+//! (a leader cut short keeps the lead until the family next changes hands). A family keeping
 //! figures goes on keeping them when it shrinks below [`KEEP_FIGURES`] runs again (a family
 //! whose size hovers at the threshold does not read every member's run at each crossing).
 //!
@@ -336,6 +340,17 @@ impl HeadRef {
 /// hashes).
 fn common(a: &[BlockHash], b: &[BlockHash]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The member of a family keeping figures that holds all its leader's blocks and reaches
+/// furthest past them, if any: it should lead, so that a query matching the leader to its end
+/// settles the others from their figures instead of reading their runs on (`overlap.rs`).
+fn furthest_past_leader(list: &[HeadRef], runs: &[Run]) -> Option<usize> {
+    let len = |r: &HeadRef| runs[r.run as usize].blocks.len();
+    let covers = len(&list[0]) as u32;
+    (1..list.len())
+        .filter(|&i| list[i].shared == covers && list[i].forks)
+        .max_by_key(|&i| len(&list[i]))
 }
 
 impl Run {
@@ -676,6 +691,7 @@ impl RunStore {
         }
         list[0].kept = true;
         self.meta[list[0].run as usize].shared = reach;
+        self.settle_lead(head);
     }
 
     /// Takes run `id` (its blocks still there) out of the family of `head`; a leader leaving
@@ -715,6 +731,7 @@ impl RunStore {
         let meta = &mut self.meta[id as usize];
         meta.leads = false;
         meta.shared = 0;
+        self.settle_lead(head);
     }
 
     /// Makes member `next` of the family of `head` its leader, the leader a member, and
@@ -764,6 +781,19 @@ impl RunStore {
         meta.shared = reach;
     }
 
+    /// Hands the family of `head` to the member holding all its leader's blocks and reaching
+    /// furthest past them, as long as there is one (each hand-over lengthens the leader, so
+    /// this ends). Not while a run whose blocks are about to go is in the family: it could
+    /// take the lead back.
+    fn settle_lead(&mut self, head: BlockHash) {
+        while let Some(i) = (self.heads.get(&head))
+            .filter(|refs| refs.as_slice()[0].kept)
+            .and_then(|refs| furthest_past_leader(refs.as_slice(), &self.runs))
+        {
+            self.relead(head, i);
+        }
+    }
+
     /// Keeps the family figures right after blocks were appended to run `id` from offset `n0`
     /// on: a member that had no block after those it shares with the leader may share more
     /// now, or fork; a leader's members sharing all its `n0` blocks may share more.
@@ -776,7 +806,8 @@ impl RunStore {
         }
         let runs = &self.runs;
         let blocks = &runs[id as usize].blocks;
-        let Some(refs) = self.heads.get_mut(&blocks[0]) else {
+        let head = blocks[0];
+        let Some(refs) = self.heads.get_mut(&head) else {
             return;
         };
         let list = refs.as_mut_slice();
@@ -796,14 +827,20 @@ impl RunStore {
             meta.shared = meta.shared.max(reach);
         } else {
             let lead = &runs[list[0].run as usize].blocks;
+            let covers = lead.len();
             let n = n0 + common(&blocks[n0..], lead.get(n0..).unwrap_or(&[]));
-            let Some(r) = list.iter_mut().find(|r| r.run == id) else {
+            let Some(i) = list.iter().position(|r| r.run == id) else {
                 return;
             };
-            r.part(blocks, n);
+            list[i].part(blocks, n);
             self.meta[id as usize].shared = n as u32;
             let lead = &mut self.meta[list[0].run as usize];
             lead.shared = lead.shared.max(n as u32);
+            if n == covers && n < blocks.len() {
+                // It holds all the leader's blocks and more: it leads.
+                self.relead(head, i);
+                self.settle_lead(head);
+            }
         }
     }
 

@@ -924,8 +924,8 @@ fn stats_count_each_block_once_however_many_workers_and_tiers_hold_it() {
 
 /// Many workers holding one prompt's prefix to different lengths, some carried on by a run
 /// starting where their prefix stops, some with a gap there: every count exact, whether the
-/// stops are counted into order (many workers) or sorted (a few), and the unordered answer is
-/// the ordered one.
+/// stops are counted into order (many workers) or sorted (a few), and the deepest-first answer
+/// is the ordered one, deepest first.
 #[test]
 fn many_holders_stopping_at_many_places_are_each_counted() {
     for workers in [300usize, 20] {
@@ -965,8 +965,86 @@ fn many_holders_stopping_at_many_places_are_each_counted() {
         for (name, reach) in &expected {
             assert_eq!(device(&idx, name, &h), *reach, "{name} of {workers}");
         }
-        let mut unordered = idx.overlap_unordered(&h);
-        unordered.sort_unstable_by_key(|(k, _)| *k);
-        assert_eq!(unordered, scores.iter().collect::<Vec<_>>());
+        let mut deepest_first = idx.overlap_deepest_first(&h);
+        assert!(
+            (deepest_first.windows(2)).all(|p| p[0].1.any_tier >= p[1].1.any_tier),
+            "deepest first"
+        );
+        deepest_first.sort_unstable_by_key(|(k, _)| *k);
+        assert_eq!(deepest_first, scores.iter().collect::<Vec<_>>());
+    }
+}
+
+/// The length of the run leading the family at `head`.
+fn leader(idx: &PrefixIndex, head: BlockHash) -> usize {
+    let list = idx.runs.heads.get(&head).expect("a family").as_slice();
+    idx.runs.runs[list[0].run as usize].blocks.len()
+}
+
+/// Workers holding one chain's prefix to many lengths, joining in any order and growing: once
+/// the family keeps figures, the longest leads (a query matching it settles every other from
+/// its figures); when the leader goes, the member reaching furthest takes over.
+#[test]
+fn the_member_reaching_furthest_leads() {
+    let h = hashes(1, 16);
+    let mut idx = index();
+    let lengths = [3usize, 1, 7, 2, 5, 4, 6, 9, 8, 12, 10];
+    for (i, &n) in lengths.iter().enumerate() {
+        idx.apply(
+            &w(&format!("w{i}")),
+            1,
+            0,
+            &stored(1, 0, n, StorageTier::Device),
+        )
+        .unwrap();
+        idx.runs.check_families();
+        if i + 1 >= runs::KEEP_FIGURES {
+            assert_eq!(
+                leader(&idx, h[0]),
+                lengths[..=i].iter().copied().max().unwrap()
+            );
+        }
+    }
+    // A member grows past the leader, then the leader goes.
+    idx.apply(&w("w1"), 1, 1, &stored(1, 1, 14, StorageTier::Device))
+        .unwrap();
+    assert_eq!(leader(&idx, h[0]), 14);
+    assert!(idx.remove_worker(&w("w1")));
+    idx.runs.check_families();
+    assert_eq!(leader(&idx, h[0]), 12);
+    for (i, &n) in lengths.iter().enumerate().filter(|&(i, _)| i != 1) {
+        assert_eq!(device(&idx, &format!("w{i}"), &h) as usize, n);
+    }
+}
+
+/// A leader that goes hands the family to a member sharing most with it; a member sharing as
+/// much and holding all the new leader's blocks and more then leads in turn, in either order of
+/// the two in the family.
+#[test]
+fn a_hand_over_ends_with_the_member_reaching_furthest() {
+    for a_first in [false, true] {
+        let x = block_hashes(&chain_tokens(0, 16), bs());
+        let mut idx = index();
+        let store = |idx: &mut PrefixIndex, name: &str, chain: u32, n: usize| {
+            let ev = stored_tokens(&chain_tokens(chain, n), 0, StorageTier::Device);
+            idx.apply(&w(name), 1, 0, &ev).unwrap();
+        };
+        store(&mut idx, "lead", 0, 10);
+        // N and A part from the leader after 6 blocks, the same way; A goes further.
+        let (first, second) = if a_first {
+            (("a", 12), ("n", 9))
+        } else {
+            (("n", 9), ("a", 12))
+        };
+        store(&mut idx, first.0, 1, first.1);
+        store(&mut idx, second.0, 1, second.1);
+        for k in 1..=6 {
+            store(&mut idx, &format!("f{k}"), 0, k);
+        }
+        idx.runs.check_families();
+        assert_eq!(leader(&idx, x[0]), 10);
+        assert!(idx.remove_worker(&w("lead")));
+        idx.runs.check_families();
+        assert_eq!(leader(&idx, x[0]), 12, "a first: {a_first}");
     }
 }

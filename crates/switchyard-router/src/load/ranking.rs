@@ -162,6 +162,12 @@ impl Ranking {
         self.hashes.is_empty()
     }
 
+    /// Whether every worker of the roster is in a bucket (none has left since the roster was
+    /// set).
+    pub fn all_ranked(&self) -> bool {
+        self.position.len() == self.hashes.len()
+    }
+
     /// Whether some worker of the roster may be priced a peer copy.
     pub fn prices_peer_copies(&self) -> bool {
         self.prices_peer_copies

@@ -6,7 +6,11 @@
 //! keeps the roster per prefill rate in buckets of equal load ordered by `key`. So the
 //! [`EXPLAINED`] best under the choice rule are found among:
 //!
-//! - the *holders* (the index's overlap and the pending prefixes), each priced in full;
+//! - the *holders* (the index's overlap and the pending prefixes), each priced in full, the
+//!   index's deepest first, until the least cost a holder as deep as the next can have (its
+//!   uncached prompt plus the lowest load of a rate group, over that rate) is above the worst
+//!   of the best kept: those left cost more, whether priced as holders or, in the buckets, as
+//!   workers holding none (a bound below that cost too), so they are neither priced nor read;
 //! - per rate group, the buckets of the other workers in `key` order, each bucket priced once
 //!   (its workers cost the same to the bit: [`cost::figures_of`] reads nothing else of them),
 //!   its workers compared by the rendezvous hash when they tie, until the lowest cost the next
@@ -18,10 +22,11 @@
 //! lowers it by a millionth of a millionth, far more than the rounding of the few operations
 //! between it and the cost the scorer computes (a few units in the last place).
 //!
-//! A decision's work is then the holders, the buckets read, and the workers of the buckets
-//! read: with loads that differ, a few buckets of one worker each; when many idle workers tie
-//! (one bucket of equal load), every one of them is hashed (a multiply-and-shift over a list of
-//! positions, with no id read), as the rendezvous rule must see them all to pick among them.
+//! A decision's work is then the index's overlap walk, the holders down to the cut, the
+//! buckets read, and the workers of the buckets read: with loads that differ, a few buckets of
+//! one worker each; when many idle workers tie (one bucket of equal load), every one of them is
+//! hashed (a multiply-and-shift over a list of positions, with no id read), as the rendezvous
+//! rule must see them all to pick among them.
 
 use std::cmp::Ordering;
 
@@ -151,7 +156,7 @@ pub(crate) fn best_scores(
     // Holders come grouped by where they stop in the prompt, and most of a group have the same
     // load and tier rates: those priced alike are priced once (the same inputs, to the bit).
     let mut last: Option<(TierOverlap, &WorkerLoad, Option<KvTierCosts>, f64)> = None;
-    for &(pos, overlap, pending) in &holders {
+    let mut price = |top: &mut Top, pos: u32, overlap: TierOverlap, pending: u32| {
         holding[pos as usize / 64] |= 1 << (pos % 64);
         let l = ranking.load(pos);
         let c = &candidates[pos as usize];
@@ -165,7 +170,7 @@ pub(crate) fn best_scores(
             }
         };
         if top.cut().is_some_and(|cut| cost > cut) {
-            continue;
+            return;
         }
         top.offer(Pick {
             cost,
@@ -175,6 +180,36 @@ pub(crate) fn best_scores(
             overlap,
             pending,
         });
+    };
+    for &(pos, overlap, pending) in &holders.pending {
+        price(&mut top, pos, overlap, pending);
+    }
+    // Deepest first: once the least cost a holder this deep can have is above the worst kept,
+    // so is every holder after it, and none is read (see the module docs).
+    // Made once the best kept are full (a decision among a few holders never needs it).
+    let mut floor: Option<Option<Floor>> = None;
+    let mut floor_at: Option<(u32, f64)> = None;
+    for &(worker, overlap) in &holders.indexed {
+        if let Some(cut) = top.cut()
+            && let Some(floor) =
+                floor.get_or_insert_with(|| Floor::new(request, ranking, cfg.prefill_weight))
+        {
+            let least = match floor_at {
+                Some((depth, least)) if depth == overlap.any_tier => least,
+                _ => {
+                    let least = floor.least(overlap.any_tier);
+                    floor_at = Some((overlap.any_tier, least));
+                    least
+                }
+            };
+            if least > cut {
+                break;
+            }
+        }
+        let Some(pos) = position_of(index, ranking, worker) else {
+            continue;
+        };
+        price(&mut top, pos, overlap, 0);
     }
     let prompt = cfg.prefill_weight * request.prompt_tokens as f64;
     for group in ranking.groups() {
@@ -237,45 +272,103 @@ pub(crate) fn best_scores(
     )
 }
 
-/// The roster's workers holding some of the prompt, by position: their index overlap with the
-/// pending blocks counted (`cost::with_pending`), and the pending blocks.
+/// The roster's workers holding some of the prompt.
+struct Holders {
+    /// The index's holders holding no pending blocks, by index key, with their overlap, deepest
+    /// (`any_tier`) first ([`PrefixIndex::overlap_deepest_first`]).
+    indexed: Vec<(WorkerKey, TierOverlap)>,
+    /// The workers with pending blocks, by position, with their overlap, the pending blocks
+    /// counted (`cost::with_pending`), and the pending blocks.
+    pending: Vec<(u32, TierOverlap, u32)>,
+}
+
 fn holders(
     request: &RouteRequest,
     index: &PrefixIndex,
     load: &LoadView,
     ranking: &Ranking,
     cfg: &KvConfig,
-) -> Vec<(u32, TierOverlap, u32)> {
+) -> Holders {
     let pending = load.pending_leading(
         &request.block_hashes,
         request.block_size.get(),
         cfg.prefill_step_tokens,
     );
-    let mut pending_at: FxHashMap<u32, u32> = pending
-        .iter()
-        .filter_map(|(w, n)| Some((ranking.position(w)?, *n)))
-        .collect();
-    let scores = index.overlap_unordered(&request.block_hashes);
-    let mut out = Vec::with_capacity(scores.len() + pending_at.len());
-    for (k, overlap) in scores {
-        let Some(pos) = position_of(index, ranking, k) else {
-            continue;
-        };
-        let pending = if pending_at.is_empty() {
-            0
-        } else {
-            pending_at.remove(&pos).unwrap_or(0)
-        };
-        out.push((pos, cost::with_pending(overlap, pending), pending));
+    let mut indexed = index.overlap_deepest_first(&request.block_hashes);
+    let mut with_pending = Vec::with_capacity(pending.len());
+    if !pending.is_empty() {
+        let mut pending_of: FxHashMap<WorkerKey, (u32, u32)> = FxHashMap::default();
+        for (w, n) in &pending {
+            let Some(pos) = ranking.position(w) else {
+                continue;
+            };
+            match index.worker_key(w) {
+                Some(k) => {
+                    pending_of.insert(k, (pos, *n));
+                }
+                None => {
+                    with_pending.push((pos, cost::with_pending(TierOverlap::default(), *n), *n))
+                }
+            }
+        }
+        indexed.retain(|&(k, overlap)| match pending_of.remove(&k) {
+            Some((pos, n)) => {
+                with_pending.push((pos, cost::with_pending(overlap, n), n));
+                false
+            }
+            None => true,
+        });
+        with_pending.extend(
+            (pending_of.into_values())
+                .map(|(pos, n)| (pos, cost::with_pending(TierOverlap::default(), n), n)),
+        );
     }
-    for (pos, pending) in pending_at {
-        out.push((
-            pos,
-            cost::with_pending(TierOverlap::default(), pending),
-            pending,
-        ));
+    Holders {
+        indexed,
+        pending: with_pending,
     }
-    out
+}
+
+/// The least cost a worker of the roster holding `any_tier` leading blocks of the prompt can
+/// have: its prompt past them, plus the lowest `key` of a prefill rate's workers, over that
+/// rate (`load::ranking`), the least over the rates, lowered by [`BOUND_MARGIN`]. The memory
+/// term and the onboarding only add to a cost, so no worker holding as much costs less. `None`
+/// when some worker of the roster is in no bucket (it left: its load is not the ranking's).
+struct Floor {
+    prompt_tokens: u64,
+    block_size: u64,
+    prefill_weight: f64,
+    /// Per rate group: its least `key` and its rate.
+    groups: Vec<(f64, f64)>,
+}
+
+impl Floor {
+    fn new(request: &RouteRequest, ranking: &Ranking, prefill_weight: f64) -> Option<Self> {
+        if !ranking.all_ranked() {
+            return None;
+        }
+        let groups = (ranking.groups().iter())
+            .filter_map(|g| {
+                let (least, _) = g.buckets().next()?;
+                Some((least.weighted_tokens(), g.prefill_tokens_per_s as f64))
+            })
+            .collect();
+        Some(Floor {
+            prompt_tokens: request.prompt_tokens,
+            block_size: u64::from(request.block_size.get()),
+            prefill_weight,
+            groups,
+        })
+    }
+
+    fn least(&self, any_tier: u32) -> f64 {
+        let uncached = (self.prompt_tokens).saturating_sub(u64::from(any_tier) * self.block_size);
+        let prompt = self.prefill_weight * uncached as f64;
+        let least = (self.groups.iter())
+            .map(|&(key, rate)| (prompt + key) / rate)
+            .fold(f64::INFINITY, f64::min);
+        least * (1.0 - BOUND_MARGIN)
+    }
 }
 
 /// The roster position of the index's worker `key`, if in the roster: kept on the index's slot

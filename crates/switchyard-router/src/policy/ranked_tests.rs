@@ -240,3 +240,79 @@ fn a_kept_position_follows_roster_and_slot_changes() {
     rank(&mut f, 1.0, 0.1);
     check(&f);
 }
+
+/// Half the fleet holds the prompt's prefix to every length (a shared system prompt), idle but
+/// for a few loaded workers, one holder carried deeper by a pending prefix: the decision is the
+/// full scan's, and the holders too shallow to enter the best kept are never read (a holder read
+/// has its roster position kept on its index slot).
+#[test]
+fn holders_too_shallow_for_the_best_are_not_read() {
+    let mut f = fleet(3, 160);
+    // One prefill rate, so that the cut is plain to see.
+    for c in &mut f.candidates {
+        c.kv_tiers = None;
+    }
+    rank(&mut f, 1.0, 0.1);
+    let hashes = f.request.block_hashes.clone();
+    let mut index = PrefixIndex::new(IndexConfig::new(bs()));
+    let depth = |i: usize| 1 + i * (hashes.len() - 1) / 79;
+    for i in 0..80 {
+        let chain: Vec<_> =
+            SnapshotBlock::chain(&hashes[..depth(i)], StorageTier::Device).collect();
+        index
+            .apply_snapshot(&f.candidates[i].worker, 1, 0, &chain)
+            .unwrap();
+    }
+    f.index = index;
+    let mut load = LoadView::new(LoadConfig::default());
+    load.set_roster(
+        RankWeights {
+            prefill_weight: 1.0,
+            decode_weight: 0.1,
+            block_size: bs().get(),
+        },
+        f.candidates.iter().map(|c| roster_worker(c, bs().get())),
+    );
+    // The deepest holder is busy; a shallow one (w2) has the whole prompt pending.
+    let busy = LoadStats {
+        queued_prefill_tokens: 4096,
+        ..LoadStats::default()
+    };
+    load.report(&f.candidates[79].worker, busy, 0);
+    let tokens = f.request.prompt_tokens;
+    load.add_pending(
+        Incoming {
+            request: 1,
+            worker: &f.candidates[2].worker,
+            blocks: &hashes,
+            prompt_tokens: tokens,
+            prefill_tokens: 0,
+        },
+        2,
+    );
+    load.on_routed(&f.candidates[2].worker, 1, 0, 1, 2);
+    load.on_prefill_done(&f.candidates[2].worker, 1);
+    f.load = load;
+    let ranked =
+        ranked::best_scores(&f.request, &f.candidates, &f.index, &f.load, &f.cfg).expect("ranked");
+    assert_eq!(ranked, shortlisted(&f));
+    let explained = |i: usize| ranked.iter().any(|s| s.worker == f.candidates[i].worker);
+    assert!(explained(2), "the pending prefix counts");
+    let read = |i: usize| {
+        let key = f.index.worker_key(&f.candidates[i].worker).unwrap();
+        f.index.slot_tag(key) != 0
+    };
+    // The best are among the deepest: the holders far shallower are not read.
+    assert!(read(78));
+    for i in 3..40 {
+        assert!(!read(i), "w{i}, holding {} blocks, was read", depth(i));
+    }
+    let decided = decide(
+        &f,
+        SharedAsk {
+            explain_all: false,
+            rostered: true,
+        },
+    );
+    assert_eq!(decided, decide(&f, SharedAsk::default()));
+}
