@@ -701,7 +701,8 @@ impl RunStore {
             return;
         };
         let list = refs.as_slice();
-        if list.len() > 1 && list[0].run == id {
+        let leader_leaves = list.len() > 1 && list[0].run == id;
+        if leader_leaves {
             if list[0].kept {
                 let next = (1..list.len()).max_by_key(|&i| list[i].shared).unwrap_or(1);
                 self.relead(head, next);
@@ -731,7 +732,11 @@ impl RunStore {
         let meta = &mut self.meta[id as usize];
         meta.leads = false;
         meta.shared = 0;
-        self.settle_lead(head);
+        // A member leaving changes no other member's figures for the leader: only a new
+        // leader may leave a member reaching past it.
+        if leader_leaves {
+            self.settle_lead(head);
+        }
     }
 
     /// Makes member `next` of the family of `head` its leader, the leader a member, and
