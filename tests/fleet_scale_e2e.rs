@@ -6,7 +6,8 @@
 //! - `fleet_scale` (ignored; run by hand, see `docs/scaling.md`): 1,000 workers in 4 processes
 //!   and 2 gateways; prints event ingestion CPU per gateway, index memory, routing p99, etcd
 //!   (registry) load and the time a new gateway takes to become ready. Sizes from
-//!   `FLEET_WORKERS`, `FLEET_GATEWAYS`, `FLEET_PROCESSES`, `FLEET_REQUESTS`; with
+//!   `FLEET_WORKERS`, `FLEET_GATEWAYS`, `FLEET_PROCESSES`, `FLEET_REQUESTS` (sent at
+//!   `FLEET_RATE` per second when set, else as fast as 32 clients go); with
 //!   `FLEET_EVENT_PLANE=1` the KV events go over the event plane (a nats-server started here)
 //!   instead of a gRPC stream per worker and gateway, the new gateway replays its history, and
 //!   the nats-server's CPU, memory and consumer count are printed too.
@@ -252,6 +253,63 @@ pub(crate) fn pid_of(process: &SwitchyardProcess) -> u32 {
     process.child.id().unwrap()
 }
 
+/// Sends `n_requests` completions over `serving`, spread over the gateways in turn: at `rate`
+/// per second (each sent at its time, however many are in flight), or with `rate` 0 as fast as
+/// 32 clients go. Returns how many failed: an overloaded machine answers some requests with an
+/// error (a worker taken out of routing for late load reports) or drops their connection,
+/// counted and reported, as a measurement should.
+async fn drive(serving: &[String], n_requests: usize, rate: usize) -> usize {
+    let http = reqwest::Client::new();
+    let failed = Arc::new(AtomicUsize::new(0));
+    let send = |i: usize| {
+        let (http, failed) = (http.clone(), Arc::clone(&failed));
+        let url = format!("{}/v1/completions", serving[i % serving.len()]);
+        async move {
+            let response = http
+                .post(url)
+                .json(&completion(prompt(i % 500, i, 256)))
+                .send()
+                .await;
+            match response {
+                Ok(response) if response.status() == 200 => {
+                    let _ = response.bytes().await;
+                }
+                _ => {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    };
+    if rate > 0 {
+        let started = tokio::time::Instant::now();
+        let mut sent = Vec::with_capacity(n_requests);
+        for i in 0..n_requests {
+            tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / rate as f64))
+                .await;
+            sent.push(tokio::spawn(send(i)));
+        }
+        for request in futures::future::join_all(sent).await {
+            request.unwrap();
+        }
+    } else {
+        let next = Arc::new(AtomicUsize::new(0));
+        let clients = (0..32).map(|_| {
+            let (next, send) = (Arc::clone(&next), &send);
+            async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n_requests {
+                        return;
+                    }
+                    send(i).await;
+                }
+            }
+        });
+        futures::future::join_all(clients).await;
+    }
+    failed.load(Ordering::Relaxed)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a measurement (minutes, the whole machine): run by hand, see docs/scaling.md"]
 async fn fleet_scale() {
@@ -259,6 +317,8 @@ async fn fleet_scale() {
     let n_gateways = env_or("FLEET_GATEWAYS", 2);
     let n_processes = env_or("FLEET_PROCESSES", 8);
     let n_requests = env_or("FLEET_REQUESTS", 4000);
+    // Requests per second over the load phase; 0 sends them as fast as 32 clients go.
+    let rate = env_or("FLEET_RATE", 0);
     let nats = (env_or("FLEET_EVENT_PLANE", 0) == 1).then(|| {
         switchyard_event_plane::server::NatsServer::start(
             switchyard_event_plane::server::ServerAuth::Open,
@@ -407,58 +467,40 @@ async fn fleet_scale() {
         ),
     );
 
-    // Load: requests spread over every gateway but the last, 32 at a time; each stores blocks
+    // Load: requests spread over every gateway but the last (paced by FLEET_RATE or 32 at a
+    // time); each stores blocks
     // on its worker, whose KV events go to every gateway. The last gateway serves nothing: its
     // CPU above idle is event ingestion alone.
     let serving = bases[..bases.len().saturating_sub(1).max(1)].to_vec();
-    let http = reqwest::Client::new();
-    let next = Arc::new(AtomicUsize::new(0));
     let events0: Vec<f64> = futures::future::join_all(
         gateways
             .iter()
             .map(|g| async { Api::new(g).metric("switchyard_kv_events_applied").await }),
     )
     .await;
+    let messages0: Vec<f64> = futures::future::join_all(gateways.iter().map(|g| async {
+        Api::new(g)
+            .metric("switchyard_kv_event_lag_seconds_count")
+            .await
+    }))
+    .await;
     let reports0 = load_reports(&gateways).await;
     let cpu0: Vec<f64> = gateways.iter().map(|g| cpu_secs(pid_of(g))).collect();
     let nats_load0 = nats_pid.map(cpu_secs);
     let load_started = Instant::now();
-    // An overloaded machine answers some requests with an error (a worker taken out of routing
-    // for late load reports): counted and reported, as a measurement should.
-    let failed = Arc::new(AtomicUsize::new(0));
-    let clients = (0..32).map(|_| {
-        let (http, next, bases) = (http.clone(), Arc::clone(&next), serving.clone());
-        let failed = Arc::clone(&failed);
-        tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n_requests {
-                    return;
-                }
-                let response = http
-                    .post(format!("{}/v1/completions", bases[i % bases.len()]))
-                    .json(&completion(prompt(i % 500, i, 256)))
-                    .send()
-                    .await
-                    .unwrap();
-                if response.status() != 200 {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
-                let _ = response.bytes().await;
-            }
-        })
-    });
-    for client in futures::future::join_all(clients).await {
-        client.unwrap();
-    }
+    let failed = drive(&serving, n_requests, rate).await;
     let wall = load_started.elapsed().as_secs_f64();
-    let failed = failed.load(Ordering::Relaxed);
     report(
         "load",
         format!(
-            "{n_requests} requests in {wall:.1} s ({:.0}/s over {} of {n_gateways} gateways), {failed} failed",
+            "{n_requests} requests in {wall:.1} s ({:.0}/s over {} of {n_gateways} gateways, {}), {failed} failed",
             n_requests as f64 / wall,
-            serving.len()
+            serving.len(),
+            if rate > 0 {
+                format!("paced at {rate}/s")
+            } else {
+                "32 clients".to_owned()
+            }
         ),
     );
     if let (Some(pid), Some(cpu0), Some(url)) = (nats_pid, nats_load0, &plane_url) {
@@ -486,6 +528,8 @@ async fn fleet_scale() {
     for (g, gateway) in gateways.iter().enumerate() {
         let api = Api::new(gateway);
         let events = api.metric("switchyard_kv_events_applied").await - events0[g];
+        // Each live message observes the lag once.
+        let messages = api.metric("switchyard_kv_event_lag_seconds_count").await - messages0[g];
         // Each request also moves its worker's load, pushed to every gateway: messages above
         // the idle rate of load reports come with the events, and cost alike.
         let reports = reports1[g] - reports0[g];
@@ -506,8 +550,10 @@ async fn fleet_scale() {
         report(
             &format!("gateway {g} load"),
             format!(
-                "({role}) {events:.0} KV events ({:.0}/s) and {extra_reports:.0} load reports above the idle rate, {:.0} % of a core ({:.0} µs CPU per event above idle, {:.0} µs per message), routing p50 ≤ {:.0} µs p99 ≤ {:.0} µs, event lag p50 ≤ {:.1} ms p99 ≤ {:.1} ms, index {} blocks {} entries {:.1} MiB heap, RSS {:.0} MiB",
+                "({role}) {events:.0} KV events ({:.0}/s, {:.2}/s per worker, {:.2} per message) and {extra_reports:.0} load reports above the idle rate, {:.0} % of a core ({:.0} µs CPU per event above idle, {:.0} µs per message), routing p50 ≤ {:.0} µs p99 ≤ {:.0} µs, event lag p50 ≤ {:.1} ms p99 ≤ {:.1} ms, index {} blocks {} entries {:.1} MiB heap, RSS {:.0} MiB",
                 events / wall,
+                events / wall / n_workers as f64,
+                events / messages.max(1.0),
                 cpu / wall * 100.0,
                 above_idle / events.max(1.0) * 1e6,
                 above_idle / (events + extra_reports).max(1.0) * 1e6,
