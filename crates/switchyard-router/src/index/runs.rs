@@ -133,6 +133,24 @@ impl<T: Copy + PartialEq> Refs<T> {
         }
     }
 
+    /// Removes the `i`-th, keeping the others in order; returns whether none are left.
+    fn remove_at(&mut self, i: usize) -> bool {
+        match self {
+            Refs::One(_) => true,
+            Refs::Many(v) => {
+                v.remove(i);
+                match v.as_slice() {
+                    [] => true,
+                    [only] => {
+                        *self = Refs::One(*only);
+                        false
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+
     fn heap_bytes(&self) -> usize {
         match self {
             Refs::One(_) => 0,
@@ -363,6 +381,8 @@ pub struct RunStore {
     sets: Vec<SetState>,
     /// Per worker slot, the tier bits of its sets that hold blocks.
     slot_tiers: Vec<u8>,
+    /// Worker slots holding blocks in more than one tier (walked by the query).
+    mixed_slots: usize,
     /// Per worker slot: its runs, least recently made or extended first, as `(run, stamp)`;
     /// entries whose stamp is not the run's are stale and skipped.
     queues: Vec<VecDeque<(u32, u32)>>,
@@ -410,14 +430,26 @@ impl RunStore {
         self.slot_tiers.get(slot as usize).copied().unwrap_or(0)
     }
 
-    /// Keeps `slot_tiers` right after `set`'s block count changed.
+    /// Whether some worker holds blocks in more than one tier.
+    #[inline]
+    pub fn any_mixed(&self) -> bool {
+        self.mixed_slots > 0
+    }
+
+    /// Keeps `slot_tiers` and `mixed_slots` right after `set`'s block count changed.
     fn note_count(&mut self, set: u32) {
         let bit = set_bit(set);
         let tiers = &mut self.slot_tiers[set_slot(set) as usize];
+        let was_mixed = tiers.count_ones() > 1;
         if self.sets[set as usize].blocks > 0 {
             *tiers |= bit;
         } else {
             *tiers &= !bit;
+        }
+        match (was_mixed, tiers.count_ones() > 1) {
+            (false, true) => self.mixed_slots += 1,
+            (true, false) => self.mixed_slots -= 1,
+            _ => {}
         }
     }
 

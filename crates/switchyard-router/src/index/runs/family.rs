@@ -17,6 +17,17 @@
 //! (a leader cut short keeps the lead until the family next changes hands). A family keeping
 //! figures goes on keeping them when it shrinks below [`KEEP_FIGURES`] runs again (a family
 //! whose size hovers at the threshold does not read every member's run at each crossing).
+//!
+//! **Order.** A family keeping figures lists its members by `shared`, largest first, after the
+//! leader. The query reads the members sharing at least as much with the leader as the prompt
+//! does one by one, and the others by `shared`, the deepest first, so a caller can stop where
+//! no shallower holder can matter and never read them (`overlap.rs`). The order costs the
+//! write path little: a member whose `shared` changes moves past the members sharing what it
+//! passes with one swap per distinct `shared` found by bisection (`reorder`), a hand-over reads
+//! only the members sharing all the new leader has in common with the old one, the first
+//! listed, and the member sharing most, wanted when the lead changes hands, is the first.
+
+use std::cmp::Reverse;
 
 use switchyard_core::BlockHash;
 
@@ -82,9 +93,59 @@ fn common(a: &[BlockHash], b: &[BlockHash]) -> usize {
 fn furthest_past_leader(list: &[HeadRef], runs: &[Run]) -> Option<usize> {
     let len = |r: &HeadRef| runs[r.run as usize].blocks.len();
     let covers = len(&list[0]) as u32;
+    // No member shares more than the leader holds: those sharing all of it are listed first.
     (1..list.len())
+        .take_while(|&i| list[i].shared >= covers)
         .filter(|&i| list[i].shared == covers && list[i].forks)
         .max_by_key(|&i| len(&list[i]))
+}
+
+/// Where member `run`, sharing `shared` blocks with its leader, is listed in its family: in a
+/// family keeping figures, among the members sharing as many, found by bisection.
+fn member_at(list: &[HeadRef], run: u32, shared: u32) -> Option<usize> {
+    if !list[0].kept {
+        return list.iter().position(|r| r.run == run);
+    }
+    let from = 1 + list[1..].partition_point(|r| r.shared > shared);
+    (list[from..].iter())
+        .take_while(|r| r.shared == shared)
+        .position(|r| r.run == run)
+        .map(|i| from + i)
+}
+
+/// Moves the member at `i` of a family keeping figures, whose `shared` just changed, to its
+/// place in the order (see the module docs): one swap per distinct `shared` it passes, so a
+/// member growing past thousands that share one length costs a bisection, not a shift of
+/// thousands. Returns its new place.
+fn reorder(list: &mut [HeadRef], mut i: usize) -> usize {
+    let s = list[i].shared;
+    while i > 1 && list[i - 1].shared < s {
+        let passed = list[i - 1].shared;
+        let first = 1 + list[1..i].partition_point(|r| r.shared > passed);
+        list.swap(first, i);
+        i = first;
+    }
+    while i + 1 < list.len() && list[i + 1].shared > s {
+        let passed = list[i + 1].shared;
+        let last = i + list[i + 1..].partition_point(|r| r.shared >= passed);
+        list.swap(i, last);
+        i = last;
+    }
+    i
+}
+
+/// Puts the members `list[1..end]` of a family keeping figures back in order after some of
+/// them, all sharing at least `s` blocks with the leader, came to share more: those first,
+/// largest first (the members after `end` share fewer than `s`).
+fn raise(list: &mut [HeadRef], end: usize, s: u32) {
+    let mut raised = 1;
+    for i in 1..end {
+        if list[i].shared > s {
+            list.swap(raised, i);
+            raised += 1;
+        }
+    }
+    list[1..raised].sort_unstable_by_key(|r| Reverse(r.shared));
 }
 
 impl RunStore {
@@ -105,6 +166,11 @@ impl RunStore {
                 assert_eq!(
                     lead_meta.shared, 0,
                     "the leader of a family without figures"
+                );
+            } else {
+                assert!(
+                    list[1..].windows(2).all(|p| p[0].shared >= p[1].shared),
+                    "the members of {head:?} listed by shared, largest first"
                 );
             }
             for (i, r) in list.iter().enumerate() {
@@ -190,6 +256,7 @@ impl RunStore {
             self.meta[r.run as usize].shared = n as u32;
             reach = reach.max(n as u32);
         }
+        list[1..].sort_unstable_by_key(|r| Reverse(r.shared));
         list[0].kept = true;
         self.meta[list[0].run as usize].shared = reach;
         self.settle_lead(head);
@@ -205,8 +272,8 @@ impl RunStore {
         let leader_leaves = list.len() > 1 && list[0].run == id;
         if leader_leaves {
             if list[0].kept {
-                let next = (1..list.len()).max_by_key(|&i| list[i].shared).unwrap_or(1);
-                self.relead(head, next);
+                // The member sharing most is listed first.
+                self.relead(head, 1);
             } else {
                 // No figures to derive: the next run leads.
                 let next = list[1].run;
@@ -222,11 +289,15 @@ impl RunStore {
         }
         if let Some(refs) = self.heads.get_mut(&head) {
             let list = refs.as_slice();
-            let Some(i) = list.iter().position(|r| r.run == id) else {
+            let at = if list[0].run == id {
+                Some(0)
+            } else {
+                member_at(list, id, self.meta[id as usize].shared)
+            };
+            let Some(i) = at else {
                 return;
             };
-            let r = list[i];
-            if refs.remove(r) {
+            if refs.remove_at(i) {
                 self.heads.remove(&head);
             }
         }
@@ -252,7 +323,10 @@ impl RunStore {
         let list = refs.as_mut_slice();
         let new = list[next];
         let (s, runs) = (new.shared, &self.runs);
-        for (i, r) in list.iter_mut().enumerate() {
+        // The members sharing fewer than `s` blocks with the old leader, listed after `end`,
+        // part from the new one where they did: neither their figures nor their place move.
+        let end = 1 + list[1..].partition_point(|r| r.shared >= s);
+        for (i, r) in list[..end].iter_mut().enumerate() {
             if i == next {
                 continue;
             }
@@ -275,13 +349,13 @@ impl RunStore {
         list[0].forks = false;
         list[0].kept = true;
         list[next].kept = false;
-        let mut reach = 0;
-        for r in &list[1..] {
+        raise(list, end, s);
+        for r in &list[1..end] {
             let meta = &mut self.meta[r.run as usize];
             meta.leads = false;
             meta.shared = r.shared;
-            reach = reach.max(r.shared);
         }
+        let reach = list.get(1).map_or(0, |r| r.shared);
         let meta = &mut self.meta[list[0].run as usize];
         meta.leads = true;
         meta.shared = reach;
@@ -320,7 +394,10 @@ impl RunStore {
         let mut reach = 0;
         if leads {
             let next = blocks[n0];
-            for r in &mut list[1..] {
+            // No member shares more than the `n0` blocks the leader held: those sharing all
+            // of them are listed first.
+            let end = 1 + list[1..].partition_point(|r| r.shared as usize >= n0);
+            for r in &mut list[1..end] {
                 if r.shared as usize == n0 && r.forks && r.fork == next {
                     let theirs = &runs[r.run as usize].blocks;
                     let n = n0 + 1 + common(&theirs[n0 + 1..], &blocks[n0 + 1..]);
@@ -329,16 +406,18 @@ impl RunStore {
                     reach = reach.max(n as u32);
                 }
             }
+            raise(list, end, n0 as u32);
             let meta = &mut self.meta[id as usize];
             meta.shared = meta.shared.max(reach);
         } else {
             let lead = &runs[list[0].run as usize].blocks;
             let covers = lead.len();
             let n = n0 + common(&blocks[n0..], lead.get(n0..).unwrap_or(&[]));
-            let Some(i) = list.iter().position(|r| r.run == id) else {
+            let Some(i) = member_at(list, id, n0 as u32) else {
                 return;
             };
             list[i].part(blocks, n);
+            let i = reorder(list, i);
             self.meta[id as usize].shared = n as u32;
             let lead = &mut self.meta[list[0].run as usize];
             lead.shared = lead.shared.max(n as u32);
@@ -371,9 +450,9 @@ impl RunStore {
             let Some(refs) = self.heads.get(&head) else {
                 return;
             };
-            let list = refs.as_slice();
-            let best = (1..list.len()).max_by_key(|&i| list[i].shared);
-            match best.map(|i| (i, list[i].shared)) {
+            // The member sharing most is listed first.
+            let best = refs.as_slice().get(1).map(|r| (1, r.shared));
+            match best {
                 Some((i, shared)) if shared as usize > keep => self.relead(head, i),
                 best => {
                     self.meta[id as usize].shared = best.map_or(0, |(_, shared)| shared);
@@ -387,9 +466,11 @@ impl RunStore {
         let Some(refs) = self.heads.get_mut(&head) else {
             return;
         };
-        if let Some(r) = refs.as_mut_slice().iter_mut().find(|r| r.run == id) {
-            r.shared = keep as u32;
-            r.forks = false;
+        let list = refs.as_mut_slice();
+        if let Some(i) = member_at(list, id, self.meta[id as usize].shared) {
+            list[i].shared = keep as u32;
+            list[i].forks = false;
+            reorder(list, i);
         }
         self.meta[id as usize].shared = keep as u32;
     }
