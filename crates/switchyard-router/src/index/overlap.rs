@@ -26,7 +26,12 @@
 //!   block are a family (see `runs.rs`): only the leader's run is matched when the family keeps
 //!   figures; a member parting from the leader `s` blocks in holds `min(s, t)` prompt blocks
 //!   when the leader holds `t`, and, when `s = t`, `t` unless its block after those is the
-//!   prompt's next (then its run is read on). The runs of a batch otherwise start at one
+//!   prompt's next (then its run is read on). Such a family lists its members by `shared`,
+//!   largest first: those parting from the leader before the prompt does stop where they part
+//!   and are handed to a caller reading the deepest first only as far as it goes
+//!   ([`PrefixIndex::overlap_deepest_first_while`]), at the cost of one `heads` lookup per
+//!   position where some stop (a run starting there may carry them on: those are followed
+//!   first), none per member left unread. The runs of a batch otherwise start at one
 //!   position, and each is tried first at the count the one before it gave (workers sharing a
 //!   prefix stop at the same block).
 //! - **Walk**, for a worker holding blocks in several tiers: the tiers' runs interleave (a
@@ -41,6 +46,7 @@ use switchyard_core::BlockHash;
 use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::ops::ControlFlow;
 
 use super::runs::{DEVICE, DISK, HOST, HeadRef, REMOTE, RunStore, set_bit, set_slot};
 use super::{PrefixIndex, WorkerKey};
@@ -136,6 +142,9 @@ struct Scratch {
     /// The sets stopped at the position being looked up, sorted, and which of them carry on.
     here: Vec<u32>,
     carried: Vec<bool>,
+    /// (first, end, position): members `first..end` of the first block's family, all stopping
+    /// at `position`, where no run starts (settled there, read only if the caller gets there).
+    stopped: Vec<(u32, u32, u32)>,
 }
 
 thread_local! {
@@ -162,17 +171,33 @@ impl PrefixIndex {
         OverlapScores { scores }
     }
 
-    /// [`PrefixIndex::overlap`]'s workers with a non-zero overlap, by `any_tier`, largest first
-    /// (the order the query settles them in: no sort), for a caller that reads each once and
-    /// the deepest first (a decision that can stop once the rest are too shallow to compete).
+    /// [`PrefixIndex::overlap`]'s workers with a non-zero overlap, by `any_tier`, largest first.
     pub fn overlap_deepest_first(&self, blocks: &[BlockHash]) -> Vec<(WorkerKey, TierOverlap)> {
+        let mut scores = Vec::new();
+        let _ = self.overlap_deepest_first_while(blocks, |key, overlap| {
+            scores.push((key, overlap));
+            ControlFlow::Continue(())
+        });
+        scores
+    }
+
+    /// [`PrefixIndex::overlap_deepest_first`]'s workers handed to `visit` one at a time, the
+    /// deepest first, until it breaks, for a caller that stops once the rest are too shallow to
+    /// compete (a decision among thousands of holders of one system prompt): the members of the
+    /// first block's family parting from its leader before the prompt does are listed by where
+    /// they part (`runs/family.rs`), and those the caller does not reach are never read.
+    pub fn overlap_deepest_first_while(
+        &self,
+        blocks: &[BlockHash],
+        visit: impl FnMut(WorkerKey, TierOverlap) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
         let store = &self.runs;
         let Some(first) = blocks.first().and_then(|b| store.heads.get(b)) else {
-            return Vec::new();
+            return ControlFlow::Continue(());
         };
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
-            self.overlap_from(blocks, first.as_slice(), &mut scratch)
+            self.overlap_from(blocks, first.as_slice(), &mut scratch, visit)
         })
     }
 
@@ -181,7 +206,8 @@ impl PrefixIndex {
         blocks: &[BlockHash],
         first: &[HeadRef],
         scratch: &mut Scratch,
-    ) -> Vec<(WorkerKey, TierOverlap)> {
+        mut visit: impl FnMut(WorkerKey, TierOverlap) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
         let store = &self.runs;
         let Scratch {
             staged,
@@ -192,20 +218,44 @@ impl PrefixIndex {
             batch,
             here,
             carried,
+            stopped,
         } = scratch;
         staged.clear();
         open.clear();
         done.clear();
         batch.clear();
+        stopped.clear();
         let mut walked: Vec<Walked> = Vec::new();
         // The runs starting at the first block are a family: the leader's run is matched, and
         // in a family keeping figures each member's count follows from where it parts from the
-        // leader (see `runs.rs`); in a small one, members are matched trying the leader's count
-        // first.
+        // leader (see `runs/family.rs`); in a small one, members are matched trying the leader's
+        // count first.
         let len = blocks.len() as u32;
         let t = store.runs[first[0].run as usize].matched(blocks) as u32;
         let kept = first[0].kept;
-        for (i, r) in first.iter().enumerate() {
+        // A family keeping figures lists its members by where they part from the leader,
+        // furthest first: those parting before the prompt does (at `shared < t`) stop there,
+        // and are read below only as far as the caller goes, unless a run starts where they
+        // stop (then its worker may carry on). Not when some worker is walked (its sets'
+        // counts are not their runs').
+        let ordered = kept && !store.any_mixed();
+        let front = if ordered {
+            1 + first[1..].partition_point(|r| r.shared >= t)
+        } else {
+            first.len()
+        };
+        let mut at = front;
+        while at < first.len() {
+            let pos = first[at].shared;
+            let end = at + first[at..].partition_point(|r| r.shared >= pos);
+            if store.heads.contains_key(&blocks[pos as usize]) {
+                staged.extend(first[at..end].iter().map(|r| (pos, r.set)));
+            } else {
+                stopped.push((at as u32, end as u32, pos));
+            }
+            at = end;
+        }
+        for (i, r) in first[..front].iter().enumerate() {
             let slot = set_slot(r.set);
             if store.tiers(slot).count_ones() > 1 {
                 if !walked.iter().any(|w| w.slot == slot) {
@@ -284,26 +334,49 @@ impl PrefixIndex {
         // whole prompt, settled whenever their match reaches its end: those first, then the
         // others from the last settled.
         let score = |&(set, n): &(u32, u32)| (WorkerKey(set_slot(set)), levels(set_bit(set), n));
-        let mut scores: Vec<(WorkerKey, TierOverlap)> = Vec::with_capacity(done.len());
-        scores.extend(done.iter().filter(|&&(_, n)| n == len).map(score));
-        scores.extend(done.iter().rev().filter(|&&(_, n)| n != len).map(score));
-        if !walked.is_empty() {
-            self.walk(blocks, &mut walked);
-            scores.extend(walked.iter().map(|w| {
-                let [device, device_or_host, device_host_or_disk, any_tier] = w.reach;
-                (
-                    WorkerKey(w.slot),
-                    TierOverlap {
-                        device,
-                        device_or_host,
-                        device_host_or_disk,
-                        any_tier,
-                    },
-                )
-            }));
-            scores.sort_by_key(|(_, o)| Reverse(o.any_tier));
+        let settled = (done.iter().filter(|&&(_, n)| n == len))
+            .chain(done.iter().rev().filter(|&&(_, n)| n != len))
+            .map(score);
+        if walked.is_empty() {
+            // Merged with the members stopped where no run starts, deepest first.
+            let mut settled = settled.peekable();
+            for &(at, end, pos) in stopped.iter() {
+                while let Some(&(key, overlap)) = settled.peek()
+                    && overlap.any_tier >= pos
+                {
+                    visit(key, overlap)?;
+                    settled.next();
+                }
+                for r in &first[at as usize..end as usize] {
+                    visit(WorkerKey(set_slot(r.set)), levels(set_bit(r.set), pos))?;
+                }
+            }
+            for (key, overlap) in settled {
+                visit(key, overlap)?;
+            }
+            return ControlFlow::Continue(());
         }
-        scores
+        // A walked worker makes the family unordered: every member was settled above.
+        debug_assert!(stopped.is_empty());
+        let mut scores: Vec<(WorkerKey, TierOverlap)> = settled.collect();
+        self.walk(blocks, &mut walked);
+        scores.extend(walked.iter().map(|w| {
+            let [device, device_or_host, device_host_or_disk, any_tier] = w.reach;
+            (
+                WorkerKey(w.slot),
+                TierOverlap {
+                    device,
+                    device_or_host,
+                    device_host_or_disk,
+                    any_tier,
+                },
+            )
+        }));
+        scores.sort_by_key(|(_, o)| Reverse(o.any_tier));
+        for (key, overlap) in scores {
+            visit(key, overlap)?;
+        }
+        ControlFlow::Continue(())
     }
 
     /// The walk (see the module docs): every position up to the longest reach is looked up, and

@@ -20,25 +20,7 @@
 //! parent (an *orphan*), looked up only in sets that may have one; in a set that has none, the
 //! rest of a chain after its first new block is appended in one go.
 //!
-//! **Families.** The runs starting at one block (at most one per set) are listed in `heads`
-//! under it, the first listed the family's *leader*. Once a family has [`KEEP_FIGURES`] runs, each
-//! member's entry keeps its *figures*: how many leading blocks it has in common with the leader
-//! (`shared`), and its block after those, if any (`fork`: it differs from the leader's block
-//! there, or the leader has none). The query then matches the leader alone and derives every
-//! member's count (see `overlap.rs`): sixteen workers holding one system prompt cost one run's
-//! reads, not sixteen. The figures are exact, compared block by block, and kept through every
-//! change at the cost of a map access only where one can move them: a member grown while it
-//! ended where it parts from the leader (`grown`), a leader grown while a member shares all its
-//! blocks (it keeps an upper bound of its members' `shared`), a run cut down to `shared` blocks
-//! or fewer (`shrinking`: a leader then hands the family to the member sharing most, whose
-//! figures for the others follow from those for the old leader, see `relead`). Each run's
-//! `RunMeta` mirrors its `shared`, so most changes decide without the map. A member that grows
-//! to hold all the leader's blocks and more takes the lead (as does, at each hand-over, the
-//! member reaching furthest past a new leader): workers holding one prompt's prefix to many
-//! lengths are then all settled from the longest one's match, none read past a short leader
-//! (a leader cut short keeps the lead until the family next changes hands). A family keeping
-//! figures goes on keeping them when it shrinks below [`KEEP_FIGURES`] runs again (a family
-//! whose size hovers at the threshold does not read every member's run at each crossing).
+//! **Families**: see `family.rs`.
 //!
 //! **Removal.** A removed block that is its run's tail shortens the run, and the event's next
 //! blocks that are the run's new tails go without a map access (engines evict a sequence tail
@@ -52,6 +34,12 @@ use std::collections::VecDeque;
 use switchyard_core::{BlockHash, StorageTier};
 
 use crate::hasher::FxHashMap;
+
+mod family;
+
+pub use family::HeadRef;
+#[cfg(test)]
+pub use family::KEEP_FIGURES;
 
 pub const DEVICE: u8 = 1;
 pub const HOST: u8 = 2;
@@ -133,6 +121,24 @@ impl<T: Copy + PartialEq> Refs<T> {
                 if let Some(i) = v.iter().position(|&x| x == r) {
                     v.swap_remove(i);
                 }
+                match v.as_slice() {
+                    [] => true,
+                    [only] => {
+                        *self = Refs::One(*only);
+                        false
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+
+    /// Removes the `i`-th, keeping the others in order; returns whether none are left.
+    fn remove_at(&mut self, i: usize) -> bool {
+        match self {
+            Refs::One(_) => true,
+            Refs::Many(v) => {
+                v.remove(i);
                 match v.as_slice() {
                     [] => true,
                     [only] => {
@@ -288,71 +294,6 @@ struct RunMeta {
     shared: u32,
 }
 
-/// A run starting at a block, with its set (so a lookup for one set reads no run), and how it
-/// compares with the first run of the block's list, the family's *leader* (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeadRef {
-    pub run: u32,
-    pub set: u32,
-    /// For a member (not the leader): how many leading blocks it has in common with the leader.
-    pub shared: u32,
-    /// Whether the member has a block after those (then it is `fork`, and differs from the
-    /// leader's block there, or the leader has none).
-    pub forks: bool,
-    /// For the leader: whether the family keeps its members' figures (from [`KEEP_FIGURES`]
-    /// runs on); until then a member's `shared` is [`UNKEPT`].
-    pub kept: bool,
-    pub fork: BlockHash,
-}
-
-/// A family keeps its members' figures from this many runs on: a query reads a smaller
-/// family's runs one by one (a few cache lines), and every member joining a family that keeps
-/// figures reads the leader's run.
-pub const KEEP_FIGURES: usize = 8;
-
-/// A member's `shared` in a family not keeping figures.
-pub const UNKEPT: u32 = u32::MAX;
-
-impl HeadRef {
-    /// Sets a member's figures: it shares `n` blocks with the leader, and its `blocks` tell
-    /// whether and how it goes on.
-    fn part(&mut self, blocks: &[BlockHash], n: usize) {
-        self.shared = n as u32;
-        self.forks = n < blocks.len();
-        if self.forks {
-            self.fork = blocks[n];
-        }
-    }
-
-    fn new(run: u32, set: u32, shared: u32) -> Self {
-        HeadRef {
-            run,
-            set,
-            shared,
-            forks: false,
-            kept: false,
-            fork: BlockHash(0),
-        }
-    }
-}
-
-/// How many leading blocks `a` and `b` have in common (read in order: exact whatever the
-/// hashes).
-fn common(a: &[BlockHash], b: &[BlockHash]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// The member of a family keeping figures that holds all its leader's blocks and reaches
-/// furthest past them, if any: it should lead, so that a query matching the leader to its end
-/// settles the others from their figures instead of reading their runs on (`overlap.rs`).
-fn furthest_past_leader(list: &[HeadRef], runs: &[Run]) -> Option<usize> {
-    let len = |r: &HeadRef| runs[r.run as usize].blocks.len();
-    let covers = len(&list[0]) as u32;
-    (1..list.len())
-        .filter(|&i| list[i].shared == covers && list[i].forks)
-        .max_by_key(|&i| len(&list[i]))
-}
-
 impl Run {
     /// How many leading blocks of `prompt` the run holds, given that its head is `prompt[0]`.
     #[inline]
@@ -440,6 +381,8 @@ pub struct RunStore {
     sets: Vec<SetState>,
     /// Per worker slot, the tier bits of its sets that hold blocks.
     slot_tiers: Vec<u8>,
+    /// Worker slots holding blocks in more than one tier (walked by the query).
+    mixed_slots: usize,
     /// Per worker slot: its runs, least recently made or extended first, as `(run, stamp)`;
     /// entries whose stamp is not the run's are stale and skipped.
     queues: Vec<VecDeque<(u32, u32)>>,
@@ -475,65 +418,6 @@ impl RunStore {
         self.sets.get(set as usize).map_or(0, |s| s.runs.len())
     }
 
-    /// Checks every family's figures against the runs (tests).
-    #[cfg(test)]
-    pub fn check_families(&self) {
-        for (head, refs) in &self.heads {
-            let list = refs.as_slice();
-            let lead = &self.runs[list[0].run as usize].blocks;
-            let lead_meta = &self.meta[list[0].run as usize];
-            assert!(lead_meta.leads, "leader of {head:?} marked as leading");
-            assert!(
-                list[0].kept || list.len() < KEEP_FIGURES,
-                "a family of {} keeps figures",
-                list.len()
-            );
-            if !list[0].kept {
-                assert_eq!(
-                    lead_meta.shared, 0,
-                    "the leader of a family without figures"
-                );
-            }
-            for (i, r) in list.iter().enumerate() {
-                let run = &self.runs[r.run as usize];
-                assert_eq!(
-                    run.blocks.first(),
-                    Some(head),
-                    "run {} starts at {head:?}",
-                    r.run
-                );
-                assert_eq!(run.set, r.set);
-                if i == 0 {
-                    continue;
-                }
-                let meta = &self.meta[r.run as usize];
-                assert!(!meta.leads, "member {} not leading", r.run);
-                assert!(!r.kept, "member {} keeps no family", r.run);
-                assert_eq!(meta.shared, r.shared, "member {}'s mirror", r.run);
-                if !list[0].kept {
-                    assert_eq!(
-                        r.shared, UNKEPT,
-                        "member {} of a family without figures",
-                        r.run
-                    );
-                    continue;
-                }
-                let n = common(&run.blocks, lead);
-                assert_eq!(r.shared as usize, n, "member {} of {head:?} shares", r.run);
-                assert_eq!(meta.shared, r.shared, "member {}'s mirror", r.run);
-                assert_eq!(r.forks, n < run.blocks.len(), "member {} forks", r.run);
-                if r.forks {
-                    assert_eq!(r.fork, run.blocks[n], "member {}'s fork", r.run);
-                }
-                assert!(
-                    lead_meta.shared >= r.shared,
-                    "leader's reach covers {}",
-                    r.run
-                );
-            }
-        }
-    }
-
     /// Entries of `slot`'s eviction queue, stale ones included.
     #[cfg(test)]
     pub fn queue_len(&self, slot: u32) -> usize {
@@ -546,14 +430,26 @@ impl RunStore {
         self.slot_tiers.get(slot as usize).copied().unwrap_or(0)
     }
 
-    /// Keeps `slot_tiers` right after `set`'s block count changed.
+    /// Whether some worker holds blocks in more than one tier.
+    #[inline]
+    pub fn any_mixed(&self) -> bool {
+        self.mixed_slots > 0
+    }
+
+    /// Keeps `slot_tiers` and `mixed_slots` right after `set`'s block count changed.
     fn note_count(&mut self, set: u32) {
         let bit = set_bit(set);
         let tiers = &mut self.slot_tiers[set_slot(set) as usize];
+        let was_mixed = tiers.count_ones() > 1;
         if self.sets[set as usize].blocks > 0 {
             *tiers |= bit;
         } else {
             *tiers &= !bit;
+        }
+        match (was_mixed, tiers.count_ones() > 1) {
+            (false, true) => self.mixed_slots += 1,
+            (true, false) => self.mixed_slots -= 1,
+            _ => {}
         }
     }
 
@@ -644,253 +540,6 @@ impl RunStore {
         self.join(first, id, set);
         self.touch(id);
         id
-    }
-
-    /// Enters run `id` (no blocks yet) in the family of `head`: its leader if it is the first.
-    fn join(&mut self, head: BlockHash, id: u32, set: u32) {
-        let (leads, shared, keep) = match self.heads.entry(head) {
-            std::collections::hash_map::Entry::Occupied(mut e) => {
-                let refs = e.get_mut();
-                let kept = refs.as_slice()[0].kept;
-                let shared = if kept { 0 } else { UNKEPT };
-                refs.push(HeadRef::new(id, set, shared));
-                (
-                    false,
-                    shared,
-                    !kept && refs.as_slice().len() >= KEEP_FIGURES,
-                )
-            }
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(Refs::One(HeadRef::new(id, set, 0)));
-                (true, 0, false)
-            }
-        };
-        let meta = &mut self.meta[id as usize];
-        meta.leads = leads;
-        meta.shared = shared;
-        if keep {
-            self.keep_figures(head);
-        }
-    }
-
-    /// The family of `head` starts keeping figures: each member's are read from its run.
-    fn keep_figures(&mut self, head: BlockHash) {
-        let Some(refs) = self.heads.get_mut(&head) else {
-            return;
-        };
-        let list = refs.as_mut_slice();
-        let runs = &self.runs;
-        let lead = &runs[list[0].run as usize].blocks;
-        let mut reach = 0;
-        for r in &mut list[1..] {
-            let blocks = &runs[r.run as usize].blocks;
-            let n = common(blocks, lead);
-            r.part(blocks, n);
-            self.meta[r.run as usize].shared = n as u32;
-            reach = reach.max(n as u32);
-        }
-        list[0].kept = true;
-        self.meta[list[0].run as usize].shared = reach;
-        self.settle_lead(head);
-    }
-
-    /// Takes run `id` (its blocks still there) out of the family of `head`; a leader leaving
-    /// hands the family to a member first.
-    fn leave(&mut self, head: BlockHash, id: u32) {
-        let Some(refs) = self.heads.get(&head) else {
-            return;
-        };
-        let list = refs.as_slice();
-        let leader_leaves = list.len() > 1 && list[0].run == id;
-        if leader_leaves {
-            if list[0].kept {
-                let next = (1..list.len()).max_by_key(|&i| list[i].shared).unwrap_or(1);
-                self.relead(head, next);
-            } else {
-                // No figures to derive: the next run leads.
-                let next = list[1].run;
-                if let Some(refs) = self.heads.get_mut(&head) {
-                    let list = refs.as_mut_slice();
-                    list.swap(0, 1);
-                    list[0].shared = 0;
-                }
-                let meta = &mut self.meta[next as usize];
-                meta.leads = true;
-                meta.shared = 0;
-            }
-        }
-        if let Some(refs) = self.heads.get_mut(&head) {
-            let list = refs.as_slice();
-            let Some(i) = list.iter().position(|r| r.run == id) else {
-                return;
-            };
-            let r = list[i];
-            if refs.remove(r) {
-                self.heads.remove(&head);
-            }
-        }
-        let meta = &mut self.meta[id as usize];
-        meta.leads = false;
-        meta.shared = 0;
-        // A member leaving changes no other member's figures for the leader: only a new
-        // leader may leave a member reaching past it.
-        if leader_leaves {
-            self.settle_lead(head);
-        }
-    }
-
-    /// Makes member `next` of the family of `head` its leader, the leader a member, and
-    /// derives every member's figures for the new leader from those for the old one: a member
-    /// parting from the old leader before the new one does parts from the new one there too;
-    /// one parting after it parts from it where the new one does; only members parting where
-    /// the new one does, with the same block, are read further.
-    fn relead(&mut self, head: BlockHash, next: usize) {
-        let Some(refs) = self.heads.get_mut(&head) else {
-            return;
-        };
-        let list = refs.as_mut_slice();
-        let new = list[next];
-        let (s, runs) = (new.shared, &self.runs);
-        for (i, r) in list.iter_mut().enumerate() {
-            if i == next {
-                continue;
-            }
-            let blocks = &runs[r.run as usize].blocks;
-            if i == 0 {
-                // The old leader holds all `s` blocks the new one shares with it.
-                r.part(blocks, s as usize);
-            } else if r.shared > s {
-                r.shared = s;
-                r.forks = true;
-                r.fork = blocks[s as usize];
-            } else if r.shared == s && r.forks && new.forks && r.fork == new.fork {
-                let lead = &runs[new.run as usize].blocks;
-                let n = s as usize + 1 + common(&blocks[s as usize + 1..], &lead[s as usize + 1..]);
-                r.part(blocks, n);
-            }
-        }
-        list.swap(0, next);
-        list[0].shared = 0;
-        list[0].forks = false;
-        list[0].kept = true;
-        list[next].kept = false;
-        let mut reach = 0;
-        for r in &list[1..] {
-            let meta = &mut self.meta[r.run as usize];
-            meta.leads = false;
-            meta.shared = r.shared;
-            reach = reach.max(r.shared);
-        }
-        let meta = &mut self.meta[list[0].run as usize];
-        meta.leads = true;
-        meta.shared = reach;
-    }
-
-    /// Hands the family of `head` to the member holding all its leader's blocks and reaching
-    /// furthest past them, as long as there is one (each hand-over lengthens the leader, so
-    /// this ends). Not while a run whose blocks are about to go is in the family: it could
-    /// take the lead back.
-    fn settle_lead(&mut self, head: BlockHash) {
-        while let Some(i) = (self.heads.get(&head))
-            .filter(|refs| refs.as_slice()[0].kept)
-            .and_then(|refs| furthest_past_leader(refs.as_slice(), &self.runs))
-        {
-            self.relead(head, i);
-        }
-    }
-
-    /// Keeps the family figures right after blocks were appended to run `id` from offset `n0`
-    /// on: a member that had no block after those it shares with the leader may share more
-    /// now, or fork; a leader's members sharing all its `n0` blocks may share more.
-    fn grown(&mut self, id: u32, n0: usize) {
-        let meta = &self.meta[id as usize];
-        let (leads, shared) = (meta.leads, meta.shared as usize);
-        // A leader's members share at least its head: a new leader has none to move.
-        if leads && (shared < n0 || n0 == 0) || !leads && shared != n0 {
-            return;
-        }
-        let runs = &self.runs;
-        let blocks = &runs[id as usize].blocks;
-        let head = blocks[0];
-        let Some(refs) = self.heads.get_mut(&head) else {
-            return;
-        };
-        let list = refs.as_mut_slice();
-        let mut reach = 0;
-        if leads {
-            let next = blocks[n0];
-            for r in &mut list[1..] {
-                if r.shared as usize == n0 && r.forks && r.fork == next {
-                    let theirs = &runs[r.run as usize].blocks;
-                    let n = n0 + 1 + common(&theirs[n0 + 1..], &blocks[n0 + 1..]);
-                    r.part(theirs, n);
-                    self.meta[r.run as usize].shared = n as u32;
-                    reach = reach.max(n as u32);
-                }
-            }
-            let meta = &mut self.meta[id as usize];
-            meta.shared = meta.shared.max(reach);
-        } else {
-            let lead = &runs[list[0].run as usize].blocks;
-            let covers = lead.len();
-            let n = n0 + common(&blocks[n0..], lead.get(n0..).unwrap_or(&[]));
-            let Some(i) = list.iter().position(|r| r.run == id) else {
-                return;
-            };
-            list[i].part(blocks, n);
-            self.meta[id as usize].shared = n as u32;
-            let lead = &mut self.meta[list[0].run as usize];
-            lead.shared = lead.shared.max(n as u32);
-            if n == covers && n < blocks.len() {
-                // It holds all the leader's blocks and more: it leads.
-                self.relead(head, i);
-                self.settle_lead(head);
-            }
-        }
-    }
-
-    /// Keeps the family figures right before run `id` is cut down to its first `keep` blocks:
-    /// a leader whose members share more than that hands the family to the member sharing
-    /// most (and becomes a member); a member sharing `keep` blocks or more shares `keep` and
-    /// forks no more.
-    fn shrinking(&mut self, id: u32, keep: usize) {
-        let meta = &self.meta[id as usize];
-        let unmoved = if meta.leads {
-            // No member shares more than `keep` blocks.
-            meta.shared as usize <= keep
-        } else {
-            // No figures, or the member keeps its block after those it shares.
-            meta.shared == UNKEPT || (meta.shared as usize) < keep
-        };
-        if unmoved {
-            return;
-        }
-        let head = self.runs[id as usize].blocks[0];
-        if self.meta[id as usize].leads {
-            let Some(refs) = self.heads.get(&head) else {
-                return;
-            };
-            let list = refs.as_slice();
-            let best = (1..list.len()).max_by_key(|&i| list[i].shared);
-            match best.map(|i| (i, list[i].shared)) {
-                Some((i, shared)) if shared as usize > keep => self.relead(head, i),
-                best => {
-                    self.meta[id as usize].shared = best.map_or(0, |(_, shared)| shared);
-                    return;
-                }
-            }
-        }
-        if keep > self.meta[id as usize].shared as usize {
-            return;
-        }
-        let Some(refs) = self.heads.get_mut(&head) else {
-            return;
-        };
-        if let Some(r) = refs.as_mut_slice().iter_mut().find(|r| r.run == id) {
-            r.shared = keep as u32;
-            r.forks = false;
-        }
-        self.meta[id as usize].shared = keep as u32;
     }
 
     /// Queues the run as the worker's most recently changed.

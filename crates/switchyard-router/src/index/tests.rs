@@ -975,6 +975,66 @@ fn many_holders_stopping_at_many_places_are_each_counted() {
     }
 }
 
+/// Forty workers holding one prompt's prefix to forty lengths (a family keeping figures, its
+/// members listed by how much they share), one more stopping shallow along the family but
+/// carried on by a run of its own past all of them, and, in a second round, one holding a
+/// longer prefix in two tiers (walked): a caller stopping early is handed the deepest, deepest
+/// first, and the whole answer is deepest first.
+#[test]
+fn a_caller_stopping_early_is_handed_the_deepest() {
+    use std::ops::ControlFlow;
+    let h = hashes(1, 48);
+    for mixed in [false, true] {
+        let mut idx = index();
+        for d in 1..=40 {
+            idx.apply(
+                &w(&format!("w{d}")),
+                1,
+                0,
+                &stored(1, 0, d, StorageTier::Device),
+            )
+            .unwrap();
+        }
+        // Blocks 3..45 first (a run of their own, its parent not held), then 0..3.
+        idx.apply(&w("carried"), 1, 0, &stored(1, 3, 45, StorageTier::Device))
+            .unwrap();
+        idx.apply(&w("carried"), 1, 1, &stored(1, 0, 3, StorageTier::Device))
+            .unwrap();
+        if mixed {
+            idx.apply(&w("mixed"), 1, 0, &stored(1, 0, 42, StorageTier::Device))
+                .unwrap();
+            idx.apply(&w("mixed"), 1, 1, &stored(1, 0, 10, StorageTier::Host))
+                .unwrap();
+        }
+        idx.runs.check_families();
+        let key = |name: &str| idx.worker_key(&w(name)).unwrap();
+        let mut want = vec![(key("carried"), 45)];
+        if mixed {
+            want.push((key("mixed"), 42));
+        }
+        want.extend([(key("w40"), 40), (key("w39"), 39), (key("w38"), 38)]);
+        want.truncate(4);
+        let mut handed = Vec::new();
+        let flow = idx.overlap_deepest_first_while(&h, |k, o| {
+            handed.push((k, o.any_tier));
+            if handed.len() == 4 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        assert_eq!(flow, ControlFlow::Break(()));
+        assert_eq!(handed, want, "mixed: {mixed}");
+        let all = idx.overlap_deepest_first(&h);
+        assert_eq!(all.len(), 41 + usize::from(mixed));
+        assert!(
+            (all.windows(2)).all(|p| p[0].1.any_tier >= p[1].1.any_tier),
+            "deepest first"
+        );
+        assert_eq!(device(&idx, "w3", &h), 3);
+    }
+}
+
 /// The length of the run leading the family at `head`.
 fn leader(idx: &PrefixIndex, head: BlockHash) -> usize {
     let list = idx.runs.heads.get(&head).expect("a family").as_slice();

@@ -10,7 +10,10 @@
 //!   index's deepest first, until the least cost a holder as deep as the next can have (its
 //!   uncached prompt plus the lowest load of a rate group, over that rate) is above the worst
 //!   of the best kept: those left cost more, whether priced as holders or, in the buckets, as
-//!   workers holding none (a bound below that cost too), so they are neither priced nor read;
+//!   workers holding none (a bound below that cost too), so they are neither priced nor read,
+//!   and the index stops there ([`PrefixIndex::overlap_deepest_first_while`]) unless a worker
+//!   with pending blocks is still to be found (its overlap in the index, the pending blocks
+//!   counted on top, is priced after the walk);
 //! - per rate group, the buckets of the other workers in `key` order, each bucket priced once
 //!   (its workers cost the same to the bit: [`cost::figures_of`] reads nothing else of them),
 //!   its workers compared by the rendezvous hash when they tie, until the lowest cost the next
@@ -22,13 +25,15 @@
 //! lowers it by a millionth of a millionth, far more than the rounding of the few operations
 //! between it and the cost the scorer computes (a few units in the last place).
 //!
-//! A decision's work is then the index's overlap walk, the holders down to the cut, the
-//! buckets read, and the workers of the buckets read: with loads that differ, a few buckets of
+//! A decision's work is then the index's overlap walk down to the cut (for thousands of
+//! holders of one system prompt, one map lookup per depth where some stop and the holders
+//! read), their pricing, the buckets read, and the workers of the buckets read: with loads that differ, a few buckets of
 //! one worker each; when many idle workers tie (one bucket of equal load), every one of them is
 //! hashed (a multiply-and-shift over a list of positions, with no id read), as the rendezvous
 //! rule must see them all to pick among them.
 
 use std::cmp::Ordering;
+use std::ops::ControlFlow;
 
 use switchyard_core::KvTierCosts;
 use switchyard_core::rng::mix64;
@@ -151,7 +156,10 @@ pub(crate) fn best_scores(
         picks: Vec::with_capacity(EXPLAINED + 1),
         candidates,
     };
-    let holders = holders(request, index, load, ranking, cfg);
+    let Pending {
+        indexed: mut pending_of,
+        unindexed: mut with_pending,
+    } = pending(request, index, load, ranking, cfg);
     let mut holding = vec![0u64; candidates.len().div_ceil(64)];
     // Holders come grouped by where they stop in the prompt, and most of a group have the same
     // load and tier rates: those priced alike are priced once (the same inputs, to the bit).
@@ -181,35 +189,55 @@ pub(crate) fn best_scores(
             pending,
         });
     };
-    for &(pos, overlap, pending) in &holders.pending {
+    for &(pos, overlap, pending) in &with_pending {
         price(&mut top, pos, overlap, pending);
     }
+    with_pending.clear();
     // Deepest first: once the least cost a holder this deep can have is above the worst kept,
-    // so is every holder after it, and none is read (see the module docs).
+    // so is every holder after it, and the index stops (see the module docs), unless a worker
+    // with pending blocks is still to be found (its overlap with them counted, it is priced
+    // after the walk).
     // Made once the best kept are full (a decision among a few holders never needs it).
     let mut floor: Option<Option<Floor>> = None;
     let mut floor_at: Option<(u32, f64)> = None;
-    for &(worker, overlap) in &holders.indexed {
-        if let Some(cut) = top.cut()
-            && let Some(floor) =
-                floor.get_or_insert_with(|| Floor::new(request, ranking, cfg.prefill_weight))
+    let mut cut_off = false;
+    let _ = index.overlap_deepest_first_while(&request.block_hashes, |worker, overlap| {
+        if !pending_of.is_empty()
+            && let Some((pos, n)) = pending_of.remove(&worker)
         {
-            let least = match floor_at {
-                Some((depth, least)) if depth == overlap.any_tier => least,
-                _ => {
-                    let least = floor.least(overlap.any_tier);
-                    floor_at = Some((overlap.any_tier, least));
-                    least
-                }
-            };
-            if least > cut {
-                break;
+            with_pending.push((pos, cost::with_pending(overlap, n), n));
+        } else if !cut_off {
+            if let Some(cut) = top.cut()
+                && let Some(floor) =
+                    floor.get_or_insert_with(|| Floor::new(request, ranking, cfg.prefill_weight))
+            {
+                let least = match floor_at {
+                    Some((depth, least)) if depth == overlap.any_tier => least,
+                    _ => {
+                        let least = floor.least(overlap.any_tier);
+                        floor_at = Some((overlap.any_tier, least));
+                        least
+                    }
+                };
+                cut_off = least > cut;
+            }
+            if !cut_off && let Some(pos) = position_of(index, ranking, worker) {
+                price(&mut top, pos, overlap, 0);
             }
         }
-        let Some(pos) = position_of(index, ranking, worker) else {
-            continue;
-        };
-        price(&mut top, pos, overlap, 0);
+        if cut_off && pending_of.is_empty() {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    // Those holding none of the prompt.
+    with_pending.extend(
+        (pending_of.into_values())
+            .map(|(pos, n)| (pos, cost::with_pending(TierOverlap::default(), n), n)),
+    );
+    for &(pos, overlap, pending) in &with_pending {
+        price(&mut top, pos, overlap, pending);
     }
     let prompt = cfg.prefill_weight * request.prompt_tokens as f64;
     for group in ranking.groups() {
@@ -272,60 +300,44 @@ pub(crate) fn best_scores(
     )
 }
 
-/// The roster's workers holding some of the prompt.
-struct Holders {
-    /// The index's holders holding no pending blocks, by index key, with their overlap, deepest
-    /// (`any_tier`) first ([`PrefixIndex::overlap_deepest_first`]).
-    indexed: Vec<(WorkerKey, TierOverlap)>,
-    /// The workers with pending blocks, by position, with their overlap, the pending blocks
-    /// counted (`cost::with_pending`), and the pending blocks.
-    pending: Vec<(u32, TierOverlap, u32)>,
+/// The roster's workers with pending blocks of the prompt (`LoadView::pending_leading`).
+struct Pending {
+    /// Those the index knows, by index key, with their roster position and pending blocks:
+    /// their overlap is found in the index walk, the pending blocks counted on top of it
+    /// (`cost::with_pending`).
+    indexed: FxHashMap<WorkerKey, (u32, u32)>,
+    /// The others, by position, with their overlap (the pending blocks) and the pending blocks.
+    unindexed: Vec<(u32, TierOverlap, u32)>,
 }
 
-fn holders(
+fn pending(
     request: &RouteRequest,
     index: &PrefixIndex,
     load: &LoadView,
     ranking: &Ranking,
     cfg: &KvConfig,
-) -> Holders {
+) -> Pending {
     let pending = load.pending_leading(
         &request.block_hashes,
         request.block_size.get(),
         cfg.prefill_step_tokens,
     );
-    let mut indexed = index.overlap_deepest_first(&request.block_hashes);
-    let mut with_pending = Vec::with_capacity(pending.len());
-    if !pending.is_empty() {
-        let mut pending_of: FxHashMap<WorkerKey, (u32, u32)> = FxHashMap::default();
-        for (w, n) in &pending {
-            let Some(pos) = ranking.position(w) else {
-                continue;
-            };
-            match index.worker_key(w) {
-                Some(k) => {
-                    pending_of.insert(k, (pos, *n));
-                }
-                None => {
-                    with_pending.push((pos, cost::with_pending(TierOverlap::default(), *n), *n))
-                }
+    let mut pending_of: FxHashMap<WorkerKey, (u32, u32)> = FxHashMap::default();
+    let mut unindexed = Vec::new();
+    for (w, n) in &pending {
+        let Some(pos) = ranking.position(w) else {
+            continue;
+        };
+        match index.worker_key(w) {
+            Some(k) => {
+                pending_of.insert(k, (pos, *n));
             }
+            None => unindexed.push((pos, cost::with_pending(TierOverlap::default(), *n), *n)),
         }
-        indexed.retain(|&(k, overlap)| match pending_of.remove(&k) {
-            Some((pos, n)) => {
-                with_pending.push((pos, cost::with_pending(overlap, n), n));
-                false
-            }
-            None => true,
-        });
-        with_pending.extend(
-            (pending_of.into_values())
-                .map(|(pos, n)| (pos, cost::with_pending(TierOverlap::default(), n), n)),
-        );
     }
-    Holders {
-        indexed,
-        pending: with_pending,
+    Pending {
+        indexed: pending_of,
+        unindexed,
     }
 }
 
