@@ -116,38 +116,39 @@ impl<T: Copy + PartialEq> Refs<T> {
     /// Removes `r`; returns whether none are left.
     fn remove(&mut self, r: T) -> bool {
         match self {
-            Refs::One(x) => *x == r,
+            Refs::One(x) => return *x == r,
             Refs::Many(v) => {
                 if let Some(i) = v.iter().position(|&x| x == r) {
                     v.swap_remove(i);
                 }
-                match v.as_slice() {
-                    [] => true,
-                    [only] => {
-                        *self = Refs::One(*only);
-                        false
-                    }
-                    _ => false,
-                }
             }
         }
+        self.collapse()
     }
 
     /// Removes the `i`-th, keeping the others in order; returns whether none are left.
     fn remove_at(&mut self, i: usize) -> bool {
         match self {
-            Refs::One(_) => true,
+            Refs::One(_) => return true,
             Refs::Many(v) => {
                 v.remove(i);
-                match v.as_slice() {
-                    [] => true,
-                    [only] => {
-                        *self = Refs::One(*only);
-                        false
-                    }
-                    _ => false,
-                }
             }
+        }
+        self.collapse()
+    }
+
+    /// After a removal: a single ref left goes back inline; returns whether none are left.
+    fn collapse(&mut self) -> bool {
+        let Refs::Many(v) = self else {
+            return false;
+        };
+        match v.as_slice() {
+            [] => true,
+            [only] => {
+                *self = Refs::One(*only);
+                false
+            }
+            _ => false,
         }
     }
 
