@@ -35,6 +35,7 @@ fn sweep(trace: SweepTrace, workers: &[usize], rates: &[f64], kv_blocks: u64) ->
         rates: rates.to_vec(),
         cluster: cluster(PolicyKind::Kv, 64, kv_blocks, 0),
         tie: 0.02,
+        replicas: 1,
     };
     let report = run_sweep(&[trace], &config, 1, |_, _| {
         indicatif::ProgressBar::hidden()
@@ -156,4 +157,34 @@ fn dev_b_120_two_workers_rate_1() {
 fn dev_b_120_two_workers_rate_2() {
     let report = sweep(dev_b_120_sessions(), &[2], &[2.0], 1024);
     check("sweep-dev_b_120-2w-rate2", verdicts(&report));
+}
+
+/// Replicas of an agent-session cell scale its think times (`sweep::replica_timing`): the
+/// closed loop's calls arrive at other moments, so their first tokens move, and the cell keeps
+/// each policy's replica with the median TTFT p99.
+#[test]
+fn agent_replicas_scale_the_think_times() {
+    let config = SweepConfig {
+        policies: vec![PolicyKind::Kv, PolicyKind::RoundRobin],
+        workers: vec![2],
+        rates: vec![2.0],
+        cluster: cluster(PolicyKind::Kv, 64, 1024, 0),
+        tie: 0.02,
+        replicas: 3,
+    };
+    let report = run_sweep(&[dev_b_120_sessions()], &config, 1, |_, _| {
+        indicatif::ProgressBar::hidden()
+    })
+    .unwrap();
+    let cell = &report.cells[0];
+    for run in &cell.runs {
+        let mut p99: Vec<f64> = (cell.replicas.iter())
+            .filter(|r| r.policy == run.label)
+            .map(|r| r.ttft_p99_ms.unwrap())
+            .collect();
+        assert_eq!(p99.len(), 3);
+        assert!(p99[0] != p99[1] && p99[0] != p99[2], "{p99:?}");
+        p99.sort_by(f64::total_cmp);
+        assert_eq!(run.ttft_ms.p99, p99[1]);
+    }
 }

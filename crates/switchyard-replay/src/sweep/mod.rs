@@ -11,6 +11,13 @@
 //! - **Agent sessions** (closed loop): the rate times a base concurrency, rounded, at least 1
 //!   (`--concurrency`): twice the live session trees send about twice the calls while the
 //!   fleet keeps up, and queue them when it does not.
+//!
+//! With `replicas` above 1 each policy runs several times per cell, each replica's timing
+//! stretched or shrunk by 0.1 % steps ([`replica_timing`]: the agent traces' think times, the
+//! Mooncake arrival times), and the cell keeps, per policy, the replica with the median TTFT
+//! p99. One run's p99 is decided by a few dozen calls and moves by 5–70 % under a 0.2 % change
+//! of timing (`docs/results/sweep-issue45-replicas.md`); the median of several is what a
+//! verdict can rest on. Replica 0 is the unperturbed run, so one replica is today's sweep.
 
 pub mod render;
 pub mod verdict;
@@ -80,21 +87,58 @@ impl SweepTrace {
         }
     }
 
-    fn workload(&self, rate: f64) -> Result<Box<dyn Workload>, ReplayError> {
+    /// The trace as the report names it.
+    fn info(&self) -> TraceInfo {
+        let agent = match &self.source {
+            TraceSource::Agentx { config, .. } => Some(config),
+            TraceSource::Mooncake(_) => None,
+        };
+        TraceInfo {
+            name: self.name.clone(),
+            path: self.path.clone(),
+            level_kind: self.level_kind().to_owned(),
+            size: self.size(),
+            concurrency: agent.map(|c| c.concurrency),
+            time_scale: agent.map(|c| c.time_scale),
+            max_gap_s: agent.map(|c| c.max_gap_s),
+        }
+    }
+
+    /// The workload at `rate`, its timing scaled by `timing` ([`replica_timing`]).
+    fn workload(&self, rate: f64, timing: f64) -> Result<Box<dyn Workload>, ReplayError> {
         Ok(match &self.source {
+            // Arrival times divided by the speed: a faster replica arrives `timing` sooner.
             TraceSource::Mooncake(records) => {
-                Box::new(MooncakeWorkload::new(records.clone(), rate)?)
+                Box::new(MooncakeWorkload::new(records.clone(), rate / timing)?)
             }
             TraceSource::Agentx { traces, config } => Box::new(WekaWorkload::new(
                 traces.clone(),
                 WekaConfig {
                     concurrency: concurrency(config.concurrency, rate),
+                    time_scale: config.time_scale * timing,
                     ..config.clone()
                 },
             )?),
         })
     }
 }
+
+/// How replica `replica` scales its trace's timing: 1 for replica 0, then 0.999, 1.001,
+/// 0.998, 1.002, … (a step of 0.1 % each way in turn).
+pub fn replica_timing(replica: usize) -> f64 {
+    let step = replica.div_ceil(2) as f64 * REPLICA_STEP;
+    if replica % 2 == 1 {
+        1.0 - step
+    } else {
+        1.0 + step
+    }
+}
+
+/// The timing step between replicas ([`replica_timing`]).
+pub const REPLICA_STEP: f64 = 0.001;
+
+/// Most replicas a sweep runs per policy and cell.
+pub const MAX_REPLICAS: usize = 9;
 
 fn concurrency(base: usize, rate: f64) -> usize {
     ((base as f64 * rate).round() as usize).max(1)
@@ -113,6 +157,9 @@ pub struct SweepConfig {
     pub cluster: ClusterConfig,
     /// Figures within this share of each other are level (issue 45: 0.02).
     pub tie: f64,
+    /// Runs per policy per cell, odd, each at its [`replica_timing`]; the cell keeps the one
+    /// with the median TTFT p99 (1: the unperturbed run alone).
+    pub replicas: usize,
 }
 
 impl SweepConfig {
@@ -150,6 +197,12 @@ impl SweepConfig {
         }
         if !(self.tie.is_finite() && (0.0..1.0).contains(&self.tie)) {
             return bad(format!("--tie must be in [0, 1), got {}", self.tie));
+        }
+        if self.replicas.is_multiple_of(2) || self.replicas > MAX_REPLICAS {
+            return bad(format!(
+                "--replicas must be odd, from 1 to {MAX_REPLICAS} (the median is then one run's), got {}",
+                self.replicas
+            ));
         }
         Ok(())
     }
@@ -192,8 +245,48 @@ pub struct SweepCell {
     pub level: f64,
     #[serde(flatten)]
     pub judgement: Judgement,
-    /// One run per policy, in the sweep's policy order.
+    /// One run per policy, in the sweep's policy order: with replicas, the one with the median
+    /// TTFT p99.
     pub runs: Vec<Summary>,
+    /// With more than one replica: every replica's figures, by policy then replica.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaFigures>,
+}
+
+/// One replica's judged figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplicaFigures {
+    pub policy: String,
+    pub replica: usize,
+    /// Its timing factor ([`replica_timing`]).
+    pub timing: f64,
+    pub cache_hit_rate: f64,
+    /// `None` when the run completed nothing.
+    pub ttft_p99_ms: Option<f64>,
+}
+
+/// One policy's replicas in a cell, as the JSON lists them.
+fn replica_figures(replicas: &[Summary]) -> impl Iterator<Item = ReplicaFigures> + '_ {
+    replicas
+        .iter()
+        .enumerate()
+        .map(|(replica, s)| ReplicaFigures {
+            policy: s.label.clone(),
+            replica,
+            timing: replica_timing(replica),
+            cache_hit_rate: s.cache_hit_rate,
+            ttft_p99_ms: Metric::TtftP99.of(s),
+        })
+}
+
+/// Of one policy's replicas in a cell, the one with the median TTFT p99 (a run that completed
+/// nothing counts as the slowest; equal figures keep replica order).
+fn median_run(replicas: Vec<Summary>) -> Option<Summary> {
+    let mut ranked: Vec<(usize, Summary)> = replicas.into_iter().enumerate().collect();
+    let p99 = |s: &Summary| Metric::TtftP99.of(s).unwrap_or(f64::INFINITY);
+    ranked.sort_by(|a, b| p99(&a.1).total_cmp(&p99(&b.1)).then(a.0.cmp(&b.0)));
+    let middle = ranked.len() / 2;
+    ranked.into_iter().nth(middle).map(|(_, s)| s)
 }
 
 impl SweepCell {
@@ -235,6 +328,8 @@ pub struct SweepReport {
     /// The judged policy (`kv`).
     pub reference: String,
     pub tie: f64,
+    /// Runs per policy per cell ([`SweepConfig::replicas`]).
+    pub replicas: usize,
     pub policies: Vec<String>,
     pub workers: Vec<usize>,
     pub rates: Vec<f64>,
@@ -267,21 +362,28 @@ pub fn run_sweep(
         }
     }
     let policies = config.policies.len();
-    let jobs = cells.len() * policies;
+    let replicas = config.replicas;
+    let jobs = cells.len() * policies * replicas;
     let summaries = parallel::run_ordered(jobs, parallel::threads_for(jobs, threads), |i| {
-        let (t, workers, rate) = cells[i / policies];
+        let (t, workers, rate) = cells[i / (policies * replicas)];
+        let replica = i % replicas;
         let trace = &traces[t];
         let cluster = ClusterConfig {
             workers,
-            policy: config.policies[i % policies],
+            policy: config.policies[(i / replicas) % policies],
             ..config.cluster.clone()
         };
-        let mut workload = trace.workload(rate)?;
+        let mut workload = trace.workload(rate, replica_timing(replica))?;
         let level = trace.level(rate);
+        let replica_label = if replicas > 1 {
+            format!(" replica {replica}")
+        } else {
+            String::new()
+        };
         let progress = bar(
             workload.expected_requests(),
             format!(
-                "{} {} w{workers} {}={level}",
+                "{} {} w{workers} {}={level}{replica_label}",
                 trace.name,
                 cluster.label(),
                 trace.level_kind()
@@ -300,10 +402,18 @@ pub fn run_sweep(
     let mut summaries = summaries.into_iter();
     let mut judged = Vec::with_capacity(cells.len());
     for &(t, workers, rate) in &cells {
-        let runs = summaries
-            .by_ref()
-            .take(policies)
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut runs = Vec::with_capacity(policies);
+        let mut figures = Vec::new();
+        for _ in 0..policies {
+            let all = summaries
+                .by_ref()
+                .take(replicas)
+                .collect::<Result<Vec<_>, _>>()?;
+            if replicas > 1 {
+                figures.extend(replica_figures(&all));
+            }
+            runs.extend(median_run(all));
+        }
         let others: Vec<&Summary> = runs
             .iter()
             .enumerate()
@@ -322,11 +432,13 @@ pub fn run_sweep(
             level: traces[t].level(rate),
             judgement,
             runs,
+            replicas: figures,
         });
     }
     Ok(SweepReport {
         reference: config.cluster_label(REFERENCE),
         tie: config.tie,
+        replicas: config.replicas,
         policies: config
             .policies
             .iter()
@@ -334,24 +446,7 @@ pub fn run_sweep(
             .collect(),
         workers: config.workers.clone(),
         rates: config.rates.clone(),
-        traces: traces
-            .iter()
-            .map(|t| {
-                let agent = match &t.source {
-                    TraceSource::Agentx { config, .. } => Some(config),
-                    TraceSource::Mooncake(_) => None,
-                };
-                TraceInfo {
-                    name: t.name.clone(),
-                    path: t.path.clone(),
-                    level_kind: t.level_kind().to_owned(),
-                    size: t.size(),
-                    concurrency: agent.map(|c| c.concurrency),
-                    time_scale: agent.map(|c| c.time_scale),
-                    max_gap_s: agent.map(|c| c.max_gap_s),
-                }
-            })
-            .collect(),
+        traces: traces.iter().map(SweepTrace::info).collect(),
         settings: serde_json::json!({
             "sim": config.cluster.sim,
             "event_delay_us": config.cluster.event_delay_us,
@@ -407,6 +502,7 @@ mod tests {
                 ..ClusterConfig::default()
             },
             tie: DEFAULT_TIE,
+            replicas: 1,
         }
     }
 
@@ -444,6 +540,96 @@ mod tests {
         // Threads do not change a figure.
         let serial = run_sweep(&[small_trace()], &config(&policies), 1, hidden).unwrap();
         assert_eq!(serial, report);
+    }
+
+    #[test]
+    fn replicas_step_the_timing_and_keep_the_median_run() {
+        let timings: Vec<f64> = (0..5).map(replica_timing).collect();
+        assert_eq!(timings, [1.0, 0.999, 1.001, 0.998, 1.002]);
+
+        let p99s = |runs: &[f64]| {
+            runs.iter()
+                .enumerate()
+                .map(|(i, &p99)| {
+                    let mut s = Summary::from_records(&format!("replica {i}"), 1.0, 4, 0, &[]);
+                    s.requests_completed = 1;
+                    s.ttft_ms.p99 = p99;
+                    s
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            median_run(p99s(&[30.0, 10.0, 20.0])).unwrap().label,
+            "replica 2"
+        );
+        // A run that completed nothing is the slowest; equal figures keep replica order.
+        let mut none = p99s(&[5.0, 1.0, 2.0]);
+        none[1].requests_completed = 0;
+        assert_eq!(median_run(none).unwrap().label, "replica 0");
+        assert_eq!(
+            median_run(p99s(&[7.0, 7.0, 7.0])).unwrap().label,
+            "replica 1"
+        );
+
+        // One worker at eight times the trace's rate: requests queue, so their first tokens
+        // move with their arrivals.
+        let policies = [PolicyKind::Kv, PolicyKind::RoundRobin];
+        let queued = SweepConfig {
+            workers: vec![1],
+            rates: vec![8.0],
+            ..config(&policies)
+        };
+        let one = run_sweep(&[small_trace()], &queued, 2, hidden).unwrap();
+        let three = SweepConfig {
+            replicas: 3,
+            ..queued
+        };
+        let report = run_sweep(&[small_trace()], &three, 2, hidden).unwrap();
+        assert_eq!(report.replicas, 3);
+        assert!(one.cells.iter().all(|c| c.replicas.is_empty()));
+        for (cell, single) in report.cells.iter().zip(&one.cells) {
+            let listed: Vec<(&str, usize, f64)> = (cell.replicas.iter())
+                .map(|r| (r.policy.as_str(), r.replica, r.timing))
+                .collect();
+            assert_eq!(
+                listed,
+                [
+                    ("kv", 0, 1.0),
+                    ("kv", 1, 0.999),
+                    ("kv", 2, 1.001),
+                    ("round-robin", 0, 1.0),
+                    ("round-robin", 1, 0.999),
+                    ("round-robin", 2, 1.001),
+                ]
+            );
+            for run in &cell.runs {
+                let of_policy: Vec<&ReplicaFigures> = (cell.replicas.iter())
+                    .filter(|r| r.policy == run.label)
+                    .collect();
+                // Replica 0 is the unperturbed run, the one a single-replica sweep makes.
+                let alone = single.run(&run.label).unwrap();
+                assert_eq!(of_policy[0].ttft_p99_ms, Metric::TtftP99.of(alone));
+                assert_eq!(of_policy[0].cache_hit_rate, alone.cache_hit_rate);
+                // The cell keeps the replica with the median p99, and judges on it.
+                let mut sorted: Vec<f64> =
+                    of_policy.iter().map(|r| r.ttft_p99_ms.unwrap()).collect();
+                // The replicas' arrivals moved: so did their first tokens.
+                assert!(
+                    sorted[0] != sorted[1] && sorted[1] != sorted[2],
+                    "{sorted:?}"
+                );
+                sorted.sort_by(f64::total_cmp);
+                assert_eq!(Metric::TtftP99.of(run), Some(sorted[1]));
+            }
+            let kv = cell.run("kv").unwrap();
+            let others: Vec<&Summary> = cell.runs.iter().filter(|r| r.label != "kv").collect();
+            assert_eq!(cell.judgement, verdict::judge(kv, &others, DEFAULT_TIE));
+        }
+        assert!(
+            report
+                .table()
+                .contains("3 replicas with the median TTFT p99")
+        );
     }
 
     #[test]
@@ -487,6 +673,15 @@ mod tests {
             })
             .contains("--workers")
         );
+        for replicas in [0, 2, MAX_REPLICAS + 2] {
+            assert!(
+                refused(SweepConfig {
+                    replicas,
+                    ..config(&[PolicyKind::Kv, PolicyKind::Random])
+                })
+                .contains("--replicas")
+            );
+        }
         assert!(
             refused(SweepConfig {
                 rates: vec![f64::NAN],

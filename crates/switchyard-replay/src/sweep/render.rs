@@ -126,9 +126,17 @@ impl SweepReport {
     /// trace and in all.
     pub fn table(&self) -> String {
         let mut s = String::new();
+        let replicas = if self.replicas > 1 {
+            format!(
+                "; each policy's run of {} replicas with the median TTFT p99",
+                self.replicas
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "sweep: {} against {}; hit rate / TTFT p99; within {:.0} % is a tie",
+            "sweep: {} against {}; hit rate / TTFT p99; within {:.0} % is a tie{replicas}",
             self.reference,
             self.others().join(", "),
             self.tie * 100.0
@@ -312,6 +320,7 @@ mod tests {
             level: rate,
             judgement: verdict::judge(&runs[0], &others, 0.02),
             runs,
+            replicas: Vec::new(),
         }
     }
 
@@ -338,6 +347,7 @@ mod tests {
         SweepReport {
             reference: "kv".into(),
             tie: 0.02,
+            replicas: 1,
             policies: vec!["kv".into(), "approx-kv".into(), "sglang-ca".into()],
             workers: vec![4],
             rates: vec![1.0, 1.5],
