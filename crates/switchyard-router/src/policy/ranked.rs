@@ -232,10 +232,7 @@ pub(crate) fn best_scores(
         }
     });
     // Those holding none of the prompt.
-    with_pending.extend(
-        (pending_of.into_values())
-            .map(|(pos, n)| (pos, cost::with_pending(TierOverlap::default(), n), n)),
-    );
+    with_pending.extend((pending_of.into_values()).map(|(pos, n)| pending_only(pos, n)));
     for &(pos, overlap, pending) in &with_pending {
         price(&mut top, pos, overlap, pending);
     }
@@ -310,6 +307,12 @@ struct Pending {
     unindexed: Vec<(u32, TierOverlap, u32)>,
 }
 
+/// The worker at roster position `pos` holding nothing of the prompt but the `n` leading blocks
+/// requests in flight bring it: its overlap, those counted, and `n`.
+fn pending_only(pos: u32, n: u32) -> (u32, TierOverlap, u32) {
+    (pos, cost::with_pending(TierOverlap::default(), n), n)
+}
+
 fn pending(
     request: &RouteRequest,
     index: &PrefixIndex,
@@ -332,7 +335,7 @@ fn pending(
             Some(k) => {
                 pending_of.insert(k, (pos, *n));
             }
-            None => unindexed.push((pos, cost::with_pending(TierOverlap::default(), *n), *n)),
+            None => unindexed.push(pending_only(pos, *n)),
         }
     }
     Pending {
