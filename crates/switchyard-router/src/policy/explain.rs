@@ -1,6 +1,7 @@
 //! The per-worker breakdown every policy fills, the shared choice rule and the explanation.
 
 use std::cmp::Ordering;
+use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
 
 use serde::Serialize;
@@ -158,17 +159,38 @@ pub(crate) fn sample(scores: &mut [WorkerScore], temperature: f64, rng: &mut Spl
     weights.len() - 1
 }
 
-/// `1234567` → `"1,234,567"`.
-pub(crate) fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
+/// `1234567` → `"1,234,567"`, written where it is formatted (no string of its own: a
+/// decision's explanation formats several per request).
+pub(crate) fn thousands(n: u64) -> Thousands {
+    Thousands(n)
+}
+
+/// [`thousands`]'s figure.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Thousands(u64);
+
+impl std::fmt::Display for Thousands {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // u64::MAX has 20 digits.
+        let mut digits = [0u8; 20];
+        let mut len = 0;
+        let mut n = self.0;
+        loop {
+            digits[len] = b'0' + (n % 10) as u8;
+            len += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
         }
-        out.push(c);
+        for i in (0..len).rev() {
+            f.write_char(char::from(digits[i]))?;
+            if i > 0 && i % 3 == 0 {
+                f.write_char(',')?;
+            }
+        }
+        Ok(())
     }
-    out
 }
 
 /// The runner-up (best other than `chosen`) under [`compare`].
@@ -192,9 +214,16 @@ mod tests {
 
     #[test]
     fn thousands_separators() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1024), "1,024");
-        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(thousands(0).to_string(), "0");
+        assert_eq!(thousands(7).to_string(), "7");
+        assert_eq!(thousands(999).to_string(), "999");
+        assert_eq!(thousands(1000).to_string(), "1,000");
+        assert_eq!(thousands(1024).to_string(), "1,024");
+        assert_eq!(thousands(100_000).to_string(), "100,000");
+        assert_eq!(thousands(1_234_567).to_string(), "1,234,567");
+        assert_eq!(
+            thousands(u64::MAX).to_string(),
+            "18,446,744,073,709,551,615"
+        );
     }
 }

@@ -30,6 +30,8 @@
 //! (`ranked`), so its work grows with the holders and the loads near the best, not with the
 //! fleet. Either way the choice and the explanation are the full breakdown's.
 
+use std::fmt::Write as _;
+
 use switchyard_core::WorkerId;
 
 use super::cost;
@@ -177,24 +179,28 @@ pub(crate) fn kv_why(
     chosen: usize,
     sampled: bool,
 ) -> String {
+    // One buffer written in place: the sentence is built for every decision.
     let w = &scores[chosen];
-    let how = if sampled {
-        format!(
+    let mut why = String::with_capacity(320);
+    let _ = write!(why, "{}: ", w.worker);
+    if sampled {
+        let _ = write!(
+            why,
             "sampled with probability {:.2} for its predicted cost",
             w.probability.unwrap_or(0.0)
-        )
+        );
     } else {
-        "lowest predicted cost".to_owned()
-    };
-    let mut why = format!(
-        "{}: {how} {:.3} s: prefill {} uncached + {} queued tokens ({} of {} prompt blocks cached on device{}), decode load {} active blocks",
-        w.worker,
+        why.push_str("lowest predicted cost");
+    }
+    let _ = write!(
+        why,
+        " {:.3} s: prefill {} uncached + {} queued tokens ({} of {} prompt blocks cached on device{}), decode load {} active blocks",
         w.score,
         thousands(w.uncached_prompt_tokens),
         thousands(w.queued_prefill_tokens),
         w.overlap.device,
         request.block_hashes.len(),
-        onboarding_why(w),
+        OnboardingWhy(w),
         thousands(w.active_blocks),
     );
     if let Some(r) = explain::runner_up(request, scores, chosen) {
@@ -203,47 +209,52 @@ pub(crate) fn kv_why(
         } else {
             ""
         };
-        why.push_str(&format!(
+        let _ = write!(
+            why,
             "; runner-up {} cost {:.3} s ({} uncached + {} queued{}){tie}",
             r.worker,
             r.score,
             thousands(r.uncached_prompt_tokens),
             thousands(r.queued_prefill_tokens),
-            onboarding_why(r),
-        ));
+            OnboardingWhy(r),
+        );
     }
     why
 }
 
 /// `", 8 more loaded from host/disk/remote in 0.012 s (recompute 0.064 s)"`, or nothing when
 /// the worker loads nothing.
-fn onboarding_why(w: &WorkerScore) -> String {
-    let o = &w.onboarding;
-    let peer = if o.peer_blocks == 0 {
-        String::new()
-    } else {
-        format!(
-            ", {} more copied from a peer in {:.3} s (recompute {:.3} s)",
-            o.peer_blocks, o.peer_seconds, o.peer_recompute_seconds
-        )
-    };
-    if o.blocks() == 0 {
-        return peer;
+struct OnboardingWhy<'a>(&'a WorkerScore);
+
+impl std::fmt::Display for OnboardingWhy<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let o = &self.0.onboarding;
+        if o.blocks() > 0 {
+            let assumed = if o.announced {
+                ""
+            } else {
+                ", assumed tier costs"
+            };
+            write!(
+                f,
+                ", {} more loaded ({} host, {} disk, {} remote) in {:.3} s (recompute {:.3} s{assumed})",
+                o.blocks(),
+                o.host_blocks,
+                o.disk_blocks,
+                o.remote_blocks,
+                o.seconds,
+                o.recompute_seconds,
+            )?;
+        }
+        if o.peer_blocks > 0 {
+            write!(
+                f,
+                ", {} more copied from a peer in {:.3} s (recompute {:.3} s)",
+                o.peer_blocks, o.peer_seconds, o.peer_recompute_seconds
+            )?;
+        }
+        Ok(())
     }
-    let assumed = if o.announced {
-        ""
-    } else {
-        ", assumed tier costs"
-    };
-    format!(
-        ", {} more loaded ({} host, {} disk, {} remote) in {:.3} s (recompute {:.3} s{assumed})",
-        o.blocks(),
-        o.host_blocks,
-        o.disk_blocks,
-        o.remote_blocks,
-        o.seconds,
-        o.recompute_seconds,
-    ) + &peer
 }
 
 /// Checks the request was hashed like the index.
@@ -324,5 +335,110 @@ impl Policy for KvPolicy {
             ..ask
         };
         self.decide_best(request, candidates, index, load, ask)
+    }
+}
+
+#[cfg(test)]
+mod why_tests {
+    use switchyard_core::{BlockHash, BlockSize, KvTierCosts, WorkerId};
+
+    use super::kv_why;
+    use crate::index::TierOverlap;
+    use crate::policy::RouteRequest;
+    use crate::policy::cost::Onboarding;
+    use crate::policy::explain::WorkerScore;
+
+    fn score(worker: &str, cost: f64, uncached: u64, queued: u64, active: u64) -> WorkerScore {
+        WorkerScore {
+            worker: WorkerId::new(worker).unwrap(),
+            overlap: TierOverlap {
+                device: 3,
+                device_or_host: 3,
+                device_host_or_disk: 3,
+                any_tier: 3,
+            },
+            pending_blocks: 0,
+            uncached_prompt_tokens: uncached,
+            queued_prefill_tokens: queued,
+            running_requests: 0,
+            active_decode_sequences: 0,
+            active_blocks: active,
+            kv_utilisation: 0.0,
+            onboarding: Onboarding {
+                host_blocks: 0,
+                disk_blocks: 0,
+                remote_blocks: 0,
+                bytes: 0,
+                queued_bytes: 0,
+                seconds: 0.0,
+                recompute_seconds: 0.0,
+                peer_blocks: 0,
+                peer_seconds: 0.0,
+                peer_recompute_seconds: 0.0,
+                costs: KvTierCosts::typical(1 << 20),
+                announced: true,
+            },
+            overflow_blocks: 0,
+            prefill_term: cost,
+            decode_term: 0.0,
+            score: cost,
+            probability: None,
+        }
+    }
+
+    /// The whole sentence, every clause: thousands separators, the loaded and copied prefix,
+    /// assumed costs, sampling, the runner-up and its tie.
+    #[test]
+    fn the_sentence_names_every_figure() {
+        let request = RouteRequest {
+            block_hashes: (0..12).map(BlockHash).collect(),
+            prompt_tokens: 1_234_567,
+            block_size: BlockSize::new(16).unwrap(),
+            session: None,
+            now: 0,
+            adapter: None,
+        };
+        let mut chosen = score("w1", 0.5, 1_234_567, 1000, 987_654_321);
+        chosen.onboarding.host_blocks = 5;
+        chosen.onboarding.disk_blocks = 2;
+        chosen.onboarding.remote_blocks = 1;
+        chosen.onboarding.seconds = 0.0125;
+        chosen.onboarding.recompute_seconds = 0.064;
+        chosen.onboarding.announced = false;
+        chosen.onboarding.peer_blocks = 48;
+        chosen.onboarding.peer_seconds = 0.002;
+        chosen.onboarding.peer_recompute_seconds = 0.03;
+        let mut other = score("w2", 0.75, 999, 12_000, 0);
+        other.onboarding.peer_blocks = 4;
+        other.onboarding.peer_seconds = 0.001;
+        other.onboarding.peer_recompute_seconds = 0.004;
+        let scores = vec![chosen, other];
+        assert_eq!(
+            kv_why(&request, &scores, 0, false),
+            "w1: lowest predicted cost 0.500 s: prefill 1,234,567 uncached + 1,000 queued tokens \
+             (3 of 12 prompt blocks cached on device, 8 more loaded (5 host, 2 disk, 1 remote) in \
+             0.013 s (recompute 0.064 s, assumed tier costs), 48 more copied from a peer in 0.002 s \
+             (recompute 0.030 s)), decode load 987,654,321 active blocks; runner-up w2 cost 0.750 s \
+             (999 uncached + 12,000 queued, 4 more copied from a peer in 0.001 s (recompute \
+             0.004 s))"
+        );
+        let mut sampled = scores;
+        sampled[0].probability = Some(0.625);
+        sampled[0].onboarding = sampled[1].onboarding;
+        sampled[0].onboarding.peer_blocks = 0;
+        sampled[1].score = 0.5;
+        assert_eq!(
+            kv_why(&request, &sampled, 0, true),
+            "w1: sampled with probability 0.62 for its predicted cost 0.500 s: prefill 1,234,567 \
+             uncached + 1,000 queued tokens (3 of 12 prompt blocks cached on device), decode load \
+             987,654,321 active blocks; runner-up w2 cost 0.500 s (999 uncached + 12,000 queued, 4 \
+             more copied from a peer in 0.001 s (recompute 0.004 s)) (tie broken by running \
+             requests, then request hash)"
+        );
+        assert_eq!(
+            kv_why(&request, &sampled[..1], 0, false),
+            "w1: lowest predicted cost 0.500 s: prefill 1,234,567 uncached + 1,000 queued tokens \
+             (3 of 12 prompt blocks cached on device), decode load 987,654,321 active blocks"
+        );
     }
 }

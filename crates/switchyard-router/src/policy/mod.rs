@@ -278,9 +278,20 @@ impl PolicyKind {
     }
 }
 
+impl PolicyKind {
+    /// The policy named exactly `name` ([`PolicyKind::as_str`]), as an explanation names it:
+    /// the parse without normalising (and allocating).
+    pub fn named(name: &str) -> Option<Self> {
+        PolicyKind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
 impl std::str::FromStr for PolicyKind {
     type Err = RouteError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(kind) = PolicyKind::named(s) {
+            return Ok(kind);
+        }
         let norm = s.trim().to_ascii_lowercase().replace('_', "-");
         PolicyKind::ALL
             .into_iter()

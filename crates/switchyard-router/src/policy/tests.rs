@@ -359,8 +359,15 @@ fn errors_are_clear() {
 fn policy_kinds_parse() {
     for kind in PolicyKind::ALL {
         assert_eq!(kind.as_str().parse::<PolicyKind>().unwrap(), kind);
+        assert_eq!(PolicyKind::named(kind.as_str()), Some(kind));
+        // Explanations carry the built policy's name, which the counterfactual reads back.
+        let built = kind.build(&PolicyConfig::default()).unwrap();
+        assert_eq!(PolicyKind::named(built.name()), Some(kind));
         assert_eq!(kind.to_string(), kind.as_str());
     }
+    // `named` takes an explanation's name as written; the parse normalises what users type.
+    assert_eq!(PolicyKind::named("Round_Robin"), None);
+    assert_eq!(PolicyKind::named("fastest"), None);
     assert_eq!(
         "Round_Robin".parse::<PolicyKind>().unwrap(),
         PolicyKind::RoundRobin

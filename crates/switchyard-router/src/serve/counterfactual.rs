@@ -51,11 +51,7 @@ impl RescoreBasis {
         load: &LoadView,
     ) -> Self {
         let workers = &decision.explanation.workers;
-        let overlap_from_index = decision
-            .explanation
-            .policy
-            .parse::<PolicyKind>()
-            .ok()
+        let overlap_from_index = PolicyKind::named(decision.explanation.policy)
             .is_none_or(PolicyKind::scores_index_overlap);
         let index_overlap = (!overlap_from_index).then(|| {
             let scores = index.overlap(&request.block_hashes);
