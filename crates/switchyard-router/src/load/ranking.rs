@@ -104,6 +104,10 @@ pub struct Ranking {
     places: Vec<Place>,
     groups: Vec<Group>,
     prices_peer_copies: bool,
+    /// Emptied buckets' lists, kept for the next new bucket: a booking moves its worker to a
+    /// bucket of its own more often than not, and a release empties it again. At most one per
+    /// position (a list is made only when none is kept, and a bucket holds a position).
+    spare: Vec<Vec<u32>>,
 }
 
 impl Ranking {
@@ -238,10 +242,11 @@ impl Ranking {
 
     fn enter(&mut self, pos: u32) {
         let place = &mut self.places[pos as usize];
+        let spare = &mut self.spare;
         let bucket = self.groups[place.group as usize]
             .buckets
             .entry(place.key)
-            .or_default();
+            .or_insert_with(|| spare.pop().unwrap_or_default());
         place.at = bucket.len() as u32;
         bucket.push(pos);
     }
@@ -256,8 +261,10 @@ impl Ranking {
         if let Some(&moved) = bucket.get(place.at as usize) {
             self.places[moved as usize].at = place.at;
         }
-        if bucket.is_empty() {
-            buckets.remove(&place.key);
+        if bucket.is_empty()
+            && let Some(list) = buckets.remove(&place.key)
+        {
+            self.spare.push(list);
         }
     }
 }
@@ -367,5 +374,50 @@ mod tests {
         }
         assert_eq!(seen, vec![1, 1, 1, 0, 1, 1]);
         assert_eq!(ranking.position(&ids[3]), None);
+    }
+
+    /// The lists of emptied buckets are reused, never more of them kept than there are
+    /// positions, and every worker stays in exactly one bucket through thousands of moves.
+    #[test]
+    fn emptied_bucket_lists_are_reused_and_bounded() {
+        let mut ranking = Ranking::default();
+        let ids: Vec<WorkerId> = (0..8).map(|i| w(&format!("w{i}"))).collect();
+        let roster = ids.iter().map(|id| RosterWorker {
+            id: id.clone(),
+            prefill_tokens_per_s: 10_000,
+            prices_peer_copies: false,
+        });
+        let weights = RankWeights {
+            prefill_weight: 1.0,
+            decode_weight: 0.0,
+            block_size: 16,
+        };
+        ranking.set_roster(weights, roster, |_| WorkerLoad::default());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut lists_made = 0;
+        for _ in 0..5_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let worker = (x >> 60) as usize % ids.len();
+            let spare_before = ranking.spare.len();
+            let buckets_before: usize = ranking.groups().iter().map(|g| g.buckets.len()).sum();
+            ranking.refresh(&ids[worker], loaded((x >> 33) % 6, 0, 0));
+            let buckets_after: usize = ranking.groups().iter().map(|g| g.buckets.len()).sum();
+            // A list was made when the kept ones did not cover the buckets that appeared.
+            if buckets_after + ranking.spare.len() > buckets_before + spare_before {
+                lists_made += 1;
+            }
+            assert!(ranking.spare.len() + buckets_after <= ids.len());
+            assert!(ranking.spare.iter().all(Vec::is_empty));
+        }
+        assert!(lists_made <= ids.len(), "{lists_made} lists made");
+        let mut seen = vec![0; ids.len()];
+        for group in ranking.groups() {
+            for (_, members) in group.buckets() {
+                for &pos in members {
+                    seen[pos as usize] += 1;
+                }
+            }
+        }
+        assert_eq!(seen, vec![1; ids.len()]);
     }
 }
