@@ -305,23 +305,47 @@ mod tests {
         }
     }
 
-    /// Every worker is in exactly the bucket of its load, through moves that empty buckets and
-    /// swap workers within them.
-    #[test]
-    fn workers_sit_in_the_bucket_of_their_load() {
+    /// A ranking of `n` idle workers `w0`, `w1`, … at the prefill rate `rate(i)`, with their
+    /// ids.
+    fn ranked(
+        n: usize,
+        rate: impl Fn(usize) -> u64,
+        decode_weight: f64,
+    ) -> (Ranking, Vec<WorkerId>) {
         let mut ranking = Ranking::default();
-        let ids: Vec<WorkerId> = (0..6).map(|i| w(&format!("w{i}"))).collect();
+        let ids: Vec<WorkerId> = (0..n).map(|i| w(&format!("w{i}"))).collect();
         let roster = ids.iter().enumerate().map(|(i, id)| RosterWorker {
             id: id.clone(),
-            prefill_tokens_per_s: if i < 4 { 10_000 } else { 20_000 },
+            prefill_tokens_per_s: rate(i),
             prices_peer_copies: false,
         });
         let weights = RankWeights {
             prefill_weight: 1.0,
-            decode_weight: 0.1,
+            decode_weight,
             block_size: 16,
         };
         ranking.set_roster(weights, roster, |_| WorkerLoad::default());
+        (ranking, ids)
+    }
+
+    /// How many buckets hold each of the `n` positions.
+    fn bucket_counts(ranking: &Ranking, n: usize) -> Vec<u32> {
+        let mut seen = vec![0; n];
+        for group in ranking.groups() {
+            for (_, members) in group.buckets() {
+                for &pos in members {
+                    seen[pos as usize] += 1;
+                }
+            }
+        }
+        seen
+    }
+
+    /// Every worker is in exactly the bucket of its load, through moves that empty buckets and
+    /// swap workers within them.
+    #[test]
+    fn workers_sit_in_the_bucket_of_their_load() {
+        let (mut ranking, ids) = ranked(6, |i| if i < 4 { 10_000 } else { 20_000 }, 0.1);
         assert_eq!(ranking.groups().len(), 2);
         let moves = [
             (0, 100, 0, 1),
@@ -364,15 +388,7 @@ mod tests {
         ranking.refresh(&ids[3], loaded(7, 7, 7));
         ranking.retire(&ids[3]);
         ranking.refresh(&ids[2], loaded(0, 0, 0));
-        let mut seen = vec![0; ids.len()];
-        for group in ranking.groups() {
-            for (_, members) in group.buckets() {
-                for &pos in members {
-                    seen[pos as usize] += 1;
-                }
-            }
-        }
-        assert_eq!(seen, vec![1, 1, 1, 0, 1, 1]);
+        assert_eq!(bucket_counts(&ranking, ids.len()), vec![1, 1, 1, 0, 1, 1]);
         assert_eq!(ranking.position(&ids[3]), None);
     }
 
@@ -380,27 +396,14 @@ mod tests {
     /// positions, and every worker stays in exactly one bucket through thousands of moves.
     #[test]
     fn emptied_bucket_lists_are_reused_and_bounded() {
-        let mut ranking = Ranking::default();
-        let ids: Vec<WorkerId> = (0..8).map(|i| w(&format!("w{i}"))).collect();
-        let roster = ids.iter().map(|id| RosterWorker {
-            id: id.clone(),
-            prefill_tokens_per_s: 10_000,
-            prices_peer_copies: false,
-        });
-        let weights = RankWeights {
-            prefill_weight: 1.0,
-            decode_weight: 0.0,
-            block_size: 16,
-        };
-        ranking.set_roster(weights, roster, |_| WorkerLoad::default());
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let (mut ranking, ids) = ranked(8, |_| 10_000, 0.0);
+        let mut rng = switchyard_core::rng::SplitMix64::new(7);
         let mut lists_made = 0;
         for _ in 0..5_000 {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            let worker = (x >> 60) as usize % ids.len();
+            let worker = rng.below(ids.len());
             let spare_before = ranking.spare.len();
             let buckets_before: usize = ranking.groups().iter().map(|g| g.buckets.len()).sum();
-            ranking.refresh(&ids[worker], loaded((x >> 33) % 6, 0, 0));
+            ranking.refresh(&ids[worker], loaded(rng.below(6) as u64, 0, 0));
             let buckets_after: usize = ranking.groups().iter().map(|g| g.buckets.len()).sum();
             // A list was made when the kept ones did not cover the buckets that appeared.
             if buckets_after + ranking.spare.len() > buckets_before + spare_before {
@@ -410,14 +413,6 @@ mod tests {
             assert!(ranking.spare.iter().all(Vec::is_empty));
         }
         assert!(lists_made <= ids.len(), "{lists_made} lists made");
-        let mut seen = vec![0; ids.len()];
-        for group in ranking.groups() {
-            for (_, members) in group.buckets() {
-                for &pos in members {
-                    seen[pos as usize] += 1;
-                }
-            }
-        }
-        assert_eq!(seen, vec![1; ids.len()]);
+        assert_eq!(bucket_counts(&ranking, ids.len()), vec![1; ids.len()]);
     }
 }
