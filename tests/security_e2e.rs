@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::{Value, json};
 use support::{Api, Launch, SwitchyardProcess, refused_at_start, tokens};
 use switchyard_proto::v1::{self, worker_client::WorkerClient};
+use switchyard_security::ahead::ReadAhead;
 use switchyard_security::tls::{Reloading, TlsFiles, grpc_client_config};
 use switchyard_security::{AuthChannel, ClusterSecret, Credential, Dialer, Identity, PeerRole};
 use switchyard_testkit::EtcdServer;
@@ -485,7 +486,7 @@ async fn with_mtls_a_certificate_names_the_role_and_outsiders_get_nothing() {
             .unwrap()
             .connect_lazy();
         AuthChannel::new(
-            channel,
+            ReadAhead::new(channel),
             Credential::none(Identity::new(&name, PeerRole::Planner)),
         )
     };

@@ -13,14 +13,16 @@ use tonic::transport::Channel;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::{Request, Status};
 
+use crate::ahead::ReadAhead;
 use crate::identity::{Identity, PeerRole};
 use crate::secret::ClusterSecret;
 
 /// The gRPC metadata entry a cluster-secret credential travels in.
 pub const CREDENTIAL_HEADER: &str = "x-switchyard-credential";
 
-/// A channel whose every call carries the caller's credential.
-pub type AuthChannel = InterceptedService<Channel, Credential>;
+/// A channel whose every call carries the caller's credential (and whose request bodies are
+/// read ahead, [`crate::ahead`]).
+pub type AuthChannel = InterceptedService<ReadAhead<Channel>, Credential>;
 
 /// The client side: adds a fresh credential to each call when the cluster has a secret (with
 /// mTLS the certificate already says who calls).

@@ -16,6 +16,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tonic::transport::Endpoint;
 
+use crate::ahead::ReadAhead;
 use crate::authorize::{AuthChannel, Credential};
 use crate::error::SecurityError;
 use crate::identity::Identity;
@@ -72,7 +73,7 @@ impl Dialer {
             }),
             None => endpoint.connect_lazy(),
         };
-        AuthChannel::new(channel, self.credential.clone())
+        AuthChannel::new(ReadAhead::new(channel), self.credential.clone())
     }
 
     /// A channel connected now.
@@ -89,7 +90,10 @@ impl Dialer {
             None => endpoint.connect().await,
         };
         let channel = connected.map_err(|source| SecurityError::Connect { address, source })?;
-        Ok(AuthChannel::new(channel, self.credential.clone()))
+        Ok(AuthChannel::new(
+            ReadAhead::new(channel),
+            self.credential.clone(),
+        ))
     }
 }
 

@@ -37,6 +37,7 @@
 // Tests may unwrap: a failure there is the test failing.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod ahead;
 pub mod authorize;
 pub mod config;
 pub mod dial;

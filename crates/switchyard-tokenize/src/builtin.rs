@@ -309,24 +309,26 @@ impl BuiltinBpe {
         )
     }
 
-    pub(crate) fn decode(&self, ids: &[TokenId], skip_special_tokens: bool) -> String {
-        let mut bytes = Vec::with_capacity(ids.len() * 4);
+    /// Appends the bytes `ids` decode to; the bytes of a sequence are the concatenation of
+    /// its parts' (tiktoken's byte pieces and the special tokens' text).
+    pub(crate) fn extend_bytes(
+        &self,
+        bytes: &mut Vec<u8>,
+        ids: &[TokenId],
+        skip_special_tokens: bool,
+    ) {
         // Ordinary ids are decoded in runs between special tokens, one call per run.
         for run in ids.split_inclusive(|id| self.special_by_id.contains_key(id)) {
             let (ordinary, special) = match run.split_last() {
                 Some((last, head)) if self.special_by_id.contains_key(last) => (head, Some(*last)),
                 _ => (run, None),
             };
-            self.extend_ordinary(&mut bytes, ordinary);
+            self.extend_ordinary(bytes, ordinary);
             if let Some(text) = special.and_then(|id| self.special_by_id.get(&id))
                 && !skip_special_tokens
             {
                 bytes.extend_from_slice(text.as_bytes());
             }
-        }
-        match String::from_utf8(bytes) {
-            Ok(text) => text,
-            Err(err) => String::from_utf8_lossy(err.as_bytes()).into_owned(),
         }
     }
 

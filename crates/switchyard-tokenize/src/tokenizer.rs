@@ -328,16 +328,44 @@ impl Tokenizer {
         ids: &[TokenId],
         skip_special_tokens: bool,
     ) -> Result<String, TokenizeError> {
+        if let Backend::HuggingFace {
+            inner: tok,
+            fast_decode: None,
+            ..
+        } = &self.backend
+        {
+            return tok
+                .decode(ids, skip_special_tokens)
+                .map_err(|source| TokenizeError::Decode { source });
+        }
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        self.extend_decoded_bytes(&mut bytes, ids, skip_special_tokens);
+        Ok(match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(err) => String::from_utf8_lossy(err.as_bytes()).into_owned(),
+        })
+    }
+
+    /// Appends the bytes `ids` decode to and returns true, for a tokenizer whose decode is the
+    /// UTF-8 (lossy) reading of its tokens' bytes one after another: the built-in BPE and a
+    /// `ByteLevel` decoder read from its table. Returns false, appending nothing, for any
+    /// other decoder (SentencePiece's `Metaspace` drops a leading space: a token's text
+    /// depends on its neighbours).
+    pub fn extend_decoded_bytes(
+        &self,
+        bytes: &mut Vec<u8>,
+        ids: &[TokenId],
+        skip_special_tokens: bool,
+    ) -> bool {
         match &self.backend {
             Backend::HuggingFace {
                 fast_decode: Some(fast),
                 ..
-            } => Ok(fast.decode(ids, skip_special_tokens)),
-            Backend::HuggingFace { inner: tok, .. } => tok
-                .decode(ids, skip_special_tokens)
-                .map_err(|source| TokenizeError::Decode { source }),
-            Backend::Builtin(bpe) => Ok(bpe.decode(ids, skip_special_tokens)),
+            } => fast.extend_bytes(bytes, ids, skip_special_tokens),
+            Backend::HuggingFace { .. } => return false,
+            Backend::Builtin(bpe) => bpe.extend_bytes(bytes, ids, skip_special_tokens),
         }
+        true
     }
 
     /// Number of ids, special tokens included (one more than the largest id).

@@ -64,19 +64,21 @@ impl ByteLevelDecoder {
         Some(Self { pieces })
     }
 
-    /// `ids` decoded as `tokenizers` decodes them.
-    pub(crate) fn decode(&self, ids: &[TokenId], skip_special_tokens: bool) -> String {
-        let mut bytes = Vec::with_capacity(ids.len() * 4);
+    /// Appends the bytes `ids` decode to, as `tokenizers` decodes them (read as UTF-8, lossily):
+    /// each id's bytes in turn, so the bytes of a sequence are the concatenation of its parts'
+    /// (what lets a stream be decoded a token at a time).
+    pub(crate) fn extend_bytes(
+        &self,
+        bytes: &mut Vec<u8>,
+        ids: &[TokenId],
+        skip_special_tokens: bool,
+    ) {
         for &id in ids {
             if let Some(Some(piece)) = self.pieces.get(id as usize)
                 && !(skip_special_tokens && piece.special)
             {
                 bytes.extend_from_slice(&piece.bytes);
             }
-        }
-        match String::from_utf8(bytes) {
-            Ok(text) => text,
-            Err(err) => String::from_utf8_lossy(err.as_bytes()).into_owned(),
         }
     }
 }

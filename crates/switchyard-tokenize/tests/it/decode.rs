@@ -1,11 +1,32 @@
-//! The incremental detokenizer against a full decode, on both tokenizers.
+//! The incremental detokenizer against a full decode: byte by byte (the built-in BPE, Qwen3
+//! with its table decoder) and by a sliding window (Qwen3 through the `tokenizers` library).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use proptest::prelude::*;
 use switchyard_tokenize::{IncrementalDecoder, Tokenizer};
 
-use crate::support::{builtin, qwen3};
+use crate::support::{builtin, qwen3, qwen3_dir};
+
+/// Qwen3 without the fast paths: decoded by the library, so the decoder keeps a window.
+fn qwen3_library() -> Arc<Tokenizer> {
+    static TOKENIZER: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| {
+            let path = qwen3_dir().join("tokenizer.json");
+            Arc::new(Tokenizer::from_hf_file_without_fast_path(&path).unwrap())
+        })
+        .clone()
+}
+
+#[test]
+fn each_tokenizer_takes_the_mode_these_tests_cover() {
+    let by_bytes =
+        |tokenizer: Arc<Tokenizer>| IncrementalDecoder::new(tokenizer, true).decodes_by_bytes();
+    assert!(by_bytes(builtin().tokenizer().clone()));
+    assert!(by_bytes(qwen3().tokenizer().clone()));
+    assert!(!by_bytes(qwen3_library()));
+}
 
 /// Streams `ids` through a decoder; returns the pieces.
 fn stream(tokenizer: &Arc<Tokenizer>, ids: &[u32], skip_special_tokens: bool) -> Vec<String> {
@@ -63,6 +84,22 @@ proptest! {
         check(qwen3().tokenizer(), &text)?;
     }
 
+    #[test]
+    fn qwen3_window_pieces_concatenate_to_the_full_decode(text in mixed_text()) {
+        check(&qwen3_library(), &text)?;
+    }
+
+    /// Qwen3's byte tokens in any order (most not valid UTF-8 in sequence), special tokens
+    /// among them, by bytes and by window: both equal the full decode.
+    #[test]
+    fn qwen3_random_ids(ids in proptest::collection::vec(
+        prop_oneof![8 => 0u32..300, 2 => 0u32..151_700], 0..40), skip in any::<bool>()) {
+        for tokenizer in [qwen3().tokenizer().clone(), qwen3_library()] {
+            let pieces = stream(&tokenizer, &ids, skip);
+            prop_assert_eq!(pieces.concat(), tokenizer.decode(&ids, skip).unwrap());
+        }
+    }
+
     /// Arbitrary ids (most not valid UTF-8 in sequence) still concatenate to the full decode.
     #[test]
     fn builtin_random_ids(ids in proptest::collection::vec(0u32..100_277, 0..40)) {
@@ -88,10 +125,11 @@ fn holds_a_character_split_across_tokens() {
 
 #[test]
 fn window_stays_small_over_a_long_stream() {
-    let tokenizer = qwen3().tokenizer().clone();
+    let tokenizer = qwen3_library();
     let text = "Streaming 你好 🦀 text. ".repeat(500);
     let ids = tokenizer.encode(&text).unwrap();
     let mut decoder = IncrementalDecoder::new(tokenizer.clone(), true);
+    assert!(!decoder.decodes_by_bytes());
     let mut out = String::new();
     for &id in &ids {
         out.push_str(&decoder.push(id).unwrap());
@@ -107,7 +145,12 @@ fn window_stays_small_over_a_long_stream() {
 
 #[test]
 fn prompt_context_does_not_leak_into_output() {
-    let tokenizer = qwen3().tokenizer().clone();
+    for tokenizer in [qwen3().tokenizer().clone(), qwen3_library()] {
+        prompt_context_stays_out(tokenizer);
+    }
+}
+
+fn prompt_context_stays_out(tokenizer: Arc<Tokenizer>) {
     let prompt = tokenizer.encode("<|im_start|>assistant\n").unwrap();
     let generated = tokenizer.encode("Hello there, 世界").unwrap();
     let mut decoder = IncrementalDecoder::new(tokenizer.clone(), true)
