@@ -67,8 +67,11 @@ impl Ahead {
         // sender's waker, when the client asks for its next frame.
         let mut cx = Context::from_waker(Waker::noop());
         let rest = loop {
-            if frames.len() == MAX_FRAMES_AHEAD || body.is_end_stream() {
-                break (!body.is_end_stream()).then_some(body);
+            if body.is_end_stream() {
+                break None;
+            }
+            if frames.len() == MAX_FRAMES_AHEAD {
+                break Some(body);
             }
             match Pin::new(&mut body).poll_frame(&mut cx) {
                 Poll::Ready(Some(frame)) => frames.push_back(frame),

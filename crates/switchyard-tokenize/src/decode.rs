@@ -50,7 +50,7 @@ pub struct IncrementalDecoder {
 impl IncrementalDecoder {
     /// A decoder for a fresh generation.
     pub fn new(tokenizer: Arc<Tokenizer>, skip_special_tokens: bool) -> Self {
-        let by_bytes = tokenizer.extend_decoded_bytes(&mut Vec::new(), &[], skip_special_tokens);
+        let by_bytes = tokenizer.decodes_by_bytes();
         Self {
             tokenizer,
             skip_special_tokens,

@@ -346,6 +346,18 @@ impl Tokenizer {
         })
     }
 
+    /// Whether decoding is the UTF-8 (lossy) reading of the tokens' bytes one after another,
+    /// so [`extend_decoded_bytes`](Self::extend_decoded_bytes) appends them.
+    pub fn decodes_by_bytes(&self) -> bool {
+        matches!(
+            &self.backend,
+            Backend::HuggingFace {
+                fast_decode: Some(_),
+                ..
+            } | Backend::Builtin(_)
+        )
+    }
+
     /// Appends the bytes `ids` decode to and returns true, for a tokenizer whose decode is the
     /// UTF-8 (lossy) reading of its tokens' bytes one after another: the built-in BPE and a
     /// `ByteLevel` decoder read from its table. Returns false, appending nothing, for any
